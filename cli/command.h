@@ -1,0 +1,35 @@
+// The megascope binary's subcommands: each is a function from its arguments to an exit code
+// (0 success, 1 failure, 2 usage error), with shared option-parsing helpers.
+#pragma once
+
+#include <boost/program_options.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace megascope::cli {
+
+namespace po = boost::program_options;
+
+using Args = std::vector<std::string>;
+
+struct Command {
+  const char* name;
+  const char* summary;
+  int (*run)(const Args& args);
+  bool hidden = false;  // internal helpers (e.g. re-exec targets) stay out of --help
+};
+
+// Parses `args` for subcommand `name`. Returns an exit code when the caller should stop:
+// 0 after printing --help, 2 after printing a usage error.
+std::optional<int> ParseArgs(const char* name, const char* usage, const Args& args,
+                             const po::options_description& options,
+                             const po::positional_options_description& positional,
+                             po::variables_map* vm);
+
+// Prints "megascope <name>: <message>" to stderr and returns `code`.
+int Fail(const char* name, const std::string& message, int code = 1);
+
+int RunTraceDemo(const Args& args);
+
+}  // namespace megascope::cli

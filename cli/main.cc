@@ -1,0 +1,83 @@
+// megascope: observability and diagnosis for large-scale LLM training.
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+
+#include "command.h"
+
+namespace megascope::cli {
+namespace {
+
+int RunVersion(const Args& args) {
+  po::options_description opts("Options");
+  opts.add_options()("help,h", "show this help");
+  po::variables_map vm;
+  if (auto rc = ParseArgs("version", "megascope version", args, opts, {}, &vm)) return *rc;
+  std::printf("megascope %s\n", MEGASCOPE_VERSION);
+  return 0;
+}
+
+const Command kCommands[] = {
+    {"trace-demo", "run writer processes through the tracer and drain them (self-demonstration)",
+     &RunTraceDemo},
+    {"version", "print the version", &RunVersion},
+};
+
+void PrintHelp(std::FILE* out) {
+  std::fprintf(out,
+               "megascope %s - observability and diagnosis for large-scale LLM training\n\n"
+               "Usage: megascope <command> [options]\n"
+               "       megascope <command> --help   options of one command\n\nCommands:\n",
+               MEGASCOPE_VERSION);
+  for (const Command& c : kCommands) {
+    if (!c.hidden) std::fprintf(out, "  %-14s %s\n", c.name, c.summary);
+  }
+}
+
+}  // namespace
+
+std::optional<int> ParseArgs(const char* name, const char* usage, const Args& args,
+                             const po::options_description& options,
+                             const po::positional_options_description& positional,
+                             po::variables_map* vm) {
+  try {
+    po::store(po::command_line_parser(args).options(options).positional(positional).run(), *vm);
+    if (vm->count("help")) {
+      std::cout << "Usage: " << usage << "\n\n" << options << "\n";
+      return 0;
+    }
+    po::notify(*vm);
+  } catch (const po::error& e) {
+    std::fprintf(stderr, "megascope %s: %s\nTry 'megascope %s --help'.\n", name, e.what(), name);
+    return 2;
+  }
+  return std::nullopt;
+}
+
+int Fail(const char* name, const std::string& message, int code) {
+  std::fprintf(stderr, "megascope %s: %s\n", name, message.c_str());
+  return code;
+}
+
+}  // namespace megascope::cli
+
+int main(int argc, char** argv) {
+  using namespace megascope::cli;
+  if (argc < 2) {
+    PrintHelp(stderr);
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    PrintHelp(stdout);
+    return 0;
+  }
+  for (const Command& c : kCommands) {
+    if (cmd == c.name || (cmd == "--version" && std::strcmp(c.name, "version") == 0)) {
+      return c.run(Args(argv + 2, argv + argc));
+    }
+  }
+  std::fprintf(stderr, "megascope: unknown command '%s'\nRun 'megascope --help' for the list of commands.\n",
+               cmd.c_str());
+  return 2;
+}

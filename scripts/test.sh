@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds with both cores and runs the default tests (CTest labels gpu,
+# slow and bench stay out). Where nvcc exists it also configures and compiles the cuda preset.
+# Warnings are errors under CI (CI=true) or with MEGASCOPE_WERROR=ON.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup.sh
+werror=${MEGASCOPE_WERROR:-OFF}
+[[ ${CI:-} == true ]] && werror=ON
+
+echo "[test] configure + build (dev preset, 2 jobs)"
+cmake --preset dev -DMEGASCOPE_WERROR="$werror" >/dev/null
+cmake --build --preset dev
+echo "[test] ctest (without gpu, slow, bench)"
+ctest --preset dev
+
+if command -v nvcc >/dev/null 2>&1; then
+  echo "[test] nvcc found: compiling the cuda preset (no GPU tests here)"
+  cmake --preset cuda -DMEGASCOPE_WERROR="$werror" -DMEGASCOPE_BUILD_TESTS=OFF -DMEGASCOPE_BUILD_BENCH=OFF >/dev/null
+  cmake --build --preset cuda
+fi

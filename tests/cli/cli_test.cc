@@ -1,0 +1,83 @@
+// Runs the real megascope binary and checks exit codes and messages.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace {
+
+struct CliRun {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+CliRun Megascope(const std::string& args) {
+  std::string cmd = std::string(MEGASCOPE_BIN) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  CliRun r{-1, ""};
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(CliTest, HelpListsCommands) {
+  CliRun r = Megascope("--help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("trace-demo"), std::string::npos);
+  EXPECT_NE(r.out.find("version"), std::string::npos);
+  CliRun sub = Megascope("trace-demo --help");
+  EXPECT_EQ(sub.code, 0);
+  EXPECT_NE(sub.out.find("--ranks"), std::string::npos);
+}
+
+TEST(CliTest, VersionPrintsTheProjectVersion) {
+  CliRun r = Megascope("version");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.out.rfind("megascope ", 0), 0u) << r.out;
+}
+
+TEST(CliTest, UsageErrorsExitWithTwo) {
+  CliRun none = Megascope("");
+  EXPECT_EQ(none.code, 2);
+  CliRun unknown = Megascope("frobnicate");
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_NE(unknown.out.find("unknown command 'frobnicate'"), std::string::npos);
+  CliRun flag = Megascope("trace-demo --bogus");
+  EXPECT_EQ(flag.code, 2);
+  EXPECT_NE(flag.out.find("--bogus"), std::string::npos);
+  EXPECT_NE(flag.out.find("megascope trace-demo --help"), std::string::npos);
+  CliRun value = Megascope("trace-demo --ranks three");
+  EXPECT_EQ(value.code, 2);
+  CliRun range = Megascope("trace-demo --ranks 3");
+  EXPECT_EQ(range.code, 2);
+  EXPECT_NE(range.out.find("--ranks must be"), std::string::npos);
+}
+
+TEST(CliTest, TraceDemoAccountsForEveryRecordAndDumpsTheStuckRank) {
+  megascope::testing::TempDir dir;
+  CliRun r = Megascope("trace-demo --ranks 2 --steps 30 --shm-dir " + dir.path() + " --dump-dir " +
+                    dir.path() + "/dumps");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("every record emitted was drained or counted as dropped"), std::string::npos);
+  EXPECT_NE(r.out.find("\"state\": \"started\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(alive=false)"), std::string::npos);
+}
+
+TEST(CliTest, TraceDemoWithTinyRingsCountsDrops) {
+  megascope::testing::TempDir dir;
+  CliRun r = Megascope("trace-demo --ranks 2 --steps 400 --lane-capacity 2 --shm-dir " + dir.path() +
+                    " --dump-dir " + dir.path() + "/dumps");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("every record emitted was drained or counted as dropped"), std::string::npos);
+}
+
+}  // namespace

@@ -1,0 +1,225 @@
+#include "megascope/tracer/dump.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include <gtest/gtest.h>
+
+#include "megascope/tracer/tracer.h"
+#include "test_util.h"
+
+namespace megascope::tracer {
+namespace {
+
+using megascope::testing::TempDir;
+using nlohmann::json;
+
+class DumpTest : public ::testing::Test {
+ protected:
+  RingOptions Options() {
+    RingOptions o;
+    o.dir = dir_.path();
+    o.job = "dumptest";
+    o.node = "node1";
+    o.rank = 3;
+    o.world_size = 8;
+    o.attempt = 2;
+    o.coords = {1, 0, 1};
+    o.lane_capacity = 64;
+    o.flight_entries = 256;
+    return o;
+  }
+  // Rank 3 with a finished tp all-reduce, a finished send and an all-reduce still running.
+  std::unique_ptr<Tracer> MakeTracer() {
+    auto t = Tracer::Create(Options(), clock_);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    Tracer& tr = **t;
+    GroupId tp = *tr.RegisterGroup("tp.0.1", "tp", std::vector<int32_t>{2, 3});
+    GroupId pp = *tr.RegisterGroup("pp.1.1", "pp", std::vector<int32_t>{3, 7});
+    tr.SetPhase(17, Phase::kBackward);
+    OpHandle a = tr.Enqueue(tp, OpType::kAllreduce, 65536, DType::kF32);
+    tr.Start(a);
+    tr.Complete(a);
+    OpHandle s = tr.Enqueue(pp, OpType::kSend, 1024, DType::kBf16, 7);
+    tr.Start(s);
+    tr.Progress(s, 1024, 0);
+    tr.Complete(s);
+    clock_->Advance(100);
+    OpHandle open = tr.Enqueue(tp, OpType::kAllreduce, 65536, DType::kF32);
+    clock_->Advance(100);
+    tr.Start(open);
+    tr.Progress(open, 32768, 16384);
+    return std::move(t).value();
+  }
+
+  TempDir dir_;
+  std::shared_ptr<FakeClock> clock_ = std::make_shared<FakeClock>();
+};
+
+TEST_F(DumpTest, MatchesFormatsSection1) {
+  auto t = MakeTracer();
+  json j = json::parse(t->DumpJson());
+  EXPECT_EQ(j["format"], "megascope-flight-recorder");
+  EXPECT_EQ(j["version"], 1);
+  EXPECT_EQ(j["job"], "dumptest");
+  EXPECT_EQ(j["attempt"], 2);
+  EXPECT_EQ(j["rank"], 3);
+  EXPECT_EQ(j["world_size"], 8);
+  EXPECT_EQ(j["node"], "node1");
+  EXPECT_EQ(j["pid"], ::getpid());
+  EXPECT_EQ(j["coords"], json({{"dp", 1}, {"pp", 0}, {"tp", 1}}));
+  EXPECT_TRUE(j["dumped_at_ns"].is_number_integer());
+  EXPECT_EQ(j["alive"], true);
+  EXPECT_EQ(j["heartbeat"]["step"], 17);
+  EXPECT_EQ(j["heartbeat"]["phase"], "backward");
+  EXPECT_TRUE(j["heartbeat"]["updated_at_ns"].is_number_integer());
+  ASSERT_EQ(j["groups"].size(), 2u);
+  EXPECT_EQ(j["groups"][1], json({{"name", "pp.1.1"}, {"kind", "pp"}, {"ranks", {3, 7}}}));
+  ASSERT_EQ(j["entries"].size(), 3u);
+  const json& send = j["entries"][1];
+  EXPECT_EQ(send["group"], "pp.1.1");
+  EXPECT_EQ(send["op"], "send");
+  EXPECT_EQ(send["peer"], 7);
+  EXPECT_EQ(send["dtype"], "bf16");
+  EXPECT_EQ(send["seq"], 0);
+  const json& open = j["entries"][2];
+  EXPECT_EQ(open["seq"], 1);
+  EXPECT_TRUE(open["peer"].is_null());
+  EXPECT_EQ(open["state"], "started");
+  EXPECT_TRUE(open["completed_at_ns"].is_null());
+  EXPECT_EQ(open["started_at_ns"].get<int64_t>() - open["enqueued_at_ns"].get<int64_t>(), 100);
+  EXPECT_EQ(open["bytes_sent"], 32768);
+  EXPECT_EQ(open["bytes_received"], 16384);
+  EXPECT_TRUE(j["entries"][0]["bytes_sent"].is_null());  // never reported: unknown
+  for (const char* key : {"group", "seq", "op", "peer", "bytes", "dtype", "state", "enqueued_at_ns",
+                          "started_at_ns", "completed_at_ns", "bytes_sent", "bytes_received"}) {
+    EXPECT_TRUE(open.contains(key)) << key;
+  }
+}
+
+TEST_F(DumpTest, ParsesBackToTheSameSnapshot) {
+  auto t = MakeTracer();
+  RankSnapshot before = t->Snapshot();
+  auto d = ParseDump(t->DumpJson(), "rank_3.json");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  const RankSnapshot& after = d->snapshot;
+  EXPECT_TRUE(d->alive);
+  EXPECT_EQ(after.info.rank, 3);
+  EXPECT_EQ(after.info.coords.pp, 0);
+  EXPECT_EQ(after.heartbeat.phase, Phase::kBackward);
+  ASSERT_EQ(after.groups.size(), before.groups.size());
+  EXPECT_EQ(after.groups[1].ranks, before.groups[1].ranks);
+  ASSERT_EQ(after.entries.size(), before.entries.size());
+  for (size_t i = 0; i < after.entries.size(); ++i) {
+    const FlightEntry &a = after.entries[i], &b = before.entries[i];
+    EXPECT_EQ(a.group, b.group);
+    EXPECT_EQ(a.seq, b.seq);
+    EXPECT_EQ(a.op, b.op);
+    EXPECT_EQ(a.peer, b.peer);
+    EXPECT_EQ(a.bytes, b.bytes);
+    EXPECT_EQ(a.dtype, b.dtype);
+    EXPECT_EQ(a.state, b.state);
+    EXPECT_EQ(a.enqueued_at_ns, b.enqueued_at_ns);
+    EXPECT_EQ(a.started_at_ns, b.started_at_ns);
+    EXPECT_EQ(a.completed_at_ns, b.completed_at_ns);
+    EXPECT_EQ(a.bytes_sent, b.bytes_sent);
+    EXPECT_EQ(a.bytes_received, b.bytes_received);
+  }
+}
+
+TEST_F(DumpTest, BadDumpsGetErrorsThatSayWhere) {
+  auto t = MakeTracer();
+  json good = json::parse(t->DumpJson());
+  auto error_of = [](const std::string& text) {
+    auto d = ParseDump(text, "dumps/rank_3.json");
+    return d.ok() ? std::string("(parsed)") : d.status().message();
+  };
+  EXPECT_NE(error_of("{\"format\": ").find("dumps/rank_3.json: malformed JSON at byte"), std::string::npos);
+  json j = good;
+  j["format"] = "pytorch";
+  EXPECT_NE(error_of(j.dump()).find("format is 'pytorch'"), std::string::npos);
+  j = good;
+  j["version"] = 2;
+  EXPECT_NE(error_of(j.dump()).find("version 2 is not supported"), std::string::npos);
+  j = good;
+  j["entries"][1].erase("seq");
+  EXPECT_NE(error_of(j.dump()).find("entries[1]: missing field 'seq'"), std::string::npos);
+  j = good;
+  j["entries"][0]["group"] = "tp.9.9";
+  EXPECT_NE(error_of(j.dump()).find("group 'tp.9.9' is not listed"), std::string::npos);
+  j = good;
+  j["entries"][0]["op"] = "allreduce_coalesced";
+  EXPECT_NE(error_of(j.dump()).find("unknown op 'allreduce_coalesced'"), std::string::npos);
+  j = good;
+  j["rank"] = "3";
+  EXPECT_NE(error_of(j.dump()).find("field 'rank' should be an integer, not string"), std::string::npos);
+  j = good;
+  j["rank"] = 8;
+  EXPECT_NE(error_of(j.dump()).find("outside world_size"), std::string::npos);
+}
+
+TEST_F(DumpTest, ReaderDumpsARankWhoseProcessIsGone) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    auto t = MakeTracer();
+    ::_exit(0);  // dies with an all-reduce in flight
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  auto r = RingReader::Attach(dir_.path() + "/" + RingFileName("dumptest", 2, 3),
+                              RingReader::Mode::kSnapshotOnly);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE((*r)->WriterAlive());
+  Dump d{(*r)->Snapshot(), (*r)->WriterAlive(), WallNowNs()};
+  std::string path = dir_.path() + "/dumps/attempt_2/rank_3.json";
+  ASSERT_TRUE(WriteFileAtomic(path, DumpToJson(d)).ok());
+  auto back = ReadDumpFile(path);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_FALSE(back->alive);
+  EXPECT_EQ(back->snapshot.info.pid, pid);
+  ASSERT_EQ(back->snapshot.entries.size(), 3u);
+  EXPECT_EQ(back->snapshot.entries.back().state, OpState::kStarted);
+}
+
+TEST_F(DumpTest, Sigusr1RunsTheDumpOnItsOwnThread) {
+  auto t = MakeTracer();
+  std::mutex mu;
+  std::condition_variable cv;
+  int dumps = 0;
+  std::thread::id dump_thread;
+  const std::string path = dir_.path() + "/rank_3.json";
+  auto dumper = SignalDumper::Start([&] {
+    ASSERT_TRUE(t->WriteDump(path).ok());
+    std::lock_guard<std::mutex> lock(mu);
+    ++dumps;
+    dump_thread = std::this_thread::get_id();
+    cv.notify_all();
+  });
+  ASSERT_TRUE(dumper.ok()) << dumper.status().ToString();
+  EXPECT_FALSE(SignalDumper::Start([] {}).ok());  // one per process
+  ASSERT_EQ(::raise(SIGUSR1), 0);
+  std::unique_lock<std::mutex> lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return dumps == 1; }));
+  EXPECT_NE(dump_thread, std::this_thread::get_id());
+  auto d = ReadDumpFile(path);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->snapshot.entries.size(), 3u);
+}
+
+TEST_F(DumpTest, WriteFileAtomicReportsUnwritablePlaces) {
+  Status st = WriteFileAtomic("/proc/megascope/dump.json", "{}");
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("/proc/megascope"), std::string::npos);
+  auto missing = ReadDumpFile(dir_.path() + "/nope.json");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace megascope::tracer

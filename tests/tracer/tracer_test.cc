@@ -1,0 +1,227 @@
+#include "megascope/tracer/tracer.h"
+
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace megascope::tracer {
+namespace {
+
+using megascope::testing::TempDir;
+
+class TracerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RingOptions o;
+    o.dir = dir_.path();
+    o.job = "tracertest";
+    o.rank = 0;
+    o.world_size = 4;
+    o.lane_capacity = 4096;
+    o.flight_entries = 256;
+    auto t = Tracer::Create(o, clock_);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    tracer_ = std::move(t).value();
+  }
+  GroupId Group(const std::string& name, std::vector<int32_t> ranks, const std::string& kind = "tp") {
+    auto g = tracer_->RegisterGroup(name, kind, ranks);
+    EXPECT_TRUE(g.ok()) << g.status().ToString();
+    return *g;
+  }
+  const FlightEntry& Entry(const RankSnapshot& s, OpHandle h) {
+    for (const FlightEntry& e : s.entries) {
+      if (e.id == h) return e;
+    }
+    ADD_FAILURE() << "no entry " << h;
+    return s.entries.front();
+  }
+
+  TempDir dir_;
+  std::shared_ptr<FakeClock> clock_ = std::make_shared<FakeClock>(1'000'000);
+  std::unique_ptr<Tracer> tracer_;
+};
+
+TEST_F(TracerTest, CollectiveSeqCountsPerGroup) {
+  GroupId a = Group("tp.0.0", {0, 1}), b = Group("dp.0.0", {0, 2}, "dp");
+  std::vector<OpHandle> ha, hb;
+  for (int i = 0; i < 3; ++i) {
+    ha.push_back(tracer_->Enqueue(a, OpType::kAllreduce, 64, DType::kF32));
+    if (i < 2) hb.push_back(tracer_->Enqueue(b, OpType::kAllgather, 32, DType::kBf16));
+  }
+  RankSnapshot s = tracer_->Snapshot();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(Entry(s, ha[i]).seq, static_cast<uint64_t>(i));
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(Entry(s, hb[i]).seq, static_cast<uint64_t>(i));
+  EXPECT_EQ(Entry(s, ha[0]).peer, -1);
+  EXPECT_EQ(s.groups[a].name, "tp.0.0");
+  EXPECT_EQ(s.groups[b].ranks, (std::vector<int32_t>{0, 2}));
+}
+
+TEST_F(TracerTest, P2PSeqCountsPerPeerAndDirection) {
+  GroupId pp = Group("pp.0.0", {0, 1, 2}, "pp");
+  OpHandle s0 = tracer_->Enqueue(pp, OpType::kSend, 8, DType::kF32, 1);
+  OpHandle s1 = tracer_->Enqueue(pp, OpType::kSend, 8, DType::kF32, 1);
+  OpHandle r0 = tracer_->Enqueue(pp, OpType::kRecv, 8, DType::kF32, 1);
+  OpHandle t0 = tracer_->Enqueue(pp, OpType::kSend, 8, DType::kF32, 2);
+  OpHandle r1 = tracer_->Enqueue(pp, OpType::kRecv, 8, DType::kF32, 1);
+  OpHandle c0 = tracer_->Enqueue(pp, OpType::kBarrier, 0, DType::kU8);
+  RankSnapshot s = tracer_->Snapshot();
+  EXPECT_EQ(Entry(s, s0).seq, 0u);
+  EXPECT_EQ(Entry(s, s1).seq, 1u);
+  EXPECT_EQ(Entry(s, r0).seq, 0u);
+  EXPECT_EQ(Entry(s, r1).seq, 1u);
+  EXPECT_EQ(Entry(s, t0).seq, 0u);
+  EXPECT_EQ(Entry(s, t0).peer, 2);
+  EXPECT_EQ(Entry(s, c0).seq, 0u);  // p2p ops do not advance the collective count
+}
+
+TEST_F(TracerTest, UnknownGroupOrPeerGivesNoHandle) {
+  GroupId g = Group("pp.0.0", {0, 1}, "pp");
+  EXPECT_EQ(tracer_->Enqueue(g + 1, OpType::kAllreduce, 8, DType::kF32), 0u);
+  EXPECT_EQ(tracer_->Enqueue(g, OpType::kSend, 8, DType::kF32, 3), 0u);
+  tracer_->Start(0);  // harmless
+  tracer_->Complete(0);
+  EXPECT_TRUE(tracer_->Snapshot().entries.empty());
+}
+
+TEST_F(TracerTest, StateTransitionsCarryTimesAndProgress) {
+  GroupId g = Group("tp.0.0", {0, 1});
+  auto reader = RingReader::Attach(tracer_->ring().path(), RingReader::Mode::kConsume);
+  ASSERT_TRUE(reader.ok());
+  clock_->Set(1000);
+  OpHandle h = tracer_->Enqueue(g, OpType::kAllreduce, 4096, DType::kF32);
+  EXPECT_EQ(Entry(tracer_->Snapshot(), h).state, OpState::kEnqueued);
+  EXPECT_EQ(Entry(tracer_->Snapshot(), h).bytes_sent, -1);
+  clock_->Set(2000);
+  tracer_->Start(h);
+  tracer_->Progress(h, 2048, 1024);
+  RankSnapshot mid = tracer_->Snapshot();
+  EXPECT_EQ(Entry(mid, h).state, OpState::kStarted);
+  EXPECT_EQ(Entry(mid, h).started_at_ns, 2000);
+  EXPECT_EQ(Entry(mid, h).completed_at_ns, 0);
+  EXPECT_EQ(Entry(mid, h).bytes_sent, 2048);
+  EXPECT_EQ(mid.heartbeat.op_entry_id, h);
+  clock_->Set(3000);
+  tracer_->Complete(h);
+  OpHandle f = tracer_->Enqueue(g, OpType::kBroadcast, 16, DType::kI64);
+  tracer_->Start(f);
+  tracer_->Fail(f);
+  RankSnapshot end = tracer_->Snapshot();
+  EXPECT_EQ(Entry(end, h).state, OpState::kCompleted);
+  EXPECT_EQ(Entry(end, h).enqueued_at_ns, 1000);
+  EXPECT_EQ(Entry(end, h).completed_at_ns, 3000);
+  EXPECT_EQ(Entry(end, f).state, OpState::kFailed);
+  EXPECT_EQ(end.heartbeat.op_entry_id, 0u);
+
+  // A terminal state also sends one collective record through the ring.
+  std::vector<Record> out(16);
+  size_t n = (*reader)->Drain(out);
+  std::vector<CollectiveRecord> colls;
+  for (size_t i = 0; i < n; ++i) {
+    if (out[i].type == RecordType::kCollective) colls.push_back(out[i].collective);
+  }
+  ASSERT_EQ(colls.size(), 2u);
+  EXPECT_EQ(colls[0].state, OpState::kCompleted);
+  EXPECT_EQ(colls[0].enqueued_ticks, 1000);
+  EXPECT_EQ(colls[0].started_ticks, 2000);
+  EXPECT_EQ(colls[0].completed_ticks, 3000);
+  EXPECT_EQ(colls[0].bytes, 4096u);
+  EXPECT_EQ(colls[1].state, OpState::kFailed);
+  EXPECT_EQ(colls[1].op, OpType::kBroadcast);
+}
+
+TEST_F(TracerTest, KeepsTheLastNEntriesInOrder) {
+  GroupId g = Group("tp.0.0", {0, 1});
+  for (int i = 0; i < 1000; ++i) {
+    OpHandle h = tracer_->Enqueue(g, OpType::kAllreduce, 8, DType::kF32);
+    tracer_->Start(h);
+    tracer_->Complete(h);
+  }
+  RankSnapshot s = tracer_->Snapshot();
+  ASSERT_EQ(s.entries.size(), 256u);
+  for (size_t i = 0; i < s.entries.size(); ++i) {
+    EXPECT_EQ(s.entries[i].id, 745 + i);
+    EXPECT_EQ(s.entries[i].seq, 744 + i);
+  }
+}
+
+TEST_F(TracerTest, SpansAndHeartbeatsReachTheReader) {
+  auto reader = RingReader::Attach(tracer_->ring().path(), RingReader::Mode::kConsume);
+  ASSERT_TRUE(reader.ok());
+  NameId fwd = *tracer_->InternName("forward");
+  EXPECT_EQ(*tracer_->InternName("forward"), fwd);  // interned once
+  clock_->Set(5000);
+  tracer_->SetPhase(7, Phase::kForward);
+  {
+    Tracer::Scope span(tracer_.get(), SpanKind::kForward, fwd, 7, 3);
+    clock_->Advance(250);
+  }
+  Tracer::Span s = tracer_->BeginSpan(SpanKind::kComm, fwd, 7);
+  clock_->Advance(10);
+  tracer_->EndSpan(s);
+  std::vector<Record> out(8);
+  ASSERT_EQ((*reader)->Drain(out), 3u);
+  EXPECT_EQ(out[0].type, RecordType::kHeartbeat);
+  EXPECT_EQ(out[0].heartbeat.step, 7);
+  EXPECT_EQ(out[0].heartbeat.phase, Phase::kForward);
+  ASSERT_EQ(out[1].type, RecordType::kSpan);
+  EXPECT_EQ(out[1].span.kind, SpanKind::kForward);
+  EXPECT_EQ(out[1].span.microbatch, 3);
+  EXPECT_EQ((*reader)->Calibration().ToNs(out[1].span.end_ticks) -
+                (*reader)->Calibration().ToNs(out[1].span.start_ticks), 250);
+  EXPECT_EQ((*reader)->NameOf(out[1].span.name), "forward");
+  EXPECT_EQ(out[2].span.end_ticks - out[2].span.start_ticks, 10);
+  RankSnapshot snap = (*reader)->Snapshot();
+  EXPECT_EQ(snap.heartbeat.step, 7);
+  EXPECT_EQ(snap.heartbeat.phase, Phase::kForward);
+  EXPECT_EQ(snap.heartbeat.updated_at_ns, 5000);
+}
+
+// A reader in another thread takes snapshots while the rank writes flat out; every entry and
+// heartbeat it sees must be internally consistent (no torn reads). Run under the tsan preset too.
+TEST_F(TracerTest, SnapshotsAreConsistentUnderConcurrentWrites) {
+  GroupId g = Group("tp.0.0", {0, 1});
+  auto reader = RingReader::Attach(tracer_->ring().path(), RingReader::Mode::kSnapshotOnly);
+  ASSERT_TRUE(reader.ok());
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (int64_t k = 1; !stop.load(std::memory_order_relaxed); ++k) {
+      tracer_->SetPhase(k, (k % 2) ? Phase::kForward : Phase::kBackward);
+      clock_->Advance(1);
+      OpHandle h = tracer_->Enqueue(g, OpType::kAllreduce, static_cast<uint64_t>(k) * 8, DType::kF32);
+      clock_->Advance(1);
+      tracer_->Start(h);
+      tracer_->Progress(h, k * 4, k * 2);
+      clock_->Advance(1);
+      tracer_->Complete(h);
+    }
+  });
+  int snapshots = 0, entries_seen = 0;
+  bool consistent = true;
+  while (snapshots < 2000) {
+    RankSnapshot s = (*reader)->Snapshot();
+    ++snapshots;
+    const HeartbeatState& hb = s.heartbeat;
+    if (hb.step > 0) consistent &= (hb.step % 2 == 1) == (hb.phase == Phase::kForward);
+    for (const FlightEntry& e : s.entries) {
+      ++entries_seen;
+      const int64_t k = static_cast<int64_t>(e.bytes / 8);
+      consistent &= e.seq + 1 == e.id && static_cast<int64_t>(e.seq) + 1 == k;
+      if (e.state == OpState::kStarted || e.state == OpState::kCompleted) {
+        consistent &= e.started_at_ns > e.enqueued_at_ns;
+        consistent &= e.bytes_sent == -1 || (e.bytes_sent == k * 4 && e.bytes_received == k * 2);
+      }
+      if (e.state == OpState::kCompleted) {
+        consistent &= e.bytes_sent == k * 4 && e.completed_at_ns > e.started_at_ns;
+      }
+    }
+  }
+  stop.store(true);
+  writer.join();
+  EXPECT_TRUE(consistent);
+  EXPECT_GT(entries_seen, 0);
+}
+
+}  // namespace
+}  // namespace megascope::tracer

@@ -1,0 +1,53 @@
+// Flight-recorder dumps: the JSON file of FORMATS.md section 1 ("megascope-flight-recorder",
+// version 1), written from a RankSnapshot and parsed back into one. Also the SIGUSR1 trigger that
+// runs a dump from a dedicated thread (never inside the signal handler).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "megascope/tracer/snapshot.h"
+#include "megascope/tracer/status.h"
+
+namespace megascope::tracer {
+
+inline constexpr std::string_view kDumpFormat = "megascope-flight-recorder";
+inline constexpr int kDumpVersion = 1;
+
+struct Dump {
+  RankSnapshot snapshot;
+  bool alive = true;
+  int64_t dumped_at_ns = 0;
+};
+
+// The dump as JSON text (FORMATS.md section 1). `alive` is false when the writer is a reader
+// speaking for a rank whose process is gone.
+std::string DumpToJson(const Dump& dump);
+// Parses a dump; errors name `source` (a file name) and what was wrong.
+Result<Dump> ParseDump(std::string_view text, const std::string& source);
+Result<Dump> ReadDumpFile(const std::string& path);
+// Writes `text` to `path` atomically (temp file in the same directory, fsync, rename), creating
+// missing parent directories.
+Status WriteFileAtomic(const std::string& path, std::string_view text);
+
+// Calls `on_signal` from its own thread each time the process receives `signo` (default
+// SIGUSR1). The signal handler only writes a byte to a pipe. One instance per process.
+class SignalDumper {
+ public:
+  static Result<std::unique_ptr<SignalDumper>> Start(std::function<void()> on_signal,
+                                                    int signo = 10 /* SIGUSR1 */);
+  ~SignalDumper();  // restores the previous handler and joins the thread
+  SignalDumper(const SignalDumper&) = delete;
+  SignalDumper& operator=(const SignalDumper&) = delete;
+
+ private:
+  SignalDumper() = default;
+  std::function<void()> on_signal_;
+  int signo_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace megascope::tracer

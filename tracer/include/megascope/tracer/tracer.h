@@ -1,0 +1,133 @@
+// The per-rank tracer used by the training runtime: spans (RAII scope or explicit begin/end),
+// the collective flight recorder (FORMATS.md sequence-number rules, enqueued -> started ->
+// completed/failed, progress bytes), the heartbeat and metric samples, all written into the
+// rank's shared-memory segment. Hot-path calls cost tens of nanoseconds and never block.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "megascope/tracer/clock.h"
+#include "megascope/tracer/ring.h"
+#include "megascope/tracer/status.h"
+
+namespace megascope::tracer {
+
+// Identifies one flight-recorder entry (its 1-based id); 0 is "no op".
+using OpHandle = uint64_t;
+
+class Tracer {
+ public:
+  // Creates the rank's segment. `clock` defaults to MakeDefaultClock().
+  static Result<std::unique_ptr<Tracer>> Create(const RingOptions& options,
+                                               std::shared_ptr<Clock> clock = nullptr);
+  ~Tracer();
+
+  // --- set-up (slow path, thread-safe) ---
+  Result<NameId> InternName(std::string_view name) { return ring_->InternName(name); }
+  Result<GroupId> RegisterGroup(std::string_view name, std::string_view kind,
+                                std::span<const int32_t> ranks);
+  void SetClockOffset(int64_t offset_ns) { ring_->SetClockOffset(offset_ns); }
+  // Re-measures the clock rate (TSC) and publishes it to readers. Call every few seconds.
+  void Recalibrate();
+
+  // --- spans (hot path) ---
+  int64_t Ticks() { return clock_->Ticks(); }
+  void RecordSpan(SpanKind kind, NameId name, int64_t step, int32_t microbatch,
+                  int64_t start_ticks, int64_t end_ticks) {
+    Record* r = ring_->Claim();
+    if (r == nullptr) return;
+    r->span.type = RecordType::kSpan;
+    r->span.kind = kind;
+    r->span.name = name;
+    r->span.microbatch = microbatch;
+    r->span.step = step;
+    r->span.start_ticks = start_ticks;
+    r->span.end_ticks = end_ticks;
+    ring_->Publish();
+  }
+  // Explicit begin/end: a Span holds its start time and ends once.
+  struct Span {
+    SpanKind kind;
+    NameId name;
+    int32_t microbatch;
+    int64_t step;
+    int64_t start_ticks;
+  };
+  Span BeginSpan(SpanKind kind, NameId name, int64_t step, int32_t microbatch = -1) {
+    return {kind, name, microbatch, step, Ticks()};
+  }
+  void EndSpan(const Span& s) {
+    RecordSpan(s.kind, s.name, s.step, s.microbatch, s.start_ticks, Ticks());
+  }
+  // RAII: records [construction, destruction).
+  class Scope {
+   public:
+    Scope(Tracer* t, SpanKind kind, NameId name, int64_t step, int32_t microbatch = -1)
+        : t_(t), span_(t->BeginSpan(kind, name, step, microbatch)) {}
+    ~Scope() { t_->EndSpan(span_); }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    Tracer* t_;
+    Span span_;
+  };
+
+  // --- flight recorder (hot path; an op's calls come from one thread at a time) ---
+  // Collectives: seq counts this rank's collectives in `group`. Send/recv: seq counts ops to
+  // (send) or from (recv) `peer` in `group`. Returns 0 for an unknown group or peer.
+  OpHandle Enqueue(GroupId group, OpType op, uint64_t bytes, DType dtype, int32_t peer = -1);
+  void Start(OpHandle h);
+  void Progress(OpHandle h, int64_t bytes_sent, int64_t bytes_received);
+  void Complete(OpHandle h) { Finish(h, OpState::kCompleted); }
+  void Fail(OpHandle h) { Finish(h, OpState::kFailed); }
+
+  // --- heartbeat and metrics ---
+  // Sets step and phase and refreshes the heartbeat time; also pushes a heartbeat record.
+  void SetPhase(int64_t step, Phase phase);
+  // Refreshes the heartbeat time only (a liveness tick from a background thread).
+  void Touch();
+  void RecordMetric(NameId name, double value);
+
+  // --- reading back ---
+  RankSnapshot Snapshot() const { return ring_->Snapshot(); }
+  // The FORMATS.md section 1 dump of this rank, alive.
+  std::string DumpJson() const;
+  Status WriteDump(const std::string& path) const;
+
+  RingWriter& ring() { return *ring_; }
+  Clock& clock() { return *clock_; }
+
+ private:
+  Tracer() = default;
+  void Finish(OpHandle h, OpState state);
+  SharedFlightEntry* Local(OpHandle h);
+  void WriteHeartbeatLocked(int64_t ticks);
+
+  struct GroupState {
+    std::vector<int32_t> ranks;
+    std::atomic<uint64_t> coll_seq{0};
+    std::unique_ptr<std::atomic<uint64_t>[]> send_seq;  // by member index
+    std::unique_ptr<std::atomic<uint64_t>[]> recv_seq;
+  };
+  int MemberIndex(const GroupState& g, int32_t rank) const;
+
+  std::shared_ptr<Clock> clock_;
+  std::unique_ptr<RingWriter> ring_;
+  std::mutex groups_mu_;
+  std::unique_ptr<std::unique_ptr<GroupState>[]> groups_;  // max_groups slots; append-only
+  std::atomic<size_t> num_groups_{0};
+  std::unique_ptr<SharedFlightEntry[]> mirror_;  // process-local copy of each slot
+  uint32_t flight_cap_ = 0;
+  std::atomic_flag hb_lock_ = ATOMIC_FLAG_INIT;
+  int64_t hb_step_ = 0;  // guarded by hb_lock_
+  Phase hb_phase_ = Phase::kInit;
+  uint64_t hb_op_ = 0;
+};
+
+}  // namespace megascope::tracer

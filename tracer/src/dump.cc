@@ -1,0 +1,360 @@
+#include "megascope/tracer/dump.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace megascope::tracer {
+namespace {
+
+using nlohmann::json;
+
+nlohmann::ordered_json NsOrNull(int64_t ns) {
+  return ns == 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(ns);
+}
+nlohmann::ordered_json CountOrNull(int64_t v) {
+  return v < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(v);
+}
+
+// Field access with errors that say where the problem is.
+class Fields {
+ public:
+  Fields(const json& obj, std::string where) : obj_(obj), where_(std::move(where)) {}
+
+  Result<const json*> Get(const char* key, json::value_t type, bool nullable = false) const {
+    auto it = obj_.find(key);
+    if (it == obj_.end()) return InvalidArgument(where_ + ": missing field '" + key + "'");
+    if (nullable && it->is_null()) return &*it;
+    bool ok = it->type() == type ||
+              (type == json::value_t::number_integer && it->is_number_unsigned()) ||
+              (type == json::value_t::number_unsigned && it->is_number_integer() && it->get<int64_t>() >= 0);
+    if (!ok) {
+      return InvalidArgument(where_ + ": field '" + key + "' should be " + TypeName(type) +
+                             ", not " + it->type_name());
+    }
+    return &*it;
+  }
+  Result<int64_t> Int(const char* key) const {
+    ASSIGN_OR_RETURN(const json* v, Get(key, json::value_t::number_integer));
+    return v->get<int64_t>();
+  }
+  // 0 for null (times) or -1 for null (counts), per `null_value`.
+  Result<int64_t> IntOrNull(const char* key, int64_t null_value) const {
+    ASSIGN_OR_RETURN(const json* v, Get(key, json::value_t::number_integer, true));
+    return v->is_null() ? null_value : v->get<int64_t>();
+  }
+  Result<std::string> Str(const char* key) const {
+    ASSIGN_OR_RETURN(const json* v, Get(key, json::value_t::string));
+    return v->get<std::string>();
+  }
+  const std::string& where() const { return where_; }
+
+ private:
+  static std::string TypeName(json::value_t t) {
+    switch (t) {
+      case json::value_t::string: return "a string";
+      case json::value_t::number_integer:
+      case json::value_t::number_unsigned: return "an integer";
+      case json::value_t::boolean: return "a boolean";
+      case json::value_t::object: return "an object";
+      case json::value_t::array: return "an array";
+      default: return "something else";
+    }
+  }
+  const json& obj_;
+  std::string where_;
+};
+
+template <typename E>
+Result<E> Enum(const Fields& f, const char* key, std::optional<E> (*parse)(std::string_view)) {
+  ASSIGN_OR_RETURN(std::string s, f.Str(key));
+  auto e = parse(s);
+  if (!e) return InvalidArgument(f.where() + ": unknown " + key + " '" + s + "'");
+  return *e;
+}
+
+Result<Dump> ParseDumpJson(const json& j, const std::string& src) {
+  if (!j.is_object()) return InvalidArgument(src + ": a dump must be a JSON object");
+  Fields top(j, src);
+  ASSIGN_OR_RETURN(std::string format, top.Str("format"));
+  if (format != kDumpFormat) {
+    return InvalidArgument(src + ": format is '" + format + "', expected '" + std::string(kDumpFormat) + "'");
+  }
+  ASSIGN_OR_RETURN(int64_t version, top.Int("version"));
+  if (version != kDumpVersion) {
+    return InvalidArgument(src + ": dump version " + std::to_string(version) +
+                           " is not supported (this build reads version " + std::to_string(kDumpVersion) + ")");
+  }
+  Dump d;
+  RankInfo& info = d.snapshot.info;
+  ASSIGN_OR_RETURN(info.job, top.Str("job"));
+  ASSIGN_OR_RETURN(int64_t attempt, top.Int("attempt"));
+  ASSIGN_OR_RETURN(int64_t rank, top.Int("rank"));
+  ASSIGN_OR_RETURN(int64_t world, top.Int("world_size"));
+  ASSIGN_OR_RETURN(info.node, top.Str("node"));
+  ASSIGN_OR_RETURN(int64_t pid, top.Int("pid"));
+  if (rank < 0 || world <= 0 || rank >= world) {
+    return InvalidArgument(src + ": rank " + std::to_string(rank) + " is outside world_size " + std::to_string(world));
+  }
+  info.attempt = static_cast<int32_t>(attempt);
+  info.rank = static_cast<int32_t>(rank);
+  info.world_size = static_cast<int32_t>(world);
+  info.pid = static_cast<int32_t>(pid);
+  ASSIGN_OR_RETURN(const json* coords, top.Get("coords", json::value_t::object));
+  Fields c(*coords, src + ": coords");
+  ASSIGN_OR_RETURN(int64_t dp, c.Int("dp"));
+  ASSIGN_OR_RETURN(int64_t pp, c.Int("pp"));
+  ASSIGN_OR_RETURN(int64_t tp, c.Int("tp"));
+  info.coords = {static_cast<int32_t>(dp), static_cast<int32_t>(pp), static_cast<int32_t>(tp)};
+  if (auto it = j.find("clock_offset_ns"); it != j.end() && it->is_number_integer()) {
+    info.clock_offset_ns = it->get<int64_t>();
+  }
+  if (auto it = j.find("local_rank"); it != j.end() && it->is_number_integer()) {
+    info.local_rank = it->get<int32_t>();
+  }
+  ASSIGN_OR_RETURN(d.dumped_at_ns, top.Int("dumped_at_ns"));
+  ASSIGN_OR_RETURN(const json* alive, top.Get("alive", json::value_t::boolean));
+  d.alive = alive->get<bool>();
+
+  ASSIGN_OR_RETURN(const json* hbj, top.Get("heartbeat", json::value_t::object));
+  Fields hb(*hbj, src + ": heartbeat");
+  ASSIGN_OR_RETURN(d.snapshot.heartbeat.step, hb.Int("step"));
+  ASSIGN_OR_RETURN(d.snapshot.heartbeat.phase, Enum<Phase>(hb, "phase", &ParsePhase));
+  ASSIGN_OR_RETURN(d.snapshot.heartbeat.updated_at_ns, hb.IntOrNull("updated_at_ns", 0));
+
+  ASSIGN_OR_RETURN(const json* groups, top.Get("groups", json::value_t::array));
+  for (size_t i = 0; i < groups->size(); ++i) {
+    const json& gj = (*groups)[i];
+    std::string where = src + ": groups[" + std::to_string(i) + "]";
+    if (!gj.is_object()) return InvalidArgument(where + " should be an object");
+    Fields g(gj, where);
+    GroupInfo gi;
+    ASSIGN_OR_RETURN(gi.name, g.Str("name"));
+    ASSIGN_OR_RETURN(gi.kind, g.Str("kind"));
+    ASSIGN_OR_RETURN(const json* ranks, g.Get("ranks", json::value_t::array));
+    for (const json& r : *ranks) {
+      if (!r.is_number_integer()) return InvalidArgument(where + ": ranks must be integers");
+      gi.ranks.push_back(r.get<int32_t>());
+    }
+    for (const GroupInfo& other : d.snapshot.groups) {
+      if (other.name == gi.name) return InvalidArgument(where + ": group '" + gi.name + "' appears twice");
+    }
+    d.snapshot.groups.push_back(std::move(gi));
+  }
+
+  ASSIGN_OR_RETURN(const json* entries, top.Get("entries", json::value_t::array));
+  for (size_t i = 0; i < entries->size(); ++i) {
+    const json& ej = (*entries)[i];
+    std::string where = src + ": entries[" + std::to_string(i) + "]";
+    if (!ej.is_object()) return InvalidArgument(where + " should be an object");
+    Fields e(ej, where);
+    FlightEntry f;
+    f.id = i + 1;
+    ASSIGN_OR_RETURN(std::string group, e.Str("group"));
+    auto git = std::find_if(d.snapshot.groups.begin(), d.snapshot.groups.end(),
+                            [&](const GroupInfo& g) { return g.name == group; });
+    if (git == d.snapshot.groups.end()) {
+      return InvalidArgument(where + ": group '" + group + "' is not listed in 'groups'");
+    }
+    f.group = static_cast<int32_t>(git - d.snapshot.groups.begin());
+    ASSIGN_OR_RETURN(int64_t seq, e.Int("seq"));
+    f.seq = static_cast<uint64_t>(seq);
+    ASSIGN_OR_RETURN(f.op, Enum<OpType>(e, "op", &ParseOpType));
+    ASSIGN_OR_RETURN(int64_t peer, e.IntOrNull("peer", -1));
+    f.peer = static_cast<int32_t>(peer);
+    if (IsP2P(f.op) && f.peer < 0) return InvalidArgument(where + ": a " + std::string(Name(f.op)) + " needs a peer");
+    ASSIGN_OR_RETURN(int64_t bytes, e.Int("bytes"));
+    f.bytes = static_cast<uint64_t>(bytes);
+    ASSIGN_OR_RETURN(f.dtype, Enum<DType>(e, "dtype", &ParseDType));
+    ASSIGN_OR_RETURN(f.state, Enum<OpState>(e, "state", &ParseOpState));
+    ASSIGN_OR_RETURN(f.enqueued_at_ns, e.IntOrNull("enqueued_at_ns", 0));
+    ASSIGN_OR_RETURN(f.started_at_ns, e.IntOrNull("started_at_ns", 0));
+    ASSIGN_OR_RETURN(f.completed_at_ns, e.IntOrNull("completed_at_ns", 0));
+    ASSIGN_OR_RETURN(f.bytes_sent, e.IntOrNull("bytes_sent", -1));
+    ASSIGN_OR_RETURN(f.bytes_received, e.IntOrNull("bytes_received", -1));
+    d.snapshot.entries.push_back(f);
+  }
+  return d;
+}
+
+// The signal handler's only job: one byte into the pipe.
+std::atomic<int> g_signal_pipe_wr{-1};
+void OnDumpSignal(int) {
+  int fd = g_signal_pipe_wr.load();
+  if (fd >= 0) {
+    char b = 's';
+    [[maybe_unused]] ssize_t n = ::write(fd, &b, 1);
+  }
+}
+
+}  // namespace
+
+std::string DumpToJson(const Dump& d) {
+  using ojson = nlohmann::ordered_json;  // keeps FORMATS.md's field order
+  const RankSnapshot& s = d.snapshot;
+  ojson j;
+  j["format"] = kDumpFormat;
+  j["version"] = kDumpVersion;
+  j["job"] = s.info.job;
+  j["attempt"] = s.info.attempt;
+  j["rank"] = s.info.rank;
+  j["world_size"] = s.info.world_size;
+  j["node"] = s.info.node;
+  j["local_rank"] = s.info.local_rank;
+  j["pid"] = s.info.pid;
+  j["coords"] = {{"dp", s.info.coords.dp}, {"pp", s.info.coords.pp}, {"tp", s.info.coords.tp}};
+  j["clock_offset_ns"] = s.info.clock_offset_ns;
+  j["dumped_at_ns"] = d.dumped_at_ns;
+  j["alive"] = d.alive;
+  j["heartbeat"] = {{"step", s.heartbeat.step},
+                    {"phase", Name(s.heartbeat.phase)},
+                    {"updated_at_ns", NsOrNull(s.heartbeat.updated_at_ns)}};
+  j["records_total"] = s.records_total;
+  j["dropped_records"] = s.dropped_total;
+  ojson groups = ojson::array();
+  for (const GroupInfo& g : s.groups) groups.push_back({{"name", g.name}, {"kind", g.kind}, {"ranks", g.ranks}});
+  j["groups"] = std::move(groups);
+  ojson entries = ojson::array();
+  for (const FlightEntry& e : s.entries) {
+    const bool known_group = e.group >= 0 && static_cast<size_t>(e.group) < s.groups.size();
+    entries.push_back({
+        {"group", known_group ? s.groups[e.group].name : "?" + std::to_string(e.group)},
+        {"seq", e.seq},
+        {"op", Name(e.op)},
+        {"peer", e.peer < 0 ? ojson(nullptr) : ojson(e.peer)},
+        {"bytes", e.bytes},
+        {"dtype", Name(e.dtype)},
+        {"state", Name(e.state)},
+        {"enqueued_at_ns", NsOrNull(e.enqueued_at_ns)},
+        {"started_at_ns", NsOrNull(e.started_at_ns)},
+        {"completed_at_ns", NsOrNull(e.completed_at_ns)},
+        {"bytes_sent", CountOrNull(e.bytes_sent)},
+        {"bytes_received", CountOrNull(e.bytes_received)},
+    });
+  }
+  j["entries"] = std::move(entries);
+  return j.dump(1) + "\n";
+}
+
+Result<Dump> ParseDump(std::string_view text, const std::string& source) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    // Parse again with exceptions only to get the position of the error.
+    try {
+      json again = json::parse(text);
+    } catch (const json::parse_error& e) {
+      return InvalidArgument(source + ": malformed JSON at byte " + std::to_string(e.byte));
+    }
+    return InvalidArgument(source + ": malformed JSON");
+  }
+  return ParseDumpJson(j, source);
+}
+
+Result<Dump> ReadDumpFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound("cannot open dump " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseDump(ss.str(), path);
+}
+
+Status WriteFileAtomic(const std::string& path, std::string_view text) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p(path);
+  if (p.has_parent_path()) {
+    fs::create_directories(p.parent_path(), ec);
+    if (ec) return IoError("cannot create directory " + p.parent_path().string() + ": " + ec.message());
+  }
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError("cannot write " + tmp, errno);
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return ErrnoError("cannot write " + tmp, err);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoError("cannot flush " + tmp, err);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoError("cannot rename " + tmp + " to " + path, err);
+  }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<SignalDumper>> SignalDumper::Start(std::function<void()> on_signal, int signo) {
+  int fds[2];
+  if (g_signal_pipe_wr.load() >= 0) return FailedPrecondition("a SignalDumper is already running");
+  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) return ErrnoError("pipe for the dump signal", errno);
+  g_signal_pipe_wr.store(fds[1]);
+  struct sigaction sa{};
+  sa.sa_handler = &OnDumpSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  if (::sigaction(signo, &sa, nullptr) != 0) {
+    int err = errno;
+    g_signal_pipe_wr.store(-1);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return ErrnoError("sigaction", err);
+  }
+  std::unique_ptr<SignalDumper> d(new SignalDumper());
+  d->on_signal_ = std::move(on_signal);
+  d->signo_ = signo;
+  const int rd = fds[0];
+  d->thread_ = std::thread([rd, fn = d->on_signal_] {
+    for (;;) {
+      pollfd p{rd, POLLIN, 0};
+      if (::poll(&p, 1, -1) < 0 && errno == EINTR) continue;
+      char buf[64];
+      ssize_t n = ::read(rd, buf, sizeof(buf));
+      if (n == 0) break;  // write end closed: stop
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EINTR) continue;
+        break;
+      }
+      if (std::memchr(buf, 's', static_cast<size_t>(n)) != nullptr) fn();
+      if (std::memchr(buf, 'q', static_cast<size_t>(n)) != nullptr) break;
+    }
+    ::close(rd);
+  });
+  return d;
+}
+
+SignalDumper::~SignalDumper() {
+  struct sigaction sa{};
+  sa.sa_handler = SIG_DFL;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(signo_, &sa, nullptr);
+  int wr = g_signal_pipe_wr.exchange(-1);
+  if (wr >= 0) {
+    char q = 'q';
+    [[maybe_unused]] ssize_t n = ::write(wr, &q, 1);
+    ::close(wr);
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace megascope::tracer
