@@ -18,26 +18,9 @@
 
 namespace megascope::tracer {
 
-struct RingWriter::LaneCursor {
-  LaneControl* ctl = nullptr;
-  Record* slots = nullptr;
-  uint64_t mask = 0;
-  uint64_t head = 0;
-  uint64_t cached_tail = 0;
-  uint64_t dropped = 0;
-};
-
 namespace {
 
 std::atomic<uint64_t> g_next_writer_uid{1};
-
-// The calling thread's lane in the writer it used last (a one-entry cache; a miss takes the
-// writer's mutex once).
-struct ThreadLane {
-  uint64_t uid = 0;
-  void* cursor = nullptr;
-};
-thread_local ThreadLane t_lane;
 
 uint64_t AlignUp(uint64_t v) { return (v + 63) & ~uint64_t{63}; }
 
@@ -125,8 +108,7 @@ RankSnapshot TakeSnapshot(const Segment& s) {
 
   HeartbeatWords hb{};
   if (h.heartbeat.Load(&hb)) {
-    snap.heartbeat = {hb.step, static_cast<Phase>(hb.phase), hb.op_entry_id,
-                      hb.ticks == 0 ? 0 : cal.ToNs(hb.ticks)};
+    snap.heartbeat = {hb.step, static_cast<Phase>(hb.phase), 0, hb.ticks == 0 ? 0 : cal.ToNs(hb.ticks)};
   }
 
   uint32_t ngroups = std::min(h.num_groups.load(std::memory_order_acquire), h.max_groups);
@@ -161,6 +143,12 @@ RankSnapshot TakeSnapshot(const Segment& s) {
   }
   std::sort(snap.entries.begin(), snap.entries.end(),
             [](const FlightEntry& a, const FlightEntry& b) { return a.id < b.id; });
+  for (auto it = snap.entries.rbegin(); it != snap.entries.rend(); ++it) {
+    if (it->state == OpState::kEnqueued || it->state == OpState::kStarted) {
+      snap.heartbeat.op_entry_id = it->id;  // the newest op not finished
+      break;
+    }
+  }
 
   uint64_t dropped = h.unlaned_dropped.load(std::memory_order_relaxed), written = 0;
   for (uint32_t l = 0; l < h.lanes; ++l) {
@@ -272,11 +260,10 @@ Result<std::unique_ptr<RingWriter>> RingWriter::Create(const RingOptions& o, con
   w->seg_ = seg;
   w->size_ = total;
   w->uid_ = g_next_writer_uid.fetch_add(1);
-  w->cursors_ = std::make_unique<LaneCursor[]>(o.lanes);
+  w->cursors_ = std::make_unique<detail::LaneCursor[]>(o.lanes);
   for (uint32_t l = 0; l < o.lanes; ++l) {
-    w->cursors_[l].ctl = &seg->lanes()[l];
-    w->cursors_[l].slots = seg->slots(l);
-    w->cursors_[l].mask = o.lane_capacity - 1;
+    LaneControl& ctl = seg->lanes()[l];
+    w->cursors_[l] = {&ctl.head, &ctl.tail, &ctl.dropped, seg->slots(l), o.lane_capacity - 1};
   }
   w->PublishCalibration(clock.Calibration());
   h.magic.store(kRingMagic, std::memory_order_release);
@@ -284,15 +271,15 @@ Result<std::unique_ptr<RingWriter>> RingWriter::Create(const RingOptions& o, con
 }
 
 RingWriter::~RingWriter() {
-  if (t_lane.uid == uid_) t_lane = {};
+  if (detail::t_lane.writer_uid == uid_) detail::t_lane = {};
   if (seg_ != nullptr) ::munmap(seg_, size_);
   if (unlink_on_close_) ::unlink(path_.c_str());
 }
 
-RingWriter::LaneCursor* RingWriter::AcquireLane() {
+detail::LaneCursor* RingWriter::AcquireLane() {
   std::lock_guard<std::mutex> lock(mu_);
   const auto me = std::this_thread::get_id();
-  LaneCursor* cur = nullptr;
+  detail::LaneCursor* cur = nullptr;
   auto it = std::find_if(lane_owners_.begin(), lane_owners_.end(),
                          [&](const auto& p) { return p.first == me; });
   if (it != lane_owners_.end()) {
@@ -301,29 +288,20 @@ RingWriter::LaneCursor* RingWriter::AcquireLane() {
     lane_owners_.emplace_back(me, static_cast<uint32_t>(lane_owners_.size()));
     cur = &cursors_[lane_owners_.back().second];
   }
-  t_lane = {uid_, cur};  // nullptr: no lane left for this thread; its records are dropped
+  detail::t_lane = {uid_, cur};
   return cur;
 }
 
-Record* RingWriter::Claim() {
-  auto* c = t_lane.uid == uid_ ? static_cast<LaneCursor*>(t_lane.cursor) : AcquireLane();
-  if (c == nullptr) [[unlikely]] {
-    seg_->hdr.unlaned_dropped.fetch_add(1, std::memory_order_relaxed);
-    return nullptr;
-  }
-  if (c->head - c->cached_tail > c->mask) {
-    c->cached_tail = c->ctl->tail.load(std::memory_order_acquire);
-    if (c->head - c->cached_tail > c->mask) [[unlikely]] {
-      c->ctl->dropped.store(++c->dropped, std::memory_order_relaxed);
-      return nullptr;
-    }
-  }
-  return &c->slots[c->head & c->mask];
+Record* RingWriter::DropUnlaned() {
+  seg_->hdr.unlaned_dropped.fetch_add(1, std::memory_order_relaxed);
+  return nullptr;
 }
 
-void RingWriter::Publish() {
-  auto* c = static_cast<LaneCursor*>(t_lane.cursor);
-  c->ctl->head.store(++c->head, std::memory_order_release);
+bool RingWriter::RefreshTail(detail::LaneCursor* c) {
+  c->cached_tail = c->tail->load(std::memory_order_acquire);
+  if (c->pos - c->cached_tail <= c->mask) return true;
+  c->dropped->store(++c->drops, std::memory_order_relaxed);
+  return false;
 }
 
 Result<NameId> RingWriter::InternName(std::string_view name) {
@@ -385,8 +363,8 @@ void RingWriter::WriteFlight(const SharedFlightEntry& e) {
 
 uint32_t RingWriter::flight_capacity() const { return seg_->hdr.flight_entries; }
 
-void RingWriter::WriteHeartbeat(int64_t step, Phase phase, uint64_t op_entry_id, int64_t ticks) {
-  seg_->hdr.heartbeat.Store(HeartbeatWords{step, static_cast<uint64_t>(phase), op_entry_id, ticks});
+void RingWriter::WriteHeartbeat(int64_t step, Phase phase, int64_t ticks) {
+  seg_->hdr.heartbeat.Store(HeartbeatWords{step, static_cast<uint64_t>(phase), ticks, 0});
 }
 
 void RingWriter::PublishCalibration(const ClockCalibration& cal) {

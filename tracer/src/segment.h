@@ -79,8 +79,8 @@ struct CalibrationWords {
 struct HeartbeatWords {
   int64_t step;
   uint64_t phase;
-  uint64_t op_entry_id;
   int64_t ticks;
+  uint64_t reserved;
 };
 
 struct SegmentHeader {

@@ -26,6 +26,7 @@ Result<std::unique_ptr<Tracer>> Tracer::Create(const RingOptions& options,
   if (!clock) clock = MakeDefaultClock();
   ASSIGN_OR_RETURN(auto ring, RingWriter::Create(options, *clock));
   std::unique_ptr<Tracer> t(new Tracer());
+  t->tsc_ = dynamic_cast<TscClock*>(clock.get()) != nullptr;
   t->clock_ = std::move(clock);
   t->ring_ = std::move(ring);
   t->flight_cap_ = t->ring_->flight_capacity();
@@ -106,9 +107,6 @@ void Tracer::Start(OpHandle h) {
   e->state = OpState::kStarted;
   e->started_ticks = Ticks();
   ring_->WriteFlight(*e);
-  SpinGuard guard(hb_lock_);
-  hb_op_ = h;
-  WriteHeartbeatLocked(e->started_ticks);
 }
 
 void Tracer::Progress(OpHandle h, int64_t bytes_sent, int64_t bytes_received) {
@@ -141,13 +139,10 @@ void Tracer::Finish(OpHandle h, OpState state) {
     c.entry_id = e->id;
     ring_->Publish();
   }
-  SpinGuard guard(hb_lock_);
-  if (hb_op_ == h) hb_op_ = 0;
-  WriteHeartbeatLocked(e->completed_ticks);
 }
 
 void Tracer::WriteHeartbeatLocked(int64_t ticks) {
-  ring_->WriteHeartbeat(hb_step_, hb_phase_, hb_op_, ticks);
+  ring_->WriteHeartbeat(hb_step_, hb_phase_, ticks);
 }
 
 void Tracer::SetPhase(int64_t step, Phase phase) {

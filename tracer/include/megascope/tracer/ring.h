@@ -70,6 +70,27 @@ struct SharedFlightEntry {
 };
 static_assert(sizeof(SharedFlightEntry) == 80);
 
+class RingWriter;
+namespace detail {
+// The calling thread's lane in the writer it used last: a one-entry cache, so the hot path needs
+// no lookup; a miss takes the writer's mutex once.
+struct LaneCursor {
+  std::atomic<uint64_t>* head = nullptr;  // shared: producer position
+  std::atomic<uint64_t>* tail = nullptr;  // shared: consumer position
+  std::atomic<uint64_t>* dropped = nullptr;  // shared: records dropped on this lane
+  Record* slots = nullptr;
+  uint64_t mask = 0;
+  uint64_t pos = 0;  // local copy of *head
+  uint64_t cached_tail = 0;
+  uint64_t drops = 0;
+};
+struct ThreadLane {
+  uint64_t writer_uid = 0;
+  LaneCursor* cursor = nullptr;  // nullptr with a matching uid: no lane left for this thread
+};
+inline thread_local constinit ThreadLane t_lane{};
+}  // namespace detail
+
 class RingWriter {
  public:
   // Creates the segment. A leftover file of a dead process with the same name is replaced; one
@@ -82,8 +103,19 @@ class RingWriter {
 
   // Hot path. Reserves the calling thread's next slot, or returns nullptr (and counts a drop)
   // when its lane is full. Fill the record, then Publish(). One claim at a time per thread.
-  Record* Claim();
-  void Publish();
+  Record* Claim() {
+    const detail::ThreadLane& tl = detail::t_lane;
+    detail::LaneCursor* c = tl.writer_uid == uid_ ? tl.cursor : AcquireLane();
+    if (c == nullptr) [[unlikely]] return DropUnlaned();
+    if (c->pos - c->cached_tail > c->mask) [[unlikely]] {
+      if (!RefreshTail(c)) return nullptr;
+    }
+    return &c->slots[c->pos & c->mask];
+  }
+  void Publish() {
+    detail::LaneCursor* c = detail::t_lane.cursor;
+    c->head->store(++c->pos, std::memory_order_release);
+  }
   bool Push(const Record& r) {
     Record* slot = Claim();
     if (slot == nullptr) return false;
@@ -104,7 +136,7 @@ class RingWriter {
   uint32_t flight_capacity() const;
 
   // Single writer at a time (Tracer serialises).
-  void WriteHeartbeat(int64_t step, Phase phase, uint64_t op_entry_id, int64_t ticks);
+  void WriteHeartbeat(int64_t step, Phase phase, int64_t ticks);
   void PublishCalibration(const ClockCalibration& cal);
   void SetClockOffset(int64_t offset_ns);
   // Marks the segment as closed cleanly (the rank finished).
@@ -117,9 +149,11 @@ class RingWriter {
   void set_unlink_on_close(bool v) { unlink_on_close_ = v; }
 
  private:
-  struct LaneCursor;
   RingWriter() = default;
-  LaneCursor* AcquireLane();
+  detail::LaneCursor* AcquireLane();
+  Record* DropUnlaned();
+  // Re-reads the consumer's tail; false (and a drop counted) when the lane is still full.
+  bool RefreshTail(detail::LaneCursor* c);
 
   RingOptions options_;
   std::string path_;
@@ -127,7 +161,7 @@ class RingWriter {
   size_t size_ = 0;
   bool unlink_on_close_ = false;
   uint64_t uid_ = 0;  // distinguishes writers in thread-local lane caches
-  std::unique_ptr<LaneCursor[]> cursors_;
+  std::unique_ptr<detail::LaneCursor[]> cursors_;
   std::mutex mu_;  // slow path: lane assignment, names, groups
   std::vector<std::pair<std::thread::id, uint32_t>> lane_owners_;
   std::vector<std::string> names_;

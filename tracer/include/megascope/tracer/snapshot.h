@@ -32,7 +32,7 @@ struct GroupInfo {
 struct HeartbeatState {
   int64_t step = 0;
   Phase phase = Phase::kInit;
-  uint64_t op_entry_id = 0;  // flight-recorder entry in progress, 0 when none
+  uint64_t op_entry_id = 0;  // newest flight-recorder entry not finished, 0 when none (derived)
   int64_t updated_at_ns = 0;
 };
 

@@ -11,6 +11,10 @@
 #include <string_view>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
+
 #include "megascope/tracer/clock.h"
 #include "megascope/tracer/ring.h"
 #include "megascope/tracer/status.h"
@@ -36,7 +40,12 @@ class Tracer {
   void Recalibrate();
 
   // --- spans (hot path) ---
-  int64_t Ticks() { return clock_->Ticks(); }
+  int64_t Ticks() {
+#if defined(__x86_64__)
+    if (tsc_) return static_cast<int64_t>(__rdtsc());  // skips the virtual call
+#endif
+    return clock_->Ticks();
+  }
   void RecordSpan(SpanKind kind, NameId name, int64_t step, int32_t microbatch,
                   int64_t start_ticks, int64_t end_ticks) {
     Record* r = ring_->Claim();
@@ -118,16 +127,16 @@ class Tracer {
   int MemberIndex(const GroupState& g, int32_t rank) const;
 
   std::shared_ptr<Clock> clock_;
+  bool tsc_ = false;  // clock_ is a TscClock
   std::unique_ptr<RingWriter> ring_;
   std::mutex groups_mu_;
   std::unique_ptr<std::unique_ptr<GroupState>[]> groups_;  // max_groups slots; append-only
   std::atomic<size_t> num_groups_{0};
   std::unique_ptr<SharedFlightEntry[]> mirror_;  // process-local copy of each slot
   uint32_t flight_cap_ = 0;
-  std::atomic_flag hb_lock_ = ATOMIC_FLAG_INIT;
+  std::atomic_flag hb_lock_ = ATOMIC_FLAG_INIT;  // the heartbeat has one writer at a time
   int64_t hb_step_ = 0;  // guarded by hb_lock_
   Phase hb_phase_ = Phase::kInit;
-  uint64_t hb_op_ = 0;
 };
 
 }  // namespace megascope::tracer
