@@ -188,7 +188,12 @@ int RunTraceDemo(const Args& args) {
     }
     bool others_done = true;
     for (int r = 0; r < hung; ++r) others_done = others_done && exited[r];
-    bool hung_stuck = tally[hung].reader && tally[hung].reader->Snapshot().heartbeat.op_entry_id != 0;
+    // Stuck = past its last step (its dump thread is up by then) with an op open.
+    bool hung_stuck = false;
+    if (tally[hung].reader) {
+      HeartbeatState hb = tally[hung].reader->Snapshot().heartbeat;
+      hung_stuck = hb.step == cfg.steps && hb.op_entry_id != 0;
+    }
     if (drained == 0 && others_done && hung_stuck) break;
     if (drained == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
