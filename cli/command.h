@@ -31,5 +31,7 @@ std::optional<int> ParseArgs(const char* name, const char* usage, const Args& ar
 int Fail(const char* name, const std::string& message, int code = 1);
 
 int RunTraceDemo(const Args& args);
+int RunDetect(const Args& args);
+int RunFleetSim(const Args& args);
 
 }  // namespace megascope::cli

@@ -18,6 +18,8 @@ int RunVersion(const Args& args) {
 }
 
 const Command kCommands[] = {
+    {"detect", "find faulty machines in a metrics CSV (optionally scored against labels)", &RunDetect},
+    {"fleet-sim", "write a labelled synthetic fleet (metrics.csv, labels.csv) for the detector", &RunFleetSim},
     {"trace-demo", "run writer processes through the tracer and drain them (self-demonstration)",
      &RunTraceDemo},
     {"version", "print the version", &RunVersion},

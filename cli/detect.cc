@@ -1,0 +1,261 @@
+// `megascope detect` (offline faulty-machine detection over a metrics CSV) and
+// `megascope fleet-sim` (a labelled synthetic fleet to evaluate it on).
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "command.h"
+#include "megascope/detector/baselines.h"
+#include "megascope/detector/detector.h"
+#include "megascope/detector/evaluate.h"
+#include "megascope/detector/fleet_sim.h"
+
+namespace megascope::cli {
+namespace {
+
+using namespace megascope::detector;
+
+std::string ScoreJson(const Evaluation& e) {
+  auto num = [](double x) { return std::isfinite(x) ? std::to_string(x) : std::string("null"); };
+  const Score& s = e.total;
+  std::string j = "{\"format\":\"megascope-detector-score\",\"version\":1,\"precision\":" + num(s.precision()) +
+                  ",\"recall\":" + num(s.recall()) + ",\"f1\":" + num(s.f1()) +
+                  ",\"true_positives\":" + std::to_string(s.true_positives) +
+                  ",\"false_positives\":" + std::to_string(s.false_positives) +
+                  ",\"faults\":" + std::to_string(s.faults) + ",\"median_delay_s\":" + num(s.median_delay_s()) +
+                  ",\"p90_delay_s\":" + num(s.p90_delay_s()) + ",\"by_type\":{";
+  bool first = true;
+  for (const auto& [type, t] : e.by_type) {
+    j += (first ? "\"" : ",\"") + type + "\":{\"faults\":" + std::to_string(t.faults) +
+         ",\"detected\":" + std::to_string(t.detected) + ",\"median_delay_s\":" + num(t.median_delay_s()) + "}";
+    first = false;
+  }
+  return j + "}}";
+}
+
+// Buffered CSV output (fleet-sim writes tens of millions of rows).
+class CsvOut {
+ public:
+  explicit CsvOut(std::FILE* f) : f_(f) { buf_.reserve(1 << 20); }
+  ~CsvOut() { Flush(); }
+  void Row(double t, const std::string& machine, const std::string& metric, double v) {
+    char tmp[64];
+    auto [p, ec] = std::to_chars(tmp, tmp + sizeof(tmp), t, std::chars_format::fixed, 1);
+    buf_.append(tmp, p);
+    buf_ += ',';
+    buf_ += machine;
+    buf_ += ',';
+    buf_ += metric;
+    buf_ += ',';
+    auto [q, ec2] = std::to_chars(tmp, tmp + sizeof(tmp), v, std::chars_format::general, 6);
+    buf_.append(tmp, q);
+    buf_ += '\n';
+    if (buf_.size() > (1 << 20) - 256) Flush();
+  }
+  void Flush() {
+    if (!buf_.empty() && std::fwrite(buf_.data(), 1, buf_.size(), f_) != buf_.size()) failed_ = true;
+    buf_.clear();
+  }
+  bool failed() const { return failed_; }
+
+ private:
+  std::FILE* f_;
+  std::string buf_;
+  bool failed_ = false;
+};
+
+}  // namespace
+
+int RunDetect(const Args& args) {
+  std::string metrics, labels, groups, baseline = "megascope";
+  bool json = false;
+  double lateness = 60;
+  DetectorConfig cfg;
+  po::options_description opts("Options");
+  opts.add_options()("help,h", "show this help")
+      ("metrics", po::value(&metrics)->required(), "metrics CSV (timestamp_s,machine,metric,value)")
+      ("labels", po::value(&labels), "labels CSV (machine,fault_start_s,fault_end_s,fault_type): score the verdicts")
+      ("groups", po::value(&groups), "peer groups CSV (machine,group): compare machines only within a group")
+      ("json", po::bool_switch(&json), "print verdicts as JSON lines (FORMATS.md section 2)")
+      ("window", po::value(&cfg.denoise_window)->default_value(cfg.denoise_window), "denoising window (ticks)")
+      ("continuity", po::value(&cfg.continuity)->default_value(cfg.continuity),
+       "continuity window (ticks) a machine must stay the outlier")
+      ("threshold", po::value(&cfg.threshold)->default_value(cfg.threshold), "robust |z| that makes an outlier")
+      ("tick", po::value(&cfg.tick_s)->default_value(cfg.tick_s), "tick length in seconds")
+      ("max-lateness", po::value(&lateness)->default_value(lateness),
+       "seconds a sample may arrive out of time order; later ones are ignored and counted")
+      ("baseline", po::value(&baseline)->default_value(baseline), "detector: megascope, zscore or mahalanobis");
+  po::variables_map vm;
+  if (auto rc = ParseArgs("detect", "megascope detect --metrics M.csv [--labels L.csv] [--groups G.csv] [--json]",
+                          args, opts, {}, &vm)) {
+    return *rc;
+  }
+  if (cfg.denoise_window < 1 || cfg.continuity < 1 || cfg.tick_s <= 0 || cfg.threshold <= 0) {
+    return Fail("detect", "--window, --continuity, --tick and --threshold must be positive", 2);
+  }
+  if (!groups.empty()) {
+    auto g = ReadGroupsCsv(groups);
+    if (!g.ok()) return Fail("detect", g.status().message());
+    for (auto& [machine, group] : *g) cfg.groups[machine] = group;
+  }
+  std::vector<Label> truth;
+  if (!labels.empty()) {
+    auto l = ReadLabelsCsv(labels);
+    if (!l.ok()) return Fail("detect", l.status().message());
+    truth = std::move(l).value();
+  }
+  std::unique_ptr<FrameDetector> det;
+  if (baseline == "megascope") det = std::make_unique<Detector>(cfg);
+  else if (baseline == "zscore") det = std::make_unique<ZScoreBaseline>();
+  else if (baseline == "mahalanobis") det = std::make_unique<MahalanobisBaseline>();
+  else return Fail("detect", "--baseline must be megascope, zscore or mahalanobis", 2);
+
+  auto reader = MetricsCsvReader::Open(metrics);
+  if (!reader.ok()) return Fail("detect", reader.status().message());
+  Stream stream(det.get(), cfg.tick_s, lateness);
+  std::vector<Verdict> all;
+  auto print = [&](std::vector<Verdict> vs) {
+    for (Verdict& v : vs) {
+      if (json) {
+        std::printf("%s\n", VerdictToJson(v).c_str());
+      } else {
+        std::printf("t=%.0f s  %s  faulty_machine (%s)  onset t=%.0f s\n  %s\n",
+                    static_cast<double>(v.detected_at_ns) / 1e9, v.root_nodes[0].c_str(), v.cause.c_str(),
+                    static_cast<double>(v.onset_at_ns) / 1e9, v.explanation.c_str());
+      }
+      all.push_back(std::move(v));
+    }
+    std::fflush(stdout);
+  };
+  const bool progress = (*reader)->file_size() > (32 << 20);
+  auto last_report = std::chrono::steady_clock::now();
+  Sample s;
+  int64_t rows = 0;
+  while ((*reader)->Next(&s)) {
+    stream.Add(s);
+    if ((++rows & 0xffff) == 0) {
+      print(stream.TakeVerdicts());
+      auto now = std::chrono::steady_clock::now();
+      if (progress && now - last_report > std::chrono::seconds(2)) {
+        last_report = now;
+        std::fprintf(stderr, "[detect] %3.0f%%  %lld rows, %zu verdicts\n",
+                     100.0 * static_cast<double>((*reader)->bytes_read()) / static_cast<double>((*reader)->file_size()),
+                     static_cast<long long>(rows), all.size());
+      }
+    }
+  }
+  if (!(*reader)->status().ok()) {
+    print(stream.TakeVerdicts());
+    return Fail("detect", (*reader)->status().message());
+  }
+  stream.Flush();
+  print(stream.TakeVerdicts());
+  if (stream.late_samples() > 0) {
+    std::fprintf(stderr, "[detect] warning: %lld samples arrived more than %.0f s out of order and were ignored "
+                 "(raise --max-lateness or sort the file by time)\n",
+                 static_cast<long long>(stream.late_samples()), lateness);
+  }
+  if (!json) {
+    std::printf("%lld rows, %d machines, %d metrics, %lld ticks: %zu verdicts\n", static_cast<long long>(rows),
+                stream.registry().machines(), stream.registry().metrics(),
+                static_cast<long long>(stream.frames()), all.size());
+  }
+  if (!labels.empty()) {
+    Evaluation e = Evaluate(all, truth);
+    if (json) std::printf("%s\n", ScoreJson(e).c_str());
+    else std::printf("%s", FormatEvaluation(e).c_str());
+  }
+  return 0;
+}
+
+int RunFleetSim(const Args& args) {
+  FleetSimConfig cfg;
+  std::string out_dir, types;
+  po::options_description opts("Options");
+  opts.add_options()("help,h", "show this help")
+      ("machines", po::value(&cfg.machines)->default_value(cfg.machines), "machines in the job")
+      ("hours", po::value(&cfg.hours)->default_value(cfg.hours), "hours of second-level metrics")
+      ("faults", po::value(&cfg.faults)->default_value(cfg.faults), "faults to inject (never overlapping)")
+      ("seed", po::value(&cfg.seed)->default_value(cfg.seed), "random seed")
+      ("stages", po::value(&cfg.stages)->default_value(cfg.stages), "pipeline stages (peer groups)")
+      ("light-first-stage", po::bool_switch(&cfg.light_first_stage),
+       "stage 0 legitimately runs a lighter GPU load than the others")
+      ("fault-types", po::value(&types), "comma-separated fault types to use (default: the production mix)")
+      ("out,o", po::value(&out_dir)->required(), "output directory (metrics.csv, labels.csv, groups.csv)");
+  po::variables_map vm;
+  if (auto rc = ParseArgs("fleet-sim", "megascope fleet-sim --machines N --hours H --faults F --seed S -o DIR", args,
+                          opts, {}, &vm)) {
+    return *rc;
+  }
+  if (cfg.machines < 2 || cfg.hours <= 0 || cfg.faults < 0 || cfg.stages < 1 || cfg.stages > cfg.machines) {
+    return Fail("fleet-sim", "need --machines >= 2, --hours > 0, --faults >= 0, 1 <= --stages <= --machines", 2);
+  }
+  if (cfg.faults > 0 && cfg.hours * 3600 / cfg.faults < 600) {
+    return Fail("fleet-sim", "at most one fault per 10 minutes fits (faults never overlap)", 2);
+  }
+  std::stringstream ss(types);
+  for (std::string t; std::getline(ss, t, ',');) {
+    const auto& known = FleetFaultTypes();
+    if (std::find(known.begin(), known.end(), t) == known.end()) {
+      std::string list;
+      for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+      return Fail("fleet-sim", "unknown fault type '" + t + "' (known: " + list + ")", 2);
+    }
+    cfg.fault_types.push_back(t);
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) return Fail("fleet-sim", "cannot create " + out_dir + ": " + ec.message());
+  FleetSim sim(cfg);
+  const std::string mpath = out_dir + "/metrics.csv";
+  std::FILE* f = std::fopen(mpath.c_str(), "w");
+  if (f == nullptr) return Fail("fleet-sim", "cannot write " + mpath + ": " + std::strerror(errno));
+  std::fprintf(f, "timestamp_s,machine,metric,value\n");
+  int64_t rows = 0;
+  const double total_s = cfg.hours * 3600;
+  auto last_report = std::chrono::steady_clock::now();
+  {
+    CsvOut out(f);
+    sim.Run([&](int m, int k, double t, double v) {
+      out.Row(t, sim.machines()[m], sim.metrics()[k], v);
+      if ((++rows & 0xfffff) == 0) {
+        auto now = std::chrono::steady_clock::now();
+        if (now - last_report > std::chrono::seconds(2)) {
+          last_report = now;
+          std::fprintf(stderr, "[fleet-sim] %3.0f%%  %lld rows\n", 100 * (t - cfg.start_s) / total_s,
+                       static_cast<long long>(rows));
+        }
+      }
+    });
+    out.Flush();
+    if (out.failed()) {
+      std::fclose(f);
+      return Fail("fleet-sim", "write error on " + mpath + " (disk full?)");
+    }
+  }
+  if (std::fclose(f) != 0) return Fail("fleet-sim", "write error on " + mpath);
+  std::FILE* l = std::fopen((out_dir + "/labels.csv").c_str(), "w");
+  std::FILE* g = std::fopen((out_dir + "/groups.csv").c_str(), "w");
+  if (l == nullptr || g == nullptr) return Fail("fleet-sim", "cannot write labels.csv/groups.csv in " + out_dir);
+  std::fprintf(l, "machine,fault_start_s,fault_end_s,fault_type\n");
+  for (const Label& lb : sim.labels()) {
+    std::fprintf(l, "%s,%.1f,%.1f,%s\n", lb.machine.c_str(), lb.fault_start_s, lb.fault_end_s, lb.fault_type.c_str());
+  }
+  std::fprintf(g, "machine,group\n");
+  for (const auto& [machine, group] : sim.Groups()) std::fprintf(g, "%s,%s\n", machine.c_str(), group.c_str());
+  std::fclose(l);
+  std::fclose(g);
+  std::printf("wrote %s (%lld samples: %d machines x %zu metrics x %.0f s), labels.csv (%zu faults), groups.csv\n",
+              mpath.c_str(), static_cast<long long>(rows), cfg.machines, sim.metrics().size(), total_s,
+              sim.labels().size());
+  return 0;
+}
+
+}  // namespace megascope::cli

@@ -1,0 +1,124 @@
+// Faulty-machine detection among peers (Minder's idea, DESIGN.md section 7). Samples are aligned
+// into ticks; per metric and tick each machine's recent values are denoised (a trimmed moving mean),
+// normalised across its peers (robust z: median and MAD), and a machine whose |z| exceeds the
+// threshold is an outlier on that metric -- unless so many machines are that the whole job moved
+// (a checkpoint, a data stall). A machine that stops reporting while its peers report is an outlier
+// too. A verdict is raised only when the same machine stays an outlier for most of a continuity
+// window. FrameDetector is the seam the baselines share; Stream feeds raw samples to one.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "megascope/detector/samples.h"
+#include "megascope/tracer/verdict.h"
+
+namespace megascope::detector {
+
+// Names of machines and metrics, numbered in order of first appearance.
+class Registry {
+ public:
+  int Machine(const std::string& name);
+  int Metric(const std::string& name);
+  const std::string& machine_name(int id) const { return machines_[id]; }
+  const std::string& metric_name(int id) const { return metrics_[id]; }
+  int machines() const { return static_cast<int>(machines_.size()); }
+  int metrics() const { return static_cast<int>(metrics_.size()); }
+  int FindMetric(const std::string& name) const;
+
+ private:
+  std::vector<std::string> machines_, metrics_;
+  std::unordered_map<std::string, int> machine_ids_, metric_ids_;
+};
+
+// All samples that fell into one tick [tick*tick_s, (tick+1)*tick_s).
+struct Frame {
+  int64_t tick = 0;
+  double end_s = 0;  // end of the tick: the data time at which a decision on it is made
+  struct Cell {
+    int machine, metric;
+    double value;
+  };
+  std::vector<Cell> cells;
+};
+
+// Something that consumes frames in tick order and may emit verdicts.
+class FrameDetector {
+ public:
+  virtual ~FrameDetector() = default;
+  virtual void OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>* out) = 0;
+  virtual const char* Name() const = 0;
+};
+
+struct DetectorConfig {
+  double tick_s = 1.0;
+  int denoise_window = 8;  // ticks in the denoising window
+  int continuity = 30;  // ticks in the continuity window
+  double continuity_fraction = 0.8;  // share of the window a machine must be an outlier
+  int long_window = 90;  // ticks; catches machines that stand out only part of the time (flapping)
+  double long_fraction = 0.5;
+  double bias_ticks = 1800;  // time constant of each machine's learned offset from its peers
+  int warmup_ticks = 60;  // a machine's first ticks on a metric only teach its usual offset
+  double threshold = 6.0;  // robust |z| above which a machine is an outlier on a metric
+  std::map<std::string, double> metric_thresholds;  // per-metric overrides
+  double relative_floor = 0.02;  // the spread never counts as below 2% of the peers' median
+  double job_wide_fraction = 0.2;  // more outliers than this share: the job moved, not a machine
+  int min_peers = 4;  // fewer comparable machines: no judgement
+  int silence_ticks = 10;  // silent this long while peers report: an outlier
+  int forget_ticks = 3600;  // silent this long: the machine left the job
+  int rearm_ticks = 120;  // clean ticks before a machine can be named again
+  // Metrics walked first (Minder's order, with our names); the rest follow in name order.
+  std::vector<std::string> priority = {
+      "pfc_tx_pause_pps", "cpu_util", "gpu_util", "gpu_power_w", "gpu_tensor_active",
+      "nvlink_tx_gbps", "net_tx_gbps", "net_rx_gbps", "gpu_xid_errors", "gpu_ecc_errors",
+      "gpu_temp_c", "gpu_mem_used_gb", "step_time_s"};
+  std::map<std::string, std::string> groups;  // machine -> peer group; others share one group
+};
+
+class Detector final : public FrameDetector {
+ public:
+  explicit Detector(DetectorConfig config);
+  ~Detector() override;
+  void OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>* out) override;
+  const char* Name() const override { return "megascope"; }
+  // Per machine: the largest |z| of its last tick (for megascope_detector_score).
+  const std::vector<double>& last_scores() const { return last_scores_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::vector<double> last_scores_;
+};
+
+// Aligns raw samples into frames for a FrameDetector. Samples may arrive out of order by up to
+// max_lateness_s; later ones are counted in late_samples() and ignored.
+class Stream {
+ public:
+  Stream(FrameDetector* detector, double tick_s = 1.0, double max_lateness_s = 60);
+  void Add(const Sample& s);
+  void Add(int machine, int metric, double time_s, double value);  // ids from registry()
+  // Processes every buffered tick (end of input).
+  void Flush();
+  std::vector<Verdict> TakeVerdicts() { return std::exchange(verdicts_, {}); }
+  Registry& registry() { return reg_; }
+  int64_t late_samples() const { return late_; }
+  int64_t frames() const { return frames_; }
+
+ private:
+  void EmitThrough(int64_t tick);
+  FrameDetector* det_;
+  double tick_s_;
+  int64_t lateness_ticks_;
+  Registry reg_;
+  std::map<int64_t, Frame> pending_;
+  int64_t next_tick_ = INT64_MIN;  // first tick not yet emitted
+  int64_t max_tick_ = INT64_MIN;
+  int64_t late_ = 0, frames_ = 0;
+  std::vector<Verdict> verdicts_;
+};
+
+}  // namespace megascope::detector

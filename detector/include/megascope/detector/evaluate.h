@@ -1,0 +1,36 @@
+// Scoring of faulty-machine verdicts against labels, exactly as FORMATS.md section 3 defines it:
+// a verdict is a true positive when its machine is labelled faulty and it was raised inside that
+// fault's [start, end]; later verdicts on an already detected fault are duplicates (neither way);
+// every other verdict is a false positive. Delay = detected_at - fault_start.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "megascope/detector/samples.h"
+#include "megascope/tracer/verdict.h"
+
+namespace megascope::detector {
+
+struct Score {
+  int true_positives = 0, false_positives = 0, duplicates = 0;
+  int faults = 0, detected = 0;
+  std::vector<double> delays_s;
+  double precision() const;
+  double recall() const;
+  double f1() const;
+  double median_delay_s() const;
+  double p90_delay_s() const;
+};
+
+struct Evaluation {
+  Score total;
+  std::map<std::string, Score> by_type;  // recall and delays per fault type (no false positives)
+};
+
+Evaluation Evaluate(const std::vector<Verdict>& verdicts, const std::vector<Label>& labels);
+// A readable multi-line report.
+std::string FormatEvaluation(const Evaluation& e);
+
+}  // namespace megascope::detector

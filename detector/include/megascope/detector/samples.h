@@ -1,0 +1,57 @@
+// Metric samples and the CSV files of FORMATS.md section 3: the long-format metrics CSV
+// (timestamp_s,machine,metric,value), the labels CSV (ground truth) and the peer-groups CSV
+// (machine,group). The metrics reader streams: it never holds the whole file.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megascope/tracer/status.h"
+
+namespace megascope::detector {
+
+struct Sample {
+  double time_s = 0;  // seconds (since the epoch or since the run's start)
+  std::string machine;
+  std::string metric;
+  double value = 0;
+};
+
+struct Label {
+  std::string machine;
+  double fault_start_s = 0;
+  double fault_end_s = 0;
+  std::string fault_type;
+};
+
+// Streams a metrics CSV. Errors name the file and line.
+class MetricsCsvReader {
+ public:
+  static Result<std::unique_ptr<MetricsCsvReader>> Open(const std::string& path);
+  // Reads the next sample; false at end of file. Check status() after false.
+  bool Next(Sample* s);
+  const Status& status() const { return status_; }
+  int64_t line() const { return line_; }
+  int64_t bytes_read() const { return bytes_; }
+  int64_t file_size() const { return size_; }
+
+ private:
+  std::string path_;
+  std::ifstream in_;
+  std::string buf_;
+  int64_t line_ = 0, bytes_ = 0, size_ = 0;
+  Status status_;
+};
+
+Result<std::vector<Label>> ReadLabelsCsv(const std::string& path);
+// machine -> group name.
+Result<std::vector<std::pair<std::string, std::string>>> ReadGroupsCsv(const std::string& path);
+
+// Parses one "timestamp_s,machine,metric,value" line (exposed for tests).
+Status ParseMetricsLine(std::string_view line, Sample* s);
+
+}  // namespace megascope::detector

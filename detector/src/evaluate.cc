@@ -1,0 +1,87 @@
+#include "megascope/detector/evaluate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace megascope::detector {
+namespace {
+
+double Quantile(std::vector<double> v, double q) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  double pos = q * static_cast<double>(v.size() - 1);
+  size_t lo = static_cast<size_t>(std::floor(pos)), hi = static_cast<size_t>(std::ceil(pos));
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+}  // namespace
+
+double Score::precision() const {
+  int n = true_positives + false_positives;
+  return n == 0 ? 1.0 : static_cast<double>(true_positives) / n;
+}
+double Score::recall() const { return faults == 0 ? 1.0 : static_cast<double>(detected) / faults; }
+double Score::f1() const {
+  double p = precision(), r = recall();
+  return p + r == 0 ? 0 : 2 * p * r / (p + r);
+}
+double Score::median_delay_s() const { return Quantile(delays_s, 0.5); }
+double Score::p90_delay_s() const { return Quantile(delays_s, 0.9); }
+
+Evaluation Evaluate(const std::vector<Verdict>& verdicts, const std::vector<Label>& labels) {
+  Evaluation e;
+  std::vector<bool> detected(labels.size(), false);
+  e.total.faults = static_cast<int>(labels.size());
+  for (const Label& l : labels) ++e.by_type[l.fault_type].faults;
+  std::vector<const Verdict*> ordered;
+  for (const Verdict& v : verdicts) ordered.push_back(&v);
+  std::stable_sort(ordered.begin(), ordered.end(),
+                   [](const Verdict* a, const Verdict* b) { return a->detected_at_ns < b->detected_at_ns; });
+  for (const Verdict* v : ordered) {
+    const double t = static_cast<double>(v->detected_at_ns) / 1e9;
+    const std::string machine = v->root_nodes.empty() ? "" : v->root_nodes.front();
+    int match = -1;
+    for (size_t i = 0; i < labels.size(); ++i) {
+      if (labels[i].machine == machine && t >= labels[i].fault_start_s && t <= labels[i].fault_end_s) {
+        match = static_cast<int>(i);
+        if (!detected[i]) break;  // prefer an undetected fault
+      }
+    }
+    if (match < 0) {
+      ++e.total.false_positives;
+    } else if (detected[match]) {
+      ++e.total.duplicates;
+    } else {
+      detected[match] = true;
+      const double delay = t - labels[match].fault_start_s;
+      for (Score* s : {&e.total, &e.by_type[labels[match].fault_type]}) {
+        ++s->true_positives;
+        ++s->detected;
+        s->delays_s.push_back(delay);
+      }
+    }
+  }
+  return e;
+}
+
+std::string FormatEvaluation(const Evaluation& e) {
+  char buf[256];
+  const Score& s = e.total;
+  std::string out;
+  std::snprintf(buf, sizeof(buf),
+                "precision %.3f  recall %.3f  F1 %.3f  (%d true, %d false positives, %d duplicates; %d/%d faults)\n"
+                "delay: median %.1f s, p90 %.1f s\n",
+                s.precision(), s.recall(), s.f1(), s.true_positives, s.false_positives, s.duplicates, s.detected,
+                s.faults, s.median_delay_s(), s.p90_delay_s());
+  out += buf;
+  out += "by fault type:\n";
+  for (const auto& [type, t] : e.by_type) {
+    std::snprintf(buf, sizeof(buf), "  %-18s detected %3d/%-3d  recall %.3f  median delay %6.1f s  p90 %6.1f s\n",
+                  type.c_str(), t.detected, t.faults, t.recall(), t.median_delay_s(), t.p90_delay_s());
+    out += buf;
+  }
+  return out;
+}
+
+}  // namespace megascope::detector

@@ -1,0 +1,146 @@
+#include "megascope/detector/samples.h"
+
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+
+namespace megascope::detector {
+namespace {
+
+std::vector<std::string_view> SplitCsv(std::string_view line) {
+  std::vector<std::string_view> out;
+  size_t start = 0;
+  for (size_t i = 0; i <= line.size(); ++i) {
+    if (i == line.size() || line[i] == ',') {
+      out.push_back(line.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  return out;
+}
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.back() == '\r' || s.back() == ' ')) s.remove_suffix(1);
+  while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+  return s;
+}
+
+bool ParseDouble(std::string_view s, double* out) {
+  s = Trim(s);
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+// Reads a small CSV with the given header, calling `row` for each data line.
+Status ReadSmallCsv(const std::string& path, const std::vector<std::string>& header,
+                    const std::function<Status(const std::vector<std::string_view>&)>& row) {
+  std::ifstream in(path);
+  if (!in) return NotFound("cannot open " + path);
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    std::string_view l = Trim(line);
+    if (l.empty()) continue;
+    auto fields = SplitCsv(l);
+    if (n == 1) {
+      bool ok = fields.size() == header.size();
+      for (size_t i = 0; ok && i < header.size(); ++i) ok = Trim(fields[i]) == header[i];
+      if (!ok) {
+        std::string want;
+        for (const auto& h : header) want += (want.empty() ? "" : ",") + h;
+        return InvalidArgument(path + ":1: header should be '" + want + "', found '" + std::string(l) + "'");
+      }
+      continue;
+    }
+    if (fields.size() != header.size()) {
+      return InvalidArgument(path + ":" + std::to_string(n) + ": expected " + std::to_string(header.size()) +
+                             " fields, found " + std::to_string(fields.size()));
+    }
+    Status st = row(fields);
+    if (!st.ok()) return InvalidArgument(path + ":" + std::to_string(n) + ": " + st.message());
+  }
+  if (n == 0) return InvalidArgument(path + " is empty (a header line is required)");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ParseMetricsLine(std::string_view line, Sample* s) {
+  auto f = SplitCsv(Trim(line));
+  if (f.size() != 4) return InvalidArgument("expected 4 fields (timestamp_s,machine,metric,value), found " +
+                                            std::to_string(f.size()));
+  if (!ParseDouble(f[0], &s->time_s)) return InvalidArgument("timestamp_s '" + std::string(f[0]) + "' is not a number");
+  if (Trim(f[1]).empty()) return InvalidArgument("empty machine");
+  if (Trim(f[2]).empty()) return InvalidArgument("empty metric");
+  s->machine = Trim(f[1]);
+  s->metric = Trim(f[2]);
+  if (!ParseDouble(f[3], &s->value)) return InvalidArgument("value '" + std::string(f[3]) + "' is not a number");
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<MetricsCsvReader>> MetricsCsvReader::Open(const std::string& path) {
+  auto r = std::make_unique<MetricsCsvReader>();
+  r->path_ = path;
+  r->in_.open(path);
+  if (!r->in_) return NotFound("cannot open metrics file " + path);
+  std::error_code ec;
+  r->size_ = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  if (!std::getline(r->in_, r->buf_)) return InvalidArgument(path + " is empty (a header line is required)");
+  r->line_ = 1;
+  r->bytes_ = static_cast<int64_t>(r->buf_.size()) + 1;
+  auto h = SplitCsv(Trim(r->buf_));
+  if (h.size() != 4 || Trim(h[0]) != "timestamp_s" || Trim(h[1]) != "machine" || Trim(h[2]) != "metric" ||
+      Trim(h[3]) != "value") {
+    return InvalidArgument(path + ":1: header should be 'timestamp_s,machine,metric,value', found '" +
+                           std::string(Trim(r->buf_)) + "'");
+  }
+  return r;
+}
+
+bool MetricsCsvReader::Next(Sample* s) {
+  while (std::getline(in_, buf_)) {
+    ++line_;
+    bytes_ += static_cast<int64_t>(buf_.size()) + 1;
+    if (Trim(buf_).empty()) continue;
+    Status st = ParseMetricsLine(buf_, s);
+    if (!st.ok()) {
+      status_ = InvalidArgument(path_ + ":" + std::to_string(line_) + ": " + st.message());
+      return false;
+    }
+    return true;
+  }
+  if (in_.bad()) status_ = IoError("read error in " + path_ + " after line " + std::to_string(line_));
+  return false;
+}
+
+Result<std::vector<Label>> ReadLabelsCsv(const std::string& path) {
+  std::vector<Label> labels;
+  Status st = ReadSmallCsv(path, {"machine", "fault_start_s", "fault_end_s", "fault_type"},
+                           [&](const std::vector<std::string_view>& f) -> Status {
+                             Label l;
+                             l.machine = Trim(f[0]);
+                             if (!ParseDouble(f[1], &l.fault_start_s) || !ParseDouble(f[2], &l.fault_end_s)) {
+                               return InvalidArgument("fault_start_s and fault_end_s must be numbers");
+                             }
+                             if (l.fault_end_s < l.fault_start_s) return InvalidArgument("fault ends before it starts");
+                             l.fault_type = Trim(f[3]);
+                             labels.push_back(std::move(l));
+                             return Status::Ok();
+                           });
+  if (!st.ok()) return st;
+  return labels;
+}
+
+Result<std::vector<std::pair<std::string, std::string>>> ReadGroupsCsv(const std::string& path) {
+  std::vector<std::pair<std::string, std::string>> groups;
+  Status st = ReadSmallCsv(path, {"machine", "group"}, [&](const std::vector<std::string_view>& f) -> Status {
+    if (Trim(f[0]).empty() || Trim(f[1]).empty()) return InvalidArgument("empty machine or group");
+    groups.emplace_back(Trim(f[0]), Trim(f[1]));
+    return Status::Ok();
+  });
+  if (!st.ok()) return st;
+  return groups;
+}
+
+}  // namespace megascope::detector

@@ -1,0 +1,29 @@
+#include "megascope/tracer/verdict.h"
+
+#include <nlohmann/json.hpp>
+
+namespace megascope {
+
+std::string VerdictToJson(const Verdict& v) {
+  using ojson = nlohmann::ordered_json;
+  auto or_null = [](const std::string& s) { return s.empty() ? ojson(nullptr) : ojson(s); };
+  ojson j;
+  j["format"] = "megascope-verdict";
+  j["version"] = 1;
+  j["kind"] = v.kind;
+  j["cause"] = or_null(v.cause);
+  j["root_ranks"] = v.root_ranks;
+  j["root_nodes"] = v.root_nodes;
+  j["group"] = or_null(v.group);
+  j["seq"] = v.seq < 0 ? ojson(nullptr) : ojson(v.seq);
+  j["op"] = or_null(v.op);
+  j["waiting_ranks"] = v.waiting_ranks;
+  j["detected_at_ns"] = v.detected_at_ns;
+  j["onset_at_ns"] = v.onset_at_ns == 0 ? ojson(nullptr) : ojson(v.onset_at_ns);
+  j["confidence"] = v.confidence;
+  j["explanation"] = v.explanation;
+  j["evidence"] = v.evidence;
+  return j.dump();
+}
+
+}  // namespace megascope
