@@ -8,6 +8,7 @@
 #include <cstring>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <sstream>
 
@@ -71,6 +72,20 @@ class CsvOut {
   bool failed_ = false;
 };
 
+// Data time for people: UTC date and time for epoch timestamps, else seconds since the start.
+std::string When(int64_t ns) {
+  const time_t secs = static_cast<time_t>(ns / 1'000'000'000);
+  char buf[32];
+  if (secs < 1'000'000'000) {
+    std::snprintf(buf, sizeof(buf), "t=%llds", static_cast<long long>(secs));
+  } else {
+    std::tm tm{};
+    gmtime_r(&secs, &tm);
+    std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%SZ", &tm);
+  }
+  return buf;
+}
+
 }  // namespace
 
 int RunDetect(const Args& args) {
@@ -126,9 +141,8 @@ int RunDetect(const Args& args) {
       if (json) {
         std::printf("%s\n", VerdictToJson(v).c_str());
       } else {
-        std::printf("t=%.0f s  %s  faulty_machine (%s)  onset t=%.0f s\n  %s\n",
-                    static_cast<double>(v.detected_at_ns) / 1e9, v.root_nodes[0].c_str(), v.cause.c_str(),
-                    static_cast<double>(v.onset_at_ns) / 1e9, v.explanation.c_str());
+        std::printf("%s  %s  faulty_machine (%s), onset %s\n  %s\n", When(v.detected_at_ns).c_str(),
+                    v.root_nodes[0].c_str(), v.cause.c_str(), When(v.onset_at_ns).c_str(), v.explanation.c_str());
       }
       all.push_back(std::move(v));
     }

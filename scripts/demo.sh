@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The main job, as far as it goes today: installs what is missing, builds, and runs the tracer's
+# The main job, as far as it goes today: installs what is missing, builds, runs the tracer's
 # self-demonstration (writer processes tracing into shared-memory rings, a reader draining them,
-# and the flight recorder of a rank stuck in an all-reduce).
+# and the flight recorder of a rank stuck in an all-reduce), then faulty-machine detection on a
+# simulated 64-machine job with faults injected.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,3 +23,13 @@ cat <<'MSG'
     thread (FORMATS.md section 1), and after it was killed the reader still dumped it from the
     ring, marked alive=false -- what the agent will do for dead ranks.
 MSG
+
+work=$(mktemp -d /tmp/megascope-demo.XXXXXX)
+echo
+echo "[demo] faulty-machine detection: simulating 1 h of a 64-machine job with 4 faults"
+$bin fleet-sim --machines 64 --hours 1 --faults 4 --seed "${SEED:-7}" -o "$work/fleet"
+echo "[demo] injected faults (labels.csv):"
+column -s, -t < "$work/fleet/labels.csv" | sed 's/^/  /'
+echo "[demo] megascope detect --metrics $work/fleet/metrics.csv --labels $work/fleet/labels.csv"
+$bin detect --metrics "$work/fleet/metrics.csv" --labels "$work/fleet/labels.csv"
+rm -rf "$work"

@@ -349,6 +349,9 @@ void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>
         } else if (stat.second == 0) {
           std::snprintf(buf, sizeof(buf), "%s%s missing while peers report it (%d ticks)", facts.empty() ? "" : "; ",
                         name.c_str(), stat.first);
+        } else if (stat.second > 1000) {  // the peers are flat (an event counter at zero)
+          std::snprintf(buf, sizeof(buf), "%s%s nonzero while its peers stay flat (%d ticks)",
+                        facts.empty() ? "" : "; ", name.c_str(), stat.first);
         } else {
           std::snprintf(buf, sizeof(buf), "%s%s off its peers by up to %.1f robust sd (%d ticks)",
                         facts.empty() ? "" : "; ", name.c_str(), stat.second, stat.first);

@@ -81,3 +81,42 @@ TEST(CliTest, TraceDemoWithTinyRingsCountsDrops) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CliTest, FleetSimThenDetectScoresAgainstLabels) {
+  megascope::testing::TempDir dir;
+  CliRun sim = Megascope("fleet-sim --machines 12 --hours 0.5 --faults 2 --seed 21 --fault-types thermal_throttle,cuda_error -o " +
+                         dir.path() + "/fleet");
+  ASSERT_EQ(sim.code, 0) << sim.out;
+  EXPECT_NE(sim.out.find("2 faults"), std::string::npos) << sim.out;
+  CliRun det = Megascope("detect --metrics " + dir.path() + "/fleet/metrics.csv --labels " + dir.path() +
+                         "/fleet/labels.csv --json");
+  ASSERT_EQ(det.code, 0) << det.out;
+  EXPECT_NE(det.out.find("\"format\":\"megascope-verdict\""), std::string::npos) << det.out;
+  EXPECT_NE(det.out.find("\"kind\":\"faulty_machine\""), std::string::npos);
+  EXPECT_NE(det.out.find("\"format\":\"megascope-detector-score\""), std::string::npos);
+  EXPECT_NE(det.out.find("\"recall\":1.0"), std::string::npos) << det.out;
+  EXPECT_NE(det.out.find("\"false_positives\":0"), std::string::npos) << det.out;
+}
+
+TEST(CliTest, DetectRejectsBadInputClearly) {
+  megascope::testing::TempDir dir;
+  std::string csv = dir.path() + "/m.csv";
+  std::FILE* f = std::fopen(csv.c_str(), "w");
+  std::fputs("timestamp_s,machine,metric,value\n1,node0,cpu,0.5\n2,node0,cpu\n", f);
+  std::fclose(f);
+  CliRun bad = Megascope("detect --metrics " + csv);
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("m.csv:3: expected 4 fields"), std::string::npos) << bad.out;
+  CliRun missing = Megascope("detect --metrics " + dir.path() + "/nope.csv");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.out.find("cannot open metrics file"), std::string::npos);
+  CliRun noflag = Megascope("detect");
+  EXPECT_EQ(noflag.code, 2);
+  CliRun badtype = Megascope("fleet-sim --fault-types meteor -o " + dir.path());
+  EXPECT_EQ(badtype.code, 2);
+  EXPECT_NE(badtype.out.find("unknown fault type 'meteor'"), std::string::npos);
+}
+
+}  // namespace

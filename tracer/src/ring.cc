@@ -162,6 +162,35 @@ RankSnapshot TakeSnapshot(const Segment& s) {
 
 // ---------------------------------------------------------------- writer
 
+namespace {
+
+// Links the initialised segment `tmp` to `path`. A ring left there by a dead process is replaced;
+// one held by a live process is AlreadyExists.
+Status ClaimName(const std::string& tmp, const std::string& path) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (::link(tmp.c_str(), path.c_str()) == 0) return Status::Ok();
+    if (errno != EEXIST) return ErrnoError("cannot create ring " + path, errno);
+    int old = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    SegmentHeader h{};
+    bool live = false;
+    if (old >= 0) {
+      if (::pread(old, &h, sizeof(h), 0) == static_cast<ssize_t>(sizeof(h)) && h.magic.load() == kRingMagic) {
+        live = h.pid != 0 && ProcessStartTime(h.pid) == h.pid_start_time;
+      }
+      ::close(old);
+    }
+    if (live) {
+      return AlreadyExists("ring " + path + " is in use by live process " + std::to_string(h.pid) + " (rank " +
+                           std::to_string(h.rank) + " of job '" + FixedString(h.job, sizeof(h.job)) +
+                           "'): is another worker running with the same job, attempt and rank?");
+    }
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoError("cannot remove stale ring " + path, errno);
+  }
+  return AlreadyExists("ring " + path + " keeps reappearing; another process races us for it");
+}
+
+}  // namespace
+
 Result<std::unique_ptr<RingWriter>> RingWriter::Create(const RingOptions& o, const Clock& clock) {
   RETURN_IF_ERROR(ValidateOptions(o));
   // Layout.
@@ -180,49 +209,29 @@ Result<std::unique_ptr<RingWriter>> RingWriter::Create(const RingOptions& o, con
   const uint64_t total = off + uint64_t{o.lanes} * o.lane_capacity * sizeof(Record);
 
   const std::string path = o.dir + "/" + RingFileName(o.job, o.attempt, o.rank);
-  int fd = -1;
-  for (int attempt = 0; attempt < 2 && fd < 0; ++attempt) {
-    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd >= 0) break;
+  // The segment is built under a temporary name and linked into place only once initialised,
+  // so a reader never sees a half-made ring; link() also claims the name atomically.
+  const std::string tmp = path + ".init." + std::to_string(::getpid());
+  ::unlink(tmp.c_str());
+  int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
     if (errno == ENOENT) {
       return NotFound("cannot create ring " + path + ": directory " + o.dir + " does not exist");
     }
-    if (errno != EEXIST) return ErrnoError("cannot create ring " + path, errno);
-    // Name taken: replace it only if its creator is gone.
-    int old = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    SegmentHeader h{};
-    bool live = false;
-    if (old >= 0) {
-      if (::pread(old, &h, sizeof(h), 0) == static_cast<ssize_t>(sizeof(h)) &&
-          h.magic.load() == kRingMagic) {
-        live = h.pid != 0 && ProcessStartTime(h.pid) == h.pid_start_time;
-      }
-      ::close(old);
-    }
-    if (live) {
-      return AlreadyExists("ring " + path + " is in use by live process " + std::to_string(h.pid) +
-                           " (rank " + std::to_string(h.rank) + " of job '" +
-                           FixedString(h.job, sizeof(h.job)) +
-                           "'): is another worker running with the same job, attempt and rank?");
-    }
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-      return ErrnoError("cannot remove stale ring " + path, errno);
-    }
+    return ErrnoError("cannot create ring " + path, errno);
   }
-  if (fd < 0) return AlreadyExists("ring " + path + " keeps reappearing; another process races us");
   if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(total)); err != 0) {
     ::close(fd);
-    ::unlink(path.c_str());
+    ::unlink(tmp.c_str());
     return ErrnoError("cannot allocate " + std::to_string(total >> 20) + " MiB for ring " + path, err);
   }
   void* mem = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int map_err = errno;
   ::close(fd);
   if (mem == MAP_FAILED) {
-    ::unlink(path.c_str());
+    ::unlink(tmp.c_str());
     return ErrnoError("cannot map ring " + path, map_err);
   }
-
   auto* seg = new (mem) Segment{};
   SegmentHeader& h = seg->hdr;
   h.version = kRingVersion;
@@ -267,6 +276,14 @@ Result<std::unique_ptr<RingWriter>> RingWriter::Create(const RingOptions& o, con
   }
   w->PublishCalibration(clock.Calibration());
   h.magic.store(kRingMagic, std::memory_order_release);
+  w->seg_ = nullptr;  // not ours until the name is
+  Status claimed = ClaimName(tmp, path);
+  ::unlink(tmp.c_str());
+  if (!claimed.ok()) {
+    ::munmap(mem, total);
+    return claimed;
+  }
+  w->seg_ = seg;
   return w;
 }
 
