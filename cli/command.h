@@ -33,5 +33,8 @@ int Fail(const char* name, const std::string& message, int code = 1);
 int RunTraceDemo(const Args& args);
 int RunDetect(const Args& args);
 int RunFleetSim(const Args& args);
+int RunTrain(const Args& args);
+int RunWorkerCommand(const Args& args);
+int RunPrepareData(const Args& args);
 
 }  // namespace megascope::cli

@@ -20,6 +20,9 @@ int RunVersion(const Args& args) {
 const Command kCommands[] = {
     {"detect", "find faulty machines in a metrics CSV (optionally scored against labels)", &RunDetect},
     {"fleet-sim", "write a labelled synthetic fleet (metrics.csv, labels.csv) for the detector", &RunFleetSim},
+    {"train", "train a GPT with data, tensor and pipeline parallelism on this machine", &RunTrain},
+    {"prepare-data", "turn a text file into a token file for training", &RunPrepareData},
+    {"worker", "one rank of a training job (started by train)", &RunWorkerCommand, true},
     {"trace-demo", "run writer processes through the tracer and drain them (self-demonstration)",
      &RunTraceDemo},
     {"version", "print the version", &RunVersion},

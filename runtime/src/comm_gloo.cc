@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <thread>
+#include <utility>
 
 #include "megascope/runtime/comm.h"
 
@@ -139,7 +140,7 @@ class GlooCommunicator final : public Communicator {
     p.handle = tracer_->Enqueue(group_ids_[g], OpType::kSend, p.bytes, DType::kF32, peer);
     p.start = tracer_->Ticks();
     tracer_->Start(p.handle);
-    const bool stall = sends_started_++ == opts_.stall_send_index;
+    const bool stall = std::exchange(stall_next_send_, false);
     try {
       p.buffer = contexts_[g]->createUnboundBuffer(p.data.data(), p.bytes);
       const size_t chunk = (p.bytes + kSendChunks - 1) / kSendChunks;
@@ -203,6 +204,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   void set_step(int64_t step) override { step_ = step; }
+  void ArmSendStall() override { stall_next_send_ = true; }
 
  private:
   struct PendingSend {
@@ -248,7 +250,7 @@ class GlooCommunicator final : public Communicator {
   std::vector<tracer::NameId> op_names_;
   std::vector<std::vector<uint64_t>> send_seq_, recv_seq_;
   std::vector<PendingSend> pending_;
-  int sends_started_ = 0;
+  bool stall_next_send_ = false;
   int64_t step_ = 0;
 };
 

@@ -36,14 +36,14 @@ class Communicator {
   virtual Status WaitSends() = 0;
   // The training step that comm spans are attributed to.
   virtual void set_step(int64_t step) = 0;
+  // Fault hook for tests and demos: the next Send stops after a quarter of its data and never
+  // finishes, as a dead link would (bytes_sent stays partial).
+  virtual void ArmSendStall() = 0;
 };
 
 struct GlooOptions {
   std::string rendezvous_dir;  // FileStore directory shared by all ranks of the attempt
   std::chrono::milliseconds timeout{30000};
-  // Test and demo hook: the k-th send (0-based) of this rank stops after a quarter of its data
-  // and never finishes, as a dead link would. -1: off.
-  int stall_send_index = -1;
 };
 
 Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(int rank, const Layout& layout,

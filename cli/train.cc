@@ -1,0 +1,91 @@
+// `megascope train` (start a job), `megascope worker` (one rank; started by train) and
+// `megascope prepare-data` (text -> token file).
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+
+#include "command.h"
+#include "megascope/runtime/data.h"
+#include "megascope/runtime/train.h"
+
+namespace megascope::cli {
+
+int RunTrain(const Args& args) {
+  runtime::TrainConfig c;
+  std::vector<std::string> faults;
+  po::options_description opts("Options");
+  opts.add_options()("help,h", "show this help")
+      ("dp", po::value(&c.layout.dp)->default_value(1), "data-parallel size")
+      ("tp", po::value(&c.layout.tp)->default_value(1), "tensor-parallel size (divides heads and vocab)")
+      ("pp", po::value(&c.layout.pp)->default_value(1), "pipeline-parallel size (<= layers)")
+      ("nodes", po::value(&c.nodes)->default_value(1), "simulated nodes the ranks are grouped into (node0..)")
+      ("data", po::value(&c.data)->required(), "token file (megascope prepare-data)")
+      ("run-dir", po::value(&c.run_dir)->required(), "run directory (run.json, logs, checkpoints, dumps)")
+      ("job", po::value(&c.job)->default_value("train"), "job name (names the shared-memory rings)")
+      ("layers", po::value(&c.model.layers)->default_value(4), "transformer layers")
+      ("heads", po::value(&c.model.heads)->default_value(4), "attention heads")
+      ("width", po::value(&c.model.width)->default_value(128), "model width")
+      ("seq", po::value(&c.model.seq)->default_value(64), "sequence length")
+      ("vocab", po::value(&c.model.vocab)->default_value(256), "vocabulary size")
+      ("parallel-block", po::bool_switch(&c.model.parallel_block), "MegaScale/PaLM parallel attention + MLP block")
+      ("seed", po::value(&c.model.seed)->default_value(1234), "initialisation seed")
+      ("batch", po::value(&c.global_batch)->default_value(8), "global batch in sequences")
+      ("microbatches", po::value(&c.microbatches)->default_value(2), "microbatches per replica and step")
+      ("steps", po::value(&c.steps)->default_value(20), "training steps")
+      ("lr", po::value(&c.lr)->default_value(1e-3f), "peak learning rate")
+      ("min-lr", po::value(&c.min_lr)->default_value(1e-4f), "final learning rate of the cosine schedule")
+      ("warmup", po::value(&c.warmup)->default_value(5), "warm-up steps")
+      ("grad-clip", po::value(&c.grad_clip)->default_value(1.0f), "global gradient-norm clip (0: off)")
+      ("checkpoint-every", po::value(&c.checkpoint_every)->default_value(0), "checkpoint every K steps (0: never)")
+      ("timeout", po::value(&c.timeout_ms)->default_value(30000), "collective timeout in milliseconds")
+      ("attempt", po::value(&c.attempt)->default_value(0), "attempt number (restarts bump it)")
+      ("shm-dir", po::value(&c.shm_dir)->default_value("/dev/shm"), "where rank rings live")
+      ("fault", po::value(&faults)->composing(),
+       "inject a fault: KIND:rank=R,step=S[,seconds=X] with KIND crash, hang, stall-send or slow (repeatable)");
+  po::variables_map vm;
+  if (auto rc = ParseArgs("train", "megascope train --dp D --tp T --pp P --nodes N --data DATA.bin --run-dir DIR [options]",
+                          args, opts, {}, &vm)) {
+    return *rc;
+  }
+  for (const std::string& f : faults) {
+    auto parsed = runtime::ParseFault(f);
+    if (!parsed.ok()) return Fail("train", parsed.status().message(), 2);
+    c.faults.push_back(*parsed);
+  }
+  char exe[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) return Fail("train", "cannot find my own executable in /proc/self/exe");
+  exe[n] = '\0';
+  return runtime::RunTraining(c, exe);
+}
+
+int RunWorkerCommand(const Args& args) {
+  std::string run_dir;
+  int rank = -1;
+  po::options_description opts("Options");
+  opts.add_options()("help,h", "show this help")
+      ("run-dir", po::value(&run_dir)->required(), "run directory holding run.json")
+      ("rank", po::value(&rank)->required(), "global rank");
+  po::variables_map vm;
+  if (auto rc = ParseArgs("worker", "megascope worker --run-dir DIR --rank R", args, opts, {}, &vm)) return *rc;
+  return runtime::RunWorker(run_dir, rank);
+}
+
+int RunPrepareData(const Args& args) {
+  std::string text, out;
+  po::options_description opts("Options");
+  opts.add_options()("help,h", "show this help")
+      ("text", po::value(&text)->required(), "any text file")
+      ("out,o", po::value(&out)->required(), "token file to write");
+  po::positional_options_description pos;
+  pos.add("text", 1);
+  po::variables_map vm;
+  if (auto rc = ParseArgs("prepare-data", "megascope prepare-data TEXT -o DATA.bin", args, opts, pos, &vm)) return *rc;
+  auto n = runtime::PrepareByteTokens(text, out);
+  if (!n.ok()) return Fail("prepare-data", n.status().message());
+  std::printf("wrote %s: %lld tokens (byte-level, vocab 256)\n", out.c_str(), static_cast<long long>(*n));
+  return 0;
+}
+
+}  // namespace megascope::cli

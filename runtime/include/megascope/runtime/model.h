@@ -1,0 +1,83 @@
+// One pipeline stage of a GPT-2-style decoder (token + position embeddings, pre-LN blocks, tied LM
+// head; optionally MegaScale's parallel block) with Megatron tensor parallelism: column-parallel QKV
+// and first MLP GEMM, row-parallel output projections, heads split across tp ranks, vocab-parallel
+// embedding and cross-entropy. Parameters are initialised from global tensors seeded by name, so
+// every layout starts from the same model. Forward/Backward handle one microbatch each and keep
+// its activations until its backward.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megascope/runtime/comm.h"
+#include "megascope/runtime/layout.h"
+
+namespace megascope::runtime {
+
+struct ModelConfig {
+  int layers = 4;
+  int heads = 4;
+  int width = 128;
+  int seq = 64;
+  int vocab = 256;
+  bool parallel_block = false;
+  uint64_t seed = 1234;
+  // Empty when valid; otherwise what is wrong with this model on this layout.
+  std::string Validate(const Layout& layout) const;
+};
+
+struct ParamTensor {
+  std::string name;
+  size_t offset = 0, size = 0;
+  bool decay = false;  // weight decay (matrices)
+  bool unique = true;  // counted in the global gradient norm on this rank
+};
+
+class GptStage {
+ public:
+  GptStage(const ModelConfig& cfg, const Layout& layout, int rank, Communicator* comm);
+  ~GptStage();
+
+  // First stage: tokens [B*T]; other stages: `in` [B*T, C] from the previous stage. Last stage:
+  // adds the sum of token losses to *loss_sum; other stages fill `out` [B*T, C].
+  Status Forward(int mb, int batch, const int32_t* tokens, const float* in, const int32_t* targets, float* out,
+                 double* loss_sum);
+  // Last stage: `dout` unused (the loss is the start; `loss_scale` = 1/(global tokens)); other
+  // stages: dout [B*T, C]. Non-first stages fill `din` [B*T, C]. Gradients accumulate.
+  Status Backward(int mb, const float* dout, float* din, float loss_scale);
+
+  std::vector<float>& params() { return params_; }
+  std::vector<float>& grads() { return grads_; }
+  const std::vector<ParamTensor>& tensors() const { return tensors_; }
+  const ParamTensor* Find(const std::string& name) const;
+  bool first() const { return stage_ == 0; }
+  bool last() const { return stage_ == layout_.pp - 1; }
+  int width() const { return cfg_.width; }
+
+ private:
+  struct Saved;
+  size_t Add(const std::string& name, size_t size, bool decay, bool replicated_over_tp);
+  float* P(size_t off) { return params_.data() + off; }
+  float* G(size_t off) { return grads_.data() + off; }
+  void InitParams();
+
+  ModelConfig cfg_;
+  Layout layout_;
+  int rank_, stage_, tp_rank_;
+  int layer_begin_, layer_end_;
+  int hl_, d_, vl_;  // local heads, head size, local vocab rows
+  Communicator* comm_;
+  int tp_group_;
+  std::vector<float> params_, grads_;
+  std::vector<ParamTensor> tensors_;
+  struct LayerOffsets {
+    size_t ln1g, ln1b, wqkv, bqkv, wo, bo, ln2g, ln2b, w1, b1, w2, b2;
+  };
+  std::vector<LayerOffsets> layer_;
+  size_t wte_ = 0, wpe_ = 0, lnfg_ = 0, lnfb_ = 0;
+  std::map<int, std::unique_ptr<Saved>> saved_;
+};
+
+}  // namespace megascope::runtime

@@ -1,0 +1,116 @@
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "megascope/runtime/train.h"
+
+namespace megascope::runtime {
+
+Result<Fault> ParseFault(const std::string& spec) {
+  const auto colon = spec.find(':');
+  Fault f;
+  f.kind = spec.substr(0, colon);
+  if (f.kind != "crash" && f.kind != "hang" && f.kind != "stall-send" && f.kind != "slow") {
+    return InvalidArgument("fault '" + spec + "': kind must be crash, hang, stall-send or slow");
+  }
+  if (colon == std::string::npos) return InvalidArgument("fault '" + spec + "' needs rank=R,step=S");
+  std::stringstream ss(spec.substr(colon + 1));
+  for (std::string kv; std::getline(ss, kv, ',');) {
+    const auto eq = kv.find('=');
+    const std::string key = kv.substr(0, eq), value = eq == std::string::npos ? "" : kv.substr(eq + 1);
+    try {
+      if (key == "rank") f.rank = std::stoi(value);
+      else if (key == "step") f.step = std::stoll(value);
+      else if (key == "seconds") f.seconds = std::stod(value);
+      else return InvalidArgument("fault '" + spec + "': unknown field '" + key + "'");
+    } catch (const std::exception&) {
+      return InvalidArgument("fault '" + spec + "': '" + value + "' is not a number");
+    }
+  }
+  if (f.rank < 0) return InvalidArgument("fault '" + spec + "' needs rank=R");
+  if (f.kind == "slow" && f.seconds <= 0) return InvalidArgument("fault '" + spec + "' needs seconds=X > 0");
+  return f;
+}
+
+std::string TrainConfig::Validate() const {
+  const int world = layout.world();
+  if (layout.dp < 1 || layout.tp < 1 || layout.pp < 1) return "dp, tp and pp must be >= 1";
+  if (std::string m = model.Validate(layout); !m.empty()) return m;
+  if (nodes < 1 || nodes > world) return "--nodes must be between 1 and the world size " + std::to_string(world);
+  if (world % nodes != 0) return "world size " + std::to_string(world) + " is not divisible by --nodes " + std::to_string(nodes);
+  if (global_batch % layout.dp != 0) return "global batch " + std::to_string(global_batch) + " is not divisible by dp";
+  if ((global_batch / layout.dp) % microbatches != 0) {
+    return "per-replica batch " + std::to_string(global_batch / layout.dp) + " is not divisible by " +
+           std::to_string(microbatches) + " microbatches";
+  }
+  if (steps < 1 || lr <= 0 || microbatches < 1) return "--steps, --lr and --microbatches must be positive";
+  for (const Fault& f : faults) {
+    if (f.rank >= world) return "fault rank " + std::to_string(f.rank) + " is outside world size " + std::to_string(world);
+  }
+  if (run_dir.empty()) return "--run-dir is required";
+  if (data.empty()) return "--data is required";
+  return "";
+}
+
+std::string TrainConfig::NodeOf(int rank) const { return "node" + std::to_string(rank / (layout.world() / nodes)); }
+int TrainConfig::LocalRankOf(int rank) const { return rank % (layout.world() / nodes); }
+
+std::string TrainConfig::ToJson() const {
+  nlohmann::ordered_json j;
+  j["format"] = "megascope-run";
+  j["version"] = 1;
+  j["job"] = job;
+  j["attempt"] = attempt;
+  j["data"] = data;
+  j["shm_dir"] = shm_dir;
+  j["layout"] = {{"dp", layout.dp}, {"tp", layout.tp}, {"pp", layout.pp}, {"world", layout.world()}, {"nodes", nodes}};
+  j["model"] = {{"layers", model.layers}, {"heads", model.heads}, {"width", model.width}, {"seq", model.seq},
+                {"vocab", model.vocab}, {"parallel_block", model.parallel_block}, {"seed", model.seed}};
+  j["train"] = {{"global_batch", global_batch}, {"microbatches", microbatches}, {"steps", steps}, {"lr", lr},
+                {"min_lr", min_lr}, {"warmup", warmup}, {"grad_clip", grad_clip}, {"weight_decay", weight_decay},
+                {"checkpoint_every", checkpoint_every}, {"timeout_ms", timeout_ms}};
+  nlohmann::ordered_json faults_j = nlohmann::ordered_json::array();
+  for (const Fault& f : faults) faults_j.push_back({{"kind", f.kind}, {"rank", f.rank}, {"step", f.step}, {"seconds", f.seconds}});
+  j["faults"] = faults_j;
+  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+  for (int r = 0; r < layout.world(); ++r) {
+    const tracer::Coords c = layout.CoordsOf(r);
+    ranks.push_back({{"rank", r}, {"node", NodeOf(r)}, {"local_rank", LocalRankOf(r)}, {"dp", c.dp}, {"pp", c.pp}, {"tp", c.tp}});
+  }
+  j["ranks"] = ranks;
+  return j.dump(1) + "\n";
+}
+
+Result<TrainConfig> TrainConfig::FromJson(const std::string& text, const std::string& source) {
+  try {
+    auto j = nlohmann::json::parse(text);
+    if (j.value("format", "") != "megascope-run" || j.value("version", 0) != 1) {
+      return InvalidArgument(source + " is not a megascope run.json of version 1");
+    }
+    TrainConfig c;
+    c.job = j["job"];
+    c.attempt = j["attempt"];
+    c.data = j["data"];
+    c.shm_dir = j["shm_dir"];
+    c.layout = {j["layout"]["dp"], j["layout"]["tp"], j["layout"]["pp"]};
+    c.nodes = j["layout"]["nodes"];
+    const auto& m = j["model"];
+    c.model = {m["layers"], m["heads"], m["width"], m["seq"], m["vocab"], m["parallel_block"], m["seed"]};
+    const auto& t = j["train"];
+    c.global_batch = t["global_batch"];
+    c.microbatches = t["microbatches"];
+    c.steps = t["steps"];
+    c.lr = t["lr"];
+    c.min_lr = t["min_lr"];
+    c.warmup = t["warmup"];
+    c.grad_clip = t["grad_clip"];
+    c.weight_decay = t["weight_decay"];
+    c.checkpoint_every = t["checkpoint_every"];
+    c.timeout_ms = t["timeout_ms"];
+    for (const auto& f : j["faults"]) c.faults.push_back({f["kind"], f["rank"], f["step"], f["seconds"]});
+    return c;
+  } catch (const std::exception& e) {
+    return InvalidArgument(source + ": " + e.what());
+  }
+}
+
+}  // namespace megascope::runtime

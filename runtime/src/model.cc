@@ -1,0 +1,331 @@
+#include "megascope/runtime/model.h"
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+
+#include "megascope/kernels/cpu.h"
+
+namespace megascope::runtime {
+
+using kernels::Gemm;
+
+std::string ModelConfig::Validate(const Layout& l) const {
+  if (layers < 1 || heads < 1 || width < 1 || seq < 1 || vocab < 2) return "model sizes must be positive";
+  if (width % heads != 0) return "width " + std::to_string(width) + " is not divisible by heads " + std::to_string(heads);
+  if (heads % l.tp != 0) return "tp " + std::to_string(l.tp) + " does not divide heads " + std::to_string(heads);
+  if (vocab % l.tp != 0) return "tp " + std::to_string(l.tp) + " does not divide vocab " + std::to_string(vocab);
+  if ((4 * width) % l.tp != 0) return "tp does not divide the MLP width";
+  if (l.pp > layers) return "pp " + std::to_string(l.pp) + " is larger than the number of layers " + std::to_string(layers);
+  return "";
+}
+
+struct GptStage::Saved {
+  int n = 0;  // rows: batch * seq
+  std::vector<int32_t> tokens, targets;
+  struct Layer {
+    std::vector<float> x, ln1, ln1_mean, ln1_rstd, qkv, att, ao, x2, ln2, ln2_mean, ln2_rstd, fc, g;
+  };
+  std::vector<Layer> layers;
+  std::vector<float> xf, lnf, lnf_mean, lnf_rstd, logits, max, sumexp;
+};
+
+namespace {
+
+void AddBias(float* x, const float* b, int n, int c) {
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < c; ++j) x[static_cast<size_t>(i) * c + j] += b[j];
+  }
+}
+
+void ColumnSum(const float* x, int n, int c, float* out) {
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < c; ++j) out[j] += x[static_cast<size_t>(i) * c + j];
+  }
+}
+
+// A global tensor [rows, cols], N(0, std) (or `fill` when std == 0), seeded by its name.
+std::vector<float> GlobalTensor(uint64_t seed, const std::string& name, size_t rows, size_t cols, float std,
+                                float fill = 0) {
+  std::vector<float> t(rows * cols, fill);
+  if (std == 0) return t;
+  std::mt19937_64 rng(seed ^ std::hash<std::string>{}(name));
+  std::normal_distribution<float> dist(0, std);
+  for (float& x : t) x = dist(rng);
+  return t;
+}
+
+// Copies the columns [start, start+len) of each range of a row-major [rows, cols] tensor.
+void CopyColumns(const std::vector<float>& g, size_t rows, size_t cols,
+                 const std::vector<std::pair<size_t, size_t>>& ranges, float* out) {
+  for (size_t r = 0; r < rows; ++r) {
+    for (const auto& [start, len] : ranges) {
+      std::memcpy(out, g.data() + r * cols + start, len * sizeof(float));
+      out += len;
+    }
+  }
+}
+
+}  // namespace
+
+GptStage::GptStage(const ModelConfig& cfg, const Layout& layout, int rank, Communicator* comm)
+    : cfg_(cfg), layout_(layout), rank_(rank), comm_(comm) {
+  const tracer::Coords c = layout.CoordsOf(rank);
+  stage_ = c.pp;
+  tp_rank_ = c.tp;
+  tp_group_ = comm ? comm->Find("tp") : -1;
+  hl_ = cfg.heads / layout.tp;
+  d_ = cfg.width / cfg.heads;
+  vl_ = cfg.vocab / layout.tp;
+  // Layers split as evenly as possible, earlier stages taking the remainder.
+  const int base = cfg.layers / layout.pp, extra = cfg.layers % layout.pp;
+  layer_begin_ = stage_ * base + std::min(stage_, extra);
+  layer_end_ = layer_begin_ + base + (stage_ < extra ? 1 : 0);
+  const size_t C = cfg.width, Q = 3 * hl_ * d_, F = 4 * C / layout.tp;
+  if (first() || last()) wte_ = Add("wte", vl_ * C, true, false);
+  if (first()) wpe_ = Add("wpe", cfg.seq * C, true, true);
+  for (int l = layer_begin_; l < layer_end_; ++l) {
+    const std::string p = "h" + std::to_string(l) + ".";
+    LayerOffsets o;
+    o.ln1g = Add(p + "ln1.g", C, false, true);
+    o.ln1b = Add(p + "ln1.b", C, false, true);
+    o.wqkv = Add(p + "qkv.w", C * Q, true, false);
+    o.bqkv = Add(p + "qkv.b", Q, false, false);
+    o.wo = Add(p + "proj.w", hl_ * d_ * C, true, false);
+    o.bo = Add(p + "proj.b", C, false, true);
+    o.ln2g = Add(p + "ln2.g", C, false, true);
+    o.ln2b = Add(p + "ln2.b", C, false, true);
+    o.w1 = Add(p + "fc.w", C * F, true, false);
+    o.b1 = Add(p + "fc.b", F, false, false);
+    o.w2 = Add(p + "fc2.w", F * C, true, false);
+    o.b2 = Add(p + "fc2.b", C, false, true);
+    layer_.push_back(o);
+  }
+  if (last()) {
+    lnfg_ = Add("lnf.g", C, false, true);
+    lnfb_ = Add("lnf.b", C, false, true);
+  }
+  // The head's copy of the tied embedding on the last stage is not counted twice in the norm.
+  if (last() && !first()) tensors_.front().unique = false;
+  grads_.assign(params_.size(), 0.0f);
+  InitParams();
+}
+
+GptStage::~GptStage() = default;
+
+size_t GptStage::Add(const std::string& name, size_t size, bool decay, bool replicated_over_tp) {
+  const size_t off = params_.size();
+  params_.resize(off + size);
+  tensors_.push_back({name, off, size, decay, !replicated_over_tp || tp_rank_ == 0});
+  return off;
+}
+
+const ParamTensor* GptStage::Find(const std::string& name) const {
+  for (const ParamTensor& t : tensors_) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+void GptStage::InitParams() {
+  const size_t C = cfg_.width, H = cfg_.heads, D = d_, F = 4 * C, tp = layout_.tp;
+  const size_t hd_local = hl_ * D, f_local = F / tp;
+  const float proj_std = 0.02f / std::sqrt(2.0f * cfg_.layers);
+  const uint64_t s = cfg_.seed;
+  if (first() || last()) {
+    auto g = GlobalTensor(s, "wte", cfg_.vocab, C, 0.02f);
+    std::memcpy(P(wte_), g.data() + tp_rank_ * vl_ * C, vl_ * C * sizeof(float));
+  }
+  if (first()) {
+    auto g = GlobalTensor(s, "wpe", cfg_.seq, C, 0.01f);
+    std::memcpy(P(wpe_), g.data(), g.size() * sizeof(float));
+  }
+  for (int i = 0; i < static_cast<int>(layer_.size()); ++i) {
+    const LayerOffsets& o = layer_[i];
+    const std::string p = "h" + std::to_string(layer_begin_ + i) + ".";
+    std::fill(P(o.ln1g), P(o.ln1g) + C, 1.0f);
+    std::fill(P(o.ln2g), P(o.ln2g) + C, 1.0f);
+    std::vector<std::pair<size_t, size_t>> qkv_cols;
+    for (size_t part = 0; part < 3; ++part) qkv_cols.push_back({part * H * D + tp_rank_ * hd_local, hd_local});
+    CopyColumns(GlobalTensor(s, p + "qkv.w", C, 3 * H * D, 0.02f), C, 3 * H * D, qkv_cols, P(o.wqkv));
+    auto wo = GlobalTensor(s, p + "proj.w", H * D, C, proj_std);
+    std::memcpy(P(o.wo), wo.data() + tp_rank_ * hd_local * C, hd_local * C * sizeof(float));
+    CopyColumns(GlobalTensor(s, p + "fc.w", C, F, 0.02f), C, F, {{tp_rank_ * f_local, f_local}}, P(o.w1));
+    auto w2 = GlobalTensor(s, p + "fc2.w", F, C, proj_std);
+    std::memcpy(P(o.w2), w2.data() + tp_rank_ * f_local * C, f_local * C * sizeof(float));
+  }
+  if (last()) std::fill(P(lnfg_), P(lnfg_) + C, 1.0f);
+}
+
+Status GptStage::Forward(int mb, int batch, const int32_t* tokens, const float* in, const int32_t* targets,
+                         float* out, double* loss_sum) {
+  auto saved = std::make_unique<Saved>();
+  Saved& sv = *saved;
+  const int C = cfg_.width, T = cfg_.seq, n = batch * T, Q = 3 * hl_ * d_, HD = hl_ * d_;
+  const int F = 4 * C / layout_.tp;
+  sv.n = n;
+  std::vector<float> x(static_cast<size_t>(n) * C);
+  if (first()) {
+    sv.tokens.assign(tokens, tokens + n);
+    kernels::EmbeddingForward(tokens, n, T, P(wte_), tp_rank_ * vl_, vl_, nullptr, C, x.data());
+    if (layout_.tp > 1) RETURN_IF_ERROR(comm_->AllReduce(tp_group_, x.data(), x.size(), ReduceOp::kSum));
+    for (int i = 0; i < n; ++i) {
+      for (int j = 0; j < C; ++j) x[static_cast<size_t>(i) * C + j] += P(wpe_)[(i % T) * C + j];
+    }
+  } else {
+    std::memcpy(x.data(), in, x.size() * sizeof(float));
+  }
+  for (const LayerOffsets& o : layer_) {
+    Saved::Layer L;
+    L.x = x;
+    L.ln1.resize(x.size());
+    L.ln1_mean.resize(n);
+    L.ln1_rstd.resize(n);
+    kernels::LayerNormForward(x.data(), P(o.ln1g), P(o.ln1b), n, C, L.ln1.data(), L.ln1_mean.data(), L.ln1_rstd.data());
+    L.qkv.resize(static_cast<size_t>(n) * Q);
+    Gemm(false, false, n, Q, C, 1, L.ln1.data(), P(o.wqkv), 0, L.qkv.data());
+    AddBias(L.qkv.data(), P(o.bqkv), n, Q);
+    L.att.resize(static_cast<size_t>(batch) * hl_ * T * T);
+    L.ao.resize(static_cast<size_t>(n) * HD);
+    kernels::AttentionForward(L.qkv.data(), batch, T, hl_, d_, L.ao.data(), L.att.data());
+    std::vector<float> partial(x.size());
+    Gemm(false, false, n, C, HD, 1, L.ao.data(), P(o.wo), 0, partial.data());
+    auto mlp = [&](const std::vector<float>& in_ln, std::vector<float>* acc) {
+      L.fc.resize(static_cast<size_t>(n) * F);
+      Gemm(false, false, n, F, C, 1, in_ln.data(), P(o.w1), 0, L.fc.data());
+      AddBias(L.fc.data(), P(o.b1), n, F);
+      L.g.resize(L.fc.size());
+      kernels::GeluForward(L.fc.data(), L.fc.size(), L.g.data());
+      Gemm(false, false, n, C, F, 1, L.g.data(), P(o.w2), 1, acc->data());
+    };
+    if (cfg_.parallel_block) {
+      mlp(L.ln1, &partial);  // y = x + Attn(LN(x)) + MLP(LN(x)): one all-reduce for both
+      if (layout_.tp > 1) RETURN_IF_ERROR(comm_->AllReduce(tp_group_, partial.data(), partial.size(), ReduceOp::kSum));
+      for (size_t i = 0; i < x.size(); ++i) x[i] += partial[i];
+      AddBias(x.data(), P(o.bo), n, C);
+      AddBias(x.data(), P(o.b2), n, C);
+    } else {
+      if (layout_.tp > 1) RETURN_IF_ERROR(comm_->AllReduce(tp_group_, partial.data(), partial.size(), ReduceOp::kSum));
+      for (size_t i = 0; i < x.size(); ++i) x[i] += partial[i];
+      AddBias(x.data(), P(o.bo), n, C);
+      L.x2 = x;
+      L.ln2.resize(x.size());
+      L.ln2_mean.resize(n);
+      L.ln2_rstd.resize(n);
+      kernels::LayerNormForward(x.data(), P(o.ln2g), P(o.ln2b), n, C, L.ln2.data(), L.ln2_mean.data(), L.ln2_rstd.data());
+      std::vector<float> p2(x.size(), 0.0f);
+      mlp(L.ln2, &p2);
+      if (layout_.tp > 1) RETURN_IF_ERROR(comm_->AllReduce(tp_group_, p2.data(), p2.size(), ReduceOp::kSum));
+      for (size_t i = 0; i < x.size(); ++i) x[i] += p2[i];
+      AddBias(x.data(), P(o.b2), n, C);
+    }
+    sv.layers.push_back(std::move(L));
+  }
+  if (!last()) {
+    std::memcpy(out, x.data(), x.size() * sizeof(float));
+    saved_[mb] = std::move(saved);
+    return Status::Ok();
+  }
+  // Head: final LN, vocab-parallel logits and cross-entropy.
+  sv.xf = x;
+  sv.targets.assign(targets, targets + n);
+  sv.lnf.resize(x.size());
+  sv.lnf_mean.resize(n);
+  sv.lnf_rstd.resize(n);
+  kernels::LayerNormForward(x.data(), P(lnfg_), P(lnfb_), n, C, sv.lnf.data(), sv.lnf_mean.data(), sv.lnf_rstd.data());
+  sv.logits.resize(static_cast<size_t>(n) * vl_);
+  Gemm(false, true, n, vl_, C, 1, sv.lnf.data(), P(wte_), 0, sv.logits.data());
+  sv.max.resize(n);
+  sv.sumexp.resize(n);
+  kernels::RowMaxSumExp(sv.logits.data(), n, vl_, sv.max.data(), sv.sumexp.data());
+  std::vector<float> target_logit(n, 0.0f);
+  const int v0 = tp_rank_ * vl_;
+  for (int i = 0; i < n; ++i) {
+    const int col = targets[i] - v0;
+    if (col >= 0 && col < vl_) target_logit[i] = sv.logits[static_cast<size_t>(i) * vl_ + col];
+  }
+  if (layout_.tp > 1) {
+    std::vector<float> gmax = sv.max;
+    RETURN_IF_ERROR(comm_->AllReduce(tp_group_, gmax.data(), n, ReduceOp::kMax));
+    for (int i = 0; i < n; ++i) sv.sumexp[i] *= std::exp(sv.max[i] - gmax[i]);
+    sv.max = gmax;
+    RETURN_IF_ERROR(comm_->AllReduce(tp_group_, sv.sumexp.data(), n, ReduceOp::kSum));
+    RETURN_IF_ERROR(comm_->AllReduce(tp_group_, target_logit.data(), n, ReduceOp::kSum));
+  }
+  for (int i = 0; i < n; ++i) *loss_sum += std::log(sv.sumexp[i]) + sv.max[i] - target_logit[i];
+  saved_[mb] = std::move(saved);
+  return Status::Ok();
+}
+
+Status GptStage::Backward(int mb, const float* dout, float* din, float loss_scale) {
+  auto it = saved_.find(mb);
+  if (it == saved_.end()) return Internal("backward of microbatch " + std::to_string(mb) + " without its forward");
+  std::unique_ptr<Saved> saved = std::move(it->second);
+  saved_.erase(it);
+  Saved& sv = *saved;
+  const int C = cfg_.width, T = cfg_.seq, n = sv.n, batch = n / T, Q = 3 * hl_ * d_, HD = hl_ * d_;
+  const int F = 4 * C / layout_.tp;
+  std::vector<float> dx(static_cast<size_t>(n) * C, 0.0f);
+  if (last()) {
+    std::vector<float> dlogits(sv.logits.size(), 0.0f);
+    kernels::CrossEntropyBackward(sv.logits.data(), sv.targets.data(), sv.max.data(), sv.sumexp.data(), n, vl_,
+                                  tp_rank_ * vl_, loss_scale, dlogits.data());
+    std::vector<float> dlnf(dx.size());
+    Gemm(false, false, n, C, vl_, 1, dlogits.data(), P(wte_), 0, dlnf.data());
+    Gemm(true, false, vl_, C, n, 1, dlogits.data(), sv.lnf.data(), 1, G(wte_));
+    if (layout_.tp > 1) RETURN_IF_ERROR(comm_->AllReduce(tp_group_, dlnf.data(), dlnf.size(), ReduceOp::kSum));
+    kernels::LayerNormBackward(dlnf.data(), sv.xf.data(), P(lnfg_), sv.lnf_mean.data(), sv.lnf_rstd.data(), n, C,
+                               dx.data(), G(lnfg_), G(lnfb_));
+  } else {
+    std::memcpy(dx.data(), dout, dx.size() * sizeof(float));
+  }
+  for (int li = static_cast<int>(layer_.size()) - 1; li >= 0; --li) {
+    const LayerOffsets& o = layer_[li];
+    Saved::Layer& L = sv.layers[li];
+    // MLP backward from d(mlp output) `dm`; returns the partial d(LN input of the MLP).
+    auto mlp_back = [&](const std::vector<float>& dm, const std::vector<float>& in_ln, std::vector<float>* dln) {
+      ColumnSum(dm.data(), n, C, G(o.b2));
+      std::vector<float> dg(L.g.size()), dfc(L.fc.size(), 0.0f);
+      Gemm(false, true, n, F, C, 1, dm.data(), P(o.w2), 0, dg.data());
+      Gemm(true, false, F, C, n, 1, L.g.data(), dm.data(), 1, G(o.w2));
+      kernels::GeluBackward(dg.data(), L.fc.data(), L.fc.size(), dfc.data());
+      ColumnSum(dfc.data(), n, F, G(o.b1));
+      Gemm(true, false, C, F, n, 1, in_ln.data(), dfc.data(), 1, G(o.w1));
+      Gemm(false, true, n, C, F, 1, dfc.data(), P(o.w1), 1, dln->data());
+    };
+    auto attn_back = [&](const std::vector<float>& da, std::vector<float>* dln) {
+      ColumnSum(da.data(), n, C, G(o.bo));
+      std::vector<float> dao(L.ao.size()), dqkv(L.qkv.size(), 0.0f);
+      Gemm(false, true, n, HD, C, 1, da.data(), P(o.wo), 0, dao.data());
+      Gemm(true, false, HD, C, n, 1, L.ao.data(), da.data(), 1, G(o.wo));
+      kernels::AttentionBackward(dao.data(), L.qkv.data(), L.att.data(), batch, T, hl_, d_, dqkv.data());
+      ColumnSum(dqkv.data(), n, Q, G(o.bqkv));
+      Gemm(true, false, C, Q, n, 1, L.ln1.data(), dqkv.data(), 1, G(o.wqkv));
+      Gemm(false, true, n, C, Q, 1, dqkv.data(), P(o.wqkv), 1, dln->data());
+    };
+    std::vector<float> dln1(dx.size(), 0.0f);
+    if (cfg_.parallel_block) {
+      mlp_back(dx, L.ln1, &dln1);
+      attn_back(dx, &dln1);
+    } else {
+      std::vector<float> dln2(dx.size(), 0.0f);
+      mlp_back(dx, L.ln2, &dln2);
+      if (layout_.tp > 1) RETURN_IF_ERROR(comm_->AllReduce(tp_group_, dln2.data(), dln2.size(), ReduceOp::kSum));
+      kernels::LayerNormBackward(dln2.data(), L.x2.data(), P(o.ln2g), L.ln2_mean.data(), L.ln2_rstd.data(), n, C,
+                                 dx.data(), G(o.ln2g), G(o.ln2b));
+      attn_back(dx, &dln1);
+    }
+    if (layout_.tp > 1) RETURN_IF_ERROR(comm_->AllReduce(tp_group_, dln1.data(), dln1.size(), ReduceOp::kSum));
+    kernels::LayerNormBackward(dln1.data(), L.x.data(), P(o.ln1g), L.ln1_mean.data(), L.ln1_rstd.data(), n, C,
+                               dx.data(), G(o.ln1g), G(o.ln1b));
+  }
+  if (first()) {
+    kernels::EmbeddingBackward(sv.tokens.data(), n, T, dx.data(), tp_rank_ * vl_, vl_, C, G(wte_), G(wpe_));
+  } else {
+    std::memcpy(din, dx.data(), dx.size() * sizeof(float));
+  }
+  return Status::Ok();
+}
+
+}  // namespace megascope::runtime

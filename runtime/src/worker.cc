@@ -1,0 +1,430 @@
+// One rank of a training job.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "megascope/kernels/cpu.h"
+#include "megascope/runtime/comm.h"
+#include "megascope/runtime/data.h"
+#include "megascope/runtime/train.h"
+#include "megascope/tracer/dump.h"
+#include "megascope/tracer/tracer.h"
+
+namespace megascope::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+using tracer::Phase;
+using tracer::SpanKind;
+
+constexpr char kShardMagic[8] = {'M', 'S', 'C', 'K', 'P', 'T', '0', '1'};
+
+uint64_t Fnv1a(const char* data, size_t n, uint64_t h = 1469598103934665603ULL) {
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(data[i])) * 1099511628211ULL;
+  return h;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string CheckpointDir(const std::string& run_dir, int64_t step) {
+  return run_dir + "/checkpoints/step_" + std::to_string(step);
+}
+
+// Busy work standing in for extra compute (the slow fault): it burns CPU like a slow GPU would.
+void BurnSeconds(double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  volatile double x = 1;
+  while (std::chrono::steady_clock::now() < end) {
+    for (int i = 0; i < 10000; ++i) x = x * 1.0000001 + 1e-9;
+  }
+}
+
+class Worker {
+ public:
+  Worker(TrainConfig cfg, int rank) : cfg_(std::move(cfg)), rank_(rank) {}
+
+  int Run() {
+    kernels::SetBlasThreads(1);
+    Status st = Setup();
+    if (!st.ok()) {
+      std::fprintf(stderr, "[worker] rank %d: setup failed: %s\n", rank_, st.ToString().c_str());
+      return kExitSetup;
+    }
+    for (int64_t step = start_step_; step < cfg_.steps; ++step) {
+      st = Step(step);
+      if (!st.ok()) return Fail(step, st);
+    }
+    if (ckpt_thread_.joinable()) ckpt_thread_.join();
+    tracer_->SetPhase(cfg_.steps, Phase::kDone);
+    stop_ = true;
+    if (beat_.joinable()) beat_.join();
+    std::fprintf(stderr, "[worker] rank %d: finished %lld steps\n", rank_, static_cast<long long>(cfg_.steps));
+    return kExitOk;
+  }
+
+ private:
+  Status Setup() {
+    const Layout& l = cfg_.layout;
+    coords_ = l.CoordsOf(rank_);
+    tracer::RingOptions ro;
+    ro.dir = cfg_.shm_dir;
+    ro.job = cfg_.job;
+    ro.node = cfg_.NodeOf(rank_);
+    ro.rank = rank_;
+    ro.world_size = l.world();
+    ro.local_rank = cfg_.LocalRankOf(rank_);
+    ro.attempt = cfg_.attempt;
+    ro.coords = coords_;
+    ASSIGN_OR_RETURN(tracer_, tracer::Tracer::Create(ro));
+    dump_path_ = cfg_.run_dir + "/dumps/attempt_" + std::to_string(cfg_.attempt) + "/rank_" + std::to_string(rank_) + ".json";
+    ASSIGN_OR_RETURN(dumper_, tracer::SignalDumper::Start([this] { (void)tracer_->WriteDump(dump_path_); }));
+    beat_ = std::thread([this] {  // liveness and clock calibration, independent of the training thread
+      for (int i = 0; !stop_; ++i) {
+        tracer_->Touch();
+        if (i % 50 == 49) tracer_->Recalibrate();
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    });
+    tracer_->SetPhase(0, Phase::kInit);
+    for (const char* n : {"data", "forward", "backward", "optimizer", "checkpoint", "grad_sync", "fault"}) {
+      ASSIGN_OR_RETURN(tracer::NameId id, tracer_->InternName(n));
+      names_[n] = id;
+    }
+    GlooOptions go;
+    go.rendezvous_dir = cfg_.run_dir + "/rendezvous/attempt_" + std::to_string(cfg_.attempt);
+    go.timeout = std::chrono::milliseconds(cfg_.timeout_ms);
+    ASSIGN_OR_RETURN(comm_, CreateGlooCommunicator(rank_, l, go, tracer_.get()));
+    model_ = std::make_unique<GptStage>(cfg_.model, l, rank_, comm_.get());
+    m_.assign(model_->params().size(), 0.0f);
+    v_.assign(model_->params().size(), 0.0f);
+    ASSIGN_OR_RETURN(data_, TokenFile::Open(cfg_.data));
+    if (data_.max_token() >= cfg_.model.vocab) {
+      return InvalidArgument(cfg_.data + " holds token " + std::to_string(data_.max_token()) +
+                             ", outside the model's vocabulary of " + std::to_string(cfg_.model.vocab));
+    }
+    if (data_.size() < static_cast<size_t>(cfg_.model.seq) + 2) return InvalidArgument(cfg_.data + " is shorter than one sequence");
+    std::string log;
+    const int64_t resume = FindResumableCheckpoint(cfg_.run_dir, cfg_.layout.world(), &log);
+    if (!log.empty()) std::fprintf(stderr, "%s", log.c_str());
+    if (resume >= 0) {
+      RETURN_IF_ERROR(LoadShard(resume));
+      start_step_ = resume;
+      std::fprintf(stderr, "[worker] rank %d: resumed from checkpoint step_%lld\n", rank_, static_cast<long long>(resume));
+    }
+    return Status::Ok();
+  }
+
+  int Fail(int64_t step, const Status& st) {
+    std::fprintf(stderr, "[worker] rank %d: step %lld failed: %s\n", rank_, static_cast<long long>(step), st.ToString().c_str());
+    Status d = tracer_->WriteDump(dump_path_);
+    std::fprintf(stderr, "[worker] rank %d: flight recorder dumped to %s%s\n", rank_, dump_path_.c_str(),
+                 d.ok() ? "" : (" (failed: " + d.ToString() + ")").c_str());
+    std::fflush(stderr);
+    _exit(kExitCommFailure);  // peers are gone or stuck: do not wait for anything on the way out
+  }
+
+  const Fault* FaultAt(const std::string& kind, int64_t step) const {
+    for (const Fault& f : cfg_.faults) {
+      if (f.kind == kind && f.rank == rank_ && (kind == "slow" ? step >= f.step : step == f.step)) return &f;
+    }
+    return nullptr;
+  }
+
+  Status Step(int64_t step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Layout& l = cfg_.layout;
+    comm_->set_step(step);
+    const int m = cfg_.microbatches, stage = coords_.pp, P = l.pp;
+    const int64_t local = cfg_.global_batch / l.dp, mb_size = local / m;
+    const int T = cfg_.model.seq, C = cfg_.model.width;
+    const size_t act = static_cast<size_t>(mb_size) * T * C;
+
+    tracer_->SetPhase(step, Phase::kData);
+    std::vector<std::vector<int32_t>> inputs(m), targets(m);
+    {
+      tracer::Tracer::Scope span(tracer_.get(), SpanKind::kData, names_["data"], step);
+      for (int k = 0; k < m; ++k) {
+        data_.Batch(step, cfg_.global_batch, coords_.dp * local + k * mb_size, mb_size, T, &inputs[k], &targets[k]);
+      }
+    }
+    if (FaultAt("crash", step)) {
+      std::fprintf(stderr, "[worker] rank %d: injected crash at step %lld\n", rank_, static_cast<long long>(step));
+      std::fflush(stderr);
+      std::abort();
+    }
+    if (const Fault* f = FaultAt("slow", step)) BurnSeconds(f->seconds);
+    if (FaultAt("stall-send", step)) comm_->ArmSendStall();
+
+    double loss_sum = 0;
+    std::vector<float> buf_in(act), buf_out(act), grad_in(act), grad_out(act);
+    auto forward = [&](int k) -> Status {
+      tracer_->SetPhase(step, Phase::kForward);
+      if (stage > 0) RETURN_IF_ERROR(comm_->Recv(pp_group(), PeerStage(stage - 1), buf_in.data(), act));
+      if (k == 0 && FaultAt("hang", step)) Hang(step);
+      {
+        tracer::Tracer::Scope span(tracer_.get(), SpanKind::kForward, names_["forward"], step, k);
+        RETURN_IF_ERROR(model_->Forward(k, static_cast<int>(mb_size), inputs[k].data(), buf_in.data(), targets[k].data(),
+                                        buf_out.data(), &loss_sum));
+      }
+      if (stage < P - 1) RETURN_IF_ERROR(comm_->Send(pp_group(), PeerStage(stage + 1), buf_out.data(), act));
+      return Status::Ok();
+    };
+    const float scale = 1.0f / static_cast<float>(cfg_.global_batch * T);
+    auto backward = [&](int k) -> Status {
+      tracer_->SetPhase(step, Phase::kBackward);
+      if (stage < P - 1) RETURN_IF_ERROR(comm_->Recv(pp_group(), PeerStage(stage + 1), grad_in.data(), act));
+      {
+        tracer::Tracer::Scope span(tracer_.get(), SpanKind::kBackward, names_["backward"], step, k);
+        RETURN_IF_ERROR(model_->Backward(k, grad_in.data(), grad_out.data(), scale));
+      }
+      if (stage > 0) RETURN_IF_ERROR(comm_->Send(pp_group(), PeerStage(stage - 1), grad_out.data(), act));
+      return Status::Ok();
+    };
+    // 1F1B: warm-up forwards, then one forward and one backward at a time, then the cool-down.
+    const int warmup = std::min(P - stage - 1, m);
+    for (int k = 0; k < warmup; ++k) RETURN_IF_ERROR(forward(k));
+    for (int k = 0; k < m - warmup; ++k) {
+      RETURN_IF_ERROR(forward(warmup + k));
+      RETURN_IF_ERROR(backward(k));
+    }
+    for (int k = m - warmup; k < m; ++k) RETURN_IF_ERROR(backward(k));
+    RETURN_IF_ERROR(comm_->WaitSends());
+
+    tracer_->SetPhase(step, Phase::kOptimizer);
+    float grad_norm = 0;
+    {
+      tracer::Tracer::Scope span(tracer_.get(), SpanKind::kOptimizer, names_["optimizer"], step);
+      ASSIGN_OR_RETURN(grad_norm, SyncAndUpdate(step));
+    }
+    // The loss: summed over microbatches on the last stage, then over data-parallel replicas.
+    double loss = NAN;
+    if (model_->last()) {
+      float sum = static_cast<float>(loss_sum);
+      if (l.dp > 1) RETURN_IF_ERROR(comm_->AllReduce(comm_->Find("dp"), &sum, 1, ReduceOp::kSum));
+      loss = sum * scale;
+    }
+    if (cfg_.checkpoint_every > 0 && (step + 1) % cfg_.checkpoint_every == 0 && step + 1 < cfg_.steps) {
+      tracer_->SetPhase(step, Phase::kCheckpoint);
+      tracer::Tracer::Scope span(tracer_.get(), SpanKind::kCheckpoint, names_["checkpoint"], step);
+      SaveCheckpointAsync(step + 1);
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rank_ == l.RankOf({0, P - 1, 0})) Report(step, loss, secs, grad_norm);
+    return Status::Ok();
+  }
+
+  [[noreturn]] void Hang(int64_t step) {
+    std::fprintf(stderr, "[worker] rank %d: injected hang in compute at step %lld (heartbeat stays alive)\n", rank_,
+                 static_cast<long long>(step));
+    std::fflush(stderr);
+    tracer::Tracer::Scope span(tracer_.get(), SpanKind::kCompute, names_["fault"], step);
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+
+  int pp_group() const { return comm_->Find("pp"); }
+  int PeerStage(int stage) const { return cfg_.layout.RankOf({coords_.dp, stage, coords_.tp}); }
+
+  float LearningRate(int64_t step) const {
+    if (step < cfg_.warmup) return cfg_.lr * static_cast<float>(step + 1) / static_cast<float>(cfg_.warmup);
+    const double progress = static_cast<double>(step - cfg_.warmup) / std::max<int64_t>(1, cfg_.steps - cfg_.warmup);
+    return cfg_.min_lr + 0.5f * (cfg_.lr - cfg_.min_lr) * static_cast<float>(1 + std::cos(M_PI * std::min(1.0, progress)));
+  }
+
+  Result<float> SyncAndUpdate(int64_t step) {
+    const Layout& l = cfg_.layout;
+    std::vector<float>& g = model_->grads();
+    std::vector<float>& p = model_->params();
+    if (const int emb = comm_->Find("emb"); emb >= 0) {  // the tied embedding lives on two stages
+      const ParamTensor* wte = model_->Find("wte");
+      RETURN_IF_ERROR(comm_->AllReduce(emb, g.data() + wte->offset, wte->size, ReduceOp::kSum));
+    }
+    if (l.dp > 1) {  // bucketed data-parallel gradient all-reduce
+      constexpr size_t kBucket = 1 << 18;
+      for (size_t off = 0; off < g.size(); off += kBucket) {
+        RETURN_IF_ERROR(comm_->AllReduce(comm_->Find("dp"), g.data() + off, std::min(kBucket, g.size() - off), ReduceOp::kSum));
+      }
+    }
+    float sumsq = 0;
+    for (const ParamTensor& t : model_->tensors()) {
+      if (!t.unique) continue;
+      for (size_t i = 0; i < t.size; ++i) sumsq += g[t.offset + i] * g[t.offset + i];
+    }
+    if (l.tp * l.pp > 1) RETURN_IF_ERROR(comm_->AllReduce(comm_->Find("mp"), &sumsq, 1, ReduceOp::kSum));
+    const float norm = std::sqrt(sumsq);
+    const float clip = cfg_.grad_clip > 0 && norm > cfg_.grad_clip ? cfg_.grad_clip / norm : 1.0f;
+    kernels::AdamW opt;
+    opt.lr = LearningRate(step);
+    opt.weight_decay = cfg_.weight_decay;
+    for (const ParamTensor& t : model_->tensors()) {
+      if (clip != 1.0f) {
+        for (size_t i = 0; i < t.size; ++i) g[t.offset + i] *= clip;
+      }
+      kernels::AdamWUpdate(p.data() + t.offset, g.data() + t.offset, m_.data() + t.offset, v_.data() + t.offset, t.size,
+                           opt, step + 1, t.decay);
+    }
+    std::fill(g.begin(), g.end(), 0.0f);
+    return norm;
+  }
+
+  void Report(int64_t step, double loss, double secs, float grad_norm) {
+    const double tokens = static_cast<double>(cfg_.global_batch) * cfg_.model.seq;
+    nlohmann::ordered_json j = {{"step", step + 1}, {"loss", loss}, {"tokens_per_s", tokens / secs},
+                                {"step_time_s", secs}, {"lr", LearningRate(step)}, {"grad_norm", grad_norm}};
+    std::ofstream(cfg_.run_dir + "/progress.jsonl", std::ios::app) << j.dump() << "\n";
+  }
+
+  // ------------------------------------------------------------- checkpoints
+
+  void SaveCheckpointAsync(int64_t step) {
+    if (ckpt_thread_.joinable()) ckpt_thread_.join();  // one write in flight at a time
+    // Snapshot in memory now; write in the background while training goes on.
+    auto snap = std::make_shared<std::string>();
+    const std::vector<float>& p = model_->params();
+    const uint64_t n = p.size();
+    snap->append(kShardMagic, 8);
+    const int64_t header[3] = {step, rank_, static_cast<int64_t>(n)};
+    snap->append(reinterpret_cast<const char*>(header), sizeof(header));
+    for (const std::vector<float>* v : {&p, static_cast<const std::vector<float>*>(&m_), static_cast<const std::vector<float>*>(&v_)}) snap->append(reinterpret_cast<const char*>(v->data()), n * 4);
+    ckpt_thread_ = std::thread([this, snap, step] {
+      const std::string dir = CheckpointDir(cfg_.run_dir, step);
+      const std::string shard = dir + "/rank_" + std::to_string(rank_) + ".bin";
+      Status st = tracer::WriteFileAtomic(shard, *snap);
+      const uint64_t sum = Fnv1a(snap->data(), snap->size());
+      if (st.ok()) st = tracer::WriteFileAtomic(shard + ".sum", std::to_string(sum) + "\n");
+      if (!st.ok()) {
+        std::fprintf(stderr, "[checkpoint] rank %d: step %lld not saved: %s\n", rank_, static_cast<long long>(step),
+                     st.ToString().c_str());
+        return;
+      }
+      if (rank_ != 0) return;
+      // Rank 0 writes the manifest last, once every shard is on disk.
+      nlohmann::ordered_json files = nlohmann::ordered_json::array();
+      for (int r = 0; r < cfg_.layout.world(); ++r) {
+        const std::string f = dir + "/rank_" + std::to_string(r) + ".bin.sum";
+        for (int i = 0; i < 1200 && !fs::exists(f); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        if (!fs::exists(f)) {
+          std::fprintf(stderr, "[checkpoint] step %lld incomplete: no shard from rank %d\n", static_cast<long long>(step), r);
+          return;
+        }
+        files.push_back({{"rank", r}, {"file", "rank_" + std::to_string(r) + ".bin"},
+                         {"fnv1a64", std::stoull(ReadFile(f))}});
+      }
+      nlohmann::ordered_json man = {{"format", "megascope-checkpoint"}, {"version", 1}, {"step", step},
+                                    {"world", cfg_.layout.world()}, {"shards", files}};
+      st = tracer::WriteFileAtomic(dir + "/manifest.json", man.dump(1) + "\n");
+      if (!st.ok()) std::fprintf(stderr, "[checkpoint] manifest of step %lld: %s\n", static_cast<long long>(step), st.ToString().c_str());
+    });
+  }
+
+  Status LoadShard(int64_t step) {
+    const std::string path = CheckpointDir(cfg_.run_dir, step) + "/rank_" + std::to_string(rank_) + ".bin";
+    const std::string bytes = ReadFile(path);
+    const size_t n = model_->params().size();
+    if (bytes.size() != 8 + 24 + 3 * n * 4 || std::memcmp(bytes.data(), kShardMagic, 8) != 0) {
+      return DataLoss(path + " does not match this model (" + std::to_string(n) + " parameters on this rank)");
+    }
+    const char* p = bytes.data() + 32;
+    for (std::vector<float>* v : {&model_->params(), &m_, &v_}) {
+      std::memcpy(v->data(), p, n * 4);
+      p += n * 4;
+    }
+    return Status::Ok();
+  }
+
+  TrainConfig cfg_;
+  int rank_;
+  tracer::Coords coords_;
+  std::unique_ptr<tracer::Tracer> tracer_;
+  std::unique_ptr<tracer::SignalDumper> dumper_;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<GptStage> model_;
+  std::vector<float> m_, v_;
+  TokenFile data_;
+  std::map<std::string, tracer::NameId> names_;
+  std::string dump_path_;
+  int64_t start_step_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread beat_, ckpt_thread_;
+};
+
+}  // namespace
+
+int64_t FindResumableCheckpoint(const std::string& run_dir, int world, std::string* log) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(run_dir + "/checkpoints", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step_", 0) == 0) steps.push_back(std::atoll(name.c_str() + 5));
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  for (int64_t step : steps) {
+    const std::string dir = CheckpointDir(run_dir, step);
+    auto skip = [&](const std::string& why) { *log += "[checkpoint] skipping step_" + std::to_string(step) + ": " + why + "\n"; };
+    if (!fs::exists(dir + "/manifest.json")) {
+      skip("no manifest (partial)");
+      continue;
+    }
+    bool ok = true;
+    try {
+      auto man = nlohmann::json::parse(ReadFile(dir + "/manifest.json"));
+      if (man["world"] != world) {
+        skip("written by a world of " + man["world"].dump() + " ranks");
+        continue;
+      }
+      for (const auto& s : man["shards"]) {
+        const std::string bytes = ReadFile(dir + "/" + s["file"].get<std::string>());
+        if (Fnv1a(bytes.data(), bytes.size()) != s["fnv1a64"].get<uint64_t>()) {
+          skip(s["file"].get<std::string>() + " is corrupt (checksum mismatch)");
+          ok = false;
+          break;
+        }
+      }
+    } catch (const std::exception& e) {
+      skip(std::string("unreadable manifest: ") + e.what());
+      ok = false;
+    }
+    if (ok) return step;
+  }
+  return -1;
+}
+
+int RunWorker(const std::string& run_dir, int rank) {
+  std::ifstream in(run_dir + "/run.json");
+  if (!in) {
+    std::fprintf(stderr, "[worker] cannot read %s/run.json\n", run_dir.c_str());
+    return kExitSetup;
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto cfg = TrainConfig::FromJson(ss.str(), run_dir + "/run.json");
+  if (!cfg.ok()) {
+    std::fprintf(stderr, "[worker] %s\n", cfg.status().ToString().c_str());
+    return kExitSetup;
+  }
+  cfg->run_dir = run_dir;
+  if (rank < 0 || rank >= cfg->layout.world()) {
+    std::fprintf(stderr, "[worker] rank %d is outside world size %d\n", rank, cfg->layout.world());
+    return kExitSetup;
+  }
+  Worker w(std::move(cfg).value(), rank);
+  return w.Run();
+}
+
+}  // namespace megascope::runtime
