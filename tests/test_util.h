@@ -1,8 +1,11 @@
-// Helpers shared by tests: a temporary directory removed at scope exit.
+// Helpers shared by tests: a temporary directory removed at scope exit, running a command.
 #pragma once
 
 #include <stdlib.h>
+#include <sys/wait.h>
 
+#include <array>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 
@@ -23,5 +26,22 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// Runs a shell command; returns its exit code (-1 if killed) and stdout+stderr together.
+struct CommandResult {
+  int code;
+  std::string out;
+};
+inline CommandResult RunCommand(const std::string& cmd) {
+  CommandResult r{-1, ""};
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
 
 }  // namespace megascope::testing

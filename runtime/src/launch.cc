@@ -63,6 +63,8 @@ int RunTraining(const TrainConfig& cfg, const std::string& self_exe) {
     std::fprintf(stderr, "megascope train: %s\n", st.ToString().c_str());
     return 1;
   }
+  // Gloo's FileStore refuses keys that exist: a rerun of this attempt starts a fresh rendezvous.
+  fs::remove_all(cfg.run_dir + "/rendezvous/attempt_" + std::to_string(cfg.attempt), ec);
   const std::string dir_abs = fs::absolute(cfg.run_dir).string();
   std::printf("[train] %d ranks (dp=%d tp=%d pp=%d) on %d simulated nodes, %lld steps; run dir %s\n", world,
               cfg.layout.dp, cfg.layout.tp, cfg.layout.pp, cfg.nodes, static_cast<long long>(cfg.steps), dir_abs.c_str());
@@ -99,6 +101,9 @@ int RunTraining(const TrainConfig& cfg, const std::string& self_exe) {
   ::sigaction(SIGINT, &sa, &old_int);
   ::sigaction(SIGTERM, &sa, &old_term);
   auto stop_all = [&] {
+    // First ask every survivor for its flight recorder (SIGUSR1: a stuck rank dumps too), then stop it.
+    for (pid_t p : pids) if (p > 0) ::kill(p, SIGUSR1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
     for (pid_t p : pids) if (p > 0) ::kill(p, SIGTERM);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     for (pid_t& p : pids) {
@@ -153,6 +158,24 @@ int RunTraining(const TrainConfig& cfg, const std::string& self_exe) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   pump_progress();
+  if (failed_rank >= 0) {
+    // Peers of a dead rank fail right after it (their collectives lose a peer, exit code
+    // kExitCommFailure). Gather what exits in the next moment and name the rank that did not fail
+    // that way: it is the origin.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    for (int r = 0; r < world; ++r) {
+      int status = 0;
+      if (pids[r] > 0 && ::waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        pids[r] = -1;
+        const bool victim = WIFEXITED(failed_status) && WEXITSTATUS(failed_status) == kExitCommFailure;
+        const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+        if (victim && failed && !(WIFEXITED(status) && WEXITSTATUS(status) == kExitCommFailure)) {
+          failed_rank = r;
+          failed_status = status;
+        }
+      }
+    }
+  }
   if (failed_rank >= 0 || g_interrupted) stop_all();
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);

@@ -59,6 +59,11 @@ void BurnSeconds(double seconds) {
 class Worker {
  public:
   Worker(TrainConfig cfg, int rank) : cfg_(std::move(cfg)), rank_(rank) {}
+  ~Worker() {
+    stop_ = true;
+    if (beat_.joinable()) beat_.join();
+    if (ckpt_thread_.joinable()) ckpt_thread_.join();
+  }
 
   int Run() {
     kernels::SetBlasThreads(1);

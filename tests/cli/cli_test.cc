@@ -11,23 +11,9 @@
 
 namespace {
 
-struct CliRun {
-  int code;
-  std::string out;  // stdout and stderr together
-};
+using CliRun = megascope::testing::CommandResult;
 
-CliRun Megascope(const std::string& args) {
-  std::string cmd = std::string(MEGASCOPE_BIN) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  CliRun r{-1, ""};
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+CliRun Megascope(const std::string& args) { return megascope::testing::RunCommand(std::string(MEGASCOPE_BIN) + " " + args); }
 
 TEST(CliTest, HelpListsCommands) {
   CliRun r = Megascope("--help");
