@@ -41,6 +41,7 @@ int RunTrain(const Args& args) {
       ("timeout", po::value(&c.timeout_ms)->default_value(30000), "collective timeout in milliseconds")
       ("attempt", po::value(&c.attempt)->default_value(0), "attempt number (restarts bump it)")
       ("shm-dir", po::value(&c.shm_dir)->default_value("/dev/shm"), "where rank rings live")
+      ("no-trace", "turn spans and the flight recorder off (to measure what tracing costs)")
       ("fault", po::value(&faults)->composing(),
        "inject a fault: KIND:rank=R,step=S[,seconds=X] with KIND crash, hang, stall-send or slow (repeatable)");
   po::variables_map vm;
@@ -48,6 +49,7 @@ int RunTrain(const Args& args) {
                           args, opts, {}, &vm)) {
     return *rc;
   }
+  c.trace = vm.count("no-trace") == 0;
   for (const std::string& f : faults) {
     auto parsed = runtime::ParseFault(f);
     if (!parsed.ok()) return Fail("train", parsed.status().message(), 2);

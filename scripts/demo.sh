@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The main job, as far as it goes today: installs what is missing, builds, runs the tracer's
-# self-demonstration (writer processes tracing into shared-memory rings, a reader draining them,
-# and the flight recorder of a rank stuck in an all-reduce), then faulty-machine detection on a
-# simulated 64-machine job with faults injected.
+# The main job, as far as it goes today: installs what is missing, builds, trains a GPT with
+# (dp,tp,pp) = (2,2,2) on a real text across two simulated nodes, runs the tracer's
+# self-demonstration (the flight recorder of a rank stuck in an all-reduce), then faulty-machine
+# detection on a simulated 64-machine job with faults injected.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +11,15 @@ echo "[demo] building (dev preset, 2 jobs)"
 cmake --preset dev >/dev/null
 cmake --build --preset dev >/dev/null
 bin=build/dev/cli/megascope
+work=$(mktemp -d /tmp/megascope-demo.XXXXXX)
+
+echo "[demo] training a 4-layer GPT with dp=2 tp=2 pp=2 (8 worker processes, Gloo over TCP) on a real text"
+$bin prepare-data tests/data/text/notes_on_training.txt -o "$work/notes.bin"
+$bin train --dp 2 --tp 2 --pp 2 --nodes 2 --data "$work/notes.bin" --run-dir "$work/run" --job demo \
+  --layers 4 --width 128 --heads 4 --seq 64 --batch 8 --microbatches 2 --steps "${TRAIN_STEPS:-40}" --lr 2e-3 \
+  --warmup 5 --checkpoint-every 20
+echo "[demo] run directory: run.json, ranks/<r>/worker.log, checkpoints/step_20/ (manifest + one shard per rank)"
+echo
 
 $bin trace-demo --ranks "${RANKS:-4}" --steps "${STEPS:-500}"
 cat <<'MSG'
@@ -24,7 +33,6 @@ cat <<'MSG'
     ring, marked alive=false -- what the agent will do for dead ranks.
 MSG
 
-work=$(mktemp -d /tmp/megascope-demo.XXXXXX)
 echo
 echo "[demo] faulty-machine detection: simulating 1 h of a 64-machine job with 4 faults"
 $bin fleet-sim --machines 64 --hours 1 --faults 4 --seed "${SEED:-7}" -o "$work/fleet"

@@ -67,7 +67,7 @@ std::string TrainConfig::ToJson() const {
                 {"vocab", model.vocab}, {"parallel_block", model.parallel_block}, {"seed", model.seed}};
   j["train"] = {{"global_batch", global_batch}, {"microbatches", microbatches}, {"steps", steps}, {"lr", lr},
                 {"min_lr", min_lr}, {"warmup", warmup}, {"grad_clip", grad_clip}, {"weight_decay", weight_decay},
-                {"checkpoint_every", checkpoint_every}, {"timeout_ms", timeout_ms}};
+                {"checkpoint_every", checkpoint_every}, {"timeout_ms", timeout_ms}, {"trace", trace}};
   nlohmann::ordered_json faults_j = nlohmann::ordered_json::array();
   for (const Fault& f : faults) faults_j.push_back({{"kind", f.kind}, {"rank", f.rank}, {"step", f.step}, {"seconds", f.seconds}});
   j["faults"] = faults_j;
@@ -106,6 +106,7 @@ Result<TrainConfig> TrainConfig::FromJson(const std::string& text, const std::st
     c.weight_decay = t["weight_decay"];
     c.checkpoint_every = t["checkpoint_every"];
     c.timeout_ms = t["timeout_ms"];
+    c.trace = t.value("trace", true);
     for (const auto& f : j["faults"]) c.faults.push_back({f["kind"], f["rank"], f["step"], f["seconds"]});
     return c;
   } catch (const std::exception& e) {

@@ -1,5 +1,6 @@
 // One rank of a training job.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using tracer::Phase;
+
 using tracer::SpanKind;
 
 constexpr char kShardMagic[8] = {'M', 'S', 'C', 'K', 'P', 'T', '0', '1'};
@@ -63,6 +65,7 @@ class Worker {
     stop_ = true;
     if (beat_.joinable()) beat_.join();
     if (ckpt_thread_.joinable()) ckpt_thread_.join();
+    if (prefetch_.valid()) prefetch_.wait();
   }
 
   int Run() {
@@ -98,6 +101,7 @@ class Worker {
     ro.attempt = cfg_.attempt;
     ro.coords = coords_;
     ASSIGN_OR_RETURN(tracer_, tracer::Tracer::Create(ro));
+    tracer_->set_enabled(cfg_.trace);
     dump_path_ = cfg_.run_dir + "/dumps/attempt_" + std::to_string(cfg_.attempt) + "/rank_" + std::to_string(rank_) + ".json";
     ASSIGN_OR_RETURN(dumper_, tracer::SignalDumper::Start([this] { (void)tracer_->WriteDump(dump_path_); }));
     beat_ = std::thread([this] {  // liveness and clock calibration, independent of the training thread
@@ -162,13 +166,16 @@ class Worker {
     const size_t act = static_cast<size_t>(mb_size) * T * C;
 
     tracer_->SetPhase(step, Phase::kData);
-    std::vector<std::vector<int32_t>> inputs(m), targets(m);
+    Batches batch;
     {
       tracer::Tracer::Scope span(tracer_.get(), SpanKind::kData, names_["data"], step);
-      for (int k = 0; k < m; ++k) {
-        data_.Batch(step, cfg_.global_batch, coords_.dp * local + k * mb_size, mb_size, T, &inputs[k], &targets[k]);
+      batch = prefetch_.valid() ? prefetch_.get() : LoadBatches(step);
+      if (step + 1 < cfg_.steps) {  // the next step's batch is read while this one trains
+        prefetch_ = std::async(std::launch::async, [this, step] { return LoadBatches(step + 1); });
       }
     }
+    std::vector<std::vector<int32_t>>& inputs = batch.inputs;
+    std::vector<std::vector<int32_t>>& targets = batch.targets;
     if (FaultAt("crash", step)) {
       std::fprintf(stderr, "[worker] rank %d: injected crash at step %lld\n", rank_, static_cast<long long>(step));
       std::fflush(stderr);
@@ -225,7 +232,7 @@ class Worker {
       if (l.dp > 1) RETURN_IF_ERROR(comm_->AllReduce(comm_->Find("dp"), &sum, 1, ReduceOp::kSum));
       loss = sum * scale;
     }
-    if (cfg_.checkpoint_every > 0 && (step + 1) % cfg_.checkpoint_every == 0 && step + 1 < cfg_.steps) {
+    if (RequestedCheckpoint() == step + 1 || (cfg_.checkpoint_every > 0 && (step + 1) % cfg_.checkpoint_every == 0 && step + 1 < cfg_.steps)) {
       tracer_->SetPhase(step, Phase::kCheckpoint);
       tracer::Tracer::Scope span(tracer_.get(), SpanKind::kCheckpoint, names_["checkpoint"], step);
       SaveCheckpointAsync(step + 1);
@@ -233,6 +240,36 @@ class Worker {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (rank_ == l.RankOf({0, P - 1, 0})) Report(step, loss, secs, grad_norm);
     return Status::Ok();
+  }
+
+  // A checkpoint on request: RUN_DIR/checkpoint.request holds the step after which to save. A
+  // file rather than a signal, so that every rank saves the same step.
+  int64_t RequestedCheckpoint() {
+    struct stat st{};
+    const std::string path = cfg_.run_dir + "/checkpoint.request";
+    if (::stat(path.c_str(), &st) != 0) return -1;
+    if (st.st_mtim.tv_sec != request_mtime_.tv_sec || st.st_mtim.tv_nsec != request_mtime_.tv_nsec) {
+      request_mtime_ = st.st_mtim;
+      requested_step_ = std::atoll(ReadFile(path).c_str());
+    }
+    return requested_step_;
+  }
+
+  struct Batches {
+    std::vector<std::vector<int32_t>> inputs, targets;  // per microbatch
+  };
+  // This rank's share of the step's global batch, split into microbatches.
+  Batches LoadBatches(int64_t step) const {
+    const int m = cfg_.microbatches;
+    const int64_t local = cfg_.global_batch / cfg_.layout.dp, mb_size = local / m;
+    Batches b;
+    b.inputs.resize(m);
+    b.targets.resize(m);
+    for (int k = 0; k < m; ++k) {
+      data_.Batch(step, cfg_.global_batch, coords_.dp * local + k * mb_size, mb_size, cfg_.model.seq, &b.inputs[k],
+                  &b.targets[k]);
+    }
+    return b;
   }
 
   [[noreturn]] void Hang(int64_t step) {
@@ -367,6 +404,9 @@ class Worker {
   int64_t start_step_ = 0;
   std::atomic<bool> stop_{false};
   std::thread beat_, ckpt_thread_;
+  std::future<Batches> prefetch_;
+  timespec request_mtime_{};
+  int64_t requested_step_ = -1;
 };
 
 }  // namespace

@@ -123,6 +123,14 @@ TEST_F(TrainTest, ACorruptCheckpointIsReportedAndSkipped) {
   EXPECT_EQ(Losses("c").size(), 6u);  // trained from scratch
 }
 
+TEST_F(TrainTest, ACheckpointCanBeRequestedForAStep) {
+  fs::create_directories(dir_.path() + "/req");
+  std::ofstream(dir_.path() + "/req/checkpoint.request") << "3\n";
+  ASSERT_EQ(Megascope(Args("--dp 2", "req", 5)).code, 0);
+  EXPECT_TRUE(fs::exists(dir_.path() + "/req/checkpoints/step_3/manifest.json"));
+  EXPECT_FALSE(fs::exists(dir_.path() + "/req/checkpoints/step_2"));
+}
+
 TEST_F(TrainTest, ACrashNamesTheRankAndStopsEveryone) {
   CommandResult r = Megascope(Args("--dp 2 --tp 2 --pp 2 --nodes 2", "crash", 6) + " --fault crash:rank=5,step=2");
   EXPECT_EQ(r.code, 1);

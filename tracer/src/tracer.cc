@@ -71,7 +71,7 @@ SharedFlightEntry* Tracer::Local(OpHandle h) {
 }
 
 OpHandle Tracer::Enqueue(GroupId group, OpType op, uint64_t bytes, DType dtype, int32_t peer) {
-  if (group >= num_groups_.load(std::memory_order_acquire)) return 0;
+  if (!enabled_ || group >= num_groups_.load(std::memory_order_acquire)) return 0;
   GroupState& g = *groups_[group];
   uint64_t seq;
   if (IsP2P(op)) {
@@ -169,6 +169,7 @@ void Tracer::Touch() {
 }
 
 void Tracer::RecordMetric(NameId name, double value) {
+  if (!enabled_) return;
   if (Record* r = ring_->Claim()) {
     r->metric.type = RecordType::kMetric;
     r->metric.name = name;

@@ -42,6 +42,7 @@ struct TrainConfig {
   int checkpoint_every = 0;  // 0: only on request
   int timeout_ms = 30000;  // collective timeout
   std::vector<Fault> faults;
+  bool trace = true;  // false: spans and flight recorder off (to measure their cost)
 
   // Empty when valid; otherwise what is wrong, said before any worker starts.
   std::string Validate() const;
