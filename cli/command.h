@@ -36,5 +36,6 @@ int RunFleetSim(const Args& args);
 int RunTrain(const Args& args);
 int RunWorkerCommand(const Args& args);
 int RunPrepareData(const Args& args);
+int RunAgent(const Args& args);
 
 }  // namespace megascope::cli

@@ -23,6 +23,7 @@ const Command kCommands[] = {
     {"train", "train a GPT with data, tensor and pipeline parallelism on this machine", &RunTrain},
     {"prepare-data", "turn a text file into a token file for training", &RunPrepareData},
     {"worker", "one rank of a training job (started by train)", &RunWorkerCommand, true},
+    {"agent", "the per-node collector: rings -> trace.db, Prometheus /metrics, /state, /dump", &RunAgent},
     {"trace-demo", "run writer processes through the tracer and drain them (self-demonstration)",
      &RunTraceDemo},
     {"version", "print the version", &RunVersion},

@@ -42,6 +42,7 @@ int RunTrain(const Args& args) {
       ("attempt", po::value(&c.attempt)->default_value(0), "attempt number (restarts bump it)")
       ("shm-dir", po::value(&c.shm_dir)->default_value("/dev/shm"), "where rank rings live")
       ("no-trace", "turn spans and the flight recorder off (to measure what tracing costs)")
+      ("no-agents", "do not start a megascope agent per node")
       ("fault", po::value(&faults)->composing(),
        "inject a fault: KIND:rank=R,step=S[,seconds=X] with KIND crash, hang, stall-send or slow (repeatable)");
   po::variables_map vm;
@@ -50,6 +51,7 @@ int RunTrain(const Args& args) {
     return *rc;
   }
   c.trace = vm.count("no-trace") == 0;
+  c.agents = vm.count("no-agents") == 0;
   for (const std::string& f : faults) {
     auto parsed = runtime::ParseFault(f);
     if (!parsed.ok()) return Fail("train", parsed.status().message(), 2);

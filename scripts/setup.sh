@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
-  libgloo-dev prometheus-cpp-dev libsqlite3-dev sqlite3
+  libgloo-dev prometheus-cpp-dev libcivetweb-dev libsqlite3-dev sqlite3
   libboost-program-options-dev libunwind-dev nlohmann-json3-dev libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus python3

@@ -77,6 +77,11 @@ std::string TrainConfig::ToJson() const {
     ranks.push_back({{"rank", r}, {"node", NodeOf(r)}, {"local_rank", LocalRankOf(r)}, {"dp", c.dp}, {"pp", c.pp}, {"tp", c.tp}});
   }
   j["ranks"] = ranks;
+  nlohmann::ordered_json agents_j = nlohmann::ordered_json::array();
+  for (const auto& [node, port] : agent_ports) {
+    agents_j.push_back({{"node", node}, {"port", port}, {"url", "http://127.0.0.1:" + std::to_string(port)}});
+  }
+  j["agents"] = agents_j;
   return j.dump(1) + "\n";
 }
 
@@ -108,6 +113,7 @@ Result<TrainConfig> TrainConfig::FromJson(const std::string& text, const std::st
     c.timeout_ms = t["timeout_ms"];
     c.trace = t.value("trace", true);
     for (const auto& f : j["faults"]) c.faults.push_back({f["kind"], f["rank"], f["step"], f["seconds"]});
+    for (const auto& a : j.value("agents", nlohmann::json::array())) c.agent_ports.emplace_back(a["node"], a["port"]);
     return c;
   } catch (const std::exception& e) {
     return InvalidArgument(source + ": " + e.what());

@@ -59,7 +59,56 @@ int RunTraining(const TrainConfig& cfg, const std::string& self_exe) {
   }
   fs::remove(probe);
   fs::remove(cfg.run_dir + "/progress.jsonl", ec);
-  if (Status st = tracer::WriteFileAtomic(cfg.run_dir + "/run.json", cfg.ToJson()); !st.ok()) {
+  // One agent per simulated node, started first so that run.json can say where they listen.
+  TrainConfig run = cfg;
+  std::vector<pid_t> agents;
+  auto stop_agents = [&] {
+    for (pid_t p : agents) ::kill(p, SIGTERM);  // each drains what is left, then exits
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    for (pid_t& p : agents) {
+      while (p > 0) {
+        if (::waitpid(p, nullptr, WNOHANG) == p) p = -1;
+        else if (std::chrono::steady_clock::now() > deadline) ::kill(p, SIGKILL);
+        else std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+  };
+  if (cfg.agents) {
+    for (int k = 0; k < cfg.nodes; ++k) {
+      const std::string node = "node" + std::to_string(k), dir = cfg.run_dir + "/nodes/" + node;
+      fs::create_directories(dir, ec);
+      fs::remove(dir + "/agent.port", ec);
+      pid_t pid = ::fork();
+      if (pid == 0) {
+        int fd = ::open((dir + "/agent.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+          ::dup2(fd, 1);
+          ::dup2(fd, 2);
+        }
+        ::execl(self_exe.c_str(), "megascope", "agent", "--node", node.c_str(), "--run-dir", cfg.run_dir.c_str(), "--job",
+                cfg.job.c_str(), "--shm-dir", cfg.shm_dir.c_str(), static_cast<char*>(nullptr));
+        ::_exit(127);
+      }
+      agents.push_back(pid);
+    }
+    for (int k = 0; k < cfg.nodes; ++k) {
+      const std::string node = "node" + std::to_string(k), file = cfg.run_dir + "/nodes/" + node + "/agent.port";
+      int port = 0;
+      for (int i = 0; i < 500 && port == 0; ++i) {
+        std::ifstream in(file);
+        if (!(in >> port)) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      if (port == 0) {
+        stop_agents();
+        std::fprintf(stderr, "megascope train: the agent of %s did not start; see %s/nodes/%s/agent.log\n%s", node.c_str(),
+                     cfg.run_dir.c_str(), node.c_str(), Tail(cfg.run_dir + "/nodes/" + node + "/agent.log", 5).c_str());
+        return 1;
+      }
+      run.agent_ports.emplace_back(node, port);
+    }
+  }
+  if (Status st = tracer::WriteFileAtomic(cfg.run_dir + "/run.json", run.ToJson()); !st.ok()) {
+    stop_agents();
     std::fprintf(stderr, "megascope train: %s\n", st.ToString().c_str());
     return 1;
   }
@@ -68,6 +117,9 @@ int RunTraining(const TrainConfig& cfg, const std::string& self_exe) {
   const std::string dir_abs = fs::absolute(cfg.run_dir).string();
   std::printf("[train] %d ranks (dp=%d tp=%d pp=%d) on %d simulated nodes, %lld steps; run dir %s\n", world,
               cfg.layout.dp, cfg.layout.tp, cfg.layout.pp, cfg.nodes, static_cast<long long>(cfg.steps), dir_abs.c_str());
+  for (const auto& [node, port] : run.agent_ports) {
+    std::printf("[train] agent %s: http://127.0.0.1:%d/metrics\n", node.c_str(), port);
+  }
   std::fflush(stdout);
 
   std::vector<pid_t> pids(world, -1);
@@ -79,6 +131,7 @@ int RunTraining(const TrainConfig& cfg, const std::string& self_exe) {
     if (pid < 0) {
       std::perror("fork");
       for (pid_t p : pids) if (p > 0) ::kill(p, SIGKILL);
+      stop_agents();
       return 1;
     }
     if (pid == 0) {
@@ -177,9 +230,10 @@ int RunTraining(const TrainConfig& cfg, const std::string& self_exe) {
     }
   }
   if (failed_rank >= 0 || g_interrupted) stop_all();
+  stop_agents();
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);
-  // Rings of this attempt: nothing drains them yet once the job is over.
+  // Rings the agents could not remove (no agent, or it died): nothing will drain them now.
   for (int r = 0; r < world; ++r) fs::remove(cfg.shm_dir + "/" + tracer::RingFileName(cfg.job, cfg.attempt, r), ec);
   if (g_interrupted) {
     std::fprintf(stderr, "[train] interrupted: every worker stopped\n");

@@ -43,6 +43,8 @@ struct TrainConfig {
   int timeout_ms = 30000;  // collective timeout
   std::vector<Fault> faults;
   bool trace = true;  // false: spans and flight recorder off (to measure their cost)
+  bool agents = true;  // start one megascope agent per simulated node
+  std::vector<std::pair<std::string, int>> agent_ports;  // node -> HTTP port, filled by the launcher
 
   // Empty when valid; otherwise what is wrong, said before any worker starts.
   std::string Validate() const;

@@ -1,0 +1,57 @@
+// The node agent (DESIGN.md section 5): drains every ring of its job on this node into
+// RUN_DIR/nodes/<node>/trace.db, samples host (and GPU) metrics, keeps each rank's live state, and
+// serves GET /metrics (Prometheus text), GET /state (JSON) and GET /dump/<rank> (FORMATS.md
+// section 1). A rank whose process is gone is marked dead and dumped to
+// RUN_DIR/dumps/attempt_<A>/rank_<r>.json. Killed and restarted, it resumes from the database's
+// ring cursors: nothing lost, nothing written twice. Database errors are logged and counted; the
+// rings simply keep the records (and count drops when full) -- training never waits for the agent.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "megascope/tracer/status.h"
+
+namespace megascope::tracer::agent {
+
+struct AgentOptions {
+  std::string node = "node0";
+  std::string run_dir;
+  std::string job = "train";
+  std::string shm_dir = "/dev/shm";
+  std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free one
+  std::string proc_root = "/proc";
+  double sample_interval_s = 1.0;
+  size_t batch_records = 65536;  // records per ring per transaction
+};
+
+class Agent {
+ public:
+  // Opens the database and the HTTP endpoint; Run() or Poll() does the work.
+  static Result<std::unique_ptr<Agent>> Create(const AgentOptions& options);
+  ~Agent();
+
+  // Drains, samples and checks ranks until Stop(); a final drain happens before it returns.
+  void Run();
+  void Stop() { stop_ = true; }
+  // One cycle: discover rings, drain each (one transaction per ring batch), detect dead ranks,
+  // and sample host metrics when `sample` is set. Returns the rows written.
+  Result<size_t> Poll(bool sample);
+
+  int port() const;
+  std::string MetricsText();
+  std::string StateJson();
+  Result<std::string> DumpJson(int rank);
+  uint64_t rows_written() const;
+  uint64_t db_errors() const;
+
+ private:
+  struct Impl;
+  explicit Agent(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace megascope::tracer::agent

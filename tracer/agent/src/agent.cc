@@ -1,0 +1,461 @@
+#include "megascope/tracer/agent/agent.h"
+
+#include <CivetServer.h>
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "megascope/tracer/agent/host_metrics.h"
+#include "megascope/tracer/dump.h"
+#include "megascope/tracer/ring.h"
+#include "megascope/tracer/trace_store.h"
+
+namespace megascope::tracer::agent {
+namespace {
+
+namespace fs = std::filesystem;
+using prometheus::Counter;
+using prometheus::Gauge;
+using prometheus::Histogram;
+
+const Histogram::BucketBoundaries kStepBuckets = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+const Histogram::BucketBoundaries kCollBuckets = {1e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1, 5, 30};
+
+void Log(const std::string& node, const std::string& msg) {
+  std::fprintf(stderr, "[agent %s] %s\n", node.c_str(), msg.c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+struct Agent::Impl {
+  AgentOptions opt;
+  std::unique_ptr<TraceStore> store;
+  HostSampler host;
+  std::unique_ptr<Nvml> nvml;
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<CivetServer> http;
+  std::vector<std::unique_ptr<CivetHandler>> handlers;
+  std::mutex mu;  // guards ranks (HTTP threads read, the agent thread writes)
+  uint64_t rows = 0, db_errors = 0;
+  std::chrono::steady_clock::time_point last_discovery{};
+
+  struct RankState {
+    std::string ring;
+    std::unique_ptr<RingReader> reader;
+    RankInfo info;
+    std::vector<std::string> names;
+    RankSnapshot snap;
+    bool dead = false;
+    uint64_t dropped_seen = 0;
+    int64_t last_step = -1;
+    Gauge *step = nullptr, *tokens = nullptr, *hb_age = nullptr;
+    Histogram* step_duration = nullptr;
+    Counter *compute = nullptr, *comm = nullptr, *records = nullptr, *dropped = nullptr;
+    std::map<std::string, Histogram*> coll;  // op|group_kind
+  };
+  std::map<std::string, RankState> ranks;  // by ring file name
+
+  prometheus::Family<Gauge>* f_step;
+  prometheus::Family<Gauge>* f_tokens;
+  prometheus::Family<Gauge>* f_hb_age;
+  prometheus::Family<Histogram>* f_step_duration;
+  prometheus::Family<Histogram>* f_coll;
+  prometheus::Family<Counter>* f_compute;
+  prometheus::Family<Counter>* f_comm;
+  prometheus::Family<Counter>* f_records;
+  prometheus::Family<Counter>* f_dropped;
+  prometheus::Family<Gauge>* f_cpu;
+  prometheus::Family<Gauge>* f_mem;
+  prometheus::Family<Counter>* f_net_rx;
+  prometheus::Family<Counter>* f_net_tx;
+  prometheus::Family<Counter>* f_disk_r;
+  prometheus::Family<Counter>* f_disk_w;
+  prometheus::Family<Gauge>* f_gpu_util;
+  prometheus::Family<Gauge>* f_gpu_power;
+  prometheus::Family<Gauge>* f_gpu_temp;
+  prometheus::Family<Gauge>* f_gpu_mem;
+  prometheus::Family<Counter>* f_rows;
+  prometheus::Family<Counter>* f_db_errors;
+  HostSample last_host;
+
+  void BuildFamilies() {
+    auto& r = *registry;
+    f_step = &prometheus::BuildGauge().Name("megascope_step").Help("Last finished training step").Register(r);
+    f_tokens = &prometheus::BuildGauge().Name("megascope_tokens_per_second").Help("Training throughput of the last step").Register(r);
+    f_hb_age = &prometheus::BuildGauge().Name("megascope_heartbeat_age_seconds").Help("Seconds since the rank's last heartbeat").Register(r);
+    f_step_duration = &prometheus::BuildHistogram().Name("megascope_step_duration_seconds").Help("Training step time").Register(r);
+    f_coll = &prometheus::BuildHistogram().Name("megascope_collective_duration_seconds").Help("Collective and p2p op time, enqueue to completion").Register(r);
+    f_compute = &prometheus::BuildCounter().Name("megascope_compute_seconds_total").Help("Time in forward, backward and optimizer spans").Register(r);
+    f_comm = &prometheus::BuildCounter().Name("megascope_comm_wait_seconds_total").Help("Time in communication spans").Register(r);
+    f_records = &prometheus::BuildCounter().Name("megascope_trace_records_total").Help("Trace records drained from the rank's ring").Register(r);
+    f_dropped = &prometheus::BuildCounter().Name("megascope_trace_dropped_records_total").Help("Trace records dropped because the ring was full").Register(r);
+    f_cpu = &prometheus::BuildGauge().Name("megascope_node_cpu_utilization_ratio").Help("Host CPU utilisation").Register(r);
+    f_mem = &prometheus::BuildGauge().Name("megascope_node_memory_used_bytes").Help("Host memory in use (total - available)").Register(r);
+    f_net_rx = &prometheus::BuildCounter().Name("megascope_node_network_receive_bytes_total").Help("Bytes received, all interfaces but lo").Register(r);
+    f_net_tx = &prometheus::BuildCounter().Name("megascope_node_network_transmit_bytes_total").Help("Bytes sent, all interfaces but lo").Register(r);
+    f_disk_r = &prometheus::BuildCounter().Name("megascope_node_disk_read_bytes_total").Help("Bytes read from whole disks").Register(r);
+    f_disk_w = &prometheus::BuildCounter().Name("megascope_node_disk_written_bytes_total").Help("Bytes written to whole disks").Register(r);
+    f_gpu_util = &prometheus::BuildGauge().Name("megascope_gpu_utilization_ratio").Help("GPU utilisation (NVML)").Register(r);
+    f_gpu_power = &prometheus::BuildGauge().Name("megascope_gpu_power_watts").Help("GPU power draw (NVML)").Register(r);
+    f_gpu_temp = &prometheus::BuildGauge().Name("megascope_gpu_temperature_celsius").Help("GPU temperature (NVML)").Register(r);
+    f_gpu_mem = &prometheus::BuildGauge().Name("megascope_gpu_memory_used_bytes").Help("GPU memory in use (NVML)").Register(r);
+    f_rows = &prometheus::BuildCounter().Name("megascope_agent_rows_written_total").Help("Rows the agent wrote to trace.db").Register(r);
+    f_db_errors = &prometheus::BuildCounter().Name("megascope_agent_db_errors_total").Help("Failed trace.db transactions (records stay in the rings)").Register(r);
+  }
+
+  std::map<std::string, std::string> Labels(const RankInfo& i) const {
+    return {{"job", opt.job}, {"node", opt.node}, {"rank", std::to_string(i.rank)}, {"dp", std::to_string(i.coords.dp)},
+            {"pp", std::to_string(i.coords.pp)}, {"tp", std::to_string(i.coords.tp)}};
+  }
+  std::map<std::string, std::string> NodeLabels() const { return {{"job", opt.job}, {"node", opt.node}}; }
+
+  // Finds rings of our job and node, including those of later attempts.
+  void Discover() {
+    std::error_code ec;
+    const std::string prefix = RingFilePrefix(opt.job);
+    for (const auto& e : fs::directory_iterator(opt.shm_dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind(prefix, 0) != 0 || name.find(".init.") != std::string::npos || ranks.count(name)) continue;
+      auto peek = RingReader::Attach(e.path().string(), RingReader::Mode::kSnapshotOnly);
+      if (!peek.ok() || (*peek)->info().node != opt.node) continue;
+      auto reader = RingReader::Attach(e.path().string(), RingReader::Mode::kConsume);
+      if (!reader.ok()) {
+        Log(opt.node, "cannot drain " + name + ": " + reader.status().message());
+        continue;
+      }
+      // Resume where the database is: a batch committed there but not yet in the ring is skipped.
+      auto cursors = store->Cursors(name);
+      if (cursors.ok() && !cursors->empty()) {
+        ReadBatch b;
+        b.lane_tails = *cursors;
+        (*reader)->Commit(b);
+      }
+      RankState st;
+      st.ring = name;
+      st.info = (*reader)->info();
+      st.reader = std::move(reader).value();
+      const auto labels = Labels(st.info);
+      st.step = &f_step->Add(labels);
+      st.tokens = &f_tokens->Add(labels);
+      st.hb_age = &f_hb_age->Add(labels);
+      st.step_duration = &f_step_duration->Add(labels, kStepBuckets);
+      st.compute = &f_compute->Add(labels);
+      st.comm = &f_comm->Add(labels);
+      st.records = &f_records->Add(labels);
+      st.dropped = &f_dropped->Add(labels);
+      if (Status s = store->UpsertRank(st.info); !s.ok()) Log(opt.node, s.message());
+      Log(opt.node, "draining " + name + " (rank " + std::to_string(st.info.rank) + ", attempt " +
+                        std::to_string(st.info.attempt) + ")");
+      std::lock_guard<std::mutex> lock(mu);
+      ranks.emplace(name, std::move(st));
+    }
+  }
+
+  // Live metrics from a drained batch.
+  void Observe(RankState& st, std::span<const Record> recs, const ClockCalibration& cal) {
+    for (const Record& r : recs) {
+      if (r.type == RecordType::kSpan) {
+        const double secs = static_cast<double>(cal.ToNs(r.span.end_ticks) - cal.ToNs(r.span.start_ticks)) / 1e9;
+        if (secs < 0) continue;
+        if (r.span.kind == SpanKind::kComm) st.comm->Increment(secs);
+        else if (r.span.kind == SpanKind::kForward || r.span.kind == SpanKind::kBackward ||
+                 r.span.kind == SpanKind::kOptimizer || r.span.kind == SpanKind::kCompute) st.compute->Increment(secs);
+      } else if (r.type == RecordType::kCollective) {
+        const CollectiveRecord& c = r.collective;
+        const std::string kind = c.group < st.snap.groups.size() ? st.snap.groups[c.group].kind : "unknown";
+        const std::string key = std::string(Name(c.op)) + "|" + kind;
+        auto it = st.coll.find(key);
+        if (it == st.coll.end()) {
+          auto labels = Labels(st.info);
+          labels["op"] = std::string(Name(c.op));
+          labels["group_kind"] = kind;
+          it = st.coll.emplace(key, &f_coll->Add(labels, kCollBuckets)).first;
+        }
+        it->second->Observe(static_cast<double>(cal.ToNs(c.completed_ticks) - cal.ToNs(c.enqueued_ticks)) / 1e9);
+      } else if (r.type == RecordType::kMetric) {
+        const std::string& name = r.metric.name < st.names.size() ? st.names[r.metric.name] : "";
+        if (name == "step") {
+          st.step->Set(r.metric.value);
+          st.last_step = static_cast<int64_t>(r.metric.value);
+        } else if (name == "step_time_s") {
+          st.step_duration->Observe(r.metric.value);
+        } else if (name == "tokens_per_second") {
+          st.tokens->Set(r.metric.value);
+        }
+      }
+    }
+  }
+
+  Result<size_t> Drain(bool sample) {
+    size_t written = 0;
+    std::vector<Record> buf(opt.batch_records);
+    std::vector<DropRow> drops;
+    std::vector<MetricRow> metrics;
+    const int64_t now_ns = WallNowNs();
+    if (sample) SampleHost(now_ns, &metrics);
+    std::vector<std::string> to_remove;
+    for (auto& [name, st] : ranks) {
+      RankSnapshot snap = st.reader->Snapshot();
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        st.snap = snap;
+        st.info.clock_offset_ns = snap.info.clock_offset_ns;
+      }
+      while (st.names.size() < 65536) {  // pick up newly interned names
+        const std::string n = st.reader->NameOf(static_cast<NameId>(st.names.size()));
+        if (n.rfind("?", 0) == 0) break;
+        st.names.push_back(n);
+      }
+      const ClockCalibration cal = st.reader->Calibration();
+      ReadBatch batch;
+      const size_t n = st.reader->Read(buf, &batch);
+      const uint64_t dropped = st.reader->Dropped();
+      if (dropped > st.dropped_seen) {
+        drops.push_back({st.info.rank, now_ns, static_cast<int64_t>(dropped)});
+        st.dropped->Increment(static_cast<double>(dropped - st.dropped_seen));
+        st.dropped_seen = dropped;
+      }
+      if (n > 0 || !drops.empty() || !metrics.empty()) {
+        RingRows rows{&st.info, cal, &st.names, &snap.groups, std::span<const Record>(buf.data(), n), name, batch.lane_tails};
+        Status s = store->Write(std::span<const RingRows>(&rows, n > 0 ? 1 : 0), metrics, drops);
+        if (!s.ok()) {
+          ++db_errors;
+          f_db_errors->Add(NodeLabels()).Increment();
+          Log(opt.node, s.message() + " (records stay in the ring)");
+          return s;
+        }
+        metrics.clear();
+        drops.clear();
+        if (n > 0) {
+          st.reader->Commit(batch);
+          Observe(st, std::span<const Record>(buf.data(), n), cal);
+          st.records->Increment(static_cast<double>(n));
+          written += n;
+        }
+      }
+      st.hb_age->Set(std::max(0.0, static_cast<double>(now_ns - snap.heartbeat.updated_at_ns) / 1e9));
+      const bool gone = !st.reader->WriterAlive();
+      if (gone && !st.reader->Closed() && !st.dead) {
+        st.dead = true;
+        const std::string path = opt.run_dir + "/dumps/attempt_" + std::to_string(st.info.attempt) + "/rank_" +
+                                 std::to_string(st.info.rank) + ".json";
+        Status d = WriteFileAtomic(path, DumpToJson(Dump{snap, false, now_ns}));
+        Log(opt.node, "rank " + std::to_string(st.info.rank) + " (pid " + std::to_string(st.info.pid) +
+                          ") is gone; its flight recorder " + (d.ok() ? "is in " + path : "could not be written: " + d.message()));
+      }
+      if (gone && n == 0) to_remove.push_back(name);  // drained for good: the ring file can go
+    }
+    for (const std::string& name : to_remove) ::unlink((opt.shm_dir + "/" + name).c_str());
+    if (!metrics.empty()) {  // no ring this time: metrics alone
+      Status s = store->Write({}, metrics, {});
+      if (!s.ok()) {
+        ++db_errors;
+        f_db_errors->Add(NodeLabels()).Increment();
+        Log(opt.node, s.message());
+      }
+    }
+    rows += written;
+    if (written > 0) f_rows->Add(NodeLabels()).Increment(static_cast<double>(written));
+    return written;
+  }
+
+  void SampleHost(int64_t now_ns, std::vector<MetricRow>* out) {
+    auto h = host.Sample();
+    if (!h.ok()) {
+      Log(opt.node, h.status().message());
+      return;
+    }
+    const auto nl = NodeLabels();
+    f_cpu->Add(nl).Set(h->cpu_utilization);
+    f_mem->Add(nl).Set(h->memory_used_bytes);
+    auto bump = [&](prometheus::Family<Counter>* f, double now, double before) {
+      if (now > before && before > 0) f->Add(nl).Increment(now - before);
+      else f->Add(nl);
+    };
+    bump(f_net_rx, h->network_receive_bytes, last_host.network_receive_bytes);
+    bump(f_net_tx, h->network_transmit_bytes, last_host.network_transmit_bytes);
+    bump(f_disk_r, h->disk_read_bytes, last_host.disk_read_bytes);
+    bump(f_disk_w, h->disk_write_bytes, last_host.disk_write_bytes);
+    last_host = *h;
+    for (auto [name, v] : {std::pair<const char*, double>{"node_cpu_utilization_ratio", h->cpu_utilization},
+                           {"node_memory_used_bytes", h->memory_used_bytes},
+                           {"node_network_receive_bytes_total", h->network_receive_bytes},
+                           {"node_network_transmit_bytes_total", h->network_transmit_bytes},
+                           {"node_disk_read_bytes_total", h->disk_read_bytes},
+                           {"node_disk_written_bytes_total", h->disk_write_bytes}}) {
+      out->push_back({opt.node, now_ns, name, v});
+    }
+    for (const GpuSample& g : nvml->Sample()) {
+      auto gl = nl;
+      gl["gpu"] = std::to_string(g.index);
+      f_gpu_util->Add(gl).Set(g.utilization);
+      f_gpu_power->Add(gl).Set(g.power_watts);
+      f_gpu_temp->Add(gl).Set(g.temperature_celsius);
+      f_gpu_mem->Add(gl).Set(g.memory_used_bytes);
+      const std::string p = "gpu" + std::to_string(g.index) + ".";
+      out->push_back({opt.node, now_ns, p + "gpu_utilization_ratio", g.utilization});
+      out->push_back({opt.node, now_ns, p + "gpu_power_watts", g.power_watts});
+      out->push_back({opt.node, now_ns, p + "gpu_temperature_celsius", g.temperature_celsius});
+      out->push_back({opt.node, now_ns, p + "gpu_memory_used_bytes", g.memory_used_bytes});
+    }
+  }
+
+  std::string State() {
+    std::lock_guard<std::mutex> lock(mu);
+    nlohmann::ordered_json ranks_j = nlohmann::ordered_json::array();
+    const int64_t now = WallNowNs();
+    for (const auto& [name, st] : ranks) {
+      nlohmann::ordered_json open = nlohmann::ordered_json::array();
+      for (const FlightEntry& e : st.snap.entries) {
+        if (e.state != OpState::kEnqueued && e.state != OpState::kStarted) continue;
+        open.push_back({{"group", e.group < static_cast<int>(st.snap.groups.size()) ? st.snap.groups[e.group].name : "?"},
+                        {"seq", e.seq}, {"op", Name(e.op)}, {"peer", e.peer < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(e.peer)},
+                        {"bytes", e.bytes}, {"state", Name(e.state)}, {"enqueued_at_ns", e.enqueued_at_ns},
+                        {"bytes_sent", e.bytes_sent < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(e.bytes_sent)},
+                        {"bytes_received", e.bytes_received < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(e.bytes_received)}});
+      }
+      const auto& hb = st.snap.heartbeat;
+      ranks_j.push_back({{"rank", st.info.rank}, {"attempt", st.info.attempt}, {"node", st.info.node}, {"pid", st.info.pid},
+                         {"coords", {{"dp", st.info.coords.dp}, {"pp", st.info.coords.pp}, {"tp", st.info.coords.tp}}},
+                         {"alive", !st.dead}, {"closed", st.reader->Closed()},
+                         {"heartbeat", {{"step", hb.step}, {"phase", Name(hb.phase)}, {"updated_at_ns", hb.updated_at_ns},
+                                        {"age_s", static_cast<double>(now - hb.updated_at_ns) / 1e9}}},
+                         {"open_entries", open}, {"records_total", st.snap.records_total},
+                         {"dropped_records", st.snap.dropped_total}});
+    }
+    nlohmann::ordered_json j = {{"format", "megascope-agent-state"}, {"version", 1}, {"job", opt.job}, {"node", opt.node},
+                                {"now_ns", now}, {"rows_written", rows}, {"db_errors", db_errors}, {"ranks", ranks_j}};
+    return j.dump() + "\n";
+  }
+
+  Result<std::string> RankDump(int rank) {
+    std::lock_guard<std::mutex> lock(mu);
+    const RankState* best = nullptr;
+    for (const auto& [name, st] : ranks) {
+      if (st.info.rank == rank && (best == nullptr || st.info.attempt > best->info.attempt)) best = &st;
+    }
+    if (best == nullptr) return NotFound("rank " + std::to_string(rank) + " is not on node " + opt.node);
+    return DumpToJson(Dump{best->reader->Snapshot(), !best->dead && best->reader->WriterAlive(), WallNowNs()});
+  }
+};
+
+namespace {
+
+class TextHandler : public CivetHandler {
+ public:
+  explicit TextHandler(std::function<std::pair<int, std::string>(const std::string& uri)> fn, const char* type)
+      : fn_(std::move(fn)), type_(type) {}
+  bool handleGet(CivetServer*, mg_connection* conn) override {
+    const mg_request_info* info = mg_get_request_info(conn);
+    auto [code, body] = fn_(info->local_uri ? info->local_uri : "");
+    mg_printf(conn, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", code,
+              code == 200 ? "OK" : "Not Found", type_, body.size());
+    mg_write(conn, body.data(), body.size());
+    return true;
+  }
+
+ private:
+  std::function<std::pair<int, std::string>(const std::string&)> fn_;
+  const char* type_;
+};
+
+}  // namespace
+
+Agent::Agent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Result<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& o) {
+  if (o.run_dir.empty()) return InvalidArgument("the agent needs a run directory");
+  auto impl = std::make_unique<Impl>();
+  impl->opt = o;
+  impl->host = HostSampler(o.proc_root);
+  impl->nvml = Nvml::Load();
+  ASSIGN_OR_RETURN(impl->store, TraceStore::Open(o.run_dir + "/nodes/" + o.node + "/trace.db"));
+  impl->BuildFamilies();
+  std::unique_ptr<Agent> agent(new Agent(std::move(impl)));
+  Impl* im = agent->impl_.get();
+  try {
+    std::vector<std::string> opts = {"listening_ports", o.listen, "num_threads", "4"};
+    im->http = std::make_unique<CivetServer>(opts);
+  } catch (const std::exception& e) {
+    return Status(StatusCode::kUnavailable, "cannot listen on " + o.listen + ": " + e.what());
+  }
+  Agent* a = agent.get();
+  im->handlers.push_back(std::make_unique<TextHandler>(
+      [a](const std::string&) { return std::pair<int, std::string>(200, a->MetricsText()); },
+      "text/plain; version=0.0.4; charset=utf-8"));
+  im->http->addHandler("/metrics", im->handlers.back().get());
+  im->handlers.push_back(std::make_unique<TextHandler>(
+      [a](const std::string&) { return std::pair<int, std::string>(200, a->StateJson()); }, "application/json"));
+  im->http->addHandler("/state", im->handlers.back().get());
+  im->handlers.push_back(std::make_unique<TextHandler>(
+      [a](const std::string& uri) {
+        const std::string rank = uri.substr(uri.rfind('/') + 1);
+        char* end = nullptr;
+        const long r = std::strtol(rank.c_str(), &end, 10);
+        if (rank.empty() || *end != '\0') return std::pair<int, std::string>(404, "{\"error\":\"use /dump/<rank>\"}\n");
+        auto d = a->DumpJson(static_cast<int>(r));
+        return d.ok() ? std::pair<int, std::string>(200, *d)
+                      : std::pair<int, std::string>(404, "{\"error\":\"" + d.status().message() + "\"}\n");
+      },
+      "application/json"));
+  im->http->addHandler("/dump/", im->handlers.back().get());
+  return agent;
+}
+
+Agent::~Agent() {
+  if (impl_->http) impl_->http->close();
+}
+
+int Agent::port() const {
+  auto ports = impl_->http->getListeningPorts();
+  return ports.empty() ? 0 : ports.front();
+}
+
+Result<size_t> Agent::Poll(bool sample) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - impl_->last_discovery > std::chrono::milliseconds(500) || impl_->ranks.empty()) {
+    impl_->last_discovery = now;
+    impl_->Discover();
+  }
+  return impl_->Drain(sample);
+}
+
+void Agent::Run() {
+  auto next_sample = std::chrono::steady_clock::now();
+  while (!stop_) {
+    const auto now = std::chrono::steady_clock::now();
+    const bool sample = now >= next_sample;
+    if (sample) next_sample = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                        std::chrono::duration<double>(impl_->opt.sample_interval_s));
+    auto n = Poll(sample);
+    if (!n.ok() || *n < impl_->opt.batch_records / 2) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int i = 0; i < 100; ++i) {  // final drain
+    auto n = Poll(false);
+    if (!n.ok() || *n == 0) break;
+  }
+}
+
+std::string Agent::MetricsText() {
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, impl_->registry->Collect());
+  return out.str();
+}
+std::string Agent::StateJson() { return impl_->State(); }
+Result<std::string> Agent::DumpJson(int rank) { return impl_->RankDump(rank); }
+uint64_t Agent::rows_written() const { return impl_->rows; }
+uint64_t Agent::db_errors() const { return impl_->db_errors; }
+
+}  // namespace megascope::tracer::agent

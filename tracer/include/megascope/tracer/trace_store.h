@@ -1,0 +1,73 @@
+// The node's trace database (FORMATS.md section 4): SQLite in WAL mode, schema version in
+// PRAGMA user_version, prepared statements, one transaction per batch. Each batch also records how
+// far it consumed each ring lane (table ring_cursors), in the same transaction, so a restarted
+// agent resumes exactly where the database is: no row lost, none written twice.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "megascope/tracer/records.h"
+#include "megascope/tracer/ring.h"
+#include "megascope/tracer/snapshot.h"
+#include "megascope/tracer/status.h"
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace megascope::tracer {
+
+inline constexpr int kTraceSchemaVersion = 1;
+
+// Records drained from one ring, with what is needed to turn them into rows.
+struct RingRows {
+  const RankInfo* info = nullptr;
+  ClockCalibration calibration;
+  const std::vector<std::string>* names = nullptr;  // interned span/metric names by id
+  const std::vector<GroupInfo>* groups = nullptr;
+  std::span<const Record> records;
+  std::string ring;  // cursor key (the ring's file name)
+  std::vector<uint64_t> lane_tails;  // consumed-through position per lane after this batch
+};
+
+struct MetricRow {
+  std::string node;
+  int64_t ts_ns;
+  std::string name;
+  double value;
+};
+
+struct DropRow {
+  int32_t rank;
+  int64_t ts_ns;
+  int64_t dropped_records;
+};
+
+class TraceStore {
+ public:
+  // Opens or creates `path` (and its directory). A database of another schema version is refused.
+  static Result<std::unique_ptr<TraceStore>> Open(const std::string& path);
+  ~TraceStore();
+
+  // Writes everything in one transaction; on error nothing is written (and the caller must not
+  // advance the rings).
+  Status Write(std::span<const RingRows> rings, std::span<const MetricRow> metrics, std::span<const DropRow> drops);
+  Status UpsertRank(const RankInfo& info);
+  // The consumed-through position per lane of `ring` (empty if never seen).
+  Result<std::vector<uint64_t>> Cursors(const std::string& ring);
+  const std::string& path() const { return path_; }
+
+ private:
+  TraceStore() = default;
+  Status Exec(const char* sql);
+  Status Error(const char* what) const;
+
+  std::string path_;
+  sqlite3* db_ = nullptr;
+  sqlite3_stmt *span_ = nullptr, *coll_ = nullptr, *hb_ = nullptr, *metric_ = nullptr, *drop_ = nullptr,
+               *cursor_ = nullptr, *rank_ = nullptr, *get_cursor_ = nullptr;
+};
+
+}  // namespace megascope::tracer
