@@ -1,0 +1,260 @@
+// The node agent against real rings, a real SQLite file, real HTTP and real processes.
+#include "megascope/tracer/agent/agent.h"
+
+#include <arpa/inet.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "megascope/tracer/agent/host_metrics.h"
+#include "megascope/tracer/tracer.h"
+#include "test_util.h"
+
+namespace megascope::tracer::agent {
+namespace {
+
+namespace fs = std::filesystem;
+using megascope::testing::TempDir;
+
+int64_t Count(const std::string& db, const std::string& sql) {
+  sqlite3* h = nullptr;
+  int64_t n = -1;
+  if (sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
+    sqlite3_stmt* st = nullptr;
+    if (sqlite3_prepare_v2(h, sql.c_str(), -1, &st, nullptr) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) {
+      n = sqlite3_column_int64(st, 0);
+    }
+    sqlite3_finalize(st);
+  }
+  sqlite3_close(h);
+  return n;
+}
+
+// A minimal HTTP GET over loopback (the body, or "" on failure).
+std::string HttpGet(int port, const std::string& path) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  (void)!::write(fd, req.data(), req.size());
+  std::string resp;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof(buf))) > 0) resp.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  const auto body = resp.find("\r\n\r\n");
+  return body == std::string::npos ? "" : resp.substr(body + 4);
+}
+
+class AgentTest : public ::testing::Test {
+ protected:
+  RingOptions Ring(int rank, const std::string& node = "n0") {
+    RingOptions o;
+    o.dir = shm_.path();
+    o.job = "agenttest";
+    o.node = node;
+    o.rank = rank;
+    o.world_size = 4;
+    o.coords = {rank / 2, 0, rank % 2};
+    o.lane_capacity = 1 << 14;
+    return o;
+  }
+  AgentOptions Options() {
+    AgentOptions a;
+    a.node = "n0";
+    a.run_dir = run_.path();
+    a.job = "agenttest";
+    a.shm_dir = shm_.path();
+    return a;
+  }
+  std::string Db() const { return run_.path() + "/nodes/n0/trace.db"; }
+
+  TempDir shm_, run_;
+};
+
+TEST_F(AgentTest, WritesEveryRecordExactlyOnceWithTheSchema) {
+  auto t0 = Tracer::Create(Ring(0)), t1 = Tracer::Create(Ring(1)), other = Tracer::Create(Ring(2, "n1"));
+  ASSERT_TRUE(t0.ok() && t1.ok() && other.ok());
+  const GroupId g = *(*t0)->RegisterGroup("tp.0.0", "tp", std::vector<int32_t>{0, 1});
+  const NameId fwd = *(*t0)->InternName("forward");
+  for (int i = 0; i < 1000; ++i) {
+    const int64_t start = (*t0)->Ticks();
+    (*t0)->RecordSpan(SpanKind::kForward, fwd, i, 0, start, (*t0)->Ticks());
+    OpHandle h = (*t0)->Enqueue(g, OpType::kAllreduce, 64, DType::kF32);
+    (*t0)->Start(h);
+    (*t0)->Complete(h);
+  }
+  (*t1)->SetPhase(3, Phase::kBackward);
+  (*other)->SetPhase(1, Phase::kForward);  // another node's ring: not ours
+  auto agent = Agent::Create(Options());
+  ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+  auto n = (*agent)->Poll(true);
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(*n, 2001u);
+  EXPECT_EQ((*agent)->Poll(false).value(), 0u);  // nothing twice
+  EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM spans WHERE rank = 0 AND kind = 'forward' AND name = 'forward'"), 1000);
+  EXPECT_EQ(Count(Db(), "SELECT COUNT(DISTINCT seq) FROM collectives WHERE grp = 'tp.0.0' AND state = 'completed'"), 1000);
+  EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM heartbeats WHERE rank = 1 AND step = 3 AND phase = 'backward'"), 1);
+  EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM heartbeats WHERE rank = 2"), 0);
+  EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM ranks WHERE node = 'n0'"), 2);
+  EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM metrics WHERE name = 'node_memory_used_bytes' AND value > 0"), 1);
+  EXPECT_EQ(Count(Db(), "PRAGMA user_version"), 1);
+  EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM spans WHERE end_ns < start_ns OR start_ns < 1600000000000000000"), 0);
+}
+
+TEST_F(AgentTest, ServesMetricsStateAndDumpsOverHttp) {
+  auto t = Tracer::Create(Ring(1));
+  ASSERT_TRUE(t.ok());
+  const GroupId g = *(*t)->RegisterGroup("dp.0.1", "dp", std::vector<int32_t>{1, 3});
+  (*t)->RecordMetric(*(*t)->InternName("step"), 7);
+  (*t)->RecordMetric(*(*t)->InternName("step_time_s"), 0.25);
+  OpHandle open = (*t)->Enqueue(g, OpType::kAllreduce, 4096, DType::kF32);
+  (*t)->Start(open);
+  auto agent = Agent::Create(Options());
+  ASSERT_TRUE(agent.ok());
+  ASSERT_TRUE((*agent)->Poll(true).ok());
+  const int port = (*agent)->port();
+  ASSERT_GT(port, 0);
+  const std::string metrics = HttpGet(port, "/metrics");
+  EXPECT_NE(metrics.find("megascope_step{dp=\"0\",job=\"agenttest\",node=\"n0\",pp=\"0\",rank=\"1\",tp=\"1\"} 7"),
+            std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("megascope_step_duration_seconds_count"), std::string::npos);
+  EXPECT_NE(metrics.find("megascope_node_cpu_utilization_ratio"), std::string::npos);
+  auto state = nlohmann::json::parse(HttpGet(port, "/state"));
+  ASSERT_EQ(state["ranks"].size(), 1u);
+  EXPECT_EQ(state["ranks"][0]["alive"], true);
+  EXPECT_EQ(state["ranks"][0]["open_entries"][0]["group"], "dp.0.1");
+  EXPECT_EQ(state["ranks"][0]["open_entries"][0]["state"], "started");
+  auto dump = nlohmann::json::parse(HttpGet(port, "/dump/1"));
+  EXPECT_EQ(dump["format"], "megascope-flight-recorder");
+  EXPECT_EQ(dump["alive"], true);
+  EXPECT_NE(HttpGet(port, "/dump/9").find("not on node n0"), std::string::npos);
+  // promtool (Prometheus' own checker) accepts the live page.
+  const std::string file = run_.path() + "/metrics.txt";
+  std::ofstream(file) << metrics;
+  auto check = megascope::testing::RunCommand("promtool check metrics < " + file);
+  EXPECT_EQ(check.code, 0) << check.out;
+}
+
+TEST_F(AgentTest, ADeadRankIsMarkedAndDumped) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    auto t = Tracer::Create(Ring(3));
+    if (!t.ok()) ::_exit(1);
+    GroupId g = *(*t)->RegisterGroup("pp.1.1", "pp", std::vector<int32_t>{3, 1});
+    OpHandle h = (*t)->Enqueue(g, OpType::kSend, 1024, DType::kF32, 1);
+    (*t)->Start(h);
+    ::_exit(0);  // dies mid-send, without closing its ring
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  auto agent = Agent::Create(Options());
+  ASSERT_TRUE(agent.ok());
+  ASSERT_TRUE((*agent)->Poll(false).ok());
+  auto state = nlohmann::json::parse((*agent)->StateJson());
+  ASSERT_EQ(state["ranks"].size(), 1u);
+  EXPECT_EQ(state["ranks"][0]["alive"], false);
+  const std::string path = run_.path() + "/dumps/attempt_0/rank_3.json";
+  ASSERT_TRUE(fs::exists(path));
+  std::ifstream in(path);
+  auto dump = nlohmann::json::parse(in);
+  EXPECT_EQ(dump["alive"], false);
+  EXPECT_EQ(dump["entries"].back()["op"], "send");
+  EXPECT_EQ(dump["entries"].back()["state"], "started");
+}
+
+TEST_F(AgentTest, SurvivesSigkillWithoutLosingOrDuplicatingRows) {
+  auto t = Tracer::Create(Ring(0));
+  ASSERT_TRUE(t.ok());
+  const NameId name = *(*t)->InternName("forward");
+  const std::string cmd = std::string(MEGASCOPE_BIN) + " agent --node n0 --job agenttest --run-dir " + run_.path() +
+                          " --shm-dir " + shm_.path();
+  auto start_agent = [&] {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::execl("/bin/sh", "sh", "-c", ("exec " + cmd + " 2>/dev/null").c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    return pid;
+  };
+  constexpr int kTotal = 300000;
+  int emitted = 0;
+  auto emit = [&](int n) {
+    for (int i = 0; i < n; ++i, ++emitted) (*t)->RecordSpan(SpanKind::kForward, name, emitted, 0, 1, 2);
+  };
+  pid_t agent = start_agent();
+  emit(100000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ::kill(agent, SIGKILL);  // mid-run, possibly mid-transaction
+  ::waitpid(agent, nullptr, 0);
+  emit(100000);  // the ring fills while nobody drains: drops are counted
+  agent = start_agent();
+  emit(kTotal - 200000);
+  // Wait for the agent to catch up, then stop it cleanly (it drains what is left).
+  for (int i = 0; i < 200; ++i) {
+    const int64_t rows = Count(Db(), "SELECT COUNT(*) FROM spans");
+    const RankSnapshot s = (*t)->Snapshot();
+    if (rows >= 0 && static_cast<uint64_t>(rows) + s.dropped_total >= kTotal) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::kill(agent, SIGTERM);
+  ::waitpid(agent, nullptr, 0);
+  const int64_t rows = Count(Db(), "SELECT COUNT(*) FROM spans");
+  const int64_t distinct = Count(Db(), "SELECT COUNT(DISTINCT step) FROM spans");
+  const uint64_t dropped = (*t)->Snapshot().dropped_total;
+  EXPECT_EQ(rows, distinct);  // nothing written twice
+  EXPECT_EQ(static_cast<uint64_t>(rows) + dropped, static_cast<uint64_t>(kTotal));  // nothing lost
+  EXPECT_GT(dropped, 0u);
+  EXPECT_EQ(Count(Db(), "SELECT MAX(dropped_records) FROM drops WHERE rank = 0"), static_cast<int64_t>(dropped));
+}
+
+TEST(HostSamplerTest, ReadsAFakeProcTree) {
+  TempDir root;
+  fs::create_directories(root.path() + "/net");
+  auto write_stat = [&](uint64_t user, uint64_t idle) {
+    std::ofstream(root.path() + "/stat") << "cpu  " << user << " 0 0 " << idle << " 0 0 0 0 0 0\ncpu0 1 2 3 4\n";
+  };
+  write_stat(100, 900);
+  std::ofstream(root.path() + "/meminfo") << "MemTotal:       1000 kB\nMemFree:         100 kB\nMemAvailable:    400 kB\n";
+  std::ofstream(root.path() + "/net/dev")
+      << "Inter-|   Receive                                                |  Transmit\n"
+         " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n"
+         "    lo: 5000 10 0 0 0 0 0 0 5000 10 0 0 0 0 0 0\n"
+         "  eth0: 1000 10 0 0 0 0 0 0 2000 20 0 0 0 0 0 0\n"
+         "  eth1: 10 1 0 0 0 0 0 0 20 2 0 0 0 0 0 0\n";
+  std::ofstream(root.path() + "/diskstats")
+      << "   8       0 sda 10 0 100 0 20 0 200 0 0 0 0\n"
+         "   8       1 sda1 10 0 100 0 20 0 200 0 0 0 0\n"
+         " 259       0 nvme0n1 1 0 8 0 2 0 16 0 0 0 0\n";
+  HostSampler s(root.path());
+  auto first = s.Sample();
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->cpu_utilization, 0);  // no previous sample yet
+  EXPECT_EQ(first->memory_used_bytes, 600 * 1024);
+  EXPECT_EQ(first->network_receive_bytes, 1010);
+  EXPECT_EQ(first->network_transmit_bytes, 2020);
+  EXPECT_EQ(first->disk_read_bytes, (100 + 8) * 512);  // partitions are not counted twice
+  EXPECT_EQ(first->disk_write_bytes, (200 + 16) * 512);
+  write_stat(400, 1600);  // +300 busy, +700 idle
+  EXPECT_DOUBLE_EQ(s.Sample()->cpu_utilization, 0.3);
+  EXPECT_FALSE(HostSampler(root.path() + "/missing").Sample().ok());
+}
+
+}  // namespace
+}  // namespace megascope::tracer::agent
