@@ -113,6 +113,8 @@ struct Agent::Impl {
     f_gpu_mem = &prometheus::BuildGauge().Name("megascope_gpu_memory_used_bytes").Help("GPU memory in use (NVML)").Register(r);
     f_rows = &prometheus::BuildCounter().Name("megascope_agent_rows_written_total").Help("Rows the agent wrote to trace.db").Register(r);
     f_db_errors = &prometheus::BuildCounter().Name("megascope_agent_db_errors_total").Help("Failed trace.db transactions (records stay in the rings)").Register(r);
+    f_rows->Add(NodeLabels());  // node series exist from the start, at zero
+    f_db_errors->Add(NodeLabels());
   }
 
   std::map<std::string, std::string> Labels(const RankInfo& i) const {

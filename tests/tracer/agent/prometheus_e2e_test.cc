@@ -1,0 +1,118 @@
+// A real (2,2,2) training run with its agents, scraped by a real Prometheus server on loopback.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "megascope/runtime/data.h"
+#include "test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using megascope::testing::HttpGet;
+using megascope::testing::TempDir;
+
+pid_t Spawn(const std::string& cmd, const std::string& log) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd + " >" + log + " 2>&1").c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+std::set<std::string> NamesIn(const std::string& text) {
+  static const std::regex kName(R"(megascope_[a-z_]+)");
+  std::set<std::string> names;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), kName); it != std::sregex_iterator(); ++it) {
+    std::string n = it->str();
+    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+      if (n.size() > strlen(suffix) && n.ends_with(suffix)) n.resize(n.size() - strlen(suffix));
+    }
+    names.insert(n);
+  }
+  return names;
+}
+
+TEST(PrometheusE2eTest, PrometheusScrapesEveryRanksStepAndDashboardsUseRealMetrics) {
+  TempDir dir;
+  const std::string data = dir.path() + "/notes.bin";
+  ASSERT_TRUE(megascope::runtime::PrepareByteTokens(MEGASCOPE_TEST_DATA "/text/notes_on_training.txt", data).ok());
+  const std::string run = dir.path() + "/run";
+  pid_t train = Spawn(std::string(MEGASCOPE_BIN) + " train --dp 2 --tp 2 --pp 2 --nodes 2 --data " + data +
+                          " --run-dir " + run + " --job e2e" + std::to_string(::getpid()) +
+                          " --steps 100000 --layers 2 --width 32 --heads 2 --seq 16 --batch 4",
+                      dir.path() + "/train.log");
+  // The agents' ports are in run.json once the launcher has started them.
+  std::vector<int> ports;
+  for (int i = 0; i < 200 && ports.size() < 2; ++i) {
+    std::ifstream in(run + "/run.json");
+    if (in) {
+      try {
+        auto j = nlohmann::json::parse(in);
+        ports.clear();
+        for (const auto& a : j["agents"]) ports.push_back(a["port"]);
+      } catch (...) {
+      }
+    }
+    if (ports.size() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(ports.size(), 2u);
+  const int prom_port = megascope::testing::FreePort();
+  std::ofstream(dir.path() + "/prometheus.yml")
+      << "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+      << "scrape_configs:\n  - job_name: megascope\n    honor_labels: true\n    static_configs:\n"
+      << "      - targets: ['127.0.0.1:" << ports[0] << "', '127.0.0.1:" << ports[1] << "']\n";
+  pid_t prom = Spawn("prometheus --config.file=" + dir.path() + "/prometheus.yml --storage.tsdb.path=" + dir.path() +
+                         "/tsdb --web.listen-address=127.0.0.1:" + std::to_string(prom_port),
+                     dir.path() + "/prometheus.log");
+  size_t series = 0;
+  std::string last;
+  for (int i = 0; i < 120 && series < 8; ++i) {  // at most 60 s
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    last = HttpGet(prom_port, "/api/v1/query?query=megascope_step");
+    try {
+      auto j = nlohmann::json::parse(last);
+      series = j["data"]["result"].size();
+    } catch (...) {
+    }
+  }
+  // Every metric the dashboard and the alert rules read is served by a live agent.
+  const std::string live = HttpGet(ports[0], "/metrics") + HttpGet(ports[1], "/metrics");
+  ::kill(-prom, SIGTERM);
+  ::kill(train, SIGTERM);
+  ::waitpid(prom, nullptr, 0);
+  int status = 0;
+  ::waitpid(train, &status, 0);
+  EXPECT_EQ(series, 8u) << last;
+  std::set<std::string> served;
+  static const std::regex kType(R"(# TYPE (megascope_[a-z_]+) )");
+  for (auto it = std::sregex_iterator(live.begin(), live.end(), kType); it != std::sregex_iterator(); ++it) {
+    served.insert((*it)[1].str());
+  }
+  for (const char* file : {"/grafana/megascope-job.json", "/prometheus/megascope-rules.yml"}) {
+    std::ifstream in(std::string(MEGASCOPE_DASHBOARDS) + file);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto used = NamesIn(text);
+    EXPECT_FALSE(used.empty()) << file;
+    for (const std::string& name : used) {
+      if (name.starts_with("megascope_gpu_") && live.find("megascope_gpu_") == std::string::npos) continue;  // no NVML here
+      EXPECT_TRUE(served.count(name)) << name << " (used in " << file << ")";
+    }
+  }
+  EXPECT_EQ(megascope::testing::RunCommand("promtool check rules " + std::string(MEGASCOPE_DASHBOARDS) +
+                                           "/prometheus/megascope-rules.yml").code, 0);
+}
+
+}  // namespace
