@@ -27,6 +27,7 @@ int RunAgent(const Args& args) {
       ("listen", po::value(&o.listen)->default_value(o.listen), "HTTP address for /metrics, /state, /dump/<rank> (port 0: any free)")
       ("sample-interval", po::value(&o.sample_interval_s)->default_value(1.0), "seconds between host metric samples")
       ("shm-dir", po::value(&o.shm_dir)->default_value(o.shm_dir), "where rank rings live")
+      ("max-db-mb", po::value(&o.max_db_mb)->default_value(0), "cap trace.db at this many MiB (0: no cap)")
       ("proc-root", po::value(&o.proc_root)->default_value(o.proc_root), "root of the /proc tree to sample (tests use a fake one)");
   po::variables_map vm;
   if (auto rc = ParseArgs("agent", "megascope agent --node NAME --run-dir DIR [--job J] [--listen 127.0.0.1:PORT]", args,

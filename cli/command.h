@@ -37,5 +37,7 @@ int RunTrain(const Args& args);
 int RunWorkerCommand(const Args& args);
 int RunPrepareData(const Args& args);
 int RunAgent(const Args& args);
+int RunQuery(const Args& args);
+int RunMetrics(const Args& args);
 
 }  // namespace megascope::cli

@@ -24,6 +24,8 @@ const Command kCommands[] = {
     {"prepare-data", "turn a text file into a token file for training", &RunPrepareData},
     {"worker", "one rank of a training job (started by train)", &RunWorkerCommand, true},
     {"agent", "the per-node collector: rings -> trace.db, Prometheus /metrics, /state, /dump", &RunAgent},
+    {"query", "SQL and canned questions over a run's trace databases", &RunQuery},
+    {"metrics", "export a run's node and training metrics as CSV (metrics export)", &RunMetrics},
     {"trace-demo", "run writer processes through the tracer and drain them (self-demonstration)",
      &RunTraceDemo},
     {"version", "print the version", &RunVersion},

@@ -2,6 +2,7 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <filesystem>
 
 namespace megascope::tracer {
@@ -41,7 +42,7 @@ Status TraceStore::Exec(const char* sql) {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<TraceStore>> TraceStore::Open(const std::string& path) {
+Result<std::unique_ptr<TraceStore>> TraceStore::Open(const std::string& path, int64_t max_bytes) {
   std::error_code ec;
   std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
@@ -67,6 +68,9 @@ Result<std::unique_ptr<TraceStore>> TraceStore::Open(const std::string& path) {
   RETURN_IF_ERROR(s->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"));
   RETURN_IF_ERROR(s->Exec(kSchema));
   RETURN_IF_ERROR(s->Exec(("PRAGMA user_version=" + std::to_string(kTraceSchemaVersion)).c_str()));
+  if (max_bytes > 0) {
+    RETURN_IF_ERROR(s->Exec(("PRAGMA max_page_count=" + std::to_string(std::max<int64_t>(1, max_bytes / 4096))).c_str()));
+  }
   struct {
     sqlite3_stmt** stmt;
     const char* sql;

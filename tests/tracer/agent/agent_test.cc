@@ -204,6 +204,30 @@ TEST_F(AgentTest, SurvivesSigkillWithoutLosingOrDuplicatingRows) {
   EXPECT_EQ(Count(Db(), "SELECT MAX(dropped_records) FROM drops WHERE rank = 0"), static_cast<int64_t>(dropped));
 }
 
+TEST_F(AgentTest, AFullDatabaseIsCountedAndLosesNothingAlreadyInTheRing) {
+  auto t = Tracer::Create(Ring(0));
+  ASSERT_TRUE(t.ok());
+  const NameId name = *(*t)->InternName("a-span-name-long-enough-to-fill-pages-quickly-" + std::string(10, 'x'));
+  for (int i = 0; i < 16000; ++i) (*t)->RecordSpan(SpanKind::kForward, name, i, 0, 1, 2);
+  AgentOptions o = Options();
+  o.max_db_mb = 1;  // a full disk, as far as SQLite can tell
+  auto agent = Agent::Create(o);
+  ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+  auto n = (*agent)->Poll(false);
+  ASSERT_FALSE(n.ok());
+  EXPECT_NE(n.status().message().find("full"), std::string::npos) << n.status().ToString();
+  EXPECT_EQ((*agent)->db_errors(), 1u);
+  EXPECT_NE((*agent)->MetricsText().find("megascope_agent_db_errors_total{job=\"agenttest\",node=\"n0\"} 1"),
+            std::string::npos);
+  EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM spans"), 0);  // the failed transaction left nothing half-written
+  agent->reset();
+  // With room again, a new agent writes every record the ring kept.
+  auto again = Agent::Create(Options());
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE((*again)->Poll(false).ok());
+  EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM spans"), 16000);
+}
+
 TEST(HostSamplerTest, ReadsAFakeProcTree) {
   TempDir root;
   fs::create_directories(root.path() + "/net");

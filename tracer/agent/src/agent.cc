@@ -383,7 +383,7 @@ Result<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& o) {
   impl->opt = o;
   impl->host = HostSampler(o.proc_root);
   impl->nvml = Nvml::Load();
-  ASSIGN_OR_RETURN(impl->store, TraceStore::Open(o.run_dir + "/nodes/" + o.node + "/trace.db"));
+  ASSIGN_OR_RETURN(impl->store, TraceStore::Open(o.run_dir + "/nodes/" + o.node + "/trace.db", o.max_db_mb << 20));
   impl->BuildFamilies();
   std::unique_ptr<Agent> agent(new Agent(std::move(impl)));
   Impl* im = agent->impl_.get();

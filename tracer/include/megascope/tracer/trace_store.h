@@ -48,7 +48,8 @@ struct DropRow {
 class TraceStore {
  public:
   // Opens or creates `path` (and its directory). A database of another schema version is refused.
-  static Result<std::unique_ptr<TraceStore>> Open(const std::string& path);
+  // `max_bytes` > 0 caps the file's size: past it writes fail as on a full disk.
+  static Result<std::unique_ptr<TraceStore>> Open(const std::string& path, int64_t max_bytes = 0);
   ~TraceStore();
 
   // Writes everything in one transaction; on error nothing is written (and the caller must not

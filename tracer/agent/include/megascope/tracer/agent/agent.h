@@ -25,6 +25,7 @@ struct AgentOptions {
   std::string proc_root = "/proc";
   double sample_interval_s = 1.0;
   size_t batch_records = 65536;  // records per ring per transaction
+  int64_t max_db_mb = 0;  // cap on trace.db; 0: none (past it, writes fail as on a full disk)
 };
 
 class Agent {

@@ -1,0 +1,50 @@
+// SRE queries over a run's trace databases (DESIGN.md section 5): every RUN_DIR/nodes/*/trace.db
+// opened read-only and unified into views of the FORMATS.md section 4 tables; arbitrary read-only
+// SQL, plus canned questions (step breakdown, stragglers, collective waits, what each rank was
+// doing at a moment). Writes are refused.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megascope/tracer/status.h"
+
+struct sqlite3;
+
+namespace megascope::analyzer {
+
+struct Table {
+  std::vector<std::string> columns;
+  std::vector<std::vector<std::string>> rows;  // NULL as ""
+  std::vector<std::vector<bool>> is_null;
+};
+
+class RunDatabase {
+ public:
+  // Attaches every node database of `run_dir` read-only (in batches beyond SQLite's attach
+  // limit, copying into memory).
+  static Result<std::unique_ptr<RunDatabase>> Open(const std::string& run_dir);
+  ~RunDatabase();
+  // One read-only statement; errors name what SQLite said.
+  Result<Table> Query(const std::string& sql);
+  int nodes() const { return nodes_; }
+
+ private:
+  RunDatabase() = default;
+  sqlite3* db_ = nullptr;
+  int nodes_ = 0;
+};
+
+// The canned questions, as SQL over the unified views.
+std::string StepsSql();
+std::string StragglersSql();
+std::string WaitsSql(int limit);
+std::string AtSql(int64_t t_ns);
+
+// Output formats.
+std::string FormatTable(const Table& t);
+std::string FormatCsv(const Table& t);
+std::string FormatJson(const Table& t);
+
+}  // namespace megascope::analyzer

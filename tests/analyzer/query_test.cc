@@ -1,0 +1,129 @@
+// `megascope query` and `megascope metrics export` on a real run directory made by a real
+// (2,2,2) training run with its two agents.
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include <gtest/gtest.h>
+
+#include "megascope/analyzer/query.h"
+#include "megascope/runtime/data.h"
+#include "test_util.h"
+
+namespace megascope::analyzer {
+namespace {
+
+using megascope::testing::RunCommand;
+using megascope::testing::TempDir;
+
+class QueryTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    const std::string data = dir_->path() + "/notes.bin";
+    ASSERT_TRUE(runtime::PrepareByteTokens(MEGASCOPE_TEST_DATA "/text/notes_on_training.txt", data).ok());
+    run_ = dir_->path() + "/run";
+    auto r = RunCommand(Bin() + " train --dp 2 --tp 2 --pp 2 --nodes 2 --data " + data + " --run-dir " + run_ +
+                        " --job q" + std::to_string(::getpid()) + " --steps 4 --layers 2 --width 32 --heads 2 --seq 16 --batch 4");
+    ASSERT_EQ(r.code, 0) << r.out;
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static std::string Bin() { return MEGASCOPE_BIN; }
+  static nlohmann::json Json(const std::string& args) {
+    auto r = RunCommand(Bin() + " query " + run_ + " " + args + " --json");
+    EXPECT_EQ(r.code, 0) << r.out;
+    return nlohmann::json::parse(r.out);
+  }
+
+  static TempDir* dir_;
+  static std::string run_;
+};
+TempDir* QueryTest::dir_ = nullptr;
+std::string QueryTest::run_;
+
+TEST_F(QueryTest, StepsBreakDownEveryStepOverAllRanks) {
+  auto steps = Json("steps");
+  ASSERT_EQ(steps.size(), 4u);
+  for (const auto& s : steps) {
+    EXPECT_EQ(s["ranks"], 8);
+    EXPECT_GT(s["step_ms"].get<double>(), 0);
+    EXPECT_GE(s["compute_ms"].get<double>(), 0);
+    EXPECT_GT(s["comm_wait_ms"].get<double>(), 0);
+  }
+}
+
+TEST_F(QueryTest, StragglersRankEveryRankAgainstItsPeers) {
+  auto rows = Json("stragglers");
+  ASSERT_EQ(rows.size(), 8u);
+  for (const auto& r : rows) {
+    EXPECT_EQ(r["peers"], 2);  // dp=2 ranks share each (pp, tp)
+    EXPECT_GT(r["ratio"].get<double>(), 0);
+  }
+  EXPECT_GE(rows.front()["ratio"].get<double>(), rows.back()["ratio"].get<double>());
+}
+
+TEST_F(QueryTest, WaitsNameWhoArrivedLast) {
+  auto rows = Json("waits --limit 5");
+  ASSERT_EQ(rows.size(), 5u);
+  for (const auto& r : rows) {
+    EXPECT_GE(r["members"].get<int>(), 2);
+    EXPECT_TRUE(r["last_rank"].is_number_integer());
+  }
+}
+
+TEST_F(QueryTest, AtShowsWhatEveryRankWasDoing) {
+  auto rows = Json("at +0.01");
+  ASSERT_EQ(rows.size(), 8u);
+  int known = 0;
+  for (const auto& r : rows) known += r["last_heartbeat"].is_string() ? 1 : 0;
+  EXPECT_EQ(known, 8);
+}
+
+TEST_F(QueryTest, SqlOverUnifiedViewsAndOutputFormats) {
+  auto r = RunCommand(Bin() + " query " + run_ + " --sql \"SELECT COUNT(DISTINCT rank) AS ranks, COUNT(DISTINCT node) AS nodes FROM ranks\" --csv");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out, "ranks,nodes\n8,2\n");
+  auto table = RunCommand(Bin() + " query " + run_ + " --sql \"SELECT rank FROM ranks ORDER BY rank LIMIT 2\"");
+  EXPECT_EQ(table.out, "rank\n----\n0\n1\n(2 rows)\n");
+}
+
+TEST_F(QueryTest, BadSqlWritesAndMissingRunsAreRefusedClearly) {
+  auto bad = RunCommand(Bin() + " query " + run_ + " --sql \"SELEC 1\"");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("bad SQL"), std::string::npos);
+  for (const char* write : {"DELETE FROM spans", "DROP TABLE spans", "CREATE TABLE x(a)", "INSERT INTO metrics VALUES('a',1,'b',2)"}) {
+    auto w = RunCommand(Bin() + " query " + run_ + " --sql \"" + write + "\"");
+    EXPECT_EQ(w.code, 1) << write;
+    EXPECT_NE(w.out.find("writes are refused"), std::string::npos) << write << ": " << w.out;
+  }
+  auto count = RunCommand(Bin() + " query " + run_ + " --sql \"SELECT COUNT(*) > 0 AS kept FROM spans\" --csv");
+  EXPECT_EQ(count.out, "kept\n1\n");  // the refused writes changed nothing
+  auto missing = RunCommand(Bin() + " query " + dir_->path() + "/nope steps");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.out.find("does not exist"), std::string::npos);
+  auto unknown = RunCommand(Bin() + " query " + run_ + " slowest");
+  EXPECT_EQ(unknown.code, 2);
+}
+
+TEST_F(QueryTest, MetricsExportWritesTheDetectorCsv) {
+  const std::string csv = dir_->path() + "/m.csv";
+  auto r = RunCommand(Bin() + " metrics export " + run_ + " -o " + csv);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(csv);
+  std::string header, line;
+  std::getline(in, header);
+  EXPECT_EQ(header, "timestamp_s,machine,metric,value");
+  bool node_metric = false, training_metric = false;
+  while (std::getline(in, line)) {
+    node_metric |= line.find(",node_cpu_utilization_ratio,") != std::string::npos;
+    training_metric |= line.find(",step_time_s,") != std::string::npos;
+  }
+  EXPECT_TRUE(node_metric);
+  EXPECT_TRUE(training_metric);
+  // and the detector reads it
+  auto d = RunCommand(Bin() + " detect --metrics " + csv);
+  EXPECT_EQ(d.code, 0) << d.out;
+}
+
+}  // namespace
+}  // namespace megascope::analyzer
