@@ -20,11 +20,21 @@ CREATE TABLE IF NOT EXISTS heartbeats(rank INTEGER, attempt INTEGER, ts_ns INTEG
 CREATE TABLE IF NOT EXISTS metrics(node TEXT, ts_ns INTEGER, name TEXT, value REAL);
 CREATE TABLE IF NOT EXISTS drops(rank INTEGER, ts_ns INTEGER, dropped_records INTEGER);
 CREATE TABLE IF NOT EXISTS ring_cursors(ring TEXT, lane INTEGER, tail INTEGER, PRIMARY KEY(ring, lane));
-CREATE INDEX IF NOT EXISTS spans_rank_step ON spans(rank, step);
-CREATE INDEX IF NOT EXISTS collectives_grp_seq ON collectives(grp, seq);
+-- No indexes: ingest speed comes first; queries over a node's file scan.
 )sql";
 
 int64_t Ns(const ClockCalibration& c, int64_t ticks) { return ticks == 0 ? 0 : c.ToNs(ticks); }
+
+// "INSERT INTO t VALUES(?,..),(?,..),..." with `rows` rows of `cols` columns: one statement step
+// per many rows is most of what makes ingest fast.
+std::string MultiRowInsert(const char* table, int cols, int rows) {
+  std::string row = "(";
+  for (int c = 0; c < cols; ++c) row += c ? ",?" : "?";
+  row += ")";
+  std::string sql = std::string("INSERT INTO ") + table + " VALUES";
+  for (int r = 0; r < rows; ++r) sql += (r ? "," : "") + row;
+  return sql;
+}
 
 }  // namespace
 
@@ -65,17 +75,19 @@ Result<std::unique_ptr<TraceStore>> TraceStore::Open(const std::string& path, in
     return FailedPrecondition(path + " has trace schema version " + std::to_string(version) +
                               "; this build writes version " + std::to_string(kTraceSchemaVersion));
   }
-  RETURN_IF_ERROR(s->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"));
+  RETURN_IF_ERROR(s->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA cache_size=-65536;"));
   RETURN_IF_ERROR(s->Exec(kSchema));
   RETURN_IF_ERROR(s->Exec(("PRAGMA user_version=" + std::to_string(kTraceSchemaVersion)).c_str()));
   if (max_bytes > 0) {
     RETURN_IF_ERROR(s->Exec(("PRAGMA max_page_count=" + std::to_string(std::max<int64_t>(1, max_bytes / 4096))).c_str()));
   }
+  const std::string span_multi_sql = MultiRowInsert("spans", 8, kSpanRowsPerInsert);
   struct {
     sqlite3_stmt** stmt;
     const char* sql;
   } stmts[] = {
       {&s->span_, "INSERT INTO spans VALUES(?,?,?,?,?,?,?,?)"},
+      {&s->span_multi_, span_multi_sql.c_str()},
       {&s->coll_, "INSERT INTO collectives VALUES(?,?,?,?,?,?,?,?,?,?,?,?)"},
       {&s->hb_, "INSERT INTO heartbeats VALUES(?,?,?,?,?)"},
       {&s->metric_, "INSERT INTO metrics VALUES(?,?,?,?)"},
@@ -93,7 +105,7 @@ Result<std::unique_ptr<TraceStore>> TraceStore::Open(const std::string& path, in
 }
 
 TraceStore::~TraceStore() {
-  for (sqlite3_stmt* st : {span_, coll_, hb_, metric_, drop_, cursor_, rank_, get_cursor_}) sqlite3_finalize(st);
+  for (sqlite3_stmt* st : {span_, span_multi_, coll_, hb_, metric_, drop_, cursor_, rank_, get_cursor_}) sqlite3_finalize(st);
   if (db_ != nullptr) sqlite3_close(db_);
 }
 
@@ -111,23 +123,48 @@ Status TraceStore::Write(std::span<const RingRows> rings, std::span<const Metric
     return rc == SQLITE_DONE;
   };
   static const std::string kUnknown = "?";
+  struct SpanRow {
+    int64_t step;
+    int32_t microbatch;
+    std::string_view kind;
+    const std::string* name;
+    int64_t start_ns, end_ns;
+  };
+  SpanRow spans[kSpanRowsPerInsert];
+  int pending_spans = 0;
+  // Binds the pending spans into `st` (the multi-row statement when full, else row by row).
+  auto flush_spans = [&](sqlite3_stmt* st, int rank, int attempt) {
+    const int per_step = st == span_multi_ ? kSpanRowsPerInsert : 1;
+    for (int first = 0; first < pending_spans; first += per_step) {
+      for (int k = 0; k < per_step; ++k) {
+        const SpanRow& row = spans[first + k];
+        const int b = k * 8;
+        sqlite3_bind_int(st, b + 1, rank);
+        sqlite3_bind_int(st, b + 2, attempt);
+        sqlite3_bind_int64(st, b + 3, row.step);
+        if (row.microbatch < 0) sqlite3_bind_null(st, b + 4); else sqlite3_bind_int(st, b + 4, row.microbatch);
+        sqlite3_bind_text(st, b + 5, row.kind.data(), static_cast<int>(row.kind.size()), SQLITE_STATIC);
+        sqlite3_bind_text(st, b + 6, row.name->data(), static_cast<int>(row.name->size()), SQLITE_STATIC);
+        sqlite3_bind_int64(st, b + 7, row.start_ns);
+        sqlite3_bind_int64(st, b + 8, row.end_ns);
+      }
+      if (!run(st)) return false;
+    }
+    pending_spans = 0;
+    return true;
+  };
   for (const RingRows& rr : rings) {
     const int rank = rr.info->rank, attempt = rr.info->attempt;
     for (const Record& r : rr.records) {
       switch (r.type) {
         case RecordType::kSpan: {
-          const SpanRecord& s = r.span;
-          sqlite3_bind_int(span_, 1, rank);
-          sqlite3_bind_int(span_, 2, attempt);
-          sqlite3_bind_int64(span_, 3, s.step);
-          if (s.microbatch < 0) sqlite3_bind_null(span_, 4); else sqlite3_bind_int(span_, 4, s.microbatch);
-          const std::string_view kind = Name(s.kind);
-          sqlite3_bind_text(span_, 5, kind.data(), static_cast<int>(kind.size()), SQLITE_STATIC);
-          const std::string& name = s.name < rr.names->size() ? (*rr.names)[s.name] : kUnknown;
-          sqlite3_bind_text(span_, 6, name.data(), static_cast<int>(name.size()), SQLITE_STATIC);
-          sqlite3_bind_int64(span_, 7, Ns(rr.calibration, s.start_ticks));
-          sqlite3_bind_int64(span_, 8, Ns(rr.calibration, s.end_ticks));
-          if (!run(span_)) return fail("cannot insert a span");
+          const SpanRecord& sp = r.span;
+          const std::string& name = sp.name < rr.names->size() ? (*rr.names)[sp.name] : kUnknown;
+          spans[pending_spans++] = {sp.step, sp.microbatch, Name(sp.kind), &name, Ns(rr.calibration, sp.start_ticks),
+                                    Ns(rr.calibration, sp.end_ticks)};
+          if (pending_spans == kSpanRowsPerInsert) {
+            if (!flush_spans(span_multi_, rank, attempt)) return fail("cannot insert spans");
+          }
           break;
         }
         case RecordType::kCollective: {
@@ -175,6 +212,7 @@ Status TraceStore::Write(std::span<const RingRows> rings, std::span<const Metric
           break;
       }
     }
+    if (!flush_spans(span_, rank, attempt)) return fail("cannot insert spans");  // the tail, row by row
     for (size_t lane = 0; lane < rr.lane_tails.size(); ++lane) {
       sqlite3_bind_text(cursor_, 1, rr.ring.data(), static_cast<int>(rr.ring.size()), SQLITE_STATIC);
       sqlite3_bind_int(cursor_, 2, static_cast<int>(lane));

@@ -49,6 +49,7 @@ struct Agent::Impl {
   std::vector<std::unique_ptr<CivetHandler>> handlers;
   std::mutex mu;  // guards ranks (HTTP threads read, the agent thread writes)
   uint64_t rows = 0, db_errors = 0;
+  int64_t last_snapshot_ns = 0;
   std::chrono::steady_clock::time_point last_discovery{};
 
   struct RankState {
@@ -167,13 +168,14 @@ struct Agent::Impl {
 
   // Live metrics from a drained batch.
   void Observe(RankState& st, std::span<const Record> recs, const ClockCalibration& cal) {
+    double comm = 0, compute = 0;  // summed here, added to the counters once per batch
     for (const Record& r : recs) {
       if (r.type == RecordType::kSpan) {
-        const double secs = static_cast<double>(cal.ToNs(r.span.end_ticks) - cal.ToNs(r.span.start_ticks)) / 1e9;
+        const double secs = static_cast<double>(r.span.end_ticks - r.span.start_ticks) * cal.ns_per_tick / 1e9;
         if (secs < 0) continue;
-        if (r.span.kind == SpanKind::kComm) st.comm->Increment(secs);
+        if (r.span.kind == SpanKind::kComm) comm += secs;
         else if (r.span.kind == SpanKind::kForward || r.span.kind == SpanKind::kBackward ||
-                 r.span.kind == SpanKind::kOptimizer || r.span.kind == SpanKind::kCompute) st.compute->Increment(secs);
+                 r.span.kind == SpanKind::kOptimizer || r.span.kind == SpanKind::kCompute) compute += secs;
       } else if (r.type == RecordType::kCollective) {
         const CollectiveRecord& c = r.collective;
         const std::string kind = c.group < st.snap.groups.size() ? st.snap.groups[c.group].kind : "unknown";
@@ -198,6 +200,8 @@ struct Agent::Impl {
         }
       }
     }
+    if (comm > 0) st.comm->Increment(comm);
+    if (compute > 0) st.compute->Increment(compute);
   }
 
   Result<size_t> Drain(bool sample) {
@@ -208,13 +212,17 @@ struct Agent::Impl {
     const int64_t now_ns = WallNowNs();
     if (sample) SampleHost(now_ns, &metrics);
     std::vector<std::string> to_remove;
+    const bool refresh = sample || now_ns - last_snapshot_ns >= 200'000'000;
+    if (refresh) last_snapshot_ns = now_ns;
     for (auto& [name, st] : ranks) {
-      RankSnapshot snap = st.reader->Snapshot();
-      {
+      // Snapshots (heartbeat, flight recorder) a few times a second: enough for /state, cheap.
+      if (refresh || st.snap.info.pid == 0) {
+        RankSnapshot snap = st.reader->Snapshot();
         std::lock_guard<std::mutex> lock(mu);
-        st.snap = snap;
-        st.info.clock_offset_ns = snap.info.clock_offset_ns;
+        st.snap = std::move(snap);
+        st.info.clock_offset_ns = st.snap.info.clock_offset_ns;
       }
+      const RankSnapshot& snap = st.snap;
       while (st.names.size() < 65536) {  // pick up newly interned names
         const std::string n = st.reader->NameOf(static_cast<NameId>(st.names.size()));
         if (n.rfind("?", 0) == 0) break;
@@ -223,6 +231,14 @@ struct Agent::Impl {
       const ClockCalibration cal = st.reader->Calibration();
       ReadBatch batch;
       const size_t n = st.reader->Read(buf, &batch);
+      for (size_t i = 0; i < n; ++i) {  // a group registered since the last snapshot: refresh now
+        if (buf[i].type == RecordType::kCollective && buf[i].collective.group >= st.snap.groups.size()) {
+          RankSnapshot fresh = st.reader->Snapshot();
+          std::lock_guard<std::mutex> lock(mu);
+          st.snap = std::move(fresh);
+          break;
+        }
+      }
       const uint64_t dropped = st.reader->Dropped();
       if (dropped > st.dropped_seen) {
         drops.push_back({st.info.rank, now_ns, static_cast<int64_t>(dropped)});
@@ -248,7 +264,7 @@ struct Agent::Impl {
         }
       }
       st.hb_age->Set(std::max(0.0, static_cast<double>(now_ns - snap.heartbeat.updated_at_ns) / 1e9));
-      const bool gone = !st.reader->WriterAlive();
+      const bool gone = refresh && !st.reader->WriterAlive();
       if (gone && !st.reader->Closed() && !st.dead) {
         st.dead = true;
         const std::string path = opt.run_dir + "/dumps/attempt_" + std::to_string(st.info.attempt) + "/rank_" +
@@ -442,7 +458,7 @@ void Agent::Run() {
     if (sample) next_sample = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                         std::chrono::duration<double>(impl_->opt.sample_interval_s));
     auto n = Poll(sample);
-    if (!n.ok() || *n < impl_->opt.batch_records / 2) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!n.ok() || *n < impl_->opt.batch_records / 2) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   for (int i = 0; i < 100; ++i) {  // final drain
     auto n = Poll(false);

@@ -67,7 +67,8 @@ class TraceStore {
 
   std::string path_;
   sqlite3* db_ = nullptr;
-  sqlite3_stmt *span_ = nullptr, *coll_ = nullptr, *hb_ = nullptr, *metric_ = nullptr, *drop_ = nullptr,
+  static constexpr int kSpanRowsPerInsert = 64;
+  sqlite3_stmt *span_ = nullptr, *span_multi_ = nullptr, *coll_ = nullptr, *hb_ = nullptr, *metric_ = nullptr, *drop_ = nullptr,
                *cursor_ = nullptr, *rank_ = nullptr, *get_cursor_ = nullptr;
 };
 
