@@ -18,7 +18,18 @@ $bin prepare-data tests/data/text/notes_on_training.txt -o "$work/notes.bin"
 $bin train --dp 2 --tp 2 --pp 2 --nodes 2 --data "$work/notes.bin" --run-dir "$work/run" --job demo \
   --layers 4 --width 128 --heads 4 --seq 64 --batch 8 --microbatches 2 --steps "${TRAIN_STEPS:-40}" --lr 2e-3 \
   --warmup 5 --checkpoint-every 20
-echo "[demo] run directory: run.json, ranks/<r>/worker.log, checkpoints/step_20/ (manifest + one shard per rank)"
+echo "[demo] run directory: run.json, ranks/<r>/worker.log, nodes/<node>/trace.db, checkpoints/step_20/"
+url=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['agents'][0]['url'])" "$work/run/run.json")
+echo "[demo] during the run, node0's agent served Prometheus metrics at $url/metrics (and /state, /dump/<rank>)"
+echo
+echo "[demo] megascope query $work/run steps        (time breakdown per step over all 8 ranks)"
+$bin query "$work/run" steps
+echo
+echo "[demo] megascope query $work/run stragglers   (compute per step against peers at the same (pp,tp))"
+$bin query "$work/run" stragglers
+echo
+echo "[demo] megascope query $work/run waits --limit 5   (collectives with the longest wait, and who arrived last)"
+$bin query "$work/run" waits --limit 5
 echo
 
 $bin trace-demo --ranks "${RANKS:-4}" --steps "${STEPS:-500}"

@@ -8,6 +8,7 @@
 
 #include "megascope/analyzer/query.h"
 #include "megascope/runtime/data.h"
+#include "megascope/tracer/trace_store.h"
 #include "test_util.h"
 
 namespace megascope::analyzer {
@@ -123,6 +124,36 @@ TEST_F(QueryTest, MetricsExportWritesTheDetectorCsv) {
   // and the detector reads it
   auto d = RunCommand(Bin() + " detect --metrics " + csv);
   EXPECT_EQ(d.code, 0) << d.out;
+}
+
+}  // namespace
+}  // namespace megascope::analyzer
+
+namespace megascope::analyzer {
+namespace {
+
+TEST(RunDatabaseTest, MoreNodesThanSqliteAttachesAtOnce) {
+  megascope::testing::TempDir dir;
+  constexpr int kNodes = 14;  // SQLite attaches 10 by default
+  for (int n = 0; n < kNodes; ++n) {
+    auto store = tracer::TraceStore::Open(dir.path() + "/nodes/node" + std::to_string(n) + "/trace.db");
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    tracer::RankInfo info;
+    info.rank = n;
+    info.node = "node" + std::to_string(n);
+    ASSERT_TRUE((*store)->UpsertRank(info).ok());
+    std::vector<tracer::MetricRow> m = {{info.node, 1, "node_cpu_utilization_ratio", 0.5}};
+    ASSERT_TRUE((*store)->Write({}, m, {}).ok());
+  }
+  auto db = RunDatabase::Open(dir.path());
+  ASSERT_TRUE(db.ok()) << db.status().ToString();
+  EXPECT_EQ((*db)->nodes(), kNodes);
+  auto t = (*db)->Query("SELECT COUNT(*), COUNT(DISTINCT node) FROM metrics");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->rows[0][0], std::to_string(kNodes));
+  EXPECT_EQ(t->rows[0][1], std::to_string(kNodes));
+  EXPECT_EQ((*db)->Query("SELECT COUNT(*) FROM ranks")->rows[0][0], std::to_string(kNodes));
+  EXPECT_FALSE((*db)->Query("DELETE FROM ranks").ok());
 }
 
 }  // namespace
