@@ -38,6 +38,7 @@ int RunWorkerCommand(const Args& args);
 int RunPrepareData(const Args& args);
 int RunAgent(const Args& args);
 int RunQuery(const Args& args);
+int RunAnalyze(const Args& args);
 int RunMetrics(const Args& args);
 
 }  // namespace megascope::cli

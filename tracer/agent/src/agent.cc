@@ -269,9 +269,16 @@ struct Agent::Impl {
         st.dead = true;
         const std::string path = opt.run_dir + "/dumps/attempt_" + std::to_string(st.info.attempt) + "/rank_" +
                                  std::to_string(st.info.rank) + ".json";
-        Status d = WriteFileAtomic(path, DumpToJson(Dump{snap, false, now_ns}));
-        Log(opt.node, "rank " + std::to_string(st.info.rank) + " (pid " + std::to_string(st.info.pid) +
-                          ") is gone; its flight recorder " + (d.ok() ? "is in " + path : "could not be written: " + d.message()));
+        // A dump the rank wrote itself since its last heartbeat says more (it was alive then): keep it.
+        auto own = ReadDumpFile(path);
+        if (own.ok() && own->dumped_at_ns + 1'000'000'000 >= snap.heartbeat.updated_at_ns) {
+          Log(opt.node, "rank " + std::to_string(st.info.rank) + " (pid " + std::to_string(st.info.pid) +
+                            ") is gone; it left its own flight-recorder dump in " + path);
+        } else {
+          Status d = WriteFileAtomic(path, DumpToJson(Dump{snap, false, now_ns}));
+          Log(opt.node, "rank " + std::to_string(st.info.rank) + " (pid " + std::to_string(st.info.pid) +
+                            ") is gone; its flight recorder " + (d.ok() ? "is in " + path : "could not be written: " + d.message()));
+        }
       }
       if (gone && n == 0) to_remove.push_back(name);  // drained for good: the ring file can go
     }

@@ -1,0 +1,523 @@
+#include "megascope/analyzer/hang.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+namespace megascope::analyzer {
+namespace {
+
+namespace fs = std::filesystem;
+using tracer::FlightEntry;
+using tracer::OpState;
+using tracer::OpType;
+
+bool IsOpen(const FlightEntry& e) { return e.state != OpState::kCompleted; }
+
+std::string Fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof(b), f, v);
+  return b;
+}
+
+// Everything the analysis needs of one rank, indexed.
+struct Rank {
+  int id = 0;
+  bool present = false, alive = false;
+  const tracer::Dump* dump = nullptr;
+  std::string source;
+  int64_t offset = 0;  // clock offset to rank 0
+  std::map<std::string, const tracer::GroupInfo*> groups;
+  std::map<std::string, int64_t> last_coll;  // group -> max collective seq issued
+  std::map<std::pair<std::string, int64_t>, const FlightEntry*> coll;
+  std::map<std::tuple<std::string, int, int64_t>, const FlightEntry*> sends, recvs;  // (group, peer, seq)
+  std::map<std::pair<std::string, int>, int64_t> sends_issued, recvs_issued;  // (group, peer) -> count
+  std::vector<std::string> history;  // group names of collectives, in issue order
+  const FlightEntry* blocking = nullptr;
+  std::string blocking_group;
+
+  const std::string& GroupName(const FlightEntry& e) const { return dump->snapshot.groups[e.group].name; }
+  std::string Describe() const {
+    if (!present) return "rank " + std::to_string(id) + " (no dump)";
+    const auto& i = dump->snapshot.info;
+    return "rank " + std::to_string(id) + " (" + i.node + ", dp=" + std::to_string(i.coords.dp) + " pp=" +
+           std::to_string(i.coords.pp) + " tp=" + std::to_string(i.coords.tp) + ")";
+  }
+  std::string Doing(int64_t now) const {
+    if (!present) return "no flight recorder";
+    const auto& hb = dump->snapshot.heartbeat;
+    std::string s = "its last heartbeat says " + std::string(tracer::Name(hb.phase)) + " of step " + std::to_string(hb.step);
+    if (hb.updated_at_ns > 0) s += " (" + Fmt("%.1f", static_cast<double>(now - (hb.updated_at_ns - offset)) / 1e9) + " s ago)";
+    return s;
+  }
+};
+
+std::string OpName(const FlightEntry& e, const std::string& group) {
+  std::string s = std::string(tracer::Name(e.op)) + " #" + std::to_string(e.seq) + " in " + group;
+  if (e.peer >= 0) s += (e.op == OpType::kSend ? " to rank " : " from rank ") + std::to_string(e.peer);
+  return s;
+}
+
+struct Wait {
+  int from, to;
+  std::string what;  // the op `from` is in
+  double seconds;
+};
+
+}  // namespace
+
+Result<HangInput> MakeHangInput(std::vector<std::pair<std::string, tracer::Dump>> dumps) {
+  if (dumps.empty()) return InvalidArgument("no flight-recorder dumps to analyse");
+  HangInput in;
+  std::map<std::string, std::pair<std::vector<int32_t>, std::string>> membership;  // group -> ranks, first source
+  for (auto& [source, d] : dumps) {
+    const auto& info = d.snapshot.info;
+    if (in.world_size != 0 && info.world_size != in.world_size) {
+      return InvalidArgument(source + ": world_size " + std::to_string(info.world_size) + " disagrees with " +
+                             std::to_string(in.world_size) + " in the other dumps");
+    }
+    in.world_size = info.world_size;
+    for (const auto& g : d.snapshot.groups) {
+      auto [it, added] = membership.try_emplace(g.name, g.ranks, source);
+      if (!added && it->second.first != g.ranks) {
+        return InvalidArgument("group '" + g.name + "' has different members in " + source + " and " + it->second.second);
+      }
+    }
+  }
+  in.ranks.resize(in.world_size);
+  for (auto& [source, d] : dumps) {
+    RankView& v = in.ranks[d.snapshot.info.rank];
+    if (v.present && v.dump.dumped_at_ns >= d.dumped_at_ns) continue;  // keep the newest dump of a rank
+    v.present = true;
+    v.source = source;
+    v.dump = std::move(d);
+  }
+  return in;
+}
+
+Result<HangInput> LoadDumpDirectory(const std::string& path) {
+  if (!fs::is_directory(path)) return NotFound(path + " is not a directory");
+  std::string dir = path;
+  if (fs::is_directory(path + "/dumps")) {  // a run directory: its newest attempt
+    int best = -1;
+    for (const auto& e : fs::directory_iterator(path + "/dumps")) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("attempt_", 0) == 0) best = std::max(best, std::atoi(n.c_str() + 8));
+    }
+    if (best < 0) return NotFound(path + "/dumps holds no attempt_* directory");
+    dir = path + "/dumps/attempt_" + std::to_string(best);
+  }
+  std::vector<std::pair<std::string, tracer::Dump>> dumps;
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".json") files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  if (files.empty()) return NotFound("no flight-recorder dumps (*.json) in " + dir);
+  for (const auto& f : files) {
+    auto d = tracer::ReadDumpFile(f);
+    if (!d.ok()) return d.status();
+    dumps.emplace_back(f, std::move(d).value());
+  }
+  return MakeHangInput(std::move(dumps));
+}
+
+std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
+  const int n = in.world_size;
+  std::vector<Rank> ranks(n);
+  int64_t now = 0;
+  for (int r = 0; r < n; ++r) {
+    Rank& R = ranks[r];
+    R.id = r;
+    const RankView& v = in.ranks[r];
+    if (!v.present) continue;
+    R.present = true;
+    R.alive = v.dump.alive;
+    R.dump = &v.dump;
+    R.source = v.source;
+    R.offset = v.dump.snapshot.info.clock_offset_ns;
+    now = std::max(now, v.dump.dumped_at_ns - R.offset);
+    for (const auto& g : v.dump.snapshot.groups) R.groups[g.name] = &g;
+    for (const FlightEntry& e : v.dump.snapshot.entries) {
+      const std::string& g = R.GroupName(e);
+      if (e.op == OpType::kSend) {
+        R.sends[{g, e.peer, static_cast<int64_t>(e.seq)}] = &e;
+        auto& c = R.sends_issued[{g, e.peer}];
+        c = std::max(c, static_cast<int64_t>(e.seq) + 1);
+      } else if (e.op == OpType::kRecv) {
+        R.recvs[{g, e.peer, static_cast<int64_t>(e.seq)}] = &e;
+        auto& c = R.recvs_issued[{g, e.peer}];
+        c = std::max(c, static_cast<int64_t>(e.seq) + 1);
+      } else {
+        R.coll[{g, static_cast<int64_t>(e.seq)}] = &e;
+        auto [it, added] = R.last_coll.try_emplace(g, static_cast<int64_t>(e.seq));
+        if (!added) it->second = std::max(it->second, static_cast<int64_t>(e.seq));
+        R.history.push_back(g);
+      }
+      if (IsOpen(e)) {
+        R.blocking = &e;  // entries are in issue order: the newest open op is where the rank is
+        R.blocking_group = g;
+      }
+    }
+  }
+  // Ranks that never issued anything in a group still count as having issued nothing (-1).
+  auto last_coll = [&](const Rank& R, const std::string& g) {
+    auto it = R.last_coll.find(g);
+    return it == R.last_coll.end() ? int64_t{-1} : it->second;
+  };
+  auto issued = [](const std::map<std::pair<std::string, int>, int64_t>& m, const std::string& g, int peer) {
+    auto it = m.find({g, peer});
+    return it == m.end() ? int64_t{0} : it->second;
+  };
+
+  std::vector<Wait> waits;
+  std::map<int, std::set<int>> edges;
+  struct Mismatch {
+    std::string group;
+    int64_t seq;
+    std::vector<int> ranks;  // the odd ones out
+    std::string expected, found;
+  };
+  std::vector<Mismatch> mismatches;
+  struct Link {
+    int sender, receiver;
+    const FlightEntry *send, *recv;
+    std::string group;
+  };
+  std::vector<Link> links;
+  std::set<int> waiting;
+  int64_t onset = 0;
+  bool failed_seen = false;
+
+  for (Rank& R : ranks) {
+    if (!R.present || R.blocking == nullptr) continue;
+    const FlightEntry& b = *R.blocking;
+    const int64_t start = (b.started_at_ns ? b.started_at_ns : b.enqueued_at_ns) - R.offset;
+    const int64_t end = b.state == OpState::kFailed && b.completed_at_ns ? b.completed_at_ns - R.offset
+                                                                          : R.dump->dumped_at_ns - R.offset;
+    const double waited = static_cast<double>(end - start) / 1e9;
+    failed_seen |= b.state == OpState::kFailed;
+    if (b.state != OpState::kFailed && waited < opt.min_wait_s) continue;  // still working
+    waiting.insert(R.id);
+    onset = onset == 0 ? start : std::min(onset, start);
+    const std::string what = OpName(b, R.blocking_group);
+    auto wait_on = [&](int m) {
+      edges[R.id].insert(m);
+      waits.push_back({R.id, m, what, waited});
+    };
+    auto git = R.groups.find(R.blocking_group);
+    if (git == R.groups.end()) continue;
+    const auto& members = git->second->ranks;
+    if (tracer::IsP2P(b.op)) {
+      const int p = b.peer;
+      if (p < 0 || p >= n) continue;
+      const Rank& P = ranks[p];
+      const bool recv = b.op == OpType::kRecv;
+      if (!P.present) {
+        wait_on(p);
+        continue;
+      }
+      const int64_t counterpart = recv ? issued(P.sends_issued, R.blocking_group, R.id) : issued(P.recvs_issued, R.blocking_group, R.id);
+      if (counterpart < static_cast<int64_t>(b.seq) + 1) {
+        wait_on(p);  // the peer has not reached its side of this transfer
+        continue;
+      }
+      // Both sides posted: the bytes did not make it across.
+      const auto& other = recv ? P.sends : P.recvs;
+      auto it = other.find({R.blocking_group, R.id, static_cast<int64_t>(b.seq)});
+      const FlightEntry* oe = it == other.end() ? nullptr : it->second;
+      Link l{recv ? p : R.id, recv ? R.id : p, recv ? oe : &b, recv ? &b : oe, R.blocking_group};
+      bool known = false;
+      for (const Link& x : links) known |= x.sender == l.sender && x.receiver == l.receiver;
+      if (!known) links.push_back(l);
+      continue;
+    }
+    // A collective: who has not issued this sequence number, and who issued something else.
+    std::map<std::tuple<int, uint64_t, int>, std::vector<int>> signatures;
+    for (int m : members) {
+      if (m < 0 || m >= n) continue;
+      const Rank& M = ranks[m];
+      if (m == R.id) {
+        signatures[{static_cast<int>(b.op), b.bytes, static_cast<int>(b.dtype)}].push_back(m);
+        continue;
+      }
+      if (!M.present || last_coll(M, R.blocking_group) < static_cast<int64_t>(b.seq)) {
+        wait_on(m);
+        continue;
+      }
+      auto it = M.coll.find({R.blocking_group, static_cast<int64_t>(b.seq)});
+      if (it != M.coll.end()) {
+        const FlightEntry& e = *it->second;
+        signatures[{static_cast<int>(e.op), e.bytes, static_cast<int>(e.dtype)}].push_back(m);
+      }
+    }
+    if (signatures.size() > 1) {
+      auto majority = std::max_element(signatures.begin(), signatures.end(),
+                                       [](const auto& a, const auto& c) { return a.second.size() < c.second.size(); });
+      auto sig_text = [](const std::tuple<int, uint64_t, int>& s) {
+        return std::string(tracer::Name(static_cast<OpType>(std::get<0>(s)))) + " of " + std::to_string(std::get<1>(s)) +
+               " bytes " + std::string(tracer::Name(static_cast<tracer::DType>(std::get<2>(s))));
+      };
+      for (const auto& [sig, who] : signatures) {
+        if (sig == majority->first) continue;
+        bool known = false;
+        for (const Mismatch& x : mismatches) known |= x.group == R.blocking_group && x.seq == static_cast<int64_t>(b.seq);
+        if (!known) mismatches.push_back({R.blocking_group, static_cast<int64_t>(b.seq), who, sig_text(majority->first), sig_text(sig)});
+      }
+    }
+  }
+
+  std::vector<Verdict> out;
+  const int64_t detected = now;
+  auto base = [&](const std::string& cause) {
+    Verdict v;
+    v.kind = "hang";
+    v.cause = cause;
+    v.detected_at_ns = detected;
+    v.onset_at_ns = onset;
+    return v;
+  };
+  auto node_of = [&](int r) { return ranks[r].present ? ranks[r].dump->snapshot.info.node : std::string("?"); };
+  auto waiters_of = [&](const std::set<int>& roots) {
+    std::set<int> w;
+    std::function<void(int)> up = [&](int target) {
+      for (const Wait& x : waits) {
+        if (x.to == target && !roots.count(x.from) && w.insert(x.from).second) up(x.from);
+      }
+    };
+    for (int r : roots) up(r);
+    return std::vector<int>(w.begin(), w.end());
+  };
+  auto wait_lines = [&](int root) {
+    std::string s;
+    int shown = 0, total = 0;
+    for (const Wait& x : waits) {
+      if (x.to != root) continue;
+      ++total;
+      if (shown++ < 4) s += (s.empty() ? "" : "; ") + ranks[x.from].Describe() + " waits in " + x.what + " for " + Fmt("%.1f s", x.seconds);
+    }
+    if (total > shown) s += "; and " + std::to_string(total - shown) + " more";
+    return s;
+  };
+  std::set<int> explained;
+
+  // 1. Different ops at the same sequence number.
+  for (const Mismatch& m : mismatches) {
+    Verdict v = base("op_mismatch");
+    std::set<int> roots(m.ranks.begin(), m.ranks.end());
+    for (int r : m.ranks) {
+      v.root_ranks.push_back(r);
+      v.root_nodes.push_back(node_of(r));
+      explained.insert(r);
+    }
+    v.group = m.group;
+    v.seq = m.seq;
+    v.waiting_ranks = waiters_of(roots);
+    v.confidence = 0.95;
+    v.explanation = ranks[m.ranks[0]].Describe() + " issued " + m.found + " as #" + std::to_string(m.seq) + " in " + m.group +
+                    " where its peers issued " + m.expected + "; it took another code path.";
+    v.evidence.push_back("group " + m.group + " seq " + std::to_string(m.seq) + ": expected " + m.expected + ", found " + m.found);
+    out.push_back(std::move(v));
+  }
+  // 2. Stalled links: both sides posted, the data stopped.
+  for (const Link& l : links) {
+    Verdict v = base("link_stall");
+    v.root_ranks = {l.sender, l.receiver};
+    v.root_nodes = {node_of(l.sender), node_of(l.receiver)};
+    v.group = l.group;
+    const FlightEntry* e = l.recv ? l.recv : l.send;
+    v.seq = static_cast<int64_t>(e->seq);
+    v.op = "send";
+    v.waiting_ranks = waiters_of({l.sender, l.receiver});
+    v.confidence = 0.85;
+    auto bytes = [](int64_t b) { return b < 0 ? std::string("unknown") : std::to_string(b); };
+    const std::string sent = l.send ? bytes(l.send->bytes_sent) : "unknown";
+    const std::string got = l.recv ? bytes(l.recv->bytes_received) : "unknown";
+    v.explanation = "the transfer #" + std::to_string(e->seq) + " in " + l.group + " from " + ranks[l.sender].Describe() +
+                    " to " + ranks[l.receiver].Describe() + " stalled: both sides joined, " + sent + " of " +
+                    std::to_string(e->bytes) + " bytes sent and " + got + " received. Suspect the link between " +
+                    node_of(l.sender) + " and " + node_of(l.receiver) + ".";
+    v.evidence.push_back("bytes_sent=" + sent + " bytes_received=" + got + " of " + std::to_string(e->bytes));
+    if (!v.waiting_ranks.empty()) v.evidence.push_back(std::to_string(v.waiting_ranks.size()) + " ranks wait behind it");
+    explained.insert(l.sender);
+    explained.insert(l.receiver);
+    out.push_back(std::move(v));
+  }
+  // 3. The ranks at the end of the wait-for edges.
+  int64_t freshest = 0;
+  for (const Rank& R : ranks) {
+    if (R.present) freshest = std::max(freshest, R.dump->snapshot.heartbeat.updated_at_ns - R.offset);
+  }
+  std::set<int> sinks;
+  std::function<void(int, std::set<int>&)> walk = [&](int r, std::set<int>& seen) {
+    if (!seen.insert(r).second) return;
+    auto it = edges.find(r);
+    if (it == edges.end() || it->second.empty()) {
+      sinks.insert(r);
+      return;
+    }
+    for (int m : it->second) walk(m, seen);
+  };
+  {
+    std::set<int> seen;
+    for (int r : waiting) walk(r, seen);
+  }
+  std::map<std::string, std::vector<int>> by_cause;
+  std::map<int, std::string> why;
+  for (int r : sinks) {
+    // Explained already, or itself stuck in an op every peer joined (a link or an unknown case).
+    if (explained.count(r) || waiting.count(r)) continue;
+    const Rank& R = ranks[r];
+    std::string cause = "rank_not_joined";
+    if (!R.present) {
+      cause = "rank_dead";
+      why[r] = "left no flight recorder";
+    } else if (!R.alive) {
+      cause = "rank_dead";
+      why[r] = "its process is gone";
+    } else if (freshest - (R.dump->snapshot.heartbeat.updated_at_ns - R.offset) > static_cast<int64_t>(opt.stale_heartbeat_s * 1e9)) {
+      cause = "rank_dead";
+      why[r] = "its heartbeat is " + Fmt("%.0f", static_cast<double>(freshest - (R.dump->snapshot.heartbeat.updated_at_ns - R.offset)) / 1e9) +
+               " s older than its peers'";
+    }
+    by_cause[cause].push_back(r);
+  }
+  for (const auto& [cause, roots] : by_cause) {
+    Verdict v = base(cause);
+    std::set<int> root_set(roots.begin(), roots.end());
+    std::string text;
+    for (int r : roots) {
+      v.root_ranks.push_back(r);
+      v.root_nodes.push_back(node_of(r));
+      const Rank& R = ranks[r];
+      // What the others wait for from this rank.
+      // What the others wait for from this rank: the same collective, or its side of a transfer.
+      std::string awaited;
+      for (const Wait& x : waits) {
+        if (x.to != r) continue;
+        const FlightEntry& w = *ranks[x.from].blocking;
+        const std::string& g = ranks[x.from].blocking_group;
+        if (w.op == OpType::kRecv) awaited = "send #" + std::to_string(w.seq) + " in " + g + " to rank " + std::to_string(x.from);
+        else if (w.op == OpType::kSend) awaited = "recv #" + std::to_string(w.seq) + " in " + g + " from rank " + std::to_string(x.from);
+        else awaited = OpName(w, g);
+        break;
+      }
+      if (v.group.empty()) {
+        for (const Wait& x : waits) {
+          if (x.to != r) continue;
+          const Rank& W = ranks[x.from];
+          v.group = W.blocking_group;
+          v.seq = static_cast<int64_t>(W.blocking->seq);
+          v.op = std::string(tracer::Name(W.blocking->op));
+          break;
+        }
+      }
+      if (!text.empty()) text += " ";
+      if (cause == "rank_dead") {
+        text += R.Describe() + " is dead: " + why[r] + "; " + R.Doing(now) + ".";
+      } else {
+        text += R.Describe() + " is alive but never issued " + awaited + "; " + R.Doing(now) + ".";
+      }
+      text += " Waiting on it: " + wait_lines(r) + ".";
+      v.evidence.push_back(R.Describe() + (R.present ? " from " + R.source : ""));
+    }
+    v.waiting_ranks = waiters_of(root_set);
+    v.confidence = cause == "rank_dead" ? 0.95 : 0.9;
+    v.explanation = text;
+    out.push_back(std::move(v));
+  }
+  // 4. Ranks waiting on each other in a cycle: someone issued collectives in another order.
+  if (out.empty() && !waits.empty()) {
+    std::vector<int> deviators;
+    std::string text;
+    for (int r : waiting) {
+      const Rank& R = ranks[r];
+      if (R.blocking == nullptr || tracer::IsP2P(R.blocking->op)) continue;
+      // Training is periodic: what did this rank do one period ago at this point?
+      std::vector<std::string> h = R.history;
+      // The blocking op is the last collective in history; compare it with the period before.
+      if (!h.empty() && h.back() == R.blocking_group) h.pop_back();
+      const size_t len = h.size();
+      for (size_t p = 1; p <= std::min<size_t>(64, len / 2); ++p) {
+        bool periodic = true;
+        for (size_t i = 0; i < p && periodic; ++i) periodic = h[len - 1 - i] == h[len - 1 - i - p];
+        if (!periodic) continue;
+        const std::string& expected = h[len - p];
+        if (expected != R.blocking_group) {
+          deviators.push_back(r);
+          text += R.Describe() + " issued " + OpName(*R.blocking, R.blocking_group) + " where its own pattern expects a collective in " +
+                  expected + " next. ";
+        }
+        break;
+      }
+    }
+    if (!deviators.empty()) {
+      Verdict v = base("order_mismatch");
+      std::set<int> roots(deviators.begin(), deviators.end());
+      for (int r : deviators) {
+        v.root_ranks.push_back(r);
+        v.root_nodes.push_back(node_of(r));
+      }
+      v.waiting_ranks = waiters_of(roots);
+      for (int r : waiting) {
+        if (!roots.count(r) && std::find(v.waiting_ranks.begin(), v.waiting_ranks.end(), r) == v.waiting_ranks.end()) {
+          v.waiting_ranks.push_back(r);
+        }
+      }
+      std::sort(v.waiting_ranks.begin(), v.waiting_ranks.end());
+      v.group = ranks[deviators[0]].blocking_group;
+      v.seq = static_cast<int64_t>(ranks[deviators[0]].blocking->seq);
+      v.op = std::string(tracer::Name(ranks[deviators[0]].blocking->op));
+      v.confidence = 0.8;
+      v.explanation = text + "Ranks wait on each other in a cycle.";
+      out.push_back(std::move(v));
+    }
+  }
+  if (out.empty() && (!waits.empty() || !waiting.empty() || failed_seen)) {
+    Verdict v = base("unknown");
+    for (int r : waiting) v.waiting_ranks.push_back(r);
+    v.confidence = 0.3;
+    v.explanation = std::to_string(waiting.size()) + " ranks have waited longer than " + Fmt("%.0f", opt.min_wait_s) +
+                    " s, but every member joined their ops and no transfer shows partial progress.";
+    for (int r : waiting) {
+      v.evidence.push_back(ranks[r].Describe() + " in " + OpName(*ranks[r].blocking, ranks[r].blocking_group));
+      if (v.evidence.size() >= 8) break;
+    }
+    out.push_back(std::move(v));
+  }
+  if (out.empty()) {
+    Verdict v;
+    v.kind = "healthy";
+    v.detected_at_ns = detected;
+    v.confidence = 0.9;
+    v.explanation = "no rank has waited longer than " + Fmt("%.0f", opt.min_wait_s) + " s in an operation; nothing is hung.";
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+std::string FormatHangReport(const std::vector<Verdict>& verdicts) {
+  std::string out;
+  for (const Verdict& v : verdicts) {
+    if (v.kind == "healthy") {
+      out += "healthy: " + v.explanation + "\n";
+      continue;
+    }
+    std::string roots;
+    for (size_t i = 0; i < v.root_ranks.size(); ++i) {
+      roots += (i ? ", " : "") + std::to_string(v.root_ranks[i]) + " (" + v.root_nodes[i] + ")";
+    }
+    out += "HANG  cause: " + v.cause + (roots.empty() ? "" : "   root: rank " + roots) + "\n";
+    if (!v.group.empty()) out += "  at: " + v.op + " #" + std::to_string(v.seq) + " in " + v.group + "\n";
+    out += "  " + v.explanation + "\n";
+    if (!v.waiting_ranks.empty()) out += "  ranks waiting behind it: " + std::to_string(v.waiting_ranks.size()) + "\n";
+  }
+  return out;
+}
+
+}  // namespace megascope::analyzer

@@ -1,0 +1,48 @@
+// `megascope analyze hang`: the rank at the root of a hang, from flight-recorder dumps.
+#include <cstdio>
+#include <sstream>
+
+#include "command.h"
+#include "megascope/analyzer/hang.h"
+#include "megascope/analyzer/live.h"
+
+namespace megascope::cli {
+
+int RunAnalyze(const Args& args) {
+  std::string what, source, agents;
+  bool json = false;
+  analyzer::HangOptions ho;
+  po::options_description opts("Options");
+  opts.add_options()("help,h", "show this help")
+      ("what", po::value(&what)->required(), "hang")
+      ("source", po::value(&source), "a directory of dumps, or a run directory (its newest dumps/attempt_*)")
+      ("agents", po::value(&agents), "live: comma-separated agent URLs (http://127.0.0.1:PORT,...)")
+      ("json", po::bool_switch(&json), "verdicts as JSON lines (FORMATS.md section 2)")
+      ("min-wait", po::value(&ho.min_wait_s)->default_value(ho.min_wait_s), "seconds in an op before it counts as a wait")
+      ("stale-heartbeat", po::value(&ho.stale_heartbeat_s)->default_value(ho.stale_heartbeat_s),
+       "a heartbeat this many seconds older than its peers' marks the rank dead");
+  po::positional_options_description pos;
+  pos.add("what", 1).add("source", 1);
+  po::variables_map vm;
+  if (auto rc = ParseArgs("analyze", "megascope analyze hang (DIR | RUN_DIR | --agents URL,...) [--json]", args, opts, pos, &vm)) {
+    return *rc;
+  }
+  if (what != "hang") return Fail("analyze", "unknown analysis '" + what + "' (hang)", 2);
+  if (source.empty() == agents.empty()) return Fail("analyze", "give a dump or run directory, or --agents", 2);
+  std::vector<std::string> urls;
+  std::stringstream ss(agents);
+  for (std::string u; std::getline(ss, u, ',');) {
+    if (!u.empty()) urls.push_back(u);
+  }
+  auto in = urls.empty() ? analyzer::LoadDumpDirectory(source) : analyzer::LoadFromAgents(urls);
+  if (!in.ok()) return Fail("analyze", in.status().message());
+  const auto verdicts = analyzer::AnalyzeHang(*in, ho);
+  if (json) {
+    for (const Verdict& v : verdicts) std::printf("%s\n", VerdictToJson(v).c_str());
+  } else {
+    std::printf("%s", analyzer::FormatHangReport(verdicts).c_str());
+  }
+  return 0;
+}
+
+}  // namespace megascope::cli
