@@ -257,8 +257,25 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       }
     }
     if (signatures.size() > 1) {
-      auto majority = std::max_element(signatures.begin(), signatures.end(),
-                                       [](const auto& a, const auto& c) { return a.second.size() < c.second.size(); });
+      // Who departs: a rank whose op here differs from its own previous op in this group (it took
+      // another code path); failing that, the minority.
+      auto signature_of = [](const FlightEntry& e) {
+        return std::tuple<int, uint64_t, int>{static_cast<int>(e.op), e.bytes, static_cast<int>(e.dtype)};
+      };
+      std::map<std::tuple<int, uint64_t, int>, int> departs;
+      for (const auto& [sig, who] : signatures) {
+        for (int m : who) {
+          const Rank& M = ranks[m];
+          auto it = M.coll.find({R.blocking_group, static_cast<int64_t>(b.seq)});
+          if (it == M.coll.begin() || it == M.coll.end()) continue;
+          auto prev = std::prev(it);
+          if (prev->first.first == R.blocking_group && signature_of(*prev->second) != sig) ++departs[sig];
+        }
+      }
+      auto majority = std::max_element(signatures.begin(), signatures.end(), [&](const auto& a, const auto& c) {
+        if (departs[a.first] != departs[c.first]) return departs[a.first] > departs[c.first];
+        return a.second.size() < c.second.size();
+      });
       auto sig_text = [](const std::tuple<int, uint64_t, int>& s) {
         return std::string(tracer::Name(static_cast<OpType>(std::get<0>(s)))) + " of " + std::to_string(std::get<1>(s)) +
                " bytes " + std::string(tracer::Name(static_cast<tracer::DType>(std::get<2>(s))));
@@ -317,6 +334,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     }
     v.group = m.group;
     v.seq = m.seq;
+    v.op = m.found.substr(0, m.found.find(' '));
     v.waiting_ranks = waiters_of(roots);
     v.confidence = 0.95;
     v.explanation = ranks[m.ranks[0]].Describe() + " issued " + m.found + " as #" + std::to_string(m.seq) + " in " + m.group +
@@ -443,9 +461,10 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       // The blocking op is the last collective in history; compare it with the period before.
       if (!h.empty() && h.back() == R.blocking_group) h.pop_back();
       const size_t len = h.size();
-      for (size_t p = 1; p <= std::min<size_t>(64, len / 2); ++p) {
+      // The period: the smallest P for which the whole recorded history repeats itself.
+      for (size_t p = 1; p <= std::min<size_t>(256, len / 2); ++p) {
         bool periodic = true;
-        for (size_t i = 0; i < p && periodic; ++i) periodic = h[len - 1 - i] == h[len - 1 - i - p];
+        for (size_t i = p; i < len && periodic; ++i) periodic = h[i] == h[i - p];
         if (!periodic) continue;
         const std::string& expected = h[len - p];
         if (expected != R.blocking_group) {

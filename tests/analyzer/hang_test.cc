@@ -1,0 +1,210 @@
+// Hang root cause: data-driven scenarios (tests/data/hang/<name>/dumps + expected.json, made by
+// tests/data/hang/generate.py), bad input, and live runs with real faults in real processes.
+#include "megascope/analyzer/hang.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "megascope/runtime/data.h"
+#include "test_util.h"
+
+namespace megascope::analyzer {
+namespace {
+
+namespace fs = std::filesystem;
+using megascope::testing::RunCommand;
+using megascope::testing::TempDir;
+
+using Outcome = std::set<std::tuple<std::string, std::string, std::vector<int32_t>>>;  // kind, cause, roots
+
+class HangScenario : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HangScenario, NamesTheRootAndNoOneElse) {
+  const std::string dir = GetParam();
+  auto in = LoadDumpDirectory(dir + "/dumps");
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  std::ifstream f(dir + "/expected.json");
+  auto expected = nlohmann::json::parse(f);
+  Outcome want, got;
+  for (const auto& v : expected["verdicts"]) {
+    want.insert({v.value("kind", "hang"), v["cause"].is_null() ? "" : v["cause"].get<std::string>(),
+                 v["root_ranks"].get<std::vector<int32_t>>()});
+  }
+  const auto verdicts = AnalyzeHang(*in);
+  std::string text;
+  for (const Verdict& v : verdicts) {
+    got.insert({v.kind, v.cause, v.root_ranks});
+    text += VerdictToJson(v) + "\n";
+    auto j = nlohmann::json::parse(VerdictToJson(v));  // the FORMATS.md section 2 shape
+    for (const char* key : {"format", "version", "kind", "cause", "root_ranks", "root_nodes", "group", "seq", "op",
+                            "waiting_ranks", "detected_at_ns", "onset_at_ns", "confidence", "explanation", "evidence"}) {
+      EXPECT_TRUE(j.contains(key)) << key;
+    }
+    EXPECT_EQ(v.root_ranks.size(), v.root_nodes.size());
+    if (v.kind == "hang") {
+      EXPECT_FALSE(v.explanation.empty());
+    }
+  }
+  EXPECT_EQ(got, want) << text;
+}
+
+std::vector<std::string> Scenarios() {
+  std::vector<std::string> dirs;
+  for (const auto& e : fs::directory_iterator(MEGASCOPE_TEST_DATA "/hang")) {
+    if (fs::exists(e.path() / "expected.json")) dirs.push_back(e.path().string());
+  }
+  std::sort(dirs.begin(), dirs.end());
+  return dirs;
+}
+
+INSTANTIATE_TEST_SUITE_P(Data, HangScenario, ::testing::ValuesIn(Scenarios()),
+                         [](const auto& info) { return fs::path(info.param).filename().string(); });
+
+TEST(HangScenarioCount, AtLeastFifteenCoveringEveryCause) {
+  std::set<std::string> causes;
+  for (const auto& d : Scenarios()) {
+    std::ifstream f(d + "/expected.json");
+    const auto expected = nlohmann::json::parse(f);
+    for (const auto& v : expected["verdicts"]) {
+      causes.insert(v["cause"].is_null() ? "healthy" : v["cause"].get<std::string>());
+    }
+  }
+  EXPECT_GE(Scenarios().size(), 15u);
+  for (const char* c : {"rank_dead", "rank_not_joined", "op_mismatch", "link_stall", "order_mismatch", "healthy"}) {
+    EXPECT_TRUE(causes.count(c)) << c;
+  }
+}
+
+class HangBadInput : public ::testing::Test {
+ protected:
+  void Copy(const std::string& scenario) {
+    fs::copy(MEGASCOPE_TEST_DATA "/hang/" + scenario + "/dumps", dir_.path(), fs::copy_options::recursive);
+  }
+  std::string Error() {
+    auto in = LoadDumpDirectory(dir_.path());
+    return in.ok() ? "(loaded)" : in.status().message();
+  }
+  TempDir dir_;
+};
+
+TEST_F(HangBadInput, MalformedJsonNamesTheFile) {
+  Copy("not_joined_2x2x2");
+  std::ofstream(dir_.path() + "/rank_3.json") << "{\"format\": \"megascope-flight-recorder\", ";
+  EXPECT_NE(Error().find("rank_3.json: malformed JSON"), std::string::npos) << Error();
+}
+
+TEST_F(HangBadInput, WrongFormatOrVersionNamesTheFile) {
+  Copy("not_joined_2x2x2");
+  std::ifstream in(dir_.path() + "/rank_2.json");
+  auto j = nlohmann::json::parse(in);
+  j["version"] = 7;
+  std::ofstream(dir_.path() + "/rank_2.json") << j.dump();
+  EXPECT_NE(Error().find("rank_2.json: dump version 7 is not supported"), std::string::npos) << Error();
+  j["version"] = 1;
+  j["format"] = "pytorch-flight-recorder";
+  std::ofstream(dir_.path() + "/rank_2.json") << j.dump();
+  EXPECT_NE(Error().find("rank_2.json: format is 'pytorch-flight-recorder'"), std::string::npos) << Error();
+}
+
+TEST_F(HangBadInput, GroupsWhoseMembershipDisagreeNameBothFiles) {
+  Copy("not_joined_2x2x2");
+  std::ifstream in(dir_.path() + "/rank_1.json");
+  auto j = nlohmann::json::parse(in);
+  j["groups"][0]["ranks"] = {0, 1, 7};
+  std::ofstream(dir_.path() + "/rank_1.json") << j.dump();
+  const std::string e = Error();
+  EXPECT_NE(e.find("group 'tp.0.0' has different members in"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank_1.json"), std::string::npos) << e;
+}
+
+TEST_F(HangBadInput, EmptyOrMissingDirectories) {
+  EXPECT_NE(Error().find("no flight-recorder dumps"), std::string::npos) << Error();
+  auto missing = LoadDumpDirectory(dir_.path() + "/nope");
+  EXPECT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("is not a directory"), std::string::npos);
+  auto cli = RunCommand(std::string(MEGASCOPE_BIN) + " analyze hang " + dir_.path());
+  EXPECT_EQ(cli.code, 1);
+  EXPECT_NE(cli.out.find("no flight-recorder dumps"), std::string::npos);
+}
+
+// Live: real (2,2,2) runs with faults injected into real worker processes.
+class HangLiveTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_ = dir_.path() + "/notes.bin";
+    ASSERT_TRUE(runtime::PrepareByteTokens(MEGASCOPE_TEST_DATA "/text/notes_on_training.txt", data_).ok());
+  }
+  std::string Train(const std::string& run, const std::string& extra) {
+    return std::string(MEGASCOPE_BIN) + " train --dp 2 --tp 2 --pp 2 --nodes 2 --data " + data_ + " --run-dir " +
+           dir_.path() + "/" + run + " --job h" + std::to_string(::getpid()) + run +
+           " --steps 8 --layers 2 --width 32 --heads 2 --seq 16 --batch 4 " + extra;
+  }
+  nlohmann::json Verdict1(const std::string& args) {
+    auto r = RunCommand(std::string(MEGASCOPE_BIN) + " analyze hang " + args + " --json --min-wait 1");
+    EXPECT_EQ(r.code, 0) << r.out;
+    return nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));
+  }
+  TempDir dir_;
+  std::string data_;
+};
+
+TEST_F(HangLiveTest, AHungRankIsNamedFromTheAgentsWhileTheJobHangs) {
+  pid_t train = ::fork();
+  if (train == 0) {
+    ::setpgid(0, 0);
+    const std::string cmd = "exec " + Train("live", "--timeout 120000 --fault hang:rank=5,step=3") + " >/dev/null 2>&1";
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  std::string agents;
+  nlohmann::json v;
+  for (int i = 0; i < 120; ++i) {  // up to 60 s
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (agents.empty()) {
+      std::ifstream in(dir_.path() + "/live/run.json");
+      if (!in) continue;
+      try {
+        auto j = nlohmann::json::parse(in);
+        for (const auto& a : j["agents"]) agents += (agents.empty() ? "" : ",") + a["url"].get<std::string>();
+      } catch (...) {
+        continue;
+      }
+    }
+    auto r = RunCommand(std::string(MEGASCOPE_BIN) + " analyze hang --agents " + agents + " --json --min-wait 2");
+    if (r.code != 0) continue;
+    v = nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));
+    if (v["kind"] == "hang") break;
+  }
+  ::kill(-train, SIGTERM);
+  ::waitpid(train, nullptr, 0);
+  EXPECT_EQ(v["cause"], "rank_not_joined") << v.dump();
+  EXPECT_EQ(v["root_ranks"], nlohmann::json::array({5}));
+  EXPECT_EQ(v["root_nodes"], nlohmann::json::array({"node1"}));
+}
+
+TEST_F(HangLiveTest, ACrashedRankIsDead) {
+  EXPECT_EQ(RunCommand(Train("crash", "--fault crash:rank=5,step=3")).code, 1);
+  auto v = Verdict1(dir_.path() + "/crash");
+  EXPECT_EQ(v["cause"], "rank_dead") << v.dump();
+  EXPECT_EQ(v["root_ranks"], nlohmann::json::array({5}));
+}
+
+TEST_F(HangLiveTest, AStalledSendNamesThePair) {
+  EXPECT_EQ(RunCommand(Train("stall", "--timeout 3000 --fault stall-send:rank=2,step=2")).code, 1);
+  auto v = Verdict1(dir_.path() + "/stall");
+  EXPECT_EQ(v["cause"], "link_stall") << v.dump();
+  EXPECT_EQ(v["root_ranks"], nlohmann::json::array({2, 6}));
+}
+
+}  // namespace
+}  // namespace megascope::analyzer
