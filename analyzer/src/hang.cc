@@ -191,6 +191,12 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
   };
   std::vector<Link> links;
   std::set<int> waiting;
+  struct CollectiveState {
+    std::vector<int> missing;  // members that have not issued it
+    std::map<std::tuple<int, uint64_t, int>, std::vector<int>> signatures;  // (op, bytes, dtype) -> members
+    bool examined = false;
+  };
+  std::map<std::pair<std::string, int64_t>, CollectiveState> collectives;
   int64_t onset = 0;
   bool failed_seen = false;
 
@@ -237,32 +243,40 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       if (!known) links.push_back(l);
       continue;
     }
-    // A collective: who has not issued this sequence number, and who issued something else.
-    std::map<std::tuple<int, uint64_t, int>, std::vector<int>> signatures;
-    for (int m : members) {
-      if (m < 0 || m >= n) continue;
-      const Rank& M = ranks[m];
-      if (m == R.id) {
-        signatures[{static_cast<int>(b.op), b.bytes, static_cast<int>(b.dtype)}].push_back(m);
-        continue;
+    // A collective: who has not issued this sequence number, and who issued something else. Every
+    // member waiting in the same (group, seq) shares the answer, so it is worked out once.
+    const auto key = std::make_pair(R.blocking_group, static_cast<int64_t>(b.seq));
+    auto cached = collectives.find(key);
+    if (cached == collectives.end()) {
+      CollectiveState cs;
+      for (int m : members) {
+        if (m < 0 || m >= n) continue;
+        const Rank& M = ranks[m];
+        if (!M.present || last_coll(M, R.blocking_group) < static_cast<int64_t>(b.seq)) {
+          cs.missing.push_back(m);
+          continue;
+        }
+        auto it = M.coll.find(key);
+        if (it != M.coll.end()) {
+          const FlightEntry& e = *it->second;
+          cs.signatures[{static_cast<int>(e.op), e.bytes, static_cast<int>(e.dtype)}].push_back(m);
+        }
       }
-      if (!M.present || last_coll(M, R.blocking_group) < static_cast<int64_t>(b.seq)) {
-        wait_on(m);
-        continue;
-      }
-      auto it = M.coll.find({R.blocking_group, static_cast<int64_t>(b.seq)});
-      if (it != M.coll.end()) {
-        const FlightEntry& e = *it->second;
-        signatures[{static_cast<int>(e.op), e.bytes, static_cast<int>(e.dtype)}].push_back(m);
-      }
+      cached = collectives.emplace(key, std::move(cs)).first;
     }
+    for (int m : cached->second.missing) {
+      if (m != R.id) wait_on(m);
+    }
+    if (cached->second.examined) continue;
+    cached->second.examined = true;
+    const auto& signatures = cached->second.signatures;
     if (signatures.size() > 1) {
       // Who departs: a rank whose op here differs from its own previous op in this group (it took
       // another code path); failing that, the minority.
       auto signature_of = [](const FlightEntry& e) {
         return std::tuple<int, uint64_t, int>{static_cast<int>(e.op), e.bytes, static_cast<int>(e.dtype)};
       };
-      std::map<std::tuple<int, uint64_t, int>, int> departs;
+      std::map<std::tuple<int, uint64_t, int>, int> departs;  // signature -> members departing from their past
       for (const auto& [sig, who] : signatures) {
         for (int m : who) {
           const Rank& M = ranks[m];
@@ -300,14 +314,21 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     return v;
   };
   auto node_of = [&](int r) { return ranks[r].present ? ranks[r].dump->snapshot.info.node : std::string("?"); };
+  std::map<int, std::vector<int>> waited_by;  // target -> ranks waiting on it
+  for (const Wait& x : waits) waited_by[x.to].push_back(x.from);
+  // Everyone who waits on `roots`, directly or through others (iterative: chains can be long).
   auto waiters_of = [&](const std::set<int>& roots) {
     std::set<int> w;
-    std::function<void(int)> up = [&](int target) {
-      for (const Wait& x : waits) {
-        if (x.to == target && !roots.count(x.from) && w.insert(x.from).second) up(x.from);
+    std::vector<int> todo(roots.begin(), roots.end());
+    while (!todo.empty()) {
+      const int t = todo.back();
+      todo.pop_back();
+      auto it = waited_by.find(t);
+      if (it == waited_by.end()) continue;
+      for (int from : it->second) {
+        if (!roots.count(from) && w.insert(from).second) todo.push_back(from);
       }
-    };
-    for (int r : roots) up(r);
+    }
     return std::vector<int>(w.begin(), w.end());
   };
   auto wait_lines = [&](int root) {
@@ -371,19 +392,23 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
   for (const Rank& R : ranks) {
     if (R.present) freshest = std::max(freshest, R.dump->snapshot.heartbeat.updated_at_ns - R.offset);
   }
+  // Follow the edges from every waiting rank to the ranks that wait on nobody.
   std::set<int> sinks;
-  std::function<void(int, std::set<int>&)> walk = [&](int r, std::set<int>& seen) {
-    if (!seen.insert(r).second) return;
-    auto it = edges.find(r);
-    if (it == edges.end() || it->second.empty()) {
-      sinks.insert(r);
-      return;
-    }
-    for (int m : it->second) walk(m, seen);
-  };
   {
-    std::set<int> seen;
-    for (int r : waiting) walk(r, seen);
+    std::vector<char> seen(n, 0);
+    std::vector<int> todo(waiting.begin(), waiting.end());
+    while (!todo.empty()) {
+      const int r = todo.back();
+      todo.pop_back();
+      if (seen[r]) continue;
+      seen[r] = 1;
+      auto it = edges.find(r);
+      if (it == edges.end() || it->second.empty()) {
+        sinks.insert(r);
+        continue;
+      }
+      for (int m : it->second) todo.push_back(m);
+    }
   }
   std::map<std::string, std::vector<int>> by_cause;
   std::map<int, std::string> why;
