@@ -4,7 +4,12 @@
 #include <chrono>
 #include <cstdio>
 
+#include <filesystem>
+#include <unistd.h>
+
 #include "megascope/analyzer/hang.h"
+#include "megascope/analyzer/timeline.h"
+#include "megascope/tracer/trace_store.h"
 
 using namespace megascope;
 using namespace megascope::analyzer;
@@ -86,8 +91,54 @@ void Run(int dp, int tp, int pp, double target_s) {
 
 }  // namespace
 
+// Timeline export of 1 M spans (64 ranks x 1000 steps x ~16 spans) from a run directory.
+void Timeline() {
+  const std::string dir = "/tmp/megascope-timeline-bench-" + std::to_string(::getpid());
+  constexpr int kRanks = 64, kSteps = 1000, kPerStep = 16;
+  {
+    auto store = tracer::TraceStore::Open(dir + "/nodes/node0/trace.db");
+    std::vector<std::string> names = {"forward", "backward", "allreduce"};
+    std::vector<tracer::GroupInfo> groups;
+    std::vector<tracer::Record> recs;
+    for (int r = 0; r < kRanks; ++r) {
+      tracer::RankInfo info;
+      info.rank = r;
+      info.node = "node0";
+      info.coords = {r % 4, r / 16, (r / 4) % 4};
+      (void)(*store)->UpsertRank(info);
+      recs.clear();
+      for (int s = 0; s < kSteps; ++s) {
+        for (int k = 0; k < kPerStep; ++k) {
+          tracer::Record rec{};
+          rec.span.type = tracer::RecordType::kSpan;
+          rec.span.kind = static_cast<tracer::SpanKind>(k % 3 == 2 ? 5 : k % 2);
+          rec.span.name = static_cast<uint16_t>(k % 3);
+          rec.span.step = s;
+          rec.span.microbatch = k / 4;
+          rec.span.start_ticks = 1'763'700'000'000'000'000LL + (s * kPerStep + k) * 1'000'000LL;
+          rec.span.end_ticks = rec.span.start_ticks + 900'000;
+          recs.push_back(rec);
+        }
+      }
+      const std::string ring = std::to_string(r);
+      tracer::RingRows rows{&info, {}, &names, &groups, recs, ring, {}};
+      (void)(*store)->Write(std::span<const tracer::RingRows>(&rows, 1), {}, {});
+    }
+  }
+  auto db = RunDatabase::Open(dir);
+  const auto t0 = std::chrono::steady_clock::now();
+  TimelineStats stats;
+  auto json = TimelineJson(**db, TimelineOptions{}, &stats);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("timeline export: %lld spans of %lld ranks -> %.1f MB of JSON in %.2f s (target <= 3 s)\n",
+              static_cast<long long>(stats.spans), static_cast<long long>(stats.ranks),
+              json.ok() ? json->size() / 1e6 : 0.0, s);
+  std::filesystem::remove_all(dir);
+}
+
 int main() {
   Run(96, 8, 16, 1.0);    // 12,288 ranks
   Run(625, 8, 20, 10.0);  // 100,000 ranks
+  Timeline();
   return 0;
 }

@@ -39,6 +39,7 @@ int RunPrepareData(const Args& args);
 int RunAgent(const Args& args);
 int RunQuery(const Args& args);
 int RunAnalyze(const Args& args);
+int RunTimeline(const Args& args);
 int RunMetrics(const Args& args);
 
 }  // namespace megascope::cli

@@ -25,6 +25,7 @@ const Command kCommands[] = {
     {"worker", "one rank of a training job (started by train)", &RunWorkerCommand, true},
     {"agent", "the per-node collector: rings -> trace.db, Prometheus /metrics, /state, /dump", &RunAgent},
     {"analyze", "find the rank at the root of a hang (analyze hang DIR | RUN_DIR | --agents URLs)", &RunAnalyze},
+    {"timeline", "a run's 3D-parallel timeline as Perfetto JSON and a self-contained HTML viewer", &RunTimeline},
     {"query", "SQL and canned questions over a run's trace databases", &RunQuery},
     {"metrics", "export a run's node and training metrics as CSV (metrics export)", &RunMetrics},
     {"trace-demo", "run writer processes through the tracer and drain them (self-demonstration)",

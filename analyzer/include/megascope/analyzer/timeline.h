@@ -1,0 +1,33 @@
+// 3D-parallel timelines (MegaScale's): a run's spans as Chrome trace-event JSON (FORMATS.md
+// section 6; opens in Perfetto and chrome://tracing) -- one process per node, one thread per rank
+// labelled with its coords and sorted (pp, dp, tp), clock offsets applied, flow arrows from each
+// pipeline send to its recv -- and the same data inside the self-contained HTML viewer of
+// dashboards/timeline/.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "megascope/analyzer/query.h"
+
+namespace megascope::analyzer {
+
+struct TimelineOptions {
+  int64_t first_step = 0;
+  int64_t last_step = std::numeric_limits<int64_t>::max();
+  std::vector<int32_t> highlight_ranks;  // e.g. a verdict's root ranks
+  std::string title = "megascope timeline";
+};
+
+struct TimelineStats {
+  int64_t spans = 0, flows = 0, ranks = 0;
+};
+
+// The trace-event JSON of the chosen steps.
+Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& options, TimelineStats* stats = nullptr);
+// The HTML viewer with `trace_json` inside.
+std::string TimelineHtml(const std::string& trace_json, const TimelineOptions& options);
+
+}  // namespace megascope::analyzer

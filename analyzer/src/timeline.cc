@@ -1,0 +1,126 @@
+#include "megascope/analyzer/timeline.h"
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "timeline_viewer.h"  // kViewerHtml, generated from dashboards/timeline/viewer.html
+
+namespace megascope::analyzer {
+namespace {
+
+void AppendNum(std::string& out, double v) {
+  char buf[32];
+  auto [p, ec] = std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::fixed, 3);
+  out.append(buf, p);
+}
+void AppendInt(std::string& out, int64_t v) {
+  char buf[24];
+  auto [p, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+  out.append(buf, p);
+}
+void AppendStr(std::string& out, const std::string& s) {
+  out += nlohmann::json(s).dump();
+}
+
+}  // namespace
+
+Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& o, TimelineStats* stats) {
+  const std::string range = " step >= " + std::to_string(o.first_step) + " AND step <= " + std::to_string(o.last_step);
+  ASSIGN_OR_RETURN(Table ranks, db.Query("SELECT rank, node, dp, pp, tp, MAX(clock_offset_ns) FROM ranks GROUP BY rank ORDER BY pp, dp, tp"));
+  if (ranks.rows.empty()) return NotFound("the run's trace databases list no ranks");
+  std::map<int, int64_t> offset;
+  std::map<std::string, int> node_pid;
+  std::map<int, int> rank_pid;
+  std::string out;
+  out.reserve(1 << 20);
+  out += "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"title\":";
+  AppendStr(out, o.title);
+  out += ",\"highlight_ranks\":" + nlohmann::json(o.highlight_ranks).dump() + "},\"traceEvents\":[\n";
+  bool first = true;
+  auto sep = [&] {
+    if (!first) out += ",\n";
+    first = false;
+  };
+  for (size_t i = 0; i < ranks.rows.size(); ++i) {
+    const auto& row = ranks.rows[i];
+    const int rank = std::stoi(row[0]);
+    offset[rank] = row[5].empty() ? 0 : std::stoll(row[5]);
+    auto [it, added] = node_pid.try_emplace(row[1], static_cast<int>(node_pid.size()));
+    rank_pid[rank] = it->second;
+    if (added) {
+      sep();
+      out += "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":" + std::to_string(it->second) + ",\"tid\":0,\"args\":{\"name\":";
+      AppendStr(out, row[1]);
+      out += "}}";
+    }
+    sep();
+    const std::string label = "rank " + row[0] + " (dp=" + row[2] + ", pp=" + row[3] + ", tp=" + row[4] + ")";
+    out += "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":" + std::to_string(it->second) + ",\"tid\":" + row[0] +
+           ",\"args\":{\"name\":\"" + label + "\",\"dp\":" + row[2] + ",\"pp\":" + row[3] + ",\"tp\":" + row[4] + "}}";
+    sep();
+    out += "{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":" + std::to_string(it->second) + ",\"tid\":" + row[0] +
+           ",\"args\":{\"sort_index\":" + std::to_string(i) + "}}";
+  }
+  ASSIGN_OR_RETURN(Table spans, db.Query("SELECT rank, step, microbatch, kind, name, start_ns, end_ns FROM spans WHERE" +
+                                         range + " ORDER BY start_ns"));
+  int64_t t_min = std::numeric_limits<int64_t>::max(), t_max = 0;
+  for (const auto& row : spans.rows) {
+    const int rank = std::stoi(row[0]);
+    if (!rank_pid.count(rank)) continue;
+    const int64_t start = std::stoll(row[5]) - offset[rank], end = std::stoll(row[6]) - offset[rank];
+    t_min = std::min(t_min, start);
+    t_max = std::max(t_max, end);
+    sep();
+    out += "{\"ph\":\"X\",\"name\":";
+    AppendStr(out, row[4]);
+    out += ",\"cat\":\"" + row[3] + "\",\"ts\":";
+    AppendNum(out, static_cast<double>(start) / 1000.0);
+    out += ",\"dur\":";
+    AppendNum(out, static_cast<double>(end - start) / 1000.0);
+    out += ",\"pid\":";
+    AppendInt(out, rank_pid[rank]);
+    out += ",\"tid\":" + row[0] + ",\"args\":{\"step\":" + row[1] + (row[2].empty() ? "" : ",\"microbatch\":" + row[2]) + "}}";
+  }
+  int64_t flows = 0;
+  if (!spans.rows.empty()) {
+    // Pipeline transfers: the k-th send from a to b in a group matches the k-th recv on b from a.
+    ASSIGN_OR_RETURN(Table p2p, db.Query(
+        "SELECT s.rank, r.rank, s.started_ns, r.completed_ns FROM collectives s JOIN collectives r "
+        "ON s.grp = r.grp AND s.seq = r.seq AND s.op = 'send' AND r.op = 'recv' AND r.peer = s.rank AND s.peer = r.rank "
+        "AND s.attempt = r.attempt WHERE s.started_ns >= " + std::to_string(t_min) + " - 1000000000 AND r.completed_ns <= " +
+        std::to_string(t_max) + " + 1000000000 ORDER BY s.started_ns"));
+    for (const auto& row : p2p.rows) {
+      const int from = std::stoi(row[0]), to = std::stoi(row[1]);
+      if (!rank_pid.count(from) || !rank_pid.count(to) || row[2].empty() || row[3].empty()) continue;
+      const std::string id = std::to_string(++flows);
+      sep();
+      out += "{\"ph\":\"s\",\"name\":\"p2p\",\"cat\":\"pipeline\",\"id\":" + id + ",\"pid\":" + std::to_string(rank_pid[from]) +
+             ",\"tid\":" + row[0] + ",\"ts\":";
+      AppendNum(out, static_cast<double>(std::stoll(row[2]) - offset[from]) / 1000.0);
+      out += "},\n{\"ph\":\"f\",\"bp\":\"e\",\"name\":\"p2p\",\"cat\":\"pipeline\",\"id\":" + id + ",\"pid\":" +
+             std::to_string(rank_pid[to]) + ",\"tid\":" + row[1] + ",\"ts\":";
+      AppendNum(out, static_cast<double>(std::stoll(row[3]) - offset[to]) / 1000.0);
+      out += "}";
+    }
+  }
+  out += "\n]}\n";
+  if (stats != nullptr) *stats = {static_cast<int64_t>(spans.rows.size()), flows, static_cast<int64_t>(ranks.rows.size())};
+  return out;
+}
+
+std::string TimelineHtml(const std::string& trace_json, const TimelineOptions& o) {
+  std::string html = kViewerHtml;
+  const std::string marker = "/*MEGASCOPE_TRACE*/null";
+  const auto at = html.find(marker);
+  std::string data = trace_json;
+  // Keep "</script>" inside strings from ending the script element.
+  for (size_t p = 0; (p = data.find("</", p)) != std::string::npos; p += 3) data.replace(p, 2, "<\\/");
+  if (at != std::string::npos) html.replace(at, marker.size(), data);
+  const auto title = html.find("<title>");
+  if (title != std::string::npos) html.insert(title + 7, o.title + " - ");
+  return html;
+}
+
+}  // namespace megascope::analyzer

@@ -1,0 +1,64 @@
+// `megascope timeline`: a run's 3D-parallel timeline as Chrome/Perfetto JSON and HTML.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "command.h"
+#include "megascope/analyzer/timeline.h"
+
+namespace megascope::cli {
+
+int RunTimeline(const Args& args) {
+  std::string run_dir, steps, out, html, highlight;
+  po::options_description opts("Options");
+  opts.add_options()("help,h", "show this help")
+      ("run-dir", po::value(&run_dir)->required(), "run directory")
+      ("steps", po::value(&steps), "A:B, the steps to show (default: all)")
+      ("out,o", po::value(&out), "Chrome trace-event JSON to write (open in Perfetto or chrome://tracing)")
+      ("html", po::value(&html), "self-contained HTML viewer to write")
+      ("highlight", po::value(&highlight), "comma-separated ranks to highlight (e.g. a verdict's roots)");
+  po::positional_options_description pos;
+  pos.add("run-dir", 1);
+  po::variables_map vm;
+  if (auto rc = ParseArgs("timeline", "megascope timeline RUN_DIR --steps A:B -o out.json [--html out.html]", args, opts, pos, &vm)) {
+    return *rc;
+  }
+  if (out.empty() && html.empty()) return Fail("timeline", "give -o out.json and/or --html out.html", 2);
+  analyzer::TimelineOptions o;
+  if (!steps.empty()) {
+    const auto colon = steps.find(':');
+    try {
+      o.first_step = std::stoll(steps.substr(0, colon));
+      o.last_step = colon == std::string::npos ? o.first_step : std::stoll(steps.substr(colon + 1));
+    } catch (const std::exception&) {
+      return Fail("timeline", "--steps must be A:B (e.g. 3:5)", 2);
+    }
+    if (o.last_step < o.first_step) return Fail("timeline", "--steps A:B needs A <= B", 2);
+  }
+  std::stringstream ss(highlight);
+  for (std::string r; std::getline(ss, r, ',');) {
+    try {
+      o.highlight_ranks.push_back(std::stoi(r));
+    } catch (const std::exception&) {
+      return Fail("timeline", "--highlight takes rank numbers", 2);
+    }
+  }
+  o.title = "megascope timeline of " + run_dir;
+  auto db = analyzer::RunDatabase::Open(run_dir);
+  if (!db.ok()) return Fail("timeline", db.status().message());
+  analyzer::TimelineStats stats;
+  auto json = analyzer::TimelineJson(**db, o, &stats);
+  if (!json.ok()) return Fail("timeline", json.status().message());
+  if (stats.spans == 0) std::fprintf(stderr, "megascope timeline: warning: no spans in steps %s\n", steps.c_str());
+  for (const auto& [path, text] : {std::pair<std::string, std::string>{out, *json},
+                                   {html, html.empty() ? "" : analyzer::TimelineHtml(*json, o)}}) {
+    if (path.empty()) continue;
+    std::ofstream f(path);
+    if (!(f << text) || !f.flush()) return Fail("timeline", "cannot write " + path);
+    std::printf("wrote %s (%lld spans of %lld ranks, %lld pipeline arrows)\n", path.c_str(),
+                static_cast<long long>(stats.spans), static_cast<long long>(stats.ranks), static_cast<long long>(stats.flows));
+  }
+  return 0;
+}
+
+}  // namespace megascope::cli
