@@ -163,6 +163,27 @@ per_rank AS (SELECT b.rank, b.step, b.wall, b.busy - COALESCE(c.nested, 0) AS co
 
 }  // namespace
 
+int64_t RunDatabase::Row::Int(int c) const { return sqlite3_column_int64(st_, c); }
+double RunDatabase::Row::Double(int c) const { return sqlite3_column_double(st_, c); }
+std::string_view RunDatabase::Row::Text(int c) const {
+  const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(st_, c));
+  return p == nullptr ? std::string_view() : std::string_view(p, static_cast<size_t>(sqlite3_column_bytes(st_, c)));
+}
+bool RunDatabase::Row::IsNull(int c) const { return sqlite3_column_type(st_, c) == SQLITE_NULL; }
+
+Status RunDatabase::Scan(const std::string& sql, const std::function<void(const Row&)>& fn) {
+  sqlite3_stmt* st = nullptr;
+  if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st, nullptr) != SQLITE_OK) {
+    return InvalidArgument(std::string("bad SQL: ") + sqlite3_errmsg(db_));
+  }
+  int rc;
+  const Row row(st);
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) fn(row);
+  const std::string err = rc == SQLITE_DONE ? "" : sqlite3_errmsg(db_);
+  sqlite3_finalize(st);
+  return err.empty() ? Status::Ok() : InvalidArgument("query failed: " + err);
+}
+
 std::string StepsSql() {
   return std::string(kPerRankStep) + R"sql(
 SELECT step, COUNT(*) AS ranks, ROUND(MAX(wall) / 1e6, 3) AS step_ms, ROUND(AVG(compute) / 1e6, 3) AS compute_ms,

@@ -21,6 +21,13 @@ void AppendInt(std::string& out, int64_t v) {
   out.append(buf, p);
 }
 void AppendStr(std::string& out, const std::string& s) {
+  if (s.find_first_of("\"\\") == std::string::npos &&
+      std::none_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; })) {
+    out += '"';
+    out += s;
+    out += '"';
+    return;
+  }
   out += nlohmann::json(s).dump();
 }
 
@@ -63,28 +70,40 @@ Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& o, Time
     out += "{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":" + std::to_string(it->second) + ",\"tid\":" + row[0] +
            ",\"args\":{\"sort_index\":" + std::to_string(i) + "}}";
   }
-  ASSIGN_OR_RETURN(Table spans, db.Query("SELECT rank, step, microbatch, kind, name, start_ns, end_ns FROM spans WHERE" +
-                                         range + " ORDER BY start_ns"));
-  int64_t t_min = std::numeric_limits<int64_t>::max(), t_max = 0;
-  for (const auto& row : spans.rows) {
-    const int rank = std::stoi(row[0]);
-    if (!rank_pid.count(rank)) continue;
-    const int64_t start = std::stoll(row[5]) - offset[rank], end = std::stoll(row[6]) - offset[rank];
-    t_min = std::min(t_min, start);
-    t_max = std::max(t_max, end);
-    sep();
-    out += "{\"ph\":\"X\",\"name\":";
-    AppendStr(out, row[4]);
-    out += ",\"cat\":\"" + row[3] + "\",\"ts\":";
-    AppendNum(out, static_cast<double>(start) / 1000.0);
-    out += ",\"dur\":";
-    AppendNum(out, static_cast<double>(end - start) / 1000.0);
-    out += ",\"pid\":";
-    AppendInt(out, rank_pid[rank]);
-    out += ",\"tid\":" + row[0] + ",\"args\":{\"step\":" + row[1] + (row[2].empty() ? "" : ",\"microbatch\":" + row[2]) + "}}";
-  }
+  int64_t t_min = std::numeric_limits<int64_t>::max(), t_max = 0, nspans = 0;
+  RETURN_IF_ERROR(db.Scan("SELECT rank, step, microbatch, kind, name, start_ns, end_ns FROM spans WHERE" + range +
+                              " ORDER BY start_ns",
+                          [&](const RunDatabase::Row& row) {
+                            const int rank = static_cast<int>(row.Int(0));
+                            auto pid = rank_pid.find(rank);
+                            if (pid == rank_pid.end()) return;
+                            const int64_t start = row.Int(5) - offset[rank], end = row.Int(6) - offset[rank];
+                            t_min = std::min(t_min, start);
+                            t_max = std::max(t_max, end);
+                            ++nspans;
+                            sep();
+                            out += "{\"ph\":\"X\",\"name\":";
+                            AppendStr(out, std::string(row.Text(4)));
+                            out += ",\"cat\":\"";
+                            out += row.Text(3);
+                            out += "\",\"ts\":";
+                            AppendNum(out, static_cast<double>(start) / 1000.0);
+                            out += ",\"dur\":";
+                            AppendNum(out, static_cast<double>(end - start) / 1000.0);
+                            out += ",\"pid\":";
+                            AppendInt(out, pid->second);
+                            out += ",\"tid\":";
+                            AppendInt(out, rank);
+                            out += ",\"args\":{\"step\":";
+                            AppendInt(out, row.Int(1));
+                            if (!row.IsNull(2)) {
+                              out += ",\"microbatch\":";
+                              AppendInt(out, row.Int(2));
+                            }
+                            out += "}}";
+                          }));
   int64_t flows = 0;
-  if (!spans.rows.empty()) {
+  if (nspans > 0) {
     // Pipeline transfers: the k-th send from a to b in a group matches the k-th recv on b from a.
     ASSIGN_OR_RETURN(Table p2p, db.Query(
         "SELECT s.rank, r.rank, s.started_ns, r.completed_ns FROM collectives s JOIN collectives r "
@@ -106,7 +125,7 @@ Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& o, Time
     }
   }
   out += "\n]}\n";
-  if (stats != nullptr) *stats = {static_cast<int64_t>(spans.rows.size()), flows, static_cast<int64_t>(ranks.rows.size())};
+  if (stats != nullptr) *stats = {nspans, flows, static_cast<int64_t>(ranks.rows.size())};
   return out;
 }
 

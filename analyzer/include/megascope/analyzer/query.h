@@ -10,7 +10,11 @@
 
 #include "megascope/tracer/status.h"
 
+#include <functional>
+#include <string_view>
+
 struct sqlite3;
+struct sqlite3_stmt;
 
 namespace megascope::analyzer {
 
@@ -28,6 +32,20 @@ class RunDatabase {
   ~RunDatabase();
   // One read-only statement; errors name what SQLite said.
   Result<Table> Query(const std::string& sql);
+  // A row of Scan(): typed access without copying every cell into a string.
+  class Row {
+   public:
+    explicit Row(sqlite3_stmt* st) : st_(st) {}
+    int64_t Int(int col) const;
+    double Double(int col) const;
+    std::string_view Text(int col) const;
+    bool IsNull(int col) const;
+
+   private:
+    sqlite3_stmt* st_;
+  };
+  // Streams the rows of a read-only statement through `fn` (for large results).
+  Status Scan(const std::string& sql, const std::function<void(const Row&)>& fn);
   int nodes() const { return nodes_; }
 
  private:
