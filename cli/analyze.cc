@@ -9,7 +9,7 @@
 namespace megascope::cli {
 
 int RunAnalyze(const Args& args) {
-  std::string what, source, agents;
+  std::string what, source, agents, pytorch;
   bool json = false;
   analyzer::HangOptions ho;
   po::options_description opts("Options");
@@ -17,6 +17,7 @@ int RunAnalyze(const Args& args) {
       ("what", po::value(&what)->required(), "hang")
       ("source", po::value(&source), "a directory of dumps, or a run directory (its newest dumps/attempt_*)")
       ("agents", po::value(&agents), "live: comma-separated agent URLs (http://127.0.0.1:PORT,...)")
+      ("pytorch", po::value(&pytorch), "a directory of PyTorch Flight Recorder JSON dumps, one per rank")
       ("json", po::bool_switch(&json), "verdicts as JSON lines (FORMATS.md section 2)")
       ("min-wait", po::value(&ho.min_wait_s)->default_value(ho.min_wait_s), "seconds in an op before it counts as a wait")
       ("stale-heartbeat", po::value(&ho.stale_heartbeat_s)->default_value(ho.stale_heartbeat_s),
@@ -24,17 +25,21 @@ int RunAnalyze(const Args& args) {
   po::positional_options_description pos;
   pos.add("what", 1).add("source", 1);
   po::variables_map vm;
-  if (auto rc = ParseArgs("analyze", "megascope analyze hang (DIR | RUN_DIR | --agents URL,...) [--json]", args, opts, pos, &vm)) {
+  if (auto rc = ParseArgs("analyze", "megascope analyze hang (DIR | RUN_DIR | --agents URL,... | --pytorch DIR) [--json]", args, opts, pos, &vm)) {
     return *rc;
   }
   if (what != "hang") return Fail("analyze", "unknown analysis '" + what + "' (hang)", 2);
-  if (source.empty() == agents.empty()) return Fail("analyze", "give a dump or run directory, or --agents", 2);
+  if (source.empty() + agents.empty() + pytorch.empty() != 2) {
+    return Fail("analyze", "give one of: a dump or run directory, --agents URL,..., --pytorch DIR", 2);
+  }
   std::vector<std::string> urls;
   std::stringstream ss(agents);
   for (std::string u; std::getline(ss, u, ',');) {
     if (!u.empty()) urls.push_back(u);
   }
-  auto in = urls.empty() ? analyzer::LoadDumpDirectory(source) : analyzer::LoadFromAgents(urls);
+  auto in = !urls.empty() ? analyzer::LoadFromAgents(urls)
+            : !pytorch.empty() ? analyzer::LoadPyTorchDumps(pytorch)
+                               : analyzer::LoadDumpDirectory(source);
   if (!in.ok()) return Fail("analyze", in.status().message());
   const auto verdicts = analyzer::AnalyzeHang(*in, ho);
   if (json) {

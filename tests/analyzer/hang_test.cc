@@ -85,6 +85,37 @@ TEST(HangScenarioCount, AtLeastFifteenCoveringEveryCause) {
   }
 }
 
+TEST(PyTorchImportTest, FlightRecorderDumpsGetARootCause) {
+  auto in = LoadPyTorchDumps(MEGASCOPE_TEST_DATA "/pytorch/rank_not_joined");
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  EXPECT_EQ(in->world_size, 4);
+  const auto& r3 = in->ranks[3].dump.snapshot;
+  ASSERT_EQ(r3.groups.size(), 2u);
+  EXPECT_EQ(r3.groups[0].ranks, (std::vector<int32_t>{0, 1, 2, 3}));  // parsed from PyTorch's "[0, 1, 2, 3]"
+  EXPECT_EQ(r3.entries[1].op, tracer::OpType::kRecv);
+  EXPECT_EQ(r3.entries[1].peer, 2);
+  EXPECT_EQ(r3.entries[1].dtype, tracer::DType::kBf16);
+  EXPECT_EQ(r3.entries[1].bytes, 512u * 1024u * 2u);
+  const auto v = AnalyzeHang(*in);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].cause, "rank_not_joined");
+  EXPECT_EQ(v[0].root_ranks, std::vector<int32_t>{2});
+  EXPECT_EQ(v[0].waiting_ranks, (std::vector<int32_t>{0, 1, 3}));
+  auto cli = RunCommand(std::string(MEGASCOPE_BIN) + " analyze hang --pytorch " MEGASCOPE_TEST_DATA "/pytorch/rank_not_joined --json");
+  EXPECT_EQ(cli.code, 0);
+  EXPECT_NE(cli.out.find("\"root_ranks\":[2]"), std::string::npos) << cli.out;
+}
+
+TEST(PyTorchImportTest, BadFilesAreNamed) {
+  TempDir dir;
+  std::ofstream(dir.path() + "/rank_0.json") << "{\"version\": \"2.4\"}";
+  auto in = LoadPyTorchDumps(dir.path());
+  ASSERT_FALSE(in.ok());
+  EXPECT_NE(in.status().message().find("rank_0.json: not a PyTorch Flight Recorder dump"), std::string::npos);
+  std::ofstream(dir.path() + "/rank_0.json") << "\x80\x04pickle";
+  EXPECT_NE(LoadPyTorchDumps(dir.path()).status().message().find("malformed JSON"), std::string::npos);
+}
+
 class HangBadInput : public ::testing::Test {
  protected:
   void Copy(const std::string& scenario) {

@@ -1,0 +1,174 @@
+// PyTorch Flight Recorder import: its JSON dumps become megascope dumps, so PyTorch users get
+// root causes from the same analysis (NOTES.md lists the field names).
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+
+#include "megascope/analyzer/hang.h"
+
+namespace megascope::analyzer {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using tracer::DType;
+using tracer::OpState;
+using tracer::OpType;
+
+std::vector<int32_t> ParseRanks(const json& v) {
+  std::vector<int32_t> out;
+  if (v.is_array()) {
+    for (const auto& r : v) out.push_back(r.get<int32_t>());
+    return out;
+  }
+  if (v.is_string()) {  // PyTorch writes the list as a string: "[0, 1, 2]"
+    static const std::regex kInt(R"(\d+)");
+    const std::string s = v;
+    for (auto it = std::sregex_iterator(s.begin(), s.end(), kInt); it != std::sregex_iterator(); ++it) {
+      out.push_back(std::stoi(it->str()));
+    }
+  }
+  return out;
+}
+
+DType DTypeOf(const std::string& s) {
+  if (s == "BFloat16") return DType::kBf16;
+  if (s == "Half") return DType::kF16;
+  if (s == "Double") return DType::kF64;
+  if (s == "Int" || s == "Int32") return DType::kI32;
+  if (s == "Long" || s == "Int64") return DType::kI64;
+  if (s == "Byte" || s == "Bool" || s == "Char") return DType::kU8;
+  return DType::kF32;
+}
+
+// "nccl:all_reduce" -> allreduce; "nccl:send 0->1" / "nccl:recv 1<-0" carry the peer.
+bool OpOf(const std::string& name, int self, OpType* op, int* peer) {
+  std::string n = name.substr(name.find(':') == std::string::npos ? 0 : name.find(':') + 1);
+  *peer = -1;
+  static const std::regex kP2P(R"((send|recv)\s+(\d+)\s*(->|<-)\s*(\d+))");
+  std::smatch m;
+  if (std::regex_search(n, m, kP2P)) {
+    *op = m[1] == "send" ? OpType::kSend : OpType::kRecv;
+    const int a = std::stoi(m[2]), b = std::stoi(m[4]);
+    *peer = a == self ? b : a;
+    return true;
+  }
+  n = n.substr(0, n.find(' '));
+  if (n.find("all_reduce") != std::string::npos || n == "allreduce") *op = OpType::kAllreduce;
+  else if (n.find("reduce_scatter") != std::string::npos) *op = OpType::kReduceScatter;
+  else if (n.find("all_gather") != std::string::npos || n.find("allgather") != std::string::npos) *op = OpType::kAllgather;
+  else if (n.find("broadcast") != std::string::npos) *op = OpType::kBroadcast;
+  else if (n.find("barrier") != std::string::npos) *op = OpType::kBarrier;
+  else if (n.find("all_to_all") != std::string::npos || n.find("alltoall") != std::string::npos) *op = OpType::kAlltoall;
+  else if (n.find("reduce") != std::string::npos) *op = OpType::kReduce;
+  else return false;
+  return true;
+}
+
+int64_t Ns(const json& e, const char* key) {
+  auto it = e.find(key);
+  return it == e.end() || !it->is_number() ? 0 : it->get<int64_t>();
+}
+
+Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hint) {
+  tracer::Dump d;
+  auto& s = d.snapshot;
+  if (!j.is_object() || !j.contains("entries") || !j.contains("pg_config")) {
+    return InvalidArgument(file + ": not a PyTorch Flight Recorder dump (needs 'pg_config' and 'entries')");
+  }
+  const int rank = j.value("rank", rank_hint);
+  if (rank < 0) return InvalidArgument(file + ": cannot tell the rank (no 'rank' field, no digits ending the file name)");
+  s.info.rank = rank;
+  s.info.job = "pytorch";
+  s.info.node = j.value("hostname", "unknown");
+  std::map<std::string, int> group_of;  // pg name -> index
+  int world = rank + 1;
+  for (const auto& [key, pg] : j["pg_config"].items()) {
+    tracer::GroupInfo g;
+    g.name = pg.value("name", key);
+    g.kind = pg.value("desc", "pg");
+    if (g.kind.size() > 7) g.kind = g.kind.substr(0, 7);
+    g.ranks = ParseRanks(pg.value("ranks", json::array()));
+    for (int r : g.ranks) world = std::max(world, r + 1);
+    group_of[g.name] = static_cast<int>(s.groups.size());
+    s.groups.push_back(std::move(g));
+  }
+  s.info.world_size = world;
+  std::map<std::tuple<int, int, int>, uint64_t> p2p_seq;  // (group, peer, send?) -> next
+  int64_t latest = 0;
+  uint64_t id = 0;
+  for (const auto& e : j["entries"]) {
+    std::string pg;
+    if (e.contains("process_group") && e["process_group"].is_array() && !e["process_group"].empty()) {
+      pg = e["process_group"][0].get<std::string>();
+    } else if (e.contains("pg_id")) {
+      pg = e["pg_id"].is_string() ? e["pg_id"].get<std::string>() : std::to_string(e["pg_id"].get<int>());
+    }
+    auto git = group_of.find(pg);
+    if (git == group_of.end()) return InvalidArgument(file + ": entry " + std::to_string(id) + " names process group '" + pg + "', not in pg_config");
+    tracer::FlightEntry f;
+    f.id = ++id;
+    f.group = git->second;
+    int peer = -1;
+    if (!OpOf(e.value("profiling_name", ""), rank, &f.op, &peer)) continue;  // not a communication op
+    f.peer = peer;
+    if (tracer::IsP2P(f.op)) {
+      f.seq = p2p_seq[{f.group, peer, f.op == OpType::kSend}]++;
+    } else {
+      f.seq = e.value("collective_seq_id", 0);
+    }
+    const std::string dt = e.contains("input_dtypes") && !e["input_dtypes"].empty() ? e["input_dtypes"][0].get<std::string>() : "Float";
+    f.dtype = DTypeOf(dt);
+    uint64_t elems = 1;
+    if (e.contains("input_sizes") && !e["input_sizes"].empty()) {
+      for (const auto& d : e["input_sizes"][0]) elems *= d.get<uint64_t>();
+    }
+    f.bytes = elems * tracer::DTypeSize(f.dtype);
+    const std::string st = e.value("state", "scheduled");
+    f.state = st == "completed" ? OpState::kCompleted : st == "started" ? OpState::kStarted : OpState::kEnqueued;
+    f.enqueued_at_ns = Ns(e, "time_created_ns");
+    f.started_at_ns = Ns(e, "time_discovered_started_ns");
+    f.completed_at_ns = Ns(e, "time_discovered_completed_ns");
+    latest = std::max({latest, f.enqueued_at_ns, f.started_at_ns, f.completed_at_ns});
+    s.entries.push_back(f);
+  }
+  struct stat stt{};
+  const int64_t mtime = ::stat(file.c_str(), &stt) == 0 ? stt.st_mtim.tv_sec * 1'000'000'000LL + stt.st_mtim.tv_nsec : 0;
+  d.dumped_at_ns = std::max(latest, mtime);  // written when the watchdog fired
+  d.alive = true;
+  return d;
+}
+
+}  // namespace
+
+Result<HangInput> LoadPyTorchDumps(const std::string& dir) {
+  if (!fs::is_directory(dir)) return NotFound(dir + " is not a directory");
+  std::vector<std::pair<std::string, tracer::Dump>> dumps;
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.is_regular_file()) files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  static const std::regex kTrailingRank(R"((\d+)(\.json)?$)");
+  for (const auto& f : files) {
+    std::ifstream in(f);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const json j = json::parse(ss.str(), nullptr, false);
+    if (j.is_discarded()) return InvalidArgument(f + ": malformed JSON (pickled dumps must be converted to JSON first)");
+    std::smatch m;
+    const std::string name = fs::path(f).filename().string();
+    const int hint = std::regex_search(name, m, kTrailingRank) ? std::stoi(m[1]) : -1;
+    ASSIGN_OR_RETURN(tracer::Dump d, Convert(j, f, hint));
+    dumps.emplace_back(f, std::move(d));
+  }
+  if (dumps.empty()) return NotFound("no PyTorch Flight Recorder dumps in " + dir);
+  return MakeHangInput(std::move(dumps));
+}
+
+}  // namespace megascope::analyzer
