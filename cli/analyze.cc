@@ -5,16 +5,18 @@
 #include "command.h"
 #include "megascope/analyzer/hang.h"
 #include "megascope/analyzer/live.h"
+#include "megascope/analyzer/slow.h"
 
 namespace megascope::cli {
 
 int RunAnalyze(const Args& args) {
-  std::string what, source, agents, pytorch;
+  std::string what, source, agents, pytorch, steps;
   bool json = false;
   analyzer::HangOptions ho;
   po::options_description opts("Options");
   opts.add_options()("help,h", "show this help")
-      ("what", po::value(&what)->required(), "hang")
+      ("what", po::value(&what)->required(), "hang | slow")
+      ("steps", po::value(&steps), "slow: A:B, the steps to look at")
       ("source", po::value(&source), "a directory of dumps, or a run directory (its newest dumps/attempt_*)")
       ("agents", po::value(&agents), "live: comma-separated agent URLs (http://127.0.0.1:PORT,...)")
       ("pytorch", po::value(&pytorch), "a directory of PyTorch Flight Recorder JSON dumps, one per rank")
@@ -25,10 +27,32 @@ int RunAnalyze(const Args& args) {
   po::positional_options_description pos;
   pos.add("what", 1).add("source", 1);
   po::variables_map vm;
-  if (auto rc = ParseArgs("analyze", "megascope analyze hang (DIR | RUN_DIR | --agents URL,... | --pytorch DIR) [--json]", args, opts, pos, &vm)) {
+  if (auto rc = ParseArgs("analyze", "megascope analyze hang (DIR | RUN_DIR | --agents URL,... | --pytorch DIR) [--json]\n       megascope analyze slow RUN_DIR [--steps A:B] [--json]", args, opts, pos, &vm)) {
     return *rc;
   }
-  if (what != "hang") return Fail("analyze", "unknown analysis '" + what + "' (hang)", 2);
+  if (what == "slow") {
+    if (source.empty()) return Fail("analyze", "analyze slow needs a run directory", 2);
+    analyzer::SlowOptions so;
+    if (!steps.empty()) {
+      try {
+        so.first_step = std::stoll(steps.substr(0, steps.find(':')));
+        so.last_step = steps.find(':') == std::string::npos ? so.first_step : std::stoll(steps.substr(steps.find(':') + 1));
+      } catch (const std::exception&) {
+        return Fail("analyze", "--steps must be A:B", 2);
+      }
+    }
+    auto db = analyzer::RunDatabase::Open(source);
+    if (!db.ok()) return Fail("analyze", db.status().message());
+    auto rep = analyzer::AnalyzeSlow(**db, so);
+    if (!rep.ok()) return Fail("analyze", rep.status().message());
+    if (json) {
+      for (const Verdict& v : rep->verdicts) std::printf("%s\n", VerdictToJson(v).c_str());
+    } else {
+      std::printf("%s", analyzer::FormatSlowReport(*rep).c_str());
+    }
+    return 0;
+  }
+  if (what != "hang") return Fail("analyze", "unknown analysis '" + what + "' (hang, slow)", 2);
   if (source.empty() + agents.empty() + pytorch.empty() != 2) {
     return Fail("analyze", "give one of: a dump or run directory, --agents URL,..., --pytorch DIR", 2);
   }

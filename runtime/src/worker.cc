@@ -182,7 +182,10 @@ class Worker {
       std::fflush(stderr);
       std::abort();
     }
-    if (const Fault* f = FaultAt("slow", step)) BurnSeconds(f->seconds);
+    if (const Fault* f = FaultAt("slow", step)) {  // extra compute, as a slow GPU would take
+      tracer::Tracer::Scope span(tracer_.get(), SpanKind::kCompute, names_["fault"], step);
+      BurnSeconds(f->seconds);
+    }
     if (FaultAt("stall-send", step)) comm_->ArmSendStall();
 
     double loss_sum = 0;

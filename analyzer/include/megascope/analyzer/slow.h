@@ -1,0 +1,33 @@
+// Slowdown analysis (MegaScale): per step, each rank's compute time against its peers at the same
+// (pp, tp) -- persistent compute stragglers -- and, at every collective, the last rank to arrive,
+// with the waiting it caused the others summed per rank -- communication stragglers -- plus the
+// pipeline bubble share. Verdicts of kind "slow" carry the cost in seconds per step.
+#pragma once
+
+#include <limits>
+#include <vector>
+
+#include "megascope/analyzer/query.h"
+#include "megascope/tracer/verdict.h"
+
+namespace megascope::analyzer {
+
+struct SlowOptions {
+  int64_t first_step = 0;
+  int64_t last_step = std::numeric_limits<int64_t>::max();
+  double compute_ratio = 1.2;  // compute this much above its peers' median makes a step slow
+  double persistent_share = 0.6;  // ...in at least this share of the steps
+  double min_cost_s = 0.005;  // ignore stragglers costing less per step
+};
+
+struct SlowReport {
+  std::vector<Verdict> verdicts;  // kind "slow", or one "healthy"
+  double bubble_share = 0;  // of step time, averaged
+  double mean_step_s = 0;
+  int64_t steps = 0;
+};
+
+Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& options = {});
+std::string FormatSlowReport(const SlowReport& report);
+
+}  // namespace megascope::analyzer

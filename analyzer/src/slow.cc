@@ -1,0 +1,165 @@
+#include "megascope/analyzer/slow.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+#include "megascope/tracer/clock.h"
+
+namespace megascope::analyzer {
+namespace {
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+std::string Fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof(b), f, v);
+  return b;
+}
+
+}  // namespace
+
+Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
+  SlowReport rep;
+  const std::string range = "step >= " + std::to_string(o.first_step) + " AND step <= " + std::to_string(o.last_step);
+  struct RankMeta {
+    std::string node;
+    int dp = 0, pp = 0, tp = 0;
+    int64_t offset = 0;
+  };
+  std::map<int, RankMeta> meta;
+  RETURN_IF_ERROR(db.Scan("SELECT rank, node, dp, pp, tp, MAX(clock_offset_ns) FROM ranks GROUP BY rank", [&](const RunDatabase::Row& r) {
+    meta[static_cast<int>(r.Int(0))] = {std::string(r.Text(1)), static_cast<int>(r.Int(2)), static_cast<int>(r.Int(3)),
+                                        static_cast<int>(r.Int(4)), r.Int(5)};
+  }));
+  // Per rank and step: compute (without nested collectives), comm, wall.
+  std::map<int64_t, std::map<int, double>> compute;  // step -> rank -> s
+  std::map<int64_t, double> wall, busy;  // step -> max wall; summed per-rank accounted time
+  std::map<int64_t, int> ranks_in_step;
+  const std::string per_rank = StepsSql();  // reuse its per_rank CTE through a view of our own
+  const std::string sql = per_rank.substr(0, per_rank.find("SELECT step, COUNT(*)")) +
+                          "SELECT rank, step, wall, compute, comm, data FROM per_rank WHERE " + range;
+  RETURN_IF_ERROR(db.Scan(sql, [&](const RunDatabase::Row& r) {
+    const int64_t step = r.Int(1);
+    compute[step][static_cast<int>(r.Int(0))] = r.Double(3) / 1e9;
+    wall[step] = std::max(wall[step], r.Double(2) / 1e9);
+    busy[step] += (r.Double(3) + r.Double(4) + r.Double(5)) / 1e9;
+    ++ranks_in_step[step];
+  }));
+  rep.steps = static_cast<int64_t>(compute.size());
+  if (rep.steps == 0) return NotFound("no spans in steps " + std::to_string(o.first_step) + ".. of this run");
+  double step_sum = 0, bubble_sum = 0;
+  for (const auto& [step, w] : wall) {
+    step_sum += w;
+    const double idle = std::max(0.0, w - busy[step] / std::max(1, ranks_in_step[step]));
+    bubble_sum += w > 0 ? idle / w : 0;
+  }
+  rep.mean_step_s = step_sum / static_cast<double>(rep.steps);
+  rep.bubble_share = bubble_sum / static_cast<double>(rep.steps);
+
+  // 1. Compute stragglers: against the median of the peers at the same (pp, tp).
+  std::map<int, int> slow_steps;
+  std::map<int, double> extra;  // rank -> summed seconds above its peers' median
+  for (const auto& [step, per] : compute) {
+    for (const auto& [rank, s] : per) {
+      // Its peers: the others at the same (pp, tp), whose median a straggler cannot drag along.
+      std::vector<double> others;
+      for (const auto& [r2, s2] : per) {
+        if (r2 != rank && meta[r2].pp == meta[rank].pp && meta[r2].tp == meta[rank].tp) others.push_back(s2);
+      }
+      if (others.empty()) continue;
+      const double med = Median(others);
+      if (med > 0 && s > o.compute_ratio * med) ++slow_steps[rank];
+      extra[rank] += std::max(0.0, s - med);
+    }
+  }
+  for (const auto& [rank, n] : slow_steps) {
+    const double cost = extra[rank] / static_cast<double>(rep.steps);
+    if (n < o.persistent_share * static_cast<double>(rep.steps) || cost < o.min_cost_s) continue;
+    Verdict v;
+    v.kind = "slow";
+    v.cause = "compute_straggler";
+    v.root_ranks = {rank};
+    v.root_nodes = {meta[rank].node};
+    v.confidence = std::min(1.0, static_cast<double>(n) / static_cast<double>(rep.steps));
+    v.detected_at_ns = tracer::WallNowNs();
+    v.explanation = "rank " + std::to_string(rank) + " (" + meta[rank].node + ", dp=" + std::to_string(meta[rank].dp) +
+                    " pp=" + std::to_string(meta[rank].pp) + " tp=" + std::to_string(meta[rank].tp) + ") computed more than " +
+                    Fmt("%.0f", (o.compute_ratio - 1) * 100) + " % longer than its peers at the same (pp, tp) in " +
+                    std::to_string(n) + " of " + std::to_string(rep.steps) + " steps, " + Fmt("%.3f", cost) +
+                    " s per step; everyone it synchronises with waits that long.";
+    v.evidence = {"cost_s_per_step=" + Fmt("%.4f", cost), "slow_steps=" + std::to_string(n)};
+    rep.verdicts.push_back(std::move(v));
+  }
+  // 2. Communication stragglers: at every collective, the last rank to arrive makes the others wait.
+  std::map<int, double> blame;  // rank -> seconds others waited for it
+  std::map<int, int64_t> last_count;
+  struct Arrival {
+    int rank;
+    int64_t t;
+  };
+  std::map<std::pair<std::string, int64_t>, std::vector<Arrival>> by_op;
+  RETURN_IF_ERROR(db.Scan("SELECT grp, seq, rank, enqueued_ns FROM collectives WHERE op NOT IN ('send', 'recv')",
+                          [&](const RunDatabase::Row& r) {
+                            const int rank = static_cast<int>(r.Int(2));
+                            by_op[{std::string(r.Text(0)), r.Int(1)}].push_back({rank, r.Int(3) - meta[rank].offset});
+                          }));
+  for (const auto& [key, arrivals] : by_op) {
+    if (arrivals.size() < 2) continue;
+    const auto last = std::max_element(arrivals.begin(), arrivals.end(), [](auto& a, auto& b) { return a.t < b.t; });
+    double waited = 0;
+    for (const Arrival& a : arrivals) waited += static_cast<double>(last->t - a.t) / 1e9;
+    blame[last->rank] += waited;
+    ++last_count[last->rank];
+  }
+  std::vector<double> blames;
+  for (const auto& [rank, m] : meta) blames.push_back(blame[rank]);
+  const double typical = Median(blames);
+  for (const auto& [rank, b] : blame) {
+    const double cost = b / static_cast<double>(rep.steps);
+    bool already = false;
+    for (const Verdict& v : rep.verdicts) already |= v.root_ranks[0] == rank;
+    if (already || cost < o.min_cost_s || b < 3 * typical) continue;
+    Verdict v;
+    v.kind = "slow";
+    v.cause = "comm_straggler";
+    v.root_ranks = {rank};
+    v.root_nodes = {meta[rank].node};
+    v.confidence = 0.7;
+    v.detected_at_ns = tracer::WallNowNs();
+    v.explanation = "rank " + std::to_string(rank) + " (" + meta[rank].node + ") arrived last at " +
+                    std::to_string(last_count[rank]) + " collectives; its peers waited " + Fmt("%.3f", cost) +
+                    " s per step for it (the median rank causes " + Fmt("%.3f", typical / static_cast<double>(rep.steps)) + " s).";
+    v.evidence = {"cost_s_per_step=" + Fmt("%.4f", cost)};
+    rep.verdicts.push_back(std::move(v));
+  }
+  std::sort(rep.verdicts.begin(), rep.verdicts.end(), [](const Verdict& a, const Verdict& b) {
+    return a.evidence[0] > b.evidence[0];
+  });
+  if (rep.verdicts.empty()) {
+    Verdict v;
+    v.kind = "healthy";
+    v.confidence = 0.8;
+    v.explanation = "no persistent straggler over " + std::to_string(rep.steps) + " steps";
+    rep.verdicts.push_back(std::move(v));
+  }
+  return rep;
+}
+
+std::string FormatSlowReport(const SlowReport& r) {
+  std::string out = std::to_string(r.steps) + " steps, mean step " + Fmt("%.3f s", r.mean_step_s) + ", pipeline bubble and idle " +
+        Fmt("%.1f %%", 100 * r.bubble_share) + " of step time\n";
+  for (const Verdict& v : r.verdicts) {
+    out += (v.kind == "slow" ? "SLOW  cause: " + v.cause + "   root: rank " + std::to_string(v.root_ranks[0]) + " (" +
+                                   v.root_nodes[0] + ")\n  "
+                             : "healthy: ") +
+           v.explanation + "\n";
+  }
+  return out;
+}
+
+}  // namespace megascope::analyzer
