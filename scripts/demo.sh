@@ -11,7 +11,8 @@ echo "[demo] building (dev preset, 2 jobs)"
 cmake --preset dev >/dev/null
 cmake --build --preset dev >/dev/null
 bin=build/dev/cli/megascope
-work=$(mktemp -d /tmp/megascope-demo.XXXXXX)
+work=${DEMO_DIR:-runs/demo}  # kept after the demo (git ignores runs/)
+mkdir -p "$work"
 
 echo "[demo] training a 4-layer GPT with dp=2 tp=2 pp=2 (8 worker processes, Gloo over TCP) on a real text"
 $bin prepare-data tests/data/text/notes_on_training.txt -o "$work/notes.bin"
@@ -30,6 +31,29 @@ $bin query "$work/run" stragglers
 echo
 echo "[demo] megascope query $work/run waits --limit 5   (collectives with the longest wait, and who arrived last)"
 $bin query "$work/run" waits --limit 5
+$bin timeline "$work/run" --steps 20:22 --html "$work/run/timeline.html" -o "$work/run/timeline.json"
+echo "[demo] 3D-parallel timeline of steps 20-22: $work/run/timeline.html (open it in a browser; the JSON opens in Perfetto)"
+echo
+
+echo "[demo] injecting a hang: rank 5 stops in compute at step 3, its heartbeat still alive"
+$bin train --dp 2 --tp 2 --pp 2 --nodes 2 --data "$work/notes.bin" --run-dir "$work/hang" --job demohang \
+  --layers 4 --width 128 --heads 4 --seq 64 --batch 8 --microbatches 2 --steps 20 --timeout 120000 \
+  --fault hang:rank=5,step=3 > "$work/hang.log" 2>&1 &
+train=$!
+verdict=""
+for _ in $(seq 90); do
+  sleep 1
+  agents=$(python3 -c "import json,sys; print(','.join(a['url'] for a in json.load(open(sys.argv[1]))['agents']))" \
+           "$work/hang/run.json" 2>/dev/null) || continue
+  verdict=$($bin analyze hang --agents "$agents" --min-wait 5 2>/dev/null) || continue
+  grep -q '^HANG' <<<"$verdict" && break
+done
+echo "[demo] megascope analyze hang --agents $agents"
+echo "$verdict"
+$bin timeline "$work/hang" --html "$work/hang/timeline.html" --highlight 5 >/dev/null
+echo "[demo] timeline of the hung run, rank 5 highlighted: $work/hang/timeline.html"
+kill "$train" 2>/dev/null || true
+wait "$train" 2>/dev/null || true
 echo
 
 $bin trace-demo --ranks "${RANKS:-4}" --steps "${STEPS:-500}"
@@ -51,4 +75,3 @@ echo "[demo] injected faults (labels.csv):"
 column -s, -t < "$work/fleet/labels.csv" | sed 's/^/  /'
 echo "[demo] megascope detect --metrics $work/fleet/metrics.csv --labels $work/fleet/labels.csv"
 $bin detect --metrics "$work/fleet/metrics.csv" --labels "$work/fleet/labels.csv"
-rm -rf "$work"
