@@ -12,6 +12,7 @@ cmake --preset dev >/dev/null
 cmake --build --preset dev >/dev/null
 bin=build/dev/cli/megascope
 work=${DEMO_DIR:-runs/demo}  # kept after the demo (git ignores runs/)
+rm -rf "$work"
 mkdir -p "$work"
 
 echo "[demo] training a 4-layer GPT with dp=2 tp=2 pp=2 (8 worker processes, Gloo over TCP) on a real text"

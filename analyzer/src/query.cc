@@ -149,11 +149,13 @@ namespace {
 // spans; asynchronous sends overlap other work and are left out) and data time.
 const char* kPerRankStep = R"sql(
 WITH comp AS (SELECT rank, step, start_ns, end_ns FROM spans WHERE kind IN ('forward','backward','optimizer','compute')),
-comm AS (SELECT s.rank, s.step, s.end_ns - s.start_ns AS d,
-                EXISTS(SELECT 1 FROM comp c WHERE c.rank = s.rank AND c.step = s.step AND c.start_ns <= s.start_ns
-                       AND c.end_ns >= s.end_ns) AS nested
-         FROM spans s WHERE s.kind = 'comm' AND s.name != 'send'),
-comm_rank AS (SELECT rank, step, SUM(d) AS comm, SUM(CASE WHEN nested THEN d ELSE 0 END) AS nested FROM comm GROUP BY rank, step),
+comm AS (SELECT rank, step, start_ns, end_ns FROM spans WHERE kind = 'comm' AND name != 'send'),
+comm_total AS (SELECT rank, step, SUM(end_ns - start_ns) AS comm FROM comm GROUP BY rank, step),
+nested AS (SELECT m.rank, m.step, SUM(m.end_ns - m.start_ns) AS nested FROM comm m JOIN comp c
+             ON c.rank = m.rank AND c.step = m.step AND c.start_ns <= m.start_ns AND c.end_ns >= m.end_ns
+           GROUP BY m.rank, m.step),
+comm_rank AS (SELECT t.rank, t.step, t.comm, COALESCE(n.nested, 0) AS nested FROM comm_total t
+              LEFT JOIN nested n ON n.rank = t.rank AND n.step = t.step),
 busy AS (SELECT rank, step, MAX(end_ns) - MIN(start_ns) AS wall,
                 SUM(CASE WHEN kind IN ('forward','backward','optimizer','compute') THEN end_ns - start_ns ELSE 0 END) AS busy,
                 SUM(CASE WHEN kind = 'data' THEN end_ns - start_ns ELSE 0 END) AS data

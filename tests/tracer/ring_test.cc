@@ -101,6 +101,20 @@ TEST_F(RingTest, ReadWithoutCommitLosesNothing) {
   EXPECT_EQ(out[0].span.step, 4);
 }
 
+TEST_F(RingTest, ACommitBeyondTheHeadIsIgnored) {
+  auto w = Writer(Options(16));
+  for (int i = 0; i < 5; ++i) w->Push(Numbered(i));
+  auto r = Reader(w->path());
+  ReadBatch bogus;
+  bogus.lane_tails = {1000};  // e.g. a cursor of another ring that had the same name
+  r->Commit(bogus);
+  std::vector<Record> out(16);
+  EXPECT_EQ(r->Drain(out), 0u);  // clamped to the head: nothing re-read, no loop
+  w->Push(Numbered(5));
+  ASSERT_EQ(r->Drain(out), 1u);
+  EXPECT_EQ(out[0].span.step, 5);
+}
+
 TEST_F(RingTest, OneConsumerAtATime) {
   auto w = Writer(Options(16));
   auto first = Reader(w->path());

@@ -485,6 +485,7 @@ size_t RingReader::Read(std::span<Record> out, ReadBatch* batch) {
     const LaneControl& c = seg_->lanes()[l];
     uint64_t tail = c.tail.load(std::memory_order_relaxed);
     uint64_t head = c.head.load(std::memory_order_acquire);
+    if (tail > head) tail = head;  // never read past what was written (a bad Commit cannot loop us)
     uint64_t take = std::min<uint64_t>(head - tail, out.size() - n);
     const Record* slots = seg_->slots(l);
     uint64_t first = std::min(take, cap - (tail & mask));
@@ -499,11 +500,11 @@ size_t RingReader::Read(std::span<Record> out, ReadBatch* batch) {
 
 void RingReader::Commit(const ReadBatch& batch) {
   if (mut_seg_ == nullptr) return;
-  for (size_t l = 0; l < batch.lane_tails.size(); ++l) {
+  for (size_t l = 0; l < batch.lane_tails.size() && l < seg_->hdr.lanes; ++l) {
     LaneControl& c = mut_seg_->lanes()[l];
-    if (batch.lane_tails[l] > c.tail.load(std::memory_order_relaxed)) {
-      c.tail.store(batch.lane_tails[l], std::memory_order_release);
-    }
+    // Forward only, and never past the writer's head.
+    const uint64_t to = std::min(batch.lane_tails[l], c.head.load(std::memory_order_acquire));
+    if (to > c.tail.load(std::memory_order_relaxed)) c.tail.store(to, std::memory_order_release);
   }
 }
 
@@ -520,6 +521,10 @@ std::string RingReader::NameOf(NameId id) {
 }
 
 RankSnapshot RingReader::Snapshot() const { return TakeSnapshot(*seg_); }
+
+std::string RingReader::Incarnation() const {
+  return path_.substr(path_.rfind('/') + 1) + "#" + std::to_string(info_.pid) + "." + std::to_string(writer_start_time_);
+}
 
 bool RingReader::WriterAlive() const {
   return writer_start_time_ != 0 && ProcessStartTime(info_.pid) == writer_start_time_;

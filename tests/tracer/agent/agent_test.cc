@@ -228,6 +228,38 @@ TEST_F(AgentTest, AFullDatabaseIsCountedAndLosesNothingAlreadyInTheRing) {
   EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM spans"), 16000);
 }
 
+TEST_F(AgentTest, ARerunThatReusesRingNamesStartsFromItsOwnBeginning) {
+  // A rank process that records `count` spans and exits, leaving its ring behind.
+  auto run_rank = [&](int count, int first_step) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      auto t = Tracer::Create(Ring(0));
+      if (!t.ok()) ::_exit(1);
+      const NameId n = *(*t)->InternName("forward");
+      for (int i = 0; i < count; ++i) (*t)->RecordSpan(SpanKind::kForward, n, first_step + i, 0, 1, 2);
+      ::_exit(0);
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  };
+  ASSERT_TRUE(run_rank(1000, 0));
+  {
+    auto agent = Agent::Create(Options());
+    ASSERT_TRUE(agent.ok());
+    ASSERT_EQ((*agent)->Poll(false).value(), 1000u);
+  }
+  // Same job, attempt and rank in the same run directory: the ring file name comes back, with
+  // fewer records than the database's cursor for the old ring.
+  ASSERT_TRUE(run_rank(10, 5000));
+  auto agent = Agent::Create(Options());
+  ASSERT_TRUE(agent.ok());
+  size_t total = 0;
+  for (int i = 0; i < 5; ++i) total += (*agent)->Poll(false).value();
+  EXPECT_EQ(total, 10u);
+  EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM spans"), 1010);
+}
+
 TEST(HostSamplerTest, ReadsAFakeProcTree) {
   TempDir root;
   fs::create_directories(root.path() + "/net");

@@ -54,6 +54,7 @@ struct Agent::Impl {
 
   struct RankState {
     std::string ring;
+    std::string cursor_key;  // ring_cursors key: this incarnation of the ring
     std::unique_ptr<RingReader> reader;
     RankInfo info;
     std::vector<std::string> names;
@@ -139,7 +140,8 @@ struct Agent::Impl {
         continue;
       }
       // Resume where the database is: a batch committed there but not yet in the ring is skipped.
-      auto cursors = store->Cursors(name);
+      const std::string key = (*reader)->Incarnation();
+      auto cursors = store->Cursors(key);
       if (cursors.ok() && !cursors->empty()) {
         ReadBatch b;
         b.lane_tails = *cursors;
@@ -147,6 +149,7 @@ struct Agent::Impl {
       }
       RankState st;
       st.ring = name;
+      st.cursor_key = key;
       st.info = (*reader)->info();
       st.reader = std::move(reader).value();
       const auto labels = Labels(st.info);
@@ -246,7 +249,8 @@ struct Agent::Impl {
         st.dropped_seen = dropped;
       }
       if (n > 0 || !drops.empty() || !metrics.empty()) {
-        RingRows rows{&st.info, cal, &st.names, &snap.groups, std::span<const Record>(buf.data(), n), name, batch.lane_tails};
+        RingRows rows{&st.info, cal, &st.names, &snap.groups, std::span<const Record>(buf.data(), n), st.cursor_key,
+                      batch.lane_tails};
         Status s = store->Write(std::span<const RingRows>(&rows, n > 0 ? 1 : 0), metrics, drops);
         if (!s.ok()) {
           ++db_errors;

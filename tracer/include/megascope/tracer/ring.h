@@ -202,6 +202,9 @@ class RingReader {
   std::string NameOf(NameId id);
   RankSnapshot Snapshot() const;
   const RankInfo& info() const { return info_; }
+  // Names this ring's incarnation (file name, writer pid and start time): a rerun that reuses
+  // the file name is another ring.
+  std::string Incarnation() const;
   // True while the writer process (pid and start time) still exists.
   bool WriterAlive() const;
   bool Closed() const;
