@@ -155,8 +155,19 @@ int RunTraining(const TrainConfig& cfg, const std::string& self_exe) {
   ::sigaction(SIGTERM, &sa, &old_term);
   auto stop_all = [&] {
     // First ask every survivor for its flight recorder (SIGUSR1: a stuck rank dumps too), then stop it.
+    const auto asked = fs::file_time_type::clock::now();
     for (pid_t p : pids) if (p > 0) ::kill(p, SIGUSR1);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    // Give each survivor up to 3 s to write its dump (a loaded machine can be slow).
+    const std::string dumps = cfg.run_dir + "/dumps/attempt_" + std::to_string(cfg.attempt) + "/rank_";
+    for (int i = 0; i < 150; ++i) {
+      bool all = true;
+      for (int r = 0; r < world && all; ++r) {
+        std::error_code e;
+        all = pids[r] <= 0 || fs::last_write_time(dumps + std::to_string(r) + ".json", e) >= asked;
+      }
+      if (all) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
     for (pid_t p : pids) if (p > 0) ::kill(p, SIGTERM);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     for (pid_t& p : pids) {
@@ -215,18 +226,21 @@ int RunTraining(const TrainConfig& cfg, const std::string& self_exe) {
     // Peers of a dead rank fail right after it (their collectives lose a peer, exit code
     // kExitCommFailure). Gather what exits in the next moment and name the rank that did not fail
     // that way: it is the origin.
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    for (int r = 0; r < world; ++r) {
-      int status = 0;
-      if (pids[r] > 0 && ::waitpid(pids[r], &status, WNOHANG) == pids[r]) {
-        pids[r] = -1;
-        const bool victim = WIFEXITED(failed_status) && WEXITSTATUS(failed_status) == kExitCommFailure;
-        const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
-        if (victim && failed && !(WIFEXITED(status) && WEXITSTATUS(status) == kExitCommFailure)) {
-          failed_rank = r;
-          failed_status = status;
+    auto is_victim = [](int st) { return WIFEXITED(st) && WEXITSTATUS(st) == kExitCommFailure; };
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (is_victim(failed_status) && std::chrono::steady_clock::now() < deadline) {
+      for (int r = 0; r < world; ++r) {
+        int status = 0;
+        if (pids[r] > 0 && ::waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+          pids[r] = -1;
+          const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+          if (failed && !is_victim(status) && is_victim(failed_status)) {
+            failed_rank = r;
+            failed_status = status;
+          }
         }
       }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
   if (failed_rank >= 0 || g_interrupted) stop_all();

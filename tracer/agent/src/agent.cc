@@ -471,8 +471,8 @@ void Agent::Run() {
     auto n = Poll(sample);
     if (!n.ok() || *n < impl_->opt.batch_records / 2) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  for (int i = 0; i < 100; ++i) {  // final drain
-    auto n = Poll(false);
+  for (int i = 0; i < 100; ++i) {  // final drain; the first pass also checks for dead ranks
+    auto n = Poll(i == 0);
     if (!n.ok() || *n == 0) break;
   }
 }
