@@ -9,6 +9,8 @@
 #include <sstream>
 #include <tuple>
 
+#include "format.h"
+
 namespace megascope::analyzer {
 namespace {
 
@@ -18,12 +20,6 @@ using tracer::OpState;
 using tracer::OpType;
 
 bool IsOpen(const FlightEntry& e) { return e.state != OpState::kCompleted; }
-
-std::string Fmt(const char* f, double v) {
-  char b[64];
-  std::snprintf(b, sizeof(b), f, v);
-  return b;
-}
 
 // Everything the analysis needs of one rank, indexed.
 struct Rank {

@@ -186,6 +186,8 @@ Status RunDatabase::Scan(const std::string& sql, const std::function<void(const 
   return err.empty() ? Status::Ok() : InvalidArgument("query failed: " + err);
 }
 
+std::string PerRankStepCte() { return kPerRankStep; }
+
 std::string StepsSql() {
   return std::string(kPerRankStep) + R"sql(
 SELECT step, COUNT(*) AS ranks, ROUND(MAX(wall) / 1e6, 3) AS step_ms, ROUND(AVG(compute) / 1e6, 3) AS compute_ms,

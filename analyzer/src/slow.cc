@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 
+#include "format.h"
 #include "megascope/tracer/clock.h"
 
 namespace megascope::analyzer {
@@ -13,12 +14,6 @@ double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
   return v[v.size() / 2];
-}
-
-std::string Fmt(const char* f, double v) {
-  char b[64];
-  std::snprintf(b, sizeof(b), f, v);
-  return b;
 }
 
 }  // namespace
@@ -40,9 +35,7 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
   std::map<int64_t, std::map<int, double>> compute;  // step -> rank -> s
   std::map<int64_t, double> wall, busy;  // step -> max wall; summed per-rank accounted time
   std::map<int64_t, int> ranks_in_step;
-  const std::string per_rank = StepsSql();  // reuse its per_rank CTE through a view of our own
-  const std::string sql = per_rank.substr(0, per_rank.find("SELECT step, COUNT(*)")) +
-                          "SELECT rank, step, wall, compute, comm, data FROM per_rank WHERE " + range;
+  const std::string sql = PerRankStepCte() + "\nSELECT rank, step, wall, compute, comm, data FROM per_rank WHERE " + range;
   RETURN_IF_ERROR(db.Scan(sql, [&](const RunDatabase::Row& r) {
     const int64_t step = r.Int(1);
     compute[step][static_cast<int>(r.Int(0))] = r.Double(3) / 1e9;

@@ -55,6 +55,9 @@ class RunDatabase {
 };
 
 // The canned questions, as SQL over the unified views.
+// A WITH clause ending in per_rank(rank, step, wall, compute, comm, data), nanoseconds: compute
+// excludes the collectives nested in compute spans; comm leaves out asynchronous sends.
+std::string PerRankStepCte();
 std::string StepsSql();
 std::string StragglersSql();
 std::string WaitsSql(int limit);
