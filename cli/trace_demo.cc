@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "command.h"
+#include "megascope/launch/process.h"
 #include "megascope/tracer/dump.h"
 #include "megascope/tracer/ring.h"
 #include "megascope/tracer/tracer.h"
@@ -135,16 +136,14 @@ int RunTraceDemo(const Args& args) {
   std::printf("[demo] starting %d writer processes, %d steps each; job %s\n", cfg.ranks, cfg.steps,
               cfg.job.c_str());
   std::fflush(stdout);
-  std::vector<pid_t> pids;
+  std::vector<std::unique_ptr<launch::Process>> writers;
   for (int r = 0; r < cfg.ranks; ++r) {
-    pid_t pid = ::fork();
-    if (pid < 0) return Fail("trace-demo", "fork failed");
-    if (pid == 0) ::_exit(RunWriter(cfg, r));
-    pids.push_back(pid);
+    auto p = launch::Process::Fork([&cfg, r] { return RunWriter(cfg, r); });
+    if (!p.ok()) return Fail("trace-demo", p.status().ToString());
+    writers.push_back(std::move(p).value());
   }
   auto cleanup = [&] {
-    for (pid_t p : pids) ::kill(p, SIGKILL);
-    for (pid_t p : pids) ::waitpid(p, nullptr, 0);
+    writers.clear();  // each stopped and reaped
     for (int r = 0; r < cfg.ranks; ++r) ::unlink((cfg.ring.dir + "/" + RingFileName(cfg.job, 0, r)).c_str());
   };
 
@@ -176,11 +175,10 @@ int RunTraceDemo(const Args& args) {
       t.drained += n;
       drained += n;
     }
-    int status = 0;
     for (int r = 0; r < cfg.ranks; ++r) {
-      if (!exited[r] && ::waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+      if (!exited[r] && writers[r]->Poll()) {
         exited[r] = true;
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        if (!writers[r]->Poll()->success()) {
           cleanup();
           return Fail("trace-demo", "writer rank " + std::to_string(r) + " failed");
         }
@@ -218,7 +216,7 @@ int RunTraceDemo(const Args& args) {
   // The stuck rank dumps its own flight recorder on SIGUSR1 (from its dump thread).
   const std::string own_dump = cfg.dump_dir + "/rank_" + std::to_string(hung) + ".json";
   std::filesystem::remove(own_dump);
-  ::kill(pids[hung], SIGUSR1);
+  writers[hung]->Signal(SIGUSR1);
   for (int i = 0; i < 500 && !std::filesystem::exists(own_dump); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -231,8 +229,7 @@ int RunTraceDemo(const Args& args) {
               own_dump.c_str(), Abbreviated(*own, 3).c_str());
 
   // Kill it; a reader can still dump its flight recorder from the ring, marked not alive.
-  ::kill(pids[hung], SIGKILL);
-  ::waitpid(pids[hung], nullptr, 0);
+  writers[hung]->Stop(std::chrono::milliseconds(0));
   exited[hung] = true;
   Dump reader_side{tally[hung].reader->Snapshot(), tally[hung].reader->WriterAlive(), WallNowNs()};
   const std::string agent_dump = cfg.dump_dir + "/rank_" + std::to_string(hung) + ".reader.json";

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "command.h"
+#include "megascope/launch/process.h"
 #include "megascope/runtime/data.h"
 #include "megascope/runtime/train.h"
 
@@ -57,11 +58,9 @@ int RunTrain(const Args& args) {
     if (!parsed.ok()) return Fail("train", parsed.status().message(), 2);
     c.faults.push_back(*parsed);
   }
-  char exe[PATH_MAX];
-  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (n <= 0) return Fail("train", "cannot find my own executable in /proc/self/exe");
-  exe[n] = '\0';
-  return runtime::RunTraining(c, exe);
+  auto exe = launch::SelfExe();
+  if (!exe.ok()) return Fail("train", exe.status().message());
+  return runtime::RunTraining(c, *exe);
 }
 
 int RunWorkerCommand(const Args& args) {

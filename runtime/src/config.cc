@@ -46,12 +46,19 @@ std::string TrainConfig::Validate() const {
   for (const Fault& f : faults) {
     if (f.rank >= world) return "fault rank " + std::to_string(f.rank) + " is outside world size " + std::to_string(world);
   }
+  if (!node_names.empty() && static_cast<int>(node_names.size()) != nodes) return "node_names does not list --nodes names";
   if (run_dir.empty()) return "--run-dir is required";
   if (data.empty()) return "--data is required";
   return "";
 }
 
-std::string TrainConfig::NodeOf(int rank) const { return "node" + std::to_string(rank / (layout.world() / nodes)); }
+std::vector<std::string> TrainConfig::NodeNames() const {
+  if (!node_names.empty()) return node_names;
+  std::vector<std::string> out;
+  for (int k = 0; k < nodes; ++k) out.push_back("node" + std::to_string(k));
+  return out;
+}
+std::string TrainConfig::NodeOf(int rank) const { return NodeNames()[static_cast<size_t>(rank / (layout.world() / nodes))]; }
 int TrainConfig::LocalRankOf(int rank) const { return rank % (layout.world() / nodes); }
 
 std::string TrainConfig::ToJson() const {
@@ -62,12 +69,15 @@ std::string TrainConfig::ToJson() const {
   j["attempt"] = attempt;
   j["data"] = data;
   j["shm_dir"] = shm_dir;
-  j["layout"] = {{"dp", layout.dp}, {"tp", layout.tp}, {"pp", layout.pp}, {"world", layout.world()}, {"nodes", nodes}};
+  j["layout"] = {{"dp", layout.dp}, {"tp", layout.tp}, {"pp", layout.pp}, {"world", layout.world()}, {"nodes", nodes},
+                 {"node_names", NodeNames()}};
   j["model"] = {{"layers", model.layers}, {"heads", model.heads}, {"width", model.width}, {"seq", model.seq},
                 {"vocab", model.vocab}, {"parallel_block", model.parallel_block}, {"seed", model.seed}};
   j["train"] = {{"global_batch", global_batch}, {"microbatches", microbatches}, {"steps", steps}, {"lr", lr},
                 {"min_lr", min_lr}, {"warmup", warmup}, {"grad_clip", grad_clip}, {"weight_decay", weight_decay},
-                {"checkpoint_every", checkpoint_every}, {"timeout_ms", timeout_ms}, {"trace", trace}};
+                {"checkpoint_every", checkpoint_every}, {"timeout_ms", timeout_ms}, {"trace", trace},
+                {"memory_snapshots", memory_snapshots}};
+  if (resume_set) j["resume"] = {{"step", resume.step}, {"source", resume.source}, {"files", resume.files}};
   nlohmann::ordered_json faults_j = nlohmann::ordered_json::array();
   for (const Fault& f : faults) faults_j.push_back({{"kind", f.kind}, {"rank", f.rank}, {"step", f.step}, {"seconds", f.seconds}});
   j["faults"] = faults_j;
@@ -98,6 +108,7 @@ Result<TrainConfig> TrainConfig::FromJson(const std::string& text, const std::st
     c.shm_dir = j["shm_dir"];
     c.layout = {j["layout"]["dp"], j["layout"]["tp"], j["layout"]["pp"]};
     c.nodes = j["layout"]["nodes"];
+    c.node_names = j["layout"].value("node_names", std::vector<std::string>{});
     const auto& m = j["model"];
     c.model = {m["layers"], m["heads"], m["width"], m["seq"], m["vocab"], m["parallel_block"], m["seed"]};
     const auto& t = j["train"];
@@ -112,6 +123,13 @@ Result<TrainConfig> TrainConfig::FromJson(const std::string& text, const std::st
     c.checkpoint_every = t["checkpoint_every"];
     c.timeout_ms = t["timeout_ms"];
     c.trace = t.value("trace", true);
+    c.memory_snapshots = t.value("memory_snapshots", false);
+    if (j.contains("resume")) {
+      c.resume_set = true;
+      c.resume.step = j["resume"]["step"];
+      c.resume.source = j["resume"]["source"];
+      c.resume.files = j["resume"]["files"].get<std::vector<std::string>>();
+    }
     for (const auto& f : j["faults"]) c.faults.push_back({f["kind"], f["rank"], f["step"], f["seconds"]});
     for (const auto& a : j.value("agents", nlohmann::json::array())) c.agent_ports.emplace_back(a["node"], a["port"]);
     return c;

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "megascope/kernels/cpu.h"
+#include "megascope/launch/progress.h"
 #include "megascope/runtime/comm.h"
 #include "megascope/runtime/data.h"
 #include "megascope/runtime/train.h"
@@ -31,22 +32,11 @@ using tracer::Phase;
 
 using tracer::SpanKind;
 
-constexpr char kShardMagic[8] = {'M', 'S', 'C', 'K', 'P', 'T', '0', '1'};
-
-uint64_t Fnv1a(const char* data, size_t n, uint64_t h = 1469598103934665603ULL) {
-  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(data[i])) * 1099511628211ULL;
-  return h;
-}
-
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-std::string CheckpointDir(const std::string& run_dir, int64_t step) {
-  return run_dir + "/checkpoints/step_" + std::to_string(step);
 }
 
 // Busy work standing in for extra compute (the slow fault): it burns CPU like a slow GPU would.
@@ -60,11 +50,12 @@ void BurnSeconds(double seconds) {
 
 class Worker {
  public:
-  Worker(TrainConfig cfg, int rank) : cfg_(std::move(cfg)), rank_(rank) {}
+  Worker(TrainConfig cfg, int rank) : cfg_(std::move(cfg)), rank_(rank), layout_(cfg_.run_dir) {}
   ~Worker() {
     stop_ = true;
     if (beat_.joinable()) beat_.join();
     if (ckpt_thread_.joinable()) ckpt_thread_.join();
+    if (mem_thread_.joinable()) mem_thread_.join();
     if (prefetch_.valid()) prefetch_.wait();
   }
 
@@ -80,6 +71,7 @@ class Worker {
       if (!st.ok()) return Fail(step, st);
     }
     if (ckpt_thread_.joinable()) ckpt_thread_.join();
+    if (mem_thread_.joinable()) mem_thread_.join();
     tracer_->SetPhase(cfg_.steps, Phase::kDone);
     stop_ = true;
     if (beat_.joinable()) beat_.join();
@@ -102,7 +94,7 @@ class Worker {
     ro.coords = coords_;
     ASSIGN_OR_RETURN(tracer_, tracer::Tracer::Create(ro));
     tracer_->set_enabled(cfg_.trace);
-    dump_path_ = cfg_.run_dir + "/dumps/attempt_" + std::to_string(cfg_.attempt) + "/rank_" + std::to_string(rank_) + ".json";
+    dump_path_ = layout_.dump(cfg_.attempt, rank_);
     ASSIGN_OR_RETURN(dumper_, tracer::SignalDumper::Start([this] { (void)tracer_->WriteDump(dump_path_); }));
     beat_ = std::thread([this] {  // liveness and clock calibration, independent of the training thread
       for (int i = 0; !stop_; ++i) {
@@ -113,14 +105,16 @@ class Worker {
     });
     tracer_->SetPhase(0, Phase::kInit);
     for (const char* n : {"data", "forward", "backward", "optimizer", "checkpoint", "grad_sync", "fault", "step",
-                          "step_time_s", "tokens_per_second", "loss"}) {
+                          "step_time_s", "tokens_per_second", "loss", "snapshot"}) {
       ASSIGN_OR_RETURN(tracer::NameId id, tracer_->InternName(n));
       names_[n] = id;
     }
     GlooOptions go;
-    go.rendezvous_dir = cfg_.run_dir + "/rendezvous/attempt_" + std::to_string(cfg_.attempt);
+    go.rendezvous_dir = layout_.rendezvous(cfg_.attempt);
     go.timeout = std::chrono::milliseconds(cfg_.timeout_ms);
+    const auto t_rdzv = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(comm_, CreateGlooCommunicator(rank_, l, go, tracer_.get()));
+    const auto t_load = std::chrono::steady_clock::now();
     model_ = std::make_unique<GptStage>(cfg_.model, l, rank_, comm_.get());
     m_.assign(model_->params().size(), 0.0f);
     v_.assign(model_->params().size(), 0.0f);
@@ -130,13 +124,26 @@ class Worker {
                              ", outside the model's vocabulary of " + std::to_string(cfg_.model.vocab));
     }
     if (data_.size() < static_cast<size_t>(cfg_.model.seq) + 2) return InvalidArgument(cfg_.data + " is shorter than one sequence");
-    std::string log;
-    const int64_t resume = FindResumableCheckpoint(cfg_.run_dir, cfg_.layout.world(), &log);
-    if (!log.empty()) std::fprintf(stderr, "%s", log.c_str());
-    if (resume >= 0) {
-      RETURN_IF_ERROR(LoadShard(resume));
-      start_step_ = resume;
-      std::fprintf(stderr, "[worker] rank %d: resumed from checkpoint step_%lld\n", rank_, static_cast<long long>(resume));
+    // The controller names the resume point (memory snapshot or disk checkpoint); alone, the newest
+    // valid disk checkpoint is used.
+    launch::ResumePoint resume = cfg_.resume_set ? cfg_.resume : launch::FindDiskCheckpoint(layout_, l.world());
+    if (!resume.log.empty()) std::fprintf(stderr, "%s", resume.log.c_str());
+    if (resume.step >= 0) {
+      if (static_cast<int>(resume.files.size()) != l.world()) return InvalidArgument("run.json: resume lists no shard for every rank");
+      ASSIGN_OR_RETURN(std::string bytes, launch::ReadShard(resume.files[rank_]));
+      RETURN_IF_ERROR(launch::DecodeShard(bytes, resume.files[rank_], resume.step, rank_, model_->params().size(),
+                                          {model_->params().data(), m_.data(), v_.data()}));
+      start_step_ = resume.step;
+      std::fprintf(stderr, "[worker] rank %d: resumed after step %lld from %s (%s)\n", rank_,
+                   static_cast<long long>(resume.step), resume.source.c_str(), resume.files[rank_].c_str());
+    }
+    if (rank_ == ReportingRank()) {
+      const auto now = std::chrono::steady_clock::now();
+      launch::AppendProgress(layout_.progress(),
+                             {{"event", "ready"}, {"attempt", cfg_.attempt}, {"step", start_step_}, {"source", resume.source},
+                              {"rendezvous_s", std::chrono::duration<double>(t_load - t_rdzv).count()},
+                              {"load_s", std::chrono::duration<double>(now - t_load).count()},
+                              {"ts_ns", tracer::WallNowNs()}});
     }
     return Status::Ok();
   }
@@ -150,12 +157,23 @@ class Worker {
     _exit(kExitCommFailure);  // peers are gone or stuck: do not wait for anything on the way out
   }
 
-  const Fault* FaultAt(const std::string& kind, int64_t step) const {
+  // The fault of `kind` aimed at this rank for `step`; its first firing is announced on the
+  // progress stream (the controller times detection from it).
+  const Fault* FaultAt(const std::string& kind, int64_t step) {
     for (const Fault& f : cfg_.faults) {
-      if (f.kind == kind && f.rank == rank_ && (kind == "slow" ? step >= f.step : step == f.step)) return &f;
+      if (f.kind == kind && f.rank == rank_ && (kind == "slow" ? step >= f.step : step == f.step)) {
+        if (!fault_announced_) {
+          fault_announced_ = true;
+          launch::AppendProgress(layout_.progress(), {{"event", "fault"}, {"kind", f.kind}, {"rank", rank_},
+                                                      {"node", cfg_.NodeOf(rank_)}, {"step", step}, {"attempt", cfg_.attempt},
+                                                      {"ts_ns", tracer::WallNowNs()}});
+        }
+        return &f;
+      }
     }
     return nullptr;
   }
+  int ReportingRank() const { return cfg_.layout.RankOf({0, cfg_.layout.pp - 1, 0}); }
 
   Status Step(int64_t step) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -241,12 +259,19 @@ class Worker {
       tracer::Tracer::Scope span(tracer_.get(), SpanKind::kCheckpoint, names_["checkpoint"], step);
       SaveCheckpointAsync(step + 1);
     }
+    double snapshot_s = 0;
+    if (cfg_.memory_snapshots) {
+      tracer::Tracer::Scope span(tracer_.get(), SpanKind::kCheckpoint, names_["snapshot"], step);
+      const auto s0 = std::chrono::steady_clock::now();
+      SnapshotToMemoryAsync(step + 1);
+      snapshot_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+    }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     tracer_->RecordMetric(names_["step_time_s"], secs);
     tracer_->RecordMetric(names_["tokens_per_second"], static_cast<double>(cfg_.global_batch) * T / secs);
     if (model_->last()) tracer_->RecordMetric(names_["loss"], loss);
     tracer_->RecordMetric(names_["step"], static_cast<double>(step + 1));
-    if (rank_ == l.RankOf({0, P - 1, 0})) Report(step, loss, secs, grad_norm);
+    if (rank_ == ReportingRank()) Report(step, loss, secs, grad_norm, snapshot_s);
     return Status::Ok();
   }
 
@@ -333,32 +358,29 @@ class Worker {
     return norm;
   }
 
-  void Report(int64_t step, double loss, double secs, float grad_norm) {
+  void Report(int64_t step, double loss, double secs, float grad_norm, double snapshot_s) {
     const double tokens = static_cast<double>(cfg_.global_batch) * cfg_.model.seq;
-    nlohmann::ordered_json j = {{"step", step + 1}, {"loss", loss}, {"tokens_per_s", tokens / secs},
-                                {"step_time_s", secs}, {"lr", LearningRate(step)}, {"grad_norm", grad_norm}};
-    std::ofstream(cfg_.run_dir + "/progress.jsonl", std::ios::app) << j.dump() << "\n";
+    launch::AppendProgress(layout_.progress(), {{"step", step + 1}, {"loss", loss}, {"tokens_per_s", tokens / secs},
+                                                {"step_time_s", secs}, {"lr", LearningRate(step)}, {"grad_norm", grad_norm},
+                                                {"snapshot_s", snapshot_s}, {"attempt", cfg_.attempt},
+                                                {"ts_ns", tracer::WallNowNs()}});
   }
 
   // ------------------------------------------------------------- checkpoints
 
+  std::shared_ptr<std::string> Snapshot(int64_t step) {
+    const size_t n = model_->params().size();
+    return std::make_shared<std::string>(launch::EncodeShard(step, rank_, n, {model_->params().data(), m_.data(), v_.data()}));
+  }
+
   void SaveCheckpointAsync(int64_t step) {
     if (ckpt_thread_.joinable()) ckpt_thread_.join();  // one write in flight at a time
     // Snapshot in memory now; write in the background while training goes on.
-    auto snap = std::make_shared<std::string>();
-    const std::vector<float>& p = model_->params();
-    const uint64_t n = p.size();
-    snap->append(kShardMagic, 8);
-    const int64_t header[3] = {step, rank_, static_cast<int64_t>(n)};
-    snap->append(reinterpret_cast<const char*>(header), sizeof(header));
-    for (const std::vector<float>* v : {&p, static_cast<const std::vector<float>*>(&m_), static_cast<const std::vector<float>*>(&v_)}) snap->append(reinterpret_cast<const char*>(v->data()), n * 4);
+    auto snap = Snapshot(step);
     ckpt_thread_ = std::thread([this, snap, step] {
-      const std::string dir = CheckpointDir(cfg_.run_dir, step);
+      const std::string dir = layout_.checkpoint(step);
       const std::string shard = dir + "/rank_" + std::to_string(rank_) + ".bin";
-      Status st = tracer::WriteFileAtomic(shard, *snap);
-      const uint64_t sum = Fnv1a(snap->data(), snap->size());
-      if (st.ok()) st = tracer::WriteFileAtomic(shard + ".sum", std::to_string(sum) + "\n");
-      if (!st.ok()) {
+      if (Status st = launch::WriteShard(shard, *snap, /*sync=*/true); !st.ok()) {
         std::fprintf(stderr, "[checkpoint] rank %d: step %lld not saved: %s\n", rank_, static_cast<long long>(step),
                      st.ToString().c_str());
         return;
@@ -368,7 +390,7 @@ class Worker {
       nlohmann::ordered_json files = nlohmann::ordered_json::array();
       for (int r = 0; r < cfg_.layout.world(); ++r) {
         const std::string f = dir + "/rank_" + std::to_string(r) + ".bin.sum";
-        for (int i = 0; i < 1200 && !fs::exists(f); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        for (int i = 0; i < 1200 && !fs::exists(f) && !stop_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
         if (!fs::exists(f)) {
           std::fprintf(stderr, "[checkpoint] step %lld incomplete: no shard from rank %d\n", static_cast<long long>(step), r);
           return;
@@ -378,24 +400,34 @@ class Worker {
       }
       nlohmann::ordered_json man = {{"format", "megascope-checkpoint"}, {"version", 1}, {"step", step},
                                     {"world", cfg_.layout.world()}, {"shards", files}};
-      st = tracer::WriteFileAtomic(dir + "/manifest.json", man.dump(1) + "\n");
+      Status st = tracer::WriteFileAtomic(dir + "/manifest.json", man.dump(1) + "\n");
       if (!st.ok()) std::fprintf(stderr, "[checkpoint] manifest of step %lld: %s\n", static_cast<long long>(step), st.ToString().c_str());
     });
   }
 
-  Status LoadShard(int64_t step) {
-    const std::string path = CheckpointDir(cfg_.run_dir, step) + "/rank_" + std::to_string(rank_) + ".bin";
-    const std::string bytes = ReadFile(path);
-    const size_t n = model_->params().size();
-    if (bytes.size() != 8 + 24 + 3 * n * 4 || std::memcmp(bytes.data(), kShardMagic, 8) != 0) {
-      return DataLoss(path + " does not match this model (" + std::to_string(n) + " parameters on this rank)");
-    }
-    const char* p = bytes.data() + 32;
-    for (std::vector<float>* v : {&model_->params(), &m_, &v_}) {
-      std::memcpy(v->data(), p, n * 4);
-      p += n * 4;
-    }
-    return Status::Ok();
+  // Every step: the state into host memory on this rank's node and on its buddy node (the next
+  // node of the job), so a restart loses at most the step in flight even when this node is gone.
+  // The copy into a buffer is all the step waits for; the writes happen in the background and the
+  // shard of two steps back is removed once the new one is in place.
+  void SnapshotToMemoryAsync(int64_t step) {
+    if (mem_thread_.joinable()) mem_thread_.join();
+    auto snap = Snapshot(step);
+    const std::vector<std::string> nodes = cfg_.NodeNames();
+    const std::string me = cfg_.NodeOf(rank_);
+    std::vector<std::string> dirs = {launch::NodeMemoryDir(cfg_.shm_dir, cfg_.job, me)};
+    const auto it = std::find(nodes.begin(), nodes.end(), me);
+    const std::string buddy = nodes[static_cast<size_t>((it - nodes.begin() + 1) % nodes.size())];
+    if (buddy != me) dirs.push_back(launch::NodeMemoryDir(cfg_.shm_dir, cfg_.job, buddy));
+    mem_thread_ = std::thread([this, snap, step, dirs] {
+      for (const std::string& dir : dirs) {
+        if (Status st = launch::WriteShard(dir + "/" + launch::MemoryShardName(rank_, step), *snap, /*sync=*/false); !st.ok()) {
+          std::fprintf(stderr, "[snapshot] rank %d: step %lld: %s\n", rank_, static_cast<long long>(step), st.ToString().c_str());
+          continue;
+        }
+        std::error_code ec;
+        for (const char* suffix : {"", ".sum"}) fs::remove(dir + "/" + launch::MemoryShardName(rank_, step - 2) + suffix, ec);
+      }
+    });
   }
 
   TrainConfig cfg_;
@@ -410,53 +442,16 @@ class Worker {
   std::map<std::string, tracer::NameId> names_;
   std::string dump_path_;
   int64_t start_step_ = 0;
+  bool fault_announced_ = false;
+  launch::RunLayout layout_;
   std::atomic<bool> stop_{false};
-  std::thread beat_, ckpt_thread_;
+  std::thread beat_, ckpt_thread_, mem_thread_;
   std::future<Batches> prefetch_;
   timespec request_mtime_{};
   int64_t requested_step_ = -1;
 };
 
 }  // namespace
-
-int64_t FindResumableCheckpoint(const std::string& run_dir, int world, std::string* log) {
-  std::vector<int64_t> steps;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(run_dir + "/checkpoints", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("step_", 0) == 0) steps.push_back(std::atoll(name.c_str() + 5));
-  }
-  std::sort(steps.rbegin(), steps.rend());
-  for (int64_t step : steps) {
-    const std::string dir = CheckpointDir(run_dir, step);
-    auto skip = [&](const std::string& why) { *log += "[checkpoint] skipping step_" + std::to_string(step) + ": " + why + "\n"; };
-    if (!fs::exists(dir + "/manifest.json")) {
-      skip("no manifest (partial)");
-      continue;
-    }
-    bool ok = true;
-    try {
-      auto man = nlohmann::json::parse(ReadFile(dir + "/manifest.json"));
-      if (man["world"] != world) {
-        skip("written by a world of " + man["world"].dump() + " ranks");
-        continue;
-      }
-      for (const auto& s : man["shards"]) {
-        const std::string bytes = ReadFile(dir + "/" + s["file"].get<std::string>());
-        if (Fnv1a(bytes.data(), bytes.size()) != s["fnv1a64"].get<uint64_t>()) {
-          skip(s["file"].get<std::string>() + " is corrupt (checksum mismatch)");
-          ok = false;
-          break;
-        }
-      }
-    } catch (const std::exception& e) {
-      skip(std::string("unreadable manifest: ") + e.what());
-      ok = false;
-    }
-    if (ok) return step;
-  }
-  return -1;
-}
 
 int RunWorker(const std::string& run_dir, int rank) {
   std::ifstream in(run_dir + "/run.json");

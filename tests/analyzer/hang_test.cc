@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "megascope/runtime/data.h"
+#include "megascope/launch/process.h"
 #include "test_util.h"
 
 namespace megascope::analyzer {
@@ -190,13 +191,9 @@ class HangLiveTest : public ::testing::Test {
 };
 
 TEST_F(HangLiveTest, AHungRankIsNamedFromTheAgentsWhileTheJobHangs) {
-  pid_t train = ::fork();
-  if (train == 0) {
-    ::setpgid(0, 0);
-    const std::string cmd = "exec " + Train("live", "--timeout 120000 --fault hang:rank=5,step=3") + " >/dev/null 2>&1";
-    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
+  auto train = megascope::launch::Process::Spawn(
+      {{"/bin/sh", "-c", "exec " + Train("live", "--timeout 120000 --fault hang:rank=5,step=3")}, "/dev/null"});
+  ASSERT_TRUE(train.ok()) << train.status().ToString();
   std::string agents;
   nlohmann::json v;
   for (int i = 0; i < 120; ++i) {  // up to 60 s
@@ -216,8 +213,7 @@ TEST_F(HangLiveTest, AHungRankIsNamedFromTheAgentsWhileTheJobHangs) {
     v = nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));
     if (v["kind"] == "hang") break;
   }
-  ::kill(-train, SIGTERM);
-  ::waitpid(train, nullptr, 0);
+  (*train)->Stop(std::chrono::seconds(20));
   EXPECT_EQ(v["cause"], "rank_not_joined") << v.dump();
   EXPECT_EQ(v["root_ranks"], nlohmann::json::array({5}));
   EXPECT_EQ(v["root_nodes"], nlohmann::json::array({"node1"}));

@@ -1,3 +1,4 @@
+#include "megascope/launch/process.h"
 #include "megascope/tracer/dump.h"
 
 #include <signal.h>
@@ -165,14 +166,13 @@ TEST_F(DumpTest, BadDumpsGetErrorsThatSayWhere) {
 }
 
 TEST_F(DumpTest, ReaderDumpsARankWhoseProcessIsGone) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
+  auto rank = megascope::launch::Process::Fork([&] {
     auto t = MakeTracer();
     ::_exit(0);  // dies with an all-reduce in flight
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  ASSERT_EQ(WEXITSTATUS(status), 0);
+    return 0;
+  });
+  ASSERT_TRUE(rank.ok());
+  ASSERT_TRUE((*rank)->Wait().success());
   auto r = RingReader::Attach(dir_.path() + "/" + RingFileName("dumptest", 2, 3),
                               RingReader::Mode::kSnapshotOnly);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -183,7 +183,7 @@ TEST_F(DumpTest, ReaderDumpsARankWhoseProcessIsGone) {
   auto back = ReadDumpFile(path);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_FALSE(back->alive);
-  EXPECT_EQ(back->snapshot.info.pid, pid);
+  EXPECT_EQ(back->snapshot.info.pid, (*rank)->pid());
   ASSERT_EQ(back->snapshot.entries.size(), 3u);
   EXPECT_EQ(back->snapshot.entries.back().state, OpState::kStarted);
 }

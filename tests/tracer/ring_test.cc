@@ -1,3 +1,4 @@
+#include "megascope/launch/process.h"
 #include "megascope/tracer/ring.h"
 
 #include <fcntl.h>
@@ -16,6 +17,7 @@
 
 namespace megascope::tracer {
 namespace {
+using megascope::launch::Process;
 
 using megascope::testing::TempDir;
 
@@ -162,17 +164,16 @@ TEST_F(RingTest, TwoProcessesEveryRecordAccounted) {
   constexpr int64_t kTotal = 500'000;
   int go[2];
   ASSERT_EQ(::pipe(go), 0);
-  pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
+  auto writer = Process::Fork([&] {
     auto w = RingWriter::Create(o, clock_);
-    if (!w.ok()) ::_exit(3);
+    if (!w.ok()) return 3;
     char c = 'x';
-    if (::write(go[1], &c, 1) != 1) ::_exit(4);  // ring exists now
+    if (::write(go[1], &c, 1) != 1) return 4;  // ring exists now
     for (int64_t i = 0; i < kTotal; ++i) (*w)->Push(Numbered(i));
     (*w)->MarkClosed();
-    ::_exit(0);
-  }
+    return 0;
+  });
+  ASSERT_TRUE(writer.ok());
   char c;
   ASSERT_EQ(::read(go[0], &c, 1), 1);
   auto r = Reader(o.dir + "/" + RingFileName(o.job, 0, 0));
@@ -189,10 +190,7 @@ TEST_F(RingTest, TwoProcessesEveryRecordAccounted) {
     received += static_cast<int64_t>(n);
     if (closed && n == 0) break;
   }
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status));
-  ASSERT_EQ(WEXITSTATUS(status), 0);
+  ASSERT_TRUE((*writer)->Wait().success());
   EXPECT_TRUE(ordered);
   EXPECT_EQ(received + static_cast<int64_t>(r->Dropped()), kTotal);
   EXPECT_EQ(r->Snapshot().records_total, static_cast<uint64_t>(kTotal));
@@ -276,15 +274,14 @@ TEST_F(RingTest, NameHeldByLiveProcessIsRefused) {
 
 TEST_F(RingTest, StaleRingOfDeadProcessIsReplaced) {
   RingOptions o = Options(8);
-  pid_t pid = ::fork();
-  if (pid == 0) {
+  auto writer = Process::Fork([&] {
     auto w = RingWriter::Create(o, clock_);
     if (w.ok()) (*w)->Push(Numbered(1));
     ::_exit(w.ok() ? 0 : 1);  // leaves its ring behind
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  ASSERT_EQ(WEXITSTATUS(status), 0);
+    return 1;
+  });
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->Wait().success());
   auto w = Writer(o);
   ASSERT_NE(w, nullptr);
   EXPECT_EQ(w->Snapshot().records_total, 0u);

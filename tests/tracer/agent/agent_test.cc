@@ -18,10 +18,12 @@
 
 #include "megascope/tracer/agent/host_metrics.h"
 #include "megascope/tracer/tracer.h"
+#include "megascope/launch/process.h"
 #include "test_util.h"
 
 namespace megascope::tracer::agent {
 namespace {
+using megascope::launch::Process;
 
 namespace fs = std::filesystem;
 using megascope::testing::TempDir;
@@ -133,17 +135,17 @@ TEST_F(AgentTest, ServesMetricsStateAndDumpsOverHttp) {
 }
 
 TEST_F(AgentTest, ADeadRankIsMarkedAndDumped) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
+  auto rank = Process::Fork([&] {
     auto t = Tracer::Create(Ring(3));
-    if (!t.ok()) ::_exit(1);
+    if (!t.ok()) return 1;
     GroupId g = *(*t)->RegisterGroup("pp.1.1", "pp", std::vector<int32_t>{3, 1});
     OpHandle h = (*t)->Enqueue(g, OpType::kSend, 1024, DType::kF32, 1);
     (*t)->Start(h);
     ::_exit(0);  // dies mid-send, without closing its ring
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+    return 0;
+  });
+  ASSERT_TRUE(rank.ok());
+  ASSERT_TRUE((*rank)->Wait().success());
   auto agent = Agent::Create(Options());
   ASSERT_TRUE(agent.ok());
   ASSERT_TRUE((*agent)->Poll(false).ok());
@@ -165,24 +167,17 @@ TEST_F(AgentTest, SurvivesSigkillWithoutLosingOrDuplicatingRows) {
   const NameId name = *(*t)->InternName("forward");
   const std::string cmd = std::string(MEGASCOPE_BIN) + " agent --node n0 --job agenttest --run-dir " + run_.path() +
                           " --shm-dir " + shm_.path();
-  auto start_agent = [&] {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::execl("/bin/sh", "sh", "-c", ("exec " + cmd + " 2>/dev/null").c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    return pid;
-  };
+  auto start_agent = [&] { return std::move(Process::Spawn({{"/bin/sh", "-c", "exec " + cmd}, "/dev/null"})).value(); };
   constexpr int kTotal = 300000;
   int emitted = 0;
   auto emit = [&](int n) {
     for (int i = 0; i < n; ++i, ++emitted) (*t)->RecordSpan(SpanKind::kForward, name, emitted, 0, 1, 2);
   };
-  pid_t agent = start_agent();
+  auto agent = start_agent();
   emit(100000);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  ::kill(agent, SIGKILL);  // mid-run, possibly mid-transaction
-  ::waitpid(agent, nullptr, 0);
+  agent->Signal(SIGKILL);  // mid-run, possibly mid-transaction
+  agent->Wait();
   emit(100000);  // the ring fills while nobody drains: drops are counted
   agent = start_agent();
   emit(kTotal - 200000);
@@ -193,8 +188,7 @@ TEST_F(AgentTest, SurvivesSigkillWithoutLosingOrDuplicatingRows) {
     if (rows >= 0 && static_cast<uint64_t>(rows) + s.dropped_total >= kTotal) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  ::kill(agent, SIGTERM);
-  ::waitpid(agent, nullptr, 0);
+  agent->Stop(std::chrono::seconds(30));
   const int64_t rows = Count(Db(), "SELECT COUNT(*) FROM spans");
   const int64_t distinct = Count(Db(), "SELECT COUNT(DISTINCT step) FROM spans");
   const uint64_t dropped = (*t)->Snapshot().dropped_total;
@@ -231,17 +225,15 @@ TEST_F(AgentTest, AFullDatabaseIsCountedAndLosesNothingAlreadyInTheRing) {
 TEST_F(AgentTest, ARerunThatReusesRingNamesStartsFromItsOwnBeginning) {
   // A rank process that records `count` spans and exits, leaving its ring behind.
   auto run_rank = [&](int count, int first_step) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
+    auto rank = Process::Fork([&] {
       auto t = Tracer::Create(Ring(0));
-      if (!t.ok()) ::_exit(1);
+      if (!t.ok()) return 1;
       const NameId n = *(*t)->InternName("forward");
       for (int i = 0; i < count; ++i) (*t)->RecordSpan(SpanKind::kForward, n, first_step + i, 0, 1, 2);
       ::_exit(0);
-    }
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      return 0;
+    });
+    return rank.ok() && (*rank)->Wait().success();
   };
   ASSERT_TRUE(run_rank(1000, 0));
   {

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "megascope/runtime/data.h"
+#include "megascope/launch/process.h"
 #include "test_util.h"
 
 namespace {
@@ -22,14 +23,9 @@ namespace fs = std::filesystem;
 using megascope::testing::HttpGet;
 using megascope::testing::TempDir;
 
-pid_t Spawn(const std::string& cmd, const std::string& log) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd + " >" + log + " 2>&1").c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  return pid;
+std::unique_ptr<megascope::launch::Process> Spawn(const std::string& cmd, const std::string& log) {
+  auto p = megascope::launch::Process::Spawn({{"/bin/sh", "-c", "exec " + cmd}, log});
+  return p.ok() ? std::move(p).value() : nullptr;
 }
 
 std::set<std::string> NamesIn(const std::string& text) {
@@ -50,7 +46,7 @@ TEST(PrometheusE2eTest, PrometheusScrapesEveryRanksStepAndDashboardsUseRealMetri
   const std::string data = dir.path() + "/notes.bin";
   ASSERT_TRUE(megascope::runtime::PrepareByteTokens(MEGASCOPE_TEST_DATA "/text/notes_on_training.txt", data).ok());
   const std::string run = dir.path() + "/run";
-  pid_t train = Spawn(std::string(MEGASCOPE_BIN) + " train --dp 2 --tp 2 --pp 2 --nodes 2 --data " + data +
+  auto train = Spawn(std::string(MEGASCOPE_BIN) + " train --dp 2 --tp 2 --pp 2 --nodes 2 --data " + data +
                           " --run-dir " + run + " --job e2e" + std::to_string(::getpid()) +
                           " --steps 100000 --layers 2 --width 32 --heads 2 --seq 16 --batch 4",
                       dir.path() + "/train.log");
@@ -74,7 +70,7 @@ TEST(PrometheusE2eTest, PrometheusScrapesEveryRanksStepAndDashboardsUseRealMetri
       << "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
       << "scrape_configs:\n  - job_name: megascope\n    honor_labels: true\n    static_configs:\n"
       << "      - targets: ['127.0.0.1:" << ports[0] << "', '127.0.0.1:" << ports[1] << "']\n";
-  pid_t prom = Spawn("prometheus --config.file=" + dir.path() + "/prometheus.yml --storage.tsdb.path=" + dir.path() +
+  auto prom = Spawn("prometheus --config.file=" + dir.path() + "/prometheus.yml --storage.tsdb.path=" + dir.path() +
                          "/tsdb --web.listen-address=127.0.0.1:" + std::to_string(prom_port),
                      dir.path() + "/prometheus.log");
   size_t series = 0;
@@ -90,11 +86,7 @@ TEST(PrometheusE2eTest, PrometheusScrapesEveryRanksStepAndDashboardsUseRealMetri
   }
   // Every metric the dashboard and the alert rules read is served by a live agent.
   const std::string live = HttpGet(ports[0], "/metrics") + HttpGet(ports[1], "/metrics");
-  ::kill(-prom, SIGTERM);
-  ::kill(train, SIGTERM);
-  ::waitpid(prom, nullptr, 0);
-  int status = 0;
-  ::waitpid(train, &status, 0);
+  megascope::launch::StopAll({prom.get(), train.get()}, std::chrono::seconds(20));
   EXPECT_EQ(series, 8u) << last;
   std::set<std::string> served;
   static const std::regex kType(R"(# TYPE (megascope_[a-z_]+) )");

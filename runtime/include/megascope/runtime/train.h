@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "megascope/launch/state_files.h"
+#include "megascope/launch/supervisor.h"
 #include "megascope/runtime/layout.h"
 #include "megascope/runtime/model.h"
 #include "megascope/tracer/status.h"
@@ -30,7 +32,11 @@ struct TrainConfig {
   Layout layout;
   ModelConfig model;
   int nodes = 1;
+  std::vector<std::string> node_names;  // the node of each slot (empty: node0..node<N-1>)
   int attempt = 0;
+  bool memory_snapshots = false;  // every step, state into host memory on this node and a buddy node
+  bool resume_set = false;  // resume below was decided by the controller (else: newest disk checkpoint)
+  launch::ResumePoint resume;
   int64_t global_batch = 8;  // sequences per step, over all dp ranks
   int microbatches = 2;
   int64_t steps = 20;
@@ -51,23 +57,23 @@ struct TrainConfig {
   std::string ToJson() const;
   static Result<TrainConfig> FromJson(const std::string& text, const std::string& source);
   std::string NodeOf(int rank) const;
+  std::vector<std::string> NodeNames() const;  // node_names, or node0..node<N-1>
   int LocalRankOf(int rank) const;
 };
 
-// Exit codes of a worker.
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitSetup = 4;
-inline constexpr int kExitCommFailure = 3;
+using launch::kExitCommFailure;
+using launch::kExitOk;
+using launch::kExitSetup;
 
 // Runs rank `rank` of the job in RUN_DIR/run.json; returns the process exit code.
 int RunWorker(const std::string& run_dir, int rank);
+
+// Validates the configuration and the data file, creates the run directory and clears progress.
+Status PrepareRunDirectory(const TrainConfig& config);
 
 // Starts the job: validates, writes run.json, spawns `self_exe worker` per rank, streams progress
 // to stdout; returns 0 when every worker finished, 1 when one failed (named, with its log tail).
 int RunTraining(const TrainConfig& config, const std::string& self_exe);
 
-// The newest complete, uncorrupted checkpoint step under run_dir (-1: none); `log` receives a
-// line for each checkpoint skipped and why.
-int64_t FindResumableCheckpoint(const std::string& run_dir, int world, std::string* log);
 
 }  // namespace megascope::runtime

@@ -1,0 +1,111 @@
+// Supervisor: a job on a set of nodes. Starts each node's agent, then the job's ranks on them
+// (`megascope worker`, one process per rank, rank r on nodes[r / ranks_per_node]); reports exits
+// and names the origin of a failure (a rank that failed on its own beats the peers that then
+// exited with kExitCommFailure); asks survivors for their flight recorders and waits until the
+// dumps are written before anything is killed; stops ranks and agents with a grace. A restart is
+// StopRanks + StartRanks with attempt + 1 and a new node list. Links without Gloo, BLAS or the model.
+//
+// Thread safety: one thread drives a Supervisor.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "megascope/launch/process.h"
+#include "megascope/launch/run_layout.h"
+#include "megascope/tracer/status.h"
+
+namespace megascope::launch {
+
+// Exit codes of a worker.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitCommFailure = 3;  // a collective failed because a peer is gone or stuck
+inline constexpr int kExitSetup = 4;
+
+struct SupervisorOptions {
+  std::string self_exe;  // the megascope binary
+  std::string run_dir;
+  std::string job = "train";
+  std::string shm_dir = "/dev/shm";
+  std::string agent_host = "127.0.0.1";  // 0.0.0.0 with --allow-remote
+  std::chrono::milliseconds grace{5000};  // SIGTERM -> SIGKILL
+  std::chrono::milliseconds agent_start_timeout{10000};
+};
+
+struct RankExit {
+  int rank = -1;
+  ExitStatus status;
+};
+
+struct AgentExit {
+  std::string node;
+  ExitStatus status;
+};
+
+class Supervisor {
+ public:
+  explicit Supervisor(SupervisorOptions options);
+  ~Supervisor();  // stops whatever still runs
+
+  const RunLayout& layout() const { return layout_; }
+  const SupervisorOptions& options() const { return opt_; }
+
+  // Environment given to every process started on `node` (fault seams such as a slowdown).
+  void SetNodeEnv(const std::string& node, std::vector<std::pair<std::string, std::string>> env);
+  const std::vector<std::pair<std::string, std::string>>& NodeEnv(const std::string& node) const;
+
+  // Starts `node`'s agent and waits until it listens; returns its port.
+  Result<int> StartAgent(const std::string& node);
+  // Stops `node`'s agent (it drains what is left first).
+  void StopAgent(const std::string& node);
+  // Stops every agent; then removes rings nobody will drain any more.
+  void StopAgents();
+  std::optional<int> AgentPort(const std::string& node) const;
+  std::string AgentUrl(const std::string& node) const;
+  std::vector<std::string> AgentNodes() const;
+  // Sends `sig` to `node`'s agent (fault injection: SIGKILL).
+  bool SignalAgent(const std::string& node, int sig);
+
+  // Starts `world` ranks of `attempt` on `nodes` (world divisible by nodes.size()).
+  Status StartRanks(int attempt, const std::vector<std::string>& nodes, int world);
+  int attempt() const { return attempt_; }
+  const std::vector<std::string>& nodes() const { return nodes_; }
+  std::string NodeOfRank(int rank) const;
+  int running_ranks();
+
+  // Newly ended ranks and agents since the last call (never blocks).
+  std::vector<RankExit> PollRanks();
+  std::vector<AgentExit> PollAgents();
+  // Given the failures seen so far, waits up to `window` for the rank whose failure started it: a
+  // failure that is not kExitCommFailure. Returns the origin; adds what else ended to `others`.
+  RankExit FindOrigin(const std::vector<RankExit>& failures, std::chrono::milliseconds window,
+                      std::vector<RankExit>* others);
+
+  // SIGUSR1 to every running rank, then waits up to `timeout` until each has written
+  // dumps/attempt_<A>/rank_<r>.json. Returns the ranks that did not.
+  std::vector<int> CollectDumps(std::chrono::milliseconds timeout);
+  // Stops every rank of the current attempt (grace, then SIGKILL); their agents drain their rings.
+  void StopRanks();
+  // Signals one rank (fault injection).
+  bool SignalRank(int rank, int sig);
+
+ private:
+  SupervisorOptions opt_;
+  RunLayout layout_;
+  std::map<std::string, std::vector<std::pair<std::string, std::string>>> node_env_;
+  std::map<std::string, std::unique_ptr<Process>> agents_;
+  std::map<std::string, int> agent_ports_;
+  std::vector<std::unique_ptr<Process>> ranks_;
+  std::set<int> reported_;
+  std::vector<std::pair<int, int>> started_;  // (attempt, world) of every StartRanks  // ranks whose exit PollRanks already returned
+  std::vector<std::string> nodes_;
+  int attempt_ = 0;
+  int world_ = 0;
+};
+
+}  // namespace megascope::launch

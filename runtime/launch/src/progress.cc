@@ -1,0 +1,46 @@
+#include "megascope/launch/progress.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+namespace megascope::launch {
+
+std::vector<nlohmann::json> ProgressReader::Poll() {
+  std::vector<nlohmann::json> out;
+  if (!in_.is_open()) in_.open(path_);
+  if (!in_.is_open()) return out;
+  in_.clear();
+  for (std::string line; std::getline(in_, line);) {
+    if (in_.eof()) {  // no newline yet: still being written
+      partial_ += line;
+      break;
+    }
+    line = partial_ + line;
+    partial_.clear();
+    try {
+      out.push_back(nlohmann::json::parse(line));
+    } catch (const std::exception&) {
+    }
+  }
+  return out;
+}
+
+void AppendProgress(const std::string& path, const nlohmann::json& line) {
+  const std::string text = line.dump() + "\n";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  (void)!::write(fd, text.data(), text.size());
+  ::close(fd);
+}
+
+std::string FormatStepLine(const nlohmann::json& j, long long steps) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "step %4lld/%lld | loss %.4f | %8.0f tokens/s | step %.3f s | lr %.2e | grad norm %.3f",
+                j.value("step", 0LL), steps, j.value("loss", 0.0), j.value("tokens_per_s", 0.0), j.value("step_time_s", 0.0),
+                j.value("lr", 0.0), j.value("grad_norm", 0.0));
+  return buf;
+}
+
+}  // namespace megascope::launch

@@ -1,0 +1,236 @@
+#include "megascope/launch/supervisor.h"
+
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "megascope/tracer/ring.h"
+
+namespace megascope::launch {
+namespace {
+namespace fs = std::filesystem;
+}  // namespace
+
+Supervisor::Supervisor(SupervisorOptions options) : opt_(std::move(options)), layout_(opt_.run_dir) {}
+
+Supervisor::~Supervisor() {
+  StopRanks();
+  StopAgents();
+}
+
+void Supervisor::SetNodeEnv(const std::string& node, std::vector<std::pair<std::string, std::string>> env) {
+  node_env_[node] = std::move(env);
+}
+
+const std::vector<std::pair<std::string, std::string>>& Supervisor::NodeEnv(const std::string& node) const {
+  static const std::vector<std::pair<std::string, std::string>> kNone;
+  auto it = node_env_.find(node);
+  return it == node_env_.end() ? kNone : it->second;
+}
+
+Result<int> Supervisor::StartAgent(const std::string& node) {
+  std::error_code ec;
+  fs::create_directories(layout_.node_dir(node), ec);
+  fs::remove(layout_.agent_port(node), ec);
+  ProcessSpec spec;
+  spec.argv = {opt_.self_exe, "agent", "--node", node, "--run-dir", opt_.run_dir, "--job", opt_.job, "--shm-dir",
+               opt_.shm_dir, "--listen", opt_.agent_host + ":0"};
+  spec.log_path = layout_.agent_log(node);
+  spec.append_log = true;  // a restarted agent continues the log
+  spec.env = NodeEnv(node);
+  ASSIGN_OR_RETURN(std::unique_ptr<Process> p, Process::Spawn(spec));
+  const auto deadline = std::chrono::steady_clock::now() + opt_.agent_start_timeout;
+  int port = 0;
+  while (port == 0) {
+    std::ifstream in(layout_.agent_port(node));
+    if (in >> port && port > 0) break;
+    port = 0;
+    if (auto e = p->Poll()) {
+      return Status(StatusCode::kUnavailable, "the agent of " + node + " " + e->Describe() + "; see " +
+                                                  layout_.agent_log(node) + "\n" + p->LogTail(5));
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      p->Stop(std::chrono::milliseconds(0));
+      return Status(StatusCode::kDeadlineExceeded, "the agent of " + node + " did not start; see " +
+                                                       layout_.agent_log(node) + "\n" + p->LogTail(5));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  agents_[node] = std::move(p);
+  agent_ports_[node] = port;
+  return port;
+}
+
+void Supervisor::StopAgent(const std::string& node) {
+  auto it = agents_.find(node);
+  if (it == agents_.end()) return;
+  it->second->Stop(std::chrono::milliseconds(15000));  // it drains the rings first
+  agents_.erase(it);
+  agent_ports_.erase(node);
+}
+
+void Supervisor::StopAgents() {
+  std::vector<Process*> all;
+  for (auto& [node, p] : agents_) all.push_back(p.get());
+  StopAll(all, std::chrono::milliseconds(15000));
+  agents_.clear();
+  agent_ports_.clear();
+  // Rings the agents did not remove (no agent, or it died): nothing will drain them now.
+  std::error_code ec;
+  for (const auto& [attempt, world] : started_) {
+    if (running_ranks() > 0 && attempt == attempt_) continue;
+    for (int r = 0; r < world; ++r) fs::remove(opt_.shm_dir + "/" + tracer::RingFileName(opt_.job, attempt, r), ec);
+  }
+}
+
+std::optional<int> Supervisor::AgentPort(const std::string& node) const {
+  auto it = agent_ports_.find(node);
+  if (it == agent_ports_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::string Supervisor::AgentUrl(const std::string& node) const {
+  auto port = AgentPort(node);
+  const std::string host = opt_.agent_host == "0.0.0.0" ? "127.0.0.1" : opt_.agent_host;
+  return port ? "http://" + host + ":" + std::to_string(*port) : "";
+}
+
+std::vector<std::string> Supervisor::AgentNodes() const {
+  std::vector<std::string> out;
+  for (const auto& [node, p] : agents_) out.push_back(node);
+  return out;
+}
+
+bool Supervisor::SignalAgent(const std::string& node, int sig) {
+  auto it = agents_.find(node);
+  return it != agents_.end() && it->second->Signal(sig);
+}
+
+Status Supervisor::StartRanks(int attempt, const std::vector<std::string>& nodes, int world) {
+  if (nodes.empty() || world % static_cast<int>(nodes.size()) != 0) {
+    return InvalidArgument("world size " + std::to_string(world) + " does not divide over " + std::to_string(nodes.size()) +
+                           " nodes");
+  }
+  StopRanks();
+  attempt_ = attempt;
+  nodes_ = nodes;
+  world_ = world;
+  started_.emplace_back(attempt, world);
+  std::error_code ec;
+  // Gloo's FileStore refuses keys that exist: every attempt starts a fresh rendezvous.
+  fs::remove_all(layout_.rendezvous(attempt), ec);
+  const std::string dir_abs = fs::absolute(opt_.run_dir).string();
+  for (int r = 0; r < world; ++r) {
+    fs::create_directories(layout_.rank_dir(r), ec);
+    ProcessSpec spec;
+    spec.argv = {opt_.self_exe, "worker", "--run-dir", dir_abs, "--rank", std::to_string(r)};
+    spec.log_path = layout_.worker_log(r);
+    spec.append_log = attempt > 0;  // the log of a rank spans its attempts
+    spec.env = NodeEnv(NodeOfRank(r));
+    auto p = Process::Spawn(spec);
+    if (!p.ok()) {
+      StopRanks();
+      return p.status().WithContext("starting rank " + std::to_string(r));
+    }
+    ranks_.push_back(std::move(p).value());
+  }
+  return Status::Ok();
+}
+
+std::string Supervisor::NodeOfRank(int rank) const {
+  if (nodes_.empty() || world_ <= 0 || rank < 0 || rank >= world_) return "";
+  return nodes_[static_cast<size_t>(rank / (world_ / static_cast<int>(nodes_.size())))];
+}
+
+int Supervisor::running_ranks() {
+  int n = 0;
+  for (auto& p : ranks_) n += p->running() ? 1 : 0;
+  return n;
+}
+
+std::vector<RankExit> Supervisor::PollRanks() {
+  std::vector<RankExit> out;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    Process& p = *ranks_[r];
+    if (p.pid() < 0) continue;
+    const bool was_running = !reported_.count(static_cast<int>(r));
+    if (!was_running) continue;
+    if (auto e = p.Poll()) {
+      reported_.insert(static_cast<int>(r));
+      out.push_back({static_cast<int>(r), *e});
+    }
+  }
+  return out;
+}
+
+std::vector<AgentExit> Supervisor::PollAgents() {
+  std::vector<AgentExit> out;
+  for (auto it = agents_.begin(); it != agents_.end();) {
+    if (auto e = it->second->Poll()) {
+      out.push_back({it->first, *e});
+      agent_ports_.erase(it->first);
+      it = agents_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+RankExit Supervisor::FindOrigin(const std::vector<RankExit>& failures, std::chrono::milliseconds window,
+                                std::vector<RankExit>* others) {
+  auto is_victim = [](const ExitStatus& s) { return s.exited() && s.code() == kExitCommFailure; };
+  RankExit origin = failures.at(0);
+  for (const RankExit& f : failures) {
+    if (is_victim(origin.status) && !is_victim(f.status)) origin = f;
+  }
+  for (const RankExit& f : failures) {
+    if (others && f.rank != origin.rank) others->push_back(f);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + window;
+  while (is_victim(origin.status) && std::chrono::steady_clock::now() < deadline) {
+    for (RankExit& e : PollRanks()) {
+      if (!e.status.success() && !is_victim(e.status) && is_victim(origin.status)) {
+        if (others) others->push_back(origin);
+        origin = e;
+      } else if (others) {
+        others->push_back(e);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return origin;
+}
+
+std::vector<int> Supervisor::CollectDumps(std::chrono::milliseconds timeout) {
+  const auto asked = fs::file_time_type::clock::now();
+  std::vector<int> waiting;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (ranks_[r]->Signal(SIGUSR1)) waiting.push_back(static_cast<int>(r));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!waiting.empty() && std::chrono::steady_clock::now() < deadline) {
+    std::erase_if(waiting, [&](int r) {
+      std::error_code e;
+      return !ranks_[r]->running() || fs::last_write_time(layout_.dump(attempt_, r), e) >= asked;
+    });
+    if (!waiting.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return waiting;
+}
+
+void Supervisor::StopRanks() {
+  std::vector<Process*> all;
+  for (auto& p : ranks_) all.push_back(p.get());
+  StopAll(all, opt_.grace);
+  ranks_.clear();
+  reported_.clear();
+}
+
+bool Supervisor::SignalRank(int rank, int sig) {
+  return rank >= 0 && rank < static_cast<int>(ranks_.size()) && ranks_[rank]->Signal(sig);
+}
+
+}  // namespace megascope::launch
