@@ -41,5 +41,10 @@ int RunQuery(const Args& args);
 int RunAnalyze(const Args& args);
 int RunTimeline(const Args& args);
 int RunMetrics(const Args& args);
+int RunSelfCheckCommand(const Args& args);
+int RunLaunch(const Args& args);
+int RunReport(const Args& args);
+int RunEvict(const Args& args);
+int RunStop(const Args& args);
 
 }  // namespace megascope::cli

@@ -20,6 +20,11 @@ int RunVersion(const Args& args) {
 const Command kCommands[] = {
     {"detect", "find faulty machines in a metrics CSV (optionally scored against labels)", &RunDetect},
     {"fleet-sim", "write a labelled synthetic fleet (metrics.csv, labels.csv) for the detector", &RunFleetSim},
+    {"launch", "self-healing training: detect a failed or hung node, evict it, self-check a spare, resume", &RunLaunch},
+    {"evict", "evict a node from a running launch (needs the run's token)", &RunEvict},
+    {"stop", "stop a running launch (needs the run's token)", &RunStop},
+    {"report", "incidents of a launch: stage times, evictions, steps lost, ETTR", &RunReport},
+    {"self-check", "the GEMM and all-reduce check a node passes before it joins (started by launch)", &RunSelfCheckCommand, true},
     {"train", "train a GPT with data, tensor and pipeline parallelism on this machine", &RunTrain},
     {"prepare-data", "turn a text file into a token file for training", &RunPrepareData},
     {"worker", "one rank of a training job (started by train)", &RunWorkerCommand, true},

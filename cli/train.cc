@@ -8,15 +8,16 @@
 #include "command.h"
 #include "megascope/launch/process.h"
 #include "megascope/runtime/data.h"
+#include "megascope/runtime/self_check.h"
+#include "training_options.h"
 #include "megascope/runtime/train.h"
 
 namespace megascope::cli {
 
-int RunTrain(const Args& args) {
-  runtime::TrainConfig c;
-  std::vector<std::string> faults;
-  po::options_description opts("Options");
-  opts.add_options()("help,h", "show this help")
+po::options_description TrainingOptions(runtime::TrainConfig* c_ptr) {
+  runtime::TrainConfig& c = *c_ptr;
+  po::options_description opts("Training");
+  opts.add_options()
       ("dp", po::value(&c.layout.dp)->default_value(1), "data-parallel size")
       ("tp", po::value(&c.layout.tp)->default_value(1), "tensor-parallel size (divides heads and vocab)")
       ("pp", po::value(&c.layout.pp)->default_value(1), "pipeline-parallel size (<= layers)")
@@ -38,11 +39,21 @@ int RunTrain(const Args& args) {
       ("min-lr", po::value(&c.min_lr)->default_value(1e-4f), "final learning rate of the cosine schedule")
       ("warmup", po::value(&c.warmup)->default_value(5), "warm-up steps")
       ("grad-clip", po::value(&c.grad_clip)->default_value(1.0f), "global gradient-norm clip (0: off)")
-      ("checkpoint-every", po::value(&c.checkpoint_every)->default_value(0), "checkpoint every K steps (0: never)")
+      ("checkpoint-every", po::value(&c.checkpoint_every)->default_value(0), "checkpoint to disk every K steps (0: never)")
+      ("shm-dir", po::value(&c.shm_dir)->default_value("/dev/shm"), "where rank rings (and memory snapshots) live")
+      ("no-trace", "turn spans and the flight recorder off (to measure what tracing costs)");
+  return opts;
+}
+
+int RunTrain(const Args& args) {
+  runtime::TrainConfig c;
+  std::vector<std::string> faults;
+  po::options_description opts("Options");
+  opts.add_options()("help,h", "show this help");
+  opts.add(TrainingOptions(&c));
+  opts.add_options()
       ("timeout", po::value(&c.timeout_ms)->default_value(30000), "collective timeout in milliseconds")
       ("attempt", po::value(&c.attempt)->default_value(0), "attempt number (restarts bump it)")
-      ("shm-dir", po::value(&c.shm_dir)->default_value("/dev/shm"), "where rank rings live")
-      ("no-trace", "turn spans and the flight recorder off (to measure what tracing costs)")
       ("no-agents", "do not start a megascope agent per node")
       ("fault", po::value(&faults)->composing(),
        "inject a fault: KIND:rank=R,step=S[,seconds=X] with KIND crash, hang, stall-send or slow (repeatable)");
@@ -73,6 +84,23 @@ int RunWorkerCommand(const Args& args) {
   po::variables_map vm;
   if (auto rc = ParseArgs("worker", "megascope worker --run-dir DIR --rank R", args, opts, {}, &vm)) return *rc;
   return runtime::RunWorker(run_dir, rank);
+}
+
+int RunSelfCheckCommand(const Args& args) {
+  runtime::SelfCheckOptions o;
+  po::options_description opts("Options");
+  opts.add_options()("help,h", "show this help")
+      ("dir", po::value(&o.dir)->required(), "rendezvous directory shared with the neighbour (fresh per check)")
+      ("rank", po::value(&o.rank)->default_value(0), "0 or 1")
+      ("world", po::value(&o.world)->default_value(2), "processes in the check")
+      ("gemm-seconds", po::value(&o.gemm_seconds)->default_value(o.gemm_seconds), "how long to run GEMMs")
+      ("timeout", po::value(&o.timeout_ms)->default_value(o.timeout_ms), "rendezvous/collective timeout in milliseconds");
+  po::variables_map vm;
+  if (auto rc = ParseArgs("self-check", "megascope self-check --dir DIR --rank R [--world 2]", args, opts, {}, &vm)) return *rc;
+  auto r = runtime::RunSelfCheck(o);
+  if (!r.ok()) return Fail("self-check", r.status().ToString());
+  std::printf("{\"rank\": %d, \"gemm_gflops\": %.3f, \"allreduce_gbps\": %.4f}\n", o.rank, r->gemm_gflops, r->allreduce_gbps);
+  return 0;
 }
 
 int RunPrepareData(const Args& args) {

@@ -10,7 +10,10 @@
 
 namespace megascope::analyzer {
 
-Result<std::string> HttpGet(const std::string& url, int timeout_ms) {
+Result<std::string> HttpGet(const std::string& url, int timeout_ms) { return HttpRequest("GET", url, {}, timeout_ms); }
+
+Result<std::string> HttpRequest(const std::string& method, const std::string& url, const std::vector<std::string>& headers,
+                                int timeout_ms) {
   if (url.rfind("http://", 0) != 0) return InvalidArgument("only http:// URLs are supported: " + url);
   const std::string rest = url.substr(7);
   const auto slash = rest.find('/');
@@ -29,7 +32,9 @@ Result<std::string> HttpGet(const std::string& url, int timeout_ms) {
     if (fd >= 0) ::close(fd);
     return Status(StatusCode::kUnavailable, "cannot connect to " + hostport + " (is the agent running?)");
   }
-  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: " + hostport + "\r\nConnection: close\r\n\r\n";
+  std::string req = method + " " + path + " HTTP/1.1\r\nHost: " + hostport + "\r\nConnection: close\r\nContent-Length: 0\r\n";
+  for (const std::string& h : headers) req += h + "\r\n";
+  req += "\r\n";
   if (::write(fd, req.data(), req.size()) < 0) {
     ::close(fd);
     return Status(StatusCode::kUnavailable, "cannot send to " + hostport);
@@ -50,11 +55,16 @@ Result<std::string> HttpGet(const std::string& url, int timeout_ms) {
   const auto head_end = resp.find("\r\n\r\n");
   if (head_end == std::string::npos || resp.rfind("HTTP/1.", 0) != 0) return DataLoss(url + ": not an HTTP response");
   const int code = std::atoi(resp.c_str() + 9);
-  if (code != 200) return NotFound(url + " answered HTTP " + std::to_string(code));
+  if (code != 200) {
+    std::string body = resp.substr(head_end + 4);
+    while (!body.empty() && (body.back() == '\n' || body.back() == '\r')) body.pop_back();
+    const std::string msg = url + " answered HTTP " + std::to_string(code) + (body.empty() ? "" : ": " + body);
+    return code == 403 ? PermissionDenied(msg) : NotFound(msg);
+  }
   return resp.substr(head_end + 4);
 }
 
-Result<HangInput> LoadFromAgents(const std::vector<std::string>& urls) {
+Result<HangInput> LoadFromAgents(const std::vector<std::string>& urls, int attempt) {
   std::vector<std::pair<std::string, tracer::Dump>> dumps;
   for (std::string url : urls) {
     while (!url.empty() && url.back() == '/') url.pop_back();
@@ -68,6 +78,7 @@ Result<HangInput> LoadFromAgents(const std::vector<std::string>& urls) {
     std::set<int> seen;
     for (const auto& r : j.value("ranks", nlohmann::json::array())) {
       const int rank = r["rank"];
+      if (attempt >= 0 && r.value("attempt", -1) != attempt) continue;
       if (!seen.insert(rank).second) continue;
       const std::string src = url + "/dump/" + std::to_string(rank);
       ASSIGN_OR_RETURN(std::string body, HttpGet(src));

@@ -1,6 +1,8 @@
 #include "megascope/tracer/trace_store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -57,6 +59,8 @@ Result<std::unique_ptr<TraceStore>> TraceStore::Open(const std::string& path, in
   std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
   if (ec) return IoError("cannot create directory " + p.parent_path().string() + ": " + ec.message());
+  // Created 0600: traces name hosts, ranks and timings of someone's job.
+  if (const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600); fd >= 0) ::close(fd);
   std::unique_ptr<TraceStore> s(new TraceStore());
   s->path_ = path;
   if (sqlite3_open_v2(path.c_str(), &s->db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,

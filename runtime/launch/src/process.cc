@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,8 +28,11 @@ Result<int> OpenLog(const std::string& path, bool append) {
 }
 
 // In the child, between fork and exec/body: only async-signal-safe calls.
-void EnterChild(int log_fd) {
+void EnterChild(int log_fd, pid_t parent) {
   ::setpgid(0, 0);
+  // A launcher that dies (even by SIGKILL) takes its children along: no orphaned agents or ranks.
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (::getppid() != parent) ::_exit(128 + SIGTERM);
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -69,6 +73,7 @@ Result<std::unique_ptr<Process>> Process::Spawn(const ProcessSpec& spec) {
   argv.push_back(nullptr);
   for (const std::string& e : env_strings) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
     const int err = errno;
@@ -76,7 +81,7 @@ Result<std::unique_ptr<Process>> Process::Spawn(const ProcessSpec& spec) {
     return ErrnoError("fork", err);
   }
   if (pid == 0) {
-    EnterChild(fd);
+    EnterChild(fd, parent);
     ::execve(argv[0], argv.data(), envp.data());
     static const char kMsg[] = "megascope: exec failed\n";
     (void)!::write(2, kMsg, sizeof(kMsg) - 1);
@@ -89,6 +94,7 @@ Result<std::unique_ptr<Process>> Process::Spawn(const ProcessSpec& spec) {
 
 Result<std::unique_ptr<Process>> Process::Fork(const std::function<int()>& body, const std::string& log_path) {
   ASSIGN_OR_RETURN(int fd, OpenLog(log_path, false));
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
     const int err = errno;
@@ -96,7 +102,7 @@ Result<std::unique_ptr<Process>> Process::Fork(const std::function<int()>& body,
     return ErrnoError("fork", err);
   }
   if (pid == 0) {
-    EnterChild(fd);
+    EnterChild(fd, parent);
     ::_exit(body());
   }
   ::setpgid(pid, pid);

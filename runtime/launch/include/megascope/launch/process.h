@@ -3,7 +3,9 @@
 // on PyTorch elastic's process context: start, poll, close with a grace.
 //
 // Thread safety: a Process is used by one thread at a time. Children run in their own process
-// group, so Stop() also reaches what they started (a `sh -c` and its command).
+// group, so Stop() also reaches what they started (a `sh -c` and its command), and they get
+// SIGTERM when the thread that started them dies (PR_SET_PDEATHSIG): a launcher killed by
+// SIGKILL leaves no orphaned agent or rank behind.
 #pragma once
 
 #include <sys/types.h>

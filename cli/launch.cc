@@ -1,0 +1,135 @@
+// `megascope launch` (the self-healing driver), `megascope report`, `megascope evict`, `megascope stop`.
+#include <cstdio>
+#include <filesystem>
+
+#include "command.h"
+#include "megascope/controller/controller.h"
+#include "megascope/controller/report.h"
+#include "megascope/launch/process.h"
+#include "megascope/tracer/dump.h"
+#include "training_options.h"
+
+namespace megascope::cli {
+
+int RunLaunch(const Args& args) {
+  runtime::TrainConfig c;
+  c.job = "launch";
+  c.memory_snapshots = true;
+  controller::ControllerOptions co;
+  int spares = 0;
+  std::vector<std::string> injects;
+  po::options_description opts("Options");
+  opts.add_options()("help,h", "show this help");
+  opts.add(TrainingOptions(&c));
+  po::options_description loop("Self-healing");
+  loop.add_options()
+      ("spares", po::value(&spares)->default_value(0), "spare nodes standing by (self-checked before they join)")
+      ("timeout", po::value(&c.timeout_ms)->default_value(120000), "collective timeout in milliseconds (above --hang-after: the controller acts first)")
+      ("tick", po::value(&co.tick_s)->default_value(co.tick_s), "seconds between controller ticks")
+      ("hang-after", po::value(&co.hang_after_s)->default_value(co.hang_after_s),
+       "a hang: no rank's step advances for this many seconds (or --hang-factor median step times, if longer)")
+      ("hang-factor", po::value(&co.hang_factor)->default_value(co.hang_factor), "see --hang-after")
+      ("startup-grace", po::value(&co.startup_grace_s)->default_value(co.startup_grace_s), "seconds an attempt may take to its first step")
+      ("op-timeout", po::value(&co.op_timeout_s)->default_value(co.op_timeout_s), "an op open this many seconds is a hang")
+      ("max-evictions", po::value(&co.max_evictions)->default_value(co.max_evictions), "evictions allowed per --eviction-window before pausing for a person")
+      ("eviction-window", po::value(&co.eviction_window_s)->default_value(co.eviction_window_s), "seconds")
+      ("readmit-after", po::value(&co.readmit_after_s)->default_value(co.readmit_after_s),
+       "seconds after which an evicted node may stand by again (it must pass the self-check); 0: never")
+      ("min-gemm-ratio", po::value(&co.min_gemm_ratio)->default_value(co.min_gemm_ratio), "self-check: GEMM throughput needed, as a share of a healthy node's")
+      ("min-bandwidth-ratio", po::value(&co.min_bandwidth_ratio)->default_value(co.min_bandwidth_ratio), "self-check: all-reduce bandwidth needed, as a share of a healthy pair's")
+      ("no-memory-snapshots", "keep no every-step state in host memory (restart from disk checkpoints only)")
+      ("allow-remote", "agents and the control endpoint listen on every address, not only loopback")
+      ("inject", po::value(&injects)->composing(),
+       "inject a fault into the real processes (repeatable): crash|hang|stall-send|slow:node=N|rank=R,at=STEP[,seconds=X]; "
+       "kill-agent:node=N,at=STEP|SECONDSs; corrupt-checkpoint; degrade:node=N[,factor=F]");
+  opts.add(loop);
+  po::variables_map vm;
+  if (auto rc = ParseArgs("launch", "megascope launch --nodes N --spares K --dp D --tp T --pp P --data DATA.bin --run-dir DIR [options]",
+                          args, opts, {}, &vm)) {
+    return *rc;
+  }
+  c.trace = vm.count("no-trace") == 0;
+  c.memory_snapshots = vm.count("no-memory-snapshots") == 0;
+  co.allow_remote = vm.count("allow-remote") > 0;
+  if (spares < 0) return Fail("launch", "--spares must be >= 0", 2);
+  if (co.tick_s <= 0 || co.hang_after_s <= 0 || co.max_evictions < 0) {
+    return Fail("launch", "--tick and --hang-after must be positive, --max-evictions >= 0", 2);
+  }
+  for (int k = 0; k < c.nodes + spares; ++k) (k < c.nodes ? co.nodes : co.spares).push_back("node" + std::to_string(k));
+  for (const std::string& spec : injects) {
+    auto in = controller::ParseInjection(spec);
+    if (!in.ok()) return Fail("launch", in.status().message(), 2);
+    if (!in->node.empty() && std::find(co.nodes.begin(), co.nodes.end(), in->node) == co.nodes.end() &&
+        std::find(co.spares.begin(), co.spares.end(), in->node) == co.spares.end()) {
+      return Fail("launch", "--inject '" + spec + "': no node " + in->node + " (nodes are node0..node" +
+                                std::to_string(c.nodes + spares - 1) + ")", 2);
+    }
+    if (in->rank >= c.layout.world()) return Fail("launch", "--inject '" + spec + "': rank outside the world", 2);
+    co.injections.push_back(*in);
+  }
+  if (Status st = runtime::PrepareRunDirectory(c); !st.ok()) return Fail("launch", st.message(), 2);
+  auto exe = launch::SelfExe();
+  if (!exe.ok()) return Fail("launch", exe.status().message());
+  co.supervisor.self_exe = *exe;
+  co.supervisor.run_dir = c.run_dir;
+  co.supervisor.job = c.job;
+  co.supervisor.shm_dir = c.shm_dir;
+  co.supervisor.agent_host = co.allow_remote ? "0.0.0.0" : "127.0.0.1";
+  co.world = c.layout.world();
+  co.steps = c.steps;
+  co.write_run_json = [c](const controller::AttemptPlan& plan) {
+    runtime::TrainConfig run = c;
+    run.attempt = plan.attempt;
+    run.node_names = plan.nodes;
+    run.resume_set = plan.resume_set;
+    run.resume = plan.resume;
+    run.agent_ports = plan.agent_ports;
+    run.faults.clear();
+    for (const auto& f : plan.faults) run.faults.push_back({f.kind, f.rank, f.step, f.seconds});
+    return tracer::WriteFileAtomic(launch::RunLayout(run.run_dir).run_json(), run.ToJson());
+  };
+  // Leftovers of an earlier launch under this job name would be taken for this one's state.
+  std::error_code ec;
+  std::filesystem::remove_all(launch::MemoryRoot(c.shm_dir, c.job), ec);
+  controller::Controller ctl(std::move(co));
+  return ctl.Run();
+}
+
+int RunReport(const Args& args) {
+  std::string run_dir;
+  po::options_description opts("Options");
+  opts.add_options()("help,h", "show this help")("run-dir", po::value(&run_dir)->required(), "run directory of a launch");
+  po::positional_options_description pos;
+  pos.add("run-dir", 1);
+  po::variables_map vm;
+  if (auto rc = ParseArgs("report", "megascope report RUN_DIR", args, opts, pos, &vm)) return *rc;
+  auto r = controller::BuildReport(run_dir);
+  if (!r.ok()) return Fail("report", r.status().message());
+  std::fputs(r->c_str(), stdout);
+  return 0;
+}
+
+namespace {
+int Control(const char* name, const Args& args, bool needs_node) {
+  std::string run_dir, node;
+  po::options_description opts("Options");
+  opts.add_options()("help,h", "show this help")("run-dir", po::value(&run_dir)->required(), "run directory of a running launch");
+  po::positional_options_description pos;
+  if (needs_node) {
+    opts.add_options()("node", po::value(&node)->required(), "the node to evict");
+    pos.add("node", 1);
+  }
+  po::variables_map vm;
+  const std::string usage = std::string("megascope ") + name + (needs_node ? " NODE" : "") + " --run-dir DIR";
+  if (auto rc = ParseArgs(name, usage.c_str(), args, opts, pos, &vm)) return *rc;
+  Status st = controller::SendControlCommand(run_dir, name, node);
+  if (!st.ok()) return Fail(name, st.message());
+  std::printf("%s: accepted by the controller of %s\n", name, run_dir.c_str());
+  return 0;
+}
+}  // namespace
+
+int RunEvict(const Args& args) { return Control("evict", args, true); }
+int RunStop(const Args& args) { return Control("stop", args, false); }
+
+}  // namespace megascope::cli

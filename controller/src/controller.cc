@@ -1,0 +1,771 @@
+#include "megascope/controller/controller.h"
+
+#include <CivetServer.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <cstring>
+
+#include "megascope/tracer/verdict.h"
+
+#include "megascope/analyzer/hang.h"
+#include "megascope/analyzer/live.h"
+#include "megascope/controller/control_db.h"
+#include "megascope/controller/report.h"
+#include "megascope/launch/progress.h"
+#include "megascope/tracer/clock.h"
+#include "megascope/tracer/dump.h"
+
+namespace megascope::controller {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+volatile sig_atomic_t g_interrupted = 0;
+void OnInterrupt(int) { g_interrupted = 1; }
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string RandomToken() {
+  std::ifstream in("/dev/urandom", std::ios::binary);
+  unsigned char b[24];
+  in.read(reinterpret_cast<char*>(b), sizeof(b));
+  static const char* kHex = "0123456789abcdef";
+  std::string t;
+  for (unsigned char c : b) {
+    t += kHex[c >> 4];
+    t += kHex[c & 15];
+  }
+  return t;
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Command {
+  std::string what;  // stop, evict
+  std::string node;
+};
+
+// The control endpoint: POST /stop and POST /evict?node=N with "Authorization: Bearer <token>".
+class ControlHandler : public CivetHandler {
+ public:
+  ControlHandler(std::string token, std::mutex* mu, std::deque<Command>* queue)
+      : token_(std::move(token)), mu_(mu), queue_(queue) {}
+  bool handlePost(CivetServer*, mg_connection* conn) override {
+    const mg_request_info* ri = mg_get_request_info(conn);
+    const char* auth = mg_get_header(conn, "Authorization");
+    if (auth == nullptr || std::string(auth) != "Bearer " + token_) {
+      Reply(conn, 403, "missing or wrong token (read it from RUN_DIR/control.token)");
+      return true;
+    }
+    const std::string uri = ri->local_uri ? ri->local_uri : "";
+    Command c;
+    if (uri == "/stop") {
+      c.what = "stop";
+    } else if (uri == "/evict") {
+      char node[256] = {};
+      if (ri->query_string == nullptr || mg_get_var(ri->query_string, std::strlen(ri->query_string), "node", node, sizeof(node)) <= 0) {
+        Reply(conn, 400, "evict needs ?node=NAME");
+        return true;
+      }
+      c = {"evict", node};
+    } else {
+      Reply(conn, 404, "use POST /stop or POST /evict?node=NAME");
+      return true;
+    }
+    {
+      std::lock_guard<std::mutex> lock(*mu_);
+      queue_->push_back(c);
+    }
+    Reply(conn, 200, "accepted: " + c.what + (c.node.empty() ? "" : " " + c.node));
+    return true;
+  }
+
+ private:
+  static void Reply(mg_connection* conn, int code, const std::string& body) {
+    mg_printf(conn, "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s", code,
+              code == 200 ? "OK" : "Error", body.size() + 1, (body + "\n").c_str());
+  }
+  std::string token_;
+  std::mutex* mu_;
+  std::deque<Command>* queue_;
+};
+
+struct SelfCheckFigures {
+  bool ok = false;
+  double gemm_gflops = 0, allreduce_gbps = 0;
+  std::string error;
+};
+
+}  // namespace
+
+struct Controller::Impl {
+  ControllerOptions opt;
+  launch::Supervisor sup;
+  launch::RunLayout layout;
+  std::unique_ptr<ControlDb> db;
+  std::unique_ptr<CivetServer> http;
+  std::unique_ptr<ControlHandler> handler;
+  std::mutex mu;
+  std::deque<Command> commands;  // GUARDED_BY(mu)
+
+  int attempt = 0;
+  std::vector<std::string> active;  // node of each slot
+  std::deque<std::string> spares;
+  std::map<std::string, Clock::time_point> evicted;  // node -> when
+  std::set<std::string> failed_self_check;
+  std::vector<Clock::time_point> eviction_times;
+  double baseline_gemm = 0, baseline_bw = 0;
+  int checks = 0;
+
+  // The attempt in progress.
+  Clock::time_point launch_start = Clock::now(), attempt_start;
+  int64_t last_step_done = 0;  // completed steps of the job so far (the newest step line)
+  bool attempt_stepped = false;
+  std::vector<double> step_times;
+  std::map<int, int64_t> hb_steps;
+  Clock::time_point last_progress;
+  int finished_ranks = 0;
+  std::optional<int64_t> incident_start_ns;  // for "resumed": the open incident's trigger time
+  launch::ProgressReader progress;
+
+  explicit Impl(ControllerOptions o)
+      : opt(std::move(o)), sup(opt.supervisor), layout(opt.supervisor.run_dir), progress(layout.progress()) {}
+
+  void Log(const std::string& line) {
+    std::printf("[launch] %s\n", line.c_str());
+    std::fflush(stdout);
+  }
+
+  void Record(EventKind kind, const std::string& node, int rank, json detail, int64_t ts_ns = 0) {
+    Event e;
+    e.ts_ns = ts_ns ? ts_ns : tracer::WallNowNs();
+    e.attempt = attempt;
+    e.kind = kind;
+    e.node = node;
+    e.rank = rank;
+    e.detail = std::move(detail);
+    if (Status st = db->Record(e); !st.ok()) std::fprintf(stderr, "[launch] %s\n", st.ToString().c_str());
+  }
+
+  // ------------------------------------------------------------------ setup
+
+  Status Setup() {
+    std::error_code ec;
+    fs::create_directories(layout.dir(), ec);
+    ASSIGN_OR_RETURN(db, ControlDb::Open(layout.control_db()));
+    const std::string token = RandomToken();
+    {
+      const std::string tmp = layout.token() + ".tmp";
+      const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (fd < 0) return ErrnoError("cannot write " + tmp, errno);
+      const std::string line = token + "\n";
+      const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+      ::close(fd);
+      if (!ok) return IoError("cannot write " + tmp);
+      fs::rename(tmp, layout.token(), ec);
+      if (ec) return IoError("cannot write " + layout.token() + ": " + ec.message());
+    }
+    handler = std::make_unique<ControlHandler>(token, &mu, &commands);
+    const std::vector<std::string> civet = {"listening_ports", (opt.allow_remote ? "0.0.0.0:0" : "127.0.0.1:0"),
+                                            "num_threads", "2"};
+    try {
+      http = std::make_unique<CivetServer>(civet);
+    } catch (const std::exception& e) {
+      return Status(StatusCode::kUnavailable, std::string("cannot start the control endpoint: ") + e.what());
+    }
+    http->addHandler("/stop", handler.get());
+    http->addHandler("/evict", handler.get());
+    const int port = http->getListeningPorts().at(0);
+    RETURN_IF_ERROR(tracer::WriteFileAtomic(
+        layout.controller_json(), json{{"url", "http://127.0.0.1:" + std::to_string(port)}, {"pid", ::getpid()}}.dump() + "\n"));
+    for (const Injection& in : opt.injections) {
+      if (in.kind == FaultKind::kDegrade) {
+        sup.SetNodeEnv(in.node, {{"MEGASCOPE_INJECT_SLOWDOWN", std::to_string(in.factor)}});
+        Record(EventKind::kFaultInjected, in.node, -1, {{"kind", Name(in.kind)}, {"spec", in.spec}, {"factor", in.factor}});
+      }
+    }
+    active = opt.nodes;
+    spares.assign(opt.spares.begin(), opt.spares.end());
+    return Status::Ok();
+  }
+
+  // -------------------------------------------------------------- self-check
+
+  // Runs the self-check pair (a, b); returns the figures of a and b (b's only when b != a).
+  std::pair<SelfCheckFigures, SelfCheckFigures> SelfCheckPair(const std::string& a, const std::string& b) {
+    const std::string dir = layout.self_check_dir("check_" + std::to_string(checks++));
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    fs::create_directories(dir + "/store", ec);
+    std::vector<std::unique_ptr<launch::Process>> procs;
+    std::pair<SelfCheckFigures, SelfCheckFigures> out;
+    const std::string nodes[2] = {a, b};
+    for (int r = 0; r < 2; ++r) {
+      launch::ProcessSpec spec;
+      spec.argv = {opt.supervisor.self_exe, "self-check", "--dir", dir + "/store", "--rank", std::to_string(r)};
+      spec.log_path = dir + "/rank_" + std::to_string(r) + ".log";
+      spec.env = sup.NodeEnv(nodes[r]);
+      auto p = launch::Process::Spawn(spec);
+      if (!p.ok()) {
+        out.first.error = p.status().ToString();
+        return out;
+      }
+      procs.push_back(std::move(p).value());
+    }
+    for (int r = 0; r < 2; ++r) {
+      SelfCheckFigures& f = r == 0 ? out.first : out.second;
+      auto e = procs[r]->WaitFor(std::chrono::seconds(60));
+      if (!e) {
+        procs[r]->Stop(std::chrono::milliseconds(0));
+        f.error = "self-check did not finish in 60 s";
+        continue;
+      }
+      const std::string text = ReadText(procs[r]->log_path());
+      const auto brace = text.rfind('{');
+      json j = json::parse(brace == std::string::npos ? "" : text.substr(brace), nullptr, false);
+      if (!e->success() || j.is_discarded()) {
+        f.error = "self-check " + e->Describe() + ": " + text.substr(0, 300);
+        continue;
+      }
+      f.ok = true;
+      f.gemm_gflops = j.value("gemm_gflops", 0.0);
+      f.allreduce_gbps = j.value("allreduce_gbps", 0.0);
+    }
+    return out;
+  }
+
+  // Self-checks `node` with a healthy `partner`; records and returns whether it passed.
+  bool SelfCheck(const std::string& node, const std::string& partner, const std::string& why) {
+    const auto t0 = Clock::now();
+    SelfCheckFigures f = SelfCheckPair(node, partner).first;
+    const bool gemm_ok = f.ok && f.gemm_gflops >= opt.min_gemm_ratio * baseline_gemm;
+    const bool bw_ok = f.ok && f.allreduce_gbps >= opt.min_bandwidth_ratio * baseline_bw;
+    const bool pass = gemm_ok && bw_ok;
+    std::string verdict = pass ? "passed" : "FAILED";
+    if (!f.ok) verdict += " (" + f.error + ")";
+    else if (!gemm_ok) verdict += " (GEMM below " + std::to_string(opt.min_gemm_ratio) + " of the healthy figure)";
+    else if (!bw_ok) verdict += " (all-reduce bandwidth below " + std::to_string(opt.min_bandwidth_ratio) + " of the healthy figure)";
+    char line[512];
+    std::snprintf(line, sizeof(line), "self-check %s (with %s, %s): GEMM %.2f GFLOP/s (healthy %.2f), all-reduce %.3f GB/s (healthy %.3f): %s",
+                  node.c_str(), partner.c_str(), why.c_str(), f.gemm_gflops, baseline_gemm, f.allreduce_gbps, baseline_bw,
+                  verdict.c_str());
+    Log(line);
+    Record(EventKind::kSelfCheck, node, -1,
+           {{"passed", pass}, {"why", why}, {"partner", partner}, {"gemm_gflops", f.gemm_gflops},
+            {"allreduce_gbps", f.allreduce_gbps}, {"healthy_gemm_gflops", baseline_gemm},
+            {"healthy_allreduce_gbps", baseline_bw}, {"error", f.error}, {"seconds", Since(t0)}});
+    if (!pass) failed_self_check.insert(node);
+    return pass;
+  }
+
+  Status Baseline() {
+    const std::string a = active.at(0), b = active.size() > 1 ? active[1] : active[0];
+    auto [fa, fb] = SelfCheckPair(a, b);
+    if (!fa.ok) return Internal("the baseline self-check on " + a + " failed: " + fa.error);
+    baseline_gemm = fb.ok && a != b ? std::max(fa.gemm_gflops, fb.gemm_gflops) : fa.gemm_gflops;
+    baseline_bw = fa.allreduce_gbps;
+    char line[256];
+    std::snprintf(line, sizeof(line), "healthy figures (%s, %s): GEMM %.2f GFLOP/s, all-reduce %.3f GB/s", a.c_str(), b.c_str(),
+                  baseline_gemm, baseline_bw);
+    Log(line);
+    Record(EventKind::kSelfCheck, a, -1, {{"passed", true}, {"why", "baseline"}, {"partner", b}, {"gemm_gflops", baseline_gemm},
+                                          {"allreduce_gbps", baseline_bw}});
+    return Status::Ok();
+  }
+
+  // ---------------------------------------------------------------- attempts
+
+  std::string HealthyPartner(const std::set<std::string>& avoid) const {
+    for (const std::string& n : active) {
+      if (!n.empty() && !avoid.count(n)) return n;
+    }
+    return "";
+  }
+
+  int FirstRankOf(const std::string& node) const {
+    const int per = opt.world / static_cast<int>(active.size());
+    for (size_t k = 0; k < active.size(); ++k) {
+      if (active[k] == node) return static_cast<int>(k) * per;
+    }
+    return -1;
+  }
+
+  Status StartAttempt(const launch::ResumePoint* resume) {
+    AttemptPlan plan;
+    plan.attempt = attempt;
+    plan.nodes = active;
+    if (resume) {
+      plan.resume_set = true;
+      plan.resume = *resume;
+    }
+    for (Injection& in : opt.injections) {
+      if (!IsWorkerFault(in.kind) || in.fired) continue;
+      const int rank = in.rank >= 0 ? in.rank : FirstRankOf(in.node);
+      if (rank < 0 || rank >= opt.world) continue;  // its node is not in the job (any more)
+      plan.faults.push_back({std::string(Name(in.kind)), rank, in.at_step, in.seconds});
+    }
+    for (const std::string& node : active) {
+      if (!sup.AgentPort(node)) {
+        auto port = sup.StartAgent(node);
+        if (!port.ok()) return port.status();
+      }
+      plan.agent_ports.emplace_back(node, *sup.AgentPort(node));
+    }
+    RETURN_IF_ERROR(opt.write_run_json(plan));
+    attempt_start = last_progress = Clock::now();
+    attempt_stepped = false;
+    hb_steps.clear();
+    finished_ranks = 0;
+    return sup.StartRanks(attempt, active, opt.world);
+  }
+
+  // --------------------------------------------------------------- the tick
+
+  void PumpProgress() {
+    for (const json& line : progress.Poll()) {
+      const std::string event = line.value("event", "");
+      const int line_attempt = line.value("attempt", attempt);
+      if (event == "fault") {
+        for (Injection& in : opt.injections) {
+          if (!in.fired && IsWorkerFault(in.kind) && std::string(Name(in.kind)) == line.value("kind", "")) in.fired = true;
+        }
+        Log("fault fired: " + line.value("kind", std::string()) + " on rank " + std::to_string(line.value("rank", -1)) + " (" +
+            line.value("node", std::string()) + ") at step " + std::to_string(line.value("step", 0)));
+        Record(EventKind::kFaultInjected, line.value("node", ""), line.value("rank", -1),
+               {{"kind", line.value("kind", "")}, {"step", line.value("step", 0)}}, line.value("ts_ns", int64_t{0}));
+      } else if (event == "ready" && line_attempt == attempt) {
+        Record(EventKind::kCheckpointLoaded, "", -1,
+               {{"step", line.value("step", 0)}, {"source", line.value("source", "none")},
+                {"rendezvous_s", line.value("rendezvous_s", 0.0)}, {"load_s", line.value("load_s", 0.0)}},
+               line.value("ts_ns", int64_t{0}));
+      } else if (event.empty() && line.contains("step")) {
+        std::printf("%s\n", launch::FormatStepLine(line, opt.steps).c_str());
+        std::fflush(stdout);
+        last_step_done = line.value("step", last_step_done);
+        step_times.push_back(line.value("step_time_s", 0.0));
+        last_progress = Clock::now();
+        if (line_attempt == attempt && !attempt_stepped) {
+          attempt_stepped = true;
+          if (incident_start_ns) {
+            const int64_t ts = line.value("ts_ns", tracer::WallNowNs());
+            Record(EventKind::kResumed, "", -1,
+                   {{"step", last_step_done}, {"since_trigger_s", static_cast<double>(ts - *incident_start_ns) / 1e9}}, ts);
+            Log("training resumed: step " + std::to_string(last_step_done) + " done " +
+                std::to_string(static_cast<double>(ts - *incident_start_ns) / 1e9).substr(0, 5) + " s after the trigger");
+            incident_start_ns.reset();
+          }
+        }
+      }
+    }
+  }
+
+  double HangThreshold() const {
+    if (!attempt_stepped) return std::max(opt.startup_grace_s, opt.hang_after_s);
+    std::vector<double> recent(step_times.end() - std::min<size_t>(step_times.size(), 20), step_times.end());
+    double median = 0;
+    if (!recent.empty()) {
+      std::nth_element(recent.begin(), recent.begin() + recent.size() / 2, recent.end());
+      median = recent[recent.size() / 2];
+    }
+    return std::max(opt.hang_after_s, opt.hang_factor * median);
+  }
+
+  // Reads every agent's /state; true when the job has stalled (no rank's step moved for the
+  // threshold) or an op has been open past its budget. `why` says which.
+  bool Stalled(std::string* why) {
+    const int64_t now = tracer::WallNowNs();
+    double oldest_op_s = 0;
+    bool moved = false;
+    for (const std::string& node : active) {
+      const std::string url = sup.AgentUrl(node);
+      if (url.empty()) continue;
+      auto body = analyzer::HttpGet(url + "/state", 1000);
+      if (!body.ok()) continue;
+      json s = json::parse(*body, nullptr, false);
+      if (s.is_discarded()) continue;
+      for (const json& r : s.value("ranks", json::array())) {
+        if (r.value("attempt", -1) != attempt) continue;
+        const int rank = r.value("rank", -1);
+        const int64_t step = r["heartbeat"].value("step", int64_t{0});
+        auto it = hb_steps.find(rank);
+        if (it == hb_steps.end() || it->second != step) {
+          moved = moved || it != hb_steps.end();
+          hb_steps[rank] = step;
+        }
+        for (const json& e : r.value("open_entries", json::array())) {
+          oldest_op_s = std::max(oldest_op_s, static_cast<double>(now - e.value("enqueued_at_ns", now)) / 1e9);
+        }
+      }
+    }
+    if (moved) last_progress = Clock::now();
+    const double threshold = HangThreshold();
+    if (Since(last_progress) > threshold) {
+      char b[160];
+      std::snprintf(b, sizeof(b), "no rank's step advanced for %.1f s (threshold %.1f s)", Since(last_progress), threshold);
+      *why = b;
+      return true;
+    }
+    if (oldest_op_s > opt.op_timeout_s) {
+      *why = "an op has been open for " + std::to_string(static_cast<int>(oldest_op_s)) + " s";
+      return true;
+    }
+    return false;
+  }
+
+  void FireControllerInjections() {
+    for (Injection& in : opt.injections) {
+      if (in.fired || in.kind != FaultKind::kKillAgent) continue;
+      const bool due = (in.at_seconds >= 0 && Since(launch_start) >= in.at_seconds) ||
+                       (in.at_step >= 0 && last_step_done >= in.at_step);
+      if (!due || !sup.AgentPort(in.node)) continue;
+      in.fired = sup.SignalAgent(in.node, SIGKILL);
+      Log("fault fired: kill-agent on " + in.node);
+      Record(EventKind::kFaultInjected, in.node, -1, {{"kind", "kill-agent"}, {"spec", in.spec}});
+    }
+  }
+
+  // ---------------------------------------------------------------- incidents
+
+  struct Trigger {
+    std::string cause;  // crash, hang, manual
+    std::string detail;
+    std::vector<launch::RankExit> failures;
+    std::string manual_node;
+  };
+
+  std::vector<Verdict> Diagnose(Trigger& t) {
+    std::vector<Verdict> verdicts;
+    analyzer::HangOptions ho;
+    ho.min_wait_s = std::min(10.0, HangThreshold() / 2);
+    if (t.cause == "crash") {
+      launch::RankExit origin = sup.FindOrigin(t.failures, std::chrono::seconds(2), nullptr);
+      if (!(origin.status.exited() && origin.status.code() == launch::kExitCommFailure)) {
+        Verdict v;
+        v.kind = "hang";
+        v.cause = "rank_dead";
+        v.root_ranks = {origin.rank};
+        v.root_nodes = {sup.NodeOfRank(origin.rank)};
+        v.detected_at_ns = tracer::WallNowNs();
+        v.confidence = 1.0;
+        v.explanation = "rank " + std::to_string(origin.rank) + " (" + v.root_nodes[0] + ") " + origin.status.Describe() +
+                        "; its peers then failed their collectives";
+        v.evidence = {"exit: " + origin.status.Describe(), "log: " + layout.worker_log(origin.rank)};
+        verdicts.push_back(v);
+        return verdicts;
+      }
+      // Every failure was a peer's timeout: the cause is in the flight recorders.
+      sup.CollectDumps(std::chrono::seconds(3));
+      auto in = analyzer::LoadDumpDirectory(layout.dumps(attempt));
+      if (in.ok()) verdicts = analyzer::AnalyzeHang(*in, ho);
+    } else if (t.cause == "hang") {
+      std::vector<std::string> urls;
+      for (const std::string& n : active) {
+        if (!sup.AgentUrl(n).empty()) urls.push_back(sup.AgentUrl(n));
+      }
+      auto in = analyzer::LoadFromAgents(urls, attempt);
+      if (in.ok()) verdicts = analyzer::AnalyzeHang(*in, ho);
+      else Log("hang analysis could not read the agents: " + in.status().ToString());
+    }
+    if (verdicts.empty() || (verdicts.size() == 1 && verdicts[0].kind == "healthy")) {
+      Verdict v;
+      v.kind = "hang";
+      v.cause = "unknown";
+      v.detected_at_ns = tracer::WallNowNs();
+      v.explanation = "the job stopped (" + t.detail + ") but no rank could be blamed from the evidence";
+      verdicts = {v};
+    }
+    return verdicts;
+  }
+
+  void Pause(const std::string& reason) {
+    Log("PAUSED: " + reason);
+    std::fprintf(stderr, "[launch] paused: %s\n[launch] the job is stopped; nothing more is evicted without a person. "
+                         "Fix the cause and start 'megascope launch' again in the same run directory to resume from the newest state.\n",
+                 reason.c_str());
+    Record(EventKind::kPaused, "", -1, {{"reason", reason}});
+  }
+
+  // Evicts `node` (stops its agent, drops its memory) and fills its slot; false: paused.
+  bool Evict(const std::string& node, const std::string& reason, const json& verdict) {
+    const auto now = Clock::now();
+    std::erase_if(eviction_times, [&](Clock::time_point t) { return std::chrono::duration<double>(now - t).count() > opt.eviction_window_s; });
+    if (static_cast<int>(eviction_times.size()) >= opt.max_evictions) {
+      Pause("evicting " + node + " would make " + std::to_string(eviction_times.size() + 1) + " evictions within " +
+            std::to_string(static_cast<int>(opt.eviction_window_s)) + " s (--max-evictions " + std::to_string(opt.max_evictions) +
+            "): more faults than a healthy fleet has; a person should look");
+      return false;
+    }
+    eviction_times.push_back(now);
+    sup.StopAgent(node);
+    std::error_code ec;
+    fs::remove_all(launch::NodeMemoryDir(opt.supervisor.shm_dir, opt.supervisor.job, node), ec);  // its memory is gone with it
+    evicted[node] = now;
+    Log("evicted " + node + " (" + reason + ")");
+    Record(EventKind::kEviction, node, -1, {{"reason", reason}, {"verdict", verdict}});
+    const auto slot = std::find(active.begin(), active.end(), node);
+    *slot = "";
+    // Re-admission: an evicted node may stand by again after readmit_after_s, and passes a self-check like any spare.
+    if (opt.readmit_after_s > 0) {
+      for (auto& [n, when] : evicted) {
+        if (n != node && std::chrono::duration<double>(now - when).count() > opt.readmit_after_s &&
+            std::find(spares.begin(), spares.end(), n) == spares.end() && std::find(active.begin(), active.end(), n) == active.end()) {
+          spares.push_back(n);
+        }
+      }
+    }
+    std::set<std::string> avoid(active.begin(), active.end());
+    while (!spares.empty()) {
+      const std::string spare = spares.front();
+      spares.pop_front();
+      if (SelfCheck(spare, HealthyPartner({node}), "spare for " + node)) {
+        *slot = spare;
+        Log(spare + " joins in place of " + node);
+        return true;
+      }
+    }
+    Pause("no spare node left to replace " + node + ": add a healthy node (--spares) or fix " + node);
+    return false;
+  }
+
+  // Handles one incident; false when the controller paused.
+  bool Incident(Trigger t) {
+    const int64_t trigger_ns = tracer::WallNowNs();
+    incident_start_ns = trigger_ns;
+    Log("trigger: " + t.cause + (t.detail.empty() ? "" : " (" + t.detail + ")"));
+    Record(EventKind::kTrigger, t.manual_node, -1, {{"cause", t.cause}, {"detail", t.detail}}, trigger_ns);
+    std::vector<Verdict> verdicts;
+    if (t.cause != "manual") verdicts = Diagnose(t);
+    for (const Verdict& v : verdicts) {
+      Log("verdict: " + v.cause + " " + v.explanation);
+      Record(EventKind::kVerdict, v.root_nodes.empty() ? "" : v.root_nodes[0], v.root_ranks.empty() ? -1 : v.root_ranks[0],
+             json::parse(VerdictToJson(v)));
+    }
+    const auto stop0 = Clock::now();
+    const std::vector<int> no_dump = sup.CollectDumps(std::chrono::seconds(3));
+    sup.StopRanks();
+    Record(EventKind::kStopped, "", -1, {{"seconds", Since(stop0)}, {"ranks_without_dump", no_dump}});
+    const int64_t lost = last_step_done;
+    // Policy: a dead or absent rank's node is evicted; both ends of a stalled link are
+    // self-checked and the one that fails goes; anything else restarts in place.
+    std::vector<std::pair<std::string, json>> to_evict;
+    std::string restart_cause = t.cause;
+    if (t.cause == "manual") to_evict.emplace_back(t.manual_node, json{{"kind", "manual"}});
+    for (const Verdict& v : verdicts) {
+      const json vj = json::parse(VerdictToJson(v));
+      restart_cause = v.cause;
+      if (v.cause == "rank_dead" || v.cause == "rank_not_joined") {
+        for (const std::string& n : v.root_nodes) to_evict.emplace_back(n, vj);
+      } else if (v.cause == "link_stall") {
+        std::set<std::string> ends(v.root_nodes.begin(), v.root_nodes.end());
+        for (const std::string& n : ends) {
+          const std::string partner = HealthyPartner(ends);
+          if (!SelfCheck(n, partner.empty() ? n : partner, "end of a stalled link")) to_evict.emplace_back(n, vj);
+        }
+        if (to_evict.empty()) Log("both ends of the stalled link passed their self-checks: restarting in place");
+      } else {
+        Log("verdict " + v.cause + " names no machine to evict: restarting in place");
+      }
+    }
+    std::set<std::string> done;
+    for (const auto& [node, vj] : to_evict) {
+      if (node.empty() || !done.insert(node).second) continue;
+      if (std::find(active.begin(), active.end(), node) == active.end()) continue;
+      if (!Evict(node, t.cause == "manual" ? "manual" : vj.value("cause", t.cause), vj)) return false;
+    }
+    CorruptIfInjected();
+    std::vector<std::string> memory;
+    for (const std::string& n : active) memory.push_back(launch::NodeMemoryDir(opt.supervisor.shm_dir, opt.supervisor.job, n));
+    launch::ResumePoint resume = launch::FindResumePoint(layout, memory, opt.world);
+    if (!resume.log.empty()) std::printf("%s", resume.log.c_str());
+    ++attempt;
+    const int64_t resume_step = std::max<int64_t>(resume.step, 0);
+    Log("restart: attempt " + std::to_string(attempt) + " on " + Join(active) + ", resuming after step " +
+        std::to_string(resume_step) + " (" + resume.source + "), " + std::to_string(std::max<int64_t>(0, lost - resume_step)) +
+        " step(s) to redo");
+    Record(EventKind::kRestart, "", -1,
+           {{"cause", restart_cause}, {"nodes", active}, {"resume_step", resume_step}, {"source", resume.source},
+            {"steps_lost", std::max<int64_t>(0, lost - resume_step)}, {"last_step_done", lost}});
+    last_step_done = resume_step;
+    if (Status st = StartAttempt(&resume); !st.ok()) {
+      Pause("attempt " + std::to_string(attempt) + " could not start: " + st.ToString());
+      return false;
+    }
+    return true;
+  }
+
+  void CorruptIfInjected() {
+    for (Injection& in : opt.injections) {
+      if (in.fired || in.kind != FaultKind::kCorruptCheckpoint) continue;
+      in.fired = true;
+      std::vector<std::string> memory;
+      for (const std::string& n : active) memory.push_back(launch::NodeMemoryDir(opt.supervisor.shm_dir, opt.supervisor.job, n));
+      std::vector<std::string> victims;
+      const launch::ResumePoint mem = launch::FindMemorySnapshot(memory, opt.world);
+      if (mem.step >= 0) {
+        for (const std::string& dir : memory) {
+          const std::string f = dir + "/" + launch::MemoryShardName(0, mem.step);
+          if (fs::exists(f)) victims.push_back(f);
+        }
+      }
+      const launch::ResumePoint disk = launch::FindDiskCheckpoint(layout, opt.world);
+      if (disk.step >= 0) victims.push_back(disk.files[0]);
+      for (const std::string& f : victims) {
+        std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+        io.seekp(40);
+        io.put('\x5a');
+      }
+      Log("fault fired: corrupt-checkpoint (" + std::to_string(victims.size()) + " newest shard file(s) of rank 0)");
+      Record(EventKind::kFaultInjected, "", 0, {{"kind", "corrupt-checkpoint"}, {"files", victims}});
+    }
+  }
+
+  static std::string Join(const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+    return s;
+  }
+
+  // ------------------------------------------------------------------ run
+
+  int Run() {
+    if (Status st = Setup(); !st.ok()) {
+      std::fprintf(stderr, "megascope launch: %s\n", st.ToString().c_str());
+      return kLaunchFailed;
+    }
+    for (const std::string& node : active) {
+      if (auto port = sup.StartAgent(node); !port.ok()) {
+        std::fprintf(stderr, "megascope launch: %s\n", port.status().message().c_str());
+        return kLaunchFailed;
+      }
+    }
+    if (Status st = Baseline(); !st.ok()) {
+      std::fprintf(stderr, "megascope launch: %s\n", st.ToString().c_str());
+      return kLaunchFailed;
+    }
+    Log(std::to_string(opt.world) + " ranks on " + Join(active) + (spares.empty() ? "" : "; spares " + Join({spares.begin(), spares.end()})) +
+        "; control: megascope evict NODE --run-dir " + layout.dir() + " | megascope stop --run-dir " + layout.dir());
+    Record(EventKind::kRestart, "", -1, {{"cause", "start"}, {"nodes", active}, {"resume_step", 0}, {"source", "none"}});
+    if (Status st = StartAttempt(nullptr); !st.ok()) {
+      std::fprintf(stderr, "megascope launch: %s\n", st.ToString().c_str());
+      return kLaunchFailed;
+    }
+    struct sigaction sa{}, old_int{}, old_term{};
+    sa.sa_handler = &OnInterrupt;
+    ::sigaction(SIGINT, &sa, &old_int);
+    ::sigaction(SIGTERM, &sa, &old_term);
+    int rc = Loop();
+    ::sigaction(SIGINT, &old_int, nullptr);
+    ::sigaction(SIGTERM, &old_term, nullptr);
+    sup.StopRanks();
+    sup.StopAgents();
+    if (rc == kLaunchFinished || rc == kLaunchPaused || rc == kLaunchStopped) {
+      Record(EventKind::kJobFinished, "", -1,
+             {{"status", rc == kLaunchFinished ? "finished" : rc == kLaunchPaused ? "paused" : "stopped"},
+              {"steps", last_step_done}, {"wall_s", Since(launch_start)}});
+    }
+    auto report = BuildReport(layout.dir());
+    if (report.ok() && tracer::WriteFileAtomic(layout.report_md(), *report).ok()) Log("report: " + layout.report_md());
+    return rc;
+  }
+
+  int Loop() {
+    const auto tick = std::chrono::duration<double>(opt.tick_s);
+    for (;;) {
+      std::this_thread::sleep_for(tick);
+      if (g_interrupted) {
+        Log("interrupted: stopping every process");
+        return kLaunchStopped;
+      }
+      PumpProgress();
+      std::deque<Command> todo;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        todo.swap(commands);
+      }
+      for (const Command& c : todo) {
+        if (c.what == "stop") {
+          Log("stop requested through the control endpoint");
+          PumpProgress();
+          return kLaunchStopped;
+        }
+        if (std::find(active.begin(), active.end(), c.node) == active.end()) {
+          Log("evict " + c.node + " ignored: not a node of the job (" + Join(active) + ")");
+          continue;
+        }
+        if (!Incident({"manual", "evict requested for " + c.node, {}, c.node})) return kLaunchPaused;
+      }
+      FireControllerInjections();
+      for (const launch::AgentExit& a : sup.PollAgents()) {
+        if (std::find(active.begin(), active.end(), a.node) == active.end()) continue;
+        auto port = sup.StartAgent(a.node);  // its rings wait for it; cursors in trace.db say where it was
+        Log("agent of " + a.node + " " + a.status.Describe() + ": restarted" + (port.ok() ? "" : " FAILED: " + port.status().message()));
+        Record(EventKind::kAgentRestarted, a.node, -1, {{"exit", a.status.Describe()}, {"ok", port.ok()}});
+      }
+      std::vector<launch::RankExit> failures;
+      for (const launch::RankExit& e : sup.PollRanks()) {
+        if (e.status.success()) ++finished_ranks;
+        else failures.push_back(e);
+      }
+      if (!failures.empty()) {
+        const launch::RankExit& f = failures[0];
+        if (!Incident({"crash", "rank " + std::to_string(f.rank) + " " + f.status.Describe(), failures, ""})) return kLaunchPaused;
+        continue;
+      }
+      if (finished_ranks == opt.world) {
+        PumpProgress();
+        Log("done: " + std::to_string(last_step_done) + " steps in " + std::to_string(static_cast<int>(Since(launch_start))) + " s");
+        return kLaunchFinished;
+      }
+      std::string why;
+      if (Stalled(&why)) {
+        if (!Incident({"hang", why, {}, ""})) return kLaunchPaused;
+      }
+    }
+  }
+};
+
+Controller::Controller(ControllerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+Controller::~Controller() = default;
+int Controller::Run() { return impl_->Run(); }
+
+Status SendControlCommand(const std::string& run_dir, const std::string& command, const std::string& node) {
+  launch::RunLayout layout(run_dir);
+  std::ifstream tok(layout.token());
+  std::string token;
+  if (!(tok >> token)) {
+    return PermissionDenied("cannot read the run's token " + layout.token() +
+                            " (control actions need it: run as the user who started the launch)");
+  }
+  json where = json::parse(ReadText(layout.controller_json()), nullptr, false);
+  if (where.is_discarded() || !where.contains("url")) {
+    return NotFound("no controller is listed in " + layout.controller_json() + " (is 'megascope launch' running there?)");
+  }
+  const std::string url = where["url"].get<std::string>() + "/" + command + (node.empty() ? "" : "?node=" + node);
+  auto r = analyzer::HttpRequest("POST", url, {"Authorization: Bearer " + token}, 5000);
+  if (!r.ok()) return r.status();
+  return Status::Ok();
+}
+
+}  // namespace megascope::controller

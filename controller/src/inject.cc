@@ -1,0 +1,88 @@
+#include "megascope/controller/inject.h"
+
+#include <array>
+#include <sstream>
+
+namespace megascope::controller {
+namespace {
+
+constexpr std::array<std::pair<FaultKind, std::string_view>, 7> kKinds = {{
+    {FaultKind::kCrash, "crash"}, {FaultKind::kHang, "hang"}, {FaultKind::kStallSend, "stall-send"},
+    {FaultKind::kSlow, "slow"}, {FaultKind::kKillAgent, "kill-agent"},
+    {FaultKind::kCorruptCheckpoint, "corrupt-checkpoint"}, {FaultKind::kDegrade, "degrade"},
+}};
+
+}  // namespace
+
+std::string_view Name(FaultKind kind) {
+  for (const auto& [k, n] : kKinds) {
+    if (k == kind) return n;
+  }
+  return "unknown";
+}
+
+bool IsWorkerFault(FaultKind k) {
+  return k == FaultKind::kCrash || k == FaultKind::kHang || k == FaultKind::kStallSend || k == FaultKind::kSlow;
+}
+
+Result<Injection> ParseInjection(const std::string& spec) {
+  Injection in;
+  in.spec = spec;
+  const auto colon = spec.find(':');
+  const std::string kind = spec.substr(0, colon);
+  bool known = false;
+  std::string kinds;
+  for (const auto& [k, n] : kKinds) {
+    kinds += (kinds.empty() ? "" : ", ") + std::string(n);
+    if (n == kind) {
+      in.kind = k;
+      known = true;
+    }
+  }
+  if (!known) return InvalidArgument("--inject '" + spec + "': unknown kind '" + kind + "' (one of " + kinds + ")");
+  std::stringstream ss(colon == std::string::npos ? "" : spec.substr(colon + 1));
+  for (std::string kv; std::getline(ss, kv, ',');) {
+    const auto eq = kv.find('=');
+    const std::string key = kv.substr(0, eq), value = eq == std::string::npos ? "" : kv.substr(eq + 1);
+    try {
+      size_t used = 0;
+      if (key == "node") {
+        in.node = value;
+        used = value.size();
+      } else if (key == "rank") {
+        in.rank = std::stoi(value, &used);
+      } else if (key == "at") {
+        if (!value.empty() && value.back() == 's') {
+          in.at_seconds = std::stod(value.substr(0, value.size() - 1), &used);
+          ++used;
+        } else {
+          in.at_step = std::stoll(value, &used);
+        }
+      } else if (key == "seconds") {
+        in.seconds = std::stod(value, &used);
+      } else if (key == "factor") {
+        in.factor = std::stod(value, &used);
+      } else {
+        return InvalidArgument("--inject '" + spec + "': unknown field '" + key + "' (node, rank, at, seconds, factor)");
+      }
+      if (used != value.size()) throw std::invalid_argument(value);
+    } catch (const std::exception&) {
+      return InvalidArgument("--inject '" + spec + "': '" + value + "' is not a number");
+    }
+  }
+  const bool targeted = !in.node.empty() || in.rank >= 0;
+  if (IsWorkerFault(in.kind)) {
+    if (!targeted) return InvalidArgument("--inject '" + spec + "' needs node=N or rank=R");
+    if (in.at_step < 0) return InvalidArgument("--inject '" + spec + "' needs at=STEP");
+    if (in.kind == FaultKind::kSlow && in.seconds <= 0) return InvalidArgument("--inject '" + spec + "' needs seconds=X > 0");
+  } else if (in.kind == FaultKind::kKillAgent) {
+    if (in.node.empty()) return InvalidArgument("--inject '" + spec + "' needs node=N");
+    if (in.at_step < 0 && in.at_seconds < 0) return InvalidArgument("--inject '" + spec + "' needs at=STEP or at=SECONDSs");
+  } else if (in.kind == FaultKind::kDegrade) {
+    if (in.node.empty()) return InvalidArgument("--inject '" + spec + "' needs node=N");
+    if (in.factor < 1) return InvalidArgument("--inject '" + spec + "': factor must be >= 1");
+  }
+  return in;
+}
+
+}  // namespace megascope::controller

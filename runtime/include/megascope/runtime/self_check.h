@@ -1,0 +1,32 @@
+// The self-check a node passes before it joins a job (MegaScale's idea): a GEMM throughput test
+// and a collective bandwidth test with a healthy neighbour (two processes, Gloo over TCP, a fresh
+// FileStore rendezvous in `dir`). Each process prints one JSON line
+// {"rank", "gemm_gflops", "allreduce_gbps"}; the controller compares them with the figures of
+// nodes known to be healthy. A node's injected slowdown (MEGASCOPE_INJECT_SLOWDOWN=F, the fault
+// seam the launcher sets for a degraded node) stretches both tests by F, as stolen CPU would.
+#pragma once
+
+#include <string>
+
+#include "megascope/tracer/status.h"
+
+namespace megascope::runtime {
+
+struct SelfCheckOptions {
+  std::string dir;  // rendezvous directory shared by the two processes
+  int rank = 0;  // 0 or 1
+  int world = 2;
+  double gemm_seconds = 0.3;  // how long to run GEMMs
+  size_t allreduce_bytes = 4 << 20;
+  int allreduce_iters = 8;
+  int timeout_ms = 15000;
+};
+
+struct SelfCheckResult {
+  double gemm_gflops = 0;
+  double allreduce_gbps = 0;
+};
+
+Result<SelfCheckResult> RunSelfCheck(const SelfCheckOptions& options);
+
+}  // namespace megascope::runtime

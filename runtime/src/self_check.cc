@@ -1,0 +1,97 @@
+#include "megascope/runtime/self_check.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <vector>
+
+#include "megascope/kernels/cpu.h"
+#include "megascope/runtime/comm.h"
+#include "megascope/tracer/ring.h"
+#include "megascope/tracer/tracer.h"
+
+namespace megascope::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The fault seam: a degraded node's processes carry MEGASCOPE_INJECT_SLOWDOWN=F (>= 1).
+double InjectedSlowdown() {
+  const char* v = std::getenv("MEGASCOPE_INJECT_SLOWDOWN");
+  const double f = v ? std::atof(v) : 1.0;
+  return f > 1.0 ? f : 1.0;
+}
+
+// Burns CPU for `seconds`, as work stolen from the node would.
+void Burn(double seconds) {
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  volatile double x = 1;
+  while (Clock::now() < end) {
+    for (int i = 0; i < 10000; ++i) x = x * 1.0000001 + 1e-9;
+  }
+}
+
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+}  // namespace
+
+Result<SelfCheckResult> RunSelfCheck(const SelfCheckOptions& o) {
+  if (o.rank < 0 || o.rank >= o.world) return InvalidArgument("self-check rank must be in [0, world)");
+  kernels::SetBlasThreads(1);
+  const double slow = InjectedSlowdown();
+  SelfCheckResult out;
+  // GEMM: 256^3 single precision, repeated for gemm_seconds.
+  constexpr int kN = 256;
+  std::vector<float> a(kN * kN, 0.5f), b(kN * kN, 0.25f), c(kN * kN);
+  int64_t reps = 0;
+  const auto g0 = Clock::now();
+  while (Seconds(g0, Clock::now()) < o.gemm_seconds) {
+    kernels::Gemm(false, false, kN, kN, kN, 1.0f, a.data(), b.data(), 0.0f, c.data());
+    ++reps;
+  }
+  double gemm_s = Seconds(g0, Clock::now());
+  if (slow > 1) {
+    Burn(gemm_s * (slow - 1));
+    gemm_s *= slow;
+  }
+  out.gemm_gflops = 2.0 * kN * kN * kN * static_cast<double>(reps) / gemm_s / 1e9;
+
+  // All-reduce with the neighbour.
+  Layout layout{o.world, 1, 1};
+  tracer::RingOptions ro;
+  ro.dir = "/dev/shm";
+  ro.job = "selfcheck-" + std::to_string(::getpid());
+  ro.node = "selfcheck";
+  ro.rank = o.rank;
+  ro.world_size = o.world;
+  ro.lane_capacity = 1024;
+  ASSIGN_OR_RETURN(std::unique_ptr<tracer::Tracer> tracer, tracer::Tracer::Create(ro));
+  tracer->set_enabled(false);
+  const std::string ring = ro.dir + "/" + tracer::RingFileName(ro.job, 0, o.rank);
+  GlooOptions go;
+  go.rendezvous_dir = o.dir;
+  go.timeout = std::chrono::milliseconds(o.timeout_ms);
+  auto comm = CreateGlooCommunicator(o.rank, layout, go, tracer.get());
+  if (!comm.ok()) {
+    ::unlink(ring.c_str());
+    return comm.status();
+  }
+  std::vector<float> buf(o.allreduce_bytes / 4, 1.0f);
+  const int world_group = (*comm)->Find("world");
+  Status st = (*comm)->AllReduce(world_group, buf.data(), buf.size(), ReduceOp::kSum);  // warm-up
+  const auto r0 = Clock::now();
+  for (int i = 0; i < o.allreduce_iters && st.ok(); ++i) st = (*comm)->AllReduce(world_group, buf.data(), buf.size(), ReduceOp::kSum);
+  double ar_s = Seconds(r0, Clock::now());
+  if (slow > 1 && st.ok()) {
+    Burn(ar_s * (slow - 1));
+    ar_s *= slow;
+  }
+  if (st.ok()) st = (*comm)->Barrier(world_group);
+  ::unlink(ring.c_str());
+  RETURN_IF_ERROR(st);
+  out.allreduce_gbps = static_cast<double>(o.allreduce_bytes) * o.allreduce_iters / ar_s / 1e9;
+  return out;
+}
+
+}  // namespace megascope::runtime
