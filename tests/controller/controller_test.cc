@@ -1,0 +1,80 @@
+// Unit tests: fault-injection specs and control.db.
+#include <sys/stat.h>
+
+#include <gtest/gtest.h>
+
+#include "megascope/controller/control_db.h"
+#include "megascope/controller/inject.h"
+#include "test_util.h"
+
+namespace megascope::controller {
+namespace {
+
+TEST(InjectTest, ParsesEveryKindWithItsTarget) {
+  auto c = ParseInjection("crash:node=node1,at=12");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->kind, FaultKind::kCrash);
+  EXPECT_EQ(c->node, "node1");
+  EXPECT_EQ(c->at_step, 12);
+  auto k = ParseInjection("kill-agent:node=node0,at=30s");
+  ASSERT_TRUE(k.ok());
+  EXPECT_EQ(k->at_seconds, 30);
+  EXPECT_EQ(k->at_step, -1);
+  auto s = ParseInjection("slow:rank=3,at=2,seconds=0.5");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->rank, 3);
+  EXPECT_DOUBLE_EQ(s->seconds, 0.5);
+  EXPECT_TRUE(ParseInjection("corrupt-checkpoint").ok());
+  EXPECT_DOUBLE_EQ(ParseInjection("degrade:node=node2,factor=4")->factor, 4);
+}
+
+TEST(InjectTest, RefusesWhatCannotBeCarriedOut) {
+  for (const char* bad : {"boom:node=n", "crash:at=3", "crash:node=n", "slow:rank=1,at=2", "kill-agent:at=4",
+                          "crash:node=n,at=x", "crash:node=n,at=3,color=red", "degrade:node=n,factor=0.5", "crash:rank=1x,at=3"}) {
+    EXPECT_FALSE(ParseInjection(bad).ok()) << bad;
+  }
+  EXPECT_NE(ParseInjection("boom").status().message().find("one of crash, hang"), std::string::npos);
+}
+
+TEST(ControlDbTest, RecordsEventsInOrderAndIsPrivate) {
+  megascope::testing::TempDir dir;
+  const std::string path = dir.path() + "/control.db";
+  {
+    auto db = ControlDb::Open(path);
+    ASSERT_TRUE(db.ok()) << db.status().ToString();
+    ASSERT_TRUE((*db)->Record({200, 1, EventKind::kEviction, "", "node2", -1, {{"reason", "rank_dead"}}}).ok());
+    ASSERT_TRUE((*db)->Record({100, 0, EventKind::kTrigger, "", "", 3, {{"cause", "crash"}}}).ok());
+    ASSERT_TRUE((*db)->Record({300, 1, EventKind::kRestart, "", "", -1, {{"cause", "rank_dead"}}}).ok());
+  }
+  struct stat st{};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  auto db = ControlDb::Open(path, true);
+  ASSERT_TRUE(db.ok());
+  auto ev = (*db)->Events();
+  ASSERT_TRUE(ev.ok());
+  ASSERT_EQ(ev->size(), 3u);
+  EXPECT_EQ((*ev)[0].kind_name, "trigger");
+  EXPECT_EQ((*ev)[0].rank, 3);
+  EXPECT_EQ((*ev)[1].node, "node2");
+  EXPECT_EQ((*ev)[1].detail["reason"], "rank_dead");
+  auto by = (*db)->CountBy(EventKind::kRestart, "cause");
+  ASSERT_TRUE(by.ok());
+  ASSERT_EQ(by->size(), 1u);
+  EXPECT_EQ((*by)[0], std::make_pair(std::string("rank_dead"), int64_t{1}));
+  EXPECT_FALSE(ControlDb::Open(dir.path() + "/missing.db", true).ok());
+}
+
+TEST(ControlDbTest, EventKindsRoundTripTheirSpellings) {
+  for (EventKind k : {EventKind::kFaultInjected, EventKind::kTrigger, EventKind::kVerdict, EventKind::kStopped,
+                      EventKind::kEviction, EventKind::kSelfCheck, EventKind::kRestart, EventKind::kCheckpointSaved,
+                      EventKind::kCheckpointLoaded, EventKind::kResumed, EventKind::kAgentRestarted, EventKind::kPaused,
+                      EventKind::kJobFinished}) {
+    EXPECT_EQ(ParseEventKind(Name(k)), k) << Name(k);
+  }
+  EXPECT_EQ(Name(EventKind::kFaultInjected), "fault_injected");
+  EXPECT_FALSE(ParseEventKind("meltdown").has_value());
+}
+
+}  // namespace
+}  // namespace megascope::controller

@@ -1,0 +1,302 @@
+// End to end: `megascope launch` over real processes (agents, ranks, Gloo over TCP), each fault
+// injected into the real processes. After every recovery the losses continue those of an
+// uninterrupted run and no trace row is written twice.
+#include <sqlite3.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "megascope/controller/control_db.h"
+#include "megascope/launch/process.h"
+#include "megascope/runtime/data.h"
+#include "test_util.h"
+
+namespace megascope::controller {
+namespace {
+
+namespace fs = std::filesystem;
+using megascope::testing::CommandResult;
+using megascope::testing::RunCommand;
+using megascope::testing::TempDir;
+
+constexpr int kSteps = 12;
+const char* kModel = " --layers 2 --width 64 --heads 4 --seq 32 --batch 4 --microbatches 2 --hang-after 2 --tick 0.1";
+
+class LaunchTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    data_ = dir_->path() + "/notes.bin";
+    ASSERT_TRUE(runtime::PrepareByteTokens(MEGASCOPE_TEST_DATA "/text/notes_on_training.txt", data_).ok());
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  std::string Job() const { return "l" + std::to_string(::getpid()) + ::testing::UnitTest::GetInstance()->current_test_info()->name(); }
+  std::string Run() const { return dir_->path() + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name(); }
+
+  std::string LaunchCmd(const std::string& layout, const std::string& extra, int steps = kSteps) const {
+    return std::string(MEGASCOPE_BIN) + " launch " + layout + " --data " + data_ + " --run-dir " + Run() + " --job " + Job() +
+           " --steps " + std::to_string(steps) + kModel + " " + extra;
+  }
+  CommandResult Launch(const std::string& layout, const std::string& extra, int steps = kSteps) const {
+    CommandResult r = RunCommand(LaunchCmd(layout, extra, steps));
+    std::ifstream report(Run() + "/report.md");
+    std::cout << report.rdbuf() << "\n";  // the stage times of every incident, in the test log
+    return r;
+  }
+
+  // Losses of an uninterrupted run of the same job (per layout, computed once).
+  static const std::map<int64_t, double>& Reference(const std::string& layout) {
+    static std::map<std::string, std::map<int64_t, double>> cache;
+    auto it = cache.find(layout);
+    if (it != cache.end()) return it->second;
+    const std::string run = dir_->path() + "/reference" + std::to_string(cache.size());
+    CommandResult r = RunCommand(std::string(MEGASCOPE_BIN) + " train " + layout + " --data " + data_ + " --run-dir " + run +
+                                 " --job ref" + std::to_string(::getpid()) + std::to_string(cache.size()) + " --steps " +
+                                 std::to_string(kSteps) + " --layers 2 --width 64 --heads 4 --seq 32 --batch 4 --microbatches 2");
+    EXPECT_EQ(r.code, 0) << r.out;
+    return cache[layout] = Losses(run);
+  }
+  // step -> loss of the step's last (kept) run.
+  static std::map<int64_t, double> Losses(const std::string& run) {
+    std::map<int64_t, double> out;
+    std::ifstream in(run + "/progress.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (!j.contains("event")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+    }
+    return out;
+  }
+  void ExpectLossesContinue(const std::string& layout) const {
+    const auto& want = Reference(layout);
+    const auto got = Losses(Run());
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [step, loss] : want) EXPECT_NEAR(got.at(step), loss, 1e-5 * std::fabs(loss)) << "step " << step;
+  }
+  std::vector<Event> Events() const {
+    auto db = ControlDb::Open(Run() + "/control.db", true);
+    EXPECT_TRUE(db.ok()) << db.status().ToString();
+    auto ev = (*db)->Events();
+    return ev.ok() ? *ev : std::vector<Event>{};
+  }
+  static std::vector<Event> Of(const std::vector<Event>& all, const std::string& kind) {
+    std::vector<Event> out;
+    for (const Event& e : all) {
+      if (e.kind_name == kind) out.push_back(e);
+    }
+    return out;
+  }
+  // Every span row is in a trace.db once: no (rank, attempt, step, microbatch, kind, name) twice.
+  void ExpectNoDuplicateRows() const {
+    for (const auto& node : fs::directory_iterator(Run() + "/nodes")) {
+      sqlite3* db = nullptr;
+      ASSERT_EQ(sqlite3_open_v2((node.path() / "trace.db").c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+      sqlite3_stmt* st = nullptr;
+      ASSERT_EQ(sqlite3_prepare_v2(db,
+                                   "SELECT COUNT(*), (SELECT COUNT(*) FROM (SELECT DISTINCT rank, attempt, step, microbatch, kind, "
+                                   "name, start_ns FROM spans)) FROM spans",
+                                   -1, &st, nullptr),
+                SQLITE_OK);
+      ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
+      EXPECT_GT(sqlite3_column_int64(st, 0), 0) << node.path();
+      EXPECT_EQ(sqlite3_column_int64(st, 0), sqlite3_column_int64(st, 1)) << node.path() << ": duplicated span rows";
+      sqlite3_finalize(st);
+      sqlite3_close(db);
+    }
+  }
+
+  static TempDir* dir_;
+  static std::string data_;
+};
+TempDir* LaunchTest::dir_ = nullptr;
+std::string LaunchTest::data_;
+
+const char* kDp2 = "--dp 2 --nodes 2";
+
+TEST_F(LaunchTest, ACrashedRanksNodeIsEvictedAndASpareResumesTheLossCurve) {
+  CommandResult r = Launch(std::string(kDp2) + " --spares 1", "--inject crash:node=node1,at=5");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto ev = Events();
+  ASSERT_EQ(Of(ev, "verdict").size(), 1u);
+  EXPECT_EQ(Of(ev, "verdict")[0].detail["cause"], "rank_dead");
+  EXPECT_EQ(Of(ev, "verdict")[0].detail["root_ranks"], nlohmann::json::array({1}));
+  ASSERT_EQ(Of(ev, "eviction").size(), 1u);
+  EXPECT_EQ(Of(ev, "eviction")[0].node, "node1");
+  const auto restarts = Of(ev, "restart");
+  ASSERT_EQ(restarts.size(), 2u);  // the start, then the recovery
+  EXPECT_EQ(restarts[1].detail["nodes"], nlohmann::json::array({"node0", "node2"}));
+  EXPECT_EQ(restarts[1].detail["source"], "memory");
+  EXPECT_LE(restarts[1].detail["steps_lost"].get<int>(), 1);
+  EXPECT_EQ(Of(ev, "resumed").size(), 1u);
+  EXPECT_EQ(Of(ev, "job_finished").at(0).detail["status"], "finished");
+  ExpectLossesContinue(kDp2);
+  ExpectNoDuplicateRows();
+}
+
+TEST_F(LaunchTest, AHangInComputeIsNamedFromTheLiveAgentsAndItsNodeEvicted) {
+  CommandResult r = Launch(std::string(kDp2) + " --spares 1", "--inject hang:node=node1,at=5");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto ev = Events();
+  ASSERT_EQ(Of(ev, "trigger").size(), 1u);
+  EXPECT_EQ(Of(ev, "trigger")[0].detail["cause"], "hang");
+  ASSERT_GE(Of(ev, "verdict").size(), 1u);
+  EXPECT_EQ(Of(ev, "verdict")[0].detail["cause"], "rank_not_joined");
+  EXPECT_EQ(Of(ev, "verdict")[0].detail["root_nodes"], nlohmann::json::array({"node1"}));
+  ASSERT_EQ(Of(ev, "eviction").size(), 1u);
+  EXPECT_EQ(Of(ev, "eviction")[0].node, "node1");
+  ExpectLossesContinue(kDp2);
+}
+
+TEST_F(LaunchTest, AStalledSendSelfChecksBothEndsAndRestartsInPlaceWhenBothPass) {
+  const std::string pp2 = "--pp 2 --nodes 2";
+  CommandResult r = Launch(pp2, "--inject stall-send:rank=0,at=5");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto ev = Events();
+  ASSERT_GE(Of(ev, "verdict").size(), 1u);
+  EXPECT_EQ(Of(ev, "verdict")[0].detail["cause"], "link_stall");
+  EXPECT_EQ(Of(ev, "verdict")[0].detail["root_ranks"], nlohmann::json::array({0, 1}));
+  int checked_ends = 0;
+  for (const Event& e : Of(ev, "self_check")) checked_ends += e.detail["why"] == "end of a stalled link" ? 1 : 0;
+  EXPECT_EQ(checked_ends, 2);
+  EXPECT_TRUE(Of(ev, "eviction").empty());
+  EXPECT_EQ(Of(ev, "restart").back().detail["nodes"], nlohmann::json::array({"node0", "node1"}));
+  ExpectLossesContinue(pp2);
+}
+
+TEST_F(LaunchTest, ADeadAgentIsRestartedWithoutEvictionAndNoRowIsLostOrDuplicated) {
+  CommandResult r = Launch(kDp2, "--inject kill-agent:node=node0,at=4");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto ev = Events();
+  ASSERT_EQ(Of(ev, "agent_restarted").size(), 1u);
+  EXPECT_EQ(Of(ev, "agent_restarted")[0].node, "node0");
+  EXPECT_TRUE(Of(ev, "eviction").empty());
+  EXPECT_TRUE(Of(ev, "trigger").empty());
+  ExpectNoDuplicateRows();
+  // Nothing lost: every step of rank 0 has its forward spans in node0's trace.db.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open_v2((Run() + "/nodes/node0/trace.db").c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT COUNT(DISTINCT step), (SELECT COALESCE(SUM(dropped_records), 0) FROM drops) FROM spans WHERE rank = 0 AND kind = 'forward'", -1, &st, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
+  if (sqlite3_column_int64(st, 1) == 0) EXPECT_EQ(sqlite3_column_int64(st, 0), kSteps);
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  ExpectLossesContinue(kDp2);
+}
+
+TEST_F(LaunchTest, ACorruptNewestStateIsSkippedForThePreviousOne) {
+  CommandResult r = Launch(std::string(kDp2) + " --spares 1", "--inject crash:node=node1,at=6 --inject corrupt-checkpoint");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("corrupt (checksum mismatch)"), std::string::npos) << r.out;
+  const auto ev = Events();
+  const auto restarts = Of(ev, "restart");
+  ASSERT_EQ(restarts.size(), 2u);
+  const int64_t resume = restarts[1].detail["resume_step"], last = restarts[1].detail["last_step_done"];
+  EXPECT_EQ(resume, last - 1) << "the newest state (step " << last << ") was corrupted: the one before it is used";
+  ExpectLossesContinue(kDp2);
+}
+
+TEST_F(LaunchTest, ASpareThatFailsItsSelfCheckIsSkippedForTheNextOne) {
+  CommandResult r = Launch(std::string(kDp2) + " --spares 2", "--inject degrade:node=node2,factor=4 --inject crash:node=node1,at=5");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto ev = Events();
+  std::map<std::string, bool> passed;
+  for (const Event& e : Of(ev, "self_check")) {
+    if (e.detail["why"] != "baseline") passed[e.node] = e.detail["passed"];
+  }
+  EXPECT_EQ(passed["node2"], false);
+  EXPECT_EQ(passed["node3"], true);
+  EXPECT_EQ(Of(ev, "restart").back().detail["nodes"], nlohmann::json::array({"node0", "node3"}));
+  ExpectLossesContinue(kDp2);
+}
+
+TEST_F(LaunchTest, NoSpareLeftPausesWithAClearMessageInsteadOfLooping) {
+  CommandResult r = Launch(kDp2, "--inject crash:node=node1,at=4");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("no spare node left to replace node1"), std::string::npos) << r.out;
+  const auto ev = Events();
+  EXPECT_EQ(Of(ev, "trigger").size(), 1u);
+  EXPECT_EQ(Of(ev, "paused").size(), 1u);
+  EXPECT_EQ(Of(ev, "restart").size(), 1u);  // the start only
+}
+
+TEST_F(LaunchTest, TwoFaultsInARowEvictTwiceThenTheSafetyValvePauses) {
+  CommandResult r = Launch(std::string(kDp2) + " --spares 3 --max-evictions 2",
+                           "--inject crash:node=node1,at=3 --inject crash:node=node0,at=6 --inject crash:node=node2,at=9");
+  EXPECT_EQ(r.code, 3) << r.out;
+  const auto ev = Events();
+  EXPECT_EQ(Of(ev, "eviction").size(), 2u);
+  ASSERT_EQ(Of(ev, "paused").size(), 1u);
+  EXPECT_NE(Of(ev, "paused")[0].detail["reason"].get<std::string>().find("--max-evictions 2"), std::string::npos);
+  EXPECT_EQ(Of(ev, "trigger").size(), 3u);
+}
+
+TEST_F(LaunchTest, ManualEvictAndStopNeedTheRunsToken) {
+  auto launch = launch::Process::Spawn({{"/bin/sh", "-c", "exec " + LaunchCmd(std::string(kDp2) + " --spares 1", "", 400)},
+                                        dir_->path() + "/manual.log"});
+  ASSERT_TRUE(launch.ok());
+  const std::string progress = Run() + "/progress.jsonl";
+  auto steps_done = [&] { return Losses(Run()).size(); };
+  for (int i = 0; i < 600 && steps_done() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_GE(steps_done(), 3u);
+  // Without the token (another directory holding only controller.json) nothing happens.
+  const std::string other = dir_->path() + "/no-token";
+  fs::create_directories(other);
+  fs::copy_file(Run() + "/controller.json", other + "/controller.json", fs::copy_options::overwrite_existing);
+  CommandResult denied = RunCommand(std::string(MEGASCOPE_BIN) + " evict node1 --run-dir " + other);
+  EXPECT_EQ(denied.code, 1);
+  EXPECT_NE(denied.out.find("token"), std::string::npos) << denied.out;
+  std::ofstream(other + "/control.token") << "0123456789abcdef\n";
+  CommandResult wrong = RunCommand(std::string(MEGASCOPE_BIN) + " evict node1 --run-dir " + other);
+  EXPECT_EQ(wrong.code, 1);
+  EXPECT_NE(wrong.out.find("403"), std::string::npos) << wrong.out;
+  EXPECT_EQ(fs::status(Run() + "/control.token").permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
+  // With it: evict, then stop.
+  CommandResult evict = RunCommand(std::string(MEGASCOPE_BIN) + " evict node1 --run-dir " + Run());
+  ASSERT_EQ(evict.code, 0) << evict.out;
+  bool resumed = false;
+  for (int i = 0; i < 600 && !resumed; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    resumed = !Of(Events(), "resumed").empty();
+  }
+  EXPECT_TRUE(resumed);
+  CommandResult stop = RunCommand(std::string(MEGASCOPE_BIN) + " stop --run-dir " + Run());
+  EXPECT_EQ(stop.code, 0) << stop.out;
+  auto end = (*launch)->WaitFor(std::chrono::seconds(60));
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->code(), 130);
+  const auto ev = Events();
+  ASSERT_EQ(Of(ev, "eviction").size(), 1u);
+  EXPECT_EQ(Of(ev, "eviction")[0].node, "node1");
+  EXPECT_EQ(Of(ev, "eviction")[0].detail["reason"], "manual");
+  EXPECT_EQ(Of(ev, "job_finished").at(0).detail["status"], "stopped");
+}
+
+TEST_F(LaunchTest, BadFlagsAreRefusedBeforeAnythingStarts) {
+  struct Case {
+    std::string extra, says;
+  };
+  for (const Case& c : {Case{"--inject melt:node=node0", "unknown kind 'melt'"},
+                        Case{"--inject crash:node=node9,at=2", "no node node9"},
+                        Case{"--inject crash:node=node0", "needs at=STEP"},
+                        Case{"--inject kill-agent:at=3", "needs node=N"},
+                        Case{"--spares -1", "--spares must be >= 0"}}) {
+    CommandResult r = RunCommand(LaunchCmd(kDp2, c.extra));
+    EXPECT_EQ(r.code, 2) << c.extra << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << c.extra << "\n" << r.out;
+    EXPECT_FALSE(fs::exists(Run() + "/control.db")) << c.extra;
+  }
+  CommandResult r = RunCommand(std::string(MEGASCOPE_BIN) + " report " + dir_->path() + "/nowhere");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("does not exist"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace megascope::controller

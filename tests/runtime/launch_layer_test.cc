@@ -1,0 +1,123 @@
+// The process layer: Process (exit status, stop with a grace, no zombies, log), the state files
+// and the resume point.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "megascope/launch/process.h"
+#include "megascope/launch/state_files.h"
+#include "test_util.h"
+
+namespace megascope::launch {
+namespace {
+
+namespace fs = std::filesystem;
+using megascope::testing::TempDir;
+
+TEST(ProcessTest, ReportsExitCodesSignalsAndLogs) {
+  TempDir dir;
+  auto ok = Process::Spawn({{"/bin/sh", "-c", "echo hello; exit 7"}, dir.path() + "/log"});
+  ASSERT_TRUE(ok.ok());
+  ExitStatus e = (*ok)->Wait();
+  EXPECT_TRUE(e.exited());
+  EXPECT_EQ(e.code(), 7);
+  EXPECT_EQ(e.Describe(), "exited with code 7");
+  EXPECT_EQ((*ok)->LogTail(5), "    hello\n");
+  auto killed = Process::Fork([] {
+    ::raise(SIGABRT);
+    return 0;
+  });
+  ASSERT_TRUE(killed.ok());
+  EXPECT_EQ((*killed)->Wait().signal(), SIGABRT);
+  EXPECT_NE((*killed)->Wait().Describe().find("signal 6"), std::string::npos);
+  EXPECT_FALSE(Process::Spawn({{"/nonexistent/binary"}, ""}).ok());
+}
+
+TEST(ProcessTest, StopEscalatesToSigkillAfterTheGraceAndReaps) {
+  // A child that ignores SIGTERM, and a grandchild in its group.
+  TempDir dir;
+  auto p = Process::Spawn({{"/bin/sh", "-c", "trap '' TERM; sleep 1000 & echo $!; wait"}, dir.path() + "/log"});
+  ASSERT_TRUE(p.ok());
+  const pid_t pid = (*p)->pid();
+  EXPECT_FALSE((*p)->WaitFor(std::chrono::milliseconds(50)).has_value());
+  ExitStatus e = (*p)->Stop(std::chrono::milliseconds(200));
+  EXPECT_EQ(e.signal(), SIGKILL);
+  EXPECT_EQ(::waitpid(pid, nullptr, WNOHANG), -1);  // reaped already: no zombie
+  // The grandchild was killed with the group (gone, or a zombie until init reaps it).
+  std::ifstream log(dir.path() + "/log");
+  int grandchild = 0;
+  ASSERT_TRUE(log >> grandchild);
+  std::ifstream stat("/proc/" + std::to_string(grandchild) + "/stat");
+  std::string pid_s, comm, state;
+  if (stat >> pid_s >> comm >> state) EXPECT_EQ(state, "Z");
+}
+
+TEST(ProcessTest, DestructorStopsARunningChild) {
+  pid_t pid;
+  {
+    auto p = Process::Spawn({{"/bin/sleep", "1000"}, ""});
+    ASSERT_TRUE(p.ok());
+    pid = (*p)->pid();
+  }
+  EXPECT_NE(::kill(pid, 0), 0);
+}
+
+std::string WriteMemoryShard(const std::string& dir, int rank, int64_t step, float value) {
+  std::vector<float> a(4, value);
+  const std::string path = dir + "/" + MemoryShardName(rank, step);
+  EXPECT_TRUE(WriteShard(path, EncodeShard(step, rank, 4, {a.data(), a.data(), a.data()}), false).ok());
+  return path;
+}
+
+TEST(StateFilesTest, ResumesFromTheNewestStepEveryRankHasOnALiveNode) {
+  TempDir dir;
+  const std::string n0 = dir.path() + "/node0", n1 = dir.path() + "/node1";
+  // Step 4: both ranks (rank 1 only in its buddy's copy on node0). Step 5: rank 0 only.
+  WriteMemoryShard(n0, 0, 4, 1);
+  WriteMemoryShard(n0, 1, 4, 2);
+  WriteMemoryShard(n0, 0, 5, 3);
+  RunLayout layout(dir.path() + "/run");
+  ResumePoint p = FindResumePoint(layout, {n0, n1}, 2);
+  EXPECT_EQ(p.step, 4);
+  EXPECT_EQ(p.source, "memory");
+  ASSERT_EQ(p.files.size(), 2u);
+  auto bytes = ReadShard(p.files[1]);
+  ASSERT_TRUE(bytes.ok());
+  std::vector<float> x(4), y(4), z(4);
+  ASSERT_TRUE(DecodeShard(*bytes, p.files[1], 4, 1, 4, {x.data(), y.data(), z.data()}).ok());
+  EXPECT_EQ(x[0], 2);
+  EXPECT_FALSE(DecodeShard(*bytes, p.files[1], 5, 1, 4, {x.data(), y.data(), z.data()}).ok());  // wrong step
+  EXPECT_FALSE(DecodeShard(*bytes, p.files[1], 4, 1, 5, {x.data(), y.data(), z.data()}).ok());  // wrong model
+}
+
+TEST(StateFilesTest, ACorruptShardFallsBackToAnotherCopyOrAnOlderStep) {
+  TempDir dir;
+  const std::string n0 = dir.path() + "/node0", n1 = dir.path() + "/node1";
+  for (const std::string& n : {n0, n1}) {
+    WriteMemoryShard(n, 0, 3, 1);
+    WriteMemoryShard(n, 1, 3, 1);
+  }
+  const std::string own = WriteMemoryShard(n0, 0, 4, 1), buddy = WriteMemoryShard(n1, 0, 4, 1);
+  WriteMemoryShard(n1, 1, 4, 1);
+  auto flip = [](const std::string& f) {
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(40);
+    io.put('\x5a');
+  };
+  flip(own);
+  ResumePoint p = FindMemorySnapshot({n0, n1}, 2);
+  EXPECT_EQ(p.step, 4);  // the buddy's copy is intact
+  EXPECT_EQ(p.files[0], buddy);
+  flip(buddy);
+  p = FindMemorySnapshot({n0, n1}, 2);
+  EXPECT_EQ(p.step, 3);
+  EXPECT_NE(p.log.find("checksum mismatch"), std::string::npos);
+  EXPECT_EQ(FindMemorySnapshot({n1}, 3).step, -1);  // rank 2 has no state anywhere
+}
+
+}  // namespace
+}  // namespace megascope::launch
