@@ -324,6 +324,7 @@ struct Controller::Impl {
       if (!IsWorkerFault(in.kind) || in.fired) continue;
       const int rank = in.rank >= 0 ? in.rank : FirstRankOf(in.node);
       if (rank < 0 || rank >= opt.world) continue;  // its node is not in the job (any more)
+      in.planned_rank = rank;
       plan.faults.push_back({std::string(Name(in.kind)), rank, in.at_step, in.seconds});
     }
     for (const std::string& node : active) {
@@ -349,7 +350,10 @@ struct Controller::Impl {
       const int line_attempt = line.value("attempt", attempt);
       if (event == "fault") {
         for (Injection& in : opt.injections) {
-          if (!in.fired && IsWorkerFault(in.kind) && std::string(Name(in.kind)) == line.value("kind", "")) in.fired = true;
+          if (!in.fired && IsWorkerFault(in.kind) && std::string(Name(in.kind)) == line.value("kind", "") &&
+              in.planned_rank == line.value("rank", -2) && line_attempt == attempt) {
+            in.fired = true;
+          }
         }
         Log("fault fired: " + line.value("kind", std::string()) + " on rank " + std::to_string(line.value("rank", -1)) + " (" +
             line.value("node", std::string()) + ") at step " + std::to_string(line.value("step", 0)));
@@ -637,7 +641,8 @@ struct Controller::Impl {
         io.put('\x5a');
       }
       Log("fault fired: corrupt-checkpoint (" + std::to_string(victims.size()) + " newest shard file(s) of rank 0)");
-      Record(EventKind::kFaultInjected, "", 0, {{"kind", "corrupt-checkpoint"}, {"files", victims}});
+      Record(EventKind::kFaultInjected, "", 0,
+             {{"kind", "corrupt-checkpoint"}, {"files", victims}, {"memory_step", mem.step}, {"disk_step", disk.step}});
     }
   }
 

@@ -408,7 +408,8 @@ class Worker {
   // Every step: the state into host memory on this rank's node and on its buddy node (the next
   // node of the job), so a restart loses at most the step in flight even when this node is gone.
   // The copy into a buffer is all the step waits for; the writes happen in the background and the
-  // shard of two steps back is removed once the new one is in place.
+  // shard of three steps back is removed once the new one is in place (ranks can be a step apart
+  // when one dies, and a corrupt newest copy must leave an older complete step behind).
   void SnapshotToMemoryAsync(int64_t step) {
     if (mem_thread_.joinable()) mem_thread_.join();
     auto snap = Snapshot(step);
@@ -425,7 +426,7 @@ class Worker {
           continue;
         }
         std::error_code ec;
-        for (const char* suffix : {"", ".sum"}) fs::remove(dir + "/" + launch::MemoryShardName(rank_, step - 2) + suffix, ec);
+        for (const char* suffix : {"", ".sum"}) fs::remove(dir + "/" + launch::MemoryShardName(rank_, step - 3) + suffix, ec);
       }
     });
   }

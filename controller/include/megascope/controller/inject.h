@@ -31,6 +31,7 @@ struct Injection {
   double seconds = 0;  // slow: extra compute per step
   double factor = 3;  // degrade
   bool fired = false;
+  int planned_rank = -1;  // the rank it was given to in the current attempt
 };
 
 // Parses one --inject value; errors say what is wrong with it.
