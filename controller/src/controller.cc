@@ -24,6 +24,8 @@
 
 #include "megascope/analyzer/hang.h"
 #include "megascope/analyzer/live.h"
+#include "megascope/analyzer/query.h"
+#include "megascope/analyzer/timeline.h"
 #include "megascope/controller/control_db.h"
 #include "megascope/controller/report.h"
 #include "megascope/launch/progress.h"
@@ -147,7 +149,9 @@ struct Controller::Impl {
   std::map<int, int64_t> hb_steps;
   Clock::time_point last_progress;
   int finished_ranks = 0;
-  std::optional<int64_t> incident_start_ns;  // for "resumed": the open incident's trigger time
+  std::optional<int64_t> incident_start_ns;
+  int64_t incident_step = 0;  // completed steps when the last incident began
+  std::vector<int32_t> incident_ranks;  // its verdicts' root ranks  // for "resumed": the open incident's trigger time
   launch::ProgressReader progress;
 
   explicit Impl(ControllerOptions o)
@@ -522,7 +526,7 @@ struct Controller::Impl {
       return false;
     }
     eviction_times.push_back(now);
-    sup.StopAgent(node);
+    sup.StopAgent(node, /*wait=*/false);  // it drains its last records while the spare is checked
     std::error_code ec;
     fs::remove_all(launch::NodeMemoryDir(opt.supervisor.shm_dir, opt.supervisor.job, node), ec);  // its memory is gone with it
     evicted[node] = now;
@@ -561,7 +565,10 @@ struct Controller::Impl {
     Record(EventKind::kTrigger, t.manual_node, -1, {{"cause", t.cause}, {"detail", t.detail}}, trigger_ns);
     std::vector<Verdict> verdicts;
     if (t.cause != "manual") verdicts = Diagnose(t);
+    incident_step = last_step_done;
+    incident_ranks.clear();
     for (const Verdict& v : verdicts) {
+      incident_ranks.insert(incident_ranks.end(), v.root_ranks.begin(), v.root_ranks.end());
       Log("verdict: " + v.cause + " " + v.explanation);
       Record(EventKind::kVerdict, v.root_nodes.empty() ? "" : v.root_nodes[0], v.root_ranks.empty() ? -1 : v.root_ranks[0],
              json::parse(VerdictToJson(v)));
@@ -692,7 +699,27 @@ struct Controller::Impl {
     }
     auto report = BuildReport(layout.dir());
     if (report.ok() && tracer::WriteFileAtomic(layout.report_md(), *report).ok()) Log("report: " + layout.report_md());
+    WriteTimeline();
+    if (rc == kLaunchFinished) {  // the state in memory is only needed to resume
+      std::error_code ec;
+      fs::remove_all(launch::MemoryRoot(opt.supervisor.shm_dir, opt.supervisor.job), ec);
+    }
     return rc;
+  }
+
+  // timeline.html: the steps around the last incident (its root ranks highlighted), else the first ones.
+  void WriteTimeline() {
+    analyzer::TimelineOptions o;
+    o.first_step = std::max<int64_t>(0, incident_step - 3);
+    o.last_step = incident_step + 3;
+    o.highlight_ranks = incident_ranks;
+    o.title = "megascope launch " + layout.dir() + (incident_ranks.empty() ? "" : ", steps around the last incident");
+    auto db = analyzer::RunDatabase::Open(layout.dir());
+    if (!db.ok()) return;
+    auto j = analyzer::TimelineJson(**db, o);
+    if (j.ok() && tracer::WriteFileAtomic(layout.timeline_html(), analyzer::TimelineHtml(*j, o)).ok()) {
+      Log("timeline: " + layout.timeline_html());
+    }
   }
 
   int Loop() {

@@ -63,10 +63,15 @@ Result<int> Supervisor::StartAgent(const std::string& node) {
   return port;
 }
 
-void Supervisor::StopAgent(const std::string& node) {
+void Supervisor::StopAgent(const std::string& node, bool wait) {
   auto it = agents_.find(node);
   if (it == agents_.end()) return;
-  it->second->Stop(std::chrono::milliseconds(15000));  // it drains the rings first
+  if (wait) {
+    it->second->Stop(std::chrono::milliseconds(15000));  // it drains the rings first
+  } else {
+    it->second->Signal(SIGTERM);
+    retiring_agents_.push_back(std::move(it->second));
+  }
   agents_.erase(it);
   agent_ports_.erase(node);
 }
@@ -74,8 +79,10 @@ void Supervisor::StopAgent(const std::string& node) {
 void Supervisor::StopAgents() {
   std::vector<Process*> all;
   for (auto& [node, p] : agents_) all.push_back(p.get());
+  for (auto& p : retiring_agents_) all.push_back(p.get());
   StopAll(all, std::chrono::milliseconds(15000));
   agents_.clear();
+  retiring_agents_.clear();
   agent_ports_.clear();
   // Rings the agents did not remove (no agent, or it died): nothing will drain them now.
   std::error_code ec;

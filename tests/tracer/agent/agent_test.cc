@@ -134,6 +134,32 @@ TEST_F(AgentTest, ServesMetricsStateAndDumpsOverHttp) {
   EXPECT_EQ(check.code, 0) << check.out;
 }
 
+TEST_F(AgentTest, ExportsTheControllersRestartsAndEvictions) {
+  auto agent = Agent::Create(Options());
+  ASSERT_TRUE(agent.ok());
+  EXPECT_EQ((*agent)->MetricsText().find("megascope_restarts_total"), std::string::npos);  // no control.db: no family
+  sqlite3* h = nullptr;
+  ASSERT_EQ(sqlite3_open((run_.path() + "/control.db").c_str(), &h), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(h,
+                         "CREATE TABLE events(ts_ns INTEGER, attempt INTEGER, kind TEXT, node TEXT, rank INTEGER, detail_json TEXT);"
+                         "INSERT INTO events VALUES(1, 0, 'restart', NULL, NULL, '{\"cause\":\"start\"}');"
+                         "INSERT INTO events VALUES(2, 0, 'eviction', 'n1', NULL, '{\"reason\":\"rank_dead\"}');"
+                         "INSERT INTO events VALUES(3, 1, 'restart', NULL, NULL, '{\"cause\":\"rank_dead\"}');"
+                         "INSERT INTO events VALUES(4, 1, 'restart', NULL, NULL, '{\"cause\":\"link_stall\"}');",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(h);
+  const std::string m = (*agent)->MetricsText();
+  EXPECT_NE(m.find("megascope_restarts_total{job=\"agenttest\",node=\"n0\",cause=\"rank_dead\"} 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("megascope_restarts_total{job=\"agenttest\",node=\"n0\",cause=\"link_stall\"} 1"), std::string::npos);
+  EXPECT_EQ(m.find("cause=\"start\""), std::string::npos);  // the job's first start is not a restart
+  EXPECT_NE(m.find("megascope_evictions_total{job=\"agenttest\",node=\"n0\",reason=\"rank_dead\"} 1"), std::string::npos);
+  const std::string file = run_.path() + "/metrics.txt";
+  std::ofstream(file) << m;
+  auto check = megascope::testing::RunCommand("promtool check metrics < " + file);
+  EXPECT_EQ(check.code, 0) << check.out;
+}
+
 TEST_F(AgentTest, ADeadRankIsMarkedAndDumped) {
   auto rank = Process::Fork([&] {
     auto t = Tracer::Create(Ring(3));

@@ -1,6 +1,8 @@
 #include "megascope/tracer/agent/agent.h"
 
 #include <CivetServer.h>
+#include <sqlite3.h>
+#include <unistd.h>
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
@@ -477,9 +479,52 @@ void Agent::Run() {
   }
 }
 
+namespace {
+
+// Restarts and evictions of the run, read from the controller's control.db (FORMATS.md section 4)
+// when one exists: "restart" events by detail.cause (the job's start excluded), "eviction" events
+// by detail.reason.
+void AppendControlCounters(const AgentOptions& o, std::ostream& out) {
+  const std::string path = o.run_dir + "/control.db";
+  sqlite3* db = nullptr;
+  if (::access(path.c_str(), R_OK) != 0 ||
+      sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    sqlite3_close(db);
+    return;
+  }
+  sqlite3_busy_timeout(db, 200);
+  struct Family {
+    const char* name;
+    const char* help;
+    const char* kind;
+    const char* field;
+  };
+  for (const Family& f : {Family{"megascope_restarts_total", "Restarts of the job by the controller, by cause.", "restart", "cause"},
+                          Family{"megascope_evictions_total", "Nodes evicted by the controller, by reason.", "eviction", "reason"}}) {
+    out << "# HELP " << f.name << " " << f.help << "\n# TYPE " << f.name << " counter\n";
+    sqlite3_stmt* st = nullptr;
+    const std::string sql = std::string("SELECT COALESCE(json_extract(detail_json, '$.") + f.field +
+                            "'), 'unknown'), COUNT(*) FROM events WHERE kind = ?1 AND COALESCE(json_extract(detail_json, '$." +
+                            f.field + "'), '') != 'start' GROUP BY 1";
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr) != SQLITE_OK) continue;
+    sqlite3_bind_text(st, 1, f.kind, -1, SQLITE_STATIC);
+    while (sqlite3_step(st) == SQLITE_ROW) {
+      std::string label = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
+      std::erase_if(label, [](char c) { return c == '"' || c == '\\' || c == '\n'; });
+      out << f.name << "{job=\"" << o.job << "\",node=\"" << o.node << "\"," << f.field << "=\"" << label << "\"} "
+          << sqlite3_column_int64(st, 1) << "\n";
+    }
+    sqlite3_finalize(st);
+  }
+  sqlite3_close(db);
+}
+
+}  // namespace
+
 std::string Agent::MetricsText() {
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, impl_->registry->Collect());
+  AppendControlCounters(impl_->opt, out);
   return out.str();
 }
 std::string Agent::StateJson() { return impl_->State(); }

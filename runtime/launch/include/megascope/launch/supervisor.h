@@ -61,8 +61,10 @@ class Supervisor {
 
   // Starts `node`'s agent and waits until it listens; returns its port.
   Result<int> StartAgent(const std::string& node);
-  // Stops `node`'s agent (it drains what is left first).
-  void StopAgent(const std::string& node);
+  // Stops `node`'s agent (it drains what is left first). With `wait` false it is only asked
+  // (SIGTERM) and reaped later -- by StopAgents at the latest -- so an eviction does not wait
+  // for its final drain.
+  void StopAgent(const std::string& node, bool wait = true);
   // Stops every agent; then removes rings nobody will drain any more.
   void StopAgents();
   std::optional<int> AgentPort(const std::string& node) const;
@@ -100,6 +102,7 @@ class Supervisor {
   std::map<std::string, std::vector<std::pair<std::string, std::string>>> node_env_;
   std::map<std::string, std::unique_ptr<Process>> agents_;
   std::map<std::string, int> agent_ports_;
+  std::vector<std::unique_ptr<Process>> retiring_agents_;  // asked to stop, not yet reaped
   std::vector<std::unique_ptr<Process>> ranks_;
   std::set<int> reported_;
   std::vector<std::pair<int, int>> started_;  // (attempt, world) of every StartRanks  // ranks whose exit PollRanks already returned
