@@ -44,6 +44,26 @@ void EnterChild(int log_fd, pid_t parent) {
   }
 }
 
+// Forks; the child enters its own group and runs `child` (which must not return normally). The
+// parent gets the pid; `log_fd` is closed in the parent either way.
+Result<pid_t> ForkChild(int log_fd, const std::function<void()>& child) {
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int err = errno;
+    if (log_fd >= 0) ::close(log_fd);
+    return ErrnoError("fork", err);
+  }
+  if (pid == 0) {
+    EnterChild(log_fd, parent);
+    child();
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also from the parent: no race with an early Signal()
+  if (log_fd >= 0) ::close(log_fd);
+  return pid;
+}
+
 }  // namespace
 
 bool ExitStatus::exited() const { return WIFEXITED(raw); }
@@ -73,40 +93,17 @@ Result<std::unique_ptr<Process>> Process::Spawn(const ProcessSpec& spec) {
   argv.push_back(nullptr);
   for (const std::string& e : env_strings) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    const int err = errno;
-    if (fd >= 0) ::close(fd);
-    return ErrnoError("fork", err);
-  }
-  if (pid == 0) {
-    EnterChild(fd, parent);
+  ASSIGN_OR_RETURN(pid_t pid, ForkChild(fd, [&] {
     ::execve(argv[0], argv.data(), envp.data());
     static const char kMsg[] = "megascope: exec failed\n";
     (void)!::write(2, kMsg, sizeof(kMsg) - 1);
-    ::_exit(127);
-  }
-  ::setpgid(pid, pid);  // also from the parent: no race with an early Signal()
-  if (fd >= 0) ::close(fd);
+  }));
   return std::unique_ptr<Process>(new Process(pid, spec.log_path));
 }
 
 Result<std::unique_ptr<Process>> Process::Fork(const std::function<int()>& body, const std::string& log_path) {
   ASSIGN_OR_RETURN(int fd, OpenLog(log_path, false));
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    const int err = errno;
-    if (fd >= 0) ::close(fd);
-    return ErrnoError("fork", err);
-  }
-  if (pid == 0) {
-    EnterChild(fd, parent);
-    ::_exit(body());
-  }
-  ::setpgid(pid, pid);
-  if (fd >= 0) ::close(fd);
+  ASSIGN_OR_RETURN(pid_t pid, ForkChild(fd, [&] { ::_exit(body()); }));
   return std::unique_ptr<Process>(new Process(pid, log_path));
 }
 
