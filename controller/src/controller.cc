@@ -145,6 +145,7 @@ struct Controller::Impl {
   Clock::time_point launch_start = Clock::now(), attempt_start;
   int64_t last_step_done = 0;  // completed steps of the job so far (the newest step line)
   bool attempt_stepped = false;
+  int fruitless_attempts = 0;  // consecutive attempts that ended before their first step
   std::vector<double> step_times;
   std::map<int, int64_t> hb_steps;
   Clock::time_point last_progress;
@@ -559,6 +560,8 @@ struct Controller::Impl {
 
   // Handles one incident; false when the controller paused.
   bool Incident(Trigger t) {
+    // An attempt that failed before completing a step, three times in a row, is a loop, not bad luck.
+    fruitless_attempts = attempt_stepped ? 0 : fruitless_attempts + 1;
     const int64_t trigger_ns = tracer::WallNowNs();
     incident_start_ns = trigger_ns;
     Log("trigger: " + t.cause + (t.detail.empty() ? "" : " (" + t.detail + ")"));
@@ -604,6 +607,11 @@ struct Controller::Impl {
       if (node.empty() || !done.insert(node).second) continue;
       if (std::find(active.begin(), active.end(), node) == active.end()) continue;
       if (!Evict(node, t.cause == "manual" ? "manual" : vj.value("cause", t.cause), vj)) return false;
+    }
+    if (fruitless_attempts >= 3) {
+      Pause(std::to_string(fruitless_attempts) + " attempts in a row failed before completing a step (last: " + restart_cause +
+            "); restarting again would loop");
+      return false;
     }
     CorruptIfInjected();
     std::vector<std::string> memory;

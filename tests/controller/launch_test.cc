@@ -100,6 +100,8 @@ class LaunchTest : public ::testing::Test {
   // Every span row is in a trace.db once: no (rank, attempt, step, microbatch, kind, name) twice.
   void ExpectNoDuplicateRows() const {
     for (const auto& node : fs::directory_iterator(Run() + "/nodes")) {
+      EXPECT_EQ(fs::status(node.path() / "trace.db").permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write)
+          << "trace databases are private to the run's owner";
       sqlite3* db = nullptr;
       ASSERT_EQ(sqlite3_open_v2((node.path() / "trace.db").c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
       sqlite3_stmt* st = nullptr;
@@ -156,6 +158,7 @@ TEST_F(LaunchTest, AHangInComputeIsNamedFromTheLiveAgentsAndItsNodeEvicted) {
   ASSERT_EQ(Of(ev, "eviction").size(), 1u);
   EXPECT_EQ(Of(ev, "eviction")[0].node, "node1");
   ExpectLossesContinue(kDp2);
+  ExpectNoDuplicateRows();
 }
 
 TEST_F(LaunchTest, AStalledSendSelfChecksBothEndsAndRestartsInPlaceWhenBothPass) {
@@ -172,6 +175,7 @@ TEST_F(LaunchTest, AStalledSendSelfChecksBothEndsAndRestartsInPlaceWhenBothPass)
   EXPECT_TRUE(Of(ev, "eviction").empty());
   EXPECT_EQ(Of(ev, "restart").back().detail["nodes"], nlohmann::json::array({"node0", "node1"}));
   ExpectLossesContinue(pp2);
+  ExpectNoDuplicateRows();
 }
 
 TEST_F(LaunchTest, ADeadAgentIsRestartedWithoutEvictionAndNoRowIsLostOrDuplicated) {
@@ -210,6 +214,7 @@ TEST_F(LaunchTest, ACorruptNewestStateIsSkippedForThePreviousOne) {
   EXPECT_EQ(restarts[1].detail["resume_step"].get<int64_t>(), corrupted - 1)
       << "the newest complete state (step " << corrupted << ") was corrupted: the one before it is used";
   ExpectLossesContinue(kDp2);
+  ExpectNoDuplicateRows();
 }
 
 TEST_F(LaunchTest, ASpareThatFailsItsSelfCheckIsSkippedForTheNextOne) {
@@ -224,6 +229,7 @@ TEST_F(LaunchTest, ASpareThatFailsItsSelfCheckIsSkippedForTheNextOne) {
   EXPECT_EQ(passed["node3"], true);
   EXPECT_EQ(Of(ev, "restart").back().detail["nodes"], nlohmann::json::array({"node0", "node3"}));
   ExpectLossesContinue(kDp2);
+  ExpectNoDuplicateRows();
 }
 
 TEST_F(LaunchTest, NoSpareLeftPausesWithAClearMessageInsteadOfLooping) {
