@@ -37,7 +37,7 @@ out=bench/results/recovery.txt
       echo "RUN $kind $run"
     done
   done
-  # Soak: one fault every $period s (crashes on alternating nodes; an evicted node may return as a
+  # Soak: one fault every $period s (a crash of each rank in turn, wherever it runs; an evicted node may return as a
   # spare after passing its self-check), for $soak s.
   run="$work/soak"
   step_s=$(python3 -c "
@@ -48,7 +48,7 @@ print(sorted(s)[len(s)//2])")
   injects=""
   k=0
   for at in $(seq "$every" "$every" "$((steps - 5))"); do
-    injects="$injects --inject crash:node=node$((k % 3)),at=$at"
+    injects="$injects --inject crash:rank=$((k % 4)),at=$at"
     k=$((k + 1))
   done
   $bin launch --dp 2 --pp 2 --nodes 2 --spares 1 --data "$work/data.bin" --run-dir "$run" --job soak$$ $model \

@@ -1,4 +1,5 @@
-// `megascope launch` (the self-healing driver), `megascope report`, `megascope evict`, `megascope stop`.
+// `megascope launch` (the self-healing driver), `megascope report`, `megascope evict`, `megascope
+// stop`.
 #include <cstdio>
 #include <filesystem>
 
@@ -22,29 +23,42 @@ int RunLaunch(const Args& args) {
   opts.add_options()("help,h", "show this help");
   opts.add(TrainingOptions(&c));
   po::options_description loop("Self-healing");
-  loop.add_options()
-      ("spares", po::value(&spares)->default_value(0), "spare nodes standing by (self-checked before they join)")
-      ("timeout", po::value(&c.timeout_ms)->default_value(120000), "collective timeout in milliseconds (above --hang-after: the controller acts first)")
-      ("tick", po::value(&co.tick_s)->default_value(co.tick_s), "seconds between controller ticks")
-      ("hang-after", po::value(&co.hang_after_s)->default_value(co.hang_after_s),
-       "a hang: no rank's step advances for this many seconds (or --hang-factor median step times, if longer)")
-      ("hang-factor", po::value(&co.hang_factor)->default_value(co.hang_factor), "see --hang-after")
-      ("startup-grace", po::value(&co.startup_grace_s)->default_value(co.startup_grace_s), "seconds an attempt may take to its first step")
-      ("op-timeout", po::value(&co.op_timeout_s)->default_value(co.op_timeout_s), "an op open this many seconds is a hang")
-      ("max-evictions", po::value(&co.max_evictions)->default_value(co.max_evictions), "evictions allowed per --eviction-window before pausing for a person")
-      ("eviction-window", po::value(&co.eviction_window_s)->default_value(co.eviction_window_s), "seconds")
-      ("readmit-after", po::value(&co.readmit_after_s)->default_value(co.readmit_after_s),
-       "seconds after which an evicted node may stand by again (it must pass the self-check); 0: never")
-      ("min-gemm-ratio", po::value(&co.min_gemm_ratio)->default_value(co.min_gemm_ratio), "self-check: GEMM throughput needed, as a share of a healthy node's")
-      ("min-bandwidth-ratio", po::value(&co.min_bandwidth_ratio)->default_value(co.min_bandwidth_ratio), "self-check: all-reduce bandwidth needed, as a share of a healthy pair's")
-      ("no-memory-snapshots", "keep no every-step state in host memory (restart from disk checkpoints only)")
-      ("allow-remote", "agents and the control endpoint listen on every address, not only loopback")
-      ("inject", po::value(&injects)->composing(),
-       "inject a fault into the real processes (repeatable): crash|hang|stall-send|slow:node=N|rank=R,at=STEP[,seconds=X]; "
-       "kill-agent:node=N,at=STEP|SECONDSs; corrupt-checkpoint; degrade:node=N[,factor=F]");
+  loop.add_options()("spares", po::value(&spares)->default_value(0),
+                     "spare nodes standing by (self-checked before they join)")(
+      "timeout", po::value(&c.timeout_ms)->default_value(120000),
+      "collective timeout in milliseconds (above --hang-after: the controller acts first)")(
+      "tick", po::value(&co.tick_s)->default_value(co.tick_s), "seconds between controller ticks")(
+      "hang-after", po::value(&co.hang_after_s)->default_value(co.hang_after_s),
+      "a hang: no rank's step advances for this many seconds (or --hang-factor median step times, "
+      "if longer)")("hang-factor", po::value(&co.hang_factor)->default_value(co.hang_factor),
+                    "see --hang-after")(
+      "startup-grace", po::value(&co.startup_grace_s)->default_value(co.startup_grace_s),
+      "seconds an attempt may take to its first step")(
+      "op-timeout", po::value(&co.op_timeout_s)->default_value(co.op_timeout_s),
+      "an op open this many seconds is a hang")(
+      "max-evictions", po::value(&co.max_evictions)->default_value(co.max_evictions),
+      "evictions allowed per --eviction-window before pausing for a person")(
+      "eviction-window", po::value(&co.eviction_window_s)->default_value(co.eviction_window_s),
+      "seconds")("readmit-after", po::value(&co.readmit_after_s)->default_value(co.readmit_after_s),
+                 "seconds after which an evicted node may stand by again (it must pass the "
+                 "self-check); 0: never")(
+      "min-gemm-ratio", po::value(&co.min_gemm_ratio)->default_value(co.min_gemm_ratio),
+      "self-check: GEMM throughput needed, as a share of a healthy node's")(
+      "min-bandwidth-ratio",
+      po::value(&co.min_bandwidth_ratio)->default_value(co.min_bandwidth_ratio),
+      "self-check: all-reduce bandwidth needed, as a share of a healthy pair's")(
+      "no-memory-snapshots",
+      "keep no every-step state in host memory (restart from disk checkpoints only)")(
+      "allow-remote", "agents and the control endpoint listen on every address, not only loopback")(
+      "inject", po::value(&injects)->composing(),
+      "inject a fault into the real processes (repeatable): "
+      "crash|hang|stall-send|slow:node=N|rank=R,at=STEP[,seconds=X]; "
+      "kill-agent:node=N,at=STEP|SECONDSs; corrupt-checkpoint; degrade:node=N[,factor=F]");
   opts.add(loop);
   po::variables_map vm;
-  if (auto rc = ParseArgs("launch", "megascope launch --nodes N --spares K --dp D --tp T --pp P --data DATA.bin --run-dir DIR [options]",
+  if (auto rc = ParseArgs("launch",
+                          "megascope launch --nodes N --spares K --dp D --tp T --pp P --data "
+                          "DATA.bin --run-dir DIR [options]",
                           args, opts, {}, &vm)) {
     return *rc;
   }
@@ -55,16 +69,21 @@ int RunLaunch(const Args& args) {
   if (co.tick_s <= 0 || co.hang_after_s <= 0 || co.max_evictions < 0) {
     return Fail("launch", "--tick and --hang-after must be positive, --max-evictions >= 0", 2);
   }
-  for (int k = 0; k < c.nodes + spares; ++k) (k < c.nodes ? co.nodes : co.spares).push_back("node" + std::to_string(k));
+  for (int k = 0; k < c.nodes + spares; ++k)
+    (k < c.nodes ? co.nodes : co.spares).push_back("node" + std::to_string(k));
   for (const std::string& spec : injects) {
     auto in = controller::ParseInjection(spec);
     if (!in.ok()) return Fail("launch", in.status().message(), 2);
-    if (!in->node.empty() && std::find(co.nodes.begin(), co.nodes.end(), in->node) == co.nodes.end() &&
+    if (!in->node.empty() &&
+        std::find(co.nodes.begin(), co.nodes.end(), in->node) == co.nodes.end() &&
         std::find(co.spares.begin(), co.spares.end(), in->node) == co.spares.end()) {
-      return Fail("launch", "--inject '" + spec + "': no node " + in->node + " (nodes are node0..node" +
-                                std::to_string(c.nodes + spares - 1) + ")", 2);
+      return Fail("launch",
+                  "--inject '" + spec + "': no node " + in->node + " (nodes are node0..node" +
+                      std::to_string(c.nodes + spares - 1) + ")",
+                  2);
     }
-    if (in->rank >= c.layout.world()) return Fail("launch", "--inject '" + spec + "': rank outside the world", 2);
+    if (in->rank >= c.layout.world())
+      return Fail("launch", "--inject '" + spec + "': rank outside the world", 2);
     co.injections.push_back(*in);
   }
   if (Status st = runtime::PrepareRunDirectory(c); !st.ok()) return Fail("launch", st.message(), 2);
@@ -98,7 +117,8 @@ int RunLaunch(const Args& args) {
 int RunReport(const Args& args) {
   std::string run_dir;
   po::options_description opts("Options");
-  opts.add_options()("help,h", "show this help")("run-dir", po::value(&run_dir)->required(), "run directory of a launch");
+  opts.add_options()("help,h", "show this help")("run-dir", po::value(&run_dir)->required(),
+                                                 "run directory of a launch");
   po::positional_options_description pos;
   pos.add("run-dir", 1);
   po::variables_map vm;
@@ -113,14 +133,16 @@ namespace {
 int Control(const char* name, const Args& args, bool needs_node) {
   std::string run_dir, node;
   po::options_description opts("Options");
-  opts.add_options()("help,h", "show this help")("run-dir", po::value(&run_dir)->required(), "run directory of a running launch");
+  opts.add_options()("help,h", "show this help")("run-dir", po::value(&run_dir)->required(),
+                                                 "run directory of a running launch");
   po::positional_options_description pos;
   if (needs_node) {
     opts.add_options()("node", po::value(&node)->required(), "the node to evict");
     pos.add("node", 1);
   }
   po::variables_map vm;
-  const std::string usage = std::string("megascope ") + name + (needs_node ? " NODE" : "") + " --run-dir DIR";
+  const std::string usage =
+      std::string("megascope ") + name + (needs_node ? " NODE" : "") + " --run-dir DIR";
   if (auto rc = ParseArgs(name, usage.c_str(), args, opts, pos, &vm)) return *rc;
   Status st = controller::SendControlCommand(run_dir, name, node);
   if (!st.ok()) return Fail(name, st.message());

@@ -11,11 +11,18 @@ namespace megascope::controller {
 namespace {
 
 constexpr std::array<std::pair<EventKind, std::string_view>, 13> kKinds = {{
-    {EventKind::kFaultInjected, "fault_injected"}, {EventKind::kTrigger, "trigger"}, {EventKind::kVerdict, "verdict"},
-    {EventKind::kStopped, "stopped"}, {EventKind::kEviction, "eviction"}, {EventKind::kSelfCheck, "self_check"},
-    {EventKind::kRestart, "restart"}, {EventKind::kCheckpointSaved, "checkpoint_saved"},
-    {EventKind::kCheckpointLoaded, "checkpoint_loaded"}, {EventKind::kResumed, "resumed"},
-    {EventKind::kAgentRestarted, "agent_restarted"}, {EventKind::kPaused, "paused"},
+    {EventKind::kFaultInjected, "fault_injected"},
+    {EventKind::kTrigger, "trigger"},
+    {EventKind::kVerdict, "verdict"},
+    {EventKind::kStopped, "stopped"},
+    {EventKind::kEviction, "eviction"},
+    {EventKind::kSelfCheck, "self_check"},
+    {EventKind::kRestart, "restart"},
+    {EventKind::kCheckpointSaved, "checkpoint_saved"},
+    {EventKind::kCheckpointLoaded, "checkpoint_loaded"},
+    {EventKind::kResumed, "resumed"},
+    {EventKind::kAgentRestarted, "agent_restarted"},
+    {EventKind::kPaused, "paused"},
     {EventKind::kJobFinished, "job_finished"},
 }};
 
@@ -42,7 +49,8 @@ std::optional<EventKind> ParseEventKind(std::string_view name) {
 
 Result<std::unique_ptr<ControlDb>> ControlDb::Open(const std::string& path, bool read_only) {
   if (!read_only) {
-    if (const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600); fd >= 0) ::close(fd);
+    if (const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600); fd >= 0)
+      ::close(fd);
   } else if (::access(path.c_str(), R_OK) != 0) {
     return NotFound(path + " does not exist (was the run started with 'megascope launch'?)");
   }
@@ -57,7 +65,8 @@ Result<std::unique_ptr<ControlDb>> ControlDb::Open(const std::string& path, bool
     char* err = nullptr;
     const char* schema =
         "PRAGMA journal_mode=WAL;"
-        "CREATE TABLE IF NOT EXISTS events(ts_ns INTEGER, attempt INTEGER, kind TEXT, node TEXT, rank INTEGER, "
+        "CREATE TABLE IF NOT EXISTS events(ts_ns INTEGER, attempt INTEGER, kind TEXT, node TEXT, "
+        "rank INTEGER, "
         "detail_json TEXT);";
     if (sqlite3_exec(db->db_, schema, nullptr, nullptr, &err) != SQLITE_OK) {
       std::string msg = err ? err : "unknown error";
@@ -72,26 +81,34 @@ ControlDb::~ControlDb() { sqlite3_close(db_); }
 
 Status ControlDb::Record(const Event& e) {
   Stmt st;
-  if (sqlite3_prepare_v2(db_, "INSERT INTO events VALUES(?,?,?,?,?,?)", -1, &st.s, nullptr) != SQLITE_OK) {
+  if (sqlite3_prepare_v2(db_, "INSERT INTO events VALUES(?,?,?,?,?,?)", -1, &st.s, nullptr) !=
+      SQLITE_OK) {
     return IoError("[control] " + path_ + ": " + sqlite3_errmsg(db_));
   }
   const std::string kind(Name(e.kind)), detail = e.detail.dump();
   sqlite3_bind_int64(st.s, 1, e.ts_ns);
   sqlite3_bind_int(st.s, 2, e.attempt);
   sqlite3_bind_text(st.s, 3, kind.c_str(), -1, SQLITE_TRANSIENT);
-  if (e.node.empty()) sqlite3_bind_null(st.s, 4);
-  else sqlite3_bind_text(st.s, 4, e.node.c_str(), -1, SQLITE_TRANSIENT);
-  if (e.rank < 0) sqlite3_bind_null(st.s, 5);
-  else sqlite3_bind_int(st.s, 5, e.rank);
+  if (e.node.empty())
+    sqlite3_bind_null(st.s, 4);
+  else
+    sqlite3_bind_text(st.s, 4, e.node.c_str(), -1, SQLITE_TRANSIENT);
+  if (e.rank < 0)
+    sqlite3_bind_null(st.s, 5);
+  else
+    sqlite3_bind_int(st.s, 5, e.rank);
   sqlite3_bind_text(st.s, 6, detail.c_str(), -1, SQLITE_TRANSIENT);
-  if (sqlite3_step(st.s) != SQLITE_DONE) return IoError("[control] " + path_ + ": " + sqlite3_errmsg(db_));
+  if (sqlite3_step(st.s) != SQLITE_DONE)
+    return IoError("[control] " + path_ + ": " + sqlite3_errmsg(db_));
   return Status::Ok();
 }
 
 Result<std::vector<Event>> ControlDb::Events() {
   Stmt st;
-  if (sqlite3_prepare_v2(db_, "SELECT ts_ns, attempt, kind, node, rank, detail_json FROM events ORDER BY ts_ns, rowid", -1,
-                         &st.s, nullptr) != SQLITE_OK) {
+  if (sqlite3_prepare_v2(
+          db_,
+          "SELECT ts_ns, attempt, kind, node, rank, detail_json FROM events ORDER BY ts_ns, rowid",
+          -1, &st.s, nullptr) != SQLITE_OK) {
     return IoError("[control] " + path_ + ": " + sqlite3_errmsg(db_));
   }
   std::vector<Event> out;
@@ -115,15 +132,18 @@ Result<std::vector<Event>> ControlDb::Events() {
   return out;
 }
 
-Result<std::vector<std::pair<std::string, int64_t>>> ControlDb::CountBy(EventKind kind, const std::string& field) {
+Result<std::vector<std::pair<std::string, int64_t>>> ControlDb::CountBy(EventKind kind,
+                                                                        const std::string& field) {
   ASSIGN_OR_RETURN(std::vector<Event> events, Events());
   std::vector<std::pair<std::string, int64_t>> out;
   for (const Event& e : events) {
     if (e.kind_name != Name(kind)) continue;
     const std::string v = e.detail.value(field, std::string("unknown"));
     auto it = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == v; });
-    if (it == out.end()) out.emplace_back(v, 1);
-    else ++it->second;
+    if (it == out.end())
+      out.emplace_back(v, 1);
+    else
+      ++it->second;
   }
   return out;
 }

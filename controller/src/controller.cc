@@ -2,13 +2,14 @@
 
 #include <CivetServer.h>
 #include <fcntl.h>
-#include <unistd.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -18,9 +19,6 @@
 #include <set>
 #include <sstream>
 #include <thread>
-#include <cstring>
-
-#include "megascope/tracer/verdict.h"
 
 #include "megascope/analyzer/hang.h"
 #include "megascope/analyzer/live.h"
@@ -31,6 +29,7 @@
 #include "megascope/launch/progress.h"
 #include "megascope/tracer/clock.h"
 #include "megascope/tracer/dump.h"
+#include "megascope/tracer/verdict.h"
 
 namespace megascope::controller {
 namespace {
@@ -42,7 +41,9 @@ using nlohmann::json;
 volatile sig_atomic_t g_interrupted = 0;
 void OnInterrupt(int) { g_interrupted = 1; }
 
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 std::string RandomToken() {
   std::ifstream in("/dev/urandom", std::ios::binary);
@@ -87,7 +88,8 @@ class ControlHandler : public CivetHandler {
       c.what = "stop";
     } else if (uri == "/evict") {
       char node[256] = {};
-      if (ri->query_string == nullptr || mg_get_var(ri->query_string, std::strlen(ri->query_string), "node", node, sizeof(node)) <= 0) {
+      if (ri->query_string == nullptr || mg_get_var(ri->query_string, std::strlen(ri->query_string),
+                                                    "node", node, sizeof(node)) <= 0) {
         Reply(conn, 400, "evict needs ?node=NAME");
         return true;
       }
@@ -106,8 +108,10 @@ class ControlHandler : public CivetHandler {
 
  private:
   static void Reply(mg_connection* conn, int code, const std::string& body) {
-    mg_printf(conn, "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s", code,
-              code == 200 ? "OK" : "Error", body.size() + 1, (body + "\n").c_str());
+    mg_printf(conn,
+              "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\nConnection: "
+              "close\r\n\r\n%s",
+              code, code == 200 ? "OK" : "Error", body.size() + 1, (body + "\n").c_str());
   }
   std::string token_;
   std::mutex* mu_;
@@ -151,12 +155,16 @@ struct Controller::Impl {
   Clock::time_point last_progress;
   int finished_ranks = 0;
   std::optional<int64_t> incident_start_ns;
-  int64_t incident_step = 0;  // completed steps when the last incident began
-  std::vector<int32_t> incident_ranks;  // its verdicts' root ranks  // for "resumed": the open incident's trigger time
+  int64_t incident_step = 0;            // completed steps when the last incident began
+  std::vector<int32_t> incident_ranks;  // its verdicts' root ranks  // for "resumed": the open
+                                        // incident's trigger time
   launch::ProgressReader progress;
 
   explicit Impl(ControllerOptions o)
-      : opt(std::move(o)), sup(opt.supervisor), layout(opt.supervisor.run_dir), progress(layout.progress()) {}
+      : opt(std::move(o)),
+        sup(opt.supervisor),
+        layout(opt.supervisor.run_dir),
+        progress(layout.progress()) {}
 
   void Log(const std::string& line) {
     std::printf("[launch] %s\n", line.c_str());
@@ -171,7 +179,8 @@ struct Controller::Impl {
     e.node = node;
     e.rank = rank;
     e.detail = std::move(detail);
-    if (Status st = db->Record(e); !st.ok()) std::fprintf(stderr, "[launch] %s\n", st.ToString().c_str());
+    if (Status st = db->Record(e); !st.ok())
+      std::fprintf(stderr, "[launch] %s\n", st.ToString().c_str());
   }
 
   // ------------------------------------------------------------------ setup
@@ -193,22 +202,26 @@ struct Controller::Impl {
       if (ec) return IoError("cannot write " + layout.token() + ": " + ec.message());
     }
     handler = std::make_unique<ControlHandler>(token, &mu, &commands);
-    const std::vector<std::string> civet = {"listening_ports", (opt.allow_remote ? "0.0.0.0:0" : "127.0.0.1:0"),
-                                            "num_threads", "2"};
+    const std::vector<std::string> civet = {
+        "listening_ports", (opt.allow_remote ? "0.0.0.0:0" : "127.0.0.1:0"), "num_threads", "2"};
     try {
       http = std::make_unique<CivetServer>(civet);
     } catch (const std::exception& e) {
-      return Status(StatusCode::kUnavailable, std::string("cannot start the control endpoint: ") + e.what());
+      return Status(StatusCode::kUnavailable,
+                    std::string("cannot start the control endpoint: ") + e.what());
     }
     http->addHandler("/stop", handler.get());
     http->addHandler("/evict", handler.get());
     const int port = http->getListeningPorts().at(0);
     RETURN_IF_ERROR(tracer::WriteFileAtomic(
-        layout.controller_json(), json{{"url", "http://127.0.0.1:" + std::to_string(port)}, {"pid", ::getpid()}}.dump() + "\n"));
+        layout.controller_json(),
+        json{{"url", "http://127.0.0.1:" + std::to_string(port)}, {"pid", ::getpid()}}.dump() +
+            "\n"));
     for (const Injection& in : opt.injections) {
       if (in.kind == FaultKind::kDegrade) {
         sup.SetNodeEnv(in.node, {{"MEGASCOPE_INJECT_SLOWDOWN", std::to_string(in.factor)}});
-        Record(EventKind::kFaultInjected, in.node, -1, {{"kind", Name(in.kind)}, {"spec", in.spec}, {"factor", in.factor}});
+        Record(EventKind::kFaultInjected, in.node, -1,
+               {{"kind", Name(in.kind)}, {"spec", in.spec}, {"factor", in.factor}});
       }
     }
     active = opt.nodes;
@@ -219,7 +232,8 @@ struct Controller::Impl {
   // -------------------------------------------------------------- self-check
 
   // Runs the self-check pair (a, b); returns the figures of a and b (b's only when b != a).
-  std::pair<SelfCheckFigures, SelfCheckFigures> SelfCheckPair(const std::string& a, const std::string& b) {
+  std::pair<SelfCheckFigures, SelfCheckFigures> SelfCheckPair(const std::string& a,
+                                                              const std::string& b) {
     const std::string dir = layout.self_check_dir("check_" + std::to_string(checks++));
     std::error_code ec;
     fs::remove_all(dir, ec);
@@ -229,7 +243,8 @@ struct Controller::Impl {
     const std::string nodes[2] = {a, b};
     for (int r = 0; r < 2; ++r) {
       launch::ProcessSpec spec;
-      spec.argv = {opt.supervisor.self_exe, "self-check", "--dir", dir + "/store", "--rank", std::to_string(r)};
+      spec.argv = {opt.supervisor.self_exe, "self-check", "--dir",
+                   dir + "/store",          "--rank",     std::to_string(r)};
       spec.log_path = dir + "/rank_" + std::to_string(r) + ".log";
       spec.env = sup.NodeEnv(nodes[r]);
       auto p = launch::Process::Spawn(spec);
@@ -269,18 +284,30 @@ struct Controller::Impl {
     const bool bw_ok = f.ok && f.allreduce_gbps >= opt.min_bandwidth_ratio * baseline_bw;
     const bool pass = gemm_ok && bw_ok;
     std::string verdict = pass ? "passed" : "FAILED";
-    if (!f.ok) verdict += " (" + f.error + ")";
-    else if (!gemm_ok) verdict += " (GEMM below " + std::to_string(opt.min_gemm_ratio) + " of the healthy figure)";
-    else if (!bw_ok) verdict += " (all-reduce bandwidth below " + std::to_string(opt.min_bandwidth_ratio) + " of the healthy figure)";
+    if (!f.ok)
+      verdict += " (" + f.error + ")";
+    else if (!gemm_ok)
+      verdict += " (GEMM below " + std::to_string(opt.min_gemm_ratio) + " of the healthy figure)";
+    else if (!bw_ok)
+      verdict += " (all-reduce bandwidth below " + std::to_string(opt.min_bandwidth_ratio) +
+                 " of the healthy figure)";
     char line[512];
-    std::snprintf(line, sizeof(line), "self-check %s (with %s, %s): GEMM %.2f GFLOP/s (healthy %.2f), all-reduce %.3f GB/s (healthy %.3f): %s",
-                  node.c_str(), partner.c_str(), why.c_str(), f.gemm_gflops, baseline_gemm, f.allreduce_gbps, baseline_bw,
-                  verdict.c_str());
+    std::snprintf(line, sizeof(line),
+                  "self-check %s (with %s, %s): GEMM %.2f GFLOP/s (healthy %.2f), all-reduce %.3f "
+                  "GB/s (healthy %.3f): %s",
+                  node.c_str(), partner.c_str(), why.c_str(), f.gemm_gflops, baseline_gemm,
+                  f.allreduce_gbps, baseline_bw, verdict.c_str());
     Log(line);
     Record(EventKind::kSelfCheck, node, -1,
-           {{"passed", pass}, {"why", why}, {"partner", partner}, {"gemm_gflops", f.gemm_gflops},
-            {"allreduce_gbps", f.allreduce_gbps}, {"healthy_gemm_gflops", baseline_gemm},
-            {"healthy_allreduce_gbps", baseline_bw}, {"error", f.error}, {"seconds", Since(t0)}});
+           {{"passed", pass},
+            {"why", why},
+            {"partner", partner},
+            {"gemm_gflops", f.gemm_gflops},
+            {"allreduce_gbps", f.allreduce_gbps},
+            {"healthy_gemm_gflops", baseline_gemm},
+            {"healthy_allreduce_gbps", baseline_bw},
+            {"error", f.error},
+            {"seconds", Since(t0)}});
     if (!pass) failed_self_check.insert(node);
     return pass;
   }
@@ -292,11 +319,16 @@ struct Controller::Impl {
     baseline_gemm = fb.ok && a != b ? std::max(fa.gemm_gflops, fb.gemm_gflops) : fa.gemm_gflops;
     baseline_bw = fa.allreduce_gbps;
     char line[256];
-    std::snprintf(line, sizeof(line), "healthy figures (%s, %s): GEMM %.2f GFLOP/s, all-reduce %.3f GB/s", a.c_str(), b.c_str(),
-                  baseline_gemm, baseline_bw);
+    std::snprintf(line, sizeof(line),
+                  "healthy figures (%s, %s): GEMM %.2f GFLOP/s, all-reduce %.3f GB/s", a.c_str(),
+                  b.c_str(), baseline_gemm, baseline_bw);
     Log(line);
-    Record(EventKind::kSelfCheck, a, -1, {{"passed", true}, {"why", "baseline"}, {"partner", b}, {"gemm_gflops", baseline_gemm},
-                                          {"allreduce_gbps", baseline_bw}});
+    Record(EventKind::kSelfCheck, a, -1,
+           {{"passed", true},
+            {"why", "baseline"},
+            {"partner", b},
+            {"gemm_gflops", baseline_gemm},
+            {"allreduce_gbps", baseline_bw}});
     return Status::Ok();
   }
 
@@ -355,19 +387,24 @@ struct Controller::Impl {
       const int line_attempt = line.value("attempt", attempt);
       if (event == "fault") {
         for (Injection& in : opt.injections) {
-          if (!in.fired && IsWorkerFault(in.kind) && std::string(Name(in.kind)) == line.value("kind", "") &&
+          if (!in.fired && IsWorkerFault(in.kind) &&
+              std::string(Name(in.kind)) == line.value("kind", "") &&
               in.planned_rank == line.value("rank", -2) && line_attempt == attempt) {
             in.fired = true;
           }
         }
-        Log("fault fired: " + line.value("kind", std::string()) + " on rank " + std::to_string(line.value("rank", -1)) + " (" +
-            line.value("node", std::string()) + ") at step " + std::to_string(line.value("step", 0)));
+        Log("fault fired: " + line.value("kind", std::string()) + " on rank " +
+            std::to_string(line.value("rank", -1)) + " (" + line.value("node", std::string()) +
+            ") at step " + std::to_string(line.value("step", 0)));
         Record(EventKind::kFaultInjected, line.value("node", ""), line.value("rank", -1),
-               {{"kind", line.value("kind", "")}, {"step", line.value("step", 0)}}, line.value("ts_ns", int64_t{0}));
+               {{"kind", line.value("kind", "")}, {"step", line.value("step", 0)}},
+               line.value("ts_ns", int64_t{0}));
       } else if (event == "ready" && line_attempt == attempt) {
         Record(EventKind::kCheckpointLoaded, "", -1,
-               {{"step", line.value("step", 0)}, {"source", line.value("source", "none")},
-                {"rendezvous_s", line.value("rendezvous_s", 0.0)}, {"load_s", line.value("load_s", 0.0)}},
+               {{"step", line.value("step", 0)},
+                {"source", line.value("source", "none")},
+                {"rendezvous_s", line.value("rendezvous_s", 0.0)},
+                {"load_s", line.value("load_s", 0.0)}},
                line.value("ts_ns", int64_t{0}));
       } else if (event.empty() && line.contains("step")) {
         std::printf("%s\n", launch::FormatStepLine(line, opt.steps).c_str());
@@ -380,9 +417,12 @@ struct Controller::Impl {
           if (incident_start_ns) {
             const int64_t ts = line.value("ts_ns", tracer::WallNowNs());
             Record(EventKind::kResumed, "", -1,
-                   {{"step", last_step_done}, {"since_trigger_s", static_cast<double>(ts - *incident_start_ns) / 1e9}}, ts);
+                   {{"step", last_step_done},
+                    {"since_trigger_s", static_cast<double>(ts - *incident_start_ns) / 1e9}},
+                   ts);
             Log("training resumed: step " + std::to_string(last_step_done) + " done " +
-                std::to_string(static_cast<double>(ts - *incident_start_ns) / 1e9).substr(0, 5) + " s after the trigger");
+                std::to_string(static_cast<double>(ts - *incident_start_ns) / 1e9).substr(0, 5) +
+                " s after the trigger");
             incident_start_ns.reset();
           }
         }
@@ -392,7 +432,8 @@ struct Controller::Impl {
 
   double HangThreshold() const {
     if (!attempt_stepped) return std::max(opt.startup_grace_s, opt.hang_after_s);
-    std::vector<double> recent(step_times.end() - std::min<size_t>(step_times.size(), 20), step_times.end());
+    std::vector<double> recent(step_times.end() - std::min<size_t>(step_times.size(), 20),
+                               step_times.end());
     double median = 0;
     if (!recent.empty()) {
       std::nth_element(recent.begin(), recent.begin() + recent.size() / 2, recent.end());
@@ -424,7 +465,8 @@ struct Controller::Impl {
           hb_steps[rank] = step;
         }
         for (const json& e : r.value("open_entries", json::array())) {
-          oldest_op_s = std::max(oldest_op_s, static_cast<double>(now - e.value("enqueued_at_ns", now)) / 1e9);
+          oldest_op_s = std::max(oldest_op_s,
+                                 static_cast<double>(now - e.value("enqueued_at_ns", now)) / 1e9);
         }
       }
     }
@@ -432,7 +474,8 @@ struct Controller::Impl {
     const double threshold = HangThreshold();
     if (Since(last_progress) > threshold) {
       char b[160];
-      std::snprintf(b, sizeof(b), "no rank's step advanced for %.1f s (threshold %.1f s)", Since(last_progress), threshold);
+      std::snprintf(b, sizeof(b), "no rank's step advanced for %.1f s (threshold %.1f s)",
+                    Since(last_progress), threshold);
       *why = b;
       return true;
     }
@@ -478,9 +521,10 @@ struct Controller::Impl {
         v.root_nodes = {sup.NodeOfRank(origin.rank)};
         v.detected_at_ns = tracer::WallNowNs();
         v.confidence = 1.0;
-        v.explanation = "rank " + std::to_string(origin.rank) + " (" + v.root_nodes[0] + ") " + origin.status.Describe() +
-                        "; its peers then failed their collectives";
-        v.evidence = {"exit: " + origin.status.Describe(), "log: " + layout.worker_log(origin.rank)};
+        v.explanation = "rank " + std::to_string(origin.rank) + " (" + v.root_nodes[0] + ") " +
+                        origin.status.Describe() + "; its peers then failed their collectives";
+        v.evidence = {"exit: " + origin.status.Describe(),
+                      "log: " + layout.worker_log(origin.rank)};
         verdicts.push_back(v);
         return verdicts;
       }
@@ -494,15 +538,18 @@ struct Controller::Impl {
         if (!sup.AgentUrl(n).empty()) urls.push_back(sup.AgentUrl(n));
       }
       auto in = analyzer::LoadFromAgents(urls, attempt);
-      if (in.ok()) verdicts = analyzer::AnalyzeHang(*in, ho);
-      else Log("hang analysis could not read the agents: " + in.status().ToString());
+      if (in.ok())
+        verdicts = analyzer::AnalyzeHang(*in, ho);
+      else
+        Log("hang analysis could not read the agents: " + in.status().ToString());
     }
     if (verdicts.empty() || (verdicts.size() == 1 && verdicts[0].kind == "healthy")) {
       Verdict v;
       v.kind = "hang";
       v.cause = "unknown";
       v.detected_at_ns = tracer::WallNowNs();
-      v.explanation = "the job stopped (" + t.detail + ") but no rank could be blamed from the evidence";
+      v.explanation =
+          "the job stopped (" + t.detail + ") but no rank could be blamed from the evidence";
       verdicts = {v};
     }
     return verdicts;
@@ -510,8 +557,11 @@ struct Controller::Impl {
 
   void Pause(const std::string& reason) {
     Log("PAUSED: " + reason);
-    std::fprintf(stderr, "[launch] paused: %s\n[launch] the job is stopped; nothing more is evicted without a person. "
-                         "Fix the cause and start 'megascope launch' again in the same run directory to resume from the newest state.\n",
+    std::fprintf(stderr,
+                 "[launch] paused: %s\n[launch] the job is stopped; nothing more is evicted "
+                 "without a person. "
+                 "Fix the cause and start 'megascope launch' again in the same run directory to "
+                 "resume from the newest state.\n",
                  reason.c_str());
     Record(EventKind::kPaused, "", -1, {{"reason", reason}});
   }
@@ -519,27 +569,33 @@ struct Controller::Impl {
   // Evicts `node` (stops its agent, drops its memory) and fills its slot; false: paused.
   bool Evict(const std::string& node, const std::string& reason, const json& verdict) {
     const auto now = Clock::now();
-    std::erase_if(eviction_times, [&](Clock::time_point t) { return std::chrono::duration<double>(now - t).count() > opt.eviction_window_s; });
+    std::erase_if(eviction_times, [&](Clock::time_point t) {
+      return std::chrono::duration<double>(now - t).count() > opt.eviction_window_s;
+    });
     if (static_cast<int>(eviction_times.size()) >= opt.max_evictions) {
-      Pause("evicting " + node + " would make " + std::to_string(eviction_times.size() + 1) + " evictions within " +
-            std::to_string(static_cast<int>(opt.eviction_window_s)) + " s (--max-evictions " + std::to_string(opt.max_evictions) +
+      Pause("evicting " + node + " would make " + std::to_string(eviction_times.size() + 1) +
+            " evictions within " + std::to_string(static_cast<int>(opt.eviction_window_s)) +
+            " s (--max-evictions " + std::to_string(opt.max_evictions) +
             "): more faults than a healthy fleet has; a person should look");
       return false;
     }
     eviction_times.push_back(now);
     sup.StopAgent(node, /*wait=*/false);  // it drains its last records while the spare is checked
     std::error_code ec;
-    fs::remove_all(launch::NodeMemoryDir(opt.supervisor.shm_dir, opt.supervisor.job, node), ec);  // its memory is gone with it
+    fs::remove_all(launch::NodeMemoryDir(opt.supervisor.shm_dir, opt.supervisor.job, node),
+                   ec);  // its memory is gone with it
     evicted[node] = now;
     Log("evicted " + node + " (" + reason + ")");
     Record(EventKind::kEviction, node, -1, {{"reason", reason}, {"verdict", verdict}});
     const auto slot = std::find(active.begin(), active.end(), node);
     *slot = "";
-    // Re-admission: an evicted node may stand by again after readmit_after_s, and passes a self-check like any spare.
+    // Re-admission: an evicted node may stand by again after readmit_after_s, and passes a
+    // self-check like any spare.
     if (opt.readmit_after_s > 0) {
       for (auto& [n, when] : evicted) {
         if (n != node && std::chrono::duration<double>(now - when).count() > opt.readmit_after_s &&
-            std::find(spares.begin(), spares.end(), n) == spares.end() && std::find(active.begin(), active.end(), n) == active.end()) {
+            std::find(spares.begin(), spares.end(), n) == spares.end() &&
+            std::find(active.begin(), active.end(), n) == active.end()) {
           spares.push_back(n);
         }
       }
@@ -554,18 +610,21 @@ struct Controller::Impl {
         return true;
       }
     }
-    Pause("no spare node left to replace " + node + ": add a healthy node (--spares) or fix " + node);
+    Pause("no spare node left to replace " + node + ": add a healthy node (--spares) or fix " +
+          node);
     return false;
   }
 
   // Handles one incident; false when the controller paused.
   bool Incident(Trigger t) {
-    // An attempt that failed before completing a step, three times in a row, is a loop, not bad luck.
+    // An attempt that failed before completing a step, three times in a row, is a loop, not bad
+    // luck.
     fruitless_attempts = attempt_stepped ? 0 : fruitless_attempts + 1;
     const int64_t trigger_ns = tracer::WallNowNs();
     incident_start_ns = trigger_ns;
     Log("trigger: " + t.cause + (t.detail.empty() ? "" : " (" + t.detail + ")"));
-    Record(EventKind::kTrigger, t.manual_node, -1, {{"cause", t.cause}, {"detail", t.detail}}, trigger_ns);
+    Record(EventKind::kTrigger, t.manual_node, -1, {{"cause", t.cause}, {"detail", t.detail}},
+           trigger_ns);
     std::vector<Verdict> verdicts;
     if (t.cause != "manual") verdicts = Diagnose(t);
     incident_step = last_step_done;
@@ -573,13 +632,14 @@ struct Controller::Impl {
     for (const Verdict& v : verdicts) {
       incident_ranks.insert(incident_ranks.end(), v.root_ranks.begin(), v.root_ranks.end());
       Log("verdict: " + v.cause + " " + v.explanation);
-      Record(EventKind::kVerdict, v.root_nodes.empty() ? "" : v.root_nodes[0], v.root_ranks.empty() ? -1 : v.root_ranks[0],
-             json::parse(VerdictToJson(v)));
+      Record(EventKind::kVerdict, v.root_nodes.empty() ? "" : v.root_nodes[0],
+             v.root_ranks.empty() ? -1 : v.root_ranks[0], json::parse(VerdictToJson(v)));
     }
     const auto stop0 = Clock::now();
     const std::vector<int> no_dump = sup.CollectDumps(std::chrono::seconds(3));
     sup.StopRanks();
-    Record(EventKind::kStopped, "", -1, {{"seconds", Since(stop0)}, {"ranks_without_dump", no_dump}});
+    Record(EventKind::kStopped, "", -1,
+           {{"seconds", Since(stop0)}, {"ranks_without_dump", no_dump}});
     const int64_t lost = last_step_done;
     // Policy: a dead or absent rank's node is evicted; both ends of a stalled link are
     // self-checked and the one that fails goes; anything else restarts in place.
@@ -595,9 +655,11 @@ struct Controller::Impl {
         std::set<std::string> ends(v.root_nodes.begin(), v.root_nodes.end());
         for (const std::string& n : ends) {
           const std::string partner = HealthyPartner(ends);
-          if (!SelfCheck(n, partner.empty() ? n : partner, "end of a stalled link")) to_evict.emplace_back(n, vj);
+          if (!SelfCheck(n, partner.empty() ? n : partner, "end of a stalled link"))
+            to_evict.emplace_back(n, vj);
         }
-        if (to_evict.empty()) Log("both ends of the stalled link passed their self-checks: restarting in place");
+        if (to_evict.empty())
+          Log("both ends of the stalled link passed their self-checks: restarting in place");
       } else {
         Log("verdict " + v.cause + " names no machine to evict: restarting in place");
       }
@@ -606,26 +668,33 @@ struct Controller::Impl {
     for (const auto& [node, vj] : to_evict) {
       if (node.empty() || !done.insert(node).second) continue;
       if (std::find(active.begin(), active.end(), node) == active.end()) continue;
-      if (!Evict(node, t.cause == "manual" ? "manual" : vj.value("cause", t.cause), vj)) return false;
+      if (!Evict(node, t.cause == "manual" ? "manual" : vj.value("cause", t.cause), vj))
+        return false;
     }
     if (fruitless_attempts >= 3) {
-      Pause(std::to_string(fruitless_attempts) + " attempts in a row failed before completing a step (last: " + restart_cause +
+      Pause(std::to_string(fruitless_attempts) +
+            " attempts in a row failed before completing a step (last: " + restart_cause +
             "); restarting again would loop");
       return false;
     }
     CorruptIfInjected();
     std::vector<std::string> memory;
-    for (const std::string& n : active) memory.push_back(launch::NodeMemoryDir(opt.supervisor.shm_dir, opt.supervisor.job, n));
+    for (const std::string& n : active)
+      memory.push_back(launch::NodeMemoryDir(opt.supervisor.shm_dir, opt.supervisor.job, n));
     launch::ResumePoint resume = launch::FindResumePoint(layout, memory, opt.world);
     if (!resume.log.empty()) std::printf("%s", resume.log.c_str());
     ++attempt;
     const int64_t resume_step = std::max<int64_t>(resume.step, 0);
-    Log("restart: attempt " + std::to_string(attempt) + " on " + Join(active) + ", resuming after step " +
-        std::to_string(resume_step) + " (" + resume.source + "), " + std::to_string(std::max<int64_t>(0, lost - resume_step)) +
-        " step(s) to redo");
+    Log("restart: attempt " + std::to_string(attempt) + " on " + Join(active) +
+        ", resuming after step " + std::to_string(resume_step) + " (" + resume.source + "), " +
+        std::to_string(std::max<int64_t>(0, lost - resume_step)) + " step(s) to redo");
     Record(EventKind::kRestart, "", -1,
-           {{"cause", restart_cause}, {"nodes", active}, {"resume_step", resume_step}, {"source", resume.source},
-            {"steps_lost", std::max<int64_t>(0, lost - resume_step)}, {"last_step_done", lost}});
+           {{"cause", restart_cause},
+            {"nodes", active},
+            {"resume_step", resume_step},
+            {"source", resume.source},
+            {"steps_lost", std::max<int64_t>(0, lost - resume_step)},
+            {"last_step_done", lost}});
     last_step_done = resume_step;
     if (Status st = StartAttempt(&resume); !st.ok()) {
       Pause("attempt " + std::to_string(attempt) + " could not start: " + st.ToString());
@@ -639,7 +708,8 @@ struct Controller::Impl {
       if (in.fired || in.kind != FaultKind::kCorruptCheckpoint) continue;
       in.fired = true;
       std::vector<std::string> memory;
-      for (const std::string& n : active) memory.push_back(launch::NodeMemoryDir(opt.supervisor.shm_dir, opt.supervisor.job, n));
+      for (const std::string& n : active)
+        memory.push_back(launch::NodeMemoryDir(opt.supervisor.shm_dir, opt.supervisor.job, n));
       std::vector<std::string> victims;
       const launch::ResumePoint mem = launch::FindMemorySnapshot(memory, opt.world);
       if (mem.step >= 0) {
@@ -655,9 +725,13 @@ struct Controller::Impl {
         io.seekp(40);
         io.put('\x5a');
       }
-      Log("fault fired: corrupt-checkpoint (" + std::to_string(victims.size()) + " newest shard file(s) of rank 0)");
+      Log("fault fired: corrupt-checkpoint (" + std::to_string(victims.size()) +
+          " newest shard file(s) of rank 0)");
       Record(EventKind::kFaultInjected, "", 0,
-             {{"kind", "corrupt-checkpoint"}, {"files", victims}, {"memory_step", mem.step}, {"disk_step", disk.step}});
+             {{"kind", "corrupt-checkpoint"},
+              {"files", victims},
+              {"memory_step", mem.step},
+              {"disk_step", disk.step}});
     }
   }
 
@@ -684,14 +758,18 @@ struct Controller::Impl {
       std::fprintf(stderr, "megascope launch: %s\n", st.ToString().c_str());
       return kLaunchFailed;
     }
-    Log(std::to_string(opt.world) + " ranks on " + Join(active) + (spares.empty() ? "" : "; spares " + Join({spares.begin(), spares.end()})) +
-        "; control: megascope evict NODE --run-dir " + layout.dir() + " | megascope stop --run-dir " + layout.dir());
-    Record(EventKind::kRestart, "", -1, {{"cause", "start"}, {"nodes", active}, {"resume_step", 0}, {"source", "none"}});
+    Log(std::to_string(opt.world) + " ranks on " + Join(active) +
+        (spares.empty() ? "" : "; spares " + Join({spares.begin(), spares.end()})) +
+        "; control: megascope evict NODE --run-dir " + layout.dir() +
+        " | megascope stop --run-dir " + layout.dir());
+    Record(EventKind::kRestart, "", -1,
+           {{"cause", "start"}, {"nodes", active}, {"resume_step", 0}, {"source", "none"}});
     if (Status st = StartAttempt(nullptr); !st.ok()) {
       std::fprintf(stderr, "megascope launch: %s\n", st.ToString().c_str());
       return kLaunchFailed;
     }
-    struct sigaction sa{}, old_int{}, old_term{};
+    struct sigaction sa {
+    }, old_int{}, old_term{};
     sa.sa_handler = &OnInterrupt;
     ::sigaction(SIGINT, &sa, &old_int);
     ::sigaction(SIGTERM, &sa, &old_term);
@@ -702,11 +780,15 @@ struct Controller::Impl {
     sup.StopAgents();
     if (rc == kLaunchFinished || rc == kLaunchPaused || rc == kLaunchStopped) {
       Record(EventKind::kJobFinished, "", -1,
-             {{"status", rc == kLaunchFinished ? "finished" : rc == kLaunchPaused ? "paused" : "stopped"},
-              {"steps", last_step_done}, {"wall_s", Since(launch_start)}});
+             {{"status", rc == kLaunchFinished ? "finished"
+                         : rc == kLaunchPaused ? "paused"
+                                               : "stopped"},
+              {"steps", last_step_done},
+              {"wall_s", Since(launch_start)}});
     }
     auto report = BuildReport(layout.dir());
-    if (report.ok() && tracer::WriteFileAtomic(layout.report_md(), *report).ok()) Log("report: " + layout.report_md());
+    if (report.ok() && tracer::WriteFileAtomic(layout.report_md(), *report).ok())
+      Log("report: " + layout.report_md());
     WriteTimeline();
     if (rc == kLaunchFinished) {  // the state in memory is only needed to resume
       std::error_code ec;
@@ -715,17 +797,20 @@ struct Controller::Impl {
     return rc;
   }
 
-  // timeline.html: the steps around the last incident (its root ranks highlighted), else the first ones.
+  // timeline.html: the steps around the last incident (its root ranks highlighted), else the first
+  // ones.
   void WriteTimeline() {
     analyzer::TimelineOptions o;
     o.first_step = std::max<int64_t>(0, incident_step - 3);
     o.last_step = incident_step + 3;
     o.highlight_ranks = incident_ranks;
-    o.title = "megascope launch " + layout.dir() + (incident_ranks.empty() ? "" : ", steps around the last incident");
+    o.title = "megascope launch " + layout.dir() +
+              (incident_ranks.empty() ? "" : ", steps around the last incident");
     auto db = analyzer::RunDatabase::Open(layout.dir());
     if (!db.ok()) return;
     auto j = analyzer::TimelineJson(**db, o);
-    if (j.ok() && tracer::WriteFileAtomic(layout.timeline_html(), analyzer::TimelineHtml(*j, o)).ok()) {
+    if (j.ok() &&
+        tracer::WriteFileAtomic(layout.timeline_html(), analyzer::TimelineHtml(*j, o)).ok()) {
       Log("timeline: " + layout.timeline_html());
     }
   }
@@ -754,28 +839,37 @@ struct Controller::Impl {
           Log("evict " + c.node + " ignored: not a node of the job (" + Join(active) + ")");
           continue;
         }
-        if (!Incident({"manual", "evict requested for " + c.node, {}, c.node})) return kLaunchPaused;
+        if (!Incident({"manual", "evict requested for " + c.node, {}, c.node}))
+          return kLaunchPaused;
       }
       FireControllerInjections();
       for (const launch::AgentExit& a : sup.PollAgents()) {
         if (std::find(active.begin(), active.end(), a.node) == active.end()) continue;
-        auto port = sup.StartAgent(a.node);  // its rings wait for it; cursors in trace.db say where it was
-        Log("agent of " + a.node + " " + a.status.Describe() + ": restarted" + (port.ok() ? "" : " FAILED: " + port.status().message()));
-        Record(EventKind::kAgentRestarted, a.node, -1, {{"exit", a.status.Describe()}, {"ok", port.ok()}});
+        auto port =
+            sup.StartAgent(a.node);  // its rings wait for it; cursors in trace.db say where it was
+        Log("agent of " + a.node + " " + a.status.Describe() + ": restarted" +
+            (port.ok() ? "" : " FAILED: " + port.status().message()));
+        Record(EventKind::kAgentRestarted, a.node, -1,
+               {{"exit", a.status.Describe()}, {"ok", port.ok()}});
       }
       std::vector<launch::RankExit> failures;
       for (const launch::RankExit& e : sup.PollRanks()) {
-        if (e.status.success()) ++finished_ranks;
-        else failures.push_back(e);
+        if (e.status.success())
+          ++finished_ranks;
+        else
+          failures.push_back(e);
       }
       if (!failures.empty()) {
         const launch::RankExit& f = failures[0];
-        if (!Incident({"crash", "rank " + std::to_string(f.rank) + " " + f.status.Describe(), failures, ""})) return kLaunchPaused;
+        if (!Incident({"crash", "rank " + std::to_string(f.rank) + " " + f.status.Describe(),
+                       failures, ""}))
+          return kLaunchPaused;
         continue;
       }
       if (finished_ranks == opt.world) {
         PumpProgress();
-        Log("done: " + std::to_string(last_step_done) + " steps in " + std::to_string(static_cast<int>(Since(launch_start))) + " s");
+        Log("done: " + std::to_string(last_step_done) + " steps in " +
+            std::to_string(static_cast<int>(Since(launch_start))) + " s");
         return kLaunchFinished;
       }
       std::string why;
@@ -786,11 +880,13 @@ struct Controller::Impl {
   }
 };
 
-Controller::Controller(ControllerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+Controller::Controller(ControllerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {}
 Controller::~Controller() = default;
 int Controller::Run() { return impl_->Run(); }
 
-Status SendControlCommand(const std::string& run_dir, const std::string& command, const std::string& node) {
+Status SendControlCommand(const std::string& run_dir, const std::string& command,
+                          const std::string& node) {
   launch::RunLayout layout(run_dir);
   std::ifstream tok(layout.token());
   std::string token;
@@ -800,9 +896,11 @@ Status SendControlCommand(const std::string& run_dir, const std::string& command
   }
   json where = json::parse(ReadText(layout.controller_json()), nullptr, false);
   if (where.is_discarded() || !where.contains("url")) {
-    return NotFound("no controller is listed in " + layout.controller_json() + " (is 'megascope launch' running there?)");
+    return NotFound("no controller is listed in " + layout.controller_json() +
+                    " (is 'megascope launch' running there?)");
   }
-  const std::string url = where["url"].get<std::string>() + "/" + command + (node.empty() ? "" : "?node=" + node);
+  const std::string url =
+      where["url"].get<std::string>() + "/" + command + (node.empty() ? "" : "?node=" + node);
   auto r = analyzer::HttpRequest("POST", url, {"Authorization: Bearer " + token}, 5000);
   if (!r.ok()) return r.status();
   return Status::Ok();

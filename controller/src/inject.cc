@@ -7,9 +7,13 @@ namespace megascope::controller {
 namespace {
 
 constexpr std::array<std::pair<FaultKind, std::string_view>, 7> kKinds = {{
-    {FaultKind::kCrash, "crash"}, {FaultKind::kHang, "hang"}, {FaultKind::kStallSend, "stall-send"},
-    {FaultKind::kSlow, "slow"}, {FaultKind::kKillAgent, "kill-agent"},
-    {FaultKind::kCorruptCheckpoint, "corrupt-checkpoint"}, {FaultKind::kDegrade, "degrade"},
+    {FaultKind::kCrash, "crash"},
+    {FaultKind::kHang, "hang"},
+    {FaultKind::kStallSend, "stall-send"},
+    {FaultKind::kSlow, "slow"},
+    {FaultKind::kKillAgent, "kill-agent"},
+    {FaultKind::kCorruptCheckpoint, "corrupt-checkpoint"},
+    {FaultKind::kDegrade, "degrade"},
 }};
 
 }  // namespace
@@ -22,7 +26,8 @@ std::string_view Name(FaultKind kind) {
 }
 
 bool IsWorkerFault(FaultKind k) {
-  return k == FaultKind::kCrash || k == FaultKind::kHang || k == FaultKind::kStallSend || k == FaultKind::kSlow;
+  return k == FaultKind::kCrash || k == FaultKind::kHang || k == FaultKind::kStallSend ||
+         k == FaultKind::kSlow;
 }
 
 Result<Injection> ParseInjection(const std::string& spec) {
@@ -39,11 +44,14 @@ Result<Injection> ParseInjection(const std::string& spec) {
       known = true;
     }
   }
-  if (!known) return InvalidArgument("--inject '" + spec + "': unknown kind '" + kind + "' (one of " + kinds + ")");
+  if (!known)
+    return InvalidArgument("--inject '" + spec + "': unknown kind '" + kind + "' (one of " + kinds +
+                           ")");
   std::stringstream ss(colon == std::string::npos ? "" : spec.substr(colon + 1));
   for (std::string kv; std::getline(ss, kv, ',');) {
     const auto eq = kv.find('=');
-    const std::string key = kv.substr(0, eq), value = eq == std::string::npos ? "" : kv.substr(eq + 1);
+    const std::string key = kv.substr(0, eq),
+                      value = eq == std::string::npos ? "" : kv.substr(eq + 1);
     try {
       size_t used = 0;
       if (key == "node") {
@@ -63,7 +71,8 @@ Result<Injection> ParseInjection(const std::string& spec) {
       } else if (key == "factor") {
         in.factor = std::stod(value, &used);
       } else {
-        return InvalidArgument("--inject '" + spec + "': unknown field '" + key + "' (node, rank, at, seconds, factor)");
+        return InvalidArgument("--inject '" + spec + "': unknown field '" + key +
+                               "' (node, rank, at, seconds, factor)");
       }
       if (used != value.size()) throw std::invalid_argument(value);
     } catch (const std::exception&) {
@@ -74,10 +83,12 @@ Result<Injection> ParseInjection(const std::string& spec) {
   if (IsWorkerFault(in.kind)) {
     if (!targeted) return InvalidArgument("--inject '" + spec + "' needs node=N or rank=R");
     if (in.at_step < 0) return InvalidArgument("--inject '" + spec + "' needs at=STEP");
-    if (in.kind == FaultKind::kSlow && in.seconds <= 0) return InvalidArgument("--inject '" + spec + "' needs seconds=X > 0");
+    if (in.kind == FaultKind::kSlow && in.seconds <= 0)
+      return InvalidArgument("--inject '" + spec + "' needs seconds=X > 0");
   } else if (in.kind == FaultKind::kKillAgent) {
     if (in.node.empty()) return InvalidArgument("--inject '" + spec + "' needs node=N");
-    if (in.at_step < 0 && in.at_seconds < 0) return InvalidArgument("--inject '" + spec + "' needs at=STEP or at=SECONDSs");
+    if (in.at_step < 0 && in.at_seconds < 0)
+      return InvalidArgument("--inject '" + spec + "' needs at=STEP or at=SECONDSs");
   } else if (in.kind == FaultKind::kDegrade) {
     if (in.node.empty()) return InvalidArgument("--inject '" + spec + "' needs node=N");
     if (in.factor < 1) return InvalidArgument("--inject '" + spec + "': factor must be >= 1");

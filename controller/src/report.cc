@@ -20,14 +20,16 @@ std::string Secs(double s) {
 
 Result<std::string> BuildReport(const std::string& run_dir, ReportFigures* figures) {
   launch::RunLayout layout(run_dir);
-  ASSIGN_OR_RETURN(std::unique_ptr<ControlDb> db, ControlDb::Open(layout.control_db(), /*read_only=*/true));
+  ASSIGN_OR_RETURN(std::unique_ptr<ControlDb> db,
+                   ControlDb::Open(layout.control_db(), /*read_only=*/true));
   ASSIGN_OR_RETURN(std::vector<Event> events, db->Events());
   ReportFigures f;
   // Productive time: each step counted once, from its last (kept) run.
   std::map<int64_t, double> kept;
   launch::ProgressReader progress(layout.progress());
   for (const auto& line : progress.Poll()) {
-    if (!line.contains("event") && line.contains("step")) kept[line.value("step", int64_t{0})] = line.value("step_time_s", 0.0);
+    if (!line.contains("event") && line.contains("step"))
+      kept[line.value("step", int64_t{0})] = line.value("step_time_s", 0.0);
   }
   for (const auto& [step, s] : kept) f.productive_s += s;
   const int64_t start_ns = events.empty() ? 0 : events.front().ts_ns;
@@ -54,12 +56,15 @@ Result<std::string> BuildReport(const std::string& run_dir, ReportFigures* figur
     if (e.kind_name != "trigger") continue;
     ++f.incidents;
     const int64_t t0 = e.ts_ns;
-    auto at = [&](int64_t ts) { return (ts >= t0 ? "+" : "") + Secs(static_cast<double>(ts - t0) / 1e9); };
-    body += "## Incident " + std::to_string(f.incidents) + " (attempt " + std::to_string(e.attempt) + "): " +
-            e.detail.value("cause", "") + "\n\n";
+    auto at = [&](int64_t ts) {
+      return (ts >= t0 ? "+" : "") + Secs(static_cast<double>(ts - t0) / 1e9);
+    };
+    body += "## Incident " + std::to_string(f.incidents) + " (attempt " +
+            std::to_string(e.attempt) + "): " + e.detail.value("cause", "") + "\n\n";
     body += "| stage | at (from trigger) | detail |\n| --- | --- | --- |\n";
     if (last_fault != nullptr && last_fault->ts_ns <= t0) {
-      body += "| fault injected | " + at(last_fault->ts_ns) + " | " + last_fault->detail.value("kind", "") +
+      body += "| fault injected | " + at(last_fault->ts_ns) + " | " +
+              last_fault->detail.value("kind", "") +
               (last_fault->rank >= 0 ? " on rank " + std::to_string(last_fault->rank) : "") +
               (last_fault->node.empty() ? "" : " (" + last_fault->node + ")") + " |\n";
     }
@@ -69,44 +74,56 @@ Result<std::string> BuildReport(const std::string& run_dir, ReportFigures* figur
       const Event& s = events[j];
       const std::string& k = s.kind_name;
       if (k == "verdict") {
-        body += "| verdict | " + at(s.ts_ns) + " | " + s.detail.value("cause", "") + ": " + s.detail.value("explanation", "") + " |\n";
+        body += "| verdict | " + at(s.ts_ns) + " | " + s.detail.value("cause", "") + ": " +
+                s.detail.value("explanation", "") + " |\n";
       } else if (k == "stopped") {
-        body += "| stopped | " + at(s.ts_ns) + " | survivors' dumps collected, every rank stopped in " +
+        body += "| stopped | " + at(s.ts_ns) +
+                " | survivors' dumps collected, every rank stopped in " +
                 Secs(s.detail.value("seconds", 0.0)) + " |\n";
       } else if (k == "eviction") {
-        body += "| eviction | " + at(s.ts_ns) + " | **" + s.node + "** evicted: " + s.detail.value("reason", "") + " |\n";
+        body += "| eviction | " + at(s.ts_ns) + " | **" + s.node +
+                "** evicted: " + s.detail.value("reason", "") + " |\n";
       } else if (k == "self_check") {
         char b[200];
-        std::snprintf(b, sizeof(b), "%s %s (%s): GEMM %.2f GFLOP/s, all-reduce %.3f GB/s", s.node.c_str(),
-                      s.detail.value("passed", false) ? "passed" : "FAILED", s.detail.value("why", "").c_str(),
-                      s.detail.value("gemm_gflops", 0.0), s.detail.value("allreduce_gbps", 0.0));
+        std::snprintf(b, sizeof(b), "%s %s (%s): GEMM %.2f GFLOP/s, all-reduce %.3f GB/s",
+                      s.node.c_str(), s.detail.value("passed", false) ? "passed" : "FAILED",
+                      s.detail.value("why", "").c_str(), s.detail.value("gemm_gflops", 0.0),
+                      s.detail.value("allreduce_gbps", 0.0));
         body += "| self-check | " + at(s.ts_ns) + " | " + b + " |\n";
       } else if (k == "restart") {
         std::string nodes;
-        for (const auto& n : s.detail.value("nodes", nlohmann::json::array())) nodes += (nodes.empty() ? "" : ", ") + n.get<std::string>();
-        body += "| restart | " + at(s.ts_ns) + " | attempt " + std::to_string(s.attempt) + " on " + nodes + ", from " +
-                s.detail.value("source", "") + " after step " + std::to_string(s.detail.value("resume_step", 0)) + "; **" +
+        for (const auto& n : s.detail.value("nodes", nlohmann::json::array()))
+          nodes += (nodes.empty() ? "" : ", ") + n.get<std::string>();
+        body += "| restart | " + at(s.ts_ns) + " | attempt " + std::to_string(s.attempt) + " on " +
+                nodes + ", from " + s.detail.value("source", "") + " after step " +
+                std::to_string(s.detail.value("resume_step", 0)) + "; **" +
                 std::to_string(s.detail.value("steps_lost", 0)) + " step(s) lost** |\n";
       } else if (k == "checkpoint_loaded") {
-        body += "| state loaded | " + at(s.ts_ns) + " | rendezvous " + Secs(s.detail.value("rendezvous_s", 0.0)) + ", load " +
+        body += "| state loaded | " + at(s.ts_ns) + " | rendezvous " +
+                Secs(s.detail.value("rendezvous_s", 0.0)) + ", load " +
                 Secs(s.detail.value("load_s", 0.0)) + " (" + s.detail.value("source", "") + ") |\n";
       } else if (k == "resumed") {
-        body += "| resumed (first step done) | " + at(s.ts_ns) + " | step " + std::to_string(s.detail.value("step", 0)) + " |\n";
+        body += "| resumed (first step done) | " + at(s.ts_ns) + " | step " +
+                std::to_string(s.detail.value("step", 0)) + " |\n";
       } else if (k == "paused") {
         body += "| **paused** | " + at(s.ts_ns) + " | " + s.detail.value("reason", "") + " |\n";
       } else if (k == "agent_restarted") {
-        body += "| agent restarted | " + at(s.ts_ns) + " | " + s.node + " (" + s.detail.value("exit", "") + ") |\n";
+        body += "| agent restarted | " + at(s.ts_ns) + " | " + s.node + " (" +
+                s.detail.value("exit", "") + ") |\n";
       }
     }
     body += "\n";
   }
   // Agent restarts outside incidents.
   for (const Event& e : events) {
-    if (e.kind_name == "agent_restarted") body += "- agent of " + e.node + " restarted (" + e.detail.value("exit", "") + "), no eviction\n";
+    if (e.kind_name == "agent_restarted")
+      body +=
+          "- agent of " + e.node + " restarted (" + e.detail.value("exit", "") + "), no eviction\n";
   }
   char summary[512];
   std::snprintf(summary, sizeof(summary),
-                "Status: **%s**. %d incident(s), %d eviction(s). Wall time %.1f s, productive step time %.1f s: "
+                "Status: **%s**. %d incident(s), %d eviction(s). Wall time %.1f s, productive step "
+                "time %.1f s: "
                 "**ETTR %.3f**.\n\n",
                 status.c_str(), f.incidents, f.evictions, f.wall_s, f.productive_s, f.ettr);
   out += summary + body;

@@ -26,13 +26,15 @@ void OnInterrupt(int) { g_interrupted = 1; }
 Status PrepareRunDirectory(const TrainConfig& cfg) {
   if (std::string err = cfg.Validate(); !err.empty()) return InvalidArgument(err);
   if (!fs::exists(cfg.data)) {
-    return InvalidArgument("data file " + cfg.data + " does not exist (make one with 'megascope prepare-data')");
+    return InvalidArgument("data file " + cfg.data +
+                           " does not exist (make one with 'megascope prepare-data')");
   }
   std::error_code ec;
   fs::create_directories(cfg.run_dir + "/ranks", ec);
   const std::string probe = cfg.run_dir + "/.write-test";
   if (ec || !std::ofstream(probe)) {
-    return InvalidArgument("run directory " + cfg.run_dir + " is not writable" + (ec ? ": " + ec.message() : ""));
+    return InvalidArgument("run directory " + cfg.run_dir + " is not writable" +
+                           (ec ? ": " + ec.message() : ""));
   }
   fs::remove(probe);
   fs::remove(launch::RunLayout(cfg.run_dir).progress(), ec);
@@ -67,9 +69,10 @@ int RunTraining(const TrainConfig& cfg, const std::string& self_exe) {
     return 1;
   }
   const int world = cfg.layout.world();
-  std::printf("[train] %d ranks (dp=%d tp=%d pp=%d) on %d simulated nodes, %lld steps; run dir %s\n", world,
-              cfg.layout.dp, cfg.layout.tp, cfg.layout.pp, cfg.nodes, static_cast<long long>(cfg.steps),
-              fs::absolute(cfg.run_dir).string().c_str());
+  std::printf(
+      "[train] %d ranks (dp=%d tp=%d pp=%d) on %d simulated nodes, %lld steps; run dir %s\n", world,
+      cfg.layout.dp, cfg.layout.tp, cfg.layout.pp, cfg.nodes, static_cast<long long>(cfg.steps),
+      fs::absolute(cfg.run_dir).string().c_str());
   for (const auto& [node, port] : run.agent_ports) {
     std::printf("[train] agent %s: http://127.0.0.1:%d/metrics\n", node.c_str(), port);
   }
@@ -79,14 +82,16 @@ int RunTraining(const TrainConfig& cfg, const std::string& self_exe) {
     return 1;
   }
 
-  struct sigaction sa{}, old_int{}, old_term{};
+  struct sigaction sa {
+  }, old_int{}, old_term{};
   sa.sa_handler = &OnInterrupt;
   ::sigaction(SIGINT, &sa, &old_int);
   ::sigaction(SIGTERM, &sa, &old_term);
   launch::ProgressReader progress(sup.layout().progress());
   auto pump = [&] {
     for (const auto& line : progress.Poll()) {
-      if (line.contains("step") && !line.contains("event")) std::printf("%s\n", launch::FormatStepLine(line, cfg.steps).c_str());
+      if (line.contains("step") && !line.contains("event"))
+        std::printf("%s\n", launch::FormatStepLine(line, cfg.steps).c_str());
     }
     std::fflush(stdout);
   };
@@ -95,8 +100,10 @@ int RunTraining(const TrainConfig& cfg, const std::string& self_exe) {
   std::vector<launch::RankExit> failures;
   while (finished < world && failures.empty() && !g_interrupted) {
     for (const launch::RankExit& e : sup.PollRanks()) {
-      if (e.status.success()) ++finished;
-      else failures.push_back(e);
+      if (e.status.success())
+        ++finished;
+      else
+        failures.push_back(e);
     }
     pump();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -119,12 +126,16 @@ int RunTraining(const TrainConfig& cfg, const std::string& self_exe) {
   }
   if (failure) {
     const int r = failure->rank;
-    std::fprintf(stderr, "[train] rank %d (%s) %s; every other worker was stopped.\n[train] last lines of %s:\n%s", r,
-                 cfg.NodeOf(r).c_str(), failure->status.Describe().c_str(), sup.layout().worker_log(r).c_str(),
-                 launch::FileTail(sup.layout().worker_log(r), 12).c_str());
+    std::fprintf(
+        stderr,
+        "[train] rank %d (%s) %s; every other worker was stopped.\n[train] last lines of %s:\n%s",
+        r, cfg.NodeOf(r).c_str(), failure->status.Describe().c_str(),
+        sup.layout().worker_log(r).c_str(),
+        launch::FileTail(sup.layout().worker_log(r), 12).c_str());
     return 1;
   }
-  std::printf("[train] done: %lld steps; logs in %s/ranks/\n", static_cast<long long>(cfg.steps), cfg.run_dir.c_str());
+  std::printf("[train] done: %lld steps; logs in %s/ranks/\n", static_cast<long long>(cfg.steps),
+              cfg.run_dir.c_str());
   return 0;
 }
 

@@ -32,12 +32,15 @@ void Burn(double seconds) {
   }
 }
 
-double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 }  // namespace
 
 Result<SelfCheckResult> RunSelfCheck(const SelfCheckOptions& o) {
-  if (o.rank < 0 || o.rank >= o.world) return InvalidArgument("self-check rank must be in [0, world)");
+  if (o.rank < 0 || o.rank >= o.world)
+    return InvalidArgument("self-check rank must be in [0, world)");
   kernels::SetBlasThreads(1);
   const double slow = InjectedSlowdown();
   SelfCheckResult out;
@@ -81,7 +84,8 @@ Result<SelfCheckResult> RunSelfCheck(const SelfCheckOptions& o) {
   const int world_group = (*comm)->Find("world");
   Status st = (*comm)->AllReduce(world_group, buf.data(), buf.size(), ReduceOp::kSum);  // warm-up
   const auto r0 = Clock::now();
-  for (int i = 0; i < o.allreduce_iters && st.ok(); ++i) st = (*comm)->AllReduce(world_group, buf.data(), buf.size(), ReduceOp::kSum);
+  for (int i = 0; i < o.allreduce_iters && st.ok(); ++i)
+    st = (*comm)->AllReduce(world_group, buf.data(), buf.size(), ReduceOp::kSum);
   double ar_s = Seconds(r0, Clock::now());
   if (slow > 1 && st.ok()) {
     Burn(ar_s * (slow - 1));

@@ -1,7 +1,6 @@
 // Unit tests: fault-injection specs and control.db.
-#include <sys/stat.h>
-
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include "megascope/controller/control_db.h"
 #include "megascope/controller/inject.h"
@@ -29,11 +28,13 @@ TEST(InjectTest, ParsesEveryKindWithItsTarget) {
 }
 
 TEST(InjectTest, RefusesWhatCannotBeCarriedOut) {
-  for (const char* bad : {"boom:node=n", "crash:at=3", "crash:node=n", "slow:rank=1,at=2", "kill-agent:at=4",
-                          "crash:node=n,at=x", "crash:node=n,at=3,color=red", "degrade:node=n,factor=0.5", "crash:rank=1x,at=3"}) {
+  for (const char* bad : {"boom:node=n", "crash:at=3", "crash:node=n", "slow:rank=1,at=2",
+                          "kill-agent:at=4", "crash:node=n,at=x", "crash:node=n,at=3,color=red",
+                          "degrade:node=n,factor=0.5", "crash:rank=1x,at=3"}) {
     EXPECT_FALSE(ParseInjection(bad).ok()) << bad;
   }
-  EXPECT_NE(ParseInjection("boom").status().message().find("one of crash, hang"), std::string::npos);
+  EXPECT_NE(ParseInjection("boom").status().message().find("one of crash, hang"),
+            std::string::npos);
 }
 
 TEST(ControlDbTest, RecordsEventsInOrderAndIsPrivate) {
@@ -42,11 +43,15 @@ TEST(ControlDbTest, RecordsEventsInOrderAndIsPrivate) {
   {
     auto db = ControlDb::Open(path);
     ASSERT_TRUE(db.ok()) << db.status().ToString();
-    ASSERT_TRUE((*db)->Record({200, 1, EventKind::kEviction, "", "node2", -1, {{"reason", "rank_dead"}}}).ok());
+    ASSERT_TRUE(
+        (*db)
+            ->Record({200, 1, EventKind::kEviction, "", "node2", -1, {{"reason", "rank_dead"}}})
+            .ok());
     ASSERT_TRUE((*db)->Record({100, 0, EventKind::kTrigger, "", "", 3, {{"cause", "crash"}}}).ok());
-    ASSERT_TRUE((*db)->Record({300, 1, EventKind::kRestart, "", "", -1, {{"cause", "rank_dead"}}}).ok());
+    ASSERT_TRUE(
+        (*db)->Record({300, 1, EventKind::kRestart, "", "", -1, {{"cause", "rank_dead"}}}).ok());
   }
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   auto db = ControlDb::Open(path, true);
@@ -66,10 +71,11 @@ TEST(ControlDbTest, RecordsEventsInOrderAndIsPrivate) {
 }
 
 TEST(ControlDbTest, EventKindsRoundTripTheirSpellings) {
-  for (EventKind k : {EventKind::kFaultInjected, EventKind::kTrigger, EventKind::kVerdict, EventKind::kStopped,
-                      EventKind::kEviction, EventKind::kSelfCheck, EventKind::kRestart, EventKind::kCheckpointSaved,
-                      EventKind::kCheckpointLoaded, EventKind::kResumed, EventKind::kAgentRestarted, EventKind::kPaused,
-                      EventKind::kJobFinished}) {
+  for (EventKind k :
+       {EventKind::kFaultInjected, EventKind::kTrigger, EventKind::kVerdict, EventKind::kStopped,
+        EventKind::kEviction, EventKind::kSelfCheck, EventKind::kRestart,
+        EventKind::kCheckpointSaved, EventKind::kCheckpointLoaded, EventKind::kResumed,
+        EventKind::kAgentRestarted, EventKind::kPaused, EventKind::kJobFinished}) {
     EXPECT_EQ(ParseEventKind(Name(k)), k) << Name(k);
   }
   EXPECT_EQ(Name(EventKind::kFaultInjected), "fault_injected");

@@ -1,6 +1,7 @@
 // End to end: `megascope launch` over real processes (agents, ranks, Gloo over TCP), each fault
 // injected into the real processes. After every recovery the losses continue those of an
 // uninterrupted run and no trace row is written twice.
+#include <gtest/gtest.h>
 #include <sqlite3.h>
 
 #include <chrono>
@@ -10,8 +11,6 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "megascope/controller/control_db.h"
 #include "megascope/launch/process.h"
@@ -27,29 +26,39 @@ using megascope::testing::RunCommand;
 using megascope::testing::TempDir;
 
 constexpr int kSteps = 12;
-const char* kModel = " --layers 2 --width 64 --heads 4 --seq 32 --batch 4 --microbatches 2 --hang-after 2 --tick 0.1";
+const char* kModel =
+    " --layers 2 --width 64 --heads 4 --seq 32 --batch 4 --microbatches 2 --hang-after 2 --tick "
+    "0.1";
 
 class LaunchTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir();
     data_ = dir_->path() + "/notes.bin";
-    ASSERT_TRUE(runtime::PrepareByteTokens(MEGASCOPE_TEST_DATA "/text/notes_on_training.txt", data_).ok());
+    ASSERT_TRUE(
+        runtime::PrepareByteTokens(MEGASCOPE_TEST_DATA "/text/notes_on_training.txt", data_).ok());
   }
   static void TearDownTestSuite() { delete dir_; }
 
   // Short: job names are stored in fixed-size ring headers.
   std::string Job() const {
-    return "l" + std::to_string(::getpid()) + "_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-           std::to_string(std::hash<std::string>()(::testing::UnitTest::GetInstance()->current_test_info()->name()) % 100000);
+    return "l" + std::to_string(::getpid()) + "_" +
+           std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+           std::to_string(std::hash<std::string>()(
+                              ::testing::UnitTest::GetInstance()->current_test_info()->name()) %
+                          100000);
   }
-  std::string Run() const { return dir_->path() + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name(); }
+  std::string Run() const {
+    return dir_->path() + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  }
 
-  std::string LaunchCmd(const std::string& layout, const std::string& extra, int steps = kSteps) const {
-    return std::string(MEGASCOPE_BIN) + " launch " + layout + " --data " + data_ + " --run-dir " + Run() + " --job " + Job() +
-           " --steps " + std::to_string(steps) + kModel + " " + extra;
+  std::string LaunchCmd(const std::string& layout, const std::string& extra,
+                        int steps = kSteps) const {
+    return std::string(MEGASCOPE_BIN) + " launch " + layout + " --data " + data_ + " --run-dir " +
+           Run() + " --job " + Job() + " --steps " + std::to_string(steps) + kModel + " " + extra;
   }
-  CommandResult Launch(const std::string& layout, const std::string& extra, int steps = kSteps) const {
+  CommandResult Launch(const std::string& layout, const std::string& extra,
+                       int steps = kSteps) const {
     CommandResult r = RunCommand(LaunchCmd(layout, extra, steps));
     std::ifstream report(Run() + "/report.md");
     std::cout << report.rdbuf() << "\n";  // the stage times of every incident, in the test log
@@ -62,9 +71,11 @@ class LaunchTest : public ::testing::Test {
     auto it = cache.find(layout);
     if (it != cache.end()) return it->second;
     const std::string run = dir_->path() + "/reference" + std::to_string(cache.size());
-    CommandResult r = RunCommand(std::string(MEGASCOPE_BIN) + " train " + layout + " --data " + data_ + " --run-dir " + run +
-                                 " --job ref" + std::to_string(::getpid()) + std::to_string(cache.size()) + " --steps " +
-                                 std::to_string(kSteps) + " --layers 2 --width 64 --heads 4 --seq 32 --batch 4 --microbatches 2");
+    CommandResult r =
+        RunCommand(std::string(MEGASCOPE_BIN) + " train " + layout + " --data " + data_ +
+                   " --run-dir " + run + " --job ref" + std::to_string(::getpid()) +
+                   std::to_string(cache.size()) + " --steps " + std::to_string(kSteps) +
+                   " --layers 2 --width 64 --heads 4 --seq 32 --batch 4 --microbatches 2");
     EXPECT_EQ(r.code, 0) << r.out;
     return cache[layout] = Losses(run);
   }
@@ -82,7 +93,8 @@ class LaunchTest : public ::testing::Test {
     const auto& want = Reference(layout);
     const auto got = Losses(Run());
     ASSERT_EQ(got.size(), want.size());
-    for (const auto& [step, loss] : want) EXPECT_NEAR(got.at(step), loss, 1e-5 * std::fabs(loss)) << "step " << step;
+    for (const auto& [step, loss] : want)
+      EXPECT_NEAR(got.at(step), loss, 1e-5 * std::fabs(loss)) << "step " << step;
   }
   std::vector<Event> Events() const {
     auto db = ControlDb::Open(Run() + "/control.db", true);
@@ -100,19 +112,24 @@ class LaunchTest : public ::testing::Test {
   // Every span row is in a trace.db once: no (rank, attempt, step, microbatch, kind, name) twice.
   void ExpectNoDuplicateRows() const {
     for (const auto& node : fs::directory_iterator(Run() + "/nodes")) {
-      EXPECT_EQ(fs::status(node.path() / "trace.db").permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write)
+      EXPECT_EQ(fs::status(node.path() / "trace.db").permissions() & fs::perms::all,
+                fs::perms::owner_read | fs::perms::owner_write)
           << "trace databases are private to the run's owner";
       sqlite3* db = nullptr;
-      ASSERT_EQ(sqlite3_open_v2((node.path() / "trace.db").c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+      ASSERT_EQ(
+          sqlite3_open_v2((node.path() / "trace.db").c_str(), &db, SQLITE_OPEN_READONLY, nullptr),
+          SQLITE_OK);
       sqlite3_stmt* st = nullptr;
       ASSERT_EQ(sqlite3_prepare_v2(db,
-                                   "SELECT COUNT(*), (SELECT COUNT(*) FROM (SELECT DISTINCT rank, attempt, step, microbatch, kind, "
+                                   "SELECT COUNT(*), (SELECT COUNT(*) FROM (SELECT DISTINCT rank, "
+                                   "attempt, step, microbatch, kind, "
                                    "name, start_ns FROM spans)) FROM spans",
                                    -1, &st, nullptr),
                 SQLITE_OK);
       ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
       EXPECT_GT(sqlite3_column_int64(st, 0), 0) << node.path();
-      EXPECT_EQ(sqlite3_column_int64(st, 0), sqlite3_column_int64(st, 1)) << node.path() << ": duplicated span rows";
+      EXPECT_EQ(sqlite3_column_int64(st, 0), sqlite3_column_int64(st, 1))
+          << node.path() << ": duplicated span rows";
       sqlite3_finalize(st);
       sqlite3_close(db);
     }
@@ -170,7 +187,8 @@ TEST_F(LaunchTest, AStalledSendSelfChecksBothEndsAndRestartsInPlaceWhenBothPass)
   EXPECT_EQ(Of(ev, "verdict")[0].detail["cause"], "link_stall");
   EXPECT_EQ(Of(ev, "verdict")[0].detail["root_ranks"], nlohmann::json::array({0, 1}));
   int checked_ends = 0;
-  for (const Event& e : Of(ev, "self_check")) checked_ends += e.detail["why"] == "end of a stalled link" ? 1 : 0;
+  for (const Event& e : Of(ev, "self_check"))
+    checked_ends += e.detail["why"] == "end of a stalled link" ? 1 : 0;
   EXPECT_EQ(checked_ends, 2);
   EXPECT_TRUE(Of(ev, "eviction").empty());
   EXPECT_EQ(Of(ev, "restart").back().detail["nodes"], nlohmann::json::array({"node0", "node1"}));
@@ -189,9 +207,16 @@ TEST_F(LaunchTest, ADeadAgentIsRestartedWithoutEvictionAndNoRowIsLostOrDuplicate
   ExpectNoDuplicateRows();
   // Nothing lost: every step of rank 0 has its forward spans in node0's trace.db.
   sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open_v2((Run() + "/nodes/node0/trace.db").c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_open_v2((Run() + "/nodes/node0/trace.db").c_str(), &db, SQLITE_OPEN_READONLY,
+                            nullptr),
+            SQLITE_OK);
   sqlite3_stmt* st = nullptr;
-  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT COUNT(DISTINCT step), (SELECT COALESCE(SUM(dropped_records), 0) FROM drops) FROM spans WHERE rank = 0 AND kind = 'forward'", -1, &st, nullptr), SQLITE_OK);
+  ASSERT_EQ(
+      sqlite3_prepare_v2(db,
+                         "SELECT COUNT(DISTINCT step), (SELECT COALESCE(SUM(dropped_records), 0) "
+                         "FROM drops) FROM spans WHERE rank = 0 AND kind = 'forward'",
+                         -1, &st, nullptr),
+      SQLITE_OK);
   ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
   if (sqlite3_column_int64(st, 1) == 0) EXPECT_EQ(sqlite3_column_int64(st, 0), kSteps);
   sqlite3_finalize(st);
@@ -200,7 +225,8 @@ TEST_F(LaunchTest, ADeadAgentIsRestartedWithoutEvictionAndNoRowIsLostOrDuplicate
 }
 
 TEST_F(LaunchTest, ACorruptNewestStateIsSkippedForThePreviousOne) {
-  CommandResult r = Launch(std::string(kDp2) + " --spares 1", "--inject crash:node=node1,at=6 --inject corrupt-checkpoint");
+  CommandResult r = Launch(std::string(kDp2) + " --spares 1",
+                           "--inject crash:node=node1,at=6 --inject corrupt-checkpoint");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("corrupt (checksum mismatch)"), std::string::npos) << r.out;
   const auto ev = Events();
@@ -212,13 +238,15 @@ TEST_F(LaunchTest, ACorruptNewestStateIsSkippedForThePreviousOne) {
   }
   ASSERT_GT(corrupted, 1);
   EXPECT_EQ(restarts[1].detail["resume_step"].get<int64_t>(), corrupted - 1)
-      << "the newest complete state (step " << corrupted << ") was corrupted: the one before it is used";
+      << "the newest complete state (step " << corrupted
+      << ") was corrupted: the one before it is used";
   ExpectLossesContinue(kDp2);
   ExpectNoDuplicateRows();
 }
 
 TEST_F(LaunchTest, ASpareThatFailsItsSelfCheckIsSkippedForTheNextOne) {
-  CommandResult r = Launch(std::string(kDp2) + " --spares 2", "--inject degrade:node=node2,factor=4 --inject crash:node=node1,at=5");
+  CommandResult r = Launch(std::string(kDp2) + " --spares 2",
+                           "--inject degrade:node=node2,factor=4 --inject crash:node=node1,at=5");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto ev = Events();
   std::map<std::string, bool> passed;
@@ -244,27 +272,32 @@ TEST_F(LaunchTest, NoSpareLeftPausesWithAClearMessageInsteadOfLooping) {
 
 TEST_F(LaunchTest, TwoFaultsInARowEvictTwiceThenTheSafetyValvePauses) {
   CommandResult r = Launch(std::string(kDp2) + " --spares 3 --max-evictions 2",
-                           "--inject crash:node=node1,at=3 --inject crash:node=node0,at=6 --inject crash:node=node2,at=9");
+                           "--inject crash:node=node1,at=3 --inject crash:node=node0,at=6 --inject "
+                           "crash:node=node2,at=9");
   EXPECT_EQ(r.code, 3) << r.out;
   const auto ev = Events();
   EXPECT_EQ(Of(ev, "eviction").size(), 2u);
   ASSERT_EQ(Of(ev, "paused").size(), 1u);
-  EXPECT_NE(Of(ev, "paused")[0].detail["reason"].get<std::string>().find("--max-evictions 2"), std::string::npos);
+  EXPECT_NE(Of(ev, "paused")[0].detail["reason"].get<std::string>().find("--max-evictions 2"),
+            std::string::npos);
   EXPECT_EQ(Of(ev, "trigger").size(), 3u);
 }
 
 TEST_F(LaunchTest, ManualEvictAndStopNeedTheRunsToken) {
-  auto launch = launch::Process::Spawn({{"/bin/sh", "-c", "exec " + LaunchCmd(std::string(kDp2) + " --spares 1", "", 400)},
-                                        dir_->path() + "/manual.log"});
+  auto launch = launch::Process::Spawn(
+      {{"/bin/sh", "-c", "exec " + LaunchCmd(std::string(kDp2) + " --spares 1", "", 400)},
+       dir_->path() + "/manual.log"});
   ASSERT_TRUE(launch.ok());
   const std::string progress = Run() + "/progress.jsonl";
   auto steps_done = [&] { return Losses(Run()).size(); };
-  for (int i = 0; i < 600 && steps_done() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (int i = 0; i < 600 && steps_done() < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   ASSERT_GE(steps_done(), 3u);
   // Without the token (another directory holding only controller.json) nothing happens.
   const std::string other = dir_->path() + "/no-token";
   fs::create_directories(other);
-  fs::copy_file(Run() + "/controller.json", other + "/controller.json", fs::copy_options::overwrite_existing);
+  fs::copy_file(Run() + "/controller.json", other + "/controller.json",
+                fs::copy_options::overwrite_existing);
   CommandResult denied = RunCommand(std::string(MEGASCOPE_BIN) + " evict node1 --run-dir " + other);
   EXPECT_EQ(denied.code, 1);
   EXPECT_NE(denied.out.find("token"), std::string::npos) << denied.out;
@@ -272,7 +305,8 @@ TEST_F(LaunchTest, ManualEvictAndStopNeedTheRunsToken) {
   CommandResult wrong = RunCommand(std::string(MEGASCOPE_BIN) + " evict node1 --run-dir " + other);
   EXPECT_EQ(wrong.code, 1);
   EXPECT_NE(wrong.out.find("403"), std::string::npos) << wrong.out;
-  EXPECT_EQ(fs::status(Run() + "/control.token").permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
+  EXPECT_EQ(fs::status(Run() + "/control.token").permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write);
   // With it: evict, then stop.
   CommandResult evict = RunCommand(std::string(MEGASCOPE_BIN) + " evict node1 --run-dir " + Run());
   ASSERT_EQ(evict.code, 0) << evict.out;

@@ -1,12 +1,11 @@
 // The process layer: Process (exit status, stop with a grace, no zombies, log), the state files
 // and the resume point.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 
 #include <filesystem>
 #include <fstream>
-
-#include <gtest/gtest.h>
 
 #include "megascope/launch/process.h"
 #include "megascope/launch/state_files.h"
@@ -40,7 +39,8 @@ TEST(ProcessTest, ReportsExitCodesSignalsAndLogs) {
 TEST(ProcessTest, StopEscalatesToSigkillAfterTheGraceAndReaps) {
   // A child that ignores SIGTERM, and a grandchild in its group.
   TempDir dir;
-  auto p = Process::Spawn({{"/bin/sh", "-c", "trap '' TERM; sleep 1000 & echo $!; wait"}, dir.path() + "/log"});
+  auto p = Process::Spawn(
+      {{"/bin/sh", "-c", "trap '' TERM; sleep 1000 & echo $!; wait"}, dir.path() + "/log"});
   ASSERT_TRUE(p.ok());
   const pid_t pid = (*p)->pid();
   EXPECT_FALSE((*p)->WaitFor(std::chrono::milliseconds(50)).has_value());
@@ -69,7 +69,8 @@ TEST(ProcessTest, DestructorStopsARunningChild) {
 std::string WriteMemoryShard(const std::string& dir, int rank, int64_t step, float value) {
   std::vector<float> a(4, value);
   const std::string path = dir + "/" + MemoryShardName(rank, step);
-  EXPECT_TRUE(WriteShard(path, EncodeShard(step, rank, 4, {a.data(), a.data(), a.data()}), false).ok());
+  EXPECT_TRUE(
+      WriteShard(path, EncodeShard(step, rank, 4, {a.data(), a.data(), a.data()}), false).ok());
   return path;
 }
 
@@ -90,8 +91,10 @@ TEST(StateFilesTest, ResumesFromTheNewestStepEveryRankHasOnALiveNode) {
   std::vector<float> x(4), y(4), z(4);
   ASSERT_TRUE(DecodeShard(*bytes, p.files[1], 4, 1, 4, {x.data(), y.data(), z.data()}).ok());
   EXPECT_EQ(x[0], 2);
-  EXPECT_FALSE(DecodeShard(*bytes, p.files[1], 5, 1, 4, {x.data(), y.data(), z.data()}).ok());  // wrong step
-  EXPECT_FALSE(DecodeShard(*bytes, p.files[1], 4, 1, 5, {x.data(), y.data(), z.data()}).ok());  // wrong model
+  EXPECT_FALSE(
+      DecodeShard(*bytes, p.files[1], 5, 1, 4, {x.data(), y.data(), z.data()}).ok());  // wrong step
+  EXPECT_FALSE(DecodeShard(*bytes, p.files[1], 4, 1, 5, {x.data(), y.data(), z.data()})
+                   .ok());  // wrong model
 }
 
 TEST(StateFilesTest, ACorruptShardFallsBackToAnotherCopyOrAnOlderStep) {

@@ -22,7 +22,8 @@ constexpr auto kPollStep = std::chrono::milliseconds(5);
 
 Result<int> OpenLog(const std::string& path, bool append) {
   if (path.empty()) return -1;
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
+  const int fd =
+      ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
   if (fd < 0) return ErrnoError("cannot open log " + path, errno);
   return fd;
 }
@@ -71,13 +72,15 @@ int ExitStatus::code() const { return WIFEXITED(raw) ? WEXITSTATUS(raw) : -1; }
 bool ExitStatus::signaled() const { return WIFSIGNALED(raw); }
 int ExitStatus::signal() const { return WIFSIGNALED(raw) ? WTERMSIG(raw) : 0; }
 std::string ExitStatus::Describe() const {
-  if (signaled()) return "was killed by signal " + std::to_string(signal()) + " (" + ::strsignal(signal()) + ")";
+  if (signaled())
+    return "was killed by signal " + std::to_string(signal()) + " (" + ::strsignal(signal()) + ")";
   return "exited with code " + std::to_string(code());
 }
 
 Result<std::unique_ptr<Process>> Process::Spawn(const ProcessSpec& spec) {
   if (spec.argv.empty()) return InvalidArgument("Process::Spawn: empty argv");
-  if (::access(spec.argv[0].c_str(), X_OK) != 0) return ErrnoError("cannot run " + spec.argv[0], errno);
+  if (::access(spec.argv[0].c_str(), X_OK) != 0)
+    return ErrnoError("cannot run " + spec.argv[0], errno);
   ASSIGN_OR_RETURN(int fd, OpenLog(spec.log_path, spec.append_log));
   // Everything exec needs is built before fork: the child only calls async-signal-safe functions.
   std::vector<std::string> env_strings;
@@ -94,14 +97,15 @@ Result<std::unique_ptr<Process>> Process::Spawn(const ProcessSpec& spec) {
   for (const std::string& e : env_strings) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
   ASSIGN_OR_RETURN(pid_t pid, ForkChild(fd, [&] {
-    ::execve(argv[0], argv.data(), envp.data());
-    static const char kMsg[] = "megascope: exec failed\n";
-    (void)!::write(2, kMsg, sizeof(kMsg) - 1);
-  }));
+                     ::execve(argv[0], argv.data(), envp.data());
+                     static const char kMsg[] = "megascope: exec failed\n";
+                     (void)!::write(2, kMsg, sizeof(kMsg) - 1);
+                   }));
   return std::unique_ptr<Process>(new Process(pid, spec.log_path));
 }
 
-Result<std::unique_ptr<Process>> Process::Fork(const std::function<int()>& body, const std::string& log_path) {
+Result<std::unique_ptr<Process>> Process::Fork(const std::function<int()>& body,
+                                               const std::string& log_path) {
   ASSIGN_OR_RETURN(int fd, OpenLog(log_path, false));
   ASSIGN_OR_RETURN(pid_t pid, ForkChild(fd, [&] { ::_exit(body()); }));
   return std::unique_ptr<Process>(new Process(pid, log_path));
@@ -137,8 +141,10 @@ ExitStatus Process::Wait() {
   while (!exit_) {
     int status = 0;
     const pid_t r = ::waitpid(pid_, &status, 0);
-    if (r == pid_) exit_ = ExitStatus{status};
-    else if (r < 0 && errno != EINTR) exit_ = ExitStatus{0};
+    if (r == pid_)
+      exit_ = ExitStatus{status};
+    else if (r < 0 && errno != EINTR)
+      exit_ = ExitStatus{0};
   }
   ::kill(-pid_, SIGKILL);
   return *exit_;

@@ -37,9 +37,11 @@ void AppendProgress(const std::string& path, const nlohmann::json& line) {
 
 std::string FormatStepLine(const nlohmann::json& j, long long steps) {
   char buf[256];
-  std::snprintf(buf, sizeof(buf), "step %4lld/%lld | loss %.4f | %8.0f tokens/s | step %.3f s | lr %.2e | grad norm %.3f",
-                j.value("step", 0LL), steps, j.value("loss", 0.0), j.value("tokens_per_s", 0.0), j.value("step_time_s", 0.0),
-                j.value("lr", 0.0), j.value("grad_norm", 0.0));
+  std::snprintf(
+      buf, sizeof(buf),
+      "step %4lld/%lld | loss %.4f | %8.0f tokens/s | step %.3f s | lr %.2e | grad norm %.3f",
+      j.value("step", 0LL), steps, j.value("loss", 0.0), j.value("tokens_per_s", 0.0),
+      j.value("step_time_s", 0.0), j.value("lr", 0.0), j.value("grad_norm", 0.0));
   return buf;
 }
 

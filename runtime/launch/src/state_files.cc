@@ -51,15 +51,17 @@ std::string EncodeShard(int64_t step, int rank, size_t n, const std::vector<cons
   return out;
 }
 
-Status DecodeShard(const std::string& bytes, const std::string& source, int64_t step, int rank, size_t n,
-                   const std::vector<float*>& arrays) {
+Status DecodeShard(const std::string& bytes, const std::string& source, int64_t step, int rank,
+                   size_t n, const std::vector<float*>& arrays) {
   int64_t s = 0, r = 0, count = 0;
-  if (!ShardHeader(bytes, &s, &r, &count) || static_cast<size_t>(count) != n || arrays.size() != 3) {
-    return DataLoss(source + " does not match this model (" + std::to_string(n) + " parameters on this rank)");
+  if (!ShardHeader(bytes, &s, &r, &count) || static_cast<size_t>(count) != n ||
+      arrays.size() != 3) {
+    return DataLoss(source + " does not match this model (" + std::to_string(n) +
+                    " parameters on this rank)");
   }
   if (s != step || r != rank) {
-    return DataLoss(source + " holds step " + std::to_string(s) + " of rank " + std::to_string(r) + ", not step " +
-                    std::to_string(step) + " of rank " + std::to_string(rank));
+    return DataLoss(source + " holds step " + std::to_string(s) + " of rank " + std::to_string(r) +
+                    ", not step " + std::to_string(step) + " of rank " + std::to_string(rank));
   }
   const char* p = bytes.data() + kHeader;
   for (float* a : arrays) {
@@ -78,7 +80,8 @@ Status WriteShard(const std::string& path, const std::string& bytes, bool sync) 
   // Memory (tmpfs): rename for atomicity, no fsync (there is no disk under it).
   std::error_code ec;
   fs::create_directories(fs::path(path).parent_path(), ec);
-  for (const auto& [file, data] : {std::pair<std::string, const std::string*>{path, &bytes}, {path + ".sum", &sum}}) {
+  for (const auto& [file, data] :
+       {std::pair<std::string, const std::string*>{path, &bytes}, {path + ".sum", &sum}}) {
     const std::string tmp = file + ".tmp";
     {
       std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -118,7 +121,9 @@ ResumePoint FindDiskCheckpoint(const RunLayout& layout, int world) {
   std::sort(steps.rbegin(), steps.rend());
   for (int64_t step : steps) {
     const std::string dir = layout.checkpoint(step);
-    auto skip = [&](const std::string& why) { out.log += "[checkpoint] skipping step_" + std::to_string(step) + ": " + why + "\n"; };
+    auto skip = [&](const std::string& why) {
+      out.log += "[checkpoint] skipping step_" + std::to_string(step) + ": " + why + "\n";
+    };
     if (!fs::exists(dir + "/manifest.json", ec)) {
       skip("no manifest (partial)");
       continue;
@@ -135,7 +140,8 @@ ResumePoint FindDiskCheckpoint(const RunLayout& layout, int world) {
         const int r = s.at("rank");
         const std::string path = dir + "/" + s.at("file").get<std::string>();
         const std::string bytes = Slurp(path);
-        if (r < 0 || r >= world || Fnv1a(bytes.data(), bytes.size()) != s.at("fnv1a64").get<uint64_t>()) {
+        if (r < 0 || r >= world ||
+            Fnv1a(bytes.data(), bytes.size()) != s.at("fnv1a64").get<uint64_t>()) {
           skip(s.at("file").get<std::string>() + " is corrupt (checksum mismatch)");
           ok = false;
           break;
@@ -170,16 +176,17 @@ ResumePoint FindMemorySnapshot(const std::vector<std::string>& node_memory_dirs,
       int rank = -1;
       long long step = -1;
       char tail[8] = {};
-      if (std::sscanf(name.c_str(), "rank_%d.step_%lld.%3s", &rank, &step, tail) == 3 && std::string(tail) == "bin" &&
-          name.size() > 4 && name.compare(name.size() - 4, 4, ".bin") == 0 && rank >= 0 && rank < world) {
+      if (std::sscanf(name.c_str(), "rank_%d.step_%lld.%3s", &rank, &step, tail) == 3 &&
+          std::string(tail) == "bin" && name.size() > 4 &&
+          name.compare(name.size() - 4, 4, ".bin") == 0 && rank >= 0 && rank < world) {
         found[step][rank].push_back(e.path().string());
       }
     }
   }
   for (auto& [step, ranks] : found) {
     if (static_cast<int>(ranks.size()) < world) {
-      out.log += "[memory] step " + std::to_string(step) + ": shards of " + std::to_string(ranks.size()) + " of " +
-                 std::to_string(world) + " ranks\n";
+      out.log += "[memory] step " + std::to_string(step) + ": shards of " +
+                 std::to_string(ranks.size()) + " of " + std::to_string(world) + " ranks\n";
       continue;
     }
     std::vector<std::string> files(world);
@@ -194,7 +201,8 @@ ResumePoint FindMemorySnapshot(const std::vector<std::string>& node_memory_dirs,
         out.log += "[memory] " + bytes.status().message() + "\n";
       }
       if (files[rank].empty()) {
-        out.log += "[memory] step " + std::to_string(step) + ": no valid shard of rank " + std::to_string(rank) + "\n";
+        out.log += "[memory] step " + std::to_string(step) + ": no valid shard of rank " +
+                   std::to_string(rank) + "\n";
         ok = false;
         break;
       }
@@ -208,7 +216,8 @@ ResumePoint FindMemorySnapshot(const std::vector<std::string>& node_memory_dirs,
   return out;
 }
 
-ResumePoint FindResumePoint(const RunLayout& layout, const std::vector<std::string>& node_memory_dirs, int world) {
+ResumePoint FindResumePoint(const RunLayout& layout,
+                            const std::vector<std::string>& node_memory_dirs, int world) {
   ResumePoint mem = FindMemorySnapshot(node_memory_dirs, world);
   ResumePoint disk = FindDiskCheckpoint(layout, world);
   ResumePoint& best = mem.step >= disk.step && mem.step >= 0 ? mem : disk;

@@ -13,18 +13,21 @@ namespace {
 namespace fs = std::filesystem;
 }  // namespace
 
-Supervisor::Supervisor(SupervisorOptions options) : opt_(std::move(options)), layout_(opt_.run_dir) {}
+Supervisor::Supervisor(SupervisorOptions options)
+    : opt_(std::move(options)), layout_(opt_.run_dir) {}
 
 Supervisor::~Supervisor() {
   StopRanks();
   StopAgents();
 }
 
-void Supervisor::SetNodeEnv(const std::string& node, std::vector<std::pair<std::string, std::string>> env) {
+void Supervisor::SetNodeEnv(const std::string& node,
+                            std::vector<std::pair<std::string, std::string>> env) {
   node_env_[node] = std::move(env);
 }
 
-const std::vector<std::pair<std::string, std::string>>& Supervisor::NodeEnv(const std::string& node) const {
+const std::vector<std::pair<std::string, std::string>>& Supervisor::NodeEnv(
+    const std::string& node) const {
   static const std::vector<std::pair<std::string, std::string>> kNone;
   auto it = node_env_.find(node);
   return it == node_env_.end() ? kNone : it->second;
@@ -35,8 +38,9 @@ Result<int> Supervisor::StartAgent(const std::string& node) {
   fs::create_directories(layout_.node_dir(node), ec);
   fs::remove(layout_.agent_port(node), ec);
   ProcessSpec spec;
-  spec.argv = {opt_.self_exe, "agent", "--node", node, "--run-dir", opt_.run_dir, "--job", opt_.job, "--shm-dir",
-               opt_.shm_dir, "--listen", opt_.agent_host + ":0"};
+  spec.argv = {opt_.self_exe, "agent",      "--node",   node,
+               "--run-dir",   opt_.run_dir, "--job",    opt_.job,
+               "--shm-dir",   opt_.shm_dir, "--listen", opt_.agent_host + ":0"};
   spec.log_path = layout_.agent_log(node);
   spec.append_log = true;  // a restarted agent continues the log
   spec.env = NodeEnv(node);
@@ -48,13 +52,15 @@ Result<int> Supervisor::StartAgent(const std::string& node) {
     if (in >> port && port > 0) break;
     port = 0;
     if (auto e = p->Poll()) {
-      return Status(StatusCode::kUnavailable, "the agent of " + node + " " + e->Describe() + "; see " +
-                                                  layout_.agent_log(node) + "\n" + p->LogTail(5));
+      return Status(StatusCode::kUnavailable, "the agent of " + node + " " + e->Describe() +
+                                                  "; see " + layout_.agent_log(node) + "\n" +
+                                                  p->LogTail(5));
     }
     if (std::chrono::steady_clock::now() > deadline) {
       p->Stop(std::chrono::milliseconds(0));
       return Status(StatusCode::kDeadlineExceeded, "the agent of " + node + " did not start; see " +
-                                                       layout_.agent_log(node) + "\n" + p->LogTail(5));
+                                                       layout_.agent_log(node) + "\n" +
+                                                       p->LogTail(5));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -88,7 +94,8 @@ void Supervisor::StopAgents() {
   std::error_code ec;
   for (const auto& [attempt, world] : started_) {
     if (running_ranks() > 0 && attempt == attempt_) continue;
-    for (int r = 0; r < world; ++r) fs::remove(opt_.shm_dir + "/" + tracer::RingFileName(opt_.job, attempt, r), ec);
+    for (int r = 0; r < world; ++r)
+      fs::remove(opt_.shm_dir + "/" + tracer::RingFileName(opt_.job, attempt, r), ec);
   }
 }
 
@@ -117,8 +124,8 @@ bool Supervisor::SignalAgent(const std::string& node, int sig) {
 
 Status Supervisor::StartRanks(int attempt, const std::vector<std::string>& nodes, int world) {
   if (nodes.empty() || world % static_cast<int>(nodes.size()) != 0) {
-    return InvalidArgument("world size " + std::to_string(world) + " does not divide over " + std::to_string(nodes.size()) +
-                           " nodes");
+    return InvalidArgument("world size " + std::to_string(world) + " does not divide over " +
+                           std::to_string(nodes.size()) + " nodes");
   }
   StopRanks();
   attempt_ = attempt;
@@ -186,8 +193,8 @@ std::vector<AgentExit> Supervisor::PollAgents() {
   return out;
 }
 
-RankExit Supervisor::FindOrigin(const std::vector<RankExit>& failures, std::chrono::milliseconds window,
-                                std::vector<RankExit>* others) {
+RankExit Supervisor::FindOrigin(const std::vector<RankExit>& failures,
+                                std::chrono::milliseconds window, std::vector<RankExit>* others) {
   auto is_victim = [](const ExitStatus& s) { return s.exited() && s.code() == kExitCommFailure; };
   RankExit origin = failures.at(0);
   for (const RankExit& f : failures) {

@@ -7,12 +7,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "megascope/tracer/status.h"
 
@@ -21,19 +20,20 @@ struct sqlite3;
 namespace megascope::controller {
 
 enum class EventKind {
-  kFaultInjected,    // fault_injected: a fault fired (from the worker or the controller's seam)
-  kTrigger,          // trigger: what made the controller look (crash, hang, manual, agent_dead)
-  kVerdict,          // verdict: FORMATS.md section 2 JSON
-  kStopped,          // stopped: the attempt's processes are gone (dumps collected first)
-  kEviction,         // eviction: a node left the job, and why
-  kSelfCheck,        // self_check: a node's GEMM and all-reduce figures, passed or not
-  kRestart,          // restart: attempt + 1 started on a node set
-  kCheckpointSaved,  // checkpoint_saved
-  kCheckpointLoaded, // checkpoint_loaded: where the attempt resumed (memory or disk), rendezvous and load times
-  kResumed,          // resumed: the first step of the new attempt completed
-  kAgentRestarted,   // agent_restarted: a node's agent died and was started again (no eviction)
-  kPaused,           // paused: the controller stopped acting and needs a person; detail says why
-  kJobFinished,      // job_finished
+  kFaultInjected,     // fault_injected: a fault fired (from the worker or the controller's seam)
+  kTrigger,           // trigger: what made the controller look (crash, hang, manual, agent_dead)
+  kVerdict,           // verdict: FORMATS.md section 2 JSON
+  kStopped,           // stopped: the attempt's processes are gone (dumps collected first)
+  kEviction,          // eviction: a node left the job, and why
+  kSelfCheck,         // self_check: a node's GEMM and all-reduce figures, passed or not
+  kRestart,           // restart: attempt + 1 started on a node set
+  kCheckpointSaved,   // checkpoint_saved
+  kCheckpointLoaded,  // checkpoint_loaded: where the attempt resumed (memory or disk), rendezvous
+                      // and load times
+  kResumed,           // resumed: the first step of the new attempt completed
+  kAgentRestarted,    // agent_restarted: a node's agent died and was started again (no eviction)
+  kPaused,            // paused: the controller stopped acting and needs a person; detail says why
+  kJobFinished,       // job_finished
 };
 std::string_view Name(EventKind kind);
 std::optional<EventKind> ParseEventKind(std::string_view name);
@@ -43,8 +43,8 @@ struct Event {
   int attempt = 0;
   EventKind kind = EventKind::kTrigger;
   std::string kind_name;  // as stored (a newer writer's kind is kept as given)
-  std::string node;  // "" : NULL
-  int rank = -1;  // -1 : NULL
+  std::string node;       // "" : NULL
+  int rank = -1;          // -1 : NULL
   nlohmann::json detail = nlohmann::json::object();
 };
 
@@ -58,7 +58,8 @@ class ControlDb {
   // Every event in time order.
   Result<std::vector<Event>> Events();
   // Counts of events of `kind` grouped by detail_json's `field` (for Prometheus counters).
-  Result<std::vector<std::pair<std::string, int64_t>>> CountBy(EventKind kind, const std::string& field);
+  Result<std::vector<std::pair<std::string, int64_t>>> CountBy(EventKind kind,
+                                                               const std::string& field);
 
  private:
   ControlDb() = default;

@@ -1,12 +1,12 @@
 // The online loop of `megascope launch` (DESIGN.md section 8). Every tick it reads the workers'
 // progress stream, the exits of ranks and agents, and each agent's /state; a crash, a job that
 // stops advancing (no rank's step moves for max(hang_after, hang_factor x median step time)), an
-// op open past its budget or a person's `megascope evict` opens an incident: verdict (the analyzer's
-// hang analysis on the live state, or the crash's origin), survivors' dumps, stop, eviction by
-// policy, a self-checked spare, restart from the newest state every rank has (memory snapshot on a
-// node still in the job, else disk checkpoint) with attempt + 1. Every stage lands in control.db
-// with its time. Safety: at most max_evictions per eviction_window, never a node that failed its
-// self-check, no looping without spares -- the controller pauses and says what it needs.
+// op open past its budget or a person's `megascope evict` opens an incident: verdict (the
+// analyzer's hang analysis on the live state, or the crash's origin), survivors' dumps, stop,
+// eviction by policy, a self-checked spare, restart from the newest state every rank has (memory
+// snapshot on a node still in the job, else disk checkpoint) with attempt + 1. Every stage lands in
+// control.db with its time. Safety: at most max_evictions per eviction_window, never a node that
+// failed its self-check, no looping without spares -- the controller pauses and says what it needs.
 #pragma once
 
 #include <functional>
@@ -43,17 +43,19 @@ struct AttemptPlan {
 struct ControllerOptions {
   launch::SupervisorOptions supervisor;
   int world = 1;
-  std::vector<std::string> nodes;  // the job's nodes at the start
+  std::vector<std::string> nodes;   // the job's nodes at the start
   std::vector<std::string> spares;  // standing by, self-checked before they join
   int64_t steps = 0;
   double tick_s = 0.25;
   double hang_after_s = 3;  // no step progress for this long (at least) is a hang
-  double hang_factor = 8;  // ... or this many median step times, whichever is longer
-  double startup_grace_s = 60;  // an attempt's rendezvous + load may take this long before its first step
+  double hang_factor = 8;   // ... or this many median step times, whichever is longer
+  double startup_grace_s =
+      60;  // an attempt's rendezvous + load may take this long before its first step
   double op_timeout_s = 120;  // an op open this long is a hang whatever the steps do
-  int max_evictions = 2;  // per eviction_window_s; past it the controller pauses for a person
+  int max_evictions = 2;      // per eviction_window_s; past it the controller pauses for a person
   double eviction_window_s = 3600;
-  double readmit_after_s = 0;  // an evicted node may rejoin (after a self-check) this long after; 0: never
+  double readmit_after_s =
+      0;  // an evicted node may rejoin (after a self-check) this long after; 0: never
   double min_gemm_ratio = 0.5;  // a node passes its self-check at this share of the healthy figure
   double min_bandwidth_ratio = 0.3;
   std::vector<Injection> injections;
@@ -82,6 +84,7 @@ class Controller {
 
 // Asks the controller of the run in `run_dir` to act: "stop", or "evict" with `node`. Reads the
 // run's token (RUN_DIR/control.token) and where the controller listens (controller.json).
-Status SendControlCommand(const std::string& run_dir, const std::string& command, const std::string& node);
+Status SendControlCommand(const std::string& run_dir, const std::string& command,
+                          const std::string& node);
 
 }  // namespace megascope::controller

@@ -3,8 +3,10 @@
 //                                      (slow also seconds=X of extra compute per step)
 //   kill-agent                         SIGKILL a node's agent: node=N, at=STEP or at=SECONDSs
 //   corrupt-checkpoint                 flip a byte in the newest saved state (every memory copy of
-//                                      rank 0 and the newest disk checkpoint) before the next restart
-//   degrade                            node=N runs slowed by factor=F (default 3): its self-check fails
+//                                      rank 0 and the newest disk checkpoint) before the next
+//                                      restart
+//   degrade                            node=N runs slowed by factor=F (default 3): its self-check
+//   fails
 #pragma once
 
 #include <cstdint>
@@ -28,8 +30,8 @@ struct Injection {
   int rank = -1;
   int64_t at_step = -1;
   double at_seconds = -1;  // since the launch started
-  double seconds = 0;  // slow: extra compute per step
-  double factor = 3;  // degrade
+  double seconds = 0;      // slow: extra compute per step
+  double factor = 3;       // degrade
   bool fired = false;
   int planned_rank = -1;  // the rank it was given to in the current attempt
 };

@@ -14,7 +14,7 @@ namespace megascope::runtime {
 
 struct SelfCheckOptions {
   std::string dir;  // rendezvous directory shared by the two processes
-  int rank = 0;  // 0 or 1
+  int rank = 0;     // 0 or 1
   int world = 2;
   double gemm_seconds = 0.3;  // how long to run GEMMs
   size_t allreduce_bytes = 4 << 20;

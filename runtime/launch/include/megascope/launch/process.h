@@ -36,17 +36,20 @@ struct ExitStatus {
 
 struct ProcessSpec {
   std::vector<std::string> argv;  // argv[0]: the executable's path
-  std::string log_path;  // stdout and stderr go here ("" : inherit the parent's)
-  bool append_log = false;  // append instead of truncating
-  std::vector<std::pair<std::string, std::string>> env;  // added to (or replacing in) the environment
+  std::string log_path;           // stdout and stderr go here ("" : inherit the parent's)
+  bool append_log = false;        // append instead of truncating
+  std::vector<std::pair<std::string, std::string>>
+      env;  // added to (or replacing in) the environment
 };
 
 class Process {
  public:
-  // Starts argv (fork + exec). Errors: the executable missing or not runnable, the log not writable.
+  // Starts argv (fork + exec). Errors: the executable missing or not runnable, the log not
+  // writable.
   static Result<std::unique_ptr<Process>> Spawn(const ProcessSpec& spec);
   // Runs `body` in a forked child whose exit code is body's return (tests and trace-demo writers).
-  static Result<std::unique_ptr<Process>> Fork(const std::function<int()>& body, const std::string& log_path = "");
+  static Result<std::unique_ptr<Process>> Fork(const std::function<int()>& body,
+                                               const std::string& log_path = "");
   // Stops the child (no grace) if it still runs, and reaps it: a Process never leaves a zombie.
   ~Process();
 

@@ -15,7 +15,9 @@ class RunLayout {
   std::string run_json() const { return dir_ + "/run.json"; }
   std::string control_db() const { return dir_ + "/control.db"; }
   std::string token() const { return dir_ + "/control.token"; }  // 0600: whoever reads it may act
-  std::string controller_json() const { return dir_ + "/controller.json"; }  // where the controller listens
+  std::string controller_json() const {
+    return dir_ + "/controller.json";
+  }  // where the controller listens
   std::string progress() const { return dir_ + "/progress.jsonl"; }
   std::string checkpoint_request() const { return dir_ + "/checkpoint.request"; }
   std::string report_md() const { return dir_ + "/report.md"; }
@@ -27,11 +29,19 @@ class RunLayout {
   std::string agent_port(const std::string& node) const { return node_dir(node) + "/agent.port"; }
   std::string rank_dir(int rank) const { return dir_ + "/ranks/" + std::to_string(rank); }
   std::string worker_log(int rank) const { return rank_dir(rank) + "/worker.log"; }
-  std::string dumps(int attempt) const { return dir_ + "/dumps/attempt_" + std::to_string(attempt); }
-  std::string dump(int attempt, int rank) const { return dumps(attempt) + "/rank_" + std::to_string(rank) + ".json"; }
-  std::string rendezvous(int attempt) const { return dir_ + "/rendezvous/attempt_" + std::to_string(attempt); }
+  std::string dumps(int attempt) const {
+    return dir_ + "/dumps/attempt_" + std::to_string(attempt);
+  }
+  std::string dump(int attempt, int rank) const {
+    return dumps(attempt) + "/rank_" + std::to_string(rank) + ".json";
+  }
+  std::string rendezvous(int attempt) const {
+    return dir_ + "/rendezvous/attempt_" + std::to_string(attempt);
+  }
   std::string checkpoints() const { return dir_ + "/checkpoints"; }
-  std::string checkpoint(int64_t step) const { return checkpoints() + "/step_" + std::to_string(step); }
+  std::string checkpoint(int64_t step) const {
+    return checkpoints() + "/step_" + std::to_string(step);
+  }
   std::string self_check_dir(const std::string& id) const { return dir_ + "/selfcheck/" + id; }
 
  private:
@@ -39,7 +49,8 @@ class RunLayout {
 };
 
 // The in-memory snapshot area of `node` for `job` (tmpfs: host memory, not the run's disk).
-inline std::string NodeMemoryDir(const std::string& shm_dir, const std::string& job, const std::string& node) {
+inline std::string NodeMemoryDir(const std::string& shm_dir, const std::string& job,
+                                 const std::string& node) {
   return shm_dir + "/megascope-" + job + "-memory/" + node;
 }
 inline std::string MemoryRoot(const std::string& shm_dir, const std::string& job) {

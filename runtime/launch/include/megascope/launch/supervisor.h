@@ -3,7 +3,8 @@
 // and names the origin of a failure (a rank that failed on its own beats the peers that then
 // exited with kExitCommFailure); asks survivors for their flight recorders and waits until the
 // dumps are written before anything is killed; stops ranks and agents with a grace. A restart is
-// StopRanks + StartRanks with attempt + 1 and a new node list. Links without Gloo, BLAS or the model.
+// StopRanks + StartRanks with attempt + 1 and a new node list. Links without Gloo, BLAS or the
+// model.
 //
 // Thread safety: one thread drives a Supervisor.
 #pragma once
@@ -32,7 +33,7 @@ struct SupervisorOptions {
   std::string run_dir;
   std::string job = "train";
   std::string shm_dir = "/dev/shm";
-  std::string agent_host = "127.0.0.1";  // 0.0.0.0 with --allow-remote
+  std::string agent_host = "127.0.0.1";   // 0.0.0.0 with --allow-remote
   std::chrono::milliseconds grace{5000};  // SIGTERM -> SIGKILL
   std::chrono::milliseconds agent_start_timeout{10000};
 };
@@ -105,7 +106,8 @@ class Supervisor {
   std::vector<std::unique_ptr<Process>> retiring_agents_;  // asked to stop, not yet reaped
   std::vector<std::unique_ptr<Process>> ranks_;
   std::set<int> reported_;
-  std::vector<std::pair<int, int>> started_;  // (attempt, world) of every StartRanks  // ranks whose exit PollRanks already returned
+  std::vector<std::pair<int, int>> started_;  // (attempt, world) of every StartRanks  // ranks
+                                              // whose exit PollRanks already returned
   std::vector<std::string> nodes_;
   int attempt_ = 0;
   int world_ = 0;
