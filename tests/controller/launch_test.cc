@@ -218,7 +218,9 @@ TEST_F(LaunchTest, ADeadAgentIsRestartedWithoutEvictionAndNoRowIsLostOrDuplicate
                          -1, &st, nullptr),
       SQLITE_OK);
   ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
-  if (sqlite3_column_int64(st, 1) == 0) EXPECT_EQ(sqlite3_column_int64(st, 0), kSteps);
+  if (sqlite3_column_int64(st, 1) == 0) {
+    EXPECT_EQ(sqlite3_column_int64(st, 0), kSteps);
+  }
   sqlite3_finalize(st);
   sqlite3_close(db);
   ExpectLossesContinue(kDp2);

@@ -53,7 +53,9 @@ TEST(ProcessTest, StopEscalatesToSigkillAfterTheGraceAndReaps) {
   ASSERT_TRUE(log >> grandchild);
   std::ifstream stat("/proc/" + std::to_string(grandchild) + "/stat");
   std::string pid_s, comm, state;
-  if (stat >> pid_s >> comm >> state) EXPECT_EQ(state, "Z");
+  if (stat >> pid_s >> comm >> state) {
+    EXPECT_EQ(state, "Z");
+  }
 }
 
 TEST(ProcessTest, DestructorStopsARunningChild) {

@@ -35,6 +35,10 @@ struct ExitStatus {
 };
 
 struct ProcessSpec {
+  ProcessSpec() = default;
+  ProcessSpec(std::vector<std::string> command, std::string log = "")  // NOLINT(google-explicit-constructor)
+      : argv(std::move(command)), log_path(std::move(log)) {}
+
   std::vector<std::string> argv;  // argv[0]: the executable's path
   std::string log_path;           // stdout and stderr go here ("" : inherit the parent's)
   bool append_log = false;        // append instead of truncating
