@@ -167,11 +167,8 @@ int Supervisor::running_ranks() {
 std::vector<RankExit> Supervisor::PollRanks() {
   std::vector<RankExit> out;
   for (size_t r = 0; r < ranks_.size(); ++r) {
-    Process& p = *ranks_[r];
-    if (p.pid() < 0) continue;
-    const bool was_running = !reported_.count(static_cast<int>(r));
-    if (!was_running) continue;
-    if (auto e = p.Poll()) {
+    if (reported_.count(static_cast<int>(r))) continue;  // its exit was returned before
+    if (auto e = ranks_[r]->Poll()) {
       reported_.insert(static_cast<int>(r));
       out.push_back({static_cast<int>(r), *e});
     }

@@ -11,7 +11,8 @@ namespace megascope::analyzer {
 // METHOD http://host:port/path with extra header lines ("Name: value"); the body on 200, else an
 // error carrying the status code and the body (the server's reason).
 Result<std::string> HttpRequest(const std::string& method, const std::string& url,
-                                const std::vector<std::string>& headers = {}, int timeout_ms = 5000);
+                                const std::vector<std::string>& headers = {},
+                                int timeout_ms = 5000);
 // GET http://host:port/path (loopback or any address the caller gives); the body on 200.
 Result<std::string> HttpGet(const std::string& url, int timeout_ms = 5000);
 
