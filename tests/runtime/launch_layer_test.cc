@@ -43,14 +43,21 @@ TEST(ProcessTest, StopEscalatesToSigkillAfterTheGraceAndReaps) {
       {{"/bin/sh", "-c", "trap '' TERM; sleep 1000 & echo $!; wait"}, dir.path() + "/log"});
   ASSERT_TRUE(p.ok());
   const pid_t pid = (*p)->pid();
-  EXPECT_FALSE((*p)->WaitFor(std::chrono::milliseconds(50)).has_value());
+  // The shell prints the grandchild's pid only after `trap` is in place: wait for that line
+  // (a loaded machine may take long to get there; a SIGTERM before it would kill the shell).
+  int grandchild = 0;
+  for (int i = 0; i < 1000 && grandchild == 0; ++i) {
+    std::ifstream log(dir.path() + "/log");
+    if (!(log >> grandchild)) {
+      grandchild = 0;
+      ASSERT_FALSE((*p)->WaitFor(std::chrono::milliseconds(20)).has_value());
+    }
+  }
+  ASSERT_NE(grandchild, 0) << "the shell never printed its grandchild's pid";
   ExitStatus e = (*p)->Stop(std::chrono::milliseconds(200));
   EXPECT_EQ(e.signal(), SIGKILL);
   EXPECT_EQ(::waitpid(pid, nullptr, WNOHANG), -1);  // reaped already: no zombie
   // The grandchild was killed with the group (gone, or a zombie until init reaps it).
-  std::ifstream log(dir.path() + "/log");
-  int grandchild = 0;
-  ASSERT_TRUE(log >> grandchild);
   std::ifstream stat("/proc/" + std::to_string(grandchild) + "/stat");
   std::string pid_s, comm, state;
   if (stat >> pid_s >> comm >> state) {
