@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <sstream>
 
 #include "command.h"
@@ -17,6 +19,7 @@
 #include "megascope/detector/detector.h"
 #include "megascope/detector/evaluate.h"
 #include "megascope/detector/fleet_sim.h"
+#include "megascope/detector/prom_fleet.h"
 
 namespace megascope::cli {
 namespace {
@@ -191,7 +194,7 @@ int RunDetect(const Args& args) {
 
 int RunFleetSim(const Args& args) {
   FleetSimConfig cfg;
-  std::string out_dir, types;
+  std::string out_dir, types, family = "fleet-sim";
   po::options_description opts("Options");
   opts.add_options()("help,h", "show this help")
       ("machines", po::value(&cfg.machines)->default_value(cfg.machines), "machines in the job")
@@ -202,6 +205,10 @@ int RunFleetSim(const Args& args) {
       ("light-first-stage", po::bool_switch(&cfg.light_first_stage),
        "stage 0 legitimately runs a lighter GPU load than the others")
       ("fault-types", po::value(&types), "comma-separated fault types to use (default: the production mix)")
+      ("family", po::value(&family)->default_value(family),
+       "generator: fleet-sim, or prom (written independently: exporter names and units, cumulative "
+       "counters, pipeline stages and two GPU generations without a groups file, clock skew, exporter "
+       "gaps, benign excursions, faults that may overlap)")
       ("out,o", po::value(&out_dir)->required(), "output directory (metrics.csv, labels.csv, groups.csv)");
   po::variables_map vm;
   if (auto rc = ParseArgs("fleet-sim", "megascope fleet-sim --machines N --hours H --faults F --seed S -o DIR", args,
@@ -211,12 +218,15 @@ int RunFleetSim(const Args& args) {
   if (cfg.machines < 2 || cfg.hours <= 0 || cfg.faults < 0 || cfg.stages < 1 || cfg.stages > cfg.machines) {
     return Fail("fleet-sim", "need --machines >= 2, --hours > 0, --faults >= 0, 1 <= --stages <= --machines", 2);
   }
-  if (cfg.faults > 0 && cfg.hours * 3600 / cfg.faults < 600) {
-    return Fail("fleet-sim", "at most one fault per 10 minutes fits (faults never overlap)", 2);
+  if (family != "fleet-sim" && family != "prom") {
+    return Fail("fleet-sim", "unknown --family '" + family + "' (known: fleet-sim, prom)", 2);
+  }
+  if (family == "fleet-sim" && cfg.faults > 0 && cfg.hours * 3600 / cfg.faults < 600) {
+    return Fail("fleet-sim", "at most one fault per 10 minutes fits (fleet-sim's faults never overlap)", 2);
   }
   std::stringstream ss(types);
   for (std::string t; std::getline(ss, t, ',');) {
-    const auto& known = FleetFaultTypes();
+    const auto& known = family == "prom" ? PromFleetFaultTypes() : FleetFaultTypes();
     if (std::find(known.begin(), known.end(), t) == known.end()) {
       std::string list;
       for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
@@ -227,7 +237,37 @@ int RunFleetSim(const Args& args) {
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   if (ec) return Fail("fleet-sim", "cannot create " + out_dir + ": " + ec.message());
-  FleetSim sim(cfg);
+  // Either generator behind one face: names, labels, groups (fleet-sim only) and the samples.
+  std::vector<std::string> machines, metrics;
+  std::vector<Label> labels;
+  std::vector<std::pair<std::string, std::string>> groups;
+  std::function<void(const std::function<void(int, int, double, double)>&)> run;
+  double start_s = cfg.start_s;
+  if (family == "prom") {
+    PromFleetConfig pc;
+    pc.machines = cfg.machines;
+    pc.minutes = cfg.hours * 60;
+    pc.seed = cfg.seed;
+    pc.stages = cfg.stages;
+    pc.random_faults = cfg.faults;
+    pc.random_fault_types = cfg.fault_types;
+    pc.hot_machines = std::max(1, cfg.machines / 32);
+    auto made = PromFleet::Make(pc);
+    if (!made.ok()) return Fail("fleet-sim", made.status().message(), 2);
+    auto sim = std::make_shared<PromFleet>(std::move(*made));
+    machines = sim->machines();
+    metrics = sim->metrics();
+    labels = sim->labels();
+    run = [sim](const auto& sink) { sim->Run(sink); };
+    start_s = pc.start_s;
+  } else {
+    auto sim = std::make_shared<FleetSim>(cfg);
+    machines = sim->machines();
+    metrics = sim->metrics();
+    labels = sim->labels();
+    groups = sim->Groups();
+    run = [sim](const auto& sink) { sim->Run(sink); };
+  }
   const std::string mpath = out_dir + "/metrics.csv";
   std::FILE* f = std::fopen(mpath.c_str(), "w");
   if (f == nullptr) return Fail("fleet-sim", "cannot write " + mpath + ": " + std::strerror(errno));
@@ -237,13 +277,13 @@ int RunFleetSim(const Args& args) {
   auto last_report = std::chrono::steady_clock::now();
   {
     CsvOut out(f);
-    sim.Run([&](int m, int k, double t, double v) {
-      out.Row(t, sim.machines()[m], sim.metrics()[k], v);
+    run([&](int m, int k, double t, double v) {
+      out.Row(t, machines[m], metrics[k], v);
       if ((++rows & 0xfffff) == 0) {
         auto now = std::chrono::steady_clock::now();
         if (now - last_report > std::chrono::seconds(2)) {
           last_report = now;
-          std::fprintf(stderr, "[fleet-sim] %3.0f%%  %lld rows\n", 100 * (t - cfg.start_s) / total_s,
+          std::fprintf(stderr, "[fleet-sim] %3.0f%%  %lld rows\n", 100 * (t - start_s) / total_s,
                        static_cast<long long>(rows));
         }
       }
@@ -256,19 +296,22 @@ int RunFleetSim(const Args& args) {
   }
   if (std::fclose(f) != 0) return Fail("fleet-sim", "write error on " + mpath);
   std::FILE* l = std::fopen((out_dir + "/labels.csv").c_str(), "w");
-  std::FILE* g = std::fopen((out_dir + "/groups.csv").c_str(), "w");
-  if (l == nullptr || g == nullptr) return Fail("fleet-sim", "cannot write labels.csv/groups.csv in " + out_dir);
+  if (l == nullptr) return Fail("fleet-sim", "cannot write labels.csv in " + out_dir);
   std::fprintf(l, "machine,fault_start_s,fault_end_s,fault_type\n");
-  for (const Label& lb : sim.labels()) {
+  for (const Label& lb : labels) {
     std::fprintf(l, "%s,%.1f,%.1f,%s\n", lb.machine.c_str(), lb.fault_start_s, lb.fault_end_s, lb.fault_type.c_str());
   }
-  std::fprintf(g, "machine,group\n");
-  for (const auto& [machine, group] : sim.Groups()) std::fprintf(g, "%s,%s\n", machine.c_str(), group.c_str());
   std::fclose(l);
-  std::fclose(g);
-  std::printf("wrote %s (%lld samples: %d machines x %zu metrics x %.0f s), labels.csv (%zu faults), groups.csv\n",
-              mpath.c_str(), static_cast<long long>(rows), cfg.machines, sim.metrics().size(), total_s,
-              sim.labels().size());
+  if (!groups.empty()) {
+    std::FILE* g = std::fopen((out_dir + "/groups.csv").c_str(), "w");
+    if (g == nullptr) return Fail("fleet-sim", "cannot write groups.csv in " + out_dir);
+    std::fprintf(g, "machine,group\n");
+    for (const auto& [machine, group] : groups) std::fprintf(g, "%s,%s\n", machine.c_str(), group.c_str());
+    std::fclose(g);
+  }
+  std::printf("wrote %s (%lld samples: %d machines x %zu metrics x %.0f s), labels.csv (%zu faults)%s\n", mpath.c_str(),
+              static_cast<long long>(rows), cfg.machines, metrics.size(), total_s, labels.size(),
+              groups.empty() ? " (no groups file: the detector finds peers itself)" : ", groups.csv");
   return 0;
 }
 

@@ -1,12 +1,95 @@
 #include "megascope/detector/detector.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <set>
 
 namespace megascope::detector {
+
+// ---------------------------------------------------------------- metric families
+
+namespace {
+
+std::vector<std::string> Words(std::string_view name) {
+  std::vector<std::string> words(1);
+  for (char c : name) {
+    if (std::isalnum(static_cast<unsigned char>(c))) {
+      words.back() += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    } else if (!words.back().empty()) {
+      words.emplace_back();
+    }
+  }
+  if (words.back().empty()) words.pop_back();
+  return words;
+}
+
+}  // namespace
+
+MetricFamily ClassifyMetric(std::string_view name) {
+  const std::vector<std::string> w = Words(name);
+  auto has = [&](std::initializer_list<const char*> any) {
+    for (const std::string& word : w) {
+      for (const char* a : any) {
+        if (word == a) return true;
+      }
+    }
+    return false;
+  };
+  // Order matters: "gpu_xid_errors" is an error counter before it is a GPU metric, and
+  // "nvlink_tx" is NVLink before it is network.
+  if (has({"xid", "xids", "ecc", "error", "errors", "sbe", "dbe", "retired", "remapped",
+           "faults"}) ||
+      (has({"carrier"}) && has({"changes", "flaps"}))) {
+    return MetricFamily::kErrors;
+  }
+  if (has({"step", "steps", "iteration", "mfu", "tokens"}) ||
+      (has({"compute"}) && has({"seconds", "s"}))) {
+    return MetricFamily::kTraining;
+  }
+  if (has({"nvlink", "nvl"})) return MetricFamily::kNvlink;
+  if (has({"net", "network", "nic", "pfc", "rdma", "ib", "roce", "tx", "rx", "transmit",
+           "receive"})) {
+    return MetricFamily::kNetwork;
+  }
+  if (has({"gpu", "dcgm", "sm", "tensor", "power", "temp", "temperature", "fb", "clock", "pcie"})) {
+    return MetricFamily::kGpu;
+  }
+  if (has({"cpu", "load"})) return MetricFamily::kCpu;
+  if (has({"mem", "memory"})) return MetricFamily::kMemory;
+  return MetricFamily::kOther;
+}
+
+const char* MetricFamilyName(MetricFamily f) {
+  switch (f) {
+    case MetricFamily::kErrors:
+      return "errors";
+    case MetricFamily::kTraining:
+      return "training";
+    case MetricFamily::kNvlink:
+      return "nvlink";
+    case MetricFamily::kNetwork:
+      return "network";
+    case MetricFamily::kGpu:
+      return "gpu";
+    case MetricFamily::kCpu:
+      return "cpu";
+    case MetricFamily::kMemory:
+      return "memory";
+    case MetricFamily::kOther:
+      return "other";
+  }
+  return "other";
+}
+
+bool IsCumulativeCounter(std::string_view name) {
+  if (name.size() < 6) return false;
+  std::string tail(name.substr(name.size() - 6));
+  for (char& c : tail) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return tail == "_total";
+}
 
 // ---------------------------------------------------------------- registry
 
@@ -30,13 +113,37 @@ int Registry::FindMetric(const std::string& name) const {
 // ---------------------------------------------------------------- stream
 
 Stream::Stream(FrameDetector* detector, double tick_s, double max_lateness_s)
-    : det_(detector), tick_s_(tick_s),
+    : det_(detector),
+      tick_s_(tick_s),
       lateness_ticks_(static_cast<int64_t>(std::ceil(max_lateness_s / tick_s))) {}
 
-void Stream::Add(const Sample& s) { Add(reg_.Machine(s.machine), reg_.Metric(s.metric), s.time_s, s.value); }
+void Stream::Add(const Sample& s) {
+  Add(reg_.Machine(s.machine), reg_.Metric(s.metric), s.time_s, s.value);
+}
 
 void Stream::Add(int machine, int metric, double time_s, double value) {
   if (!std::isfinite(value) || !std::isfinite(time_s)) return;
+  if (metric >= static_cast<int>(counter_.size())) {
+    counter_.resize(metric + 1, -1);
+    last_.resize(metric + 1);
+  }
+  if (counter_[metric] < 0)
+    counter_[metric] = IsCumulativeCounter(reg_.metric_name(metric)) ? 1 : 0;
+  if (counter_[metric] == 1) {
+    // A counter's meaning is its rate; its value depends on when the process started.
+    auto& per = last_[metric];
+    if (machine >= static_cast<int>(per.size())) per.resize(machine + 1);
+    Last& last = per[machine];
+    const Last prev = last;
+    if (prev.time_s >= 0 && time_s <= prev.time_s) return;  // out of order: no rate to take
+    last = {time_s, value};
+    if (prev.time_s < 0 || value < prev.value) return;  // the first sample, or a counter reset
+    value = (value - prev.value) / (time_s - prev.time_s);
+  }
+  AddAligned(machine, metric, time_s, value);
+}
+
+void Stream::AddAligned(int machine, int metric, double time_s, double value) {
   const auto tick = static_cast<int64_t>(std::floor(time_s / tick_s_));
   if (tick < next_tick_) {
     ++late_;
@@ -94,6 +201,46 @@ double MedianInPlace(std::vector<double>& v) {
   return m;
 }
 
+// Flags of the last `size` ticks and how many are set. Ticks arrive in increasing order; ticks
+// skipped count as unset.
+class Rolling {
+ public:
+  Rolling() = default;
+  explicit Rolling(int size) : flags_(static_cast<size_t>(std::max(1, size)), 0) {}
+  void Push(int64_t tick, bool flag) {
+    const auto n = static_cast<int64_t>(flags_.size());
+    if (last_ == kNever || tick - last_ >= n) {
+      std::fill(flags_.begin(), flags_.end(), 0);
+      count_ = 0;
+    } else {
+      for (int64_t t = last_ + 1; t < tick; ++t) Set(t, 0);
+    }
+    Set(tick, flag ? 1 : 0);
+    last_ = tick;
+  }
+  int count() const { return count_; }
+  int size() const { return static_cast<int>(flags_.size()); }
+  // The earliest flagged tick still in the window (now when none).
+  int64_t Onset() const {
+    const auto n = static_cast<int64_t>(flags_.size());
+    for (int64_t t = last_ - n + 1; t <= last_; ++t) {
+      if (flags_[static_cast<size_t>(((t % n) + n) % n)]) return t;
+    }
+    return last_;
+  }
+
+ private:
+  void Set(int64_t tick, uint8_t flag) {
+    const auto n = static_cast<int64_t>(flags_.size());
+    uint8_t& slot = flags_[static_cast<size_t>(((tick % n) + n) % n)];
+    count_ += flag - slot;
+    slot = flag;
+  }
+  std::vector<uint8_t> flags_;
+  int count_ = 0;
+  int64_t last_ = kNever;
+};
+
 }  // namespace
 
 struct Detector::Impl {
@@ -108,8 +255,12 @@ struct Detector::Impl {
     // where it did not stand out, so healthy heterogeneity (a GPU that always runs 3 C warmer)
     // is not a fault, while a sudden change still is.
     double bias = 0;
-    int64_t learned = 0;  // ticks seen in warm-up
-    std::vector<double> warm;  // deviations seen in warm-up; their median becomes the bias
+    int64_t last_hit = kNever;  // last tick it stood out, and by how much
+    double last_z = 0;
+    int64_t last_burst = kNever,
+            prev_burst = 2 * kNever;  // starts of its last two runs of outlier ticks
+    int64_t learned = 0;              // ticks seen in warm-up
+    std::vector<double> warm;         // deviations seen in warm-up; their median becomes the bias
     double Denoised(int64_t now, int min_valid, std::vector<double>& scratch) const {
       scratch.clear();
       for (size_t i = 0; i < ticks.size(); ++i) {
@@ -132,7 +283,7 @@ struct Detector::Impl {
       return sum / static_cast<double>(n);
     }
   };
-  struct Hit {  // why a machine stood out in one tick
+  struct Hit {   // why a machine stood out in one tick
     int metric;  // -1: the whole machine went silent
     double z;
     bool silent;
@@ -140,22 +291,24 @@ struct Detector::Impl {
   struct MachineState {
     int group = 0;
     int64_t first_tick = kNever, last_tick = kNever;
-    std::vector<uint8_t> window;  // outlier flag per tick of the long window (circular)
-    std::vector<int64_t> window_ticks;
-    int count = 0;  // outlier ticks in the continuity window
-    int long_count = 0;  // outlier ticks in the long window
-    bool armed = true;
-    int clean_run = 0;
+    Rolling strong, strong_long;  // ticks with strong or corroborated evidence
+    Rolling weak, weak_long;      // ticks with any evidence
+    Rolling recent;               // ticks with any evidence, over the continuity window (re-arming)
+    int named =
+        0;  // evidence level of its last verdict while not re-armed: 0 none, 1 weak, 2 strong
     std::map<int, std::pair<int, double>> evidence;  // metric (-1 silent) -> (ticks, max |z|)
   };
 
   std::vector<std::vector<Series>> series;  // [metric][machine]
   std::vector<MachineState> machines;
   std::vector<double> spread_ewma;  // per metric: long-run typical spread (a floor for quiet times)
-  std::vector<int> priority_rank;  // per metric
-  std::vector<double> thresholds;  // per metric
+  std::vector<int> priority_rank;   // per metric
+  std::vector<MetricFamily> family;  // per metric
+  std::vector<double> level_ewma;    // per metric: long-run typical |median| (a floor when idle)
+  std::vector<double> thresholds;    // per metric
   std::map<std::string, int> group_ids;
-  std::vector<double> scratch, vals;
+  std::vector<double> scratch, vals, sorted;
+  std::vector<uint8_t> lone;
   std::vector<int> members;
 
   void Grow(const Registry& reg) {
@@ -165,14 +318,19 @@ struct Detector::Impl {
       auto g = cfg.groups.find(name);
       std::string group = g == cfg.groups.end() ? "" : g->second;
       m.group = group_ids.try_emplace(group, static_cast<int>(group_ids.size())).first->second;
-      m.window.assign(cfg.long_window, 0);
-      m.window_ticks.assign(cfg.long_window, kNever);
+      m.strong = Rolling(cfg.continuity);
+      m.strong_long = Rolling(cfg.long_window);
+      m.weak = Rolling(cfg.weak_continuity);
+      m.weak_long = Rolling(cfg.weak_long_window);
+      m.recent = Rolling(cfg.continuity);
       machines.push_back(std::move(m));
     }
     while (static_cast<int>(series.size()) < reg.metrics()) {
       const std::string& name = reg.metric_name(static_cast<int>(series.size()));
       auto p = std::find(cfg.priority.begin(), cfg.priority.end(), name);
       priority_rank.push_back(static_cast<int>(p - cfg.priority.begin()));
+      family.push_back(ClassifyMetric(name));
+      level_ewma.push_back(0);
       auto t = cfg.metric_thresholds.find(name);
       thresholds.push_back(t == cfg.metric_thresholds.end() ? cfg.threshold : t->second);
       spread_ewma.push_back(0);
@@ -187,6 +345,8 @@ struct Detector::Impl {
       }
     }
   }
+
+  Verdict MakeVerdict(int m, const Rolling& window, const Frame& f, const Registry& reg) const;
 
   // Whether a majority of `group` reported `metric` (or anything, metric < 0) within 2 ticks.
   bool PeersActive(int group, int metric, int64_t now) const {
@@ -231,7 +391,8 @@ void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>
   const int ngroups = static_cast<int>(d.group_ids.size());
   std::vector<double> denoised(nmach);
   for (int k = 0; k < static_cast<int>(d.series.size()); ++k) {
-    for (int m = 0; m < nmach; ++m) denoised[m] = d.series[k][m].Denoised(now, min_valid, d.scratch);
+    for (int m = 0; m < nmach; ++m)
+      denoised[m] = d.series[k][m].Denoised(now, min_valid, d.scratch);
     for (int g = 0; g < ngroups; ++g) {
       d.members.clear();
       d.vals.clear();
@@ -247,29 +408,88 @@ void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>
       const double med = MedianInPlace(d.vals);
       for (int i = 0; i < n; ++i) d.vals[i] = std::fabs(denoised[d.members[i]] - med);
       const double spread = 1.4826 * MedianInPlace(d.vals);
+      // The spread never counts as much below what the peers usually show: while the whole job is
+      // idle, stalled or loading every machine looks alike, and a near-zero spread would turn noise
+      // into huge z-scores. The usual spread learns fast from normal ticks and only slowly from
+      // collapsed ones; the usual level keeps the relative floor while the median sits near zero.
       double& typical = d.spread_ewma[k];
-      typical = typical == 0 ? spread : typical + (spread - typical) / 600.0;
-      const double scale = std::max({spread, 0.25 * typical, cfg.relative_floor * std::fabs(med), 1e-6});
+      if (typical == 0) {
+        typical = spread;
+      } else {
+        typical += (spread - typical) / (spread >= 0.5 * typical ? 600.0 : 7200.0);
+      }
+      double& level = d.level_ewma[k];
+      level += (std::fabs(med) - level) / (level == 0 ? 1.0 : 600.0);
+      const double scale =
+          std::max({spread, cfg.spread_floor * typical,
+                    cfg.relative_floor * std::max(std::fabs(med), 0.5 * level), 1e-6});
+      // An outlier is a machine off its peers and alone there: when at least `min_peers` machines
+      // sit together off the median (another GPU generation, a pipeline stage with a lighter load),
+      // they are a sub-population doing other work, not a fault.
+      const double thr = d.thresholds[k];
+      d.sorted.clear();
+      for (int m : d.members) d.sorted.push_back(denoised[m]);
+      std::sort(d.sorted.begin(), d.sorted.end());
+      auto alone = [&](double x) {
+        const double tol = thr * scale;
+        const auto lo = std::lower_bound(d.sorted.begin(), d.sorted.end(), x - tol);
+        const auto hi = std::upper_bound(d.sorted.begin(), d.sorted.end(), x + tol);
+        return hi - lo < cfg.min_peers;
+      };
       int outliers = 0;
-      for (int m : d.members) outliers += std::fabs(denoised[m] - med) / scale > d.thresholds[k] ? 1 : 0;
+      d.lone.assign(nmach, 0);
+      for (int m : d.members) {
+        if (std::fabs(denoised[m] - med) / scale > thr && alone(denoised[m])) {
+          d.lone[m] = 1;
+          ++outliers;
+        }
+      }
       if (outliers > std::max(1.0, cfg.job_wide_fraction * n)) continue;  // the job moved
       for (int m : d.members) {
         const double z = (denoised[m] - med) / scale;
         Impl::Series& s = d.series[k][m];
         if (s.learned < cfg.warmup_ticks) {
           // A machine's first ticks on a metric only teach its usual offset: the median of its
-          // deviations, so a transient (one XID event) does not become its baseline.
+          // deviations, so a transient (one XID event) does not become its baseline. A machine
+          // that differs in level from the start (another GPU generation, the only machine of its
+          // pipeline stage) is healthy character as far as its levels can tell; but errors while
+          // its peers have none are never anyone's character: a machine faulty from its first
+          // sample is named by them.
           s.warm.push_back(denoised[m] - med);
           if (++s.learned == cfg.warmup_ticks) {
-            s.bias = MedianInPlace(s.warm);
+            const double bias = MedianInPlace(s.warm);
             std::vector<double>().swap(s.warm);
+            const bool errors_alone =
+                d.family[k] == MetricFamily::kErrors && std::fabs(bias) / scale > thr;
+            s.bias = errors_alone ? 0 : bias;
           }
           continue;
         }
+        const double raw_dev = std::fabs(denoised[m] + s.bias - med);
+        if (d.lone[m] && raw_dev <= 0.5 * thr * scale && raw_dev < 0.5 * std::fabs(s.bias)) {
+          // Only its learned offset sets it apart: the offset was learned in a transition (it
+          // warmed up while the job started) and is wrong. A machine that looks like its peers
+          // without it is not faulty; it learns again.
+          d.lone[m] = 0;
+          s.bias = 0;
+          continue;
+        }
         last_scores_[m] = std::max(last_scores_[m], std::fabs(z));
-        if (std::fabs(z) > d.thresholds[k]) {
+        if (d.lone[m]) {
           hits[m].push_back({k, z, false});
-        } else if (std::fabs(z) < 0.8 * d.thresholds[k]) {
+          if (s.last_hit != now - 1) {  // a new burst
+            s.prev_burst = s.last_burst;
+            s.last_burst = now;
+          }
+          s.last_hit = now;
+          s.last_z = z;
+        } else if (d.family[k] == MetricFamily::kErrors &&
+                   now - s.last_hit <= cfg.error_memory_ticks &&
+                   s.last_burst - s.prev_burst <= cfg.continuity) {
+          // Errors that repeat with quiet seconds between (a flapping link, ECC corrections) stay
+          // evidence through the quiet seconds; a single burst never does.
+          hits[m].push_back({k, s.last_z, false});
+        } else if (std::fabs(z) < 0.8 * thr) {
           s.bias += (denoised[m] - med) / cfg.bias_ticks;
         }
       }
@@ -277,93 +497,147 @@ void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>
     // A machine that stopped reporting this metric while its peers still do.
     for (int m = 0; m < nmach; ++m) {
       const int64_t last = d.series[k][m].last_tick;
-      if (last == kNever || now - last < cfg.silence_ticks || now - last > cfg.forget_ticks) continue;
+      if (last == kNever || now - last < cfg.silence_ticks || now - last > cfg.forget_ticks)
+        continue;
       if (d.machines[m].last_tick < now - cfg.silence_ticks) continue;  // whole machine silent
       if (d.PeersActive(d.machines[m].group, k, now)) hits[m].push_back({k, 0, true});
     }
   }
   for (int m = 0; m < nmach; ++m) {
     const Impl::MachineState& s = d.machines[m];
-    if (s.last_tick == kNever || now - s.last_tick < cfg.silence_ticks || now - s.last_tick > cfg.forget_ticks) continue;
+    if (s.last_tick == kNever || now - s.last_tick < cfg.silence_ticks ||
+        now - s.last_tick > cfg.forget_ticks)
+      continue;
     if (d.PeersActive(s.group, -1, now)) hits[m].push_back({-1, 0, true});
   }
 
-  // Continuity: the same machine must stand out for most of the window.
-  // A machine that flaps (a NIC going up and down) stands out only part of the time: the long
-  // window catches it at a lower share.
-  const int need = static_cast<int>(std::ceil(cfg.continuity_fraction * cfg.continuity));
-  const int long_need = static_cast<int>(std::ceil(cfg.long_fraction * cfg.long_window));
+  // Continuity: the same machine must stand out for most of a window. Strong evidence (silence, an
+  // error counter, a training metric) or two metric families at once count in the short window;
+  // one family alone only in the weak window, longer than a benign excursion. A machine that flaps
+  // (a NIC going up and down) stands out only part of the time: the long windows catch it at half.
+  auto need = [](double fraction, int window) {
+    return static_cast<int>(std::ceil(fraction * window));
+  };
+  const int strong_need = need(cfg.continuity_fraction, cfg.continuity);
+  const int strong_long_need = need(cfg.long_fraction, cfg.long_window);
+  const int weak_need = need(cfg.weak_fraction, cfg.weak_continuity);
+  const int weak_long_need = need(cfg.long_fraction, cfg.weak_long_window);
   for (int m = 0; m < nmach; ++m) {
     Impl::MachineState& s = d.machines[m];
-    const size_t slot = static_cast<size_t>(now % cfg.long_window);
-    const size_t leaving = static_cast<size_t>((now - cfg.continuity) % cfg.long_window);
-    const uint8_t flag = hits[m].empty() ? 0 : 1;
-    if (s.window_ticks[leaving] == now - cfg.continuity) s.count -= s.window[leaving];
-    s.count += flag;
-    s.long_count += flag - s.window[slot];
-    s.window[slot] = flag;
-    s.window_ticks[slot] = now;
-    if (s.long_count == 0) s.evidence.clear();
+    bool strong = false;
+    uint32_t families = 0;
+    for (const Impl::Hit& h : hits[m]) {
+      // The whole machine silent is strong; one metric missing (its ranks between steps while
+      // their peers finish one) only counts for its family.
+      const MetricFamily fam = h.metric < 0 ? MetricFamily::kErrors : d.family[h.metric];
+      strong = strong || h.metric < 0 || (!h.silent && IsStrong(fam));
+      families |= 1u << static_cast<int>(fam);
+    }
+    // Corroborated: two families agree, or three sensors of one device (a GPU's utilisation,
+    // power and memory all off its peers); the benign excursions move one metric, two at most.
+    strong = strong || (families & (families - 1)) != 0 || hits[m].size() >= 3;
+    const bool any = !hits[m].empty();
+    s.strong.Push(now, strong);
+    s.strong_long.Push(now, strong);
+    s.weak.Push(now, any);
+    s.weak_long.Push(now, any);
+    s.recent.Push(now, any);
+    if (s.weak_long.count() == 0) s.evidence.clear();
     for (const Impl::Hit& h : hits[m]) {
       auto& e = s.evidence[h.metric];
       ++e.first;
       e.second = std::max(e.second, std::fabs(h.z));
     }
-    s.clean_run = flag ? 0 : s.clean_run + 1;
-    if (!s.armed && s.clean_run >= cfg.rearm_ticks) s.armed = true;
-    if (!s.armed || (s.count < need && s.long_count < long_need)) continue;
-
-    s.armed = false;
-    const int64_t span = s.count >= need ? cfg.continuity : cfg.long_window;
-    int64_t onset = now;
-    for (int i = 0; i < cfg.long_window; ++i) {
-      if (s.window[i] && s.window_ticks[i] > now - span && s.window_ticks[i] < onset) onset = s.window_ticks[i];
+    int level = 0;
+    const Rolling* window = nullptr;
+    if (s.strong.count() >= strong_need || s.strong_long.count() >= strong_long_need) {
+      level = 2;
+      window = s.strong.count() >= strong_need ? &s.strong : &s.strong_long;
+    } else if (s.weak.count() >= weak_need || s.weak_long.count() >= weak_long_need) {
+      level = 1;
+      window = s.weak.count() >= weak_need ? &s.weak : &s.weak_long;
     }
-    // Evidence in priority order: metrics that made the machine stand out for most ticks first.
-    std::vector<std::pair<int, std::pair<int, double>>> ev(s.evidence.begin(), s.evidence.end());
-    auto rank = [&](int metric) { return metric < 0 ? -1 : d.priority_rank[metric]; };
-    std::sort(ev.begin(), ev.end(), [&](const auto& a, const auto& b) {
-      bool a_major = 2 * a.second.first >= need, b_major = 2 * b.second.first >= need;
-      if (a_major != b_major) return a_major;
-      if (rank(a.first) != rank(b.first)) return rank(a.first) < rank(b.first);
-      return a.first < b.first;
-    });
-    Verdict v;
-    v.kind = "faulty_machine";
-    v.root_nodes = {reg.machine_name(m)};
-    v.detected_at_ns = static_cast<int64_t>(f.end_s * 1e9);
-    v.onset_at_ns = static_cast<int64_t>(static_cast<double>(onset) * cfg.tick_s * 1e9);
-    v.confidence = std::min(1.0, std::max(static_cast<double>(s.count) / cfg.continuity,
-                                          static_cast<double>(s.long_count) / cfg.long_window));
-    const bool silent = !ev.empty() && ev.front().first < 0;
-    v.cause = silent ? "machine_silent" : "metric_outlier";
-    std::string facts;
-    for (const auto& [metric, stat] : ev) {
-      std::string name = metric < 0 ? "no_samples" : reg.metric_name(metric);
-      v.evidence.push_back(name);
-      if (facts.size() < 200) {
-        char buf[160];
-        if (metric < 0) {
-          std::snprintf(buf, sizeof(buf), "%ssent no samples for %d of the last %d s", facts.empty() ? "" : "; ",
-                        stat.first, cfg.continuity);
-        } else if (stat.second == 0) {
-          std::snprintf(buf, sizeof(buf), "%s%s missing while peers report it (%d ticks)", facts.empty() ? "" : "; ",
-                        name.c_str(), stat.first);
-        } else if (stat.second > 1000) {  // the peers are flat (an event counter at zero)
-          std::snprintf(buf, sizeof(buf), "%s%s nonzero while its peers stay flat (%d ticks)",
-                        facts.empty() ? "" : "; ", name.c_str(), stat.first);
-        } else {
-          std::snprintf(buf, sizeof(buf), "%s%s off its peers by up to %.1f robust sd (%d ticks)",
-                        facts.empty() ? "" : "; ", name.c_str(), stat.second, stat.first);
-        }
-        facts += buf;
-      }
-    }
-    v.explanation = reg.machine_name(m) + " stood out from its " + std::to_string(nmach - 1) +
-                    " peers for " + std::to_string(s.count) + " of the last " + std::to_string(cfg.continuity) +
-                    " ticks: " + facts;
-    out->push_back(std::move(v));
+    // Re-armed once it no longer stands out (the fault is over, or was never one).
+    if (level == 0 && s.recent.count() <= cfg.rearm_fraction * cfg.continuity) s.named = 0;
+    if (level <= s.named) continue;
+    s.named = level;
+    out->push_back(d.MakeVerdict(m, *window, f, reg));
   }
+}
+
+double Detector::Confidence(const std::vector<EvidenceItem>& evidence, int continuity) {
+  // Noisy-OR over metric families: each family's evidence is a chance the machine is faulty,
+  // weighted by its kind and by how long it held. Adding evidence never lowers the result.
+  std::map<MetricFamily, double> best;
+  for (const EvidenceItem& e : evidence) {
+    const double weight = e.silent || IsStrong(e.family) ? 0.9 : 0.5;
+    const double p = weight * std::min(1.0, static_cast<double>(e.ticks) / std::max(1, continuity));
+    double& b = best[e.silent ? MetricFamily::kErrors : e.family];
+    b = std::max(b, p);
+  }
+  double miss = 1;
+  for (const auto& [fam, p] : best) miss *= 1 - p;
+  return std::min(0.99, 1 - miss);
+}
+
+Verdict Detector::Impl::MakeVerdict(int m, const Rolling& window, const Frame& f,
+                                    const Registry& reg) const {
+  const Impl& d = *this;
+  const Impl::MachineState& s = d.machines[m];
+  const int64_t onset = window.Onset();
+  // Evidence in priority order: strong signals first, then metrics that made the machine stand out
+  // for most ticks, then Minder's order.
+  std::vector<std::pair<int, std::pair<int, double>>> ev(s.evidence.begin(), s.evidence.end());
+  const int half = window.size() / 2;
+  auto rank = [&](int metric) { return metric < 0 ? -1 : d.priority_rank[metric]; };
+  auto strong = [&](int metric) { return metric < 0 || IsStrong(d.family[metric]); };
+  std::sort(ev.begin(), ev.end(), [&](const auto& a, const auto& b) {
+    const bool a_major = a.second.first >= half, b_major = b.second.first >= half;
+    if (a_major != b_major) return a_major;
+    if (strong(a.first) != strong(b.first)) return strong(a.first);
+    if (rank(a.first) != rank(b.first)) return rank(a.first) < rank(b.first);
+    return a.first < b.first;
+  });
+  std::vector<EvidenceItem> items;
+  for (const auto& [metric, stat] : ev) {
+    items.push_back({metric < 0 ? MetricFamily::kOther : d.family[metric], metric < 0, stat.first});
+  }
+  Verdict v;
+  v.kind = "faulty_machine";
+  v.root_nodes = {reg.machine_name(m)};
+  v.detected_at_ns = static_cast<int64_t>(f.end_s * 1e9);
+  v.onset_at_ns = static_cast<int64_t>(static_cast<double>(onset) * cfg.tick_s * 1e9);
+  v.confidence = Confidence(items, cfg.continuity);
+  const bool silent = !ev.empty() && ev.front().first < 0;
+  v.cause = silent ? "machine_silent" : "metric_outlier";
+  std::string facts;
+  for (const auto& [metric, stat] : ev) {
+    std::string name = metric < 0 ? "no_samples" : reg.metric_name(metric);
+    v.evidence.push_back(name);
+    if (facts.size() >= 240) continue;
+    char buf[200];
+    const char* sep = facts.empty() ? "" : "; ";
+    if (metric < 0) {
+      std::snprintf(buf, sizeof(buf), "%ssent no samples for %d s", sep, stat.first);
+    } else if (stat.second == 0) {
+      std::snprintf(buf, sizeof(buf), "%s%s missing while peers report it (%d ticks)", sep,
+                    name.c_str(), stat.first);
+    } else if (stat.second > 1000) {  // the peers are flat (an event counter at zero)
+      std::snprintf(buf, sizeof(buf), "%s%s nonzero while its peers stay flat (%d ticks)", sep,
+                    name.c_str(), stat.first);
+    } else {
+      std::snprintf(buf, sizeof(buf), "%s%s [%s] off its peers by up to %.1f robust sd (%d ticks)",
+                    sep, name.c_str(), MetricFamilyName(d.family[metric]), stat.second, stat.first);
+    }
+    facts += buf;
+  }
+  char head[160];
+  std::snprintf(
+      head, sizeof(head),
+      " stood out from its peers for %d of the last %d ticks (%s evidence, confidence %.2f): ",
+      window.count(), window.size(), s.named >= 2 ? "corroborated" : "single-family", v.confidence);
+  v.explanation = reg.machine_name(m) + head + facts;
+  return v;
 }
 
 }  // namespace megascope::detector

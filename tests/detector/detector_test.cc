@@ -1,9 +1,10 @@
 #include "megascope/detector/detector.h"
 
-#include <cmath>
-#include <random>
-
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
 
 #include "megascope/detector/evaluate.h"
 #include "megascope/detector/prometheus_text.h"
@@ -24,7 +25,8 @@ std::vector<Verdict> RunFleet(int machines, int seconds,
     for (int m = 0; m < machines; ++m) {
       for (const char* metric : {"gpu_power_w", "cpu_util"}) {
         double v = tweak(m, t, 100 + noise(rng));
-        if (!std::isnan(v)) stream.Add({static_cast<double>(t), "node" + std::to_string(m), metric, v});
+        if (!std::isnan(v))
+          stream.Add({static_cast<double>(t), "node" + std::to_string(m), metric, v});
       }
     }
   }
@@ -38,7 +40,8 @@ TEST(DetectorTest, HealthyFleetRaisesNothing) {
 }
 
 TEST(DetectorTest, NamesTheMachineThatShiftsAndWhen) {
-  auto v = RunFleet(12, 600, [](int m, int t, double x) { return m == 5 && t >= 300 ? x + 40 : x; });
+  auto v =
+      RunFleet(12, 600, [](int m, int t, double x) { return m == 5 && t >= 300 ? x + 40 : x; });
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0].root_nodes, std::vector<std::string>{"node5"});
   EXPECT_EQ(v[0].cause, "metric_outlier");
@@ -51,7 +54,8 @@ TEST(DetectorTest, NamesTheMachineThatShiftsAndWhen) {
 }
 
 TEST(DetectorTest, ShortJitterDoesNotAlarm) {
-  auto v = RunFleet(12, 600, [](int m, int t, double x) { return m == 2 && t >= 100 && t < 115 ? x + 80 : x; });
+  auto v = RunFleet(
+      12, 600, [](int m, int t, double x) { return m == 2 && t >= 100 && t < 115 ? x + 80 : x; });
   EXPECT_TRUE(v.empty());
 }
 
@@ -70,7 +74,8 @@ TEST(DetectorTest, HealthyHeterogeneityIsLearnedNotFlagged) {
 }
 
 TEST(DetectorTest, AMachineThatGoesSilentIsNamed) {
-  auto v = RunFleet(10, 600, [](int m, int t, double x) { return m == 3 && t >= 200 ? std::nan("") : x; });
+  auto v = RunFleet(10, 600,
+                    [](int m, int t, double x) { return m == 3 && t >= 200 ? std::nan("") : x; });
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0].root_nodes[0], "node3");
   EXPECT_EQ(v[0].cause, "machine_silent");
@@ -79,7 +84,7 @@ TEST(DetectorTest, AMachineThatGoesSilentIsNamed) {
 
 TEST(DetectorTest, LateJoinersAndMissingSamplesAreFine) {
   auto v = RunFleet(10, 900, [](int m, int t, double x) {
-    if (m == 9 && t < 300) return std::nan("");  // joins late
+    if (m == 9 && t < 300) return std::nan("");      // joins late
     if ((m * 7 + t) % 13 == 0) return std::nan("");  // sporadic gaps
     return x;
   });
@@ -114,7 +119,8 @@ TEST(EvaluateTest, ScoresAsFormatsDefines) {
     v.detected_at_ns = static_cast<int64_t>(t * 1e9);
     return v;
   };
-  std::vector<Verdict> vs = {verdict("n1", 130), verdict("n1", 150), verdict("n3", 160), verdict("n2", 450)};
+  std::vector<Verdict> vs = {verdict("n1", 130), verdict("n1", 150), verdict("n3", 160),
+                             verdict("n2", 450)};
   Evaluation e = Evaluate(vs, labels);
   EXPECT_EQ(e.total.true_positives, 1);
   EXPECT_EQ(e.total.duplicates, 1);
@@ -124,6 +130,144 @@ TEST(EvaluateTest, ScoresAsFormatsDefines) {
   EXPECT_DOUBLE_EQ(e.total.median_delay_s(), 30);
   EXPECT_EQ(e.by_type["ecc_error"].detected, 1);
   EXPECT_EQ(e.by_type["xid_error"].detected, 0);
+}
+
+// A fleet of `machines` reporting the given metrics every second around 100 with noise;
+// `tweak(machine, t, metric, value)` may change a value or drop it (NaN).
+std::vector<Verdict> RunMetrics(int machines, int seconds, const std::vector<std::string>& metrics,
+                                const std::function<double(int, int, int, double)>& tweak) {
+  Detector det{DetectorConfig{}};
+  Stream stream(&det);
+  std::mt19937 rng(5);
+  std::normal_distribution<double> noise(0, 1);
+  for (int t = 0; t < seconds; ++t) {
+    for (int m = 0; m < machines; ++m) {
+      for (int k = 0; k < static_cast<int>(metrics.size()); ++k) {
+        const double v = tweak(m, t, k, 100 + noise(rng));
+        if (!std::isnan(v))
+          stream.Add({static_cast<double>(t), "node" + std::to_string(m), metrics[k], v});
+      }
+    }
+  }
+  stream.Flush();
+  return stream.TakeVerdicts();
+}
+
+TEST(MetricFamilyTest, ExporterNamesFallIntoFamilies) {
+  EXPECT_EQ(ClassifyMetric("gpu_xid_errors"), MetricFamily::kErrors);
+  EXPECT_EQ(ClassifyMetric("DCGM_FI_DEV_XID_ERRORS"), MetricFamily::kErrors);
+  EXPECT_EQ(ClassifyMetric("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"), MetricFamily::kErrors);
+  EXPECT_EQ(ClassifyMetric("node_network_carrier_changes_total"), MetricFamily::kErrors);
+  EXPECT_EQ(ClassifyMetric("step_time_s"), MetricFamily::kTraining);
+  EXPECT_EQ(ClassifyMetric("megascope_step_duration_seconds"), MetricFamily::kTraining);
+  EXPECT_EQ(ClassifyMetric("train_step_compute_seconds"), MetricFamily::kTraining);
+  EXPECT_EQ(ClassifyMetric("DCGM_FI_PROF_NVLINK_TX_BYTES"), MetricFamily::kNvlink);
+  EXPECT_EQ(ClassifyMetric("pfc_tx_pause_pps"), MetricFamily::kNetwork);
+  EXPECT_EQ(ClassifyMetric("node_network_receive_bytes_total"), MetricFamily::kNetwork);
+  EXPECT_EQ(ClassifyMetric("DCGM_FI_DEV_POWER_USAGE"), MetricFamily::kGpu);
+  EXPECT_EQ(ClassifyMetric("gpu_mem_used_gb"), MetricFamily::kGpu);
+  EXPECT_EQ(ClassifyMetric("node_cpu_utilization_ratio"), MetricFamily::kCpu);
+  EXPECT_EQ(ClassifyMetric("node_memory_used_bytes"), MetricFamily::kMemory);
+  EXPECT_EQ(ClassifyMetric("fan_speed_rpm"), MetricFamily::kOther);
+  EXPECT_TRUE(IsCumulativeCounter("node_network_transmit_bytes_total"));
+  EXPECT_TRUE(IsCumulativeCounter("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"));
+  EXPECT_FALSE(IsCumulativeCounter("total_power"));
+}
+
+TEST(DetectorTest, CountersAreComparedAsRatesNotTotals) {
+  // Every machine started at another time (totals far apart) and one restarts its exporter (a
+  // reset to zero); only machine 4, whose NIC stops sending at t=400, is named.
+  std::vector<double> total(12);
+  for (int m = 0; m < 12; ++m) total[m] = 1e12 * (m + 1);
+  auto v =
+      RunMetrics(12, 700, {"node_network_transmit_bytes_total"}, [&](int m, int t, int, double x) {
+        if (m == 7 && t == 200) total[m] = 0;
+        if (m != 4 || t < 400) total[m] += 1e6 * x;
+        return total[m];
+      });
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].root_nodes, std::vector<std::string>{"node4"});
+  EXPECT_GE(v[0].detected_at_ns / 1e9, 400);
+}
+
+TEST(DetectorTest, OneMetricForAMinuteIsNotEnoughTwoFamiliesAre) {
+  // Machine 2: a 60-s excursion on CPU alone (a cron job): nothing. Machine 6: a 60-s excursion on
+  // CPU and GPU power at once: named, within the short continuity window, not the weak one.
+  auto v = RunMetrics(12, 900, {"cpu_util", "gpu_power_w"}, [](int m, int t, int k, double x) {
+    if (m == 2 && k == 0 && t >= 200 && t < 260) return x + 60;
+    if (m == 6 && t >= 500 && t < 560) return x + 60;
+    return x;
+  });
+  ASSERT_EQ(v.size(), 1u) << v[0].explanation;
+  EXPECT_EQ(v[0].root_nodes, std::vector<std::string>{"node6"});
+  EXPECT_LE(v[0].detected_at_ns / 1e9 - 500, 45);
+}
+
+TEST(DetectorTest, WeakEvidenceThatLastsIsNamedWithLowConfidence) {
+  auto v = RunMetrics(12, 900, {"cpu_util", "gpu_power_w"}, [](int m, int t, int k, double x) {
+    return m == 3 && k == 0 && t >= 300 ? x + 60 : x;
+  });
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].root_nodes, std::vector<std::string>{"node3"});
+  EXPECT_GE(v[0].detected_at_ns / 1e9 - 300, 60);  // longer than any benign excursion
+  EXPECT_LE(v[0].confidence, 0.5);
+}
+
+TEST(DetectorTest, AnIdleJobWithNoSpreadRaisesNothing) {
+  // A normal start, then ten minutes where every machine reports the same value (a stalled job)
+  // and one differs by a hair.
+  auto v = RunMetrics(12, 1200, {"cpu_util", "gpu_power_w"}, [](int m, int t, int, double x) {
+    if (t < 300) return x;
+    return m == 5 ? 10.001 : 10.0;
+  });
+  EXPECT_TRUE(v.empty()) << v[0].explanation;
+}
+
+TEST(DetectorTest, AFalseVerdictDoesNotBlindTheDetectorToTheNextFault) {
+  // Machine 8: a long single-metric excursion (a weak verdict), clean for two minutes, then a
+  // real fault on two families: named again. Machine 1 is noisy but healthy (a 20-s CPU spike
+  // every 50 s) and then develops a fault: named.
+  auto v = RunMetrics(12, 1500, {"cpu_util", "gpu_power_w"}, [](int m, int t, int k, double x) {
+    if (m == 8 && k == 0 && t >= 200 && t < 400) return x + 60;
+    if (m == 8 && t >= 520) return x + 60;
+    if (m == 1 && k == 0 && t % 50 < 20) return x + 60;
+    if (m == 1 && t >= 1100) return x - 60;
+    return x;
+  });
+  std::vector<std::pair<std::string, double>> named;
+  for (const Verdict& x : v) named.emplace_back(x.root_nodes[0], x.detected_at_ns / 1e9);
+  ASSERT_GE(named.size(), 3u);
+  auto count = [&](const std::string& node, double from, double to) {
+    int n = 0;
+    for (const auto& [name, at] : named) n += name == node && at >= from && at <= to ? 1 : 0;
+    return n;
+  };
+  EXPECT_EQ(count("node8", 200, 400), 1);
+  EXPECT_EQ(count("node8", 520, 600), 1);
+  EXPECT_EQ(count("node1", 1100, 1160), 1);
+}
+
+TEST(DetectorTest, ConfidenceIsMonotoneInTheEvidence) {
+  using Item = Detector::EvidenceItem;
+  const Item weak{MetricFamily::kCpu, false, 30}, gpu{MetricFamily::kGpu, false, 30};
+  const Item errors{MetricFamily::kErrors, false, 30}, silent{MetricFamily::kOther, true, 30};
+  const double one = Detector::Confidence({weak}, 30);
+  const double two = Detector::Confidence({weak, gpu}, 30);
+  const double three = Detector::Confidence({weak, gpu, errors}, 30);
+  EXPECT_LT(one, two);
+  EXPECT_LT(two, three);
+  EXPECT_LE(one, 0.5);
+  EXPECT_GE(Detector::Confidence({errors}, 30), 0.9);
+  EXPECT_GE(Detector::Confidence({silent}, 30), 0.9);
+  // Longer evidence never lowers it; a second metric of the same family never lowers it.
+  double last = 0;
+  for (int ticks = 1; ticks <= 90; ++ticks) {
+    const double c = Detector::Confidence({{MetricFamily::kGpu, false, ticks}, weak}, 30);
+    EXPECT_GE(c, last);
+    last = c;
+  }
+  EXPECT_GE(Detector::Confidence({weak, {MetricFamily::kCpu, false, 5}}, 30), one);
+  EXPECT_LE(three, 0.99);
 }
 
 TEST(PrometheusTextTest, AgentMetricsBecomeSamplesPerNode) {

@@ -1,14 +1,18 @@
-// Data-driven detector scenarios: each tests/data/detector/*.json names a fleet-sim fleet and what
-// the detector must conclude on it (faults detected, false positives, worst delay).
+// Data-driven detector scenarios: each tests/data/detector/*.json names a fleet -- from fleet-sim,
+// or (`"generator": "prom"`) from the independently written prom-fleet, one phenomenon per file --
+// and what the detector must conclude on it (faults detected, false positives, worst delay).
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
-
-#include <gtest/gtest.h>
 
 #include "megascope/detector/detector.h"
 #include "megascope/detector/evaluate.h"
 #include "megascope/detector/fleet_sim.h"
+#include "megascope/detector/prom_fleet.h"
 
 namespace megascope::detector {
 namespace {
@@ -17,10 +21,48 @@ namespace fs = std::filesystem;
 
 class Scenario : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(Scenario, DetectorConcludesAsExpected) {
-  std::ifstream in(GetParam());
-  nlohmann::json j = nlohmann::json::parse(in);
+// The fleet a scenario names, behind one face.
+struct Fleet {
+  std::vector<std::string> machines, metrics;
+  std::vector<Label> labels;
+  std::vector<std::pair<std::string, std::string>> groups;
+  std::function<void(const std::function<void(int, int, double, double)>&)> run;
+  double start_s = 0;
+};
+
+Fleet MakeFleet(const nlohmann::json& j) {
   const auto& f = j["fleet"];
+  Fleet out;
+  if (j.value("generator", "fleet-sim") == "prom") {
+    PromFleetConfig cfg;
+    cfg.machines = f["machines"];
+    cfg.minutes = f["minutes"];
+    cfg.seed = f["seed"];
+    cfg.stages = f.value("stages", cfg.stages);
+    cfg.old_generation_share = f.value("old_generation_share", cfg.old_generation_share);
+    cfg.max_clock_skew_s = f.value("max_clock_skew_s", cfg.max_clock_skew_s);
+    cfg.exporter_gaps_per_hour = f.value("exporter_gaps_per_hour", cfg.exporter_gaps_per_hour);
+    cfg.excursions_per_hour = f.value("excursions_per_hour", cfg.excursions_per_hour);
+    cfg.excursion_kinds = f.value("excursion_kinds", cfg.excursion_kinds);
+    cfg.hot_machines = f.value("hot_machines", cfg.hot_machines);
+    cfg.event_stagger_s = f.value("event_stagger_s", cfg.event_stagger_s);
+    cfg.startup_s = f.value("startup_s", cfg.startup_s);
+    cfg.job_events = f.value("job_events", cfg.job_events);
+    for (const auto& x : j.value("faults", nlohmann::json::array())) {
+      cfg.faults.push_back({x["type"], x["machine"], x["start_s"], x["duration_s"]});
+    }
+    cfg.random_faults = f.value("random_faults", 0);
+    auto made = PromFleet::Make(cfg);
+    EXPECT_TRUE(made.ok()) << made.status().ToString();
+    auto sim = std::make_shared<PromFleet>(std::move(*made));
+    out = {sim->machines(),
+           sim->metrics(),
+           sim->labels(),
+           {},
+           [sim](const auto& sink) { sim->Run(sink); },
+           cfg.start_s};
+    return out;
+  }
   FleetSimConfig cfg;
   cfg.machines = f["machines"];
   cfg.hours = f["hours"];
@@ -29,29 +71,45 @@ TEST_P(Scenario, DetectorConcludesAsExpected) {
   cfg.stages = f.value("stages", 1);
   cfg.light_first_stage = f.value("light_first_stage", false);
   if (f.contains("fault_types")) cfg.fault_types = f["fault_types"].get<std::vector<std::string>>();
-  FleetSim sim(cfg);
+  auto sim = std::make_shared<FleetSim>(cfg);
+  out = {sim->machines(),
+         sim->metrics(),
+         sim->labels(),
+         sim->Groups(),
+         [sim](const auto& sink) { sim->Run(sink); },
+         cfg.start_s};
+  return out;
+}
+
+TEST_P(Scenario, DetectorConcludesAsExpected) {
+  std::ifstream in(GetParam());
+  nlohmann::json j = nlohmann::json::parse(in);
+  Fleet sim = MakeFleet(j);
   DetectorConfig dc;
   if (j.value("use_groups", false)) {
-    for (const auto& [machine, group] : sim.Groups()) dc.groups[machine] = group;
+    for (const auto& [machine, group] : sim.groups) dc.groups[machine] = group;
   }
   Detector det(dc);
-  Stream stream(&det, 1.0, 5.0);
-  for (const auto& m : sim.machines()) stream.registry().Machine(m);
-  for (const auto& k : sim.metrics()) stream.registry().Metric(k);
-  sim.Run([&](int m, int k, double t, double v) { stream.Add(m, k, t, v); });
+  Stream stream(&det, 1.0, 8.0);
+  for (const auto& m : sim.machines) stream.registry().Machine(m);
+  for (const auto& k : sim.metrics) stream.registry().Metric(k);
+  sim.run([&](int m, int k, double t, double v) { stream.Add(m, k, t, v); });
   stream.Flush();
   std::vector<Verdict> verdicts = stream.TakeVerdicts();
-  Evaluation e = Evaluate(verdicts, sim.labels());
+  Evaluation e = Evaluate(verdicts, sim.labels);
   const auto& want = j["expect"];
   std::string seen;
   for (const Verdict& v : verdicts) {
-    seen += "\n  t+" + std::to_string(v.detected_at_ns / 1'000'000'000 - static_cast<int64_t>(cfg.start_s)) + " " +
-            v.explanation;
+    seen += "\n  t+" +
+            std::to_string(v.detected_at_ns / 1'000'000'000 - static_cast<int64_t>(sim.start_s)) +
+            " " + v.explanation;
   }
   EXPECT_EQ(e.total.detected, want["detected"].get<int>()) << j["description"] << seen;
-  EXPECT_EQ(e.total.false_positives, want["false_positives"].get<int>()) << j["description"] << seen;
+  EXPECT_EQ(e.total.false_positives, want["false_positives"].get<int>())
+      << j["description"] << seen;
   if (want.contains("max_delay_s")) {
-    for (double d : e.total.delays_s) EXPECT_LE(d, want["max_delay_s"].get<double>()) << j["description"];
+    for (double d : e.total.delays_s)
+      EXPECT_LE(d, want["max_delay_s"].get<double>()) << j["description"];
   }
   for (const Verdict& v : verdicts) {
     EXPECT_EQ(v.kind, "faulty_machine");

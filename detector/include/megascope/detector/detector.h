@@ -1,16 +1,27 @@
 // Faulty-machine detection among peers (Minder's idea, DESIGN.md section 7). Samples are aligned
-// into ticks; per metric and tick each machine's recent values are denoised (a trimmed moving mean),
-// normalised across its peers (robust z: median and MAD), and a machine whose |z| exceeds the
-// threshold is an outlier on that metric -- unless so many machines are that the whole job moved
-// (a checkpoint, a data stall). A machine that stops reporting while its peers report is an outlier
-// too. A verdict is raised only when the same machine stays an outlier for most of a continuity
-// window. FrameDetector is the seam the baselines share; Stream feeds raw samples to one.
+// into ticks (cumulative `_total` counters become per-second rates); per metric and tick each
+// machine's recent values are denoised (a trimmed moving mean), normalised across its peers (robust
+// z: median and MAD, never below the spread the peers usually show, so a job that is idle, stalled
+// or loading -- every machine alike -- cannot turn noise into outliers), and a machine whose |z|
+// exceeds the threshold is an outlier on that metric -- unless so many machines are that the whole
+// job moved (a checkpoint, a data stall). A machine that stops reporting while its peers report is
+// an outlier too.
+//
+// A verdict needs corroborated evidence for most of the continuity window: a strong signal (the
+// machine silent, an error counter such as XID or ECC, its own training step or compute time off
+// its peers) or outliers on two independent metric families at once (GPU, network, NVLink, CPU,
+// memory), or on three metrics of one family (three sensors of one device agree). Weak evidence
+// -- one family only, like a burst of PFC pauses or a cron job burning CPU -- needs the longer weak
+// window, longer than the benign excursions real fleets show (up to a minute). Each verdict carries
+// a confidence (a noisy-OR of its evidence families, so more corroboration never lowers it) and the
+// evidence itself. FrameDetector is the seam the baselines share; Stream feeds raw samples to one.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -18,6 +29,19 @@
 #include "megascope/tracer/verdict.h"
 
 namespace megascope::detector {
+
+// What a metric tells, from its name's words (any exporter's spelling: cpu_util,
+// node_cpu_utilization_ratio, DCGM_FI_DEV_XID_ERRORS, ...). Error counters and training metrics
+// are strong evidence on their own; the others are families whose agreement corroborates.
+enum class MetricFamily { kErrors, kTraining, kNvlink, kNetwork, kGpu, kCpu, kMemory, kOther };
+MetricFamily ClassifyMetric(std::string_view name);
+const char* MetricFamilyName(MetricFamily f);
+inline bool IsStrong(MetricFamily f) {
+  return f == MetricFamily::kErrors || f == MetricFamily::kTraining;
+}
+// A cumulative counter by Prometheus's naming rule (ends in `_total`, any case): Stream turns its
+// samples into per-second rates.
+bool IsCumulativeCounter(std::string_view name);
 
 // Names of machines and metrics, numbered in order of first appearance.
 class Registry {
@@ -56,26 +80,38 @@ class FrameDetector {
 
 struct DetectorConfig {
   double tick_s = 1.0;
-  int denoise_window = 8;  // ticks in the denoising window
-  int continuity = 30;  // ticks in the continuity window
+  int denoise_window = 8;            // ticks in the denoising window
+  int continuity = 30;               // ticks in the continuity window
   double continuity_fraction = 0.8;  // share of the window a machine must be an outlier
   int long_window = 90;  // ticks; catches machines that stand out only part of the time (flapping)
   double long_fraction = 0.5;
   double bias_ticks = 1800;  // time constant of each machine's learned offset from its peers
-  int warmup_ticks = 60;  // a machine's first ticks on a metric only teach its usual offset
-  double threshold = 6.0;  // robust |z| above which a machine is an outlier on a metric
+  int warmup_ticks = 60;     // a machine's first ticks on a metric only teach its usual offset
+  double threshold = 6.0;    // robust |z| above which a machine is an outlier on a metric
   std::map<std::string, double> metric_thresholds;  // per-metric overrides
-  double relative_floor = 0.02;  // the spread never counts as below 2% of the peers' median
+  double spread_floor = 0.35;      // the spread never counts as below this share of its usual value
+  double relative_floor = 0.02;    // the spread never counts as below 2% of the peers' median
   double job_wide_fraction = 0.2;  // more outliers than this share: the job moved, not a machine
-  int min_peers = 4;  // fewer comparable machines: no judgement
-  int silence_ticks = 10;  // silent this long while peers report: an outlier
-  int forget_ticks = 3600;  // silent this long: the machine left the job
-  int rearm_ticks = 120;  // clean ticks before a machine can be named again
+  int min_peers = 4;               // fewer comparable machines: no judgement
+  int error_memory_ticks = 12;  // a repeating error counter's outlier tick stays evidence this long
+  int silence_ticks = 10;       // silent this long while peers report: an outlier
+  int forget_ticks = 3600;      // silent this long: the machine left the job
+  // Evidence of one metric family only (no strong signal, no second family) must hold for
+  // `weak_fraction` of `weak_continuity` ticks (or half of `weak_long_window` when flapping). The
+  // benign single-metric excursions production shows last up to a minute (a cron job, an incast
+  // burst, a NIC dip, a temperature bump), so the weak window is 90 s.
+  int weak_continuity = 90;
+  double weak_fraction = 0.8;
+  int weak_long_window = 300;
+  // A named machine can be named again once it stood out in at most this share of the last
+  // `continuity` ticks (the fault it was named for is over, or was never one), or at once when
+  // stronger evidence appears than the verdict had.
+  double rearm_fraction = 0.1;
   // Metrics walked first (Minder's order, with our names); the rest follow in name order.
   std::vector<std::string> priority = {
-      "pfc_tx_pause_pps", "cpu_util", "gpu_util", "gpu_power_w", "gpu_tensor_active",
-      "nvlink_tx_gbps", "net_tx_gbps", "net_rx_gbps", "gpu_xid_errors", "gpu_ecc_errors",
-      "gpu_temp_c", "gpu_mem_used_gb", "step_time_s"};
+      "pfc_tx_pause_pps", "cpu_util",        "gpu_util",    "gpu_power_w",    "gpu_tensor_active",
+      "nvlink_tx_gbps",   "net_tx_gbps",     "net_rx_gbps", "gpu_xid_errors", "gpu_ecc_errors",
+      "gpu_temp_c",       "gpu_mem_used_gb", "step_time_s"};
   std::map<std::string, std::string> groups;  // machine -> peer group; others share one group
 };
 
@@ -87,6 +123,18 @@ class Detector final : public FrameDetector {
   const char* Name() const override { return "megascope"; }
   // Per machine: the largest |z| of its last tick (for megascope_detector_score).
   const std::vector<double>& last_scores() const { return last_scores_; }
+
+  // One metric's part in a verdict: its family, whether it is the machine's silence, and for how
+  // many ticks it made the machine stand out.
+  struct EvidenceItem {
+    MetricFamily family = MetricFamily::kOther;
+    bool silent = false;
+    int ticks = 0;
+  };
+  // A verdict's confidence from its evidence: a noisy-OR over families (strong ones weigh 0.9, the
+  // others 0.5, each in proportion to how much of `continuity` it held), at most 0.99. Monotone:
+  // more evidence, or evidence held longer, never lowers it.
+  static double Confidence(const std::vector<EvidenceItem>& evidence, int continuity);
 
  private:
   struct Impl;
@@ -110,6 +158,7 @@ class Stream {
 
  private:
   void EmitThrough(int64_t tick);
+  void AddAligned(int machine, int metric, double time_s, double value);
   FrameDetector* det_;
   double tick_s_;
   int64_t lateness_ticks_;
@@ -119,6 +168,12 @@ class Stream {
   int64_t max_tick_ = INT64_MIN;
   int64_t late_ = 0, frames_ = 0;
   std::vector<Verdict> verdicts_;
+  // Cumulative counters: per metric whether it is one, and per (metric, machine) the last sample.
+  std::vector<int8_t> counter_;  // -1 unknown yet
+  struct Last {
+    double time_s = -1, value = 0;
+  };
+  std::vector<std::vector<Last>> last_;
 };
 
 }  // namespace megascope::detector
