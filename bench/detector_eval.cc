@@ -8,7 +8,9 @@
 //   detector_eval                 held-out seeds of both families (never used for tuning)
 //   detector_eval --tune          the tuning seeds
 //   detector_eval --family=prom   one family only (fleet or prom)
-//   detector_eval --verbose       print every false verdict of the detector
+//   detector_eval --verbose       print every false verdict and missed fault of the detector
+//   detector_eval --cross         choose settings on one family's tuning seeds (a grid), score them
+//                                 on both families' held-out seeds; both directions
 // Targets (issue 16), on each family: precision >= 0.98, recall >= 0.95, median delay <= 45 s,
 // p90 <= 90 s; one step <= 10 ms.
 #include <algorithm>
@@ -173,10 +175,94 @@ void PrintConfidence(const char* family, const std::vector<Outcome>& outcomes) {
   }
 }
 
+std::vector<Fleet> Fleets(uint64_t base) {
+  // fleet-sim's faults never overlap; prom-fleet draws them independently, so they may.
+  return {
+      {"fleet", 16, 8, 32, base + 1},  {"fleet", 16, 8, 32, base + 2},
+      {"fleet", 128, 3, 14, base + 3}, {"fleet", 128, 3, 14, base + 4},
+      {"fleet", 1024, 1, 6, base + 5}, {"fleet", 1024, 1, 6, base + 6},
+      {"prom", 16, 8, 24, base + 11},  {"prom", 16, 8, 24, base + 12},
+      {"prom", 128, 3, 14, base + 13}, {"prom", 128, 3, 14, base + 14},
+      {"prom", 1024, 1, 6, base + 15}, {"prom", 1024, 1, 6, base + 16},
+  };
+}
+
+// Runs one detector per configuration over every fleet of `family` (all fed by one pass of the
+// generator) and returns their evaluations.
+std::vector<Evaluation> RunConfigs(const std::vector<DetectorConfig>& configs,
+                                   const std::string& family, uint64_t base) {
+  std::vector<Evaluation> total(configs.size());
+  for (const Fleet& fl : Fleets(base)) {
+    if (family != fl.family) continue;
+    Source src = Make(fl);
+    std::vector<std::unique_ptr<Detector>> dets;
+    std::vector<std::unique_ptr<Stream>> streams;
+    for (const DetectorConfig& c : configs) {
+      dets.push_back(std::make_unique<Detector>(c));
+      streams.push_back(std::make_unique<Stream>(dets.back().get(), 1.0, 8.0));
+      for (const auto& m : src.machines) streams.back()->registry().Machine(m);
+      for (const auto& k : src.metrics) streams.back()->registry().Metric(k);
+    }
+    src.run([&](int m, int k, double t, double v) {
+      for (auto& st : streams) st->Add(m, k, t, v);
+    });
+    for (size_t i = 0; i < configs.size(); ++i) {
+      streams[i]->Flush();
+      Accumulate(&total[i], Evaluate(streams[i]->TakeVerdicts(), src.labels));
+    }
+  }
+  return total;
+}
+
+// Cross-evaluation: choose the settings on one family's tuning seeds only (best F1, then lower
+// median delay, over a grid), evaluate them on both families' held-out seeds; both directions.
+int Cross() {
+  std::vector<DetectorConfig> grid;
+  std::vector<std::string> names;
+  for (double threshold : {5.0, 6.0, 7.0}) {
+    for (int continuity : {20, 30}) {
+      for (int weak : {60, 90, 120}) {
+        DetectorConfig c;
+        c.threshold = threshold;
+        c.continuity = continuity;
+        c.weak_continuity = weak;
+        grid.push_back(c);
+        char buf[96];
+        std::snprintf(buf, sizeof(buf), "threshold %.0f, continuity %d, weak continuity %d",
+                      threshold, continuity, weak);
+        names.emplace_back(buf);
+      }
+    }
+  }
+  std::printf(
+      "cross-evaluation: settings chosen on one family's tuning seeds, scored on held-out seeds\n");
+  for (const char* tuned : {"fleet", "prom"}) {
+    std::vector<Evaluation> scores = RunConfigs(grid, tuned, 0);
+    size_t best = 0;
+    for (size_t i = 1; i < grid.size(); ++i) {
+      const Score &a = scores[i].total, &b = scores[best].total;
+      if (a.f1() > b.f1() + 1e-9 ||
+          (std::fabs(a.f1() - b.f1()) <= 1e-9 && a.median_delay_s() < b.median_delay_s())) {
+        best = i;
+      }
+    }
+    std::printf("\ntuned on %s (tuning seeds, %zu settings): best %s, F1 %.3f there\n", tuned,
+                grid.size(), names[best].c_str(), scores[best].total.f1());
+    for (const char* evaluated : {"fleet", "prom"}) {
+      Evaluation e = RunConfigs({grid[best]}, evaluated, 100)[0];
+      char label[64];
+      std::snprintf(label, sizeof(label), "tuned %s -> held-out %s", tuned, evaluated);
+      PrintRow(label, "megascope", e);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool tune = false, verbose = false;
+  bool tune = false, verbose = false, cross = false;
   std::string only;
   DetectorConfig dcfg;
   for (int i = 1; i < argc; ++i) {
@@ -186,18 +272,12 @@ int main(int argc, char** argv) {
       dcfg.weak_continuity = std::atoi(argv[i] + 18);
     if (std::strncmp(argv[i], "--family=", 9) == 0) only = argv[i] + 9;
     tune = tune || std::strcmp(argv[i], "--tune") == 0;
+    cross = cross || std::strcmp(argv[i], "--cross") == 0;
     verbose = verbose || std::strcmp(argv[i], "--verbose") == 0;
   }
+  if (cross) return Cross();
   const uint64_t base = tune ? 0 : 100;
-  // fleet-sim's faults never overlap; prom-fleet draws them independently, so they may.
-  const std::vector<Fleet> fleets = {
-      {"fleet", 16, 8, 32, base + 1},  {"fleet", 16, 8, 32, base + 2},
-      {"fleet", 128, 3, 14, base + 3}, {"fleet", 128, 3, 14, base + 4},
-      {"fleet", 1024, 1, 6, base + 5}, {"fleet", 1024, 1, 6, base + 6},
-      {"prom", 16, 8, 24, base + 11},  {"prom", 16, 8, 24, base + 12},
-      {"prom", 128, 3, 14, base + 13}, {"prom", 128, 3, 14, base + 14},
-      {"prom", 1024, 1, 6, base + 15}, {"prom", 1024, 1, 6, base + 16},
-  };
+  const std::vector<Fleet> fleets = Fleets(base);
   std::printf("detector evaluation on %s seeds (fleet-sim %llu..%llu, prom-fleet %llu..%llu)\n",
               tune ? "TUNING" : "held-out evaluation", static_cast<unsigned long long>(base + 1),
               static_cast<unsigned long long>(base + 6), static_cast<unsigned long long>(base + 11),

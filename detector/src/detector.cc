@@ -427,19 +427,19 @@ void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>
       // sit together off the median (another GPU generation, a pipeline stage with a lighter load),
       // they are a sub-population doing other work, not a fault.
       const double thr = d.thresholds[k];
+      auto alone = [&](const std::vector<double>& sorted, double x) {
+        const double tol = thr * scale;
+        const auto lo = std::lower_bound(sorted.begin(), sorted.end(), x - tol);
+        const auto hi = std::upper_bound(sorted.begin(), sorted.end(), x + tol);
+        return hi - lo < cfg.min_peers;
+      };
       d.sorted.clear();
       for (int m : d.members) d.sorted.push_back(denoised[m]);
       std::sort(d.sorted.begin(), d.sorted.end());
-      auto alone = [&](double x) {
-        const double tol = thr * scale;
-        const auto lo = std::lower_bound(d.sorted.begin(), d.sorted.end(), x - tol);
-        const auto hi = std::upper_bound(d.sorted.begin(), d.sorted.end(), x + tol);
-        return hi - lo < cfg.min_peers;
-      };
       int outliers = 0;
       d.lone.assign(nmach, 0);
       for (int m : d.members) {
-        if (std::fabs(denoised[m] - med) / scale > thr && alone(denoised[m])) {
+        if (std::fabs(denoised[m] - med) / scale > thr && alone(d.sorted, denoised[m])) {
           d.lone[m] = 1;
           ++outliers;
         }
@@ -465,15 +465,6 @@ void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>
           }
           continue;
         }
-        const double raw_dev = std::fabs(denoised[m] + s.bias - med);
-        if (d.lone[m] && raw_dev <= 0.5 * thr * scale && raw_dev < 0.5 * std::fabs(s.bias)) {
-          // Only its learned offset sets it apart: the offset was learned in a transition (it
-          // warmed up while the job started) and is wrong. A machine that looks like its peers
-          // without it is not faulty; it learns again.
-          d.lone[m] = 0;
-          s.bias = 0;
-          continue;
-        }
         last_scores_[m] = std::max(last_scores_[m], std::fabs(z));
         if (d.lone[m]) {
           hits[m].push_back({k, z, false});
@@ -489,7 +480,13 @@ void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>
           // Errors that repeat with quiet seconds between (a flapping link, ECC corrections) stay
           // evidence through the quiet seconds; a single burst never does.
           hits[m].push_back({k, s.last_z, false});
-        } else if (std::fabs(z) < 0.8 * thr) {
+        } else if (d.family[k] != MetricFamily::kErrors) {  // errors are never anyone's usual place
+          // Not alone: wherever it sits is its usual place among its peers, so its offset follows
+          // it. Offsets are thus learned in every regime: an older GPU generation runs cooler
+          // under load but idles like everyone, and all of its machines move together when the
+          // job changes regime (a sub-population, never alone). A machine that moves by itself --
+          // a throttled GPU landing on the older generation's levels -- is alone against its own
+          // usual place, and does not learn while it is.
           s.bias += (denoised[m] - med) / cfg.bias_ticks;
         }
       }

@@ -85,9 +85,9 @@ struct DetectorConfig {
   double continuity_fraction = 0.8;  // share of the window a machine must be an outlier
   int long_window = 90;  // ticks; catches machines that stand out only part of the time (flapping)
   double long_fraction = 0.5;
-  double bias_ticks = 1800;  // time constant of each machine's learned offset from its peers
-  int warmup_ticks = 60;     // a machine's first ticks on a metric only teach its usual offset
-  double threshold = 6.0;    // robust |z| above which a machine is an outlier on a metric
+  double bias_ticks = 600;  // time constant of each machine's learned offset (ticks not alone)
+  int warmup_ticks = 60;    // a machine's first ticks on a metric only teach its usual offset
+  double threshold = 6.0;   // robust |z| above which a machine is an outlier on a metric
   std::map<std::string, double> metric_thresholds;  // per-metric overrides
   double spread_floor = 0.35;      // the spread never counts as below this share of its usual value
   double relative_floor = 0.02;    // the spread never counts as below 2% of the peers' median
