@@ -5,7 +5,8 @@
 // continuity; Mahalanobis distance), with the confidence of true and false verdicts and the
 // precision-recall curve over a confidence threshold. Plus the cost of one detector step over
 // 1,024 machines x 20 metrics.
-//   detector_eval                 held-out seeds of both families (never used for tuning)
+//   detector_eval                 the frozen held-out set of both families (tests/data/detector/
+//                                 heldout_fleets.json; never used for tuning)
 //   detector_eval --tune          the tuning seeds
 //   detector_eval --family=prom   one family only (fleet or prom)
 //   detector_eval --verbose       print every false verdict and missed fault of the detector
@@ -18,7 +19,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <memory>
 #include <random>
 #include <string>
@@ -175,24 +178,38 @@ void PrintConfidence(const char* family, const std::vector<Outcome>& outcomes) {
   }
 }
 
-std::vector<Fleet> Fleets(uint64_t base) {
-  // fleet-sim's faults never overlap; prom-fleet draws them independently, so they may.
-  return {
-      {"fleet", 16, 8, 32, base + 1},  {"fleet", 16, 8, 32, base + 2},
-      {"fleet", 128, 3, 14, base + 3}, {"fleet", 128, 3, 14, base + 4},
-      {"fleet", 1024, 1, 6, base + 5}, {"fleet", 1024, 1, 6, base + 6},
-      {"prom", 16, 8, 24, base + 11},  {"prom", 16, 8, 24, base + 12},
-      {"prom", 128, 3, 14, base + 13}, {"prom", 128, 3, 14, base + 14},
-      {"prom", 1024, 1, 6, base + 15}, {"prom", 1024, 1, 6, base + 16},
-  };
+// The tuning fleets, or (held_out) the frozen evaluation set in tests/data/detector.
+std::vector<Fleet> Fleets(bool held_out) {
+  if (!held_out) {
+    // fleet-sim's faults never overlap; prom-fleet draws them independently, so they may.
+    return {
+        {"fleet", 16, 8, 32, 1},  {"fleet", 16, 8, 32, 2},  {"fleet", 128, 3, 14, 3},
+        {"fleet", 128, 3, 14, 4}, {"fleet", 1024, 1, 6, 5}, {"fleet", 1024, 1, 6, 6},
+        {"prom", 16, 8, 24, 11},  {"prom", 16, 8, 24, 12},  {"prom", 128, 3, 14, 13},
+        {"prom", 128, 3, 14, 14}, {"prom", 1024, 1, 6, 15}, {"prom", 1024, 1, 6, 16},
+    };
+  }
+  std::ifstream in(MEGASCOPE_HELDOUT_FLEETS);
+  if (!in) {
+    std::fprintf(stderr, "detector_eval: cannot read %s\n", MEGASCOPE_HELDOUT_FLEETS);
+    std::exit(1);
+  }
+  static std::vector<std::string> families;  // owns the family names Fleet points to
+  std::vector<Fleet> out;
+  for (const auto& f : nlohmann::json::parse(in)["fleets"]) {
+    families.push_back(f["family"]);
+    out.push_back({nullptr, f["machines"], f["hours"], f["faults"], f["seed"]});
+  }
+  for (size_t i = 0; i < out.size(); ++i) out[i].family = families[i].c_str();
+  return out;
 }
 
 // Runs one detector per configuration over every fleet of `family` (all fed by one pass of the
 // generator) and returns their evaluations.
 std::vector<Evaluation> RunConfigs(const std::vector<DetectorConfig>& configs,
-                                   const std::string& family, uint64_t base) {
+                                   const std::string& family, bool held_out) {
   std::vector<Evaluation> total(configs.size());
-  for (const Fleet& fl : Fleets(base)) {
+  for (const Fleet& fl : Fleets(held_out)) {
     if (family != fl.family) continue;
     Source src = Make(fl);
     std::vector<std::unique_ptr<Detector>> dets;
@@ -237,7 +254,7 @@ int Cross() {
   std::printf(
       "cross-evaluation: settings chosen on one family's tuning seeds, scored on held-out seeds\n");
   for (const char* tuned : {"fleet", "prom"}) {
-    std::vector<Evaluation> scores = RunConfigs(grid, tuned, 0);
+    std::vector<Evaluation> scores = RunConfigs(grid, tuned, false);
     size_t best = 0;
     for (size_t i = 1; i < grid.size(); ++i) {
       const Score &a = scores[i].total, &b = scores[best].total;
@@ -249,7 +266,7 @@ int Cross() {
     std::printf("\ntuned on %s (tuning seeds, %zu settings): best %s, F1 %.3f there\n", tuned,
                 grid.size(), names[best].c_str(), scores[best].total.f1());
     for (const char* evaluated : {"fleet", "prom"}) {
-      Evaluation e = RunConfigs({grid[best]}, evaluated, 100)[0];
+      Evaluation e = RunConfigs({grid[best]}, evaluated, true)[0];
       char label[64];
       std::snprintf(label, sizeof(label), "tuned %s -> held-out %s", tuned, evaluated);
       PrintRow(label, "megascope", e);
@@ -276,12 +293,10 @@ int main(int argc, char** argv) {
     verbose = verbose || std::strcmp(argv[i], "--verbose") == 0;
   }
   if (cross) return Cross();
-  const uint64_t base = tune ? 0 : 100;
-  const std::vector<Fleet> fleets = Fleets(base);
-  std::printf("detector evaluation on %s seeds (fleet-sim %llu..%llu, prom-fleet %llu..%llu)\n",
-              tune ? "TUNING" : "held-out evaluation", static_cast<unsigned long long>(base + 1),
-              static_cast<unsigned long long>(base + 6), static_cast<unsigned long long>(base + 11),
-              static_cast<unsigned long long>(base + 16));
+  const std::vector<Fleet> fleets = Fleets(!tune);
+  std::printf("detector evaluation on the %s\n",
+              tune ? "TUNING seeds (fleet-sim 1..6, prom-fleet 11..16)"
+                   : "frozen held-out set (tests/data/detector-eval/heldout_fleets.json)");
   const char* names[3] = {"megascope", "zscore", "mahalanobis"};
   std::map<std::string, std::array<Evaluation, 3>> totals;
   std::map<std::string, std::vector<Outcome>> outcomes;
