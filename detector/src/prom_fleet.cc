@@ -179,7 +179,7 @@ void PromFleet::Run(const std::function<void(int, int, double, double)>& sink) c
 
   // Machines: stage, GPU generation, clock skew, static character, benign excursions, gaps.
   std::vector<int> stage(n);
-  std::vector<bool> old_gen(n), hot(n, false);
+  std::vector<bool> old_gen(n), hot(n, false), drifting(n, false);
   std::vector<double> skew(n), startup_lag(n), off_pow(n), off_temp(n), off_mem(n), off_cpu(n),
       ecc_base(n), step_phase(n);
   std::vector<std::vector<Window>> excursions(n), gaps(n);
@@ -191,6 +191,10 @@ void PromFleet::Run(const std::function<void(int, int, double, double)>& sink) c
   for (int i = 0; i < n; ++i) old_gen[order[i]] = i < old_count;
   std::shuffle(order.begin(), order.end(), plan);
   for (int i = 0; i < std::min(c.hot_machines, n); ++i) hot[order[i]] = true;
+  std::mt19937_64 drift_rng(c.seed * 31 +
+                            7);  // its own stream: the rest of the plan stays as it was
+  std::shuffle(order.begin(), order.end(), drift_rng);
+  for (int i = 0; i < std::min(c.drifting_machines, n); ++i) drifting[order[i]] = true;
   std::vector<int> kinds;
   for (const std::string& e : c.excursion_kinds) {
     kinds.push_back(static_cast<int>(std::find(kExcursionNames.begin(), kExcursionNames.end(), e) -
@@ -459,10 +463,12 @@ void PromFleet::Run(const std::function<void(int, int, double, double)>& sink) c
         ecc_total[m] += 1;  // a healthy card corrects one now and then
       tx_total[m] += std::max(0.0, net_rate * (1 + 0.04 * noise(kTxBytes)));
       rx_total[m] += std::max(0.0, net_rate * (1 + 0.04 * noise(kRxBytes)));
-      const double temp =
-          27 + drift_temp + off_temp[m] + 0.055 * power + 0.4 * noise(kTemp) + temp_extra;
+      // A drifting host: a slow leak (4 GB an hour) and a GPU warming by 3 C an hour (dust).
+      const double creep = drifting[m] ? t / 3600 : 0;
+      const double temp = 27 + drift_temp + off_temp[m] + 3 * creep + 0.055 * power +
+                          0.4 * noise(kTemp) + temp_extra;
       value[kCpu] = std::clamp(cpu, 0.0, 1.0);
-      value[kMem] = 320e9 + off_mem[m] + leak + 0.2e9 * noise(kMem);
+      value[kMem] = 320e9 + off_mem[m] + leak + 4e9 * creep + 0.2e9 * noise(kMem);
       value[kTxBytes] = tx_total[m];
       value[kRxBytes] = rx_total[m];
       value[kPfc] = std::max(0.0, pfc);

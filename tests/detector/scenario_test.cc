@@ -45,6 +45,7 @@ Fleet MakeFleet(const nlohmann::json& j) {
     cfg.excursions_per_hour = f.value("excursions_per_hour", cfg.excursions_per_hour);
     cfg.excursion_kinds = f.value("excursion_kinds", cfg.excursion_kinds);
     cfg.hot_machines = f.value("hot_machines", cfg.hot_machines);
+    cfg.drifting_machines = f.value("drifting_machines", cfg.drifting_machines);
     cfg.event_stagger_s = f.value("event_stagger_s", cfg.event_stagger_s);
     cfg.startup_s = f.value("startup_s", cfg.startup_s);
     cfg.job_events = f.value("job_events", cfg.job_events);

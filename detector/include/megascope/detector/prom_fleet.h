@@ -44,6 +44,7 @@ struct PromFleetConfig {
   double excursions_per_hour = 1.0;          // benign excursions (5-60 s, one metric)
   std::vector<std::string> excursion_kinds;  // empty: all (PromFleetExcursionKinds())
   int hot_machines = 1;        // healthy GPUs running 6-10 C hotter than their peers, always
+  int drifting_machines = 0;   // healthy hosts whose memory and GPU temperature creep up slowly
   double event_stagger_s = 5;  // a job-wide event reaches machines up to this far apart
   double startup_s = 90;       // loading before the first step: every machine idle
   bool job_events = true;      // checkpoints, evaluations, data stalls
