@@ -104,7 +104,10 @@ int RunDetect(const Args& args) {
       ("json", po::bool_switch(&json), "print verdicts as JSON lines (FORMATS.md section 2)")
       ("window", po::value(&cfg.denoise_window)->default_value(cfg.denoise_window), "denoising window (ticks)")
       ("continuity", po::value(&cfg.continuity)->default_value(cfg.continuity),
-       "continuity window (ticks) a machine must stay the outlier")
+       "continuity window (ticks) a machine must stay the outlier on strong evidence (silent, an error "
+       "counter, a training metric) or on two metric families at once")
+      ("weak-continuity", po::value(&cfg.weak_continuity)->default_value(cfg.weak_continuity),
+       "window (ticks) for evidence from one metric family alone: longer than benign excursions")
       ("threshold", po::value(&cfg.threshold)->default_value(cfg.threshold), "robust |z| that makes an outlier")
       ("tick", po::value(&cfg.tick_s)->default_value(cfg.tick_s), "tick length in seconds")
       ("max-lateness", po::value(&lateness)->default_value(lateness),
@@ -115,8 +118,9 @@ int RunDetect(const Args& args) {
                           args, opts, {}, &vm)) {
     return *rc;
   }
-  if (cfg.denoise_window < 1 || cfg.continuity < 1 || cfg.tick_s <= 0 || cfg.threshold <= 0) {
-    return Fail("detect", "--window, --continuity, --tick and --threshold must be positive", 2);
+  if (cfg.denoise_window < 1 || cfg.continuity < 1 || cfg.weak_continuity < 1 || cfg.tick_s <= 0 ||
+      cfg.threshold <= 0) {
+    return Fail("detect", "--window, --continuity, --weak-continuity, --tick and --threshold must be positive", 2);
   }
   if (!groups.empty()) {
     auto g = ReadGroupsCsv(groups);
