@@ -14,20 +14,27 @@ int RunAnalyze(const Args& args) {
   bool json = false;
   analyzer::HangOptions ho;
   po::options_description opts("Options");
-  opts.add_options()("help,h", "show this help")
-      ("what", po::value(&what)->required(), "hang | slow")
-      ("steps", po::value(&steps), "slow: A:B, the steps to look at")
-      ("source", po::value(&source), "a directory of dumps, or a run directory (its newest dumps/attempt_*)")
-      ("agents", po::value(&agents), "live: comma-separated agent URLs (http://127.0.0.1:PORT,...)")
-      ("pytorch", po::value(&pytorch), "a directory of PyTorch Flight Recorder JSON dumps, one per rank")
-      ("json", po::bool_switch(&json), "verdicts as JSON lines (FORMATS.md section 2)")
-      ("min-wait", po::value(&ho.min_wait_s)->default_value(ho.min_wait_s), "seconds in an op before it counts as a wait")
-      ("stale-heartbeat", po::value(&ho.stale_heartbeat_s)->default_value(ho.stale_heartbeat_s),
-       "a heartbeat this many seconds older than its peers' marks the rank dead");
+  opts.add_options()("help,h", "show this help")("what", po::value(&what)->required(),
+                                                 "hang | slow")("steps", po::value(&steps),
+                                                                "slow: A:B, the steps to look at")(
+      "source", po::value(&source),
+      "a directory of dumps, or a run directory (its newest dumps/attempt_*)")(
+      "agents", po::value(&agents), "live: comma-separated agent URLs (http://127.0.0.1:PORT,...)")(
+      "pytorch", po::value(&pytorch),
+      "a directory of PyTorch Flight Recorder JSON dumps, one per rank")(
+      "json", po::bool_switch(&json), "verdicts as JSON lines (FORMATS.md section 2)")(
+      "min-wait", po::value(&ho.min_wait_s)->default_value(ho.min_wait_s),
+      "seconds in an op before it counts as a wait")(
+      "stale-heartbeat", po::value(&ho.stale_heartbeat_s)->default_value(ho.stale_heartbeat_s),
+      "a heartbeat this many seconds older than its peers' marks the rank dead");
   po::positional_options_description pos;
   pos.add("what", 1).add("source", 1);
   po::variables_map vm;
-  if (auto rc = ParseArgs("analyze", "megascope analyze hang (DIR | RUN_DIR | --agents URL,... | --pytorch DIR) [--json]\n       megascope analyze slow RUN_DIR [--steps A:B] [--json]", args, opts, pos, &vm)) {
+  if (auto rc =
+          ParseArgs("analyze",
+                    "megascope analyze hang (DIR | RUN_DIR | --agents URL,... | --pytorch DIR) "
+                    "[--json]\n       megascope analyze slow RUN_DIR [--steps A:B] [--json]",
+                    args, opts, pos, &vm)) {
     return *rc;
   }
   if (what == "slow") {
@@ -36,7 +43,9 @@ int RunAnalyze(const Args& args) {
     if (!steps.empty()) {
       try {
         so.first_step = std::stoll(steps.substr(0, steps.find(':')));
-        so.last_step = steps.find(':') == std::string::npos ? so.first_step : std::stoll(steps.substr(steps.find(':') + 1));
+        so.last_step = steps.find(':') == std::string::npos
+                           ? so.first_step
+                           : std::stoll(steps.substr(steps.find(':') + 1));
       } catch (const std::exception&) {
         return Fail("analyze", "--steps must be A:B", 2);
       }
@@ -54,17 +63,20 @@ int RunAnalyze(const Args& args) {
   }
   if (what != "hang") return Fail("analyze", "unknown analysis '" + what + "' (hang, slow)", 2);
   if (source.empty() + agents.empty() + pytorch.empty() != 2) {
-    return Fail("analyze", "give one of: a dump or run directory, --agents URL,..., --pytorch DIR", 2);
+    return Fail("analyze", "give one of: a dump or run directory, --agents URL,..., --pytorch DIR",
+                2);
   }
   std::vector<std::string> urls;
   std::stringstream ss(agents);
   for (std::string u; std::getline(ss, u, ',');) {
     if (!u.empty()) urls.push_back(u);
   }
-  auto in = !urls.empty() ? analyzer::LoadFromAgents(urls)
+  auto in = !urls.empty()      ? analyzer::LoadFromAgents(urls)
             : !pytorch.empty() ? analyzer::LoadPyTorchDumps(pytorch)
                                : analyzer::LoadDumpDirectory(source);
   if (!in.ok()) return Fail("analyze", in.status().message());
+  for (const std::string& w : in->warnings)
+    std::fprintf(stderr, "megascope analyze: warning: %s\n", w.c_str());
   const auto verdicts = analyzer::AnalyzeHang(*in, ho);
   if (json) {
     for (const Verdict& v : verdicts) std::printf("%s\n", VerdictToJson(v).c_str());

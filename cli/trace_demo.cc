@@ -231,7 +231,7 @@ int RunTraceDemo(const Args& args) {
   // Kill it; a reader can still dump its flight recorder from the ring, marked not alive.
   writers[hung]->Stop(std::chrono::milliseconds(0));
   exited[hung] = true;
-  Dump reader_side{tally[hung].reader->Snapshot(), tally[hung].reader->WriterAlive(), WallNowNs()};
+  Dump reader_side{tally[hung].reader->Snapshot(), tally[hung].reader->WriterAlive(), WallNowNs(), {}};
   const std::string agent_dump = cfg.dump_dir + "/rank_" + std::to_string(hung) + ".reader.json";
   Status st = WriteFileAtomic(agent_dump, DumpToJson(reader_side));
   const FlightEntry& last = reader_side.snapshot.entries.back();

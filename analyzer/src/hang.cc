@@ -31,31 +31,39 @@ struct Rank {
   std::map<std::string, const tracer::GroupInfo*> groups;
   std::map<std::string, int64_t> last_coll;  // group -> max collective seq issued
   std::map<std::pair<std::string, int64_t>, const FlightEntry*> coll;
-  std::map<std::tuple<std::string, int, int64_t>, const FlightEntry*> sends, recvs;  // (group, peer, seq)
-  std::map<std::pair<std::string, int>, int64_t> sends_issued, recvs_issued;  // (group, peer) -> count
+  std::map<std::tuple<std::string, int, int64_t>, const FlightEntry*> sends,
+      recvs;  // (group, peer, seq)
+  std::map<std::pair<std::string, int>, int64_t> sends_issued,
+      recvs_issued;                  // (group, peer) -> count
   std::vector<std::string> history;  // group names of collectives, in issue order
   const FlightEntry* blocking = nullptr;
   std::string blocking_group;
 
-  const std::string& GroupName(const FlightEntry& e) const { return dump->snapshot.groups[e.group].name; }
+  const std::string& GroupName(const FlightEntry& e) const {
+    return dump->snapshot.groups[e.group].name;
+  }
   std::string Describe() const {
     if (!present) return "rank " + std::to_string(id) + " (no dump)";
     const auto& i = dump->snapshot.info;
-    return "rank " + std::to_string(id) + " (" + i.node + ", dp=" + std::to_string(i.coords.dp) + " pp=" +
-           std::to_string(i.coords.pp) + " tp=" + std::to_string(i.coords.tp) + ")";
+    return "rank " + std::to_string(id) + " (" + i.node + ", dp=" + std::to_string(i.coords.dp) +
+           " pp=" + std::to_string(i.coords.pp) + " tp=" + std::to_string(i.coords.tp) + ")";
   }
   std::string Doing(int64_t now) const {
     if (!present) return "no flight recorder";
     const auto& hb = dump->snapshot.heartbeat;
-    std::string s = "its last heartbeat says " + std::string(tracer::Name(hb.phase)) + " of step " + std::to_string(hb.step);
-    if (hb.updated_at_ns > 0) s += " (" + Fmt("%.1f", static_cast<double>(now - (hb.updated_at_ns - offset)) / 1e9) + " s ago)";
+    std::string s = "its last heartbeat says " + std::string(tracer::Name(hb.phase)) + " of step " +
+                    std::to_string(hb.step);
+    if (hb.updated_at_ns > 0)
+      s += " (" + Fmt("%.1f", static_cast<double>(now - (hb.updated_at_ns - offset)) / 1e9) +
+           " s ago)";
     return s;
   }
 };
 
 std::string OpName(const FlightEntry& e, const std::string& group) {
   std::string s = std::string(tracer::Name(e.op)) + " #" + std::to_string(e.seq) + " in " + group;
-  if (e.peer >= 0) s += (e.op == OpType::kSend ? " to rank " : " from rank ") + std::to_string(e.peer);
+  if (e.peer >= 0)
+    s += (e.op == OpType::kSend ? " to rank " : " from rank ") + std::to_string(e.peer);
   return s;
 }
 
@@ -70,25 +78,48 @@ struct Wait {
 Result<HangInput> MakeHangInput(std::vector<std::pair<std::string, tracer::Dump>> dumps) {
   if (dumps.empty()) return InvalidArgument("no flight-recorder dumps to analyse");
   HangInput in;
-  std::map<std::string, std::pair<std::vector<int32_t>, std::string>> membership;  // group -> ranks, first source
+  std::map<std::string, std::pair<std::vector<int32_t>, std::string>>
+      membership;  // group -> ranks, first source
   for (auto& [source, d] : dumps) {
     const auto& info = d.snapshot.info;
     if (in.world_size != 0 && info.world_size != in.world_size) {
-      return InvalidArgument(source + ": world_size " + std::to_string(info.world_size) + " disagrees with " +
-                             std::to_string(in.world_size) + " in the other dumps");
+      return InvalidArgument(source + ": world_size " + std::to_string(info.world_size) +
+                             " disagrees with " + std::to_string(in.world_size) +
+                             " in the other dumps");
     }
     in.world_size = info.world_size;
     for (const auto& g : d.snapshot.groups) {
       auto [it, added] = membership.try_emplace(g.name, g.ranks, source);
       if (!added && it->second.first != g.ranks) {
-        return InvalidArgument("group '" + g.name + "' has different members in " + source + " and " + it->second.second);
+        return InvalidArgument("group '" + g.name + "' has different members in " + source +
+                               " and " + it->second.second);
       }
     }
+  }
+  // Unknown values (a newer writer's phase, op, state or dtype): once per field and value.
+  struct Seen {
+    int dumps = 0;
+    std::string first;
+  };
+  std::map<std::pair<std::string, std::string>, Seen> unknown;
+  for (const auto& [source, d] : dumps) {
+    std::set<std::pair<std::string, std::string>> here;
+    for (const tracer::UnknownValue& u : d.unknown_values) {
+      Seen& s = unknown[{u.field, u.value}];
+      if (s.first.empty()) s.first = source + ": " + u.where;
+      if (here.insert({u.field, u.value}).second) ++s.dumps;
+    }
+  }
+  for (const auto& [key, s] : unknown) {
+    in.warnings.push_back("unknown " + key.first + " '" + key.second + "' in " +
+                          std::to_string(s.dumps) + (s.dumps == 1 ? " dump" : " dumps") +
+                          " (first: " + s.first + "): read as unknown, the analysis goes on");
   }
   in.ranks.resize(in.world_size);
   for (auto& [source, d] : dumps) {
     RankView& v = in.ranks[d.snapshot.info.rank];
-    if (v.present && v.dump.dumped_at_ns >= d.dumped_at_ns) continue;  // keep the newest dump of a rank
+    if (v.present && v.dump.dumped_at_ns >= d.dumped_at_ns)
+      continue;  // keep the newest dump of a rank
     v.present = true;
     v.source = source;
     v.dump = std::move(d);
@@ -166,7 +197,8 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     auto it = R.last_coll.find(g);
     return it == R.last_coll.end() ? int64_t{-1} : it->second;
   };
-  auto issued = [](const std::map<std::pair<std::string, int>, int64_t>& m, const std::string& g, int peer) {
+  auto issued = [](const std::map<std::pair<std::string, int>, int64_t>& m, const std::string& g,
+                   int peer) {
     auto it = m.find({g, peer});
     return it == m.end() ? int64_t{0} : it->second;
   };
@@ -189,7 +221,8 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
   std::set<int> waiting;
   struct CollectiveState {
     std::vector<int> missing;  // members that have not issued it
-    std::map<std::tuple<int, uint64_t, int>, std::vector<int>> signatures;  // (op, bytes, dtype) -> members
+    std::map<std::tuple<int, uint64_t, int>, std::vector<int>>
+        signatures;  // (op, bytes, dtype) -> members
     bool examined = false;
   };
   std::map<std::pair<std::string, int64_t>, CollectiveState> collectives;
@@ -200,8 +233,9 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     if (!R.present || R.blocking == nullptr) continue;
     const FlightEntry& b = *R.blocking;
     const int64_t start = (b.started_at_ns ? b.started_at_ns : b.enqueued_at_ns) - R.offset;
-    const int64_t end = b.state == OpState::kFailed && b.completed_at_ns ? b.completed_at_ns - R.offset
-                                                                          : R.dump->dumped_at_ns - R.offset;
+    const int64_t end = b.state == OpState::kFailed && b.completed_at_ns
+                            ? b.completed_at_ns - R.offset
+                            : R.dump->dumped_at_ns - R.offset;
     const double waited = static_cast<double>(end - start) / 1e9;
     failed_seen |= b.state == OpState::kFailed;
     if (b.state != OpState::kFailed && waited < opt.min_wait_s) continue;  // still working
@@ -224,7 +258,8 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
         wait_on(p);
         continue;
       }
-      const int64_t counterpart = recv ? issued(P.sends_issued, R.blocking_group, R.id) : issued(P.recvs_issued, R.blocking_group, R.id);
+      const int64_t counterpart = recv ? issued(P.sends_issued, R.blocking_group, R.id)
+                                       : issued(P.recvs_issued, R.blocking_group, R.id);
       if (counterpart < static_cast<int64_t>(b.seq) + 1) {
         wait_on(p);  // the peer has not reached its side of this transfer
         continue;
@@ -270,31 +305,39 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       // Who departs: a rank whose op here differs from its own previous op in this group (it took
       // another code path); failing that, the minority.
       auto signature_of = [](const FlightEntry& e) {
-        return std::tuple<int, uint64_t, int>{static_cast<int>(e.op), e.bytes, static_cast<int>(e.dtype)};
+        return std::tuple<int, uint64_t, int>{static_cast<int>(e.op), e.bytes,
+                                              static_cast<int>(e.dtype)};
       };
-      std::map<std::tuple<int, uint64_t, int>, int> departs;  // signature -> members departing from their past
+      std::map<std::tuple<int, uint64_t, int>, int>
+          departs;  // signature -> members departing from their past
       for (const auto& [sig, who] : signatures) {
         for (int m : who) {
           const Rank& M = ranks[m];
           auto it = M.coll.find({R.blocking_group, static_cast<int64_t>(b.seq)});
           if (it == M.coll.begin() || it == M.coll.end()) continue;
           auto prev = std::prev(it);
-          if (prev->first.first == R.blocking_group && signature_of(*prev->second) != sig) ++departs[sig];
+          if (prev->first.first == R.blocking_group && signature_of(*prev->second) != sig)
+            ++departs[sig];
         }
       }
-      auto majority = std::max_element(signatures.begin(), signatures.end(), [&](const auto& a, const auto& c) {
-        if (departs[a.first] != departs[c.first]) return departs[a.first] > departs[c.first];
-        return a.second.size() < c.second.size();
-      });
+      auto majority =
+          std::max_element(signatures.begin(), signatures.end(), [&](const auto& a, const auto& c) {
+            if (departs[a.first] != departs[c.first]) return departs[a.first] > departs[c.first];
+            return a.second.size() < c.second.size();
+          });
       auto sig_text = [](const std::tuple<int, uint64_t, int>& s) {
-        return std::string(tracer::Name(static_cast<OpType>(std::get<0>(s)))) + " of " + std::to_string(std::get<1>(s)) +
-               " bytes " + std::string(tracer::Name(static_cast<tracer::DType>(std::get<2>(s))));
+        return std::string(tracer::Name(static_cast<OpType>(std::get<0>(s)))) + " of " +
+               std::to_string(std::get<1>(s)) + " bytes " +
+               std::string(tracer::Name(static_cast<tracer::DType>(std::get<2>(s))));
       };
       for (const auto& [sig, who] : signatures) {
         if (sig == majority->first) continue;
         bool known = false;
-        for (const Mismatch& x : mismatches) known |= x.group == R.blocking_group && x.seq == static_cast<int64_t>(b.seq);
-        if (!known) mismatches.push_back({R.blocking_group, static_cast<int64_t>(b.seq), who, sig_text(majority->first), sig_text(sig)});
+        for (const Mismatch& x : mismatches)
+          known |= x.group == R.blocking_group && x.seq == static_cast<int64_t>(b.seq);
+        if (!known)
+          mismatches.push_back({R.blocking_group, static_cast<int64_t>(b.seq), who,
+                                sig_text(majority->first), sig_text(sig)});
       }
     }
   }
@@ -309,7 +352,9 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     v.onset_at_ns = onset;
     return v;
   };
-  auto node_of = [&](int r) { return ranks[r].present ? ranks[r].dump->snapshot.info.node : std::string("?"); };
+  auto node_of = [&](int r) {
+    return ranks[r].present ? ranks[r].dump->snapshot.info.node : std::string("?");
+  };
   std::map<int, std::vector<int>> waited_by;  // target -> ranks waiting on it
   for (const Wait& x : waits) waited_by[x.to].push_back(x.from);
   // Everyone who waits on `roots`, directly or through others (iterative: chains can be long).
@@ -333,7 +378,9 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     for (const Wait& x : waits) {
       if (x.to != root) continue;
       ++total;
-      if (shown++ < 4) s += (s.empty() ? "" : "; ") + ranks[x.from].Describe() + " waits in " + x.what + " for " + Fmt("%.1f s", x.seconds);
+      if (shown++ < 4)
+        s += (s.empty() ? "" : "; ") + ranks[x.from].Describe() + " waits in " + x.what + " for " +
+             Fmt("%.1f s", x.seconds);
     }
     if (total > shown) s += "; and " + std::to_string(total - shown) + " more";
     return s;
@@ -354,9 +401,11 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     v.op = m.found.substr(0, m.found.find(' '));
     v.waiting_ranks = waiters_of(roots);
     v.confidence = 0.95;
-    v.explanation = ranks[m.ranks[0]].Describe() + " issued " + m.found + " as #" + std::to_string(m.seq) + " in " + m.group +
-                    " where its peers issued " + m.expected + "; it took another code path.";
-    v.evidence.push_back("group " + m.group + " seq " + std::to_string(m.seq) + ": expected " + m.expected + ", found " + m.found);
+    v.explanation = ranks[m.ranks[0]].Describe() + " issued " + m.found + " as #" +
+                    std::to_string(m.seq) + " in " + m.group + " where its peers issued " +
+                    m.expected + "; it took another code path.";
+    v.evidence.push_back("group " + m.group + " seq " + std::to_string(m.seq) + ": expected " +
+                         m.expected + ", found " + m.found);
     out.push_back(std::move(v));
   }
   // 2. Stalled links: both sides posted, the data stopped.
@@ -373,12 +422,15 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     auto bytes = [](int64_t b) { return b < 0 ? std::string("unknown") : std::to_string(b); };
     const std::string sent = l.send ? bytes(l.send->bytes_sent) : "unknown";
     const std::string got = l.recv ? bytes(l.recv->bytes_received) : "unknown";
-    v.explanation = "the transfer #" + std::to_string(e->seq) + " in " + l.group + " from " + ranks[l.sender].Describe() +
-                    " to " + ranks[l.receiver].Describe() + " stalled: both sides joined, " + sent + " of " +
-                    std::to_string(e->bytes) + " bytes sent and " + got + " received. Suspect the link between " +
+    v.explanation = "the transfer #" + std::to_string(e->seq) + " in " + l.group + " from " +
+                    ranks[l.sender].Describe() + " to " + ranks[l.receiver].Describe() +
+                    " stalled: both sides joined, " + sent + " of " + std::to_string(e->bytes) +
+                    " bytes sent and " + got + " received. Suspect the link between " +
                     node_of(l.sender) + " and " + node_of(l.receiver) + ".";
-    v.evidence.push_back("bytes_sent=" + sent + " bytes_received=" + got + " of " + std::to_string(e->bytes));
-    if (!v.waiting_ranks.empty()) v.evidence.push_back(std::to_string(v.waiting_ranks.size()) + " ranks wait behind it");
+    v.evidence.push_back("bytes_sent=" + sent + " bytes_received=" + got + " of " +
+                         std::to_string(e->bytes));
+    if (!v.waiting_ranks.empty())
+      v.evidence.push_back(std::to_string(v.waiting_ranks.size()) + " ranks wait behind it");
     explained.insert(l.sender);
     explained.insert(l.receiver);
     out.push_back(std::move(v));
@@ -386,7 +438,8 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
   // 3. The ranks at the end of the wait-for edges.
   int64_t freshest = 0;
   for (const Rank& R : ranks) {
-    if (R.present) freshest = std::max(freshest, R.dump->snapshot.heartbeat.updated_at_ns - R.offset);
+    if (R.present)
+      freshest = std::max(freshest, R.dump->snapshot.heartbeat.updated_at_ns - R.offset);
   }
   // Follow the edges from every waiting rank to the ranks that wait on nobody.
   std::set<int> sinks;
@@ -419,9 +472,13 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     } else if (!R.alive) {
       cause = "rank_dead";
       why[r] = "its process is gone";
-    } else if (freshest - (R.dump->snapshot.heartbeat.updated_at_ns - R.offset) > static_cast<int64_t>(opt.stale_heartbeat_s * 1e9)) {
+    } else if (freshest - (R.dump->snapshot.heartbeat.updated_at_ns - R.offset) >
+               static_cast<int64_t>(opt.stale_heartbeat_s * 1e9)) {
       cause = "rank_dead";
-      why[r] = "its heartbeat is " + Fmt("%.0f", static_cast<double>(freshest - (R.dump->snapshot.heartbeat.updated_at_ns - R.offset)) / 1e9) +
+      why[r] = "its heartbeat is " +
+               Fmt("%.0f", static_cast<double>(
+                               freshest - (R.dump->snapshot.heartbeat.updated_at_ns - R.offset)) /
+                               1e9) +
                " s older than its peers'";
     }
     by_cause[cause].push_back(r);
@@ -441,9 +498,14 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
         if (x.to != r) continue;
         const FlightEntry& w = *ranks[x.from].blocking;
         const std::string& g = ranks[x.from].blocking_group;
-        if (w.op == OpType::kRecv) awaited = "send #" + std::to_string(w.seq) + " in " + g + " to rank " + std::to_string(x.from);
-        else if (w.op == OpType::kSend) awaited = "recv #" + std::to_string(w.seq) + " in " + g + " from rank " + std::to_string(x.from);
-        else awaited = OpName(w, g);
+        if (w.op == OpType::kRecv)
+          awaited =
+              "send #" + std::to_string(w.seq) + " in " + g + " to rank " + std::to_string(x.from);
+        else if (w.op == OpType::kSend)
+          awaited = "recv #" + std::to_string(w.seq) + " in " + g + " from rank " +
+                    std::to_string(x.from);
+        else
+          awaited = OpName(w, g);
         break;
       }
       if (v.group.empty()) {
@@ -490,8 +552,8 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
         const std::string& expected = h[len - p];
         if (expected != R.blocking_group) {
           deviators.push_back(r);
-          text += R.Describe() + " issued " + OpName(*R.blocking, R.blocking_group) + " where its own pattern expects a collective in " +
-                  expected + " next. ";
+          text += R.Describe() + " issued " + OpName(*R.blocking, R.blocking_group) +
+                  " where its own pattern expects a collective in " + expected + " next. ";
         }
         break;
       }
@@ -505,7 +567,8 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       }
       v.waiting_ranks = waiters_of(roots);
       for (int r : waiting) {
-        if (!roots.count(r) && std::find(v.waiting_ranks.begin(), v.waiting_ranks.end(), r) == v.waiting_ranks.end()) {
+        if (!roots.count(r) &&
+            std::find(v.waiting_ranks.begin(), v.waiting_ranks.end(), r) == v.waiting_ranks.end()) {
           v.waiting_ranks.push_back(r);
         }
       }
@@ -522,10 +585,12 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     Verdict v = base("unknown");
     for (int r : waiting) v.waiting_ranks.push_back(r);
     v.confidence = 0.3;
-    v.explanation = std::to_string(waiting.size()) + " ranks have waited longer than " + Fmt("%.0f", opt.min_wait_s) +
+    v.explanation = std::to_string(waiting.size()) + " ranks have waited longer than " +
+                    Fmt("%.0f", opt.min_wait_s) +
                     " s, but every member joined their ops and no transfer shows partial progress.";
     for (int r : waiting) {
-      v.evidence.push_back(ranks[r].Describe() + " in " + OpName(*ranks[r].blocking, ranks[r].blocking_group));
+      v.evidence.push_back(ranks[r].Describe() + " in " +
+                           OpName(*ranks[r].blocking, ranks[r].blocking_group));
       if (v.evidence.size() >= 8) break;
     }
     out.push_back(std::move(v));
@@ -535,7 +600,8 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     v.kind = "healthy";
     v.detected_at_ns = detected;
     v.confidence = 0.9;
-    v.explanation = "no rank has waited longer than " + Fmt("%.0f", opt.min_wait_s) + " s in an operation; nothing is hung.";
+    v.explanation = "no rank has waited longer than " + Fmt("%.0f", opt.min_wait_s) +
+                    " s in an operation; nothing is hung.";
     out.push_back(std::move(v));
   }
   return out;
@@ -553,9 +619,11 @@ std::string FormatHangReport(const std::vector<Verdict>& verdicts) {
       roots += (i ? ", " : "") + std::to_string(v.root_ranks[i]) + " (" + v.root_nodes[i] + ")";
     }
     out += "HANG  cause: " + v.cause + (roots.empty() ? "" : "   root: rank " + roots) + "\n";
-    if (!v.group.empty()) out += "  at: " + v.op + " #" + std::to_string(v.seq) + " in " + v.group + "\n";
+    if (!v.group.empty())
+      out += "  at: " + v.op + " #" + std::to_string(v.seq) + " in " + v.group + "\n";
     out += "  " + v.explanation + "\n";
-    if (!v.waiting_ranks.empty()) out += "  ranks waiting behind it: " + std::to_string(v.waiting_ranks.size()) + "\n";
+    if (!v.waiting_ranks.empty())
+      out += "  ranks waiting behind it: " + std::to_string(v.waiting_ranks.size()) + "\n";
   }
   return out;
 }

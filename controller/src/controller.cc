@@ -531,17 +531,22 @@ struct Controller::Impl {
       // Every failure was a peer's timeout: the cause is in the flight recorders.
       sup.CollectDumps(std::chrono::seconds(3));
       auto in = analyzer::LoadDumpDirectory(layout.dumps(attempt));
-      if (in.ok()) verdicts = analyzer::AnalyzeHang(*in, ho);
+      if (in.ok()) {
+        for (const std::string& w : in->warnings) Log("warning: " + w);
+        verdicts = analyzer::AnalyzeHang(*in, ho);
+      }
     } else if (t.cause == "hang") {
       std::vector<std::string> urls;
       for (const std::string& n : active) {
         if (!sup.AgentUrl(n).empty()) urls.push_back(sup.AgentUrl(n));
       }
       auto in = analyzer::LoadFromAgents(urls, attempt);
-      if (in.ok())
+      if (in.ok()) {
+        for (const std::string& w : in->warnings) Log("warning: " + w);
         verdicts = analyzer::AnalyzeHang(*in, ho);
-      else
+      } else {
         Log("hang analysis could not read the agents: " + in.status().ToString());
+      }
     }
     if (verdicts.empty() || (verdicts.size() == 1 && verdicts[0].kind == "healthy")) {
       Verdict v;

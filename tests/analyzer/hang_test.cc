@@ -2,6 +2,7 @@
 // tests/data/hang/generate.py), bad input, and live runs with real faults in real processes.
 #include "megascope/analyzer/hang.h"
 
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,10 +14,8 @@
 #include <set>
 #include <thread>
 
-#include <gtest/gtest.h>
-
-#include "megascope/runtime/data.h"
 #include "megascope/launch/process.h"
+#include "megascope/runtime/data.h"
 #include "test_util.h"
 
 namespace megascope::analyzer {
@@ -26,7 +25,8 @@ namespace fs = std::filesystem;
 using megascope::testing::RunCommand;
 using megascope::testing::TempDir;
 
-using Outcome = std::set<std::tuple<std::string, std::string, std::vector<int32_t>>>;  // kind, cause, roots
+using Outcome =
+    std::set<std::tuple<std::string, std::string, std::vector<int32_t>>>;  // kind, cause, roots
 
 class HangScenario : public ::testing::TestWithParam<std::string> {};
 
@@ -47,8 +47,9 @@ TEST_P(HangScenario, NamesTheRootAndNoOneElse) {
     got.insert({v.kind, v.cause, v.root_ranks});
     text += VerdictToJson(v) + "\n";
     auto j = nlohmann::json::parse(VerdictToJson(v));  // the FORMATS.md section 2 shape
-    for (const char* key : {"format", "version", "kind", "cause", "root_ranks", "root_nodes", "group", "seq", "op",
-                            "waiting_ranks", "detected_at_ns", "onset_at_ns", "confidence", "explanation", "evidence"}) {
+    for (const char* key : {"format", "version", "kind", "cause", "root_ranks", "root_nodes",
+                            "group", "seq", "op", "waiting_ranks", "detected_at_ns", "onset_at_ns",
+                            "confidence", "explanation", "evidence"}) {
       EXPECT_TRUE(j.contains(key)) << key;
     }
     EXPECT_EQ(v.root_ranks.size(), v.root_nodes.size());
@@ -81,7 +82,8 @@ TEST(HangScenarioCount, AtLeastFifteenCoveringEveryCause) {
     }
   }
   EXPECT_GE(Scenarios().size(), 15u);
-  for (const char* c : {"rank_dead", "rank_not_joined", "op_mismatch", "link_stall", "order_mismatch", "healthy"}) {
+  for (const char* c :
+       {"rank_dead", "rank_not_joined", "op_mismatch", "link_stall", "order_mismatch", "healthy"}) {
     EXPECT_TRUE(causes.count(c)) << c;
   }
 }
@@ -92,7 +94,8 @@ TEST(PyTorchImportTest, FlightRecorderDumpsGetARootCause) {
   EXPECT_EQ(in->world_size, 4);
   const auto& r3 = in->ranks[3].dump.snapshot;
   ASSERT_EQ(r3.groups.size(), 2u);
-  EXPECT_EQ(r3.groups[0].ranks, (std::vector<int32_t>{0, 1, 2, 3}));  // parsed from PyTorch's "[0, 1, 2, 3]"
+  EXPECT_EQ(r3.groups[0].ranks,
+            (std::vector<int32_t>{0, 1, 2, 3}));  // parsed from PyTorch's "[0, 1, 2, 3]"
   EXPECT_EQ(r3.entries[1].op, tracer::OpType::kRecv);
   EXPECT_EQ(r3.entries[1].peer, 2);
   EXPECT_EQ(r3.entries[1].dtype, tracer::DType::kBf16);
@@ -102,7 +105,8 @@ TEST(PyTorchImportTest, FlightRecorderDumpsGetARootCause) {
   EXPECT_EQ(v[0].cause, "rank_not_joined");
   EXPECT_EQ(v[0].root_ranks, std::vector<int32_t>{2});
   EXPECT_EQ(v[0].waiting_ranks, (std::vector<int32_t>{0, 1, 3}));
-  auto cli = RunCommand(std::string(MEGASCOPE_BIN) + " analyze hang --pytorch " MEGASCOPE_TEST_DATA "/pytorch/rank_not_joined --json");
+  auto cli = RunCommand(std::string(MEGASCOPE_BIN) + " analyze hang --pytorch " MEGASCOPE_TEST_DATA
+                                                     "/pytorch/rank_not_joined --json");
   EXPECT_EQ(cli.code, 0);
   EXPECT_NE(cli.out.find("\"root_ranks\":[2]"), std::string::npos) << cli.out;
 }
@@ -112,15 +116,18 @@ TEST(PyTorchImportTest, BadFilesAreNamed) {
   std::ofstream(dir.path() + "/rank_0.json") << "{\"version\": \"2.4\"}";
   auto in = LoadPyTorchDumps(dir.path());
   ASSERT_FALSE(in.ok());
-  EXPECT_NE(in.status().message().find("rank_0.json: not a PyTorch Flight Recorder dump"), std::string::npos);
+  EXPECT_NE(in.status().message().find("rank_0.json: not a PyTorch Flight Recorder dump"),
+            std::string::npos);
   std::ofstream(dir.path() + "/rank_0.json") << "\x80\x04pickle";
-  EXPECT_NE(LoadPyTorchDumps(dir.path()).status().message().find("malformed JSON"), std::string::npos);
+  EXPECT_NE(LoadPyTorchDumps(dir.path()).status().message().find("malformed JSON"),
+            std::string::npos);
 }
 
 class HangBadInput : public ::testing::Test {
  protected:
   void Copy(const std::string& scenario) {
-    fs::copy(MEGASCOPE_TEST_DATA "/hang/" + scenario + "/dumps", dir_.path(), fs::copy_options::recursive);
+    fs::copy(MEGASCOPE_TEST_DATA "/hang/" + scenario + "/dumps", dir_.path(),
+             fs::copy_options::recursive);
   }
   std::string Error() {
     auto in = LoadDumpDirectory(dir_.path());
@@ -141,11 +148,52 @@ TEST_F(HangBadInput, WrongFormatOrVersionNamesTheFile) {
   auto j = nlohmann::json::parse(in);
   j["version"] = 7;
   std::ofstream(dir_.path() + "/rank_2.json") << j.dump();
-  EXPECT_NE(Error().find("rank_2.json: dump version 7 is not supported"), std::string::npos) << Error();
+  EXPECT_NE(Error().find("rank_2.json: dump version 7 is not supported"), std::string::npos)
+      << Error();
   j["version"] = 1;
   j["format"] = "pytorch-flight-recorder";
   std::ofstream(dir_.path() + "/rank_2.json") << j.dump();
-  EXPECT_NE(Error().find("rank_2.json: format is 'pytorch-flight-recorder'"), std::string::npos) << Error();
+  EXPECT_NE(Error().find("rank_2.json: format is 'pytorch-flight-recorder'"), std::string::npos)
+      << Error();
+}
+
+TEST_F(HangBadInput, UnknownValuesAreWarnedOnceAndTheAnalysisGoesOn) {
+  // A newer writer: heartbeat phases, an op, a state and a dtype this build does not know, and
+  // fields it has never heard of. The root (rank 5, never joined) is still named.
+  Copy("not_joined_2x2x2");
+  for (int r : {0, 1, 2}) {
+    const std::string path = dir_.path() + "/rank_" + std::to_string(r) + ".json";
+    std::ifstream in(path);
+    auto j = nlohmann::json::parse(in);
+    j["heartbeat"]["phase"] = "warmup";
+    j["heartbeat"]["microstep"] = 3;
+    j["compression"] = {{"kind", "zstd"}};
+    if (r == 1) {
+      j["entries"][0]["dtype"] = "fp8_e4m3";
+      j["entries"][0]["state"] = "scheduled";
+      j["entries"][0]["stream"] = 7;
+    }
+    std::ofstream(path) << j.dump();
+  }
+  auto in = LoadDumpDirectory(dir_.path());
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  ASSERT_EQ(in->warnings.size(), 3u);
+  EXPECT_NE(in->warnings[0].find("unknown dtype 'fp8_e4m3' in 1 dump"), std::string::npos)
+      << in->warnings[0];
+  EXPECT_NE(in->warnings[1].find("unknown phase 'warmup' in 3 dumps"), std::string::npos)
+      << in->warnings[1];
+  EXPECT_NE(in->warnings[1].find("rank_0.json: heartbeat"), std::string::npos) << in->warnings[1];
+  EXPECT_NE(in->warnings[2].find("unknown state 'scheduled' in 1 dump"), std::string::npos)
+      << in->warnings[2];
+  EXPECT_EQ(in->ranks[0].dump.snapshot.heartbeat.phase, tracer::Phase::kUnknown);
+  const auto verdicts = AnalyzeHang(*in, {});
+  ASSERT_FALSE(verdicts.empty());
+  EXPECT_EQ(verdicts[0].cause, "rank_not_joined");
+  EXPECT_EQ(verdicts[0].root_ranks, std::vector<int>{5});
+  auto cli = RunCommand(std::string(MEGASCOPE_BIN) + " analyze hang " + dir_.path());
+  EXPECT_EQ(cli.code, 0) << cli.out;
+  EXPECT_NE(cli.out.find("warning: unknown phase 'warmup' in 3 dumps"), std::string::npos)
+      << cli.out;
 }
 
 TEST_F(HangBadInput, GroupsWhoseMembershipDisagreeNameBothFiles) {
@@ -174,15 +222,17 @@ class HangLiveTest : public ::testing::Test {
  protected:
   void SetUp() override {
     data_ = dir_.path() + "/notes.bin";
-    ASSERT_TRUE(runtime::PrepareByteTokens(MEGASCOPE_TEST_DATA "/text/notes_on_training.txt", data_).ok());
+    ASSERT_TRUE(
+        runtime::PrepareByteTokens(MEGASCOPE_TEST_DATA "/text/notes_on_training.txt", data_).ok());
   }
   std::string Train(const std::string& run, const std::string& extra) {
-    return std::string(MEGASCOPE_BIN) + " train --dp 2 --tp 2 --pp 2 --nodes 2 --data " + data_ + " --run-dir " +
-           dir_.path() + "/" + run + " --job h" + std::to_string(::getpid()) + run +
+    return std::string(MEGASCOPE_BIN) + " train --dp 2 --tp 2 --pp 2 --nodes 2 --data " + data_ +
+           " --run-dir " + dir_.path() + "/" + run + " --job h" + std::to_string(::getpid()) + run +
            " --steps 8 --layers 2 --width 32 --heads 2 --seq 16 --batch 4 " + extra;
   }
   nlohmann::json Verdict1(const std::string& args) {
-    auto r = RunCommand(std::string(MEGASCOPE_BIN) + " analyze hang " + args + " --json --min-wait 1");
+    auto r =
+        RunCommand(std::string(MEGASCOPE_BIN) + " analyze hang " + args + " --json --min-wait 1");
     EXPECT_EQ(r.code, 0) << r.out;
     return nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));
   }
@@ -192,7 +242,8 @@ class HangLiveTest : public ::testing::Test {
 
 TEST_F(HangLiveTest, AHungRankIsNamedFromTheAgentsWhileTheJobHangs) {
   auto train = megascope::launch::Process::Spawn(
-      {{"/bin/sh", "-c", "exec " + Train("live", "--timeout 120000 --fault hang:rank=5,step=3")}, "/dev/null"});
+      {{"/bin/sh", "-c", "exec " + Train("live", "--timeout 120000 --fault hang:rank=5,step=3")},
+       "/dev/null"});
   ASSERT_TRUE(train.ok()) << train.status().ToString();
   std::string agents;
   nlohmann::json v;
@@ -203,12 +254,14 @@ TEST_F(HangLiveTest, AHungRankIsNamedFromTheAgentsWhileTheJobHangs) {
       if (!in) continue;
       try {
         auto j = nlohmann::json::parse(in);
-        for (const auto& a : j["agents"]) agents += (agents.empty() ? "" : ",") + a["url"].get<std::string>();
+        for (const auto& a : j["agents"])
+          agents += (agents.empty() ? "" : ",") + a["url"].get<std::string>();
       } catch (...) {
         continue;
       }
     }
-    auto r = RunCommand(std::string(MEGASCOPE_BIN) + " analyze hang --agents " + agents + " --json --min-wait 2");
+    auto r = RunCommand(std::string(MEGASCOPE_BIN) + " analyze hang --agents " + agents +
+                        " --json --min-wait 2");
     if (r.code != 0) continue;
     v = nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));
     if (v["kind"] == "hang") break;

@@ -1,6 +1,6 @@
-#include "megascope/launch/process.h"
 #include "megascope/tracer/dump.h"
 
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,8 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include <gtest/gtest.h>
-
+#include "megascope/launch/process.h"
 #include "megascope/tracer/tracer.h"
 #include "test_util.h"
 
@@ -141,7 +140,8 @@ TEST_F(DumpTest, BadDumpsGetErrorsThatSayWhere) {
     auto d = ParseDump(text, "dumps/rank_3.json");
     return d.ok() ? std::string("(parsed)") : d.status().message();
   };
-  EXPECT_NE(error_of("{\"format\": ").find("dumps/rank_3.json: malformed JSON at byte"), std::string::npos);
+  EXPECT_NE(error_of("{\"format\": ").find("dumps/rank_3.json: malformed JSON at byte"),
+            std::string::npos);
   json j = good;
   j["format"] = "pytorch";
   EXPECT_NE(error_of(j.dump()).find("format is 'pytorch'"), std::string::npos);
@@ -155,14 +155,36 @@ TEST_F(DumpTest, BadDumpsGetErrorsThatSayWhere) {
   j["entries"][0]["group"] = "tp.9.9";
   EXPECT_NE(error_of(j.dump()).find("group 'tp.9.9' is not listed"), std::string::npos);
   j = good;
-  j["entries"][0]["op"] = "allreduce_coalesced";
-  EXPECT_NE(error_of(j.dump()).find("unknown op 'allreduce_coalesced'"), std::string::npos);
+  j["entries"][0]["op"] = 7;
+  EXPECT_NE(error_of(j.dump()).find("entries[0]: field 'op' should be a string"),
+            std::string::npos);
   j = good;
   j["rank"] = "3";
-  EXPECT_NE(error_of(j.dump()).find("field 'rank' should be an integer, not string"), std::string::npos);
+  EXPECT_NE(error_of(j.dump()).find("field 'rank' should be an integer, not string"),
+            std::string::npos);
   j = good;
   j["rank"] = 8;
   EXPECT_NE(error_of(j.dump()).find("outside world_size"), std::string::npos);
+}
+
+TEST_F(DumpTest, UnknownValuesOfKnownFieldsAreKeptAndExtraFieldsIgnored) {
+  auto t = MakeTracer();
+  json j = json::parse(t->DumpJson());
+  ASSERT_GE(j["entries"].size(), 1u);
+  j["heartbeat"]["phase"] = "warmup";
+  j["entries"][0]["op"] = "allreduce_coalesced";
+  j["entries"][0]["future_field"] = {1, 2};
+  j["newer_top_level"] = "x";
+  auto d = ParseDump(j.dump(), "rank_3.json");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->snapshot.heartbeat.phase, Phase::kUnknown);
+  EXPECT_EQ(d->snapshot.entries[0].op, OpType::kUnknown);
+  ASSERT_EQ(d->unknown_values.size(), 2u);
+  EXPECT_EQ(d->unknown_values[0].where, "heartbeat");
+  EXPECT_EQ(d->unknown_values[0].field, "phase");
+  EXPECT_EQ(d->unknown_values[0].value, "warmup");
+  EXPECT_EQ(d->unknown_values[1].where, "entries[0]");
+  EXPECT_EQ(d->unknown_values[1].value, "allreduce_coalesced");
 }
 
 TEST_F(DumpTest, ReaderDumpsARankWhoseProcessIsGone) {
@@ -177,7 +199,7 @@ TEST_F(DumpTest, ReaderDumpsARankWhoseProcessIsGone) {
                               RingReader::Mode::kSnapshotOnly);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_FALSE((*r)->WriterAlive());
-  Dump d{(*r)->Snapshot(), (*r)->WriterAlive(), WallNowNs()};
+  Dump d{(*r)->Snapshot(), (*r)->WriterAlive(), WallNowNs(), {}};
   std::string path = dir_.path() + "/dumps/attempt_2/rank_3.json";
   ASSERT_TRUE(WriteFileAtomic(path, DumpToJson(d)).ok());
   auto back = ReadDumpFile(path);

@@ -6,8 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -37,7 +37,8 @@ class Fields {
     if (nullable && it->is_null()) return &*it;
     bool ok = it->type() == type ||
               (type == json::value_t::number_integer && it->is_number_unsigned()) ||
-              (type == json::value_t::number_unsigned && it->is_number_integer() && it->get<int64_t>() >= 0);
+              (type == json::value_t::number_unsigned && it->is_number_integer() &&
+               it->get<int64_t>() >= 0);
     if (!ok) {
       return InvalidArgument(where_ + ": field '" + key + "' should be " + TypeName(type) +
                              ", not " + it->type_name());
@@ -62,24 +63,35 @@ class Fields {
  private:
   static std::string TypeName(json::value_t t) {
     switch (t) {
-      case json::value_t::string: return "a string";
+      case json::value_t::string:
+        return "a string";
       case json::value_t::number_integer:
-      case json::value_t::number_unsigned: return "an integer";
-      case json::value_t::boolean: return "a boolean";
-      case json::value_t::object: return "an object";
-      case json::value_t::array: return "an array";
-      default: return "something else";
+      case json::value_t::number_unsigned:
+        return "an integer";
+      case json::value_t::boolean:
+        return "a boolean";
+      case json::value_t::object:
+        return "an object";
+      case json::value_t::array:
+        return "an array";
+      default:
+        return "something else";
     }
   }
   const json& obj_;
   std::string where_;
 };
 
+// A known field's value; one this build does not know reads as E::kUnknown and is kept in `d`.
 template <typename E>
-Result<E> Enum(const Fields& f, const char* key, std::optional<E> (*parse)(std::string_view)) {
+Result<E> Enum(const Fields& f, const char* key, std::optional<E> (*parse)(std::string_view),
+               Dump* d, const std::string& where) {
   ASSIGN_OR_RETURN(std::string s, f.Str(key));
   auto e = parse(s);
-  if (!e) return InvalidArgument(f.where() + ": unknown " + key + " '" + s + "'");
+  if (!e) {
+    d->unknown_values.push_back({where, key, s});
+    return E::kUnknown;
+  }
   return *e;
 }
 
@@ -88,12 +100,14 @@ Result<Dump> ParseDumpJson(const json& j, const std::string& src) {
   Fields top(j, src);
   ASSIGN_OR_RETURN(std::string format, top.Str("format"));
   if (format != kDumpFormat) {
-    return InvalidArgument(src + ": format is '" + format + "', expected '" + std::string(kDumpFormat) + "'");
+    return InvalidArgument(src + ": format is '" + format + "', expected '" +
+                           std::string(kDumpFormat) + "'");
   }
   ASSIGN_OR_RETURN(int64_t version, top.Int("version"));
   if (version != kDumpVersion) {
     return InvalidArgument(src + ": dump version " + std::to_string(version) +
-                           " is not supported (this build reads version " + std::to_string(kDumpVersion) + ")");
+                           " is not supported (this build reads version " +
+                           std::to_string(kDumpVersion) + ")");
   }
   Dump d;
   RankInfo& info = d.snapshot.info;
@@ -104,7 +118,8 @@ Result<Dump> ParseDumpJson(const json& j, const std::string& src) {
   ASSIGN_OR_RETURN(info.node, top.Str("node"));
   ASSIGN_OR_RETURN(int64_t pid, top.Int("pid"));
   if (rank < 0 || world <= 0 || rank >= world) {
-    return InvalidArgument(src + ": rank " + std::to_string(rank) + " is outside world_size " + std::to_string(world));
+    return InvalidArgument(src + ": rank " + std::to_string(rank) + " is outside world_size " +
+                           std::to_string(world));
   }
   info.attempt = static_cast<int32_t>(attempt);
   info.rank = static_cast<int32_t>(rank);
@@ -129,7 +144,8 @@ Result<Dump> ParseDumpJson(const json& j, const std::string& src) {
   ASSIGN_OR_RETURN(const json* hbj, top.Get("heartbeat", json::value_t::object));
   Fields hb(*hbj, src + ": heartbeat");
   ASSIGN_OR_RETURN(d.snapshot.heartbeat.step, hb.Int("step"));
-  ASSIGN_OR_RETURN(d.snapshot.heartbeat.phase, Enum<Phase>(hb, "phase", &ParsePhase));
+  ASSIGN_OR_RETURN(d.snapshot.heartbeat.phase,
+                   Enum<Phase>(hb, "phase", &ParsePhase, &d, "heartbeat"));
   ASSIGN_OR_RETURN(d.snapshot.heartbeat.updated_at_ns, hb.IntOrNull("updated_at_ns", 0));
 
   ASSIGN_OR_RETURN(const json* groups, top.Get("groups", json::value_t::array));
@@ -147,7 +163,8 @@ Result<Dump> ParseDumpJson(const json& j, const std::string& src) {
       gi.ranks.push_back(r.get<int32_t>());
     }
     for (const GroupInfo& other : d.snapshot.groups) {
-      if (other.name == gi.name) return InvalidArgument(where + ": group '" + gi.name + "' appears twice");
+      if (other.name == gi.name)
+        return InvalidArgument(where + ": group '" + gi.name + "' appears twice");
     }
     d.snapshot.groups.push_back(std::move(gi));
   }
@@ -169,14 +186,18 @@ Result<Dump> ParseDumpJson(const json& j, const std::string& src) {
     f.group = static_cast<int32_t>(git - d.snapshot.groups.begin());
     ASSIGN_OR_RETURN(int64_t seq, e.Int("seq"));
     f.seq = static_cast<uint64_t>(seq);
-    ASSIGN_OR_RETURN(f.op, Enum<OpType>(e, "op", &ParseOpType));
+    ASSIGN_OR_RETURN(f.op,
+                     Enum<OpType>(e, "op", &ParseOpType, &d, "entries[" + std::to_string(i) + "]"));
     ASSIGN_OR_RETURN(int64_t peer, e.IntOrNull("peer", -1));
     f.peer = static_cast<int32_t>(peer);
-    if (IsP2P(f.op) && f.peer < 0) return InvalidArgument(where + ": a " + std::string(Name(f.op)) + " needs a peer");
+    if (IsP2P(f.op) && f.peer < 0)
+      return InvalidArgument(where + ": a " + std::string(Name(f.op)) + " needs a peer");
     ASSIGN_OR_RETURN(int64_t bytes, e.Int("bytes"));
     f.bytes = static_cast<uint64_t>(bytes);
-    ASSIGN_OR_RETURN(f.dtype, Enum<DType>(e, "dtype", &ParseDType));
-    ASSIGN_OR_RETURN(f.state, Enum<OpState>(e, "state", &ParseOpState));
+    ASSIGN_OR_RETURN(
+        f.dtype, Enum<DType>(e, "dtype", &ParseDType, &d, "entries[" + std::to_string(i) + "]"));
+    ASSIGN_OR_RETURN(f.state, Enum<OpState>(e, "state", &ParseOpState, &d,
+                                            "entries[" + std::to_string(i) + "]"));
     ASSIGN_OR_RETURN(f.enqueued_at_ns, e.IntOrNull("enqueued_at_ns", 0));
     ASSIGN_OR_RETURN(f.started_at_ns, e.IntOrNull("started_at_ns", 0));
     ASSIGN_OR_RETURN(f.completed_at_ns, e.IntOrNull("completed_at_ns", 0));
@@ -222,7 +243,8 @@ std::string DumpToJson(const Dump& d) {
   j["records_total"] = s.records_total;
   j["dropped_records"] = s.dropped_total;
   ojson groups = ojson::array();
-  for (const GroupInfo& g : s.groups) groups.push_back({{"name", g.name}, {"kind", g.kind}, {"ranks", g.ranks}});
+  for (const GroupInfo& g : s.groups)
+    groups.push_back({{"name", g.name}, {"kind", g.kind}, {"ranks", g.ranks}});
   j["groups"] = std::move(groups);
   ojson entries = ojson::array();
   for (const FlightEntry& e : s.entries) {
@@ -274,7 +296,8 @@ Status WriteFileAtomic(const std::string& path, std::string_view text) {
   fs::path p(path);
   if (p.has_parent_path()) {
     fs::create_directories(p.parent_path(), ec);
-    if (ec) return IoError("cannot create directory " + p.parent_path().string() + ": " + ec.message());
+    if (ec)
+      return IoError("cannot create directory " + p.parent_path().string() + ": " + ec.message());
   }
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -304,12 +327,14 @@ Status WriteFileAtomic(const std::string& path, std::string_view text) {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<SignalDumper>> SignalDumper::Start(std::function<void()> on_signal, int signo) {
+Result<std::unique_ptr<SignalDumper>> SignalDumper::Start(std::function<void()> on_signal,
+                                                          int signo) {
   int fds[2];
   if (g_signal_pipe_wr.load() >= 0) return FailedPrecondition("a SignalDumper is already running");
-  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) return ErrnoError("pipe for the dump signal", errno);
+  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
+    return ErrnoError("pipe for the dump signal", errno);
   g_signal_pipe_wr.store(fds[1]);
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = &OnDumpSignal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
@@ -344,7 +369,7 @@ Result<std::unique_ptr<SignalDumper>> SignalDumper::Start(std::function<void()> 
 }
 
 SignalDumper::~SignalDumper() {
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = SIG_DFL;
   sigemptyset(&sa.sa_mask);
   ::sigaction(signo_, &sa, nullptr);

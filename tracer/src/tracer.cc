@@ -180,7 +180,7 @@ void Tracer::RecordMetric(NameId name, double value) {
 }
 
 std::string Tracer::DumpJson() const {
-  return DumpToJson(Dump{Snapshot(), true, WallNowNs()});
+  return DumpToJson(Dump{Snapshot(), true, WallNowNs(), {}});
 }
 
 Status Tracer::WriteDump(const std::string& path) const { return WriteFileAtomic(path, DumpJson()); }

@@ -281,7 +281,7 @@ struct Agent::Impl {
           Log(opt.node, "rank " + std::to_string(st.info.rank) + " (pid " + std::to_string(st.info.pid) +
                             ") is gone; it left its own flight-recorder dump in " + path);
         } else {
-          Status d = WriteFileAtomic(path, DumpToJson(Dump{snap, false, now_ns}));
+          Status d = WriteFileAtomic(path, DumpToJson(Dump{snap, false, now_ns, {}}));
           Log(opt.node, "rank " + std::to_string(st.info.rank) + " (pid " + std::to_string(st.info.pid) +
                             ") is gone; its flight recorder " + (d.ok() ? "is in " + path : "could not be written: " + d.message()));
         }
@@ -378,7 +378,7 @@ struct Agent::Impl {
       if (st.info.rank == rank && (best == nullptr || st.info.attempt > best->info.attempt)) best = &st;
     }
     if (best == nullptr) return NotFound("rank " + std::to_string(rank) + " is not on node " + opt.node);
-    return DumpToJson(Dump{best->reader->Snapshot(), !best->dead && best->reader->WriterAlive(), WallNowNs()});
+    return DumpToJson(Dump{best->reader->Snapshot(), !best->dead && best->reader->WriterAlive(), WallNowNs(), {}});
   }
 };
 

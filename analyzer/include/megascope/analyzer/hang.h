@@ -34,14 +34,17 @@ struct RankView {
 struct HangInput {
   int world_size = 0;
   std::vector<RankView> ranks;  // index = rank
+  // Things the reader met and went on past, one line per kind (an unknown value of a known field,
+  // with how many dumps carry it and the first place): callers print them as warnings.
+  std::vector<std::string> warnings;
 };
 
 // Reads every *.json dump of `dir` (a directory of dumps, or a run directory: its newest
 // dumps/attempt_*). Errors name the file.
 Result<HangInput> LoadDumpDirectory(const std::string& dir);
 // Reads PyTorch Flight Recorder dumps (the JSON form: version, pg_config, entries with
-// collective_seq_id, profiling_name, state, ...) from `dir`, one file per rank (the rank comes from a
-// top-level "rank" field or the digits ending the file name), converted to megascope dumps.
+// collective_seq_id, profiling_name, state, ...) from `dir`, one file per rank (the rank comes from
+// a top-level "rank" field or the digits ending the file name), converted to megascope dumps.
 Result<HangInput> LoadPyTorchDumps(const std::string& dir);
 // Builds the input from parsed dumps (checks membership agrees across ranks).
 Result<HangInput> MakeHangInput(std::vector<std::pair<std::string, tracer::Dump>> dumps);

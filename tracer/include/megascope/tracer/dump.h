@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "megascope/tracer/snapshot.h"
 #include "megascope/tracer/status.h"
@@ -17,16 +18,28 @@ namespace megascope::tracer {
 inline constexpr std::string_view kDumpFormat = "megascope-flight-recorder";
 inline constexpr int kDumpVersion = 1;
 
+// A value this build does not know in a field it knows (a heartbeat phase, an op, a state, a
+// dtype): written by a newer version. The field reads as kUnknown, the value is kept here, and the
+// analysis goes on; callers report it once as a warning.
+struct UnknownValue {
+  std::string where;  // "heartbeat" or "entries[12]"
+  std::string field;  // "phase", "op", "state", "dtype"
+  std::string value;
+};
+
 struct Dump {
   RankSnapshot snapshot;
   bool alive = true;
   int64_t dumped_at_ns = 0;
+  std::vector<UnknownValue> unknown_values;
 };
 
 // The dump as JSON text (FORMATS.md section 1). `alive` is false when the writer is a reader
 // speaking for a rank whose process is gone.
 std::string DumpToJson(const Dump& dump);
-// Parses a dump; errors name `source` (a file name) and what was wrong.
+// Parses a dump; errors name `source` (a file name) and what was wrong. Forward compatible: fields
+// it does not know are ignored, unknown values of known fields are kept (Dump::unknown_values); a
+// format or version it does not know is an error.
 Result<Dump> ParseDump(std::string_view text, const std::string& source);
 Result<Dump> ReadDumpFile(const std::string& path);
 // Writes `text` to `path` atomically (temp file in the same directory, fsync, rename), creating
@@ -38,7 +51,7 @@ Status WriteFileAtomic(const std::string& path, std::string_view text);
 class SignalDumper {
  public:
   static Result<std::unique_ptr<SignalDumper>> Start(std::function<void()> on_signal,
-                                                    int signo = 10 /* SIGUSR1 */);
+                                                     int signo = 10 /* SIGUSR1 */);
   ~SignalDumper();  // restores the previous handler and joins the thread
   SignalDumper(const SignalDumper&) = delete;
   SignalDumper& operator=(const SignalDumper&) = delete;

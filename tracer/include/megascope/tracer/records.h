@@ -18,11 +18,13 @@ enum class SpanKind : uint8_t {
 enum class OpType : uint8_t {
   kAllreduce = 0, kReduceScatter, kAllgather, kBroadcast, kReduce, kBarrier, kAlltoall,
   kSend, kRecv,
+  kUnknown = 255,  // read from a dump written by a newer version; never written by this one
 };
-enum class OpState : uint8_t { kEnqueued = 0, kStarted, kCompleted, kFailed };
-enum class DType : uint8_t { kF32 = 0, kF16, kBf16, kF64, kI32, kI64, kU8, kU16 };
+enum class OpState : uint8_t { kEnqueued = 0, kStarted, kCompleted, kFailed, kUnknown = 255 };
+enum class DType : uint8_t { kF32 = 0, kF16, kBf16, kF64, kI32, kI64, kU8, kU16, kUnknown = 255 };
 enum class Phase : uint8_t {
   kInit = 0, kData, kForward, kBackward, kOptimizer, kCheckpoint, kIdle, kDone,
+  kUnknown = 255,
 };
 
 // Names exactly as FORMATS.md spells them.
