@@ -288,7 +288,9 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
           continue;
         }
         auto it = M.coll.find(key);
-        if (it != M.coll.end()) {
+        // An op or dtype this build does not know (a newer writer) is no evidence of a mismatch.
+        if (it != M.coll.end() && it->second->op != OpType::kUnknown &&
+            it->second->dtype != tracer::DType::kUnknown) {
           const FlightEntry& e = *it->second;
           cs.signatures[{static_cast<int>(e.op), e.bytes, static_cast<int>(e.dtype)}].push_back(m);
         }

@@ -29,21 +29,37 @@ std::vector<int32_t> ParseRanks(const json& v) {
   if (v.is_string()) {  // PyTorch writes the list as a string: "[0, 1, 2]"
     static const std::regex kInt(R"(\d+)");
     const std::string s = v;
-    for (auto it = std::sregex_iterator(s.begin(), s.end(), kInt); it != std::sregex_iterator(); ++it) {
+    for (auto it = std::sregex_iterator(s.begin(), s.end(), kInt); it != std::sregex_iterator();
+         ++it) {
       out.push_back(std::stoi(it->str()));
     }
   }
   return out;
 }
 
+// c10's ScalarType names as the recorder writes them; others (float8 kinds, complex) read as
+// unknown and are reported.
 DType DTypeOf(const std::string& s) {
+  if (s == "Float") return DType::kF32;
   if (s == "BFloat16") return DType::kBf16;
   if (s == "Half") return DType::kF16;
   if (s == "Double") return DType::kF64;
   if (s == "Int" || s == "Int32") return DType::kI32;
   if (s == "Long" || s == "Int64") return DType::kI64;
   if (s == "Byte" || s == "Bool" || s == "Char") return DType::kU8;
-  return DType::kF32;
+  if (s == "Short") return DType::kU16;
+  return DType::kUnknown;
+}
+
+int64_t IntOf(const json& v, int64_t fallback) {  // PyTorch writes some counters as strings
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_string()) {
+    try {
+      return std::stoll(v.get<std::string>());
+    } catch (...) {
+    }
+  }
+  return fallback;
 }
 
 // "nccl:all_reduce" -> allreduce; "nccl:send 0->1" / "nccl:recv 1<-0" carry the peer.
@@ -59,14 +75,22 @@ bool OpOf(const std::string& name, int self, OpType* op, int* peer) {
     return true;
   }
   n = n.substr(0, n.find(' '));
-  if (n.find("all_reduce") != std::string::npos || n == "allreduce") *op = OpType::kAllreduce;
-  else if (n.find("reduce_scatter") != std::string::npos) *op = OpType::kReduceScatter;
-  else if (n.find("all_gather") != std::string::npos || n.find("allgather") != std::string::npos) *op = OpType::kAllgather;
-  else if (n.find("broadcast") != std::string::npos) *op = OpType::kBroadcast;
-  else if (n.find("barrier") != std::string::npos) *op = OpType::kBarrier;
-  else if (n.find("all_to_all") != std::string::npos || n.find("alltoall") != std::string::npos) *op = OpType::kAlltoall;
-  else if (n.find("reduce") != std::string::npos) *op = OpType::kReduce;
-  else return false;
+  if (n.find("all_reduce") != std::string::npos || n == "allreduce")
+    *op = OpType::kAllreduce;
+  else if (n.find("reduce_scatter") != std::string::npos)
+    *op = OpType::kReduceScatter;
+  else if (n.find("all_gather") != std::string::npos || n.find("allgather") != std::string::npos)
+    *op = OpType::kAllgather;
+  else if (n.find("broadcast") != std::string::npos)
+    *op = OpType::kBroadcast;
+  else if (n.find("barrier") != std::string::npos)
+    *op = OpType::kBarrier;
+  else if (n.find("all_to_all") != std::string::npos || n.find("alltoall") != std::string::npos)
+    *op = OpType::kAlltoall;
+  else if (n.find("reduce") != std::string::npos)
+    *op = OpType::kReduce;
+  else
+    return false;
   return true;
 }
 
@@ -79,10 +103,13 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
   tracer::Dump d;
   auto& s = d.snapshot;
   if (!j.is_object() || !j.contains("entries") || !j.contains("pg_config")) {
-    return InvalidArgument(file + ": not a PyTorch Flight Recorder dump (needs 'pg_config' and 'entries')");
+    return InvalidArgument(
+        file + ": not a PyTorch Flight Recorder dump (needs 'pg_config' and 'entries')");
   }
   const int rank = j.value("rank", rank_hint);
-  if (rank < 0) return InvalidArgument(file + ": cannot tell the rank (no 'rank' field, no digits ending the file name)");
+  if (rank < 0)
+    return InvalidArgument(
+        file + ": cannot tell the rank (no 'rank' field, no digits ending the file name)");
   s.info.rank = rank;
   s.info.job = "pytorch";
   s.info.node = j.value("hostname", "unknown");
@@ -104,41 +131,67 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
   uint64_t id = 0;
   for (const auto& e : j["entries"]) {
     std::string pg;
-    if (e.contains("process_group") && e["process_group"].is_array() && !e["process_group"].empty()) {
+    if (e.contains("process_group") && e["process_group"].is_array() &&
+        !e["process_group"].empty()) {
       pg = e["process_group"][0].get<std::string>();
     } else if (e.contains("pg_id")) {
-      pg = e["pg_id"].is_string() ? e["pg_id"].get<std::string>() : std::to_string(e["pg_id"].get<int>());
+      pg = e["pg_id"].is_string() ? e["pg_id"].get<std::string>()
+                                  : std::to_string(e["pg_id"].get<int>());
     }
     auto git = group_of.find(pg);
-    if (git == group_of.end()) return InvalidArgument(file + ": entry " + std::to_string(id) + " names process group '" + pg + "', not in pg_config");
+    if (git == group_of.end())
+      return InvalidArgument(file + ": entry " + std::to_string(id) + " names process group '" +
+                             pg + "', not in pg_config");
     tracer::FlightEntry f;
     f.id = ++id;
     f.group = git->second;
     int peer = -1;
-    if (!OpOf(e.value("profiling_name", ""), rank, &f.op, &peer)) continue;  // not a communication op
+    if (!OpOf(e.value("profiling_name", ""), rank, &f.op, &peer))
+      continue;  // not a communication op
     f.peer = peer;
+    const std::string where = "entries[" + std::to_string(id - 1) + "]";
     if (tracer::IsP2P(f.op)) {
       f.seq = p2p_seq[{f.group, peer, f.op == OpType::kSend}]++;
     } else {
-      f.seq = e.value("collective_seq_id", 0);
+      // collective_seq_id since 2.3's recorder; "seq_id" in the 1.x schema.
+      f.seq = static_cast<uint64_t>(IntOf(
+          e.contains("collective_seq_id") ? e["collective_seq_id"] : e.value("seq_id", json(0)),
+          0));
     }
-    const std::string dt = e.contains("input_dtypes") && !e["input_dtypes"].empty() ? e["input_dtypes"][0].get<std::string>() : "Float";
+    const std::string dt = e.contains("input_dtypes") && !e["input_dtypes"].empty()
+                               ? e["input_dtypes"][0].get<std::string>()
+                               : "Float";
     f.dtype = DTypeOf(dt);
+    if (f.dtype == DType::kUnknown) d.unknown_values.push_back({where, "input_dtypes", dt});
     uint64_t elems = 1;
     if (e.contains("input_sizes") && !e["input_sizes"].empty()) {
       for (const auto& d : e["input_sizes"][0]) elems *= d.get<uint64_t>();
     }
     f.bytes = elems * tracer::DTypeSize(f.dtype);
-    const std::string st = e.value("state", "scheduled");
-    f.state = st == "completed" ? OpState::kCompleted : st == "started" ? OpState::kStarted : OpState::kEnqueued;
+    // States: scheduled, started (only with timing enabled), completed. A recorder that marks
+    // only `retired` (the watchdog saw the work finish) is read as completed.
+    const bool retired = e.value("retired", false);
+    const std::string st = e.value("state", retired ? "completed" : "scheduled");
+    if (st == "completed" || retired) {
+      f.state = OpState::kCompleted;
+    } else if (st == "started") {
+      f.state = OpState::kStarted;
+    } else if (st == "scheduled") {
+      f.state = OpState::kEnqueued;
+    } else {
+      f.state = OpState::kUnknown;
+      d.unknown_values.push_back({where, "state", st});
+    }
     f.enqueued_at_ns = Ns(e, "time_created_ns");
     f.started_at_ns = Ns(e, "time_discovered_started_ns");
     f.completed_at_ns = Ns(e, "time_discovered_completed_ns");
     latest = std::max({latest, f.enqueued_at_ns, f.started_at_ns, f.completed_at_ns});
     s.entries.push_back(f);
   }
-  struct stat stt{};
-  const int64_t mtime = ::stat(file.c_str(), &stt) == 0 ? stt.st_mtim.tv_sec * 1'000'000'000LL + stt.st_mtim.tv_nsec : 0;
+  struct stat stt {};
+  const int64_t mtime = ::stat(file.c_str(), &stt) == 0
+                            ? stt.st_mtim.tv_sec * 1'000'000'000LL + stt.st_mtim.tv_nsec
+                            : 0;
   d.dumped_at_ns = std::max(latest, mtime);  // written when the watchdog fired
   d.alive = true;
   return d;
@@ -160,7 +213,9 @@ Result<HangInput> LoadPyTorchDumps(const std::string& dir) {
     std::stringstream ss;
     ss << in.rdbuf();
     const json j = json::parse(ss.str(), nullptr, false);
-    if (j.is_discarded()) return InvalidArgument(f + ": malformed JSON (pickled dumps must be converted to JSON first)");
+    if (j.is_discarded())
+      return InvalidArgument(f +
+                             ": malformed JSON (pickled dumps must be converted to JSON first)");
     std::smatch m;
     const std::string name = fs::path(f).filename().string();
     const int hint = std::regex_search(name, m, kTrailingRank) ? std::stoi(m[1]) : -1;

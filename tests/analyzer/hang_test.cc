@@ -111,6 +111,63 @@ TEST(PyTorchImportTest, FlightRecorderDumpsGetARootCause) {
   EXPECT_NE(cli.out.find("\"root_ranks\":[2]"), std::string::npos) << cli.out;
 }
 
+// The schema of PyTorch's recorder as its own tests write it (test_c10d_nccl's FR tests and
+// tools/flight_recorder's fixtures): pg_config keyed by group name with ranks as a string, states
+// scheduled/started/completed, `retired`, counters sometimes as strings.
+nlohmann::json PyTorchTrace(int rank, const std::vector<nlohmann::json>& entries) {
+  return {{"version", "2.9"},
+          {"rank", rank},
+          {"pg_config", {{"0", {{"name", "0"}, {"desc", "default_pg"}, {"ranks", "[0, 1]"}}}}},
+          {"pg_status",
+           {{"0", {{"last_enqueued_collective", "2"}, {"last_completed_collective", "1"}}}}},
+          {"entries", entries}};
+}
+nlohmann::json PyTorchEntry(int record, int seq, nlohmann::json state, bool retired,
+                            const char* dtype = "Float") {
+  nlohmann::json e = {{"record_id", record},
+                      {"pg_id", 0},
+                      {"process_group", {"0", "default_pg"}},
+                      {"collective_seq_id", seq},
+                      {"p2p_seq_id", 0},
+                      {"op_id", seq},
+                      {"profiling_name", "nccl:all_reduce"},
+                      {"time_created_ns", 1724779239936775119LL + record},
+                      {"input_sizes", {{3, 4}}},
+                      {"input_dtypes", {dtype}},
+                      {"retired", retired},
+                      {"timeout_ms", 600000},
+                      {"is_p2p", false}};
+  if (!state.is_null()) e["state"] = state;
+  return e;
+}
+
+TEST(PyTorchImportTest, RetiredOnlyRecordersUnknownStatesAndDtypes) {
+  // Rank 0's recorder marks finished work only as retired (no state); its second all-reduce is
+  // scheduled, a third carries a state this build does not know. Rank 1 never issued #2.
+  TempDir dir;
+  std::ofstream(dir.path() + "/rank_0")
+      << PyTorchTrace(0, {PyTorchEntry(0, 1, nullptr, true), PyTorchEntry(1, 2, "scheduled", false),
+                          PyTorchEntry(2, 3, "queued_on_host", false, "Float8_e4m3fn")})
+             .dump();
+  std::ofstream(dir.path() + "/rank_1")
+      << PyTorchTrace(1, {PyTorchEntry(0, 1, "completed", true)}).dump();
+  auto in = LoadPyTorchDumps(dir.path());
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  const auto& r0 = in->ranks[0].dump.snapshot;
+  EXPECT_EQ(r0.entries[0].state, tracer::OpState::kCompleted);
+  EXPECT_EQ(r0.entries[1].state, tracer::OpState::kEnqueued);
+  EXPECT_EQ(r0.entries[2].state, tracer::OpState::kUnknown);
+  ASSERT_EQ(in->warnings.size(), 2u);
+  EXPECT_NE(in->warnings[0].find("unknown input_dtypes 'Float8_e4m3fn'"), std::string::npos)
+      << in->warnings[0];
+  EXPECT_NE(in->warnings[1].find("unknown state 'queued_on_host'"), std::string::npos)
+      << in->warnings[1];
+  const auto v = AnalyzeHang(*in);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].cause, "rank_not_joined");
+  EXPECT_EQ(v[0].root_ranks, std::vector<int32_t>{1});
+}
+
 TEST(PyTorchImportTest, BadFilesAreNamed) {
   TempDir dir;
   std::ofstream(dir.path() + "/rank_0.json") << "{\"version\": \"2.4\"}";
