@@ -236,11 +236,19 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     const int64_t end = b.state == OpState::kFailed && b.completed_at_ns
                             ? b.completed_at_ns - R.offset
                             : R.dump->dumped_at_ns - R.offset;
-    const double waited = static_cast<double>(end - start) / 1e9;
+    // An op without times (rebuilt from a PyTorch dump's pg_status counters) has waited at least
+    // as long as the dump says it hung; it sets no onset.
+    const bool timed = b.started_at_ns != 0 || b.enqueued_at_ns != 0;
+    const double waited = timed ? static_cast<double>(end - start) / 1e9 : opt.min_wait_s;
     failed_seen |= b.state == OpState::kFailed;
-    if (b.state != OpState::kFailed && waited < opt.min_wait_s) continue;  // still working
+    // Still working: open for less than the wait that makes a hang, or less than the op's own
+    // timeout when that is shorter (a job with a 1-s collective timeout hangs after 1 s).
+    const double min_wait = b.timeout_ms > 0
+                                ? std::min(opt.min_wait_s, static_cast<double>(b.timeout_ms) / 1e3)
+                                : opt.min_wait_s;
+    if (b.state != OpState::kFailed && waited < min_wait) continue;
     waiting.insert(R.id);
-    onset = onset == 0 ? start : std::min(onset, start);
+    if (timed) onset = onset == 0 ? start : std::min(onset, start);
     const std::string what = OpName(b, R.blocking_group);
     auto wait_on = [&](int m) {
       edges[R.id].insert(m);

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "megascope/analyzer/hang.h"
@@ -102,9 +104,11 @@ int64_t Ns(const json& e, const char* key) {
 Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hint) {
   tracer::Dump d;
   auto& s = d.snapshot;
-  if (!j.is_object() || !j.contains("entries") || !j.contains("pg_config")) {
+  if (!j.is_object() || !j.contains("pg_config") ||
+      (!j.contains("entries") && !j.contains("pg_status"))) {
     return InvalidArgument(
-        file + ": not a PyTorch Flight Recorder dump (needs 'pg_config' and 'entries')");
+        file +
+        ": not a PyTorch Flight Recorder dump (needs 'pg_config', and 'entries' or 'pg_status')");
   }
   const int rank = j.value("rank", rank_hint);
   if (rank < 0)
@@ -129,7 +133,9 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
   std::map<std::tuple<int, int, int>, uint64_t> p2p_seq;  // (group, peer, send?) -> next
   int64_t latest = 0;
   uint64_t id = 0;
-  for (const auto& e : j["entries"]) {
+  const json no_entries = json::array();
+  const json& entries = j.contains("entries") ? j["entries"] : no_entries;
+  for (const auto& e : entries) {
     std::string pg;
     if (e.contains("process_group") && e["process_group"].is_array() &&
         !e["process_group"].empty()) {
@@ -182,11 +188,40 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
       f.state = OpState::kUnknown;
       d.unknown_values.push_back({where, "state", st});
     }
+    f.timeout_ms = IntOf(e.value("timeout_ms", json(0)), 0);
     f.enqueued_at_ns = Ns(e, "time_created_ns");
     f.started_at_ns = Ns(e, "time_discovered_started_ns");
     f.completed_at_ns = Ns(e, "time_discovered_completed_ns");
     latest = std::max({latest, f.enqueued_at_ns, f.started_at_ns, f.completed_at_ns});
     s.entries.push_back(f);
+  }
+  if (!j.contains("entries")) {
+    // A dump without collectives (includeCollectives=False): each group's pg_status counters are
+    // the evidence. Entries of unknown op stand for them: the last completed collective, then
+    // every one enqueued after it (started up to last_started), so sequence numbers still tell
+    // who has not joined.
+    for (const auto& [key, st] : j["pg_status"].items()) {
+      auto git = group_of.find(key);
+      if (git == group_of.end()) {
+        d.unknown_values.push_back({"pg_status", "process group", key});
+        continue;
+      }
+      const int64_t enq = IntOf(st.value("last_enqueued_collective", json(-1)), -1);
+      const int64_t started = IntOf(st.value("last_started_collective", json(-1)), -1);
+      const int64_t done = IntOf(st.value("last_completed_collective", json(-1)), -1);
+      for (int64_t seq = std::max<int64_t>(done, 1); seq <= enq && seq <= done + 64; ++seq) {
+        tracer::FlightEntry f;
+        f.id = ++id;
+        f.group = git->second;
+        f.seq = static_cast<uint64_t>(seq);
+        f.op = OpType::kUnknown;
+        f.dtype = DType::kUnknown;
+        f.state = seq <= done      ? OpState::kCompleted
+                  : seq <= started ? OpState::kStarted
+                                   : OpState::kEnqueued;
+        s.entries.push_back(f);
+      }
+    }
   }
   struct stat stt {};
   const int64_t mtime = ::stat(file.c_str(), &stt) == 0
@@ -223,6 +258,20 @@ Result<HangInput> LoadPyTorchDumps(const std::string& dir) {
     dumps.emplace_back(f, std::move(d));
   }
   if (dumps.empty()) return NotFound("no PyTorch Flight Recorder dumps in " + dir);
+  // A group name is local to a rank: split_group and DeviceMesh give different groups of ranks
+  // the same name. Where one name means different members, the members become part of its name.
+  std::map<std::string, std::set<std::vector<int32_t>>> members;
+  for (const auto& [f, d] : dumps) {
+    for (const auto& g : d.snapshot.groups) members[g.name].insert(g.ranks);
+  }
+  for (auto& [f, d] : dumps) {
+    for (auto& g : d.snapshot.groups) {
+      if (members[g.name].size() < 2) continue;
+      std::string list;
+      for (int32_t r : g.ranks) list += (list.empty() ? "" : ",") + std::to_string(r);
+      g.name += "[" + list + "]";
+    }
+  }
   return MakeHangInput(std::move(dumps));
 }
 

@@ -168,6 +168,87 @@ TEST(PyTorchImportTest, RetiredOnlyRecordersUnknownStatesAndDtypes) {
   EXPECT_EQ(v[0].root_ranks, std::vector<int32_t>{1});
 }
 
+TEST(PyTorchImportTest, DumpsWithoutEntriesUsePgStatus) {
+  // includeCollectives=False: only pg_status. Rank 0 enqueued collective #3, rank 1 stopped at #2.
+  TempDir dir;
+  for (int r : {0, 1}) {
+    nlohmann::json j = PyTorchTrace(r, {});
+    j.erase("entries");
+    j["pg_status"]["0"] = {{"last_enqueued_collective", r == 0 ? "3" : "2"},
+                           {"last_started_collective", "-1"},
+                           {"last_completed_collective", "2"}};
+    std::ofstream(dir.path() + "/rank_" + std::to_string(r)) << j.dump();
+  }
+  auto in = LoadPyTorchDumps(dir.path());
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  const auto v = AnalyzeHang(*in);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].cause, "rank_not_joined");
+  EXPECT_EQ(v[0].root_ranks, std::vector<int32_t>{1});
+}
+
+TEST(PyTorchImportTest, AnOpsOwnTimeoutShortensTheWait) {
+  // Rank 0 waits 3 s in all-reduce #2, which rank 1 never issued. With the ops' 1-s timeout that is
+  // a hang; with PyTorch's default 10-minute timeout and our 10-s wait it is work in progress.
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  for (int timeout_ms : {1000, 600000}) {
+    TempDir dir;
+    auto entry = [&](int seq, const char* state) {
+      nlohmann::json e = PyTorchEntry(seq - 1, seq, state, std::string(state) == "completed");
+      e["time_created_ns"] = now - 3'000'000'000LL;
+      e["timeout_ms"] = timeout_ms;
+      return e;
+    };
+    std::ofstream(dir.path() + "/rank_0")
+        << PyTorchTrace(0, {entry(1, "completed"), entry(2, "scheduled")}).dump();
+    std::ofstream(dir.path() + "/rank_1") << PyTorchTrace(1, {entry(1, "completed")}).dump();
+    auto in = LoadPyTorchDumps(dir.path());
+    ASSERT_TRUE(in.ok()) << in.status().ToString();
+    const auto v = AnalyzeHang(*in);
+    ASSERT_EQ(v.size(), 1u);
+    if (timeout_ms == 1000) {
+      EXPECT_EQ(v[0].cause, "rank_not_joined");
+      EXPECT_EQ(v[0].root_ranks, std::vector<int32_t>{1});
+    } else {
+      EXPECT_EQ(v[0].kind, "healthy");
+    }
+  }
+}
+
+TEST(PyTorchImportTest, OneGroupNameWithDifferentMembersIsTwoGroups) {
+  // DeviceMesh / split_group: on ranks 0-1 "tp" is {0,1}, on ranks 2-3 it is {2,3}. Rank 3 never
+  // issues tp all-reduce #2; rank 2 waits for it.
+  TempDir dir;
+  for (int r = 0; r < 4; ++r) {
+    const std::string tp = r < 2 ? "[0, 1]" : "[2, 3]";
+    nlohmann::json j = {{"version", "2.9"},
+                        {"rank", r},
+                        {"pg_config",
+                         {{"0", {{"name", "0"}, {"desc", "default_pg"}, {"ranks", "[0, 1, 2, 3]"}}},
+                          {"tp", {{"name", "tp"}, {"desc", "mesh_tp"}, {"ranks", tp}}}}},
+                        {"entries", nlohmann::json::array()}};
+    for (int seq = 1; seq <= (r == 3 ? 1 : 2); ++seq) {
+      nlohmann::json e = PyTorchEntry(
+          seq - 1, seq, seq == 2 && r != 3 && r >= 2 ? "scheduled" : "completed", true);
+      e["process_group"] = {"tp", "mesh_tp"};
+      if (seq == 2 && r == 2) e["retired"] = false;
+      j["entries"].push_back(e);
+    }
+    std::ofstream(dir.path() + "/rank_" + std::to_string(r)) << j.dump();
+  }
+  auto in = LoadPyTorchDumps(dir.path());
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  EXPECT_EQ(in->ranks[2].dump.snapshot.groups[1].name, "tp[2,3]");
+  const auto v = AnalyzeHang(*in);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].cause, "rank_not_joined");
+  EXPECT_EQ(v[0].root_ranks, std::vector<int32_t>{3});
+  EXPECT_EQ(v[0].waiting_ranks, std::vector<int32_t>{2});
+  EXPECT_EQ(v[0].group, "tp[2,3]");
+}
+
 TEST(PyTorchImportTest, BadFilesAreNamed) {
   TempDir dir;
   std::ofstream(dir.path() + "/rank_0.json") << "{\"version\": \"2.4\"}";

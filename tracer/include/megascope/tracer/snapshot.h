@@ -24,8 +24,8 @@ struct RankInfo {
 };
 
 struct GroupInfo {
-  std::string name;  // e.g. "tp.0.1"
-  std::string kind;  // dp, tp, pp, mp, world, ...
+  std::string name;            // e.g. "tp.0.1"
+  std::string kind;            // dp, tp, pp, mp, world, ...
   std::vector<int32_t> ranks;  // global ranks, in group order
 };
 
@@ -38,7 +38,7 @@ struct HeartbeatState {
 
 // One collective or p2p op. Times are epoch ns, 0 when not reached; bytes_* are -1 when unknown.
 struct FlightEntry {
-  uint64_t id = 0;  // 1-based issue index on this rank
+  uint64_t id = 0;    // 1-based issue index on this rank
   int32_t group = 0;  // index into RankSnapshot::groups
   uint64_t seq = 0;
   OpType op = OpType::kAllreduce;
@@ -51,6 +51,8 @@ struct FlightEntry {
   int64_t completed_at_ns = 0;
   int64_t bytes_sent = -1;
   int64_t bytes_received = -1;
+  int64_t timeout_ms =
+      0;  // the op's own collective timeout when the writer knows it (PyTorch), else 0
 };
 
 struct RankSnapshot {
@@ -58,8 +60,8 @@ struct RankSnapshot {
   HeartbeatState heartbeat;
   std::vector<GroupInfo> groups;
   std::vector<FlightEntry> entries;  // oldest first
-  uint64_t records_total = 0;  // records offered to the ring (written + dropped)
-  uint64_t dropped_total = 0;  // records dropped because the ring was full
+  uint64_t records_total = 0;        // records offered to the ring (written + dropped)
+  uint64_t dropped_total = 0;        // records dropped because the ring was full
 };
 
 }  // namespace megascope::tracer
