@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds with both cores and runs the default tests (CTest labels gpu,
-# slow and bench stay out). Where nvcc exists it also configures and compiles the cuda preset.
+# slow and bench stay out), then runs each libFuzzer target briefly. Where nvcc exists it also
+# configures and compiles the cuda preset.
 # Warnings are errors under CI (CI=true) or with MEGASCOPE_WERROR=ON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,9 @@ cmake --preset dev -DMEGASCOPE_WERROR="$werror" >/dev/null
 cmake --build --preset dev
 echo "[test] ctest (without gpu, slow, bench)"
 ctest --preset dev
+
+echo "[test] fuzzing every reader of foreign input for 10 s each (scripts/fuzz.sh)"
+scripts/fuzz.sh 10
 
 if command -v nvcc >/dev/null 2>&1; then
   echo "[test] nvcc found: compiling the cuda preset (no GPU tests here)"

@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -22,10 +24,15 @@ using tracer::DType;
 using tracer::OpState;
 using tracer::OpType;
 
+int64_t IntOf(const json& v, int64_t fallback);
+
 std::vector<int32_t> ParseRanks(const json& v) {
   std::vector<int32_t> out;
   if (v.is_array()) {
-    for (const auto& r : v) out.push_back(r.get<int32_t>());
+    for (const auto& r : v) {
+      const int64_t x = IntOf(r, -1);
+      if (x >= 0 && x < (1 << 24)) out.push_back(static_cast<int32_t>(x));
+    }
     return out;
   }
   if (v.is_string()) {  // PyTorch writes the list as a string: "[0, 1, 2]"
@@ -33,7 +40,7 @@ std::vector<int32_t> ParseRanks(const json& v) {
     const std::string s = v;
     for (auto it = std::sregex_iterator(s.begin(), s.end(), kInt); it != std::sregex_iterator();
          ++it) {
-      out.push_back(std::stoi(it->str()));
+      if (it->length() < 8) out.push_back(std::stoi(it->str()));  // longer: not a rank
     }
   }
   return out;
@@ -53,8 +60,18 @@ DType DTypeOf(const std::string& s) {
   return DType::kUnknown;
 }
 
-int64_t IntOf(const json& v, int64_t fallback) {  // PyTorch writes some counters as strings
+// An integer however the recorder wrote it (an integer, a float, a string); `fallback` when it is
+// none of those or out of range.
+int64_t IntOf(const json& v, int64_t fallback) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    return u > static_cast<uint64_t>(INT64_MAX) ? fallback : static_cast<int64_t>(u);
+  }
   if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    return std::isfinite(d) && std::fabs(d) < 9.2e18 ? static_cast<int64_t>(d) : fallback;
+  }
   if (v.is_string()) {
     try {
       return std::stoll(v.get<std::string>());
@@ -72,6 +89,7 @@ bool OpOf(const std::string& name, int self, OpType* op, int* peer) {
   std::smatch m;
   if (std::regex_search(n, m, kP2P)) {
     *op = m[1] == "send" ? OpType::kSend : OpType::kRecv;
+    if (m[2].length() > 8 || m[4].length() > 8) return false;
     const int a = std::stoi(m[2]), b = std::stoi(m[4]);
     *peer = a == self ? b : a;
     return true;
@@ -98,7 +116,7 @@ bool OpOf(const std::string& name, int self, OpType* op, int* peer) {
 
 int64_t Ns(const json& e, const char* key) {
   auto it = e.find(key);
-  return it == e.end() || !it->is_number() ? 0 : it->get<int64_t>();
+  return it == e.end() ? 0 : IntOf(*it, 0);
 }
 
 Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hint) {
@@ -110,7 +128,9 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
         file +
         ": not a PyTorch Flight Recorder dump (needs 'pg_config', and 'entries' or 'pg_status')");
   }
-  const int rank = j.value("rank", rank_hint);
+  const int64_t rank64 = j.contains("rank") ? IntOf(j["rank"], -1) : rank_hint;
+  if (rank64 >= (1 << 24)) return InvalidArgument(file + ": rank " + std::to_string(rank64) + " is out of range");
+  const int rank = static_cast<int>(rank64);
   if (rank < 0)
     return InvalidArgument(
         file + ": cannot tell the rank (no 'rank' field, no digits ending the file name)");
@@ -142,7 +162,7 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
       pg = e["process_group"][0].get<std::string>();
     } else if (e.contains("pg_id")) {
       pg = e["pg_id"].is_string() ? e["pg_id"].get<std::string>()
-                                  : std::to_string(e["pg_id"].get<int>());
+                                  : std::to_string(IntOf(e["pg_id"], -1));
     }
     auto git = group_of.find(pg);
     if (git == group_of.end())
@@ -171,7 +191,7 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
     if (f.dtype == DType::kUnknown) d.unknown_values.push_back({where, "input_dtypes", dt});
     uint64_t elems = 1;
     if (e.contains("input_sizes") && !e["input_sizes"].empty()) {
-      for (const auto& d : e["input_sizes"][0]) elems *= d.get<uint64_t>();
+      for (const auto& d : e["input_sizes"][0]) elems *= static_cast<uint64_t>(std::max<int64_t>(0, IntOf(d, 0)));
     }
     f.bytes = elems * tracer::DTypeSize(f.dtype);
     // States: scheduled, started (only with timing enabled), completed. A recorder that marks
@@ -234,6 +254,18 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
 
 }  // namespace
 
+Result<tracer::Dump> ParsePyTorchDump(std::string_view text, const std::string& source, int rank_hint) {
+  const json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) {
+    return InvalidArgument(source + ": malformed JSON (pickled dumps must be converted to JSON first)");
+  }
+  try {
+    return Convert(j, source, rank_hint);
+  } catch (const std::exception& e) {  // a field of an unexpected type or range
+    return InvalidArgument(source + ": not a readable PyTorch Flight Recorder dump (" + e.what() + ")");
+  }
+}
+
 Result<HangInput> LoadPyTorchDumps(const std::string& dir) {
   if (!fs::is_directory(dir)) return NotFound(dir + " is not a directory");
   std::vector<std::pair<std::string, tracer::Dump>> dumps;
@@ -247,14 +279,11 @@ Result<HangInput> LoadPyTorchDumps(const std::string& dir) {
     std::ifstream in(f);
     std::stringstream ss;
     ss << in.rdbuf();
-    const json j = json::parse(ss.str(), nullptr, false);
-    if (j.is_discarded())
-      return InvalidArgument(f +
-                             ": malformed JSON (pickled dumps must be converted to JSON first)");
     std::smatch m;
     const std::string name = fs::path(f).filename().string();
-    const int hint = std::regex_search(name, m, kTrailingRank) ? std::stoi(m[1]) : -1;
-    ASSIGN_OR_RETURN(tracer::Dump d, Convert(j, f, hint));
+    int hint = -1;
+    if (std::regex_search(name, m, kTrailingRank) && m[1].length() < 9) hint = std::stoi(m[1]);
+    ASSIGN_OR_RETURN(tracer::Dump d, ParsePyTorchDump(ss.str(), f, hint));
     dumps.emplace_back(f, std::move(d));
   }
   if (dumps.empty()) return NotFound("no PyTorch Flight Recorder dumps in " + dir);

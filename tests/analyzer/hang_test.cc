@@ -249,6 +249,28 @@ TEST(PyTorchImportTest, OneGroupNameWithDifferentMembersIsTwoGroups) {
   EXPECT_EQ(v[0].group, "tp[2,3]");
 }
 
+TEST(PyTorchImportTest, NumbersOfTheWrongKindOrRangeAreReadOrRefusedNeverUndefined) {
+  // Found by fuzz_pytorch: a float time beyond int64 was cast (undefined behaviour). Floats in range
+  // are read, out of range read as absent; a field of the wrong type is a clear error.
+  nlohmann::json e = PyTorchEntry(0, 1, "scheduled", false);
+  e["time_created_ns"] = 1.7637e21;
+  e["input_sizes"] = {{3.0, 4}};
+  nlohmann::json j = PyTorchTrace(0, {e});
+  j["rank"] = 1.0;
+  auto d = ParsePyTorchDump(j.dump(), "rank_1.json");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->snapshot.info.rank, 1);
+  EXPECT_EQ(d->snapshot.entries[0].enqueued_at_ns, 0);
+  EXPECT_EQ(d->snapshot.entries[0].bytes, 48u);
+  j["rank"] = 1e12;
+  EXPECT_NE(ParsePyTorchDump(j.dump(), "rank_1.json").status().message().find("rank 1000000000000 is out of range"),
+            std::string::npos);
+  j["rank"] = 1;
+  j["entries"][0]["profiling_name"] = 7;
+  const std::string err = ParsePyTorchDump(j.dump(), "rank_1.json").status().message();
+  EXPECT_NE(err.find("rank_1.json: not a readable PyTorch Flight Recorder dump"), std::string::npos) << err;
+}
+
 TEST(PyTorchImportTest, BadFilesAreNamed) {
   TempDir dir;
   std::ofstream(dir.path() + "/rank_0.json") << "{\"version\": \"2.4\"}";

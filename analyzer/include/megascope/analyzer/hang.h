@@ -9,6 +9,7 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "megascope/tracer/dump.h"
@@ -46,6 +47,8 @@ Result<HangInput> LoadDumpDirectory(const std::string& dir);
 // collective_seq_id, profiling_name, state, ...) from `dir`, one file per rank (the rank comes from
 // a top-level "rank" field or the digits ending the file name), converted to megascope dumps.
 Result<HangInput> LoadPyTorchDumps(const std::string& dir);
+// One PyTorch dump's JSON text as a megascope dump (`rank_hint` when the text has no "rank").
+Result<tracer::Dump> ParsePyTorchDump(std::string_view text, const std::string& source, int rank_hint = -1);
 // Builds the input from parsed dumps (checks membership agrees across ranks).
 Result<HangInput> MakeHangInput(std::vector<std::pair<std::string, tracer::Dump>> dumps);
 
