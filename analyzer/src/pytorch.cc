@@ -129,7 +129,8 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
         ": not a PyTorch Flight Recorder dump (needs 'pg_config', and 'entries' or 'pg_status')");
   }
   const int64_t rank64 = j.contains("rank") ? IntOf(j["rank"], -1) : rank_hint;
-  if (rank64 >= (1 << 24)) return InvalidArgument(file + ": rank " + std::to_string(rank64) + " is out of range");
+  if (rank64 >= (1 << 24))
+    return InvalidArgument(file + ": rank " + std::to_string(rank64) + " is out of range");
   const int rank = static_cast<int>(rank64);
   if (rank < 0)
     return InvalidArgument(
@@ -191,7 +192,8 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
     if (f.dtype == DType::kUnknown) d.unknown_values.push_back({where, "input_dtypes", dt});
     uint64_t elems = 1;
     if (e.contains("input_sizes") && !e["input_sizes"].empty()) {
-      for (const auto& d : e["input_sizes"][0]) elems *= static_cast<uint64_t>(std::max<int64_t>(0, IntOf(d, 0)));
+      for (const auto& d : e["input_sizes"][0])
+        elems *= static_cast<uint64_t>(std::max<int64_t>(0, IntOf(d, 0)));
     }
     f.bytes = elems * tracer::DTypeSize(f.dtype);
     // States: scheduled, started (only with timing enabled), completed. A recorder that marks
@@ -254,15 +256,18 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
 
 }  // namespace
 
-Result<tracer::Dump> ParsePyTorchDump(std::string_view text, const std::string& source, int rank_hint) {
+Result<tracer::Dump> ParsePyTorchDump(std::string_view text, const std::string& source,
+                                      int rank_hint) {
   const json j = json::parse(text, nullptr, false);
   if (j.is_discarded()) {
-    return InvalidArgument(source + ": malformed JSON (pickled dumps must be converted to JSON first)");
+    return InvalidArgument(source +
+                           ": malformed JSON (pickled dumps must be converted to JSON first)");
   }
   try {
     return Convert(j, source, rank_hint);
   } catch (const std::exception& e) {  // a field of an unexpected type or range
-    return InvalidArgument(source + ": not a readable PyTorch Flight Recorder dump (" + e.what() + ")");
+    return InvalidArgument(source + ": not a readable PyTorch Flight Recorder dump (" + e.what() +
+                           ")");
   }
 }
 

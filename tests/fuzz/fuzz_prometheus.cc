@@ -6,6 +6,7 @@
 #include "megascope/detector/prometheus_text.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  (void)megascope::detector::ParsePrometheusText(std::string_view(reinterpret_cast<const char*>(data), size), 0);
+  (void)megascope::detector::ParsePrometheusText(
+      std::string_view(reinterpret_cast<const char*>(data), size), 0);
   return 0;
 }

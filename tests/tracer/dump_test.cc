@@ -142,6 +142,9 @@ TEST_F(DumpTest, BadDumpsGetErrorsThatSayWhere) {
   };
   EXPECT_NE(error_of("{\"format\": ").find("dumps/rank_3.json: malformed JSON at byte"),
             std::string::npos);
+  // Found by fuzz_dump: a number beyond double's range threw past the reader and aborted it.
+  EXPECT_NE(error_of("{\"format\": 6e5536}").find("dumps/rank_3.json: unreadable JSON"),
+            std::string::npos);
   json j = good;
   j["format"] = "pytorch";
   EXPECT_NE(error_of(j.dump()).find("format is 'pytorch'"), std::string::npos);

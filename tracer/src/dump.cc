@@ -276,6 +276,8 @@ Result<Dump> ParseDump(std::string_view text, const std::string& source) {
       json again = json::parse(text);
     } catch (const json::parse_error& e) {
       return InvalidArgument(source + ": malformed JSON at byte " + std::to_string(e.byte));
+    } catch (const json::exception& e) {  // e.g. a number beyond double's range
+      return InvalidArgument(source + ": unreadable JSON (" + e.what() + ")");
     }
     return InvalidArgument(source + ": malformed JSON");
   }
