@@ -7,6 +7,8 @@
 #include <limits>
 #include <set>
 
+#include "megascope/tracer/metric_names.h"
+
 namespace megascope::detector {
 
 // ---------------------------------------------------------------- metric families
@@ -27,6 +29,18 @@ std::vector<std::string> Words(std::string_view name) {
 }
 
 }  // namespace
+
+std::vector<std::string> DefaultPriority() {
+  std::vector<const tracer::metrics::Def*> defs;
+  for (const tracer::metrics::Def& d : tracer::metrics::All()) {
+    if (d.detector_priority >= 0) defs.push_back(&d);
+  }
+  std::sort(defs.begin(), defs.end(),
+            [](auto* a, auto* b) { return a->detector_priority < b->detector_priority; });
+  std::vector<std::string> out;
+  for (auto* d : defs) out.emplace_back(d->name);
+  return out;
+}
 
 MetricFamily ClassifyMetric(std::string_view name) {
   const std::vector<std::string> w = Words(name);
@@ -327,7 +341,10 @@ struct Detector::Impl {
     }
     while (static_cast<int>(series.size()) < reg.metrics()) {
       const std::string& name = reg.metric_name(static_cast<int>(series.size()));
-      auto p = std::find(cfg.priority.begin(), cfg.priority.end(), name);
+      const std::string_view signal = tracer::metrics::SignalName(name);
+      auto p = std::find_if(cfg.priority.begin(), cfg.priority.end(), [&](const std::string& q) {
+        return tracer::metrics::SignalName(q) == signal;
+      });
       priority_rank.push_back(static_cast<int>(p - cfg.priority.begin()));
       family.push_back(ClassifyMetric(name));
       level_ewma.push_back(0);

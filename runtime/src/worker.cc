@@ -105,7 +105,7 @@ class Worker {
     });
     tracer_->SetPhase(0, Phase::kInit);
     for (const char* n : {"data", "forward", "backward", "optimizer", "checkpoint", "grad_sync", "fault", "step",
-                          "step_time_s", "tokens_per_second", "loss", "snapshot"}) {
+                          "step_seconds", "tokens_per_second", "loss", "snapshot"}) {
       ASSIGN_OR_RETURN(tracer::NameId id, tracer_->InternName(n));
       names_[n] = id;
     }
@@ -267,7 +267,7 @@ class Worker {
       snapshot_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    tracer_->RecordMetric(names_["step_time_s"], secs);
+    tracer_->RecordMetric(names_["step_seconds"], secs);
     tracer_->RecordMetric(names_["tokens_per_second"], static_cast<double>(cfg_.global_batch) * T / secs);
     if (model_->last()) tracer_->RecordMetric(names_["loss"], loss);
     tracer_->RecordMetric(names_["step"], static_cast<double>(step + 1));

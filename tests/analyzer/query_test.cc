@@ -117,7 +117,7 @@ TEST_F(QueryTest, MetricsExportWritesTheDetectorCsv) {
   bool node_metric = false, training_metric = false;
   while (std::getline(in, line)) {
     node_metric |= line.find(",node_cpu_utilization_ratio,") != std::string::npos;
-    training_metric |= line.find(",step_time_s,") != std::string::npos;
+    training_metric |= line.find(",step_seconds,") != std::string::npos;
   }
   EXPECT_TRUE(node_metric);
   EXPECT_TRUE(training_metric);

@@ -100,12 +100,42 @@ TEST_F(AgentTest, WritesEveryRecordExactlyOnceWithTheSchema) {
   EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM spans WHERE end_ns < start_ns OR start_ns < 1600000000000000000"), 0);
 }
 
+// The detector's per-rank training inputs: compute and comm wait of the rank's last finished step,
+// as gauges (the step's spans come before its "step" metric in the ring).
+TEST_F(AgentTest, ExportsTheComputeAndCommWaitOfTheLastStepAsGauges) {
+  auto t = Tracer::Create(Ring(1), std::make_shared<megascope::tracer::MonotonicClock>());  // 1 tick = 1 ns
+  ASSERT_TRUE(t.ok());
+  const NameId fwd = *(*t)->InternName("forward"), sync = *(*t)->InternName("grad_sync");
+  const NameId step = *(*t)->InternName("step"), secs = *(*t)->InternName("step_seconds");
+  const int64_t ms = 1'000'000;
+  const int64_t base = (*t)->Ticks();
+  for (int s = 0; s < 2; ++s) {  // step 0: 30 ms compute, 10 ms comm; step 1: 50 ms, 20 ms
+    (*t)->RecordSpan(SpanKind::kForward, fwd, s, 0, base, base + (30 + 20 * s) * ms);
+    (*t)->RecordSpan(SpanKind::kComm, sync, s, 0, base, base + (10 + 10 * s) * ms);
+    (*t)->RecordMetric(secs, 0.1);
+    (*t)->RecordMetric(step, s + 1);
+  }
+  auto agent = Agent::Create(Options());
+  ASSERT_TRUE(agent.ok());
+  ASSERT_TRUE((*agent)->Poll(true).ok());
+  const std::string metrics = HttpGet((*agent)->port(), "/metrics");
+  const std::string labels = "{dp=\"0\",job=\"agenttest\",node=\"n0\",pp=\"0\",rank=\"1\",tp=\"1\"} ";
+  auto value = [&](const std::string& name) {
+    const auto at = metrics.find(name + labels);
+    return at == std::string::npos ? -1.0 : std::atof(metrics.c_str() + at + name.size() + labels.size());
+  };
+  EXPECT_NEAR(value("megascope_step_compute_seconds"), 0.050, 1e-4) << metrics;
+  EXPECT_NEAR(value("megascope_step_comm_wait_seconds"), 0.020, 1e-4);
+  EXPECT_NEAR(value("megascope_step_seconds"), 0.1, 1e-9);
+  EXPECT_NEAR(value("megascope_compute_seconds_total"), 0.080, 1e-4);  // both steps
+}
+
 TEST_F(AgentTest, ServesMetricsStateAndDumpsOverHttp) {
   auto t = Tracer::Create(Ring(1));
   ASSERT_TRUE(t.ok());
   const GroupId g = *(*t)->RegisterGroup("dp.0.1", "dp", std::vector<int32_t>{1, 3});
   (*t)->RecordMetric(*(*t)->InternName("step"), 7);
-  (*t)->RecordMetric(*(*t)->InternName("step_time_s"), 0.25);
+  (*t)->RecordMetric(*(*t)->InternName("step_seconds"), 0.25);
   OpHandle open = (*t)->Enqueue(g, OpType::kAllreduce, 4096, DType::kF32);
   (*t)->Start(open);
   auto agent = Agent::Create(Options());

@@ -20,6 +20,7 @@
 
 #include "megascope/tracer/agent/host_metrics.h"
 #include "megascope/tracer/dump.h"
+#include "megascope/tracer/metric_names.h"
 #include "megascope/tracer/ring.h"
 #include "megascope/tracer/trace_store.h"
 
@@ -65,6 +66,8 @@ struct Agent::Impl {
     uint64_t dropped_seen = 0;
     int64_t last_step = -1;
     Gauge *step = nullptr, *tokens = nullptr, *hb_age = nullptr;
+    Gauge *step_seconds = nullptr, *step_compute = nullptr, *step_comm = nullptr;
+    double compute_in_step = 0, comm_in_step = 0;  // since the rank's last finished step
     Histogram* step_duration = nullptr;
     Counter *compute = nullptr, *comm = nullptr, *records = nullptr, *dropped = nullptr;
     std::map<std::string, Histogram*> coll;  // op|group_kind
@@ -72,6 +75,9 @@ struct Agent::Impl {
   std::map<std::string, RankState> ranks;  // by ring file name
 
   prometheus::Family<Gauge>* f_step;
+  prometheus::Family<Gauge>* f_step_seconds;
+  prometheus::Family<Gauge>* f_step_compute;
+  prometheus::Family<Gauge>* f_step_comm;
   prometheus::Family<Gauge>* f_tokens;
   prometheus::Family<Gauge>* f_hb_age;
   prometheus::Family<Histogram>* f_step_duration;
@@ -84,6 +90,8 @@ struct Agent::Impl {
   prometheus::Family<Gauge>* f_mem;
   prometheus::Family<Counter>* f_net_rx;
   prometheus::Family<Counter>* f_net_tx;
+  prometheus::Family<Counter>* f_net_rx_err;
+  prometheus::Family<Counter>* f_net_tx_err;
   prometheus::Family<Counter>* f_disk_r;
   prometheus::Family<Counter>* f_disk_w;
   prometheus::Family<Gauge>* f_gpu_util;
@@ -93,30 +101,44 @@ struct Agent::Impl {
   prometheus::Family<Counter>* f_rows;
   prometheus::Family<Counter>* f_db_errors;
   HostSample last_host;
+  bool have_last_host = false;
 
+  template <typename Builder>
+  static auto& Family(Builder b, const metrics::Def& d, prometheus::Registry& r) {
+    return b.Name(metrics::PrometheusName(d)).Help(std::string(d.help)).Register(r);
+  }
   void BuildFamilies() {
+    namespace m = metrics;
     auto& r = *registry;
-    f_step = &prometheus::BuildGauge().Name("megascope_step").Help("Last finished training step").Register(r);
-    f_tokens = &prometheus::BuildGauge().Name("megascope_tokens_per_second").Help("Training throughput of the last step").Register(r);
-    f_hb_age = &prometheus::BuildGauge().Name("megascope_heartbeat_age_seconds").Help("Seconds since the rank's last heartbeat").Register(r);
-    f_step_duration = &prometheus::BuildHistogram().Name("megascope_step_duration_seconds").Help("Training step time").Register(r);
-    f_coll = &prometheus::BuildHistogram().Name("megascope_collective_duration_seconds").Help("Collective and p2p op time, enqueue to completion").Register(r);
-    f_compute = &prometheus::BuildCounter().Name("megascope_compute_seconds_total").Help("Time in forward, backward and optimizer spans").Register(r);
-    f_comm = &prometheus::BuildCounter().Name("megascope_comm_wait_seconds_total").Help("Time in communication spans").Register(r);
-    f_records = &prometheus::BuildCounter().Name("megascope_trace_records_total").Help("Trace records drained from the rank's ring").Register(r);
-    f_dropped = &prometheus::BuildCounter().Name("megascope_trace_dropped_records_total").Help("Trace records dropped because the ring was full").Register(r);
-    f_cpu = &prometheus::BuildGauge().Name("megascope_node_cpu_utilization_ratio").Help("Host CPU utilisation").Register(r);
-    f_mem = &prometheus::BuildGauge().Name("megascope_node_memory_used_bytes").Help("Host memory in use (total - available)").Register(r);
-    f_net_rx = &prometheus::BuildCounter().Name("megascope_node_network_receive_bytes_total").Help("Bytes received, all interfaces but lo").Register(r);
-    f_net_tx = &prometheus::BuildCounter().Name("megascope_node_network_transmit_bytes_total").Help("Bytes sent, all interfaces but lo").Register(r);
-    f_disk_r = &prometheus::BuildCounter().Name("megascope_node_disk_read_bytes_total").Help("Bytes read from whole disks").Register(r);
-    f_disk_w = &prometheus::BuildCounter().Name("megascope_node_disk_written_bytes_total").Help("Bytes written to whole disks").Register(r);
-    f_gpu_util = &prometheus::BuildGauge().Name("megascope_gpu_utilization_ratio").Help("GPU utilisation (NVML)").Register(r);
-    f_gpu_power = &prometheus::BuildGauge().Name("megascope_gpu_power_watts").Help("GPU power draw (NVML)").Register(r);
-    f_gpu_temp = &prometheus::BuildGauge().Name("megascope_gpu_temperature_celsius").Help("GPU temperature (NVML)").Register(r);
-    f_gpu_mem = &prometheus::BuildGauge().Name("megascope_gpu_memory_used_bytes").Help("GPU memory in use (NVML)").Register(r);
-    f_rows = &prometheus::BuildCounter().Name("megascope_agent_rows_written_total").Help("Rows the agent wrote to trace.db").Register(r);
-    f_db_errors = &prometheus::BuildCounter().Name("megascope_agent_db_errors_total").Help("Failed trace.db transactions (records stay in the rings)").Register(r);
+    auto gauge = [&](const m::Def& d) { return &Family(prometheus::BuildGauge(), d, r); };
+    auto counter = [&](const m::Def& d) { return &Family(prometheus::BuildCounter(), d, r); };
+    auto histogram = [&](const m::Def& d) { return &Family(prometheus::BuildHistogram(), d, r); };
+    f_step = gauge(m::kStep);
+    f_step_seconds = gauge(m::kStepSeconds);
+    f_step_compute = gauge(m::kStepCompute);
+    f_step_comm = gauge(m::kStepCommWait);
+    f_tokens = gauge(m::kTokensPerSecond);
+    f_hb_age = gauge(m::kHeartbeatAge);
+    f_step_duration = histogram(m::kStepDuration);
+    f_coll = histogram(m::kCollectiveDuration);
+    f_compute = counter(m::kCompute);
+    f_comm = counter(m::kCommWait);
+    f_records = counter(m::kTraceRecords);
+    f_dropped = counter(m::kTraceDropped);
+    f_cpu = gauge(m::kNodeCpu);
+    f_mem = gauge(m::kNodeMemory);
+    f_net_rx = counter(m::kNodeNetRx);
+    f_net_tx = counter(m::kNodeNetTx);
+    f_net_rx_err = counter(m::kNodeNetRxErrors);
+    f_net_tx_err = counter(m::kNodeNetTxErrors);
+    f_disk_r = counter(m::kNodeDiskRead);
+    f_disk_w = counter(m::kNodeDiskWritten);
+    f_gpu_util = gauge(m::kGpuUtil);
+    f_gpu_power = gauge(m::kGpuPower);
+    f_gpu_temp = gauge(m::kGpuTemp);
+    f_gpu_mem = gauge(m::kGpuMemory);
+    f_rows = counter(m::kAgentRows);
+    f_db_errors = counter(m::kAgentDbErrors);
     f_rows->Add(NodeLabels());  // node series exist from the start, at zero
     f_db_errors->Add(NodeLabels());
   }
@@ -156,6 +178,9 @@ struct Agent::Impl {
       st.reader = std::move(reader).value();
       const auto labels = Labels(st.info);
       st.step = &f_step->Add(labels);
+      st.step_seconds = &f_step_seconds->Add(labels);
+      st.step_compute = &f_step_compute->Add(labels);
+      st.step_comm = &f_step_comm->Add(labels);
       st.tokens = &f_tokens->Add(labels);
       st.hb_age = &f_hb_age->Add(labels);
       st.step_duration = &f_step_duration->Add(labels, kStepBuckets);
@@ -173,7 +198,8 @@ struct Agent::Impl {
 
   // Live metrics from a drained batch.
   void Observe(RankState& st, std::span<const Record> recs, const ClockCalibration& cal) {
-    double comm = 0, compute = 0;  // summed here, added to the counters once per batch
+    double comm = 0, compute = 0;  // summed here since the last step boundary in this batch
+    double comm_done = 0, compute_done = 0;  // ... and before it (added to the counters once)
     for (const Record& r : recs) {
       if (r.type == RecordType::kSpan) {
         const double secs = static_cast<double>(r.span.end_ticks - r.span.start_ticks) * cal.ns_per_tick / 1e9;
@@ -195,18 +221,26 @@ struct Agent::Impl {
         it->second->Observe(static_cast<double>(cal.ToNs(c.completed_ticks) - cal.ToNs(c.enqueued_ticks)) / 1e9);
       } else if (r.type == RecordType::kMetric) {
         const std::string& name = r.metric.name < st.names.size() ? st.names[r.metric.name] : "";
-        if (name == "step") {
+        if (name == "step") {  // the step's last record: its spans are in
           st.step->Set(r.metric.value);
           st.last_step = static_cast<int64_t>(r.metric.value);
-        } else if (name == "step_time_s") {
+          st.step_compute->Set(st.compute_in_step + compute);
+          st.step_comm->Set(st.comm_in_step + comm);
+          st.compute_in_step = st.comm_in_step = 0;
+          compute_done += compute, comm_done += comm;
+          compute = comm = 0;
+        } else if (name == metrics::kStepSeconds.name) {
           st.step_duration->Observe(r.metric.value);
-        } else if (name == "tokens_per_second") {
+          st.step_seconds->Set(r.metric.value);
+        } else if (name == metrics::kTokensPerSecond.name) {
           st.tokens->Set(r.metric.value);
         }
       }
     }
-    if (comm > 0) st.comm->Increment(comm);
-    if (compute > 0) st.compute->Increment(compute);
+    st.compute_in_step += compute;
+    st.comm_in_step += comm;
+    if (compute + compute_done > 0) st.compute->Increment(compute + compute_done);
+    if (comm + comm_done > 0) st.comm->Increment(comm + comm_done);
   }
 
   Result<size_t> Drain(bool sample) {
@@ -312,21 +346,27 @@ struct Agent::Impl {
     f_cpu->Add(nl).Set(h->cpu_utilization);
     f_mem->Add(nl).Set(h->memory_used_bytes);
     auto bump = [&](prometheus::Family<Counter>* f, double now, double before) {
-      if (now > before && before > 0) f->Add(nl).Increment(now - before);
+      if (now > before && have_last_host) f->Add(nl).Increment(now - before);
       else f->Add(nl);
     };
     bump(f_net_rx, h->network_receive_bytes, last_host.network_receive_bytes);
     bump(f_net_tx, h->network_transmit_bytes, last_host.network_transmit_bytes);
+    bump(f_net_rx_err, h->network_receive_errors, last_host.network_receive_errors);
+    bump(f_net_tx_err, h->network_transmit_errors, last_host.network_transmit_errors);
     bump(f_disk_r, h->disk_read_bytes, last_host.disk_read_bytes);
     bump(f_disk_w, h->disk_write_bytes, last_host.disk_write_bytes);
     last_host = *h;
-    for (auto [name, v] : {std::pair<const char*, double>{"node_cpu_utilization_ratio", h->cpu_utilization},
-                           {"node_memory_used_bytes", h->memory_used_bytes},
-                           {"node_network_receive_bytes_total", h->network_receive_bytes},
-                           {"node_network_transmit_bytes_total", h->network_transmit_bytes},
-                           {"node_disk_read_bytes_total", h->disk_read_bytes},
-                           {"node_disk_written_bytes_total", h->disk_write_bytes}}) {
-      out->push_back({opt.node, now_ns, name, v});
+    have_last_host = true;
+    namespace m = metrics;
+    for (auto [def, v] : {std::pair<const m::Def*, double>{&m::kNodeCpu, h->cpu_utilization},
+                          {&m::kNodeMemory, h->memory_used_bytes},
+                          {&m::kNodeNetRx, h->network_receive_bytes},
+                          {&m::kNodeNetTx, h->network_transmit_bytes},
+                          {&m::kNodeNetRxErrors, h->network_receive_errors},
+                          {&m::kNodeNetTxErrors, h->network_transmit_errors},
+                          {&m::kNodeDiskRead, h->disk_read_bytes},
+                          {&m::kNodeDiskWritten, h->disk_write_bytes}}) {
+      out->push_back({opt.node, now_ns, std::string(def->name), v});
     }
     for (const GpuSample& g : nvml->Sample()) {
       auto gl = nl;
@@ -336,10 +376,10 @@ struct Agent::Impl {
       f_gpu_temp->Add(gl).Set(g.temperature_celsius);
       f_gpu_mem->Add(gl).Set(g.memory_used_bytes);
       const std::string p = "gpu" + std::to_string(g.index) + ".";
-      out->push_back({opt.node, now_ns, p + "gpu_utilization_ratio", g.utilization});
-      out->push_back({opt.node, now_ns, p + "gpu_power_watts", g.power_watts});
-      out->push_back({opt.node, now_ns, p + "gpu_temperature_celsius", g.temperature_celsius});
-      out->push_back({opt.node, now_ns, p + "gpu_memory_used_bytes", g.memory_used_bytes});
+      out->push_back({opt.node, now_ns, p + std::string(metrics::kGpuUtil.name), g.utilization});
+      out->push_back({opt.node, now_ns, p + std::string(metrics::kGpuPower.name), g.power_watts});
+      out->push_back({opt.node, now_ns, p + std::string(metrics::kGpuTemp.name), g.temperature_celsius});
+      out->push_back({opt.node, now_ns, p + std::string(metrics::kGpuMemory.name), g.memory_used_bytes});
     }
   }
 
@@ -499,8 +539,11 @@ void AppendControlCounters(const AgentOptions& o, std::ostream& out) {
     const char* kind;
     const char* field;
   };
-  for (const Family& f : {Family{"megascope_restarts_total", "Restarts of the job by the controller, by cause.", "restart", "cause"},
-                          Family{"megascope_evictions_total", "Nodes evicted by the controller, by reason.", "eviction", "reason"}}) {
+  const std::string restarts = metrics::PrometheusName(metrics::kRestarts);
+  const std::string evictions = metrics::PrometheusName(metrics::kEvictions);
+  const std::string restarts_help(metrics::kRestarts.help), evictions_help(metrics::kEvictions.help);
+  for (const Family& f : {Family{restarts.c_str(), restarts_help.c_str(), "restart", "cause"},
+                          Family{evictions.c_str(), evictions_help.c_str(), "eviction", "reason"}}) {
     out << "# HELP " << f.name << " " << f.help << "\n# TYPE " << f.name << " counter\n";
     sqlite3_stmt* st = nullptr;
     const std::string sql = std::string("SELECT COALESCE(json_extract(detail_json, '$.") + f.field +

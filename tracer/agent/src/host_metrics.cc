@@ -52,6 +52,8 @@ Result<HostSample> HostSampler::Sample() {
       for (uint64_t& v : x) f >> v;
       s.network_receive_bytes += static_cast<double>(x[0]);
       s.network_transmit_bytes += static_cast<double>(x[8]);
+      s.network_receive_errors += static_cast<double>(x[2]);
+      s.network_transmit_errors += static_cast<double>(x[10]);
     }
   }
   {

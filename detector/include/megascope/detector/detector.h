@@ -78,6 +78,9 @@ class FrameDetector {
   virtual const char* Name() const = 0;
 };
 
+// The registry's detector inputs, in its order.
+std::vector<std::string> DefaultPriority();
+
 struct DetectorConfig {
   double tick_s = 1.0;
   int denoise_window = 8;            // ticks in the denoising window
@@ -107,11 +110,10 @@ struct DetectorConfig {
   // `continuity` ticks (the fault it was named for is over, or was never one), or at once when
   // stronger evidence appears than the verdict had.
   double rearm_fraction = 0.1;
-  // Metrics walked first (Minder's order, with our names); the rest follow in name order.
-  std::vector<std::string> priority = {
-      "pfc_tx_pause_pps", "cpu_util",        "gpu_util",    "gpu_power_w",    "gpu_tensor_active",
-      "nvlink_tx_gbps",   "net_tx_gbps",     "net_rx_gbps", "gpu_xid_errors", "gpu_ecc_errors",
-      "gpu_temp_c",       "gpu_mem_used_gb", "step_time_s"};
+  // Metrics walked first: the detector inputs of the metric-name registry
+  // (megascope/tracer/metric_names.h) in its order; the rest follow in name order. A name matches
+  // in any of its spellings (with or without `megascope_`, `_total` or `_per_second`).
+  std::vector<std::string> priority = DefaultPriority();
   std::map<std::string, std::string> groups;  // machine -> peer group; others share one group
 };
 

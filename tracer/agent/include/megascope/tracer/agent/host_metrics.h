@@ -18,6 +18,7 @@ struct HostSample {
   double memory_used_bytes = 0;  // MemTotal - MemAvailable
   double network_receive_bytes = 0, network_transmit_bytes = 0;  // cumulative, all interfaces but lo
   double disk_read_bytes = 0, disk_write_bytes = 0;  // cumulative, whole disks
+  double network_receive_errors = 0, network_transmit_errors = 0;  // cumulative, as network_*
 };
 
 class HostSampler {
