@@ -2,6 +2,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include "command.h"
@@ -19,6 +20,9 @@ void OnStop(int) {
 
 int RunAgent(const Args& args) {
   tracer::agent::AgentOptions o;
+  // The fault seam of `megascope launch --inject metric:...`: the node's agent samples a /proc tree
+  // of its own.
+  if (const char* root = std::getenv("MEGASCOPE_PROC_ROOT"); root != nullptr && *root != '\0') o.proc_root = root;
   po::options_description opts("Options");
   opts.add_options()("help,h", "show this help")
       ("node", po::value(&o.node)->required(), "this node's name (rings of other nodes are left alone)")
@@ -28,7 +32,7 @@ int RunAgent(const Args& args) {
       ("sample-interval", po::value(&o.sample_interval_s)->default_value(1.0), "seconds between host metric samples")
       ("shm-dir", po::value(&o.shm_dir)->default_value(o.shm_dir), "where rank rings live")
       ("max-db-mb", po::value(&o.max_db_mb)->default_value(0), "cap trace.db at this many MiB (0: no cap)")
-      ("proc-root", po::value(&o.proc_root)->default_value(o.proc_root), "root of the /proc tree to sample (tests use a fake one)");
+      ("proc-root", po::value(&o.proc_root)->default_value(o.proc_root), "root of the /proc tree to sample (tests use a fake one; default $MEGASCOPE_PROC_ROOT or /proc)");
   po::variables_map vm;
   if (auto rc = ParseArgs("agent", "megascope agent --node NAME --run-dir DIR [--job J] [--listen 127.0.0.1:PORT]", args,
                           opts, {}, &vm)) {

@@ -50,9 +50,31 @@ int RunLaunch(const Args& args) {
       "no-memory-snapshots",
       "keep no every-step state in host memory (restart from disk checkpoints only)")(
       "allow-remote", "agents and the control endpoint listen on every address, not only loopback")(
+      "detector-tick", po::value(&co.detector_tick_s)->default_value(co.detector_tick_s),
+      "seconds between detector ticks over the agents' /metrics (0: no detector)")(
+      "detector-warmup", po::value(&co.detector_warmup_ticks)->default_value(co.detector_warmup_ticks),
+      "detector ticks in which a node only teaches its usual level")(
+      "detector-min-peers",
+      po::value(&co.detector_min_peers)->default_value(co.detector_min_peers),
+      "nodes of the same pipeline stages needed before the detector judges them")(
+      "straggler-every", po::value(&co.straggler_every)->default_value(co.straggler_every),
+      "run the straggler analysis over every this many steps (0: never)")(
+      "straggler-ratio", po::value(&co.straggler_ratio)->default_value(co.straggler_ratio),
+      "a rank computing this many times its peers' median is slow in that step")(
+      "straggler-min-cost",
+      po::value(&co.straggler_min_cost_s)->default_value(co.straggler_min_cost_s),
+      "seconds per step a straggler must cost the job")(
+      "straggler-windows",
+      po::value(&co.policy.straggler_windows)->default_value(co.policy.straggler_windows),
+      "straggler analyses in a row naming a node before the policy acts")(
+      "act-confidence",
+      po::value(&co.policy.check_confidence)->default_value(co.policy.check_confidence),
+      "verdicts of the detector and straggler analysis below this confidence only alert")(
       "inject", po::value(&injects)->composing(),
       "inject a fault into the real processes (repeatable): "
-      "crash|hang|stall-send|slow:node=N|rank=R,at=STEP[,seconds=X]; "
+      "crash|hang|stall-send:node=N|rank=R,at=STEP; "
+      "slow:node=N|rank=R|pp=S,at=STEP,seconds=X|factor=F; "
+      "metric:node=N,what=nic-errors|memory,at=STEP|SECONDSs[,seconds=D]; "
       "kill-agent:node=N,at=STEP|SECONDSs; corrupt-checkpoint; degrade:node=N[,factor=F]");
   opts.add(loop);
   po::variables_map vm;
@@ -68,6 +90,13 @@ int RunLaunch(const Args& args) {
   if (spares < 0) return Fail("launch", "--spares must be >= 0", 2);
   if (co.tick_s <= 0 || co.hang_after_s <= 0 || co.max_evictions < 0) {
     return Fail("launch", "--tick and --hang-after must be positive, --max-evictions >= 0", 2);
+  }
+  if (co.detector_tick_s < 0 || co.straggler_every < 0 || co.policy.straggler_windows < 1 ||
+      co.detector_min_peers < 2) {
+    return Fail("launch",
+                "--detector-tick and --straggler-every must be >= 0 (0: off), --straggler-windows "
+                ">= 1, --detector-min-peers >= 2",
+                2);
   }
   for (int k = 0; k < c.nodes + spares; ++k)
     (k < c.nodes ? co.nodes : co.spares).push_back("node" + std::to_string(k));
@@ -95,6 +124,7 @@ int RunLaunch(const Args& args) {
   co.supervisor.shm_dir = c.shm_dir;
   co.supervisor.agent_host = co.allow_remote ? "0.0.0.0" : "127.0.0.1";
   co.world = c.layout.world();
+  for (int r = 0; r < co.world; ++r) co.stage_of_rank.push_back(c.layout.CoordsOf(r).pp);
   co.steps = c.steps;
   co.write_run_json = [c](const controller::AttemptPlan& plan) {
     runtime::TrainConfig run = c;
@@ -104,7 +134,7 @@ int RunLaunch(const Args& args) {
     run.resume = plan.resume;
     run.agent_ports = plan.agent_ports;
     run.faults.clear();
-    for (const auto& f : plan.faults) run.faults.push_back({f.kind, f.rank, f.step, f.seconds});
+    for (const auto& f : plan.faults) run.faults.push_back({f.kind, f.rank, f.step, f.seconds, f.factor});
     return tracer::WriteFileAtomic(launch::RunLayout(run.run_dir).run_json(), run.ToJson());
   };
   // Leftovers of an earlier launch under this job name would be taken for this one's state.
@@ -115,14 +145,27 @@ int RunLaunch(const Args& args) {
 }
 
 int RunReport(const Args& args) {
-  std::string run_dir;
+  std::string run_dir, html;
   po::options_description opts("Options");
   opts.add_options()("help,h", "show this help")("run-dir", po::value(&run_dir)->required(),
-                                                 "run directory of a launch");
+                                                 "run directory of a launch")(
+      "html", po::value(&html),
+      "write the incident report as one self-contained HTML page (events, incident stages, "
+      "per-rank compute heat map, loss curve, each verdict's evidence) to this file");
   po::positional_options_description pos;
   pos.add("run-dir", 1);
   po::variables_map vm;
-  if (auto rc = ParseArgs("report", "megascope report RUN_DIR", args, opts, pos, &vm)) return *rc;
+  if (auto rc = ParseArgs("report", "megascope report RUN_DIR [--html OUT.html]", args, opts, pos,
+                          &vm))
+    return *rc;
+  if (!html.empty()) {
+    auto page = controller::BuildHtmlReport(run_dir);
+    if (!page.ok()) return Fail("report", page.status().message());
+    if (Status st = tracer::WriteFileAtomic(html, *page); !st.ok())
+      return Fail("report", st.message());
+    std::printf("wrote %s\n", html.c_str());
+    return 0;
+  }
   auto r = controller::BuildReport(run_dir);
   if (!r.ok()) return Fail("report", r.status().message());
   std::fputs(r->c_str(), stdout);

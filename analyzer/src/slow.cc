@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <map>
 
 #include "format.h"
@@ -21,13 +22,16 @@ double Median(std::vector<double> v) {
 Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
   SlowReport rep;
   const std::string range = "step >= " + std::to_string(o.first_step) + " AND step <= " + std::to_string(o.last_step);
+  const std::string of_attempt = o.attempt >= 0 ? " AND attempt = " + std::to_string(o.attempt) : "";
   struct RankMeta {
     std::string node;
     int dp = 0, pp = 0, tp = 0;
     int64_t offset = 0;
   };
   std::map<int, RankMeta> meta;
-  RETURN_IF_ERROR(db.Scan("SELECT rank, node, dp, pp, tp, MAX(clock_offset_ns) FROM ranks GROUP BY rank", [&](const RunDatabase::Row& r) {
+  RETURN_IF_ERROR(db.Scan("SELECT rank, node, dp, pp, tp, MAX(clock_offset_ns) FROM ranks" +
+                              (o.attempt >= 0 ? " WHERE attempt = " + std::to_string(o.attempt) : std::string()) +
+                              " GROUP BY rank", [&](const RunDatabase::Row& r) {
     meta[static_cast<int>(r.Int(0))] = {std::string(r.Text(1)), static_cast<int>(r.Int(2)), static_cast<int>(r.Int(3)),
                                         static_cast<int>(r.Int(4)), r.Int(5)};
   }));
@@ -35,7 +39,14 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
   std::map<int64_t, std::map<int, double>> compute;  // step -> rank -> s
   std::map<int64_t, double> wall, busy;  // step -> max wall; summed per-rank accounted time
   std::map<int64_t, int> ranks_in_step;
-  const std::string sql = PerRankStepCte() + "\nSELECT rank, step, wall, compute, comm, data FROM per_rank WHERE " + range;
+  // Only the window's spans are read (the CTE would otherwise group every span of the run).
+  std::string cte = PerRankStepCte();
+  for (size_t at = 0; (at = cte.find("FROM spans", at)) != std::string::npos;) {
+    const std::string window = "FROM (SELECT * FROM spans WHERE " + range + of_attempt + ")";
+    cte.replace(at, 10, window);
+    at += window.size();
+  }
+  const std::string sql = cte + "\nSELECT rank, step, wall, compute, comm, data FROM per_rank WHERE " + range;
   RETURN_IF_ERROR(db.Scan(sql, [&](const RunDatabase::Row& r) {
     const int64_t step = r.Int(1);
     compute[step][static_cast<int>(r.Int(0))] = r.Double(3) / 1e9;
@@ -64,7 +75,7 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
       for (const auto& [r2, s2] : per) {
         if (r2 != rank && meta[r2].pp == meta[rank].pp && meta[r2].tp == meta[rank].tp) others.push_back(s2);
       }
-      if (others.empty()) continue;
+      if (others.empty() || static_cast<int>(others.size()) < o.min_peers) continue;
       const double med = Median(others);
       if (med > 0 && s > o.compute_ratio * med) ++slow_steps[rank];
       extra[rank] += std::max(0.0, s - med);
@@ -88,6 +99,52 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     v.evidence = {"cost_s_per_step=" + Fmt("%.4f", cost), "slow_steps=" + std::to_string(n)};
     rep.verdicts.push_back(std::move(v));
   }
+  // 1b. Stage imbalance: a stage whose ranks all compute longer than the other stages' (per step,
+  // medians; in a persistent share of the steps). The pipeline runs at its slowest stage's pace.
+  std::map<int, int> stage_slow_steps;
+  std::map<int, double> stage_extra;
+  std::map<int, std::vector<int>> stage_ranks;
+  for (const auto& [rank, m] : meta) stage_ranks[m.pp].push_back(rank);
+  if (stage_ranks.size() > 1) {
+    for (const auto& [step, per] : compute) {
+      std::map<int, std::vector<double>> by_stage;
+      for (const auto& [rank, s] : per) by_stage[meta[rank].pp].push_back(s);
+      std::map<int, double> stage_med;
+      for (auto& [pp, v] : by_stage) stage_med[pp] = Median(v);
+      for (const auto& [pp, med] : stage_med) {
+        std::vector<double> others;
+        double lowest_own = std::numeric_limits<double>::max();
+        for (const auto& [q, m2] : stage_med) {
+          if (q != pp) others.push_back(m2);
+        }
+        for (double s : by_stage[pp]) lowest_own = std::min(lowest_own, s);
+        if (others.empty()) continue;
+        const double typical = Median(others);
+        // Every replica slow, not one: its fastest rank is slow too.
+        if (typical > 0 && lowest_own > o.compute_ratio * typical) ++stage_slow_steps[pp];
+        stage_extra[pp] += std::max(0.0, med - typical);
+      }
+    }
+  }
+  for (const auto& [pp, n] : stage_slow_steps) {
+    const double cost = stage_extra[pp] / static_cast<double>(rep.steps);
+    if (n < o.persistent_share * static_cast<double>(rep.steps) || cost < o.min_cost_s) continue;
+    Verdict v;
+    v.kind = "slow";
+    v.cause = "stage_imbalance";
+    v.root_ranks = stage_ranks[pp];
+    for (int r : stage_ranks[pp]) {
+      if (std::find(v.root_nodes.begin(), v.root_nodes.end(), meta[r].node) == v.root_nodes.end()) v.root_nodes.push_back(meta[r].node);
+    }
+    v.confidence = std::min(1.0, static_cast<double>(n) / static_cast<double>(rep.steps));
+    v.detected_at_ns = tracer::WallNowNs();
+    v.explanation = "pipeline stage pp=" + std::to_string(pp) + " computed more than " + Fmt("%.0f", (o.compute_ratio - 1) * 100) +
+                    " % longer than the other stages on every one of its " + std::to_string(stage_ranks[pp].size()) +
+                    " ranks in " + std::to_string(n) + " of " + std::to_string(rep.steps) + " steps, " + Fmt("%.3f", cost) +
+                    " s per step: the stage is imbalanced (model split or layout), not a machine; no eviction can help.";
+    v.evidence = {"cost_s_per_step=" + Fmt("%.4f", cost), "slow_steps=" + std::to_string(n)};
+    rep.verdicts.push_back(std::move(v));
+  }
   // 2. Communication stragglers: at every collective, the last rank to arrive makes the others wait.
   std::map<int, double> blame;  // rank -> seconds others waited for it
   std::map<int, int64_t> last_count;
@@ -96,7 +153,7 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     int64_t t;
   };
   std::map<std::pair<std::string, int64_t>, std::vector<Arrival>> by_op;
-  RETURN_IF_ERROR(db.Scan("SELECT grp, seq, rank, enqueued_ns FROM collectives WHERE op NOT IN ('send', 'recv')",
+  RETURN_IF_ERROR(db.Scan("SELECT grp, seq, rank, enqueued_ns FROM collectives WHERE op NOT IN ('send', 'recv')" + of_attempt,
                           [&](const RunDatabase::Row& r) {
                             const int rank = static_cast<int>(r.Int(2));
                             by_op[{std::string(r.Text(0)), r.Int(1)}].push_back({rank, r.Int(3) - meta[rank].offset});
@@ -114,8 +171,8 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
   const double typical = Median(blames);
   for (const auto& [rank, b] : blame) {
     const double cost = b / static_cast<double>(rep.steps);
-    bool already = false;
-    for (const Verdict& v : rep.verdicts) already |= v.root_ranks[0] == rank;
+    bool already = false;  // a compute straggler arrives last because it computes longer
+    for (const Verdict& v : rep.verdicts) already |= v.cause == "compute_straggler" && v.root_ranks[0] == rank;
     if (already || cost < o.min_cost_s || b < 3 * typical) continue;
     Verdict v;
     v.kind = "slow";

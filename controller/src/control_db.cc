@@ -10,7 +10,7 @@
 namespace megascope::controller {
 namespace {
 
-constexpr std::array<std::pair<EventKind, std::string_view>, 13> kKinds = {{
+constexpr std::array<std::pair<EventKind, std::string_view>, 14> kKinds = {{
     {EventKind::kFaultInjected, "fault_injected"},
     {EventKind::kTrigger, "trigger"},
     {EventKind::kVerdict, "verdict"},
@@ -24,6 +24,7 @@ constexpr std::array<std::pair<EventKind, std::string_view>, 13> kKinds = {{
     {EventKind::kAgentRestarted, "agent_restarted"},
     {EventKind::kPaused, "paused"},
     {EventKind::kJobFinished, "job_finished"},
+    {EventKind::kDecision, "decision"},
 }};
 
 struct Stmt {

@@ -26,6 +26,8 @@
 #include "megascope/analyzer/timeline.h"
 #include "megascope/controller/control_db.h"
 #include "megascope/controller/report.h"
+#include "evidence.h"
+#include "proc_fault.h"
 #include "megascope/launch/progress.h"
 #include "megascope/tracer/clock.h"
 #include "megascope/tracer/dump.h"
@@ -160,11 +162,28 @@ struct Controller::Impl {
                                         // incident's trigger time
   launch::ProgressReader progress;
 
+  // Online evidence (faults that do not stop the job).
+  std::unique_ptr<OnlineDetector> online;
+  StragglerWatch stragglers;
+  Clock::time_point last_scrape;
+  int64_t straggler_from = 0;      // the next straggler window starts after this step
+  std::set<std::string> alerted;   // alerts already reported in this attempt
+  std::set<std::string> cleared;   // node|cause: passed a self-check for it in this run
+  std::map<std::string, std::unique_ptr<ProcFault>> proc_faults;  // metric faults, by node
+
   explicit Impl(ControllerOptions o)
       : opt(std::move(o)),
         sup(opt.supervisor),
         layout(opt.supervisor.run_dir),
-        progress(layout.progress()) {}
+        progress(layout.progress()) {
+    if (opt.detector_tick_s > 0) {
+      detector::DetectorConfig dc;
+      dc.tick_s = opt.detector_tick_s;
+      dc.warmup_ticks = opt.detector_warmup_ticks;
+      dc.min_peers = opt.detector_min_peers;
+      online = std::make_unique<OnlineDetector>(dc);
+    }
+  }
 
   void Log(const std::string& line) {
     std::printf("[launch] %s\n", line.c_str());
@@ -218,10 +237,21 @@ struct Controller::Impl {
         json{{"url", "http://127.0.0.1:" + std::to_string(port)}, {"pid", ::getpid()}}.dump() +
             "\n"));
     for (const Injection& in : opt.injections) {
+      auto env = sup.NodeEnv(in.node);
       if (in.kind == FaultKind::kDegrade) {
-        sup.SetNodeEnv(in.node, {{"MEGASCOPE_INJECT_SLOWDOWN", std::to_string(in.factor)}});
+        env.emplace_back("MEGASCOPE_INJECT_SLOWDOWN", std::to_string(in.factor));
+        sup.SetNodeEnv(in.node, env);
         Record(EventKind::kFaultInjected, in.node, -1,
                {{"kind", Name(in.kind)}, {"spec", in.spec}, {"factor", in.factor}});
+      } else if (in.kind == FaultKind::kMetric && !proc_faults.count(in.node)) {
+        // The node's agent samples a /proc of its own from the start; the metric fails when the
+        // injection fires.
+        auto f = std::make_unique<ProcFault>(layout.dir() + "/inject/proc_" + in.node, in.what,
+                                             in.seconds);
+        RETURN_IF_ERROR(f->Start());
+        env.emplace_back("MEGASCOPE_PROC_ROOT", f->dir());
+        sup.SetNodeEnv(in.node, env);
+        proc_faults[in.node] = std::move(f);
       }
     }
     active = opt.nodes;
@@ -277,12 +307,38 @@ struct Controller::Impl {
   }
 
   // Self-checks `node` with a healthy `partner`; records and returns whether it passed.
+  // The node's error counters (XID, ECC, NIC errors) from its agent; empty without an agent.
+  std::map<std::string, double> NodeErrorCounters(const std::string& node) {
+    const std::string url = sup.AgentUrl(node);
+    if (url.empty()) return {};
+    auto page = analyzer::HttpGet(url + "/metrics", 1000);
+    return page.ok() ? ErrorCounters(*page) : std::map<std::string, double>{};
+  }
+
+  // Self-checks `node` with a healthy `partner`: GEMM and all-reduce against the healthy figures,
+  // and the node's error counters must not rise meanwhile (as a GPU diagnostic watches XIDs while
+  // it runs). Records and returns whether it passed.
   bool SelfCheck(const std::string& node, const std::string& partner, const std::string& why) {
     const auto t0 = Clock::now();
+    const std::map<std::string, double> errors_before = NodeErrorCounters(node);
     SelfCheckFigures f = SelfCheckPair(node, partner).first;
+    std::string errors_rose;
+    if (!errors_before.empty()) {
+      // The agent samples its host every second: watch at least two samples.
+      const double left = 2.2 - Since(t0);
+      if (left > 0) std::this_thread::sleep_for(std::chrono::duration<double>(left));
+      for (const auto& [name, after] : NodeErrorCounters(node)) {
+        auto it = errors_before.find(name);
+        const double before = it == errors_before.end() ? 0 : it->second;
+        if (after > before) {
+          errors_rose += (errors_rose.empty() ? "" : ", ") + name + " +" +
+                         std::to_string(static_cast<int64_t>(after - before));
+        }
+      }
+    }
     const bool gemm_ok = f.ok && f.gemm_gflops >= opt.min_gemm_ratio * baseline_gemm;
     const bool bw_ok = f.ok && f.allreduce_gbps >= opt.min_bandwidth_ratio * baseline_bw;
-    const bool pass = gemm_ok && bw_ok;
+    const bool pass = gemm_ok && bw_ok && errors_rose.empty();
     std::string verdict = pass ? "passed" : "FAILED";
     if (!f.ok)
       verdict += " (" + f.error + ")";
@@ -291,6 +347,8 @@ struct Controller::Impl {
     else if (!bw_ok)
       verdict += " (all-reduce bandwidth below " + std::to_string(opt.min_bandwidth_ratio) +
                  " of the healthy figure)";
+    else if (!errors_rose.empty())
+      verdict += " (error counters rose during the check: " + errors_rose + ")";
     char line[512];
     std::snprintf(line, sizeof(line),
                   "self-check %s (with %s, %s): GEMM %.2f GFLOP/s (healthy %.2f), all-reduce %.3f "
@@ -307,6 +365,7 @@ struct Controller::Impl {
             {"healthy_gemm_gflops", baseline_gemm},
             {"healthy_allreduce_gbps", baseline_bw},
             {"error", f.error},
+            {"errors_rose", errors_rose},
             {"seconds", Since(t0)}});
     if (!pass) failed_self_check.insert(node);
     return pass;
@@ -341,6 +400,11 @@ struct Controller::Impl {
     return "";
   }
 
+  std::string NodeOfSlot(int rank) const {
+    const int per = opt.world / static_cast<int>(active.size());
+    return active.at(static_cast<size_t>(rank / per));
+  }
+
   int FirstRankOf(const std::string& node) const {
     const int per = opt.world / static_cast<int>(active.size());
     for (size_t k = 0; k < active.size(); ++k) {
@@ -359,10 +423,21 @@ struct Controller::Impl {
     }
     for (Injection& in : opt.injections) {
       if (!IsWorkerFault(in.kind) || in.fired) continue;
-      const int rank = in.rank >= 0 ? in.rank : FirstRankOf(in.node);
-      if (rank < 0 || rank >= opt.world) continue;  // its node is not in the job (any more)
-      in.planned_rank = rank;
-      plan.faults.push_back({std::string(Name(in.kind)), rank, in.at_step, in.seconds});
+      std::vector<int> ranks;
+      if (in.kind == FaultKind::kSlow && in.rank < 0) {  // every rank of the node or the stage
+        for (int r = 0; r < opt.world; ++r) {
+          const bool of_stage = in.pp >= 0 && r < static_cast<int>(opt.stage_of_rank.size()) &&
+                                opt.stage_of_rank[r] == in.pp;
+          if (of_stage || (!in.node.empty() && NodeOfSlot(r) == in.node)) ranks.push_back(r);
+        }
+      } else {
+        ranks.push_back(in.rank >= 0 ? in.rank : FirstRankOf(in.node));
+      }
+      for (int rank : ranks) {
+        if (rank < 0 || rank >= opt.world) continue;  // its node is not in the job (any more)
+        if (in.planned_rank < 0 || rank < in.planned_rank) in.planned_rank = rank;
+        plan.faults.push_back({std::string(Name(in.kind)), rank, in.at_step, in.seconds, in.factor});
+      }
     }
     for (const std::string& node : active) {
       if (!sup.AgentPort(node)) {
@@ -374,6 +449,9 @@ struct Controller::Impl {
     RETURN_IF_ERROR(opt.write_run_json(plan));
     attempt_start = last_progress = Clock::now();
     attempt_stepped = false;
+    straggler_from = resume ? std::max<int64_t>(0, resume->step) : 0;
+    stragglers.Reset();
+    alerted.clear();
     hb_steps.clear();
     finished_ranks = 0;
     return sup.StartRanks(attempt, active, opt.world);
@@ -488,6 +566,18 @@ struct Controller::Impl {
 
   void FireControllerInjections() {
     for (Injection& in : opt.injections) {
+      if (in.fired || in.kind != FaultKind::kMetric) continue;
+      const bool due = (in.at_seconds >= 0 && Since(launch_start) >= in.at_seconds) ||
+                       (in.at_step >= 0 && last_step_done >= in.at_step);
+      if (!due) continue;
+      proc_faults.at(in.node)->Fire();
+      in.fired = true;
+      Log("fault fired: metric " + in.what + " on " + in.node +
+          (in.seconds > 0 ? " for " + std::to_string(in.seconds).substr(0, 5) + " s" : ""));
+      Record(EventKind::kFaultInjected, in.node, -1,
+             {{"kind", "metric"}, {"what", in.what}, {"seconds", in.seconds}, {"spec", in.spec}});
+    }
+    for (Injection& in : opt.injections) {
       if (in.fired || in.kind != FaultKind::kKillAgent) continue;
       const bool due = (in.at_seconds >= 0 && Since(launch_start) >= in.at_seconds) ||
                        (in.at_step >= 0 && last_step_done >= in.at_step);
@@ -501,11 +591,14 @@ struct Controller::Impl {
   // ---------------------------------------------------------------- incidents
 
   struct Trigger {
-    std::string cause;  // crash, hang, manual
+    std::string cause;  // crash, hang, manual, detector, straggler
     std::string detail;
     std::vector<launch::RankExit> failures;
     std::string manual_node;
+    std::vector<Verdict> verdicts;  // detector, straggler: the verdict that opened the incident
+    int repeats = 1;                // ... and how many analyses in a row named it
   };
+  static bool Online(const Trigger& t) { return t.cause == "detector" || t.cause == "straggler"; }
 
   std::vector<Verdict> Diagnose(Trigger& t) {
     std::vector<Verdict> verdicts;
@@ -558,6 +651,82 @@ struct Controller::Impl {
       verdicts = {v};
     }
     return verdicts;
+  }
+
+  void RecordDecision(const Verdict& v, const Decision& d, int repeats = 1) {
+    Record(EventKind::kDecision, d.nodes.empty() ? "" : d.nodes[0],
+           v.root_ranks.empty() ? -1 : v.root_ranks[0],
+           {{"action", Name(d.action)},
+            {"reason", d.reason},
+            {"repeats", repeats},
+            {"nodes", d.nodes},
+            {"verdict", json::parse(VerdictToJson(v))}});
+  }
+
+  // An online verdict (detector, straggler): recorded with the policy's decision; an alert is
+  // reported once per attempt, anything more opens an incident. False: the controller paused.
+  bool Act(const std::string& source, const Verdict& v, int repeats) {
+    bool in_job = v.root_nodes.empty();
+    for (const std::string& n : v.root_nodes)
+      in_job |= std::find(active.begin(), active.end(), n) != active.end();
+    if (!in_job) return true;  // an evicted node's silence, or a node that left meanwhile
+    bool passed_before = false;
+    for (const std::string& n : v.root_nodes) passed_before |= cleared.count(n + "|" + v.cause) > 0;
+    const Decision d = Decide(v, repeats, opt.policy, passed_before);
+    std::string key = std::string(Name(d.action)) + "|" + v.kind + "|" + v.cause;
+    for (const std::string& n : v.root_nodes) key += "|" + n;
+    if (d.action == Action::kAlert && !alerted.insert(key).second) return true;
+    Log(source + " verdict: " + v.kind + " " + v.cause + " on " +
+        (v.root_nodes.empty() ? std::string("-") : Join(v.root_nodes)) + ": " + v.explanation);
+    Log("policy: " + std::string(Name(d.action)) + " (" + d.reason + ")");
+    if (d.action == Action::kAlert || d.action == Action::kRestartInPlace) {
+      Record(EventKind::kVerdict, v.root_nodes.empty() ? "" : v.root_nodes[0],
+             v.root_ranks.empty() ? -1 : v.root_ranks[0], json::parse(VerdictToJson(v)));
+      RecordDecision(v, d, repeats);
+      return true;
+    }  // an incident records the verdict and the decision after its trigger
+    Trigger t{source, v.kind + " " + v.cause + " on " + Join(v.root_nodes), {}, "", {v}, repeats};
+    return Incident(std::move(t));
+  }
+
+  // The online evidence of this tick; false: the controller paused.
+  bool Watch() {
+    if (online && Since(last_scrape) >= opt.detector_tick_s) {
+      last_scrape = Clock::now();
+      std::map<std::string, std::string> pages;
+      for (const std::string& n : active) {
+        const std::string url = sup.AgentUrl(n);
+        if (url.empty()) continue;
+        auto page = analyzer::HttpGet(url + "/metrics", 1000);
+        if (page.ok()) pages[n] = std::move(*page);
+      }
+      const MetricsRound round =
+          ParseMetricsRound(pages, static_cast<double>(tracer::WallNowNs()) / 1e9);
+      for (const std::string& e : round.errors) Log("metrics: " + e);
+      for (const Verdict& v : online->Add(round)) {
+        if (!Act("detector", v, 1)) return false;
+      }
+    }
+    if (opt.straggler_every > 0 && attempt_stepped &&
+        last_step_done - straggler_from >= opt.straggler_every) {
+      const int64_t first = straggler_from, last = last_step_done - 1;  // steps are 0-based
+      straggler_from = last_step_done;
+      analyzer::SlowOptions so;
+      so.compute_ratio = opt.straggler_ratio;
+      so.min_cost_s = opt.straggler_min_cost_s;
+      so.min_peers = 2;  // with one peer, shared-machine noise alone can make either look slow
+      auto found = stragglers.Analyze(layout.dir(), attempt, first, last, so);
+      if (!found.ok()) {
+        Log("straggler analysis of steps " + std::to_string(first) + ".." + std::to_string(last) +
+            ": " + found.status().ToString());
+        return true;
+      }
+      for (const StragglerWatch::Finding& f : *found) {
+        if (!Act("straggler", f.verdict, f.repeats)) return false;
+        if (f.verdict.cause != "stage_imbalance" && !attempt_stepped) break;  // restarted
+      }
+    }
+    return true;
   }
 
   void Pause(const std::string& reason) {
@@ -630,8 +799,8 @@ struct Controller::Impl {
     Log("trigger: " + t.cause + (t.detail.empty() ? "" : " (" + t.detail + ")"));
     Record(EventKind::kTrigger, t.manual_node, -1, {{"cause", t.cause}, {"detail", t.detail}},
            trigger_ns);
-    std::vector<Verdict> verdicts;
-    if (t.cause != "manual") verdicts = Diagnose(t);
+    std::vector<Verdict> verdicts = t.verdicts;
+    if (t.cause != "manual" && !Online(t)) verdicts = Diagnose(t);
     incident_step = last_step_done;
     incident_ranks.clear();
     for (const Verdict& v : verdicts) {
@@ -641,32 +810,46 @@ struct Controller::Impl {
              v.root_ranks.empty() ? -1 : v.root_ranks[0], json::parse(VerdictToJson(v)));
     }
     const auto stop0 = Clock::now();
-    const std::vector<int> no_dump = sup.CollectDumps(std::chrono::seconds(3));
+    // A job that is still running has no hang to explain: its flight recorders are not needed.
+    const std::vector<int> no_dump =
+        Online(t) ? std::vector<int>{} : sup.CollectDumps(std::chrono::seconds(3));
     sup.StopRanks();
     Record(EventKind::kStopped, "", -1,
            {{"seconds", Since(stop0)}, {"ranks_without_dump", no_dump}});
     const int64_t lost = last_step_done;
-    // Policy: a dead or absent rank's node is evicted; both ends of a stalled link are
-    // self-checked and the one that fails goes; anything else restarts in place.
+    // The policy (policy.h) decides per verdict; the controller carries it out.
     std::vector<std::pair<std::string, json>> to_evict;
     std::string restart_cause = t.cause;
     if (t.cause == "manual") to_evict.emplace_back(t.manual_node, json{{"kind", "manual"}});
     for (const Verdict& v : verdicts) {
       const json vj = json::parse(VerdictToJson(v));
       restart_cause = v.cause;
-      if (v.cause == "rank_dead" || v.cause == "rank_not_joined") {
-        for (const std::string& n : v.root_nodes) to_evict.emplace_back(n, vj);
-      } else if (v.cause == "link_stall") {
-        std::set<std::string> ends(v.root_nodes.begin(), v.root_nodes.end());
-        for (const std::string& n : ends) {
-          const std::string partner = HealthyPartner(ends);
-          if (!SelfCheck(n, partner.empty() ? n : partner, "end of a stalled link"))
-            to_evict.emplace_back(n, vj);
+      const Decision d = Decide(v, Online(t) ? t.repeats : 1, opt.policy);
+      RecordDecision(v, d, Online(t) ? t.repeats : 1);
+      if (d.action == Action::kEvict) {
+        for (const std::string& n : d.nodes) to_evict.emplace_back(n, vj);
+      } else if (d.action == Action::kSelfCheck) {
+        std::set<std::string> suspects(d.nodes.begin(), d.nodes.end());
+        for (const std::string& n : suspects) {
+          const std::string partner = HealthyPartner(suspects);
+          const bool passed = SelfCheck(n, partner.empty() ? n : partner,
+                                        v.kind == "faulty_machine" ? "suspect of the detector"
+                                        : v.cause == "link_stall" ? "end of a stalled link"
+                                                                  : "suspect: " + v.cause);
+          Record(EventKind::kDecision, n, -1,
+                 {{"action", passed ? "keep" : "evict"},
+                  {"confirmed", !passed},
+                  {"reason", passed ? "passed its self-check: the verdict is not confirmed"
+                                    : "failed its self-check: the verdict is confirmed"},
+                  {"verdict", vj}});
+          if (!passed) to_evict.emplace_back(n, vj);
+          if (passed) cleared.insert(n + "|" + v.cause);
         }
         if (to_evict.empty())
-          Log("both ends of the stalled link passed their self-checks: restarting in place");
+          Log("every suspect passed its self-check (the verdict is not confirmed): restarting in "
+              "place");
       } else {
-        Log("verdict " + v.cause + " names no machine to evict: restarting in place");
+        Log("verdict " + v.cause + ": " + d.reason + ": restarting in place");
       }
     }
     std::set<std::string> done;
@@ -794,7 +977,10 @@ struct Controller::Impl {
     auto report = BuildReport(layout.dir());
     if (report.ok() && tracer::WriteFileAtomic(layout.report_md(), *report).ok())
       Log("report: " + layout.report_md());
-    WriteTimeline();
+    WriteTimeline();  // before the HTML report, which links it
+    auto page = BuildHtmlReport(layout.dir());
+    if (page.ok() && tracer::WriteFileAtomic(layout.dir() + "/report.html", *page).ok())
+      Log("report: " + layout.dir() + "/report.html (megascope report --html)");
     if (rc == kLaunchFinished) {  // the state in memory is only needed to resume
       std::error_code ec;
       fs::remove_all(launch::MemoryRoot(opt.supervisor.shm_dir, opt.supervisor.job), ec);
@@ -844,7 +1030,7 @@ struct Controller::Impl {
           Log("evict " + c.node + " ignored: not a node of the job (" + Join(active) + ")");
           continue;
         }
-        if (!Incident({"manual", "evict requested for " + c.node, {}, c.node}))
+        if (!Incident({"manual", "evict requested for " + c.node, {}, c.node, {}, 1}))
           return kLaunchPaused;
       }
       FireControllerInjections();
@@ -867,7 +1053,7 @@ struct Controller::Impl {
       if (!failures.empty()) {
         const launch::RankExit& f = failures[0];
         if (!Incident({"crash", "rank " + std::to_string(f.rank) + " " + f.status.Describe(),
-                       failures, ""}))
+                       failures, "", {}, 1}))
           return kLaunchPaused;
         continue;
       }
@@ -877,9 +1063,10 @@ struct Controller::Impl {
             std::to_string(static_cast<int>(Since(launch_start))) + " s");
         return kLaunchFinished;
       }
+      if (!Watch()) return kLaunchPaused;
       std::string why;
       if (Stalled(&why)) {
-        if (!Incident({"hang", why, {}, ""})) return kLaunchPaused;
+        if (!Incident({"hang", why, {}, "", {}, 1})) return kLaunchPaused;
       }
     }
   }

@@ -6,7 +6,7 @@
 namespace megascope::controller {
 namespace {
 
-constexpr std::array<std::pair<FaultKind, std::string_view>, 7> kKinds = {{
+constexpr std::array<std::pair<FaultKind, std::string_view>, 8> kKinds = {{
     {FaultKind::kCrash, "crash"},
     {FaultKind::kHang, "hang"},
     {FaultKind::kStallSend, "stall-send"},
@@ -14,6 +14,7 @@ constexpr std::array<std::pair<FaultKind, std::string_view>, 7> kKinds = {{
     {FaultKind::kKillAgent, "kill-agent"},
     {FaultKind::kCorruptCheckpoint, "corrupt-checkpoint"},
     {FaultKind::kDegrade, "degrade"},
+    {FaultKind::kMetric, "metric"},
 }};
 
 }  // namespace
@@ -59,6 +60,14 @@ Result<Injection> ParseInjection(const std::string& spec) {
         used = value.size();
       } else if (key == "rank") {
         in.rank = std::stoi(value, &used);
+      } else if (key == "pp") {
+        in.pp = std::stoi(value, &used);
+      } else if (key == "what") {
+        if (value != "nic-errors" && value != "memory")
+          return InvalidArgument("--inject '" + spec + "': what='" + value +
+                                 "' is not a metric fault (nic-errors, memory)");
+        in.what = value;
+        used = value.size();
       } else if (key == "at") {
         if (!value.empty() && value.back() == 's') {
           in.at_seconds = std::stod(value.substr(0, value.size() - 1), &used);
@@ -72,26 +81,37 @@ Result<Injection> ParseInjection(const std::string& spec) {
         in.factor = std::stod(value, &used);
       } else {
         return InvalidArgument("--inject '" + spec + "': unknown field '" + key +
-                               "' (node, rank, at, seconds, factor)");
+                               "' (node, rank, pp, at, seconds, factor, what)");
       }
       if (used != value.size()) throw std::invalid_argument(value);
     } catch (const std::exception&) {
       return InvalidArgument("--inject '" + spec + "': '" + value + "' is not a number");
     }
   }
-  const bool targeted = !in.node.empty() || in.rank >= 0;
+  const bool targeted = !in.node.empty() || in.rank >= 0 || (in.kind == FaultKind::kSlow && in.pp >= 0);
+  if (in.pp >= 0 && in.kind != FaultKind::kSlow)
+    return InvalidArgument("--inject '" + spec + "': pp=S targets only slow");
   if (IsWorkerFault(in.kind)) {
-    if (!targeted) return InvalidArgument("--inject '" + spec + "' needs node=N or rank=R");
+    if (!targeted)
+      return InvalidArgument("--inject '" + spec + "' needs node=N or rank=R" +
+                             (in.kind == FaultKind::kSlow ? " or pp=S" : ""));
     if (in.at_step < 0) return InvalidArgument("--inject '" + spec + "' needs at=STEP");
-    if (in.kind == FaultKind::kSlow && in.seconds <= 0)
-      return InvalidArgument("--inject '" + spec + "' needs seconds=X > 0");
+    if (in.kind == FaultKind::kSlow && in.seconds <= 0 && in.factor <= 1)
+      return InvalidArgument("--inject '" + spec + "' needs seconds=X > 0 or factor=F > 1");
   } else if (in.kind == FaultKind::kKillAgent) {
     if (in.node.empty()) return InvalidArgument("--inject '" + spec + "' needs node=N");
     if (in.at_step < 0 && in.at_seconds < 0)
       return InvalidArgument("--inject '" + spec + "' needs at=STEP or at=SECONDSs");
   } else if (in.kind == FaultKind::kDegrade) {
     if (in.node.empty()) return InvalidArgument("--inject '" + spec + "' needs node=N");
+    if (in.factor == 0) in.factor = 3;
     if (in.factor < 1) return InvalidArgument("--inject '" + spec + "': factor must be >= 1");
+  } else if (in.kind == FaultKind::kMetric) {
+    if (in.node.empty()) return InvalidArgument("--inject '" + spec + "' needs node=N");
+    if (in.what.empty())
+      return InvalidArgument("--inject '" + spec + "' needs what=nic-errors or what=memory");
+    if (in.at_step < 0 && in.at_seconds < 0)
+      return InvalidArgument("--inject '" + spec + "' needs at=STEP or at=SECONDSs");
   }
   return in;
 }

@@ -105,6 +105,10 @@ Result<std::string> BuildReport(const std::string& run_dir, ReportFigures* figur
       } else if (k == "resumed") {
         body += "| resumed (first step done) | " + at(s.ts_ns) + " | step " +
                 std::to_string(s.detail.value("step", 0)) + " |\n";
+      } else if (k == "decision") {
+        body += "| policy | " + at(s.ts_ns) + " | " + s.detail.value("action", "") +
+                (s.node.empty() ? "" : " " + s.node) + ": " + s.detail.value("reason", "") +
+                " |\n";
       } else if (k == "paused") {
         body += "| **paused** | " + at(s.ts_ns) + " | " + s.detail.value("reason", "") + " |\n";
       } else if (k == "agent_restarted") {

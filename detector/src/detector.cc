@@ -321,6 +321,7 @@ struct Detector::Impl {
   std::vector<double> level_ewma;    // per metric: long-run typical |median| (a floor when idle)
   std::vector<double> thresholds;    // per metric
   std::map<std::string, int> group_ids;
+  std::set<std::string> seen;  // machines given a group
   std::vector<double> scratch, vals, sorted;
   std::vector<uint8_t> lone;
   std::vector<int> members;
@@ -329,6 +330,7 @@ struct Detector::Impl {
     while (static_cast<int>(machines.size()) < reg.machines()) {
       MachineState m;
       const std::string& name = reg.machine_name(static_cast<int>(machines.size()));
+      seen.insert(name);
       auto g = cfg.groups.find(name);
       std::string group = g == cfg.groups.end() ? "" : g->second;
       m.group = group_ids.try_emplace(group, static_cast<int>(group_ids.size())).first->second;
@@ -383,6 +385,14 @@ Detector::Detector(DetectorConfig config) : impl_(std::make_unique<Impl>()) {
   impl_->cfg = std::move(config);
 }
 Detector::~Detector() = default;
+
+bool Detector::SetPeerGroup(const std::string& machine, const std::string& group) {
+  auto it = impl_->cfg.groups.find(machine);
+  if (it != impl_->cfg.groups.end() && it->second == group) return true;
+  if (impl_->seen.count(machine)) return false;
+  impl_->cfg.groups[machine] = group;
+  return true;
+}
 
 void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>* out) {
   Impl& d = *impl_;

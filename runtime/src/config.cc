@@ -21,13 +21,15 @@ Result<Fault> ParseFault(const std::string& spec) {
       if (key == "rank") f.rank = std::stoi(value);
       else if (key == "step") f.step = std::stoll(value);
       else if (key == "seconds") f.seconds = std::stod(value);
+      else if (key == "factor") f.factor = std::stod(value);
       else return InvalidArgument("fault '" + spec + "': unknown field '" + key + "'");
     } catch (const std::exception&) {
       return InvalidArgument("fault '" + spec + "': '" + value + "' is not a number");
     }
   }
   if (f.rank < 0) return InvalidArgument("fault '" + spec + "' needs rank=R");
-  if (f.kind == "slow" && f.seconds <= 0) return InvalidArgument("fault '" + spec + "' needs seconds=X > 0");
+  if (f.kind == "slow" && f.seconds <= 0 && f.factor <= 1)
+    return InvalidArgument("fault '" + spec + "' needs seconds=X > 0 or factor=F > 1");
   return f;
 }
 
@@ -79,7 +81,7 @@ std::string TrainConfig::ToJson() const {
                 {"memory_snapshots", memory_snapshots}};
   if (resume_set) j["resume"] = {{"step", resume.step}, {"source", resume.source}, {"files", resume.files}};
   nlohmann::ordered_json faults_j = nlohmann::ordered_json::array();
-  for (const Fault& f : faults) faults_j.push_back({{"kind", f.kind}, {"rank", f.rank}, {"step", f.step}, {"seconds", f.seconds}});
+  for (const Fault& f : faults) faults_j.push_back({{"kind", f.kind}, {"rank", f.rank}, {"step", f.step}, {"seconds", f.seconds}, {"factor", f.factor}});
   j["faults"] = faults_j;
   nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
   for (int r = 0; r < layout.world(); ++r) {
@@ -130,7 +132,7 @@ Result<TrainConfig> TrainConfig::FromJson(const std::string& text, const std::st
       c.resume.source = j["resume"]["source"];
       c.resume.files = j["resume"]["files"].get<std::vector<std::string>>();
     }
-    for (const auto& f : j["faults"]) c.faults.push_back({f["kind"], f["rank"], f["step"], f["seconds"]});
+    for (const auto& f : j["faults"]) c.faults.push_back({f["kind"], f["rank"], f["step"], f["seconds"], f.value("factor", 0.0)});
     for (const auto& a : j.value("agents", nlohmann::json::array())) c.agent_ports.emplace_back(a["node"], a["port"]);
     return c;
   } catch (const std::exception& e) {

@@ -200,9 +200,13 @@ class Worker {
       std::fflush(stderr);
       std::abort();
     }
+    double burned = 0;
     if (const Fault* f = FaultAt("slow", step)) {  // extra compute, as a slow GPU would take
       tracer::Tracer::Scope span(tracer_.get(), SpanKind::kCompute, names_["fault"], step);
-      BurnSeconds(f->seconds);
+      // A factor slows the rank's work as a throttled GPU would: the extra is (factor - 1) times
+      // what its previous step took without the fault.
+      burned = f->seconds + (f->factor > 1 ? (f->factor - 1) * last_unslowed_s_ : 0);
+      BurnSeconds(burned);
     }
     if (FaultAt("stall-send", step)) comm_->ArmSendStall();
 
@@ -267,6 +271,7 @@ class Worker {
       snapshot_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    last_unslowed_s_ = secs - burned;
     tracer_->RecordMetric(names_["step_seconds"], secs);
     tracer_->RecordMetric(names_["tokens_per_second"], static_cast<double>(cfg_.global_batch) * T / secs);
     if (model_->last()) tracer_->RecordMetric(names_["loss"], loss);
@@ -444,6 +449,7 @@ class Worker {
   std::string dump_path_;
   int64_t start_step_ = 0;
   bool fault_announced_ = false;
+  double last_unslowed_s_ = 0;  // the previous step's time without an injected slowdown
   launch::RunLayout layout_;
   std::atomic<bool> stop_{false};
   std::thread beat_, ckpt_thread_, mem_thread_;

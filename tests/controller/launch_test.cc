@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
+#include <sstream>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -31,7 +33,7 @@ const char* kModel =
     "0.1";
 
 class LaunchTest : public ::testing::Test {
- protected:
+ public:
   static void SetUpTestSuite() {
     dir_ = new TempDir();
     data_ = dir_->path() + "/notes.bin";
@@ -102,6 +104,15 @@ class LaunchTest : public ::testing::Test {
     ASSERT_EQ(got.size(), want.size());
     for (const auto& [step, loss] : want)
       EXPECT_NEAR(got.at(step), loss, 1e-5 * std::fabs(loss)) << "step " << step;
+  }
+  std::string RunDir() const { return Run(); }
+  std::vector<Event> AllEvents() const { return Events(); }
+  static std::string ReadLog(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string s = ss.str();
+    return s.size() > 6000 ? s.substr(s.size() - 6000) : s;
   }
   std::vector<Event> Events() const {
     auto db = ControlDb::Open(Run() + "/control.db", true);
@@ -339,6 +350,145 @@ TEST_F(LaunchTest, ManualEvictAndStopNeedTheRunsToken) {
   EXPECT_EQ(Of(ev, "eviction")[0].node, "node1");
   EXPECT_EQ(Of(ev, "eviction")[0].detail["reason"], "manual");
   EXPECT_EQ(Of(ev, "job_finished").at(0).detail["status"], "stopped");
+}
+
+// --- Faults that do not stop the job: the detector and the straggler analysis online ---------
+
+// Four nodes doing the same work (the detector needs four peers) and a spare.
+std::string EvidenceCmd(const std::string& run, const std::string& job, const std::string& data,
+                        const std::string& layout, int steps, const std::string& extra) {
+  return std::string(MEGASCOPE_BIN) + " launch " + layout + " --spares 1 --data " + data +
+         " --run-dir " + run + " --job " + job + " --steps " + std::to_string(steps) +
+         " --layers 2 --width 64 --heads 4 --seq 32 --batch 8 --microbatches 2 --hang-after 2"
+         " --tick 0.1 --min-gemm-ratio 0.2 --min-bandwidth-ratio 0.1 --detector-warmup 20 " +
+         extra;
+}
+const char* kDp4 = "--dp 4 --nodes 4";
+
+TEST_F(LaunchTest, ASlowedNodeIsNamedByTheStragglerPathEvictedAndTheJobResumes) {
+  CommandResult r = RunCommand(EvidenceCmd(Run(), Job(), data_, kDp4, 60,
+                                           "--straggler-every 8 --inject slow:node=node2,at=10,factor=1.5"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto ev = Events();
+  bool named = false;
+  for (const Event& e : Of(ev, "verdict"))
+    named |= e.detail["cause"] == "compute_straggler" && e.node == "node2";
+  EXPECT_TRUE(named) << r.out;
+  ASSERT_EQ(Of(ev, "eviction").size(), 1u) << r.out;  // the machine, not its group, nor a peer
+  EXPECT_EQ(Of(ev, "eviction")[0].node, "node2");
+  EXPECT_EQ(Of(ev, "eviction")[0].detail["reason"], "compute_straggler");
+  bool decided = false;
+  for (const Event& e : Of(ev, "decision")) decided |= e.detail["action"] == "evict" && e.node == "node2";
+  EXPECT_TRUE(decided);
+  EXPECT_FALSE(Of(ev, "resumed").empty());
+  EXPECT_EQ(Of(ev, "job_finished").at(0).detail["steps"], 60);
+
+  // The incident report renders in a browser, the straggler's cells outlined in the heat map.
+  const std::string html = Run() + "/incident.html";
+  CommandResult rep = RunCommand(std::string(MEGASCOPE_BIN) + " report " + Run() + " --html " + html);
+  ASSERT_EQ(rep.code, 0) << rep.out;
+  const std::string page = ReadLog(html);
+  EXPECT_EQ(page.find("<script"), std::string::npos);  // static: nothing to fail, nothing fetched
+  EXPECT_EQ(page.find("src=\"http"), std::string::npos);
+  if (RunCommand("command -v chromium").code != 0) GTEST_SKIP() << "chromium is not installed (scripts/setup.sh installs it)";
+  const std::string chromium = "timeout 60 chromium --headless --no-sandbox --disable-gpu --disable-background-networking "
+                               "--disable-component-update --no-first-run --disable-sync --user-data-dir=" +
+                               dir_->path() + "/chrome ";
+  CommandResult dom = RunCommand(chromium + "--dump-dom file://" + html + " 2>/dev/null");
+  ASSERT_EQ(dom.code, 0) << dom.out.substr(0, 500);
+  auto count = [&](const std::string& needle) {
+    size_t n = 0;
+    for (size_t at = dom.out.find(needle); at != std::string::npos; at = dom.out.find(needle, at + 1)) ++n;
+    return n;
+  };
+  const size_t straggler_cells = count("class=\"cell slow\" data-rank=\"2\"");
+  EXPECT_GE(straggler_cells, 5u) << "the slowed rank's steps are outlined";
+  for (int r : {0, 1, 3}) {
+    EXPECT_LT(count("class=\"cell slow\" data-rank=\"" + std::to_string(r) + "\""), straggler_cells) << "rank " << r;
+  }
+  EXPECT_NE(dom.out.find("row-suspect\">rank 2 "), std::string::npos) << "the named rank's row is marked";
+  EXPECT_NE(dom.out.find("id=\"events\""), std::string::npos);
+  EXPECT_NE(dom.out.find("Loss across restarts"), std::string::npos);
+  CommandResult shot = RunCommand(chromium + "--window-size=1300,1400 --screenshot=" + Run() + "/report.png file://" + html);
+  EXPECT_EQ(shot.code, 0) << shot.out;
+  EXPECT_GT(fs::file_size(Run() + "/report.png"), 20000u);  // a picture, not a blank page
+}
+
+TEST_F(LaunchTest, AStageSlowOnEveryReplicaIsReportedAsImbalanceAndNothingIsEvicted) {
+  CommandResult r = RunCommand(EvidenceCmd(Run(), Job(), data_, "--dp 2 --pp 2 --nodes 4", 50,
+                                           "--straggler-every 8 --inject slow:pp=1,at=4,factor=2"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto ev = Events();
+  bool imbalance = false;
+  for (const Event& e : Of(ev, "decision")) {
+    if (e.detail["verdict"]["cause"] == "stage_imbalance") {
+      imbalance = true;
+      EXPECT_EQ(e.detail["action"], "alert");
+    }
+  }
+  EXPECT_TRUE(imbalance) << r.out;
+  EXPECT_TRUE(Of(ev, "eviction").empty()) << r.out;
+}
+
+// Runs the launch in the background until `done` holds on control.db's events (or `seconds`
+// pass), then stops it.
+std::vector<Event> RunUntil(LaunchTest* t, const std::string& cmd, const std::string& log,
+                            const std::function<bool(const std::vector<Event>&)>& done, int seconds) {
+  auto launch = launch::Process::Spawn({{"/bin/sh", "-c", "exec " + cmd}, log});
+  EXPECT_TRUE(launch.ok());
+  if (!launch.ok()) return {};
+  for (int i = 0; i < seconds * 10; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (fs::exists(t->RunDir() + "/control.db") && done(t->AllEvents())) break;
+    if ((*launch)->Poll()) break;
+  }
+  RunCommand(std::string(MEGASCOPE_BIN) + " stop --run-dir " + t->RunDir());
+  (*launch)->WaitFor(std::chrono::seconds(60));
+  return t->AllEvents();
+}
+
+TEST_F(LaunchTest, AFailingMetricIsNamedByTheDetectorSelfCheckedAndEvicted) {
+  const auto ev = RunUntil(
+      this,
+      EvidenceCmd(Run(), Job(), data_, kDp4, 100000,
+                  "--straggler-every 0 --inject metric:node=node1,what=nic-errors,at=25s"),
+      dir_->path() + "/metric.log",
+      [](const std::vector<Event>& ev) { return !Of(ev, "resumed").empty() && !Of(ev, "eviction").empty(); },
+      150);
+  bool named = false;
+  for (const Event& e : Of(ev, "verdict"))
+    named |= e.detail["kind"] == "faulty_machine" && e.node == "node1";
+  EXPECT_TRUE(named) << ReadLog(dir_->path() + "/metric.log");
+  bool failed_check = false;
+  for (const Event& e : Of(ev, "self_check")) {
+    if (e.node == "node1") {
+      failed_check = e.detail["passed"] == false;
+      EXPECT_NE(e.detail["errors_rose"].get<std::string>().find("node_network_receive_errors"), std::string::npos);
+    }
+  }
+  EXPECT_TRUE(failed_check);
+  ASSERT_EQ(Of(ev, "eviction").size(), 1u) << ReadLog(dir_->path() + "/metric.log");
+  EXPECT_EQ(Of(ev, "eviction")[0].node, "node1");
+  EXPECT_FALSE(Of(ev, "resumed").empty());
+}
+
+TEST_F(LaunchTest, ATwentySecondMetricExcursionEvictsNothing) {
+  // Memory 40 % up on one node for 20 s, after the detector has learned the nodes: a benign
+  // excursion shorter than the weak-evidence window.
+  const auto ev = RunUntil(
+      this,
+      EvidenceCmd(Run(), Job(), data_, kDp4, 100000,
+                  "--straggler-every 0 --inject metric:node=node1,what=memory,at=25s,seconds=20"),
+      dir_->path() + "/excursion.log",
+      [start = std::chrono::steady_clock::now()](const std::vector<Event>& ev) {
+        // Until the excursion is 40 s over (the detector's weak window and then some).
+        bool fired = !Of(ev, "fault_injected").empty();
+        return fired && std::chrono::steady_clock::now() - start > std::chrono::seconds(90);
+      },
+      150);
+  EXPECT_FALSE(Of(ev, "fault_injected").empty()) << ReadLog(dir_->path() + "/excursion.log");
+  EXPECT_TRUE(Of(ev, "eviction").empty()) << ReadLog(dir_->path() + "/excursion.log");
+  for (const Event& e : Of(ev, "verdict")) EXPECT_NE(e.detail["kind"], "faulty_machine") << e.detail.dump();
 }
 
 TEST_F(LaunchTest, BadFlagsAreRefusedBeforeAnythingStarts) {

@@ -303,7 +303,7 @@ struct Agent::Impl {
           written += n;
         }
       }
-      st.hb_age->Set(std::max(0.0, static_cast<double>(now_ns - snap.heartbeat.updated_at_ns) / 1e9));
+      if (st.hb_age != nullptr) st.hb_age->Set(std::max(0.0, static_cast<double>(now_ns - snap.heartbeat.updated_at_ns) / 1e9));
       const bool gone = refresh && !st.reader->WriterAlive();
       if (gone && !st.reader->Closed() && !st.dead) {
         st.dead = true;
@@ -320,7 +320,10 @@ struct Agent::Impl {
                             ") is gone; its flight recorder " + (d.ok() ? "is in " + path : "could not be written: " + d.message()));
         }
       }
-      if (gone && n == 0) to_remove.push_back(name);  // drained for good: the ring file can go
+      if (gone && n == 0) {  // drained for good: the ring file can go, and its live series
+        to_remove.push_back(name);
+        RetireSeries(st);
+      }
     }
     for (const std::string& name : to_remove) ::unlink((opt.shm_dir + "/" + name).c_str());
     if (!metrics.empty()) {  // no ring this time: metrics alone
@@ -334,6 +337,23 @@ struct Agent::Impl {
     rows += written;
     if (written > 0) f_rows->Add(NodeLabels()).Increment(static_cast<double>(written));
     return written;
+  }
+
+  // A rank whose process is gone and whose ring is drained leaves /metrics: its last values would
+  // otherwise be averaged with its next incarnation's by whoever reads the node's series.
+  void RetireSeries(RankState& st) {
+    if (st.step == nullptr) return;
+    f_step->Remove(st.step);
+    f_step_seconds->Remove(st.step_seconds);
+    f_step_compute->Remove(st.step_compute);
+    f_step_comm->Remove(st.step_comm);
+    f_tokens->Remove(st.tokens);
+    f_hb_age->Remove(st.hb_age);
+    f_step_duration->Remove(st.step_duration);
+    for (auto& [key, h] : st.coll) f_coll->Remove(h);
+    st.coll.clear();
+    st.step = st.step_seconds = st.step_compute = st.step_comm = st.tokens = st.hb_age = nullptr;
+    st.step_duration = nullptr;
   }
 
   void SampleHost(int64_t now_ns, std::vector<MetricRow>* out) {

@@ -34,6 +34,7 @@ enum class EventKind {
   kAgentRestarted,    // agent_restarted: a node's agent died and was started again (no eviction)
   kPaused,            // paused: the controller stopped acting and needs a person; detail says why
   kJobFinished,       // job_finished
+  kDecision,          // decision: what the policy made of a verdict (action, reason, confirmed)
 };
 std::string_view Name(EventKind kind);
 std::optional<EventKind> ParseEventKind(std::string_view name);

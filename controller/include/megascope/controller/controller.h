@@ -7,6 +7,9 @@
 // snapshot on a node still in the job, else disk checkpoint) with attempt + 1. Every stage lands in
 // control.db with its time. Safety: at most max_evictions per eviction_window, never a node that
 // failed its self-check, no looping without spares -- the controller pauses and says what it needs.
+// Faults that do not stop the job are found online: the detector over the agents' metrics and the
+// straggler analysis over recent steps give verdicts that go through the eviction policy
+// (policy.h): alert, self-check the suspect (it stays if it passes), or evict.
 #pragma once
 
 #include <functional>
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "megascope/controller/inject.h"
+#include "megascope/controller/policy.h"
 #include "megascope/launch/state_files.h"
 #include "megascope/launch/supervisor.h"
 #include "megascope/tracer/status.h"
@@ -28,6 +32,7 @@ struct WorkerFault {
   int rank = -1;
   int64_t step = 0;
   double seconds = 0;
+  double factor = 0;  // slow
 };
 
 // What one attempt runs with; the launcher turns it into run.json.
@@ -59,6 +64,17 @@ struct ControllerOptions {
   double min_gemm_ratio = 0.5;  // a node passes its self-check at this share of the healthy figure
   double min_bandwidth_ratio = 0.3;
   std::vector<Injection> injections;
+  std::vector<int> stage_of_rank;  // pipeline stage of each rank (slow:pp=S injections)
+  // Evidence of faults that do not stop the job. The detector reads every agent's /metrics each
+  // detector_tick_s (0: off) and judges each node among the nodes of its pipeline stages.
+  double detector_tick_s = 1;
+  int detector_warmup_ticks = 60;  // a node's first ticks only teach the detector its usual level
+  int detector_min_peers = 4;      // fewer nodes doing the same work: no judgement
+  // The straggler analysis runs over the trace databases every straggler_every steps (0: off).
+  int straggler_every = 20;
+  double straggler_ratio = 1.2;     // compute this much above the peers' median is a slow step
+  double straggler_min_cost_s = 0.005;  // ... costing the job at least this much per step
+  PolicyOptions policy;
   bool allow_remote = false;  // the control endpoint binds 0.0.0.0 instead of 127.0.0.1
   // Writes RUN_DIR/run.json for an attempt (the launcher owns its schema).
   std::function<Status(const AttemptPlan&)> write_run_json;

@@ -1,6 +1,12 @@
 // Faults injected into the real processes of a launch (`--inject KIND:key=value,...`):
-//   crash | hang | stall-send | slow   into a rank: node=N (its first rank) or rank=R, at=STEP
-//                                      (slow also seconds=X of extra compute per step)
+//   crash | hang | stall-send          into a rank: node=N (its first rank) or rank=R, at=STEP
+//   slow                               into every rank of node=N, of pipeline stage pp=S, or rank=R
+//                                      from at=STEP on: seconds=X of extra compute per step and/or
+//                                      factor=F (each step's work takes F times as long)
+//   metric                             node=N's agent reads a failing host metric (through its
+//                                      /proc seam) from at=STEP or at=SECONDSs, for seconds=D (0:
+//                                      to the end): what=nic-errors (receive errors climb 200/s) or
+//                                      what=memory (memory in use +40 %)
 //   kill-agent                         SIGKILL a node's agent: node=N, at=STEP or at=SECONDSs
 //   corrupt-checkpoint                 flip a byte in the newest saved state (every memory copy of
 //                                      rank 0 and the newest disk checkpoint) before the next
@@ -18,7 +24,16 @@
 
 namespace megascope::controller {
 
-enum class FaultKind { kCrash, kHang, kStallSend, kSlow, kKillAgent, kCorruptCheckpoint, kDegrade };
+enum class FaultKind {
+  kCrash,
+  kHang,
+  kStallSend,
+  kSlow,
+  kKillAgent,
+  kCorruptCheckpoint,
+  kDegrade,
+  kMetric
+};
 std::string_view Name(FaultKind kind);
 // Faults the worker itself carries out (given to it in run.json).
 bool IsWorkerFault(FaultKind kind);
@@ -28,10 +43,12 @@ struct Injection {
   std::string spec;  // as given
   std::string node;  // "" : by rank
   int rank = -1;
+  int pp = -1;  // slow: every rank of this pipeline stage
   int64_t at_step = -1;
   double at_seconds = -1;  // since the launch started
-  double seconds = 0;      // slow: extra compute per step
-  double factor = 3;       // degrade
+  double seconds = 0;      // slow: extra compute per step; metric: how long (0: to the end)
+  double factor = 0;       // degrade (default 3), slow
+  std::string what;        // metric: nic-errors | memory
   bool fired = false;
   int planned_rank = -1;  // the rank it was given to in the current attempt
 };

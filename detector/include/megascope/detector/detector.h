@@ -123,6 +123,9 @@ class Detector final : public FrameDetector {
   ~Detector() override;
   void OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>* out) override;
   const char* Name() const override { return "megascope"; }
+  // Puts `machine` into peer group `group` (as DetectorConfig::groups does); effective when the
+  // machine has not been seen yet (a spare joining a running job). Returns false otherwise.
+  bool SetPeerGroup(const std::string& machine, const std::string& group);
   // Per machine: the largest |z| of its last tick (for megascope_detector_score).
   const std::vector<double>& last_scores() const { return last_scores_; }
 

@@ -21,6 +21,7 @@ struct Fault {
   int rank = -1;
   int64_t step = 0;
   double seconds = 0;
+  double factor = 0;  // slow: each step's compute takes this many times as long (> 1)
 };
 Result<Fault> ParseFault(const std::string& spec);
 

@@ -1,0 +1,109 @@
+#include "evidence.h"
+
+#include <set>
+#include <sstream>
+
+#include "megascope/analyzer/query.h"
+#include "megascope/detector/prometheus_text.h"
+#include "megascope/tracer/metric_names.h"
+
+namespace megascope::controller {
+namespace {
+
+// The value of label `key` in a Prometheus series line, or "".
+std::string LabelOf(std::string_view line, std::string_view key) {
+  const std::string needle = std::string(key) + "=\"";
+  for (size_t at = line.find(needle); at != std::string_view::npos; at = line.find(needle, at + 1)) {
+    if (at > 0 && line[at - 1] != '{' && line[at - 1] != ',') continue;
+    const size_t start = at + needle.size(), end = line.find('"', start);
+    if (end == std::string_view::npos) return "";
+    return std::string(line.substr(start, end - start));
+  }
+  return "";
+}
+
+}  // namespace
+
+MetricsRound ParseMetricsRound(const std::map<std::string, std::string>& pages, double now_s) {
+  MetricsRound round;
+  const std::string step_series = tracer::metrics::PrometheusName(tracer::metrics::kStep) + "{";
+  for (const auto& [node, text] : pages) {
+    auto samples = detector::ParsePrometheusText(text, now_s);
+    if (!samples.ok()) {
+      round.errors.push_back(node + ": " + samples.status().message());
+      continue;
+    }
+    for (detector::Sample& s : *samples) {
+      const tracer::metrics::Def* d = tracer::metrics::Find(s.metric);
+      if (d == nullptr || d->detector_priority < 0) continue;
+      s.machine = node;  // the page's node, whatever its labels say
+      round.samples.push_back(std::move(s));
+    }
+    std::set<std::string> stages;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind(step_series, 0) == 0) stages.insert(LabelOf(line, "pp"));
+    }
+    if (!stages.empty()) {
+      std::string g = "pp=";
+      for (const std::string& s : stages) g += (g.size() > 3 ? "," : "") + s;
+      round.peer_group[node] = g;
+    }
+  }
+  return round;
+}
+
+std::map<std::string, double> ErrorCounters(const std::string& page) {
+  std::map<std::string, double> out;
+  auto samples = detector::ParsePrometheusText(page, 0);
+  if (!samples.ok()) return out;
+  for (const detector::Sample& s : *samples) {
+    if (detector::ClassifyMetric(s.metric) == detector::MetricFamily::kErrors &&
+        detector::IsCumulativeCounter(s.metric)) {
+      out[s.metric] += s.value;
+    }
+  }
+  return out;
+}
+
+OnlineDetector::OnlineDetector(detector::DetectorConfig config)
+    : det_(config), stream_(&det_, config.tick_s, 2 * config.tick_s) {}
+
+std::vector<Verdict> OnlineDetector::Add(const MetricsRound& round) {
+  std::set<std::string> grouped;
+  for (const auto& [node, group] : round.peer_group) {
+    // A node is judged among the nodes doing its work, so it is fed once its stage is known (a
+    // node keeps the group it was first seen in).
+    det_.SetPeerGroup(node, group);
+    grouped.insert(node);
+  }
+  for (const detector::Sample& s : round.samples) {
+    if (grouped.count(s.machine)) stream_.Add(s);
+  }
+  return stream_.TakeVerdicts();
+}
+
+Result<std::vector<StragglerWatch::Finding>> StragglerWatch::Analyze(
+    const std::string& run_dir, int attempt, int64_t first, int64_t last,
+    analyzer::SlowOptions options) {
+  options.attempt = attempt;
+  options.first_step = first;
+  options.last_step = last;
+  ASSIGN_OR_RETURN(auto db, analyzer::RunDatabase::Open(run_dir));
+  ASSIGN_OR_RETURN(analyzer::SlowReport rep, analyzer::AnalyzeSlow(*db, options));
+  std::map<std::string, int> streak;
+  std::vector<Finding> out;
+  for (Verdict& v : rep.verdicts) {
+    if (v.kind != "slow") continue;
+    std::string key = v.cause;
+    for (const std::string& n : v.root_nodes) key += "|" + n;
+    auto it = streak_.find(key);
+    const int repeats = (it == streak_.end() ? 0 : it->second) + 1;
+    streak[key] = repeats;
+    out.push_back({std::move(v), repeats});
+  }
+  streak_ = std::move(streak);  // a window that does not name it breaks the streak
+  return out;
+}
+
+}  // namespace megascope::controller

@@ -1,0 +1,58 @@
+// Online evidence of machine faults that do not stop a job (private to the controller): the
+// detector fed every tick from the agents' /metrics pages, and the straggler analysis over the
+// trace databases' recent steps. Both reuse the engines of `megascope detect` and `analyze slow`
+// as they are; this file only turns live sources into their inputs.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "megascope/analyzer/slow.h"
+#include "megascope/detector/detector.h"
+#include "megascope/tracer/status.h"
+#include "megascope/tracer/verdict.h"
+
+namespace megascope::controller {
+
+// One round of /metrics pages, as the detector's input.
+struct MetricsRound {
+  std::vector<detector::Sample> samples;          // the registry's detector inputs, per node
+  std::map<std::string, std::string> peer_group;  // node -> its pipeline stages ("pp=0")
+  std::vector<std::string> errors;                // pages that could not be read
+};
+// `pages`: node -> its /metrics text. A node's peers are the nodes holding the same pipeline
+// stages (from the `pp` labels of its ranks' series): machines doing the same work.
+MetricsRound ParseMetricsRound(const std::map<std::string, std::string>& pages, double now_s);
+
+// Error counters of one /metrics page (the errors family, summed per metric).
+std::map<std::string, double> ErrorCounters(const std::string& page);
+
+class OnlineDetector {
+ public:
+  explicit OnlineDetector(detector::DetectorConfig config);
+  // Feeds one round; returns the verdicts it completed (data time: the samples' wall time).
+  std::vector<Verdict> Add(const MetricsRound& round);
+  const detector::Detector& detector() const { return det_; }
+
+ private:
+  detector::Detector det_;
+  detector::Stream stream_;
+};
+
+class StragglerWatch {
+ public:
+  struct Finding {
+    Verdict verdict;
+    int repeats = 1;  // analyses in a row (this one included) that named the same cause and nodes
+  };
+  // Straggler analysis over steps [first, last] of `attempt`.
+  Result<std::vector<Finding>> Analyze(const std::string& run_dir, int attempt, int64_t first,
+                                       int64_t last, analyzer::SlowOptions options);
+  void Reset() { streak_.clear(); }
+
+ private:
+  std::map<std::string, int> streak_;  // cause|nodes -> analyses in a row
+};
+
+}  // namespace megascope::controller

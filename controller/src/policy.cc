@@ -1,0 +1,127 @@
+#include "megascope/controller/policy.h"
+
+#include <cstdio>
+
+namespace megascope::controller {
+
+VerdictKind ParseVerdictKind(std::string_view k) {
+  if (k == "hang") return VerdictKind::kHang;
+  if (k == "slow") return VerdictKind::kSlow;
+  if (k == "faulty_machine") return VerdictKind::kFaultyMachine;
+  if (k == "healthy") return VerdictKind::kHealthy;
+  return VerdictKind::kOther;
+}
+
+Cause ParseCause(std::string_view c) {
+  static constexpr std::pair<std::string_view, Cause> kCauses[] = {
+      {"rank_dead", Cause::kRankDead},
+      {"rank_not_joined", Cause::kRankNotJoined},
+      {"op_mismatch", Cause::kOpMismatch},
+      {"link_stall", Cause::kLinkStall},
+      {"order_mismatch", Cause::kOrderMismatch},
+      {"unknown", Cause::kUnknown},
+      {"compute_straggler", Cause::kComputeStraggler},
+      {"comm_straggler", Cause::kCommStraggler},
+      {"link_slow", Cause::kLinkSlow},
+      {"stage_imbalance", Cause::kStageImbalance}};
+  for (const auto& [name, cause] : kCauses) {
+    if (name == c) return cause;
+  }
+  return Cause::kOther;
+}
+
+namespace {
+
+Decision DecideFresh(const Verdict& v, int repeats, const PolicyOptions& o) {
+  char conf[96];
+  std::snprintf(conf, sizeof(conf), "confidence %.2f (acting at %.2f)", v.confidence,
+                o.check_confidence);
+  const bool confident = v.confidence >= o.check_confidence;
+  const bool persistent = repeats >= o.straggler_windows;
+  const std::string held = std::to_string(repeats) + " of " +
+                           std::to_string(o.straggler_windows) + " analyses in a row";
+  Decision d;
+  d.nodes = v.root_nodes;
+  const Cause cause = ParseCause(v.cause);
+  switch (ParseVerdictKind(v.kind)) {
+    case VerdictKind::kHang:
+      if (cause == Cause::kRankDead || cause == Cause::kRankNotJoined) {
+        d.action = Action::kEvict;
+        d.reason = "a rank of the node is gone or never joined";
+      } else if (cause == Cause::kLinkStall) {
+        d.action = Action::kSelfCheck;
+        d.reason = "data stopped between two nodes: both ends are self-checked";
+      } else {
+        d.action = Action::kRestartInPlace;
+        d.reason = "hang cause " + v.cause + " names no machine";
+        d.nodes.clear();
+      }
+      return d;
+    case VerdictKind::kSlow:
+      if (cause == Cause::kStageImbalance) {
+        d.reason = "every replica of the stage is slow: a model or layout imbalance, not a machine";
+      } else if (cause == Cause::kComputeStraggler || cause == Cause::kCommStraggler ||
+                 cause == Cause::kLinkSlow) {
+        const bool compute = cause == Cause::kComputeStraggler;
+        if (!confident) {
+          d.reason = std::string("straggler below the acting confidence: ") + conf;
+        } else if (!persistent) {
+          d.reason = "straggler seen in " + held + ": waiting for it to persist";
+        } else {
+          d.action = compute ? Action::kEvict : Action::kSelfCheck;
+          d.reason = compute ? "a persistent compute straggler (" + held + ", " + conf +
+                                   "): its own step measurements convict it"
+                             : "a persistent communication straggler (" + held +
+                                   "): the bandwidth self-check decides";
+        }
+      } else {
+        d.reason = "unknown slowdown cause '" + v.cause + "': reported only";
+      }
+      return d;
+    case VerdictKind::kFaultyMachine:
+      if (confident) {
+        d.action = Action::kSelfCheck;
+        d.reason = std::string("the detector names the machine (") + conf +
+                   "): a self-check confirms before it is evicted";
+      } else {
+        d.reason = std::string("the detector's evidence is weak: ") + conf;
+      }
+      return d;
+    case VerdictKind::kHealthy:
+      d.reason = "healthy";
+      d.nodes.clear();
+      return d;
+    case VerdictKind::kOther:
+      break;
+  }
+  d.reason = "unknown verdict kind '" + v.kind + "': reported only";
+  return d;
+}
+
+}  // namespace
+
+std::string_view Name(Action a) {
+  switch (a) {
+    case Action::kAlert:
+      return "alert";
+    case Action::kRestartInPlace:
+      return "restart_in_place";
+    case Action::kSelfCheck:
+      return "self_check";
+    case Action::kEvict:
+      return "evict";
+  }
+  return "alert";
+}
+
+Decision Decide(const Verdict& v, int repeats, const PolicyOptions& o, bool passed_before) {
+  Decision d = DecideFresh(v, repeats, o);
+  if (passed_before && d.action == Action::kSelfCheck && ParseVerdictKind(v.kind) != VerdictKind::kHang) {
+    d.action = Action::kAlert;
+    d.reason = "the suspect passed its self-check for " + (v.cause.empty() ? v.kind : v.cause) +
+               " earlier in this run: it stays";
+  }
+  return d;
+}
+
+}  // namespace megascope::controller

@@ -1,0 +1,89 @@
+// The eviction policy table (controller/policy.h): each kind and cause, confidence and persistence.
+#include "megascope/controller/policy.h"
+
+#include <gtest/gtest.h>
+
+namespace megascope::controller {
+namespace {
+
+Verdict V(const std::string& kind, const std::string& cause, double confidence = 0.9,
+          std::vector<std::string> nodes = {"node1"}) {
+  Verdict v;
+  v.kind = kind;
+  v.cause = cause;
+  v.confidence = confidence;
+  v.root_nodes = std::move(nodes);
+  return v;
+}
+
+TEST(PolicyTest, TheTable) {
+  struct Row {
+    const char* kind;
+    const char* cause;
+    double confidence;
+    int repeats;
+    Action want;
+  };
+  const Row rows[] = {
+      {"hang", "rank_dead", 0.2, 1, Action::kEvict},  // a gone process needs no confidence
+      {"hang", "rank_not_joined", 1.0, 1, Action::kEvict},
+      {"hang", "link_stall", 0.9, 1, Action::kSelfCheck},
+      {"hang", "op_mismatch", 1.0, 1, Action::kRestartInPlace},
+      {"hang", "order_mismatch", 1.0, 1, Action::kRestartInPlace},
+      {"hang", "unknown", 0.0, 1, Action::kRestartInPlace},
+      {"slow", "compute_straggler", 0.9, 1, Action::kAlert},  // not persistent yet
+      {"slow", "compute_straggler", 0.9, 2, Action::kEvict},
+      {"slow", "compute_straggler", 0.3, 5, Action::kAlert},  // persistent but not confident
+      {"slow", "comm_straggler", 0.7, 2, Action::kSelfCheck},
+      {"slow", "link_slow", 0.7, 3, Action::kSelfCheck},
+      {"slow", "stage_imbalance", 1.0, 10, Action::kAlert},  // never evicts
+      {"slow", "a_cause_from_2030", 1.0, 10, Action::kAlert},
+      {"faulty_machine", "node_network_receive_errors_total", 0.95, 1, Action::kSelfCheck},
+      {"faulty_machine", "node_memory_used_bytes", 0.5, 1, Action::kAlert},
+      {"healthy", "", 1.0, 1, Action::kAlert},
+      {"gremlins", "x", 1.0, 9, Action::kAlert},
+  };
+  for (const Row& r : rows) {
+    const Decision d = Decide(V(r.kind, r.cause, r.confidence), r.repeats);
+    EXPECT_EQ(d.action, r.want) << r.kind << "/" << r.cause << " conf " << r.confidence << " x"
+                                << r.repeats << ": got " << Name(d.action) << " (" << d.reason
+                                << ")";
+    EXPECT_FALSE(d.reason.empty());
+  }
+}
+
+TEST(PolicyTest, ActsOnTheNamedMachineNeverItsGroup) {
+  Verdict v = V("slow", "compute_straggler", 0.9, {"node3"});
+  v.root_ranks = {6};
+  const Decision d = Decide(v, 2);
+  EXPECT_EQ(d.action, Action::kEvict);
+  EXPECT_EQ(d.nodes, std::vector<std::string>{"node3"});
+  EXPECT_TRUE(Decide(V("hang", "op_mismatch"), 1).nodes.empty());
+}
+
+TEST(PolicyTest, ASuspectThatPassedItsSelfCheckStaysForTheSameEvidence) {
+  EXPECT_EQ(Decide(V("slow", "comm_straggler"), 3, {}, /*passed_before=*/true).action, Action::kAlert);
+  EXPECT_EQ(Decide(V("faulty_machine", "x", 0.9), 1, {}, true).action, Action::kAlert);
+  // A hang is a new fault whatever happened before; a compute straggler is convicted by its steps.
+  EXPECT_EQ(Decide(V("hang", "link_stall"), 1, {}, true).action, Action::kSelfCheck);
+  EXPECT_EQ(Decide(V("slow", "compute_straggler"), 2, {}, true).action, Action::kEvict);
+}
+
+TEST(PolicyTest, OptionsMoveTheThresholds) {
+  PolicyOptions o;
+  o.check_confidence = 0.95;
+  o.straggler_windows = 3;
+  EXPECT_EQ(Decide(V("faulty_machine", "x", 0.9), 1, o).action, Action::kAlert);
+  EXPECT_EQ(Decide(V("slow", "compute_straggler", 0.99), 2, o).action, Action::kAlert);
+  EXPECT_EQ(Decide(V("slow", "compute_straggler", 0.99), 3, o).action, Action::kEvict);
+}
+
+TEST(PolicyTest, SpellingsRoundTrip) {
+  EXPECT_EQ(ParseCause("stage_imbalance"), Cause::kStageImbalance);
+  EXPECT_EQ(ParseCause("Rank_Dead"), Cause::kOther);  // spellings are exact
+  EXPECT_EQ(ParseVerdictKind("faulty_machine"), VerdictKind::kFaultyMachine);
+  EXPECT_EQ(Name(Action::kRestartInPlace), "restart_in_place");
+}
+
+}  // namespace
+}  // namespace megascope::controller
