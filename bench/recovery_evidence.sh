@@ -32,14 +32,16 @@ run_until() {  # run inject until limit
   $bin stop --run-dir "$run" >/dev/null 2>&1 || true
   wait $pid || true
 }
+# The first step done after an eviction (a false suspect's restart in place does not end a run).
+after_eviction="kind = 'resumed' AND ts_ns > (SELECT MIN(ts_ns) FROM events WHERE kind = 'eviction')"
 {
   echo "# command: bench/recovery_evidence.sh $n $soak"
   echo "# date: $(date -u +%FT%TZ)  host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
   echo "# job: (dp,tp,pp) = (4,1,1), 4 ranks on 4 simulated nodes + 1 spare, $model; launch defaults (detector tick 1 s, warm-up 60 ticks, straggler analysis every 20 steps, 2 windows)"
   for i in $(seq "$n"); do
-    run_until "$work/slow-$i" "--inject slow:node=node2,at=1500,factor=1.5" "kind = 'resumed'" 400
+    run_until "$work/slow-$i" "--inject slow:node=node2,at=1500,factor=1.5" "$after_eviction" 400
     echo "RUN slow $work/slow-$i"
-    run_until "$work/metric-$i" "--inject metric:node=node1,what=nic-errors,at=90s" "kind = 'resumed'" 400
+    run_until "$work/metric-$i" "--inject metric:node=node1,what=nic-errors,at=90s" "$after_eviction" 400
     echo "RUN metric $work/metric-$i"
   done
   # The soak: healthy, with a benign excursion (memory +40 % for 20-60 s) on node (k mod 4) every 120 s.

@@ -52,3 +52,14 @@ echo "[demo] injected faults (labels.csv):"
 column -s, -t < "$work/fleet/labels.csv" | sed 's/^/  /'
 echo "[demo] megascope detect --metrics $work/fleet/metrics.csv --labels $work/fleet/labels.csv"
 $bin detect --metrics "$work/fleet/metrics.csv" --labels "$work/fleet/labels.csv"
+
+echo
+echo "[demo] evicting on evidence: a (4,1,1) job on 4 nodes + 1 spare; from step 10 node2 computes 1.5x slower"
+echo "[demo] (nothing crashes or hangs: the straggler analysis names it, the policy evicts it, the spare takes over)"
+$bin launch --nodes 4 --spares 1 --dp 4 --data "$work/notes.bin" --run-dir "$work/slow" --job demo-slow \
+  --layers 2 --width 64 --heads 4 --seq 32 --batch 8 --microbatches 2 --steps "${SLOW_STEPS:-80}" \
+  --straggler-every 8 --inject slow:node=node2,at=10,factor=1.5 | grep -v '^ *step '
+echo
+echo "[demo] incident reports (open in any browser; events, stages, compute heat map, loss, evidence):"
+echo "  $work/run/report.html"
+echo "  $work/slow/report.html"
