@@ -21,8 +21,8 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
-#include <nlohmann/json.hpp>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 

@@ -1,4 +1,6 @@
 // `megascope agent`: the per-node collector.
+#include "megascope/tracer/agent/agent.h"
+
 #include <signal.h>
 
 #include <cstdio>
@@ -6,7 +8,6 @@
 #include <fstream>
 
 #include "command.h"
-#include "megascope/tracer/agent/agent.h"
 
 namespace megascope::cli {
 namespace {
@@ -22,27 +23,36 @@ int RunAgent(const Args& args) {
   tracer::agent::AgentOptions o;
   // The fault seam of `megascope launch --inject metric:...`: the node's agent samples a /proc tree
   // of its own.
-  if (const char* root = std::getenv("MEGASCOPE_PROC_ROOT"); root != nullptr && *root != '\0') o.proc_root = root;
+  if (const char* root = std::getenv("MEGASCOPE_PROC_ROOT"); root != nullptr && *root != '\0')
+    o.proc_root = root;
   po::options_description opts("Options");
-  opts.add_options()("help,h", "show this help")
-      ("node", po::value(&o.node)->required(), "this node's name (rings of other nodes are left alone)")
-      ("run-dir", po::value(&o.run_dir)->required(), "run directory: writes nodes/<node>/trace.db and dumps/")
-      ("job", po::value(&o.job)->default_value(o.job), "job whose rings to drain")
-      ("listen", po::value(&o.listen)->default_value(o.listen), "HTTP address for /metrics, /state, /dump/<rank> (port 0: any free)")
-      ("sample-interval", po::value(&o.sample_interval_s)->default_value(1.0), "seconds between host metric samples")
-      ("shm-dir", po::value(&o.shm_dir)->default_value(o.shm_dir), "where rank rings live")
-      ("max-db-mb", po::value(&o.max_db_mb)->default_value(0), "cap trace.db at this many MiB (0: no cap)")
-      ("proc-root", po::value(&o.proc_root)->default_value(o.proc_root), "root of the /proc tree to sample (tests use a fake one; default $MEGASCOPE_PROC_ROOT or /proc)");
+  opts.add_options()("help,h", "show this help")(
+      "node", po::value(&o.node)->required(),
+      "this node's name (rings of other nodes are left alone)")(
+      "run-dir", po::value(&o.run_dir)->required(),
+      "run directory: writes nodes/<node>/trace.db and dumps/")(
+      "job", po::value(&o.job)->default_value(o.job), "job whose rings to drain")(
+      "listen", po::value(&o.listen)->default_value(o.listen),
+      "HTTP address for /metrics, /state, /dump/<rank> (port 0: any free)")(
+      "sample-interval", po::value(&o.sample_interval_s)->default_value(1.0),
+      "seconds between host metric samples")(
+      "shm-dir", po::value(&o.shm_dir)->default_value(o.shm_dir), "where rank rings live")(
+      "max-db-mb", po::value(&o.max_db_mb)->default_value(0),
+      "cap trace.db at this many MiB (0: no cap)")(
+      "proc-root", po::value(&o.proc_root)->default_value(o.proc_root),
+      "root of the /proc tree to sample (tests use a fake one; default $MEGASCOPE_PROC_ROOT or "
+      "/proc)");
   po::variables_map vm;
-  if (auto rc = ParseArgs("agent", "megascope agent --node NAME --run-dir DIR [--job J] [--listen 127.0.0.1:PORT]", args,
-                          opts, {}, &vm)) {
+  if (auto rc = ParseArgs(
+          "agent", "megascope agent --node NAME --run-dir DIR [--job J] [--listen 127.0.0.1:PORT]",
+          args, opts, {}, &vm)) {
     return *rc;
   }
   if (o.sample_interval_s <= 0) return Fail("agent", "--sample-interval must be positive", 2);
   auto agent = tracer::agent::Agent::Create(o);
   if (!agent.ok()) return Fail("agent", agent.status().ToString());
   g_agent = agent->get();
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = &OnStop;
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
@@ -50,11 +60,13 @@ int RunAgent(const Args& args) {
   // The port file tells the launcher (and people) where to scrape.
   const std::string port_file = o.run_dir + "/nodes/" + o.node + "/agent.port";
   std::ofstream(port_file) << port << "\n";
-  std::fprintf(stderr, "[agent %s] job %s: http://127.0.0.1:%d/metrics, /state, /dump/<rank>; trace.db in %s/nodes/%s\n",
+  std::fprintf(stderr,
+               "[agent %s] job %s: http://127.0.0.1:%d/metrics, /state, /dump/<rank>; trace.db in "
+               "%s/nodes/%s\n",
                o.node.c_str(), o.job.c_str(), port, o.run_dir.c_str(), o.node.c_str());
   (*agent)->Run();
-  std::fprintf(stderr, "[agent %s] stopped after %llu rows (%llu database errors)\n", o.node.c_str(),
-               static_cast<unsigned long long>((*agent)->rows_written()),
+  std::fprintf(stderr, "[agent %s] stopped after %llu rows (%llu database errors)\n",
+               o.node.c_str(), static_cast<unsigned long long>((*agent)->rows_written()),
                static_cast<unsigned long long>((*agent)->db_errors()));
   g_agent = nullptr;
   return 0;

@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cmath>
-#include <cstring>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <functional>
@@ -29,16 +29,18 @@ using namespace megascope::detector;
 std::string ScoreJson(const Evaluation& e) {
   auto num = [](double x) { return std::isfinite(x) ? std::to_string(x) : std::string("null"); };
   const Score& s = e.total;
-  std::string j = "{\"format\":\"megascope-detector-score\",\"version\":1,\"precision\":" + num(s.precision()) +
-                  ",\"recall\":" + num(s.recall()) + ",\"f1\":" + num(s.f1()) +
-                  ",\"true_positives\":" + std::to_string(s.true_positives) +
-                  ",\"false_positives\":" + std::to_string(s.false_positives) +
-                  ",\"faults\":" + std::to_string(s.faults) + ",\"median_delay_s\":" + num(s.median_delay_s()) +
-                  ",\"p90_delay_s\":" + num(s.p90_delay_s()) + ",\"by_type\":{";
+  std::string j =
+      "{\"format\":\"megascope-detector-score\",\"version\":1,\"precision\":" + num(s.precision()) +
+      ",\"recall\":" + num(s.recall()) + ",\"f1\":" + num(s.f1()) +
+      ",\"true_positives\":" + std::to_string(s.true_positives) +
+      ",\"false_positives\":" + std::to_string(s.false_positives) +
+      ",\"faults\":" + std::to_string(s.faults) + ",\"median_delay_s\":" + num(s.median_delay_s()) +
+      ",\"p90_delay_s\":" + num(s.p90_delay_s()) + ",\"by_type\":{";
   bool first = true;
   for (const auto& [type, t] : e.by_type) {
     j += (first ? "\"" : ",\"") + type + "\":{\"faults\":" + std::to_string(t.faults) +
-         ",\"detected\":" + std::to_string(t.detected) + ",\"median_delay_s\":" + num(t.median_delay_s()) + "}";
+         ",\"detected\":" + std::to_string(t.detected) +
+         ",\"median_delay_s\":" + num(t.median_delay_s()) + "}";
     first = false;
   }
   return j + "}}";
@@ -64,7 +66,8 @@ class CsvOut {
     if (buf_.size() > (1 << 20) - 256) Flush();
   }
   void Flush() {
-    if (!buf_.empty() && std::fwrite(buf_.data(), 1, buf_.size(), f_) != buf_.size()) failed_ = true;
+    if (!buf_.empty() && std::fwrite(buf_.data(), 1, buf_.size(), f_) != buf_.size())
+      failed_ = true;
     buf_.clear();
   }
   bool failed() const { return failed_; }
@@ -97,30 +100,39 @@ int RunDetect(const Args& args) {
   double lateness = 60;
   DetectorConfig cfg;
   po::options_description opts("Options");
-  opts.add_options()("help,h", "show this help")
-      ("metrics", po::value(&metrics)->required(), "metrics CSV (timestamp_s,machine,metric,value)")
-      ("labels", po::value(&labels), "labels CSV (machine,fault_start_s,fault_end_s,fault_type): score the verdicts")
-      ("groups", po::value(&groups), "peer groups CSV (machine,group): compare machines only within a group")
-      ("json", po::bool_switch(&json), "print verdicts as JSON lines (FORMATS.md section 2)")
-      ("window", po::value(&cfg.denoise_window)->default_value(cfg.denoise_window), "denoising window (ticks)")
-      ("continuity", po::value(&cfg.continuity)->default_value(cfg.continuity),
-       "continuity window (ticks) a machine must stay the outlier on strong evidence (silent, an error "
-       "counter, a training metric) or on two metric families at once")
-      ("weak-continuity", po::value(&cfg.weak_continuity)->default_value(cfg.weak_continuity),
-       "window (ticks) for evidence from one metric family alone: longer than benign excursions")
-      ("threshold", po::value(&cfg.threshold)->default_value(cfg.threshold), "robust |z| that makes an outlier")
-      ("tick", po::value(&cfg.tick_s)->default_value(cfg.tick_s), "tick length in seconds")
-      ("max-lateness", po::value(&lateness)->default_value(lateness),
-       "seconds a sample may arrive out of time order; later ones are ignored and counted")
-      ("baseline", po::value(&baseline)->default_value(baseline), "detector: megascope, zscore or mahalanobis");
+  opts.add_options()("help,h", "show this help")("metrics", po::value(&metrics)->required(),
+                                                 "metrics CSV (timestamp_s,machine,metric,value)")(
+      "labels", po::value(&labels),
+      "labels CSV (machine,fault_start_s,fault_end_s,fault_type): score the verdicts")(
+      "groups", po::value(&groups),
+      "peer groups CSV (machine,group): compare machines only within a group")(
+      "json", po::bool_switch(&json), "print verdicts as JSON lines (FORMATS.md section 2)")(
+      "window", po::value(&cfg.denoise_window)->default_value(cfg.denoise_window),
+      "denoising window (ticks)")("continuity",
+                                  po::value(&cfg.continuity)->default_value(cfg.continuity),
+                                  "continuity window (ticks) a machine must stay the outlier on "
+                                  "strong evidence (silent, an error "
+                                  "counter, a training metric) or on two metric families at once")(
+      "weak-continuity", po::value(&cfg.weak_continuity)->default_value(cfg.weak_continuity),
+      "window (ticks) for evidence from one metric family alone: longer than benign excursions")(
+      "threshold", po::value(&cfg.threshold)->default_value(cfg.threshold),
+      "robust |z| that makes an outlier")("tick", po::value(&cfg.tick_s)->default_value(cfg.tick_s),
+                                          "tick length in seconds")(
+      "max-lateness", po::value(&lateness)->default_value(lateness),
+      "seconds a sample may arrive out of time order; later ones are ignored and counted")(
+      "baseline", po::value(&baseline)->default_value(baseline),
+      "detector: megascope, zscore or mahalanobis");
   po::variables_map vm;
-  if (auto rc = ParseArgs("detect", "megascope detect --metrics M.csv [--labels L.csv] [--groups G.csv] [--json]",
-                          args, opts, {}, &vm)) {
+  if (auto rc = ParseArgs(
+          "detect", "megascope detect --metrics M.csv [--labels L.csv] [--groups G.csv] [--json]",
+          args, opts, {}, &vm)) {
     return *rc;
   }
   if (cfg.denoise_window < 1 || cfg.continuity < 1 || cfg.weak_continuity < 1 || cfg.tick_s <= 0 ||
       cfg.threshold <= 0) {
-    return Fail("detect", "--window, --continuity, --weak-continuity, --tick and --threshold must be positive", 2);
+    return Fail(
+        "detect",
+        "--window, --continuity, --weak-continuity, --tick and --threshold must be positive", 2);
   }
   if (!groups.empty()) {
     auto g = ReadGroupsCsv(groups);
@@ -134,10 +146,14 @@ int RunDetect(const Args& args) {
     truth = std::move(l).value();
   }
   std::unique_ptr<FrameDetector> det;
-  if (baseline == "megascope") det = std::make_unique<Detector>(cfg);
-  else if (baseline == "zscore") det = std::make_unique<ZScoreBaseline>();
-  else if (baseline == "mahalanobis") det = std::make_unique<MahalanobisBaseline>();
-  else return Fail("detect", "--baseline must be megascope, zscore or mahalanobis", 2);
+  if (baseline == "megascope")
+    det = std::make_unique<Detector>(cfg);
+  else if (baseline == "zscore")
+    det = std::make_unique<ZScoreBaseline>();
+  else if (baseline == "mahalanobis")
+    det = std::make_unique<MahalanobisBaseline>();
+  else
+    return Fail("detect", "--baseline must be megascope, zscore or mahalanobis", 2);
 
   auto reader = MetricsCsvReader::Open(metrics);
   if (!reader.ok()) return Fail("detect", reader.status().message());
@@ -149,7 +165,8 @@ int RunDetect(const Args& args) {
         std::printf("%s\n", VerdictToJson(v).c_str());
       } else {
         std::printf("%s  %s  faulty_machine (%s), onset %s\n  %s\n", When(v.detected_at_ns).c_str(),
-                    v.root_nodes[0].c_str(), v.cause.c_str(), When(v.onset_at_ns).c_str(), v.explanation.c_str());
+                    v.root_nodes[0].c_str(), v.cause.c_str(), When(v.onset_at_ns).c_str(),
+                    v.explanation.c_str());
       }
       all.push_back(std::move(v));
     }
@@ -167,7 +184,8 @@ int RunDetect(const Args& args) {
       if (progress && now - last_report > std::chrono::seconds(2)) {
         last_report = now;
         std::fprintf(stderr, "[detect] %3.0f%%  %lld rows, %zu verdicts\n",
-                     100.0 * static_cast<double>((*reader)->bytes_read()) / static_cast<double>((*reader)->file_size()),
+                     100.0 * static_cast<double>((*reader)->bytes_read()) /
+                         static_cast<double>((*reader)->file_size()),
                      static_cast<long long>(rows), all.size());
       }
     }
@@ -179,19 +197,23 @@ int RunDetect(const Args& args) {
   stream.Flush();
   print(stream.TakeVerdicts());
   if (stream.late_samples() > 0) {
-    std::fprintf(stderr, "[detect] warning: %lld samples arrived more than %.0f s out of order and were ignored "
-                 "(raise --max-lateness or sort the file by time)\n",
-                 static_cast<long long>(stream.late_samples()), lateness);
+    std::fprintf(
+        stderr,
+        "[detect] warning: %lld samples arrived more than %.0f s out of order and were ignored "
+        "(raise --max-lateness or sort the file by time)\n",
+        static_cast<long long>(stream.late_samples()), lateness);
   }
   if (!json) {
-    std::printf("%lld rows, %d machines, %d metrics, %lld ticks: %zu verdicts\n", static_cast<long long>(rows),
-                stream.registry().machines(), stream.registry().metrics(),
-                static_cast<long long>(stream.frames()), all.size());
+    std::printf("%lld rows, %d machines, %d metrics, %lld ticks: %zu verdicts\n",
+                static_cast<long long>(rows), stream.registry().machines(),
+                stream.registry().metrics(), static_cast<long long>(stream.frames()), all.size());
   }
   if (!labels.empty()) {
     Evaluation e = Evaluate(all, truth);
-    if (json) std::printf("%s\n", ScoreJson(e).c_str());
-    else std::printf("%s", FormatEvaluation(e).c_str());
+    if (json)
+      std::printf("%s\n", ScoreJson(e).c_str());
+    else
+      std::printf("%s", FormatEvaluation(e).c_str());
   }
   return 0;
 }
@@ -200,33 +222,41 @@ int RunFleetSim(const Args& args) {
   FleetSimConfig cfg;
   std::string out_dir, types, family = "fleet-sim";
   po::options_description opts("Options");
-  opts.add_options()("help,h", "show this help")
-      ("machines", po::value(&cfg.machines)->default_value(cfg.machines), "machines in the job")
-      ("hours", po::value(&cfg.hours)->default_value(cfg.hours), "hours of second-level metrics")
-      ("faults", po::value(&cfg.faults)->default_value(cfg.faults), "faults to inject (never overlapping)")
-      ("seed", po::value(&cfg.seed)->default_value(cfg.seed), "random seed")
-      ("stages", po::value(&cfg.stages)->default_value(cfg.stages), "pipeline stages (peer groups)")
-      ("light-first-stage", po::bool_switch(&cfg.light_first_stage),
-       "stage 0 legitimately runs a lighter GPU load than the others")
-      ("fault-types", po::value(&types), "comma-separated fault types to use (default: the production mix)")
-      ("family", po::value(&family)->default_value(family),
-       "generator: fleet-sim, or prom (written independently: exporter names and units, cumulative "
-       "counters, pipeline stages and two GPU generations without a groups file, clock skew, exporter "
-       "gaps, benign excursions, faults that may overlap)")
-      ("out,o", po::value(&out_dir)->required(), "output directory (metrics.csv, labels.csv, groups.csv)");
+  opts.add_options()("help,h", "show this help")(
+      "machines", po::value(&cfg.machines)->default_value(cfg.machines), "machines in the job")(
+      "hours", po::value(&cfg.hours)->default_value(cfg.hours), "hours of second-level metrics")(
+      "faults", po::value(&cfg.faults)->default_value(cfg.faults),
+      "faults to inject (never overlapping)")("seed", po::value(&cfg.seed)->default_value(cfg.seed),
+                                              "random seed")(
+      "stages", po::value(&cfg.stages)->default_value(cfg.stages), "pipeline stages (peer groups)")(
+      "light-first-stage", po::bool_switch(&cfg.light_first_stage),
+      "stage 0 legitimately runs a lighter GPU load than the others")(
+      "fault-types", po::value(&types),
+      "comma-separated fault types to use (default: the production mix)")(
+      "family", po::value(&family)->default_value(family),
+      "generator: fleet-sim, or prom (written independently: exporter names and units, cumulative "
+      "counters, pipeline stages and two GPU generations without a groups file, clock skew, "
+      "exporter "
+      "gaps, benign excursions, faults that may overlap)")(
+      "out,o", po::value(&out_dir)->required(),
+      "output directory (metrics.csv, labels.csv, groups.csv)");
   po::variables_map vm;
-  if (auto rc = ParseArgs("fleet-sim", "megascope fleet-sim --machines N --hours H --faults F --seed S -o DIR", args,
-                          opts, {}, &vm)) {
+  if (auto rc = ParseArgs("fleet-sim",
+                          "megascope fleet-sim --machines N --hours H --faults F --seed S -o DIR",
+                          args, opts, {}, &vm)) {
     return *rc;
   }
-  if (cfg.machines < 2 || cfg.hours <= 0 || cfg.faults < 0 || cfg.stages < 1 || cfg.stages > cfg.machines) {
-    return Fail("fleet-sim", "need --machines >= 2, --hours > 0, --faults >= 0, 1 <= --stages <= --machines", 2);
+  if (cfg.machines < 2 || cfg.hours <= 0 || cfg.faults < 0 || cfg.stages < 1 ||
+      cfg.stages > cfg.machines) {
+    return Fail("fleet-sim",
+                "need --machines >= 2, --hours > 0, --faults >= 0, 1 <= --stages <= --machines", 2);
   }
   if (family != "fleet-sim" && family != "prom") {
     return Fail("fleet-sim", "unknown --family '" + family + "' (known: fleet-sim, prom)", 2);
   }
   if (family == "fleet-sim" && cfg.faults > 0 && cfg.hours * 3600 / cfg.faults < 600) {
-    return Fail("fleet-sim", "at most one fault per 10 minutes fits (fleet-sim's faults never overlap)", 2);
+    return Fail("fleet-sim",
+                "at most one fault per 10 minutes fits (fleet-sim's faults never overlap)", 2);
   }
   std::stringstream ss(types);
   for (std::string t; std::getline(ss, t, ',');) {
@@ -303,19 +333,23 @@ int RunFleetSim(const Args& args) {
   if (l == nullptr) return Fail("fleet-sim", "cannot write labels.csv in " + out_dir);
   std::fprintf(l, "machine,fault_start_s,fault_end_s,fault_type\n");
   for (const Label& lb : labels) {
-    std::fprintf(l, "%s,%.1f,%.1f,%s\n", lb.machine.c_str(), lb.fault_start_s, lb.fault_end_s, lb.fault_type.c_str());
+    std::fprintf(l, "%s,%.1f,%.1f,%s\n", lb.machine.c_str(), lb.fault_start_s, lb.fault_end_s,
+                 lb.fault_type.c_str());
   }
   std::fclose(l);
   if (!groups.empty()) {
     std::FILE* g = std::fopen((out_dir + "/groups.csv").c_str(), "w");
     if (g == nullptr) return Fail("fleet-sim", "cannot write groups.csv in " + out_dir);
     std::fprintf(g, "machine,group\n");
-    for (const auto& [machine, group] : groups) std::fprintf(g, "%s,%s\n", machine.c_str(), group.c_str());
+    for (const auto& [machine, group] : groups)
+      std::fprintf(g, "%s,%s\n", machine.c_str(), group.c_str());
     std::fclose(g);
   }
-  std::printf("wrote %s (%lld samples: %d machines x %zu metrics x %.0f s), labels.csv (%zu faults)%s\n", mpath.c_str(),
-              static_cast<long long>(rows), cfg.machines, metrics.size(), total_s, labels.size(),
-              groups.empty() ? " (no groups file: the detector finds peers itself)" : ", groups.csv");
+  std::printf(
+      "wrote %s (%lld samples: %d machines x %zu metrics x %.0f s), labels.csv (%zu faults)%s\n",
+      mpath.c_str(), static_cast<long long>(rows), cfg.machines, metrics.size(), total_s,
+      labels.size(),
+      groups.empty() ? " (no groups file: the detector finds peers itself)" : ", groups.csv");
   return 0;
 }
 

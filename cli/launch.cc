@@ -52,10 +52,10 @@ int RunLaunch(const Args& args) {
       "allow-remote", "agents and the control endpoint listen on every address, not only loopback")(
       "detector-tick", po::value(&co.detector_tick_s)->default_value(co.detector_tick_s),
       "seconds between detector ticks over the agents' /metrics (0: no detector)")(
-      "detector-warmup", po::value(&co.detector_warmup_ticks)->default_value(co.detector_warmup_ticks),
+      "detector-warmup",
+      po::value(&co.detector_warmup_ticks)->default_value(co.detector_warmup_ticks),
       "detector ticks in which a node only teaches its usual level")(
-      "detector-min-peers",
-      po::value(&co.detector_min_peers)->default_value(co.detector_min_peers),
+      "detector-min-peers", po::value(&co.detector_min_peers)->default_value(co.detector_min_peers),
       "nodes of the same pipeline stages needed before the detector judges them")(
       "straggler-every", po::value(&co.straggler_every)->default_value(co.straggler_every),
       "run the straggler analysis over every this many steps (0: never)")(
@@ -134,7 +134,8 @@ int RunLaunch(const Args& args) {
     run.resume = plan.resume;
     run.agent_ports = plan.agent_ports;
     run.faults.clear();
-    for (const auto& f : plan.faults) run.faults.push_back({f.kind, f.rank, f.step, f.seconds, f.factor});
+    for (const auto& f : plan.faults)
+      run.faults.push_back({f.kind, f.rank, f.step, f.seconds, f.factor});
     return tracer::WriteFileAtomic(launch::RunLayout(run.run_dir).run_json(), run.ToJson());
   };
   // Leftovers of an earlier launch under this job name would be taken for this one's state.
@@ -155,8 +156,8 @@ int RunReport(const Args& args) {
   po::positional_options_description pos;
   pos.add("run-dir", 1);
   po::variables_map vm;
-  if (auto rc = ParseArgs("report", "megascope report RUN_DIR [--html OUT.html]", args, opts, pos,
-                          &vm))
+  if (auto rc =
+          ParseArgs("report", "megascope report RUN_DIR [--html OUT.html]", args, opts, pos, &vm))
     return *rc;
   if (!html.empty()) {
     auto page = controller::BuildHtmlReport(run_dir);

@@ -1,12 +1,13 @@
 // `megascope query` (SQL and canned questions over a run's trace databases) and
 // `megascope metrics export` (node and training metrics as the detector's CSV).
+#include "megascope/analyzer/query.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 
 #include "command.h"
-#include "megascope/analyzer/query.h"
 #include "megascope/tracer/metric_names.h"
 
 namespace megascope::cli {
@@ -15,22 +16,26 @@ int RunQuery(const Args& args) {
   std::string run_dir, sql, question, arg;
   int limit = 20;
   po::options_description opts("Options");
-  opts.add_options()("help,h", "show this help")
-      ("run-dir", po::value(&run_dir)->required(), "run directory")
-      ("question", po::value(&question), "steps | stragglers | waits | at TIME")
-      ("arg", po::value(&arg), "TIME for 'at': epoch ns, epoch seconds, or +S seconds after the run's first span")
-      ("sql", po::value(&sql), "a read-only SQL statement over the views ranks, spans, collectives, heartbeats, metrics, drops")
-      ("limit", po::value(&limit)->default_value(20), "rows for 'waits'")
-      ("csv", "CSV output")
-      ("json", "JSON output (an array of objects)");
+  opts.add_options()("help,h", "show this help")("run-dir", po::value(&run_dir)->required(),
+                                                 "run directory")(
+      "question", po::value(&question), "steps | stragglers | waits | at TIME")(
+      "arg", po::value(&arg),
+      "TIME for 'at': epoch ns, epoch seconds, or +S seconds after the run's first span")(
+      "sql", po::value(&sql),
+      "a read-only SQL statement over the views ranks, spans, collectives, heartbeats, metrics, "
+      "drops")("limit", po::value(&limit)->default_value(20), "rows for 'waits'")(
+      "csv", "CSV output")("json", "JSON output (an array of objects)");
   po::positional_options_description pos;
   pos.add("run-dir", 1).add("question", 1).add("arg", 1);
   po::variables_map vm;
-  if (auto rc = ParseArgs("query", "megascope query RUN_DIR [steps|stragglers|waits|at TIME] [--sql SQL] [--csv|--json]",
-                          args, opts, pos, &vm)) {
+  if (auto rc = ParseArgs(
+          "query",
+          "megascope query RUN_DIR [steps|stragglers|waits|at TIME] [--sql SQL] [--csv|--json]",
+          args, opts, pos, &vm)) {
     return *rc;
   }
-  if (sql.empty() == question.empty()) return Fail("query", "give one question (steps, stragglers, waits, at TIME) or --sql", 2);
+  if (sql.empty() == question.empty())
+    return Fail("query", "give one question (steps, stragglers, waits, at TIME) or --sql", 2);
   auto db = analyzer::RunDatabase::Open(run_dir);
   if (!db.ok()) return Fail("query", db.status().message());
   if (question == "steps") {
@@ -45,22 +50,25 @@ int RunQuery(const Args& args) {
     try {
       if (arg[0] == '+') {
         auto first = (*db)->Query("SELECT MIN(start_ns) FROM spans");
-        if (!first.ok() || first->rows.empty() || first->is_null[0][0]) return Fail("query", "the run has no spans");
+        if (!first.ok() || first->rows.empty() || first->is_null[0][0])
+          return Fail("query", "the run has no spans");
         t = std::stoll(first->rows[0][0]) + static_cast<int64_t>(std::stod(arg.substr(1)) * 1e9);
       } else {
         const double v = std::stod(arg);
         t = v > 1e15 ? static_cast<int64_t>(std::stoll(arg)) : static_cast<int64_t>(v * 1e9);
       }
     } catch (const std::exception&) {
-      return Fail("query", "TIME '" + arg + "' is not a number (epoch ns, epoch seconds or +seconds)", 2);
+      return Fail("query",
+                  "TIME '" + arg + "' is not a number (epoch ns, epoch seconds or +seconds)", 2);
     }
     sql = analyzer::AtSql(t);
   } else if (!question.empty()) {
-    return Fail("query", "unknown question '" + question + "' (steps, stragglers, waits, at TIME)", 2);
+    return Fail("query", "unknown question '" + question + "' (steps, stragglers, waits, at TIME)",
+                2);
   }
   auto table = (*db)->Query(sql);
   if (!table.ok()) return Fail("query", table.status().message());
-  const std::string out = vm.count("json") ? analyzer::FormatJson(*table)
+  const std::string out = vm.count("json")  ? analyzer::FormatJson(*table)
                           : vm.count("csv") ? analyzer::FormatCsv(*table)
                                             : analyzer::FormatTable(*table);
   std::fwrite(out.data(), 1, out.size(), stdout);
@@ -70,21 +78,26 @@ int RunQuery(const Args& args) {
 int RunMetrics(const Args& args) {
   std::string action, run_dir, out;
   po::options_description opts("Options");
-  opts.add_options()("help,h", "show this help")
-      ("action", po::value(&action)->required(), "export")
-      ("run-dir", po::value(&run_dir)->required(), "run directory")
-      ("out,o", po::value(&out)->required(), "CSV to write (timestamp_s,machine,metric,value)");
+  opts.add_options()("help,h", "show this help")("action", po::value(&action)->required(),
+                                                 "export")(
+      "run-dir", po::value(&run_dir)->required(), "run directory")(
+      "out,o", po::value(&out)->required(), "CSV to write (timestamp_s,machine,metric,value)");
   po::positional_options_description pos;
   pos.add("action", 1).add("run-dir", 1);
   po::variables_map vm;
-  if (auto rc = ParseArgs("metrics", "megascope metrics export RUN_DIR -o M.csv", args, opts, pos, &vm)) return *rc;
+  if (auto rc =
+          ParseArgs("metrics", "megascope metrics export RUN_DIR -o M.csv", args, opts, pos, &vm))
+    return *rc;
   if (action != "export") return Fail("metrics", "unknown action '" + action + "' (export)", 2);
   auto db = analyzer::RunDatabase::Open(run_dir);
   if (!db.ok()) return Fail("metrics", db.status().message());
-  // Node samples as they are; per-rank training metrics ("rank<r>.<name>") averaged per node and second.
+  // Node samples as they are; per-rank training metrics ("rank<r>.<name>") averaged per node and
+  // second.
   auto t = (*db)->Query(
-      "SELECT printf('%.3f', ts_ns / 1e9) AS t, node, name, value FROM metrics WHERE name NOT LIKE 'rank%.%' "
-      "UNION ALL SELECT CAST(ts_ns / 1000000000 AS INTEGER), node, substr(name, instr(name, '.') + 1), AVG(value) "
+      "SELECT printf('%.3f', ts_ns / 1e9) AS t, node, name, value FROM metrics WHERE name NOT LIKE "
+      "'rank%.%' "
+      "UNION ALL SELECT CAST(ts_ns / 1000000000 AS INTEGER), node, substr(name, instr(name, '.') + "
+      "1), AVG(value) "
       "FROM metrics WHERE name LIKE 'rank%.%' GROUP BY 1, 2, 3 ORDER BY 1, 2, 3");
   if (!t.ok()) return Fail("metrics", t.status().message());
   std::ofstream f(out);
@@ -104,14 +117,16 @@ int RunMetrics(const Args& args) {
       if (first || ts <= t0 || v < v0) continue;
       char rate[32];
       std::snprintf(rate, sizeof(rate), "%.6g", (v - v0) / (ts - t0));
-      f << row[0] << ',' << row[1] << ',' << tracer::metrics::ExportName(name) << ',' << rate << '\n';
+      f << row[0] << ',' << row[1] << ',' << tracer::metrics::ExportName(name) << ',' << rate
+        << '\n';
     } else {
       f << row[0] << ',' << row[1] << ',' << name << ',' << row[3] << '\n';
     }
     ++written;
   }
   if (!f.flush()) return Fail("metrics", "write error on " + out + " (disk full?)");
-  std::printf("wrote %s: %zu samples from %d node databases\n", out.c_str(), written, (*db)->nodes());
+  std::printf("wrote %s: %zu samples from %d node databases\n", out.c_str(), written,
+              (*db)->nodes());
   return 0;
 }
 

@@ -21,20 +21,25 @@ double Median(std::vector<double> v) {
 
 Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
   SlowReport rep;
-  const std::string range = "step >= " + std::to_string(o.first_step) + " AND step <= " + std::to_string(o.last_step);
-  const std::string of_attempt = o.attempt >= 0 ? " AND attempt = " + std::to_string(o.attempt) : "";
+  const std::string range =
+      "step >= " + std::to_string(o.first_step) + " AND step <= " + std::to_string(o.last_step);
+  const std::string of_attempt =
+      o.attempt >= 0 ? " AND attempt = " + std::to_string(o.attempt) : "";
   struct RankMeta {
     std::string node;
     int dp = 0, pp = 0, tp = 0;
     int64_t offset = 0;
   };
   std::map<int, RankMeta> meta;
-  RETURN_IF_ERROR(db.Scan("SELECT rank, node, dp, pp, tp, MAX(clock_offset_ns) FROM ranks" +
-                              (o.attempt >= 0 ? " WHERE attempt = " + std::to_string(o.attempt) : std::string()) +
-                              " GROUP BY rank", [&](const RunDatabase::Row& r) {
-    meta[static_cast<int>(r.Int(0))] = {std::string(r.Text(1)), static_cast<int>(r.Int(2)), static_cast<int>(r.Int(3)),
-                                        static_cast<int>(r.Int(4)), r.Int(5)};
-  }));
+  RETURN_IF_ERROR(db.Scan(
+      "SELECT rank, node, dp, pp, tp, MAX(clock_offset_ns) FROM ranks" +
+          (o.attempt >= 0 ? " WHERE attempt = " + std::to_string(o.attempt) : std::string()) +
+          " GROUP BY rank",
+      [&](const RunDatabase::Row& r) {
+        meta[static_cast<int>(r.Int(0))] = {std::string(r.Text(1)), static_cast<int>(r.Int(2)),
+                                            static_cast<int>(r.Int(3)), static_cast<int>(r.Int(4)),
+                                            r.Int(5)};
+      }));
   // Per rank and step: compute (without nested collectives), comm, wall.
   std::map<int64_t, std::map<int, double>> compute;  // step -> rank -> s
   std::map<int64_t, double> wall, busy;  // step -> max wall; summed per-rank accounted time
@@ -46,7 +51,8 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     cte.replace(at, 10, window);
     at += window.size();
   }
-  const std::string sql = cte + "\nSELECT rank, step, wall, compute, comm, data FROM per_rank WHERE " + range;
+  const std::string sql =
+      cte + "\nSELECT rank, step, wall, compute, comm, data FROM per_rank WHERE " + range;
   RETURN_IF_ERROR(db.Scan(sql, [&](const RunDatabase::Row& r) {
     const int64_t step = r.Int(1);
     compute[step][static_cast<int>(r.Int(0))] = r.Double(3) / 1e9;
@@ -55,7 +61,8 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     ++ranks_in_step[step];
   }));
   rep.steps = static_cast<int64_t>(compute.size());
-  if (rep.steps == 0) return NotFound("no spans in steps " + std::to_string(o.first_step) + ".. of this run");
+  if (rep.steps == 0)
+    return NotFound("no spans in steps " + std::to_string(o.first_step) + ".. of this run");
   double step_sum = 0, bubble_sum = 0;
   for (const auto& [step, w] : wall) {
     step_sum += w;
@@ -73,7 +80,8 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
       // Its peers: the others at the same (pp, tp), whose median a straggler cannot drag along.
       std::vector<double> others;
       for (const auto& [r2, s2] : per) {
-        if (r2 != rank && meta[r2].pp == meta[rank].pp && meta[r2].tp == meta[rank].tp) others.push_back(s2);
+        if (r2 != rank && meta[r2].pp == meta[rank].pp && meta[r2].tp == meta[rank].tp)
+          others.push_back(s2);
       }
       if (others.empty() || static_cast<int>(others.size()) < o.min_peers) continue;
       const double med = Median(others);
@@ -91,10 +99,13 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     v.root_nodes = {meta[rank].node};
     v.confidence = std::min(1.0, static_cast<double>(n) / static_cast<double>(rep.steps));
     v.detected_at_ns = tracer::WallNowNs();
-    v.explanation = "rank " + std::to_string(rank) + " (" + meta[rank].node + ", dp=" + std::to_string(meta[rank].dp) +
-                    " pp=" + std::to_string(meta[rank].pp) + " tp=" + std::to_string(meta[rank].tp) + ") computed more than " +
-                    Fmt("%.0f", (o.compute_ratio - 1) * 100) + " % longer than its peers at the same (pp, tp) in " +
-                    std::to_string(n) + " of " + std::to_string(rep.steps) + " steps, " + Fmt("%.3f", cost) +
+    v.explanation = "rank " + std::to_string(rank) + " (" + meta[rank].node +
+                    ", dp=" + std::to_string(meta[rank].dp) +
+                    " pp=" + std::to_string(meta[rank].pp) +
+                    " tp=" + std::to_string(meta[rank].tp) + ") computed more than " +
+                    Fmt("%.0f", (o.compute_ratio - 1) * 100) +
+                    " % longer than its peers at the same (pp, tp) in " + std::to_string(n) +
+                    " of " + std::to_string(rep.steps) + " steps, " + Fmt("%.3f", cost) +
                     " s per step; everyone it synchronises with waits that long.";
     v.evidence = {"cost_s_per_step=" + Fmt("%.4f", cost), "slow_steps=" + std::to_string(n)};
     rep.verdicts.push_back(std::move(v));
@@ -134,18 +145,23 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     v.cause = "stage_imbalance";
     v.root_ranks = stage_ranks[pp];
     for (int r : stage_ranks[pp]) {
-      if (std::find(v.root_nodes.begin(), v.root_nodes.end(), meta[r].node) == v.root_nodes.end()) v.root_nodes.push_back(meta[r].node);
+      if (std::find(v.root_nodes.begin(), v.root_nodes.end(), meta[r].node) == v.root_nodes.end())
+        v.root_nodes.push_back(meta[r].node);
     }
     v.confidence = std::min(1.0, static_cast<double>(n) / static_cast<double>(rep.steps));
     v.detected_at_ns = tracer::WallNowNs();
-    v.explanation = "pipeline stage pp=" + std::to_string(pp) + " computed more than " + Fmt("%.0f", (o.compute_ratio - 1) * 100) +
-                    " % longer than the other stages on every one of its " + std::to_string(stage_ranks[pp].size()) +
-                    " ranks in " + std::to_string(n) + " of " + std::to_string(rep.steps) + " steps, " + Fmt("%.3f", cost) +
-                    " s per step: the stage is imbalanced (model split or layout), not a machine; no eviction can help.";
+    v.explanation = "pipeline stage pp=" + std::to_string(pp) + " computed more than " +
+                    Fmt("%.0f", (o.compute_ratio - 1) * 100) +
+                    " % longer than the other stages on every one of its " +
+                    std::to_string(stage_ranks[pp].size()) + " ranks in " + std::to_string(n) +
+                    " of " + std::to_string(rep.steps) + " steps, " + Fmt("%.3f", cost) +
+                    " s per step: the stage is imbalanced (model split or layout), not a machine; "
+                    "no eviction can help.";
     v.evidence = {"cost_s_per_step=" + Fmt("%.4f", cost), "slow_steps=" + std::to_string(n)};
     rep.verdicts.push_back(std::move(v));
   }
-  // 2. Communication stragglers: at every collective, the last rank to arrive makes the others wait.
+  // 2. Communication stragglers: at every collective, the last rank to arrive makes the others
+  // wait.
   std::map<int, double> blame;  // rank -> seconds others waited for it
   std::map<int, int64_t> last_count;
   struct Arrival {
@@ -153,14 +169,17 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     int64_t t;
   };
   std::map<std::pair<std::string, int64_t>, std::vector<Arrival>> by_op;
-  RETURN_IF_ERROR(db.Scan("SELECT grp, seq, rank, enqueued_ns FROM collectives WHERE op NOT IN ('send', 'recv')" + of_attempt,
-                          [&](const RunDatabase::Row& r) {
-                            const int rank = static_cast<int>(r.Int(2));
-                            by_op[{std::string(r.Text(0)), r.Int(1)}].push_back({rank, r.Int(3) - meta[rank].offset});
-                          }));
+  RETURN_IF_ERROR(db.Scan(
+      "SELECT grp, seq, rank, enqueued_ns FROM collectives WHERE op NOT IN ('send', 'recv')" +
+          of_attempt,
+      [&](const RunDatabase::Row& r) {
+        const int rank = static_cast<int>(r.Int(2));
+        by_op[{std::string(r.Text(0)), r.Int(1)}].push_back({rank, r.Int(3) - meta[rank].offset});
+      }));
   for (const auto& [key, arrivals] : by_op) {
     if (arrivals.size() < 2) continue;
-    const auto last = std::max_element(arrivals.begin(), arrivals.end(), [](auto& a, auto& b) { return a.t < b.t; });
+    const auto last = std::max_element(arrivals.begin(), arrivals.end(),
+                                       [](auto& a, auto& b) { return a.t < b.t; });
     double waited = 0;
     for (const Arrival& a : arrivals) waited += static_cast<double>(last->t - a.t) / 1e9;
     blame[last->rank] += waited;
@@ -172,7 +191,8 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
   for (const auto& [rank, b] : blame) {
     const double cost = b / static_cast<double>(rep.steps);
     bool already = false;  // a compute straggler arrives last because it computes longer
-    for (const Verdict& v : rep.verdicts) already |= v.cause == "compute_straggler" && v.root_ranks[0] == rank;
+    for (const Verdict& v : rep.verdicts)
+      already |= v.cause == "compute_straggler" && v.root_ranks[0] == rank;
     if (already || cost < o.min_cost_s || b < 3 * typical) continue;
     Verdict v;
     v.kind = "slow";
@@ -182,14 +202,14 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     v.confidence = 0.7;
     v.detected_at_ns = tracer::WallNowNs();
     v.explanation = "rank " + std::to_string(rank) + " (" + meta[rank].node + ") arrived last at " +
-                    std::to_string(last_count[rank]) + " collectives; its peers waited " + Fmt("%.3f", cost) +
-                    " s per step for it (the median rank causes " + Fmt("%.3f", typical / static_cast<double>(rep.steps)) + " s).";
+                    std::to_string(last_count[rank]) + " collectives; its peers waited " +
+                    Fmt("%.3f", cost) + " s per step for it (the median rank causes " +
+                    Fmt("%.3f", typical / static_cast<double>(rep.steps)) + " s).";
     v.evidence = {"cost_s_per_step=" + Fmt("%.4f", cost)};
     rep.verdicts.push_back(std::move(v));
   }
-  std::sort(rep.verdicts.begin(), rep.verdicts.end(), [](const Verdict& a, const Verdict& b) {
-    return a.evidence[0] > b.evidence[0];
-  });
+  std::sort(rep.verdicts.begin(), rep.verdicts.end(),
+            [](const Verdict& a, const Verdict& b) { return a.evidence[0] > b.evidence[0]; });
   if (rep.verdicts.empty()) {
     Verdict v;
     v.kind = "healthy";
@@ -201,13 +221,15 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
 }
 
 std::string FormatSlowReport(const SlowReport& r) {
-  std::string out = std::to_string(r.steps) + " steps, mean step " + Fmt("%.3f s", r.mean_step_s) + ", pipeline bubble and idle " +
-        Fmt("%.1f %%", 100 * r.bubble_share) + " of step time\n";
+  std::string out = std::to_string(r.steps) + " steps, mean step " + Fmt("%.3f s", r.mean_step_s) +
+                    ", pipeline bubble and idle " + Fmt("%.1f %%", 100 * r.bubble_share) +
+                    " of step time\n";
   for (const Verdict& v : r.verdicts) {
-    out += (v.kind == "slow" ? "SLOW  cause: " + v.cause + "   root: rank " + std::to_string(v.root_ranks[0]) + " (" +
-                                   v.root_nodes[0] + ")\n  "
-                             : "healthy: ") +
-           v.explanation + "\n";
+    out +=
+        (v.kind == "slow" ? "SLOW  cause: " + v.cause + "   root: rank " +
+                                std::to_string(v.root_ranks[0]) + " (" + v.root_nodes[0] + ")\n  "
+                          : "healthy: ") +
+        v.explanation + "\n";
   }
   return out;
 }

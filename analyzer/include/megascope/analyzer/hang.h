@@ -48,7 +48,8 @@ Result<HangInput> LoadDumpDirectory(const std::string& dir);
 // a top-level "rank" field or the digits ending the file name), converted to megascope dumps.
 Result<HangInput> LoadPyTorchDumps(const std::string& dir);
 // One PyTorch dump's JSON text as a megascope dump (`rank_hint` when the text has no "rank").
-Result<tracer::Dump> ParsePyTorchDump(std::string_view text, const std::string& source, int rank_hint = -1);
+Result<tracer::Dump> ParsePyTorchDump(std::string_view text, const std::string& source,
+                                      int rank_hint = -1);
 // Builds the input from parsed dumps (checks membership agrees across ranks).
 Result<HangInput> MakeHangInput(std::vector<std::pair<std::string, tracer::Dump>> dumps);
 

@@ -1,9 +1,9 @@
 // Slowdown analysis (MegaScale): per step, each rank's compute time against its peers at the same
 // (pp, tp) -- persistent compute stragglers -- and, at every collective, the last rank to arrive,
 // with the waiting it caused the others summed per rank -- communication stragglers -- plus the
-// pipeline bubble share. Verdicts of kind "slow" carry the cost in seconds per step. A pipeline stage
-// whose every replica computes longer than the other stages is a `stage_imbalance` (the model or
-// the layout, not a machine: the controller reports it and evicts nothing).
+// pipeline bubble share. Verdicts of kind "slow" carry the cost in seconds per step. A pipeline
+// stage whose every replica computes longer than the other stages is a `stage_imbalance` (the model
+// or the layout, not a machine: the controller reports it and evicts nothing).
 #pragma once
 
 #include <limits>
@@ -17,16 +17,16 @@ namespace megascope::analyzer {
 struct SlowOptions {
   int64_t first_step = 0;
   int64_t last_step = std::numeric_limits<int64_t>::max();
-  double compute_ratio = 1.2;  // compute this much above its peers' median makes a step slow
+  double compute_ratio = 1.2;     // compute this much above its peers' median makes a step slow
   double persistent_share = 0.6;  // ...in at least this share of the steps
-  double min_cost_s = 0.005;  // ignore stragglers costing less per step
-  int min_peers = 1;  // ranks at the same (pp, tp) a rank is compared with, at least
+  double min_cost_s = 0.005;      // ignore stragglers costing less per step
+  int min_peers = 1;              // ranks at the same (pp, tp) a rank is compared with, at least
   int attempt = -1;  // only this attempt of a `megascope launch` run (-1: every attempt)
 };
 
 struct SlowReport {
   std::vector<Verdict> verdicts;  // kind "slow", or one "healthy"
-  double bubble_share = 0;  // of step time, averaged
+  double bubble_share = 0;        // of step time, averaged
   double mean_step_s = 0;
   int64_t steps = 0;
 };
