@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Recovery on evidence (faults that do not stop the job): runs `megascope launch` N times with a
-# node slowed 1.5x (named by the straggler analysis or the detector) and N times with a failing NIC
-# error counter on one node (named by the detector, confirmed by the self-check), then a healthy
+# node slowed 1.5x (named by the straggler analysis or the detector), N times with a failing NIC
+# error counter on one node (named by the detector, confirmed by the self-check) and N times with a
+# node whose outgoing data is shaped to 40 MB/s (a communication straggler, confirmed by the
+# all-reduce bandwidth of its self-check), then a healthy
 # soak of SOAK_S seconds with a benign 20-60 s metric excursion on some node every ~2 minutes.
 # Reports per fault: injection -> verdict, verdict -> resumed, the node evicted; for the soak:
 # evictions (the target is none) and verdicts. Usage: bench/recovery_evidence.sh [N] [SOAK_S]
@@ -43,6 +45,8 @@ after_eviction="kind = 'resumed' AND ts_ns > (SELECT MIN(ts_ns) FROM events WHER
     echo "RUN slow $work/slow-$i"
     run_until "$work/metric-$i" "--inject metric:node=node1,what=nic-errors,at=90s" "$after_eviction" 400
     echo "RUN metric $work/metric-$i"
+    run_until "$work/link-$i" "--inject link:node=node3,kind=slow,rate=40,at=1500" "$after_eviction" 400
+    echo "RUN link $work/link-$i"
   done
   # The soak: healthy, with a benign excursion (memory +40 % for 20-60 s) on node (k mod 4) every 120 s.
   injects=""

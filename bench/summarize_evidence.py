@@ -12,8 +12,24 @@ def events(run):
     return [(t, a, k, n, json.loads(d) if d else {}) for t, a, k, n, d in rows]
 
 
+# Per fault kind: the node it is injected into, the verdicts that name it, and the row's label.
+FAULTS = {
+    "slow": ("node2", {("slow", "compute_straggler"), ("faulty_machine", None)}, "slowed node 1.5x"),
+    "metric": ("node1", {("faulty_machine", None)}, "failing NIC errs"),
+    "link": ("node3", {("slow", "comm_straggler"), ("slow", "link_slow"), ("faulty_machine", None)},
+             "slow network"),
+}
+
+
+def names_fault(e, kind):
+    node, verdicts, _ = FAULTS[kind]
+    d = e[4]
+    return e[2] == "verdict" and e[3] == node and (
+        (d.get("kind"), d.get("cause")) in verdicts or (d.get("kind"), None) in verdicts)
+
+
 def main():
-    rows = {"slow": [], "metric": []}
+    rows = {k: [] for k in FAULTS}
     soak = None
     for line in open(sys.argv[1]):
         parts = line.split()
@@ -22,8 +38,7 @@ def main():
         if parts[0] == "RUN":
             ev = events(parts[2])
             fault = next((e for e in ev if e[2] == "fault_injected"), None)
-            verdict = next((e for e in ev if e[2] == "verdict" and e[4].get("kind") in ("slow", "faulty_machine")
-                            and e[3] in ("node2", "node1") and e[4].get("cause") != "stage_imbalance"), None)
+            verdict = next((e for e in ev if names_fault(e, parts[1]) and (not fault or e[0] >= fault[0])), None)
             resumed = next((e for e in ev if e[2] == "resumed" and verdict and e[0] > verdict[0]), None)
             evicted = [e[3] for e in ev if e[2] == "eviction"]
             rows[parts[1]].append((fault, verdict, resumed, evicted))
@@ -36,7 +51,7 @@ def main():
         by = sorted({f"{v[4].get('kind')}/{v[4].get('cause')}"[:40] for f, v, r, _ in runs if v})
         ev = sorted({",".join(e) or "-" for *_, e in runs})
         fmt = lambda xs: f"med {statistics.median(xs):6.2f} max {max(xs):6.2f}" if xs else "   -"
-        label = "slowed node 1.5x" if kind == "slow" else "failing NIC errs"
+        label = FAULTS[kind][2]
         print(f"{label:16s} {len(runs):4d}  {fmt(inj):22s}  {fmt(res):20s}  {' '.join(by):16s} {' '.join(ev)}")
     if soak:
         ev = events(soak[0])

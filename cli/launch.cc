@@ -75,6 +75,7 @@ int RunLaunch(const Args& args) {
       "crash|hang|stall-send:node=N|rank=R,at=STEP; "
       "slow:node=N|rank=R|pp=S,at=STEP,seconds=X|factor=F; "
       "metric:node=N,what=nic-errors|memory,at=STEP|SECONDSs[,seconds=D]; "
+      "link:node=N,kind=slow[,rate=MBPS],at=STEP|SECONDSs[,seconds=D]; "
       "kill-agent:node=N,at=STEP|SECONDSs; corrupt-checkpoint; degrade:node=N[,factor=F]");
   opts.add(loop);
   po::variables_map vm;

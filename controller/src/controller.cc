@@ -20,18 +20,19 @@
 #include <sstream>
 #include <thread>
 
+#include "evidence.h"
 #include "megascope/analyzer/hang.h"
 #include "megascope/analyzer/live.h"
 #include "megascope/analyzer/query.h"
 #include "megascope/analyzer/timeline.h"
 #include "megascope/controller/control_db.h"
 #include "megascope/controller/report.h"
-#include "evidence.h"
-#include "proc_fault.h"
+#include "megascope/launch/link_seam.h"
 #include "megascope/launch/progress.h"
 #include "megascope/tracer/clock.h"
 #include "megascope/tracer/dump.h"
 #include "megascope/tracer/verdict.h"
+#include "proc_fault.h"
 
 namespace megascope::controller {
 namespace {
@@ -166,10 +167,11 @@ struct Controller::Impl {
   std::unique_ptr<OnlineDetector> online;
   StragglerWatch stragglers;
   Clock::time_point last_scrape;
-  int64_t straggler_from = 0;      // the next straggler window starts after this step
-  std::set<std::string> alerted;   // alerts already reported in this attempt
-  std::set<std::string> cleared;   // node|cause: passed a self-check for it in this run
+  int64_t straggler_from = 0;     // the next straggler window starts after this step
+  std::set<std::string> alerted;  // alerts already reported in this attempt
+  std::set<std::string> cleared;  // node|cause: passed a self-check for it in this run
   std::map<std::string, std::unique_ptr<ProcFault>> proc_faults;  // metric faults, by node
+  std::map<std::string, std::string> link_seams;                  // link faults: node -> file
 
   explicit Impl(ControllerOptions o)
       : opt(std::move(o)),
@@ -252,6 +254,16 @@ struct Controller::Impl {
         env.emplace_back("MEGASCOPE_PROC_ROOT", f->dir());
         sup.SetNodeEnv(in.node, env);
         proc_faults[in.node] = std::move(f);
+      } else if (in.kind == FaultKind::kLink && !link_seams.count(in.node)) {
+        // Every process of the node obeys the seam file from the start; it is healthy until the
+        // injection fires.
+        const std::string path = layout.dir() + "/inject/link_" + in.node;
+        std::error_code ec;
+        fs::create_directories(layout.dir() + "/inject", ec);
+        RETURN_IF_ERROR(launch::WriteLinkFault(path, {}));
+        env.emplace_back(launch::kLinkSeamEnv, path);
+        sup.SetNodeEnv(in.node, env);
+        link_seams[in.node] = path;
       }
     }
     active = opt.nodes;
@@ -436,7 +448,8 @@ struct Controller::Impl {
       for (int rank : ranks) {
         if (rank < 0 || rank >= opt.world) continue;  // its node is not in the job (any more)
         if (in.planned_rank < 0 || rank < in.planned_rank) in.planned_rank = rank;
-        plan.faults.push_back({std::string(Name(in.kind)), rank, in.at_step, in.seconds, in.factor});
+        plan.faults.push_back(
+            {std::string(Name(in.kind)), rank, in.at_step, in.seconds, in.factor});
       }
     }
     for (const std::string& node : active) {
@@ -576,6 +589,27 @@ struct Controller::Impl {
           (in.seconds > 0 ? " for " + std::to_string(in.seconds).substr(0, 5) + " s" : ""));
       Record(EventKind::kFaultInjected, in.node, -1,
              {{"kind", "metric"}, {"what", in.what}, {"seconds", in.seconds}, {"spec", in.spec}});
+    }
+    for (Injection& in : opt.injections) {
+      if (in.fired || in.kind != FaultKind::kLink) continue;
+      const bool due = (in.at_seconds >= 0 && Since(launch_start) >= in.at_seconds) ||
+                       (in.at_step >= 0 && last_step_done >= in.at_step);
+      if (!due) continue;
+      launch::LinkFault f{in.rate_mbps, 0};
+      if (in.seconds > 0) f.until_ns = tracer::WallNowNs() + static_cast<int64_t>(in.seconds * 1e9);
+      if (Status st = launch::WriteLinkFault(link_seams.at(in.node), f); !st.ok()) {
+        Log("cannot inject " + in.spec + ": " + st.ToString());
+      }
+      in.fired = true;
+      Log("fault fired: link slow on " + in.node + " (" +
+          std::to_string(in.rate_mbps).substr(0, 6) + " MB/s)" +
+          (in.seconds > 0 ? " for " + std::to_string(in.seconds).substr(0, 5) + " s" : ""));
+      Record(EventKind::kFaultInjected, in.node, -1,
+             {{"kind", "link"},
+              {"what", in.what},
+              {"rate_mbps", in.rate_mbps},
+              {"seconds", in.seconds},
+              {"spec", in.spec}});
     }
     for (Injection& in : opt.injections) {
       if (in.fired || in.kind != FaultKind::kKillAgent) continue;
@@ -834,8 +868,8 @@ struct Controller::Impl {
           const std::string partner = HealthyPartner(suspects);
           const bool passed = SelfCheck(n, partner.empty() ? n : partner,
                                         v.kind == "faulty_machine" ? "suspect of the detector"
-                                        : v.cause == "link_stall" ? "end of a stalled link"
-                                                                  : "suspect: " + v.cause);
+                                        : v.cause == "link_stall"  ? "end of a stalled link"
+                                                                   : "suspect: " + v.cause);
           Record(EventKind::kDecision, n, -1,
                  {{"action", passed ? "keep" : "evict"},
                   {"confirmed", !passed},
@@ -1052,8 +1086,12 @@ struct Controller::Impl {
       }
       if (!failures.empty()) {
         const launch::RankExit& f = failures[0];
-        if (!Incident({"crash", "rank " + std::to_string(f.rank) + " " + f.status.Describe(),
-                       failures, "", {}, 1}))
+        if (!Incident({"crash",
+                       "rank " + std::to_string(f.rank) + " " + f.status.Describe(),
+                       failures,
+                       "",
+                       {},
+                       1}))
           return kLaunchPaused;
         continue;
       }

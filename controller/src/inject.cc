@@ -6,7 +6,7 @@
 namespace megascope::controller {
 namespace {
 
-constexpr std::array<std::pair<FaultKind, std::string_view>, 8> kKinds = {{
+constexpr std::array<std::pair<FaultKind, std::string_view>, 9> kKinds = {{
     {FaultKind::kCrash, "crash"},
     {FaultKind::kHang, "hang"},
     {FaultKind::kStallSend, "stall-send"},
@@ -15,6 +15,7 @@ constexpr std::array<std::pair<FaultKind, std::string_view>, 8> kKinds = {{
     {FaultKind::kCorruptCheckpoint, "corrupt-checkpoint"},
     {FaultKind::kDegrade, "degrade"},
     {FaultKind::kMetric, "metric"},
+    {FaultKind::kLink, "link"},
 }};
 
 }  // namespace
@@ -68,6 +69,14 @@ Result<Injection> ParseInjection(const std::string& spec) {
                                  "' is not a metric fault (nic-errors, memory)");
         in.what = value;
         used = value.size();
+      } else if (key == "kind") {
+        if (value != "slow")
+          return InvalidArgument("--inject '" + spec + "': kind='" + value +
+                                 "' is not a link fault available here (slow)");
+        in.what = value;
+        used = value.size();
+      } else if (key == "rate") {
+        in.rate_mbps = std::stod(value, &used);
       } else if (key == "at") {
         if (!value.empty() && value.back() == 's') {
           in.at_seconds = std::stod(value.substr(0, value.size() - 1), &used);
@@ -81,14 +90,17 @@ Result<Injection> ParseInjection(const std::string& spec) {
         in.factor = std::stod(value, &used);
       } else {
         return InvalidArgument("--inject '" + spec + "': unknown field '" + key +
-                               "' (node, rank, pp, at, seconds, factor, what)");
+                               "' (node, rank, pp, at, seconds, factor, what, kind, rate)");
       }
       if (used != value.size()) throw std::invalid_argument(value);
     } catch (const std::exception&) {
       return InvalidArgument("--inject '" + spec + "': '" + value + "' is not a number");
     }
   }
-  const bool targeted = !in.node.empty() || in.rank >= 0 || (in.kind == FaultKind::kSlow && in.pp >= 0);
+  const bool targeted =
+      !in.node.empty() || in.rank >= 0 || (in.kind == FaultKind::kSlow && in.pp >= 0);
+  if ((in.rate_mbps != 0 || in.what == "slow") && in.kind != FaultKind::kLink)
+    return InvalidArgument("--inject '" + spec + "': kind= and rate= belong to link faults");
   if (in.pp >= 0 && in.kind != FaultKind::kSlow)
     return InvalidArgument("--inject '" + spec + "': pp=S targets only slow");
   if (IsWorkerFault(in.kind)) {
@@ -106,6 +118,15 @@ Result<Injection> ParseInjection(const std::string& spec) {
     if (in.node.empty()) return InvalidArgument("--inject '" + spec + "' needs node=N");
     if (in.factor == 0) in.factor = 3;
     if (in.factor < 1) return InvalidArgument("--inject '" + spec + "': factor must be >= 1");
+  } else if (in.kind == FaultKind::kLink) {
+    if (in.node.empty()) return InvalidArgument("--inject '" + spec + "' needs node=N");
+    if (in.what.empty()) in.what = "slow";
+    if (in.what != "slow")
+      return InvalidArgument("--inject '" + spec + "': what= belongs to metric faults");
+    if (in.rate_mbps == 0) in.rate_mbps = 10;
+    if (in.rate_mbps < 0) return InvalidArgument("--inject '" + spec + "': rate must be > 0 MB/s");
+    if (in.at_step < 0 && in.at_seconds < 0)
+      return InvalidArgument("--inject '" + spec + "' needs at=STEP or at=SECONDSs");
   } else if (in.kind == FaultKind::kMetric) {
     if (in.node.empty()) return InvalidArgument("--inject '" + spec + "' needs node=N");
     if (in.what.empty())

@@ -14,6 +14,7 @@
 #include <thread>
 #include <utility>
 
+#include "megascope/launch/link_seam.h"
 #include "megascope/runtime/comm.h"
 
 namespace megascope::runtime {
@@ -48,7 +49,9 @@ class GlooCommunicator final : public Communicator {
     groups_ = layout.GroupsOf(rank);
     std::error_code ec;
     std::filesystem::create_directories(o.rendezvous_dir, ec);
-    if (ec) return IoError("cannot create rendezvous directory " + o.rendezvous_dir + ": " + ec.message());
+    if (ec)
+      return IoError("cannot create rendezvous directory " + o.rendezvous_dir + ": " +
+                     ec.message());
     try {
       gloo::transport::tcp::attr attr;
       attr.hostname = "127.0.0.1";
@@ -56,7 +59,8 @@ class GlooCommunicator final : public Communicator {
       store_ = std::make_unique<gloo::rendezvous::FileStore>(o.rendezvous_dir);
       for (const GroupSpec& g : groups_) {
         gloo::rendezvous::PrefixStore prefix(g.name, *store_);
-        auto ctx = std::make_shared<gloo::rendezvous::Context>(g.IndexOf(rank), static_cast<int>(g.ranks.size()));
+        auto ctx = std::make_shared<gloo::rendezvous::Context>(g.IndexOf(rank),
+                                                               static_cast<int>(g.ranks.size()));
         ctx->setTimeout(o.timeout);
         ctx->connectFullMesh(prefix, device_);
         contexts_.push_back(ctx);
@@ -72,6 +76,7 @@ class GlooCommunicator final : public Communicator {
       ASSIGN_OR_RETURN(tracer::NameId id, t->InternName(tracer::Name(static_cast<OpType>(op))));
       op_names_.push_back(id);
     }
+    ASSIGN_OR_RETURN(link_name_, t->InternName("link"));
     return Status::Ok();
   }
 
@@ -131,8 +136,11 @@ class GlooCommunicator final : public Communicator {
 
   Status Send(int g, int peer, const float* data, size_t n) override {
     const int dst = groups_[g].IndexOf(peer);
-    if (dst < 0) return InvalidArgument("rank " + std::to_string(peer) + " is not in group " + groups_[g].name);
+    if (dst < 0)
+      return InvalidArgument("rank " + std::to_string(peer) + " is not in group " +
+                             groups_[g].name);
     const uint64_t seq = send_seq_[g][dst]++;
+    HoldForLink(n * 4);
     PendingSend p;
     p.data.assign(data, data + n);
     p.group = g;
@@ -155,8 +163,9 @@ class GlooCommunicator final : public Communicator {
       }
     } catch (const std::exception& e) {
       tracer_->Fail(p.handle);
-      return Status(StatusCode::kUnavailable, "[gloo] send to rank " + std::to_string(peer) + " in " +
-                                                  groups_[g].name + " failed: " + e.what());
+      return Status(StatusCode::kUnavailable, "[gloo] send to rank " + std::to_string(peer) +
+                                                  " in " + groups_[g].name +
+                                                  " failed: " + e.what());
     }
     pending_.push_back(std::move(p));
     return Status::Ok();
@@ -164,7 +173,9 @@ class GlooCommunicator final : public Communicator {
 
   Status Recv(int g, int peer, float* data, size_t n) override {
     const int src = groups_[g].IndexOf(peer);
-    if (src < 0) return InvalidArgument("rank " + std::to_string(peer) + " is not in group " + groups_[g].name);
+    if (src < 0)
+      return InvalidArgument("rank " + std::to_string(peer) + " is not in group " +
+                             groups_[g].name);
     const uint64_t seq = recv_seq_[g][src]++;
     const size_t bytes = n * 4;
     return Traced(g, OpType::kRecv, bytes, peer, [&](OpHandle h) {
@@ -190,12 +201,13 @@ class GlooCommunicator final : public Communicator {
         }
         tracer_->Progress(p.handle, static_cast<int64_t>(p.bytes), -1);
         tracer_->Complete(p.handle);
-        tracer_->RecordSpan(tracer::SpanKind::kComm, op_names_[static_cast<int>(OpType::kSend)], step_, -1, p.start,
-                            tracer_->Ticks());
+        tracer_->RecordSpan(tracer::SpanKind::kComm, op_names_[static_cast<int>(OpType::kSend)],
+                            step_, -1, p.start, tracer_->Ticks());
       } catch (const std::exception& e) {
         tracer_->Fail(p.handle);
         if (result.ok()) {
-          result = Status(StatusCode::kUnavailable, "[gloo] send in " + groups_[p.group].name + " failed: " + e.what());
+          result = Status(StatusCode::kUnavailable,
+                          "[gloo] send in " + groups_[p.group].name + " failed: " + e.what());
         }
       }
     }
@@ -217,12 +229,24 @@ class GlooCommunicator final : public Communicator {
   };
 
   static uint64_t Slot(int src, int dst, uint64_t seq, int chunk) {
-    return kP2PSlotPrefix | (static_cast<uint64_t>(src & 0xfff) << 44) | (static_cast<uint64_t>(dst & 0xfff) << 32) |
-           ((seq & 0x3fffffff) << 2) | static_cast<uint64_t>(chunk);
+    return kP2PSlotPrefix | (static_cast<uint64_t>(src & 0xfff) << 44) |
+           (static_cast<uint64_t>(dst & 0xfff) << 32) | ((seq & 0x3fffffff) << 2) |
+           static_cast<uint64_t>(chunk);
+  }
+
+  // The link fault seam (launch/link_seam.h): this rank's data leaves late, in a comm span of its
+  // own ("link"), so the time shows as network time and not as compute.
+  void HoldForLink(size_t bytes) {
+    const auto delay = link_.DelayFor(bytes);
+    if (delay.count() <= 0) return;
+    const int64_t start = tracer_->Ticks();
+    std::this_thread::sleep_for(delay);
+    tracer_->RecordSpan(tracer::SpanKind::kComm, link_name_, step_, -1, start, tracer_->Ticks());
   }
 
   template <typename F>
   Status Traced(int g, OpType op, size_t bytes, int peer, F&& body) {
+    if (op != OpType::kRecv) HoldForLink(bytes);
     OpHandle h = tracer_->Enqueue(group_ids_[g], op, bytes, DType::kF32, peer);
     const int64_t start = tracer_->Ticks();
     tracer_->Start(h);
@@ -230,12 +254,13 @@ class GlooCommunicator final : public Communicator {
       body(h);
     } catch (const std::exception& e) {
       tracer_->Fail(h);
-      return Status(StatusCode::kUnavailable, "[gloo] " + std::string(tracer::Name(op)) + " in " + groups_[g].name +
-                                                  " failed: " + e.what());
+      return Status(StatusCode::kUnavailable, "[gloo] " + std::string(tracer::Name(op)) + " in " +
+                                                  groups_[g].name + " failed: " + e.what());
     }
     tracer_->Progress(h, static_cast<int64_t>(bytes), static_cast<int64_t>(bytes));
     tracer_->Complete(h);
-    tracer_->RecordSpan(tracer::SpanKind::kComm, op_names_[static_cast<int>(op)], step_, -1, start, tracer_->Ticks());
+    tracer_->RecordSpan(tracer::SpanKind::kComm, op_names_[static_cast<int>(op)], step_, -1, start,
+                        tracer_->Ticks());
     return Status::Ok();
   }
 
@@ -248,9 +273,11 @@ class GlooCommunicator final : public Communicator {
   std::vector<std::shared_ptr<gloo::Context>> contexts_;
   std::vector<tracer::GroupId> group_ids_;
   std::vector<tracer::NameId> op_names_;
+  tracer::NameId link_name_{};
   std::vector<std::vector<uint64_t>> send_seq_, recv_seq_;
   std::vector<PendingSend> pending_;
   bool stall_next_send_ = false;
+  launch::LinkSeam link_;  // MEGASCOPE_LINK_SEAM: a slowed link, when injected
   int64_t step_ = 0;
 };
 

@@ -25,15 +25,27 @@ TEST(InjectTest, ParsesEveryKindWithItsTarget) {
   EXPECT_DOUBLE_EQ(s->seconds, 0.5);
   EXPECT_TRUE(ParseInjection("corrupt-checkpoint").ok());
   EXPECT_DOUBLE_EQ(ParseInjection("degrade:node=node2,factor=4")->factor, 4);
+  auto l = ParseInjection("link:node=node2,kind=slow,rate=5,at=10s,seconds=20");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->kind, FaultKind::kLink);
+  EXPECT_EQ(l->what, "slow");
+  EXPECT_DOUBLE_EQ(l->rate_mbps, 5);
+  EXPECT_DOUBLE_EQ(l->at_seconds, 10);
+  EXPECT_DOUBLE_EQ(l->seconds, 20);
+  EXPECT_DOUBLE_EQ(ParseInjection("link:node=node2,at=3")->rate_mbps, 10) << "the default rate";
 }
 
 TEST(InjectTest, RefusesWhatCannotBeCarriedOut) {
-  for (const char* bad : {"boom:node=n", "crash:at=3", "crash:node=n", "slow:rank=1,at=2",
-                          "kill-agent:at=4", "crash:node=n,at=x", "crash:node=n,at=3,color=red",
-                          "degrade:node=n,factor=0.5", "crash:rank=1x,at=3"}) {
+  for (const char* bad :
+       {"boom:node=n", "crash:at=3", "crash:node=n", "slow:rank=1,at=2", "kill-agent:at=4",
+        "crash:node=n,at=x", "crash:node=n,at=3,color=red", "degrade:node=n,factor=0.5",
+        "crash:rank=1x,at=3", "link:kind=slow,at=3", "link:node=n,kind=slow",
+        "link:node=n,rate=-1,at=3", "crash:node=n,at=3,rate=5", "link:node=n,what=memory,at=3"}) {
     EXPECT_FALSE(ParseInjection(bad).ok()) << bad;
   }
   EXPECT_NE(ParseInjection("boom").status().message().find("one of crash, hang"),
+            std::string::npos);
+  EXPECT_NE(ParseInjection("link:node=n,kind=loss,at=3").status().message().find("kind='loss'"),
             std::string::npos);
 }
 

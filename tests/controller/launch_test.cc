@@ -6,12 +6,12 @@
 
 #include <chrono>
 #include <cmath>
-#include <functional>
-#include <sstream>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "megascope/controller/control_db.h"
@@ -366,8 +366,9 @@ std::string EvidenceCmd(const std::string& run, const std::string& job, const st
 const char* kDp4 = "--dp 4 --nodes 4";
 
 TEST_F(LaunchTest, ASlowedNodeIsNamedByTheStragglerPathEvictedAndTheJobResumes) {
-  CommandResult r = RunCommand(EvidenceCmd(Run(), Job(), data_, kDp4, 60,
-                                           "--straggler-every 8 --inject slow:node=node2,at=10,factor=1.5"));
+  CommandResult r =
+      RunCommand(EvidenceCmd(Run(), Job(), data_, kDp4, 60,
+                             "--straggler-every 8 --inject slow:node=node2,at=10,factor=1.5"));
   ASSERT_EQ(r.code, 0) << r.out;
   const auto ev = Events();
   bool named = false;
@@ -378,40 +379,82 @@ TEST_F(LaunchTest, ASlowedNodeIsNamedByTheStragglerPathEvictedAndTheJobResumes) 
   EXPECT_EQ(Of(ev, "eviction")[0].node, "node2");
   EXPECT_EQ(Of(ev, "eviction")[0].detail["reason"], "compute_straggler");
   bool decided = false;
-  for (const Event& e : Of(ev, "decision")) decided |= e.detail["action"] == "evict" && e.node == "node2";
+  for (const Event& e : Of(ev, "decision"))
+    decided |= e.detail["action"] == "evict" && e.node == "node2";
   EXPECT_TRUE(decided);
   EXPECT_FALSE(Of(ev, "resumed").empty());
   EXPECT_EQ(Of(ev, "job_finished").at(0).detail["steps"], 60);
 
   // The incident report renders in a browser, the straggler's cells outlined in the heat map.
   const std::string html = Run() + "/incident.html";
-  CommandResult rep = RunCommand(std::string(MEGASCOPE_BIN) + " report " + Run() + " --html " + html);
+  CommandResult rep =
+      RunCommand(std::string(MEGASCOPE_BIN) + " report " + Run() + " --html " + html);
   ASSERT_EQ(rep.code, 0) << rep.out;
   const std::string page = ReadLog(html);
   EXPECT_EQ(page.find("<script"), std::string::npos);  // static: nothing to fail, nothing fetched
   EXPECT_EQ(page.find("src=\"http"), std::string::npos);
-  if (RunCommand("command -v chromium").code != 0) GTEST_SKIP() << "chromium is not installed (scripts/setup.sh installs it)";
-  const std::string chromium = "timeout 60 chromium --headless --no-sandbox --disable-gpu --disable-background-networking "
-                               "--disable-component-update --no-first-run --disable-sync --user-data-dir=" +
-                               dir_->path() + "/chrome ";
+  if (RunCommand("command -v chromium").code != 0)
+    GTEST_SKIP() << "chromium is not installed (scripts/setup.sh installs it)";
+  const std::string chromium =
+      "timeout 60 chromium --headless --no-sandbox --disable-gpu --disable-background-networking "
+      "--disable-component-update --no-first-run --disable-sync --user-data-dir=" +
+      dir_->path() + "/chrome ";
   CommandResult dom = RunCommand(chromium + "--dump-dom file://" + html + " 2>/dev/null");
   ASSERT_EQ(dom.code, 0) << dom.out.substr(0, 500);
   auto count = [&](const std::string& needle) {
     size_t n = 0;
-    for (size_t at = dom.out.find(needle); at != std::string::npos; at = dom.out.find(needle, at + 1)) ++n;
+    for (size_t at = dom.out.find(needle); at != std::string::npos;
+         at = dom.out.find(needle, at + 1))
+      ++n;
     return n;
   };
   const size_t straggler_cells = count("class=\"cell slow\" data-rank=\"2\"");
   EXPECT_GE(straggler_cells, 5u) << "the slowed rank's steps are outlined";
   for (int r : {0, 1, 3}) {
-    EXPECT_LT(count("class=\"cell slow\" data-rank=\"" + std::to_string(r) + "\""), straggler_cells) << "rank " << r;
+    EXPECT_LT(count("class=\"cell slow\" data-rank=\"" + std::to_string(r) + "\""), straggler_cells)
+        << "rank " << r;
   }
-  EXPECT_NE(dom.out.find("row-suspect\">rank 2 "), std::string::npos) << "the named rank's row is marked";
+  EXPECT_NE(dom.out.find("row-suspect\">rank 2 "), std::string::npos)
+      << "the named rank's row is marked";
   EXPECT_NE(dom.out.find("id=\"events\""), std::string::npos);
   EXPECT_NE(dom.out.find("Loss across restarts"), std::string::npos);
-  CommandResult shot = RunCommand(chromium + "--window-size=1300,1400 --screenshot=" + Run() + "/report.png file://" + html);
+  CommandResult shot = RunCommand(chromium + "--window-size=1300,1400 --screenshot=" + Run() +
+                                  "/report.png file://" + html);
   EXPECT_EQ(shot.code, 0) << shot.out;
   EXPECT_GT(fs::file_size(Run() + "/report.png"), 20000u);  // a picture, not a blank page
+}
+
+TEST_F(LaunchTest, ANodeWithASlowNetworkIsACommStragglerFailsItsBandwidthCheckAndIsEvicted) {
+  // node2's data leaves at 10 MB/s (the link seam): it computes as fast as its peers but reaches
+  // every collective late.
+  CommandResult r = RunCommand(
+      EvidenceCmd(Run(), Job(), data_, kDp4, 60,
+                  "--straggler-every 8 --inject link:node=node2,kind=slow,rate=10,at=10"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto ev = Events();
+  bool named = false;
+  for (const Event& e : Of(ev, "verdict")) {
+    named |= e.detail["cause"] == "comm_straggler" && e.node == "node2";
+    if (e.node == "node2") {
+      EXPECT_NE(e.detail["cause"], "compute_straggler")
+          << "its compute is not slower: " << e.detail.dump();
+    }
+  }
+  EXPECT_TRUE(named) << r.out;
+  bool failed_bandwidth = false;
+  for (const Event& e : Of(ev, "self_check")) {
+    if (e.node == "node2") {
+      failed_bandwidth =
+          e.detail["passed"] == false && e.detail["allreduce_gbps"].get<double>() <
+                                             0.1 * e.detail["healthy_allreduce_gbps"].get<double>();
+    }
+  }
+  EXPECT_TRUE(failed_bandwidth) << r.out;
+  ASSERT_EQ(Of(ev, "eviction").size(), 1u) << r.out;
+  EXPECT_EQ(Of(ev, "eviction")[0].node, "node2");
+  EXPECT_EQ(Of(ev, "eviction")[0].detail["reason"], "comm_straggler");
+  EXPECT_FALSE(Of(ev, "resumed").empty());
+  EXPECT_EQ(Of(ev, "job_finished").at(0).detail["steps"], 60);
 }
 
 TEST_F(LaunchTest, AStageSlowOnEveryReplicaIsReportedAsImbalanceAndNothingIsEvicted) {
@@ -433,7 +476,8 @@ TEST_F(LaunchTest, AStageSlowOnEveryReplicaIsReportedAsImbalanceAndNothingIsEvic
 // Runs the launch in the background until `done` holds on control.db's events (or `seconds`
 // pass), then stops it.
 std::vector<Event> RunUntil(LaunchTest* t, const std::string& cmd, const std::string& log,
-                            const std::function<bool(const std::vector<Event>&)>& done, int seconds) {
+                            const std::function<bool(const std::vector<Event>&)>& done,
+                            int seconds) {
   auto launch = launch::Process::Spawn({{"/bin/sh", "-c", "exec " + cmd}, log});
   EXPECT_TRUE(launch.ok());
   if (!launch.ok()) return {};
@@ -453,7 +497,9 @@ TEST_F(LaunchTest, AFailingMetricIsNamedByTheDetectorSelfCheckedAndEvicted) {
       EvidenceCmd(Run(), Job(), data_, kDp4, 100000,
                   "--straggler-every 0 --inject metric:node=node1,what=nic-errors,at=25s"),
       dir_->path() + "/metric.log",
-      [](const std::vector<Event>& ev) { return !Of(ev, "resumed").empty() && !Of(ev, "eviction").empty(); },
+      [](const std::vector<Event>& ev) {
+        return !Of(ev, "resumed").empty() && !Of(ev, "eviction").empty();
+      },
       150);
   bool named = false;
   for (const Event& e : Of(ev, "verdict"))
@@ -463,7 +509,8 @@ TEST_F(LaunchTest, AFailingMetricIsNamedByTheDetectorSelfCheckedAndEvicted) {
   for (const Event& e : Of(ev, "self_check")) {
     if (e.node == "node1") {
       failed_check = e.detail["passed"] == false;
-      EXPECT_NE(e.detail["errors_rose"].get<std::string>().find("node_network_receive_errors"), std::string::npos);
+      EXPECT_NE(e.detail["errors_rose"].get<std::string>().find("node_network_receive_errors"),
+                std::string::npos);
     }
   }
   EXPECT_TRUE(failed_check);
@@ -488,7 +535,8 @@ TEST_F(LaunchTest, ATwentySecondMetricExcursionEvictsNothing) {
       150);
   EXPECT_FALSE(Of(ev, "fault_injected").empty()) << ReadLog(dir_->path() + "/excursion.log");
   EXPECT_TRUE(Of(ev, "eviction").empty()) << ReadLog(dir_->path() + "/excursion.log");
-  for (const Event& e : Of(ev, "verdict")) EXPECT_NE(e.detail["kind"], "faulty_machine") << e.detail.dump();
+  for (const Event& e : Of(ev, "verdict"))
+    EXPECT_NE(e.detail["kind"], "faulty_machine") << e.detail.dump();
 }
 
 TEST_F(LaunchTest, BadFlagsAreRefusedBeforeAnythingStarts) {

@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include "megascope/launch/link_seam.h"
 #include "megascope/launch/process.h"
 #include "megascope/launch/state_files.h"
+#include "megascope/tracer/clock.h"
 #include "test_util.h"
 
 namespace megascope::launch {
@@ -129,6 +131,36 @@ TEST(StateFilesTest, ACorruptShardFallsBackToAnotherCopyOrAnOlderStep) {
   EXPECT_EQ(p.step, 3);
   EXPECT_NE(p.log.find("checksum mismatch"), std::string::npos);
   EXPECT_EQ(FindMemorySnapshot({n1}, 3).step, -1);  // rank 2 has no state anywhere
+}
+
+TEST(LinkSeamTest, DelaysOutgoingBytesAtTheWrittenRateUntilTheFaultEnds) {
+  TempDir dir;
+  const std::string path = dir.path() + "/link_node1";
+  EXPECT_EQ(LinkSeam(path).DelayFor(1 << 20).count(), 0) << "no file: healthy";
+  ASSERT_TRUE(WriteLinkFault(path, {}).ok());
+  EXPECT_EQ(LinkSeam(path).DelayFor(1 << 20).count(), 0) << "empty file: healthy";
+  ASSERT_TRUE(WriteLinkFault(path, {10, 0}).ok());
+  EXPECT_EQ(LinkSeam(path).DelayFor(5'000'000).count(), 500'000'000) << "5 MB at 10 MB/s";
+  EXPECT_EQ(LinkSeam("").DelayFor(5'000'000).count(), 0) << "a process without the seam";
+  const int64_t now = tracer::WallNowNs();
+  ASSERT_TRUE(WriteLinkFault(path, {10, now + 3'600'000'000'000}).ok());
+  EXPECT_GT(LinkSeam(path).DelayFor(1000).count(), 0) << "the fault has not ended";
+  ASSERT_TRUE(WriteLinkFault(path, {10, now - 1}).ok());
+  EXPECT_EQ(LinkSeam(path).DelayFor(1000).count(), 0) << "the fault has ended";
+}
+
+TEST(LinkSeamTest, AMalformedFaultIsRefusedWithTheFieldAndLeavesTheLinkHealthy) {
+  EXPECT_EQ(ParseLinkFault("rate_mbps=2.5 until_ns=7")->rate_mbps, 2.5);
+  EXPECT_EQ(ParseLinkFault("rate_mbps=2.5 until_ns=7")->until_ns, 7);
+  auto bad = ParseLinkFault("rate_mbps=fast");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("rate_mbps='fast'"), std::string::npos);
+  EXPECT_NE(ParseLinkFault("loss=30").status().message().find("unknown field 'loss'"),
+            std::string::npos);
+  TempDir dir;
+  const std::string path = dir.path() + "/link";
+  std::ofstream(path) << "rate_mbps=fast\n";
+  EXPECT_EQ(LinkSeam(path).DelayFor(1 << 20).count(), 0);
 }
 
 }  // namespace

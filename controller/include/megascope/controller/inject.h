@@ -7,6 +7,10 @@
 //                                      /proc seam) from at=STEP or at=SECONDSs, for seconds=D (0:
 //                                      to the end): what=nic-errors (receive errors climb 200/s) or
 //                                      what=memory (memory in use +40 %)
+//   link                               node=N's network to its peers is slow from at=STEP or
+//                                      at=SECONDSs, for seconds=D (0: to the end): kind=slow,
+//                                      rate=MB/s (default 10) through the link seam
+//                                      (runtime/link_seam.h) of all its processes
 //   kill-agent                         SIGKILL a node's agent: node=N, at=STEP or at=SECONDSs
 //   corrupt-checkpoint                 flip a byte in the newest saved state (every memory copy of
 //                                      rank 0 and the newest disk checkpoint) before the next
@@ -32,7 +36,8 @@ enum class FaultKind {
   kKillAgent,
   kCorruptCheckpoint,
   kDegrade,
-  kMetric
+  kMetric,
+  kLink
 };
 std::string_view Name(FaultKind kind);
 // Faults the worker itself carries out (given to it in run.json).
@@ -48,7 +53,8 @@ struct Injection {
   double at_seconds = -1;  // since the launch started
   double seconds = 0;      // slow: extra compute per step; metric: how long (0: to the end)
   double factor = 0;       // degrade (default 3), slow
-  std::string what;        // metric: nic-errors | memory
+  std::string what;        // metric: nic-errors | memory; link: slow
+  double rate_mbps = 0;    // link: the shaped rate
   bool fired = false;
   int planned_rank = -1;  // the rank it was given to in the current attempt
 };
