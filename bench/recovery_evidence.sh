@@ -17,14 +17,14 @@ cmake --preset release >/dev/null
 cmake --build --preset release --target megascope >/dev/null
 bin=build/release/cli/megascope
 work=$(mktemp -d)
-trap 'pkill -f "megascope agent --node .* --run-dir $work" 2>/dev/null || true; rm -rf "$work"' EXIT
+trap 'pkill -f "megascope agent --node .* --run-dir $work" 2>/dev/null || true; rm -rf "$work" /dev/shm/megascope-ev$$-*-memory' EXIT
 $bin prepare-data tests/data/text/notes_on_training.txt -o "$work/data.bin" >/dev/null
 model="--layers 2 --width 64 --heads 4 --seq 32 --batch 8 --microbatches 2"
 common="--dp 4 --nodes 4 --spares 1 --data $work/data.bin $model --min-gemm-ratio 0.2 --min-bandwidth-ratio 0.1"
 # Runs a launch in the background until control.db shows `until` (an SQL condition) or `limit` s.
 run_until() {  # run inject until limit
   local run=$1 inject=$2 until=$3 limit=$4
-  $bin launch $common --run-dir "$run" --job ev$$ --steps 10000000 $inject > "$run.log" 2>&1 &
+  $bin launch $common --run-dir "$run" --job "ev$$-$(basename "$run")" --steps 10000000 $inject > "$run.log" 2>&1 &
   local pid=$! t=0
   while [ $t -lt "$limit" ]; do
     sleep 1; t=$((t + 1))

@@ -2,6 +2,7 @@
 #include "megascope/tracer/agent/agent.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -17,10 +18,32 @@ void OnStop(int) {
   if (g_agent != nullptr) g_agent->Stop();
 }
 
+// The store's fault seam for crash tests: MEGASCOPE_AGENT_CRASH=before-commit:N|after-commit:N
+// kills the agent with SIGKILL at that point of its Nth write that reaches it (trace_store.h).
+Result<tracer::WriteHook> CrashHookFromEnv() {
+  const char* v = std::getenv("MEGASCOPE_AGENT_CRASH");
+  if (v == nullptr || *v == '\0') return tracer::WriteHook();
+  const std::string spec = v;
+  const auto colon = spec.find(':');
+  const std::string where = spec.substr(0, colon);
+  const int n = colon == std::string::npos ? 0 : std::atoi(spec.c_str() + colon + 1);
+  if ((where != "before-commit" && where != "after-commit") || n < 1)
+    return InvalidArgument("MEGASCOPE_AGENT_CRASH='" + spec +
+                           "': expected before-commit:N or after-commit:N (N >= 1)");
+  const auto point = where == "before-commit" ? tracer::WritePoint::kBeforeCommit
+                                              : tracer::WritePoint::kAfterCommit;
+  return tracer::WriteHook([point, n, seen = 0](tracer::WritePoint p) mutable {
+    if (p == point && ++seen == n) ::kill(::getpid(), SIGKILL);
+  });
+}
+
 }  // namespace
 
 int RunAgent(const Args& args) {
   tracer::agent::AgentOptions o;
+  auto hook = CrashHookFromEnv();
+  if (!hook.ok()) return Fail("agent", hook.status().ToString(), 2);
+  o.write_hook = *hook;
   // The fault seam of `megascope launch --inject metric:...`: the node's agent samples a /proc tree
   // of its own.
   if (const char* root = std::getenv("MEGASCOPE_PROC_ROOT"); root != nullptr && *root != '\0')

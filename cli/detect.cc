@@ -46,38 +46,6 @@ std::string ScoreJson(const Evaluation& e) {
   return j + "}}";
 }
 
-// Buffered CSV output (fleet-sim writes tens of millions of rows).
-class CsvOut {
- public:
-  explicit CsvOut(std::FILE* f) : f_(f) { buf_.reserve(1 << 20); }
-  ~CsvOut() { Flush(); }
-  void Row(double t, const std::string& machine, const std::string& metric, double v) {
-    char tmp[64];
-    auto [p, ec] = std::to_chars(tmp, tmp + sizeof(tmp), t, std::chars_format::fixed, 1);
-    buf_.append(tmp, p);
-    buf_ += ',';
-    buf_ += machine;
-    buf_ += ',';
-    buf_ += metric;
-    buf_ += ',';
-    auto [q, ec2] = std::to_chars(tmp, tmp + sizeof(tmp), v, std::chars_format::general, 6);
-    buf_.append(tmp, q);
-    buf_ += '\n';
-    if (buf_.size() > (1 << 20) - 256) Flush();
-  }
-  void Flush() {
-    if (!buf_.empty() && std::fwrite(buf_.data(), 1, buf_.size(), f_) != buf_.size())
-      failed_ = true;
-    buf_.clear();
-  }
-  bool failed() const { return failed_; }
-
- private:
-  std::FILE* f_;
-  std::string buf_;
-  bool failed_ = false;
-};
-
 // Data time for people: UTC date and time for epoch timestamps, else seconds since the start.
 std::string When(int64_t ns) {
   const time_t secs = static_cast<time_t>(ns / 1'000'000'000);
@@ -303,47 +271,28 @@ int RunFleetSim(const Args& args) {
     run = [sim](const auto& sink) { sim->Run(sink); };
   }
   const std::string mpath = out_dir + "/metrics.csv";
-  std::FILE* f = std::fopen(mpath.c_str(), "w");
-  if (f == nullptr) return Fail("fleet-sim", "cannot write " + mpath + ": " + std::strerror(errno));
-  std::fprintf(f, "timestamp_s,machine,metric,value\n");
+  auto out = MetricsCsvWriter::Open(mpath, 1, 6);
+  if (!out.ok()) return Fail("fleet-sim", out.status().message());
   int64_t rows = 0;
   const double total_s = cfg.hours * 3600;
   auto last_report = std::chrono::steady_clock::now();
-  {
-    CsvOut out(f);
-    run([&](int m, int k, double t, double v) {
-      out.Row(t, machines[m], metrics[k], v);
-      if ((++rows & 0xfffff) == 0) {
-        auto now = std::chrono::steady_clock::now();
-        if (now - last_report > std::chrono::seconds(2)) {
-          last_report = now;
-          std::fprintf(stderr, "[fleet-sim] %3.0f%%  %lld rows\n", 100 * (t - start_s) / total_s,
-                       static_cast<long long>(rows));
-        }
+  run([&](int m, int k, double t, double v) {
+    (*out)->Row(t, machines[m], metrics[k], v);
+    if ((++rows & 0xfffff) == 0) {
+      auto now = std::chrono::steady_clock::now();
+      if (now - last_report > std::chrono::seconds(2)) {
+        last_report = now;
+        std::fprintf(stderr, "[fleet-sim] %3.0f%%  %lld rows\n", 100 * (t - start_s) / total_s,
+                     static_cast<long long>(rows));
       }
-    });
-    out.Flush();
-    if (out.failed()) {
-      std::fclose(f);
-      return Fail("fleet-sim", "write error on " + mpath + " (disk full?)");
     }
-  }
-  if (std::fclose(f) != 0) return Fail("fleet-sim", "write error on " + mpath);
-  std::FILE* l = std::fopen((out_dir + "/labels.csv").c_str(), "w");
-  if (l == nullptr) return Fail("fleet-sim", "cannot write labels.csv in " + out_dir);
-  std::fprintf(l, "machine,fault_start_s,fault_end_s,fault_type\n");
-  for (const Label& lb : labels) {
-    std::fprintf(l, "%s,%.1f,%.1f,%s\n", lb.machine.c_str(), lb.fault_start_s, lb.fault_end_s,
-                 lb.fault_type.c_str());
-  }
-  std::fclose(l);
+  });
+  if (Status st = (*out)->Close(); !st.ok()) return Fail("fleet-sim", st.message());
+  if (Status st = WriteLabelsCsv(out_dir + "/labels.csv", labels); !st.ok())
+    return Fail("fleet-sim", st.message());
   if (!groups.empty()) {
-    std::FILE* g = std::fopen((out_dir + "/groups.csv").c_str(), "w");
-    if (g == nullptr) return Fail("fleet-sim", "cannot write groups.csv in " + out_dir);
-    std::fprintf(g, "machine,group\n");
-    for (const auto& [machine, group] : groups)
-      std::fprintf(g, "%s,%s\n", machine.c_str(), group.c_str());
-    std::fclose(g);
+    if (Status st = WriteGroupsCsv(out_dir + "/groups.csv", groups); !st.ok())
+      return Fail("fleet-sim", st.message());
   }
   std::printf(
       "wrote %s (%lld samples: %d machines x %zu metrics x %.0f s), labels.csv (%zu faults)%s\n",

@@ -8,6 +8,7 @@
 #include "megascope/controller/report.h"
 #include "megascope/launch/process.h"
 #include "megascope/tracer/dump.h"
+#include "megascope/tracer/file_util.h"
 #include "training_options.h"
 
 namespace megascope::cli {

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "command.h"
+#include "megascope/detector/samples.h"
 #include "megascope/tracer/metric_names.h"
 
 namespace megascope::cli {
@@ -100,31 +101,27 @@ int RunMetrics(const Args& args) {
       "1), AVG(value) "
       "FROM metrics WHERE name LIKE 'rank%.%' GROUP BY 1, 2, 3 ORDER BY 1, 2, 3");
   if (!t.ok()) return Fail("metrics", t.status().message());
-  std::ofstream f(out);
-  if (!f) return Fail("metrics", "cannot write " + out);
-  f << "timestamp_s,machine,metric,value\n";
+  auto f = detector::MetricsCsvWriter::Open(out);
+  if (!f.ok()) return Fail("metrics", f.status().message());
   // Counters (`_total`) become per-second rates under their `_per_second` name (FORMATS.md section
   // 3): from each sample to the next of the same node; a reset (the agent restarted) starts over.
   std::map<std::pair<std::string, std::string>, std::pair<double, double>> last;  // -> (t, value)
   size_t written = 0;
   for (const auto& row : t->rows) {
     const std::string& name = row[2];
+    const double ts = std::atof(row[0].c_str()), v = std::atof(row[3].c_str());
     if (name.size() > 6 && name.compare(name.size() - 6, 6, "_total") == 0) {
-      const double ts = std::atof(row[0].c_str()), v = std::atof(row[3].c_str());
       auto [it, first] = last.try_emplace({row[1], name}, ts, v);
       const auto [t0, v0] = it->second;
       it->second = {ts, v};
       if (first || ts <= t0 || v < v0) continue;
-      char rate[32];
-      std::snprintf(rate, sizeof(rate), "%.6g", (v - v0) / (ts - t0));
-      f << row[0] << ',' << row[1] << ',' << tracer::metrics::ExportName(name) << ',' << rate
-        << '\n';
+      (*f)->Row(ts, row[1], tracer::metrics::ExportName(name), (v - v0) / (ts - t0));
     } else {
-      f << row[0] << ',' << row[1] << ',' << name << ',' << row[3] << '\n';
+      (*f)->Row(ts, row[1], name, v);
     }
     ++written;
   }
-  if (!f.flush()) return Fail("metrics", "write error on " + out + " (disk full?)");
+  if (Status st = (*f)->Close(); !st.ok()) return Fail("metrics", st.message());
   std::printf("wrote %s: %zu samples from %d node databases\n", out.c_str(), written,
               (*db)->nodes());
   return 0;

@@ -16,6 +16,7 @@
 #include "command.h"
 #include "megascope/launch/process.h"
 #include "megascope/tracer/dump.h"
+#include "megascope/tracer/file_util.h"
 #include "megascope/tracer/ring.h"
 #include "megascope/tracer/tracer.h"
 
@@ -70,14 +71,23 @@ int RunWriter(const DemoConfig& cfg, int rank) {
   };
   for (int step = 0; step < cfg.steps; ++step) {
     t.SetPhase(step, Phase::kForward);
-    { Tracer::Scope s(&t, SpanKind::kForward, fwd, step, 0); Spin(2000); }
+    {
+      Tracer::Scope s(&t, SpanKind::kForward, fwd, step, 0);
+      Spin(2000);
+    }
     collective(gtp, OpType::kAllreduce, 1 << 16);
     collective(gtp, rank < partner ? OpType::kSend : OpType::kRecv, 1 << 14, partner);
     t.SetPhase(step, Phase::kBackward);
-    { Tracer::Scope s(&t, SpanKind::kBackward, bwd, step, 0); Spin(4000); }
+    {
+      Tracer::Scope s(&t, SpanKind::kBackward, bwd, step, 0);
+      Spin(4000);
+    }
     collective(gworld, OpType::kAllreduce, 1 << 20);
     t.SetPhase(step, Phase::kOptimizer);
-    { Tracer::Scope s(&t, SpanKind::kOptimizer, opt, step); Spin(500); }
+    {
+      Tracer::Scope s(&t, SpanKind::kOptimizer, opt, step);
+      Spin(500);
+    }
     t.RecordMetric(loss, 5.0 / (1.0 + step));
   }
   if (!hangs) return 0;
@@ -115,15 +125,16 @@ std::string Abbreviated(Dump d, size_t keep) {
 int RunTraceDemo(const Args& args) {
   DemoConfig cfg;
   po::options_description opts("Options");
-  opts.add_options()("help,h", "show this help")
-      ("ranks", po::value(&cfg.ranks)->default_value(4), "writer processes to start (2..64, even)")
-      ("steps", po::value(&cfg.steps)->default_value(200), "mock training steps per writer")
-      ("shm-dir", po::value(&cfg.ring.dir)->default_value("/dev/shm"), "where rings are created")
-      ("lane-capacity", po::value(&cfg.ring.lane_capacity)->default_value(16384),
-       "records per ring lane (a power of two); small values show drops")
-      ("dump-dir", po::value(&cfg.dump_dir), "where flight-recorder dumps go (default: a temp dir)");
+  opts.add_options()("help,h", "show this help")("ranks", po::value(&cfg.ranks)->default_value(4),
+                                                 "writer processes to start (2..64, even)")(
+      "steps", po::value(&cfg.steps)->default_value(200), "mock training steps per writer")(
+      "shm-dir", po::value(&cfg.ring.dir)->default_value("/dev/shm"), "where rings are created")(
+      "lane-capacity", po::value(&cfg.ring.lane_capacity)->default_value(16384),
+      "records per ring lane (a power of two); small values show drops")(
+      "dump-dir", po::value(&cfg.dump_dir), "where flight-recorder dumps go (default: a temp dir)");
   po::variables_map vm;
-  if (auto rc = ParseArgs("trace-demo", "megascope trace-demo [options]", args, opts, {}, &vm)) return *rc;
+  if (auto rc = ParseArgs("trace-demo", "megascope trace-demo [options]", args, opts, {}, &vm))
+    return *rc;
   if (cfg.ranks < 2 || cfg.ranks > 64 || cfg.ranks % 2 != 0) {
     return Fail("trace-demo", "--ranks must be an even number in 2..64", 2);
   }
@@ -144,7 +155,8 @@ int RunTraceDemo(const Args& args) {
   }
   auto cleanup = [&] {
     writers.clear();  // each stopped and reaped
-    for (int r = 0; r < cfg.ranks; ++r) ::unlink((cfg.ring.dir + "/" + RingFileName(cfg.job, 0, r)).c_str());
+    for (int r = 0; r < cfg.ranks; ++r)
+      ::unlink((cfg.ring.dir + "/" + RingFileName(cfg.job, 0, r)).c_str());
   };
 
   std::vector<RankTally> tally(cfg.ranks);
@@ -164,7 +176,9 @@ int RunTraceDemo(const Args& args) {
         auto rd = RingReader::Attach(cfg.ring.dir + "/" + RingFileName(cfg.job, 0, r),
                                      RingReader::Mode::kConsume);
         if (!rd.ok()) {
-          if (rd.status().code() == StatusCode::kNotFound || rd.status().code() == StatusCode::kUnavailable) continue;
+          if (rd.status().code() == StatusCode::kNotFound ||
+              rd.status().code() == StatusCode::kUnavailable)
+            continue;
           cleanup();
           return Fail("trace-demo", rd.status().ToString());
         }
@@ -206,8 +220,10 @@ int RunTraceDemo(const Args& args) {
     all_accounted = all_accounted && ok;
     std::printf("%-5d %-8d %9llu %7llu %11llu %10llu %7llu %7llu %s\n", r, s.info.pid,
                 static_cast<unsigned long long>(t.drained),
-                static_cast<unsigned long long>(t.by_type[1]), static_cast<unsigned long long>(t.by_type[2]),
-                static_cast<unsigned long long>(t.by_type[3]), static_cast<unsigned long long>(t.by_type[4]),
+                static_cast<unsigned long long>(t.by_type[1]),
+                static_cast<unsigned long long>(t.by_type[2]),
+                static_cast<unsigned long long>(t.by_type[3]),
+                static_cast<unsigned long long>(t.by_type[4]),
                 static_cast<unsigned long long>(s.dropped_total), ok ? "yes" : "NO");
   }
   std::printf("%s\n", all_accounted ? "every record emitted was drained or counted as dropped"
@@ -223,7 +239,8 @@ int RunTraceDemo(const Args& args) {
   auto own = ReadDumpFile(own_dump);
   if (!own.ok()) {
     cleanup();
-    return Fail("trace-demo", "rank " + std::to_string(hung) + " did not dump on SIGUSR1: " + own.status().ToString());
+    return Fail("trace-demo", "rank " + std::to_string(hung) +
+                                  " did not dump on SIGUSR1: " + own.status().ToString());
   }
   std::printf("\n[demo] rank %d is stuck in an all-reduce; after SIGUSR1 it wrote %s:\n%s", hung,
               own_dump.c_str(), Abbreviated(*own, 3).c_str());
@@ -231,16 +248,18 @@ int RunTraceDemo(const Args& args) {
   // Kill it; a reader can still dump its flight recorder from the ring, marked not alive.
   writers[hung]->Stop(std::chrono::milliseconds(0));
   exited[hung] = true;
-  Dump reader_side{tally[hung].reader->Snapshot(), tally[hung].reader->WriterAlive(), WallNowNs(), {}};
+  Dump reader_side{
+      tally[hung].reader->Snapshot(), tally[hung].reader->WriterAlive(), WallNowNs(), {}};
   const std::string agent_dump = cfg.dump_dir + "/rank_" + std::to_string(hung) + ".reader.json";
   Status st = WriteFileAtomic(agent_dump, DumpToJson(reader_side));
   const FlightEntry& last = reader_side.snapshot.entries.back();
-  std::printf("\n[demo] after SIGKILL the reader wrote %s (alive=%s): last entry %s #%llu in %s, state %s, "
-              "%lld of %llu bytes sent\n",
-              agent_dump.c_str(), reader_side.alive ? "true" : "false", std::string(Name(last.op)).c_str(),
-              static_cast<unsigned long long>(last.seq), reader_side.snapshot.groups[last.group].name.c_str(),
-              std::string(Name(last.state)).c_str(), static_cast<long long>(last.bytes_sent),
-              static_cast<unsigned long long>(last.bytes));
+  std::printf(
+      "\n[demo] after SIGKILL the reader wrote %s (alive=%s): last entry %s #%llu in %s, state %s, "
+      "%lld of %llu bytes sent\n",
+      agent_dump.c_str(), reader_side.alive ? "true" : "false", std::string(Name(last.op)).c_str(),
+      static_cast<unsigned long long>(last.seq),
+      reader_side.snapshot.groups[last.group].name.c_str(), std::string(Name(last.state)).c_str(),
+      static_cast<long long>(last.bytes_sent), static_cast<unsigned long long>(last.bytes));
   cleanup();
   if (!st.ok()) return Fail("trace-demo", st.ToString());
   return all_accounted ? 0 : 1;

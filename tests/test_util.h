@@ -47,31 +47,6 @@ inline CommandResult RunCommand(const std::string& cmd) {
   return r;
 }
 
-// A minimal HTTP GET to 127.0.0.1:port (the body, or "" on failure).
-inline std::string HttpGet(int port, const std::string& path) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-  if (::write(fd, req.data(), req.size()) < 0) {
-    ::close(fd);
-    return "";
-  }
-  std::string resp;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof(buf))) > 0) resp.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  const auto body = resp.find("\r\n\r\n");
-  return body == std::string::npos ? "" : resp.substr(body + 4);
-}
-
 // A TCP port on loopback that was free a moment ago.
 inline int FreePort() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "megascope/analyzer/hang.h"
+#include "megascope/tracer/file_util.h"
 
 namespace megascope::analyzer {
 namespace {
@@ -281,14 +282,12 @@ Result<HangInput> LoadPyTorchDumps(const std::string& dir) {
   std::sort(files.begin(), files.end());
   static const std::regex kTrailingRank(R"((\d+)(\.json)?$)");
   for (const auto& f : files) {
-    std::ifstream in(f);
-    std::stringstream ss;
-    ss << in.rdbuf();
+    ASSIGN_OR_RETURN(const std::string text, tracer::ReadFile(f));
     std::smatch m;
     const std::string name = fs::path(f).filename().string();
     int hint = -1;
     if (std::regex_search(name, m, kTrailingRank) && m[1].length() < 9) hint = std::stoi(m[1]);
-    ASSIGN_OR_RETURN(tracer::Dump d, ParsePyTorchDump(ss.str(), f, hint));
+    ASSIGN_OR_RETURN(tracer::Dump d, ParsePyTorchDump(text, f, hint));
     dumps.emplace_back(f, std::move(d));
   }
   if (dumps.empty()) return NotFound("no PyTorch Flight Recorder dumps in " + dir);

@@ -169,9 +169,19 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     int64_t t;
   };
   std::map<std::pair<std::string, int64_t>, std::vector<Arrival>> by_op;
+  // Only the window's collectives: those enqueued while its steps ran (collectives carry no step).
+  int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
+  RETURN_IF_ERROR(
+      db.Scan("SELECT MIN(start_ns), MAX(end_ns) FROM spans WHERE " + range + of_attempt,
+              [&](const RunDatabase::Row& r) {
+                if (r.Int(1) == 0) return;  // a node without spans in the window
+                lo = std::min(lo, r.Int(0));
+                hi = std::max(hi, r.Int(1));
+              }));
   RETURN_IF_ERROR(db.Scan(
       "SELECT grp, seq, rank, enqueued_ns FROM collectives WHERE op NOT IN ('send', 'recv')" +
-          of_attempt,
+          of_attempt + " AND enqueued_ns BETWEEN " + std::to_string(lo) + " AND " +
+          std::to_string(hi),
       [&](const RunDatabase::Row& r) {
         const int rank = static_cast<int>(r.Int(2));
         by_op[{std::string(r.Text(0)), r.Int(1)}].push_back({rank, r.Int(3) - meta[rank].offset});

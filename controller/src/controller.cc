@@ -31,6 +31,8 @@
 #include "megascope/launch/progress.h"
 #include "megascope/tracer/clock.h"
 #include "megascope/tracer/dump.h"
+#include "megascope/tracer/file_util.h"
+#include "megascope/tracer/http_client.h"
 #include "megascope/tracer/verdict.h"
 #include "proc_fault.h"
 
@@ -59,13 +61,6 @@ std::string RandomToken() {
     t += kHex[c & 15];
   }
   return t;
-}
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 struct Command {
@@ -304,7 +299,7 @@ struct Controller::Impl {
         f.error = "self-check did not finish in 60 s";
         continue;
       }
-      const std::string text = ReadText(procs[r]->log_path());
+      const std::string text = tracer::ReadFile(procs[r]->log_path()).value_or("");
       const auto brace = text.rfind('{');
       json j = json::parse(brace == std::string::npos ? "" : text.substr(brace), nullptr, false);
       if (!e->success() || j.is_discarded()) {
@@ -323,7 +318,7 @@ struct Controller::Impl {
   std::map<std::string, double> NodeErrorCounters(const std::string& node) {
     const std::string url = sup.AgentUrl(node);
     if (url.empty()) return {};
-    auto page = analyzer::HttpGet(url + "/metrics", 1000);
+    auto page = tracer::HttpGet(url + "/metrics", 1000);
     return page.ok() ? ErrorCounters(*page) : std::map<std::string, double>{};
   }
 
@@ -542,7 +537,7 @@ struct Controller::Impl {
     for (const std::string& node : active) {
       const std::string url = sup.AgentUrl(node);
       if (url.empty()) continue;
-      auto body = analyzer::HttpGet(url + "/state", 1000);
+      auto body = tracer::HttpGet(url + "/state", 1000);
       if (!body.ok()) continue;
       json s = json::parse(*body, nullptr, false);
       if (s.is_discarded()) continue;
@@ -731,7 +726,7 @@ struct Controller::Impl {
       for (const std::string& n : active) {
         const std::string url = sup.AgentUrl(n);
         if (url.empty()) continue;
-        auto page = analyzer::HttpGet(url + "/metrics", 1000);
+        auto page = tracer::HttpGet(url + "/metrics", 1000);
         if (page.ok()) pages[n] = std::move(*page);
       }
       const MetricsRound round =
@@ -1124,14 +1119,14 @@ Status SendControlCommand(const std::string& run_dir, const std::string& command
     return PermissionDenied("cannot read the run's token " + layout.token() +
                             " (control actions need it: run as the user who started the launch)");
   }
-  json where = json::parse(ReadText(layout.controller_json()), nullptr, false);
+  json where = json::parse(tracer::ReadFile(layout.controller_json()).value_or(""), nullptr, false);
   if (where.is_discarded() || !where.contains("url")) {
     return NotFound("no controller is listed in " + layout.controller_json() +
                     " (is 'megascope launch' running there?)");
   }
   const std::string url =
       where["url"].get<std::string>() + "/" + command + (node.empty() ? "" : "?node=" + node);
-  auto r = analyzer::HttpRequest("POST", url, {"Authorization: Bearer " + token}, 5000);
+  auto r = tracer::HttpRequest("POST", url, {"Authorization: Bearer " + token}, 5000);
   if (!r.ok()) return r.status();
   return Status::Ok();
 }

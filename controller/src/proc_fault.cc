@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "megascope/tracer/dump.h"
+#include "megascope/tracer/file_util.h"
 
 namespace megascope::controller {
 namespace {
@@ -16,13 +17,6 @@ int64_t SteadyNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // /proc/net/dev with `errors` added to the receive errors of the first interface but lo (a
@@ -80,7 +74,10 @@ std::string MeminfoWithLess(const std::string& real, double share) {
 }  // namespace
 
 ProcFault::ProcFault(std::string dir, std::string what, double seconds, std::string real_proc)
-    : dir_(std::move(dir)), what_(std::move(what)), real_(std::move(real_proc)), seconds_(seconds) {}
+    : dir_(std::move(dir)),
+      what_(std::move(what)),
+      real_(std::move(real_proc)),
+      seconds_(seconds) {}
 
 ProcFault::~ProcFault() {
   stop_ = true;
@@ -118,12 +115,12 @@ Status ProcFault::Refresh() {
   // Errors already counted stay counted (a counter never goes back) after the fault ends.
   const double errors_s = since < 0 ? 0 : (seconds_ > 0 ? std::min(since, seconds_) : since);
   const uint64_t errors = what_ == "nic-errors" ? static_cast<uint64_t>(200 * errors_s) : 0;
-  RETURN_IF_ERROR(
-      tracer::WriteFileAtomic(dir_ + "/net/dev", NetDevWithErrors(Read(real_ + "/net/dev"), errors)));
-  const std::string meminfo = Read(real_ + "/meminfo");
-  return tracer::WriteFileAtomic(dir_ + "/meminfo", on && what_ == "memory"
-                                                       ? MeminfoWithLess(meminfo, 0.4)
-                                                       : meminfo);
+  RETURN_IF_ERROR(tracer::WriteFileAtomic(
+      dir_ + "/net/dev",
+      NetDevWithErrors(tracer::ReadFile(real_ + "/net/dev").value_or(""), errors)));
+  const std::string meminfo = tracer::ReadFile(real_ + "/meminfo").value_or("");
+  return tracer::WriteFileAtomic(dir_ + "/meminfo",
+                                 on && what_ == "memory" ? MeminfoWithLess(meminfo, 0.4) : meminfo);
 }
 
 }  // namespace megascope::controller

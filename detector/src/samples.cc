@@ -1,7 +1,9 @@
 #include "megascope/detector/samples.h"
 
+#include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 
 namespace megascope::detector {
@@ -49,13 +51,15 @@ Status ReadSmallCsv(const std::string& path, const std::vector<std::string>& hea
       if (!ok) {
         std::string want;
         for (const auto& h : header) want += (want.empty() ? "" : ",") + h;
-        return InvalidArgument(path + ":1: header should be '" + want + "', found '" + std::string(l) + "'");
+        return InvalidArgument(path + ":1: header should be '" + want + "', found '" +
+                               std::string(l) + "'");
       }
       continue;
     }
     if (fields.size() != header.size()) {
-      return InvalidArgument(path + ":" + std::to_string(n) + ": expected " + std::to_string(header.size()) +
-                             " fields, found " + std::to_string(fields.size()));
+      return InvalidArgument(path + ":" + std::to_string(n) + ": expected " +
+                             std::to_string(header.size()) + " fields, found " +
+                             std::to_string(fields.size()));
     }
     Status st = row(fields);
     if (!st.ok()) return InvalidArgument(path + ":" + std::to_string(n) + ": " + st.message());
@@ -68,14 +72,17 @@ Status ReadSmallCsv(const std::string& path, const std::vector<std::string>& hea
 
 Status ParseMetricsLine(std::string_view line, Sample* s) {
   auto f = SplitCsv(Trim(line));
-  if (f.size() != 4) return InvalidArgument("expected 4 fields (timestamp_s,machine,metric,value), found " +
-                                            std::to_string(f.size()));
-  if (!ParseDouble(f[0], &s->time_s)) return InvalidArgument("timestamp_s '" + std::string(f[0]) + "' is not a number");
+  if (f.size() != 4)
+    return InvalidArgument("expected 4 fields (timestamp_s,machine,metric,value), found " +
+                           std::to_string(f.size()));
+  if (!ParseDouble(f[0], &s->time_s))
+    return InvalidArgument("timestamp_s '" + std::string(f[0]) + "' is not a number");
   if (Trim(f[1]).empty()) return InvalidArgument("empty machine");
   if (Trim(f[2]).empty()) return InvalidArgument("empty metric");
   s->machine = Trim(f[1]);
   s->metric = Trim(f[2]);
-  if (!ParseDouble(f[3], &s->value)) return InvalidArgument("value '" + std::string(f[3]) + "' is not a number");
+  if (!ParseDouble(f[3], &s->value))
+    return InvalidArgument("value '" + std::string(f[3]) + "' is not a number");
   return Status::Ok();
 }
 
@@ -86,13 +93,15 @@ Result<std::unique_ptr<MetricsCsvReader>> MetricsCsvReader::Open(const std::stri
   if (!r->in_) return NotFound("cannot open metrics file " + path);
   std::error_code ec;
   r->size_ = static_cast<int64_t>(std::filesystem::file_size(path, ec));
-  if (!std::getline(r->in_, r->buf_)) return InvalidArgument(path + " is empty (a header line is required)");
+  if (!std::getline(r->in_, r->buf_))
+    return InvalidArgument(path + " is empty (a header line is required)");
   r->line_ = 1;
   r->bytes_ = static_cast<int64_t>(r->buf_.size()) + 1;
   auto h = SplitCsv(Trim(r->buf_));
-  if (h.size() != 4 || Trim(h[0]) != "timestamp_s" || Trim(h[1]) != "machine" || Trim(h[2]) != "metric" ||
-      Trim(h[3]) != "value") {
-    return InvalidArgument(path + ":1: header should be 'timestamp_s,machine,metric,value', found '" +
+  if (h.size() != 4 || Trim(h[0]) != "timestamp_s" || Trim(h[1]) != "machine" ||
+      Trim(h[2]) != "metric" || Trim(h[3]) != "value") {
+    return InvalidArgument(path +
+                           ":1: header should be 'timestamp_s,machine,metric,value', found '" +
                            std::string(Trim(r->buf_)) + "'");
   }
   return r;
@@ -110,37 +119,118 @@ bool MetricsCsvReader::Next(Sample* s) {
     }
     return true;
   }
-  if (in_.bad()) status_ = IoError("read error in " + path_ + " after line " + std::to_string(line_));
+  if (in_.bad())
+    status_ = IoError("read error in " + path_ + " after line " + std::to_string(line_));
   return false;
 }
 
 Result<std::vector<Label>> ReadLabelsCsv(const std::string& path) {
   std::vector<Label> labels;
-  Status st = ReadSmallCsv(path, {"machine", "fault_start_s", "fault_end_s", "fault_type"},
-                           [&](const std::vector<std::string_view>& f) -> Status {
-                             Label l;
-                             l.machine = Trim(f[0]);
-                             if (!ParseDouble(f[1], &l.fault_start_s) || !ParseDouble(f[2], &l.fault_end_s)) {
-                               return InvalidArgument("fault_start_s and fault_end_s must be numbers");
-                             }
-                             if (l.fault_end_s < l.fault_start_s) return InvalidArgument("fault ends before it starts");
-                             l.fault_type = Trim(f[3]);
-                             labels.push_back(std::move(l));
-                             return Status::Ok();
-                           });
+  Status st = ReadSmallCsv(
+      path, {"machine", "fault_start_s", "fault_end_s", "fault_type"},
+      [&](const std::vector<std::string_view>& f) -> Status {
+        Label l;
+        l.machine = Trim(f[0]);
+        if (!ParseDouble(f[1], &l.fault_start_s) || !ParseDouble(f[2], &l.fault_end_s)) {
+          return InvalidArgument("fault_start_s and fault_end_s must be numbers");
+        }
+        if (l.fault_end_s < l.fault_start_s) return InvalidArgument("fault ends before it starts");
+        l.fault_type = Trim(f[3]);
+        labels.push_back(std::move(l));
+        return Status::Ok();
+      });
   if (!st.ok()) return st;
   return labels;
 }
 
 Result<std::vector<std::pair<std::string, std::string>>> ReadGroupsCsv(const std::string& path) {
   std::vector<std::pair<std::string, std::string>> groups;
-  Status st = ReadSmallCsv(path, {"machine", "group"}, [&](const std::vector<std::string_view>& f) -> Status {
-    if (Trim(f[0]).empty() || Trim(f[1]).empty()) return InvalidArgument("empty machine or group");
-    groups.emplace_back(Trim(f[0]), Trim(f[1]));
-    return Status::Ok();
-  });
+  Status st = ReadSmallCsv(path, {"machine", "group"},
+                           [&](const std::vector<std::string_view>& f) -> Status {
+                             if (Trim(f[0]).empty() || Trim(f[1]).empty())
+                               return InvalidArgument("empty machine or group");
+                             groups.emplace_back(Trim(f[0]), Trim(f[1]));
+                             return Status::Ok();
+                           });
   if (!st.ok()) return st;
   return groups;
+}
+
+Result<std::unique_ptr<MetricsCsvWriter>> MetricsCsvWriter::Open(const std::string& path,
+                                                                 int time_decimals,
+                                                                 int value_digits) {
+  auto w = std::unique_ptr<MetricsCsvWriter>(new MetricsCsvWriter());
+  w->path_ = path;
+  w->time_decimals_ = time_decimals;
+  w->value_digits_ = value_digits;
+  w->f_ = std::fopen(path.c_str(), "w");
+  if (w->f_ == nullptr) return ErrnoError("cannot write " + path, errno);
+  w->buf_.reserve(1 << 20);
+  w->buf_ = "timestamp_s,machine,metric,value\n";
+  return w;
+}
+
+MetricsCsvWriter::~MetricsCsvWriter() {
+  if (f_ != nullptr) (void)Close();
+}
+
+void MetricsCsvWriter::Row(double t, std::string_view machine, std::string_view metric, double v) {
+  char tmp[64];
+  auto p = std::to_chars(tmp, tmp + sizeof(tmp), t, std::chars_format::fixed, time_decimals_).ptr;
+  buf_.append(tmp, p);
+  buf_ += ',';
+  buf_ += machine;
+  buf_ += ',';
+  buf_ += metric;
+  buf_ += ',';
+  p = std::to_chars(tmp, tmp + sizeof(tmp), v, std::chars_format::general, value_digits_).ptr;
+  buf_.append(tmp, p);
+  buf_ += '\n';
+  ++rows_;
+  if (buf_.size() > (1 << 20) - 256) Flush();
+}
+
+void MetricsCsvWriter::Flush() {
+  if (!buf_.empty() && std::fwrite(buf_.data(), 1, buf_.size(), f_) != buf_.size()) failed_ = true;
+  buf_.clear();
+}
+
+Status MetricsCsvWriter::Close() {
+  if (f_ == nullptr) return FailedPrecondition(path_ + " is already closed");
+  Flush();
+  failed_ |= std::fclose(f_) != 0;
+  f_ = nullptr;
+  return failed_ ? IoError("write error on " + path_ + " (disk full?)") : Status::Ok();
+}
+
+namespace {
+
+Status WriteSmallCsv(const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return ErrnoError("cannot write " + path, errno);
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) return IoError("write error on " + path + " (disk full?)");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status WriteLabelsCsv(const std::string& path, const std::vector<Label>& labels) {
+  std::string text = "machine,fault_start_s,fault_end_s,fault_type\n";
+  char line[512];
+  for (const Label& l : labels) {
+    std::snprintf(line, sizeof(line), "%s,%.1f,%.1f,%s\n", l.machine.c_str(), l.fault_start_s,
+                  l.fault_end_s, l.fault_type.c_str());
+    text += line;
+  }
+  return WriteSmallCsv(path, text);
+}
+
+Status WriteGroupsCsv(const std::string& path,
+                      const std::vector<std::pair<std::string, std::string>>& groups) {
+  std::string text = "machine,group\n";
+  for (const auto& [machine, group] : groups) text += machine + "," + group + "\n";
+  return WriteSmallCsv(path, text);
 }
 
 }  // namespace megascope::detector

@@ -6,6 +6,7 @@
 #include <iterator>
 
 #include "megascope/tracer/dump.h"
+#include "megascope/tracer/file_util.h"
 
 namespace megascope::runtime {
 
@@ -17,17 +18,21 @@ Result<TokenFile> TokenFile::Open(const std::string& path) {
     return DataLoss(path + " is too short for a token file header (1024 bytes)");
   }
   if (header[0] != kTokenFileMagic) {
-    return InvalidArgument(path + " is not a token file (magic " + std::to_string(header[0]) + ", expected " +
-                           std::to_string(kTokenFileMagic) + "; make one with 'megascope prepare-data')");
+    return InvalidArgument(path + " is not a token file (magic " + std::to_string(header[0]) +
+                           ", expected " + std::to_string(kTokenFileMagic) +
+                           "; make one with 'megascope prepare-data')");
   }
-  if (header[1] != 1) return InvalidArgument(path + ": token file version " + std::to_string(header[1]) + " is not supported");
+  if (header[1] != 1)
+    return InvalidArgument(path + ": token file version " + std::to_string(header[1]) +
+                           " is not supported");
   const int64_t count = header[2];
   TokenFile f;
   f.tokens_.resize(static_cast<size_t>(std::max<int64_t>(count, 0)));
-  in.read(reinterpret_cast<char*>(f.tokens_.data()), static_cast<std::streamsize>(f.tokens_.size() * 2));
+  in.read(reinterpret_cast<char*>(f.tokens_.data()),
+          static_cast<std::streamsize>(f.tokens_.size() * 2));
   if (in.gcount() != static_cast<std::streamsize>(f.tokens_.size() * 2)) {
-    return DataLoss(path + " is truncated: header says " + std::to_string(count) + " tokens, file holds " +
-                    std::to_string(in.gcount() / 2));
+    return DataLoss(path + " is truncated: header says " + std::to_string(count) +
+                    " tokens, file holds " + std::to_string(in.gcount() / 2));
   }
   for (uint16_t t : f.tokens_) f.max_token_ = std::max<int>(f.max_token_, t);
   return f;

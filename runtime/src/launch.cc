@@ -12,6 +12,7 @@
 #include "megascope/launch/supervisor.h"
 #include "megascope/runtime/train.h"
 #include "megascope/tracer/dump.h"
+#include "megascope/tracer/file_util.h"
 
 namespace megascope::runtime {
 namespace {

@@ -22,6 +22,7 @@
 #include "megascope/runtime/data.h"
 #include "megascope/runtime/train.h"
 #include "megascope/tracer/dump.h"
+#include "megascope/tracer/file_util.h"
 #include "megascope/tracer/tracer.h"
 
 namespace megascope::runtime {
@@ -31,13 +32,6 @@ namespace fs = std::filesystem;
 using tracer::Phase;
 
 using tracer::SpanKind;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Busy work standing in for extra compute (the slow fault): it burns CPU like a slow GPU would.
 void BurnSeconds(double seconds) {
@@ -75,7 +69,8 @@ class Worker {
     tracer_->SetPhase(cfg_.steps, Phase::kDone);
     stop_ = true;
     if (beat_.joinable()) beat_.join();
-    std::fprintf(stderr, "[worker] rank %d: finished %lld steps\n", rank_, static_cast<long long>(cfg_.steps));
+    std::fprintf(stderr, "[worker] rank %d: finished %lld steps\n", rank_,
+                 static_cast<long long>(cfg_.steps));
     return kExitOk;
   }
 
@@ -95,17 +90,20 @@ class Worker {
     ASSIGN_OR_RETURN(tracer_, tracer::Tracer::Create(ro));
     tracer_->set_enabled(cfg_.trace);
     dump_path_ = layout_.dump(cfg_.attempt, rank_);
-    ASSIGN_OR_RETURN(dumper_, tracer::SignalDumper::Start([this] { (void)tracer_->WriteDump(dump_path_); }));
-    beat_ = std::thread([this] {  // liveness and clock calibration, independent of the training thread
-      for (int i = 0; !stop_; ++i) {
-        tracer_->Touch();
-        if (i % 50 == 49) tracer_->Recalibrate();
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-    });
+    ASSIGN_OR_RETURN(dumper_,
+                     tracer::SignalDumper::Start([this] { (void)tracer_->WriteDump(dump_path_); }));
+    beat_ =
+        std::thread([this] {  // liveness and clock calibration, independent of the training thread
+          for (int i = 0; !stop_; ++i) {
+            tracer_->Touch();
+            if (i % 50 == 49) tracer_->Recalibrate();
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          }
+        });
     tracer_->SetPhase(0, Phase::kInit);
-    for (const char* n : {"data", "forward", "backward", "optimizer", "checkpoint", "grad_sync", "fault", "step",
-                          "step_seconds", "tokens_per_second", "loss", "snapshot"}) {
+    for (const char* n :
+         {"data", "forward", "backward", "optimizer", "checkpoint", "grad_sync", "fault", "step",
+          "step_seconds", "tokens_per_second", "loss", "snapshot"}) {
       ASSIGN_OR_RETURN(tracer::NameId id, tracer_->InternName(n));
       names_[n] = id;
     }
@@ -121,38 +119,49 @@ class Worker {
     ASSIGN_OR_RETURN(data_, TokenFile::Open(cfg_.data));
     if (data_.max_token() >= cfg_.model.vocab) {
       return InvalidArgument(cfg_.data + " holds token " + std::to_string(data_.max_token()) +
-                             ", outside the model's vocabulary of " + std::to_string(cfg_.model.vocab));
+                             ", outside the model's vocabulary of " +
+                             std::to_string(cfg_.model.vocab));
     }
-    if (data_.size() < static_cast<size_t>(cfg_.model.seq) + 2) return InvalidArgument(cfg_.data + " is shorter than one sequence");
+    if (data_.size() < static_cast<size_t>(cfg_.model.seq) + 2)
+      return InvalidArgument(cfg_.data + " is shorter than one sequence");
     // The controller names the resume point (memory snapshot or disk checkpoint); alone, the newest
     // valid disk checkpoint is used.
-    launch::ResumePoint resume = cfg_.resume_set ? cfg_.resume : launch::FindDiskCheckpoint(layout_, l.world());
+    launch::ResumePoint resume =
+        cfg_.resume_set ? cfg_.resume : launch::FindDiskCheckpoint(layout_, l.world());
     if (!resume.log.empty()) std::fprintf(stderr, "%s", resume.log.c_str());
     if (resume.step >= 0) {
-      if (static_cast<int>(resume.files.size()) != l.world()) return InvalidArgument("run.json: resume lists no shard for every rank");
+      if (static_cast<int>(resume.files.size()) != l.world())
+        return InvalidArgument("run.json: resume lists no shard for every rank");
       ASSIGN_OR_RETURN(std::string bytes, launch::ReadShard(resume.files[rank_]));
-      RETURN_IF_ERROR(launch::DecodeShard(bytes, resume.files[rank_], resume.step, rank_, model_->params().size(),
+      RETURN_IF_ERROR(launch::DecodeShard(bytes, resume.files[rank_], resume.step, rank_,
+                                          model_->params().size(),
                                           {model_->params().data(), m_.data(), v_.data()}));
       start_step_ = resume.step;
       std::fprintf(stderr, "[worker] rank %d: resumed after step %lld from %s (%s)\n", rank_,
-                   static_cast<long long>(resume.step), resume.source.c_str(), resume.files[rank_].c_str());
+                   static_cast<long long>(resume.step), resume.source.c_str(),
+                   resume.files[rank_].c_str());
     }
     if (rank_ == ReportingRank()) {
       const auto now = std::chrono::steady_clock::now();
-      launch::AppendProgress(layout_.progress(),
-                             {{"event", "ready"}, {"attempt", cfg_.attempt}, {"step", start_step_}, {"source", resume.source},
-                              {"rendezvous_s", std::chrono::duration<double>(t_load - t_rdzv).count()},
-                              {"load_s", std::chrono::duration<double>(now - t_load).count()},
-                              {"ts_ns", tracer::WallNowNs()}});
+      launch::AppendProgress(
+          layout_.progress(),
+          {{"event", "ready"},
+           {"attempt", cfg_.attempt},
+           {"step", start_step_},
+           {"source", resume.source},
+           {"rendezvous_s", std::chrono::duration<double>(t_load - t_rdzv).count()},
+           {"load_s", std::chrono::duration<double>(now - t_load).count()},
+           {"ts_ns", tracer::WallNowNs()}});
     }
     return Status::Ok();
   }
 
   int Fail(int64_t step, const Status& st) {
-    std::fprintf(stderr, "[worker] rank %d: step %lld failed: %s\n", rank_, static_cast<long long>(step), st.ToString().c_str());
+    std::fprintf(stderr, "[worker] rank %d: step %lld failed: %s\n", rank_,
+                 static_cast<long long>(step), st.ToString().c_str());
     Status d = tracer_->WriteDump(dump_path_);
-    std::fprintf(stderr, "[worker] rank %d: flight recorder dumped to %s%s\n", rank_, dump_path_.c_str(),
-                 d.ok() ? "" : (" (failed: " + d.ToString() + ")").c_str());
+    std::fprintf(stderr, "[worker] rank %d: flight recorder dumped to %s%s\n", rank_,
+                 dump_path_.c_str(), d.ok() ? "" : (" (failed: " + d.ToString() + ")").c_str());
     std::fflush(stderr);
     _exit(kExitCommFailure);  // peers are gone or stuck: do not wait for anything on the way out
   }
@@ -164,8 +173,12 @@ class Worker {
       if (f.kind == kind && f.rank == rank_ && (kind == "slow" ? step >= f.step : step == f.step)) {
         if (!fault_announced_) {
           fault_announced_ = true;
-          launch::AppendProgress(layout_.progress(), {{"event", "fault"}, {"kind", f.kind}, {"rank", rank_},
-                                                      {"node", cfg_.NodeOf(rank_)}, {"step", step}, {"attempt", cfg_.attempt},
+          launch::AppendProgress(layout_.progress(), {{"event", "fault"},
+                                                      {"kind", f.kind},
+                                                      {"rank", rank_},
+                                                      {"node", cfg_.NodeOf(rank_)},
+                                                      {"step", step},
+                                                      {"attempt", cfg_.attempt},
                                                       {"ts_ns", tracer::WallNowNs()}});
         }
         return &f;
@@ -196,7 +209,8 @@ class Worker {
     std::vector<std::vector<int32_t>>& inputs = batch.inputs;
     std::vector<std::vector<int32_t>>& targets = batch.targets;
     if (FaultAt("crash", step)) {
-      std::fprintf(stderr, "[worker] rank %d: injected crash at step %lld\n", rank_, static_cast<long long>(step));
+      std::fprintf(stderr, "[worker] rank %d: injected crash at step %lld\n", rank_,
+                   static_cast<long long>(step));
       std::fflush(stderr);
       std::abort();
     }
@@ -214,25 +228,30 @@ class Worker {
     std::vector<float> buf_in(act), buf_out(act), grad_in(act), grad_out(act);
     auto forward = [&](int k) -> Status {
       tracer_->SetPhase(step, Phase::kForward);
-      if (stage > 0) RETURN_IF_ERROR(comm_->Recv(pp_group(), PeerStage(stage - 1), buf_in.data(), act));
+      if (stage > 0)
+        RETURN_IF_ERROR(comm_->Recv(pp_group(), PeerStage(stage - 1), buf_in.data(), act));
       if (k == 0 && FaultAt("hang", step)) Hang(step);
       {
         tracer::Tracer::Scope span(tracer_.get(), SpanKind::kForward, names_["forward"], step, k);
-        RETURN_IF_ERROR(model_->Forward(k, static_cast<int>(mb_size), inputs[k].data(), buf_in.data(), targets[k].data(),
-                                        buf_out.data(), &loss_sum));
+        RETURN_IF_ERROR(model_->Forward(k, static_cast<int>(mb_size), inputs[k].data(),
+                                        buf_in.data(), targets[k].data(), buf_out.data(),
+                                        &loss_sum));
       }
-      if (stage < P - 1) RETURN_IF_ERROR(comm_->Send(pp_group(), PeerStage(stage + 1), buf_out.data(), act));
+      if (stage < P - 1)
+        RETURN_IF_ERROR(comm_->Send(pp_group(), PeerStage(stage + 1), buf_out.data(), act));
       return Status::Ok();
     };
     const float scale = 1.0f / static_cast<float>(cfg_.global_batch * T);
     auto backward = [&](int k) -> Status {
       tracer_->SetPhase(step, Phase::kBackward);
-      if (stage < P - 1) RETURN_IF_ERROR(comm_->Recv(pp_group(), PeerStage(stage + 1), grad_in.data(), act));
+      if (stage < P - 1)
+        RETURN_IF_ERROR(comm_->Recv(pp_group(), PeerStage(stage + 1), grad_in.data(), act));
       {
         tracer::Tracer::Scope span(tracer_.get(), SpanKind::kBackward, names_["backward"], step, k);
         RETURN_IF_ERROR(model_->Backward(k, grad_in.data(), grad_out.data(), scale));
       }
-      if (stage > 0) RETURN_IF_ERROR(comm_->Send(pp_group(), PeerStage(stage - 1), grad_out.data(), act));
+      if (stage > 0)
+        RETURN_IF_ERROR(comm_->Send(pp_group(), PeerStage(stage - 1), grad_out.data(), act));
       return Status::Ok();
     };
     // 1F1B: warm-up forwards, then one forward and one backward at a time, then the cool-down.
@@ -258,7 +277,9 @@ class Worker {
       if (l.dp > 1) RETURN_IF_ERROR(comm_->AllReduce(comm_->Find("dp"), &sum, 1, ReduceOp::kSum));
       loss = sum * scale;
     }
-    if (RequestedCheckpoint() == step + 1 || (cfg_.checkpoint_every > 0 && (step + 1) % cfg_.checkpoint_every == 0 && step + 1 < cfg_.steps)) {
+    if (RequestedCheckpoint() == step + 1 ||
+        (cfg_.checkpoint_every > 0 && (step + 1) % cfg_.checkpoint_every == 0 &&
+         step + 1 < cfg_.steps)) {
       tracer_->SetPhase(step, Phase::kCheckpoint);
       tracer::Tracer::Scope span(tracer_.get(), SpanKind::kCheckpoint, names_["checkpoint"], step);
       SaveCheckpointAsync(step + 1);
@@ -270,10 +291,12 @@ class Worker {
       SnapshotToMemoryAsync(step + 1);
       snapshot_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
     }
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     last_unslowed_s_ = secs - burned;
     tracer_->RecordMetric(names_["step_seconds"], secs);
-    tracer_->RecordMetric(names_["tokens_per_second"], static_cast<double>(cfg_.global_batch) * T / secs);
+    tracer_->RecordMetric(names_["tokens_per_second"],
+                          static_cast<double>(cfg_.global_batch) * T / secs);
     if (model_->last()) tracer_->RecordMetric(names_["loss"], loss);
     tracer_->RecordMetric(names_["step"], static_cast<double>(step + 1));
     if (rank_ == ReportingRank()) Report(step, loss, secs, grad_norm, snapshot_s);
@@ -283,12 +306,13 @@ class Worker {
   // A checkpoint on request: RUN_DIR/checkpoint.request holds the step after which to save. A
   // file rather than a signal, so that every rank saves the same step.
   int64_t RequestedCheckpoint() {
-    struct stat st{};
+    struct stat st {};
     const std::string path = cfg_.run_dir + "/checkpoint.request";
     if (::stat(path.c_str(), &st) != 0) return -1;
-    if (st.st_mtim.tv_sec != request_mtime_.tv_sec || st.st_mtim.tv_nsec != request_mtime_.tv_nsec) {
+    if (st.st_mtim.tv_sec != request_mtime_.tv_sec ||
+        st.st_mtim.tv_nsec != request_mtime_.tv_nsec) {
       request_mtime_ = st.st_mtim;
-      requested_step_ = std::atoll(ReadFile(path).c_str());
+      requested_step_ = std::atoll(tracer::ReadFile(path).value_or("").c_str());
     }
     return requested_step_;
   }
@@ -304,15 +328,16 @@ class Worker {
     b.inputs.resize(m);
     b.targets.resize(m);
     for (int k = 0; k < m; ++k) {
-      data_.Batch(step, cfg_.global_batch, coords_.dp * local + k * mb_size, mb_size, cfg_.model.seq, &b.inputs[k],
-                  &b.targets[k]);
+      data_.Batch(step, cfg_.global_batch, coords_.dp * local + k * mb_size, mb_size,
+                  cfg_.model.seq, &b.inputs[k], &b.targets[k]);
     }
     return b;
   }
 
   [[noreturn]] void Hang(int64_t step) {
-    std::fprintf(stderr, "[worker] rank %d: injected hang in compute at step %lld (heartbeat stays alive)\n", rank_,
-                 static_cast<long long>(step));
+    std::fprintf(
+        stderr, "[worker] rank %d: injected hang in compute at step %lld (heartbeat stays alive)\n",
+        rank_, static_cast<long long>(step));
     std::fflush(stderr);
     tracer::Tracer::Scope span(tracer_.get(), SpanKind::kCompute, names_["fault"], step);
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
@@ -322,9 +347,12 @@ class Worker {
   int PeerStage(int stage) const { return cfg_.layout.RankOf({coords_.dp, stage, coords_.tp}); }
 
   float LearningRate(int64_t step) const {
-    if (step < cfg_.warmup) return cfg_.lr * static_cast<float>(step + 1) / static_cast<float>(cfg_.warmup);
-    const double progress = static_cast<double>(step - cfg_.warmup) / std::max<int64_t>(1, cfg_.steps - cfg_.warmup);
-    return cfg_.min_lr + 0.5f * (cfg_.lr - cfg_.min_lr) * static_cast<float>(1 + std::cos(M_PI * std::min(1.0, progress)));
+    if (step < cfg_.warmup)
+      return cfg_.lr * static_cast<float>(step + 1) / static_cast<float>(cfg_.warmup);
+    const double progress =
+        static_cast<double>(step - cfg_.warmup) / std::max<int64_t>(1, cfg_.steps - cfg_.warmup);
+    return cfg_.min_lr + 0.5f * (cfg_.lr - cfg_.min_lr) *
+                             static_cast<float>(1 + std::cos(M_PI * std::min(1.0, progress)));
   }
 
   Result<float> SyncAndUpdate(int64_t step) {
@@ -338,7 +366,8 @@ class Worker {
     if (l.dp > 1) {  // bucketed data-parallel gradient all-reduce
       constexpr size_t kBucket = 1 << 18;
       for (size_t off = 0; off < g.size(); off += kBucket) {
-        RETURN_IF_ERROR(comm_->AllReduce(comm_->Find("dp"), g.data() + off, std::min(kBucket, g.size() - off), ReduceOp::kSum));
+        RETURN_IF_ERROR(comm_->AllReduce(comm_->Find("dp"), g.data() + off,
+                                         std::min(kBucket, g.size() - off), ReduceOp::kSum));
       }
     }
     float sumsq = 0;
@@ -346,7 +375,8 @@ class Worker {
       if (!t.unique) continue;
       for (size_t i = 0; i < t.size; ++i) sumsq += g[t.offset + i] * g[t.offset + i];
     }
-    if (l.tp * l.pp > 1) RETURN_IF_ERROR(comm_->AllReduce(comm_->Find("mp"), &sumsq, 1, ReduceOp::kSum));
+    if (l.tp * l.pp > 1)
+      RETURN_IF_ERROR(comm_->AllReduce(comm_->Find("mp"), &sumsq, 1, ReduceOp::kSum));
     const float norm = std::sqrt(sumsq);
     const float clip = cfg_.grad_clip > 0 && norm > cfg_.grad_clip ? cfg_.grad_clip / norm : 1.0f;
     kernels::AdamW opt;
@@ -356,8 +386,8 @@ class Worker {
       if (clip != 1.0f) {
         for (size_t i = 0; i < t.size; ++i) g[t.offset + i] *= clip;
       }
-      kernels::AdamWUpdate(p.data() + t.offset, g.data() + t.offset, m_.data() + t.offset, v_.data() + t.offset, t.size,
-                           opt, step + 1, t.decay);
+      kernels::AdamWUpdate(p.data() + t.offset, g.data() + t.offset, m_.data() + t.offset,
+                           v_.data() + t.offset, t.size, opt, step + 1, t.decay);
     }
     std::fill(g.begin(), g.end(), 0.0f);
     return norm;
@@ -365,9 +395,14 @@ class Worker {
 
   void Report(int64_t step, double loss, double secs, float grad_norm, double snapshot_s) {
     const double tokens = static_cast<double>(cfg_.global_batch) * cfg_.model.seq;
-    launch::AppendProgress(layout_.progress(), {{"step", step + 1}, {"loss", loss}, {"tokens_per_s", tokens / secs},
-                                                {"step_time_s", secs}, {"lr", LearningRate(step)}, {"grad_norm", grad_norm},
-                                                {"snapshot_s", snapshot_s}, {"attempt", cfg_.attempt},
+    launch::AppendProgress(layout_.progress(), {{"step", step + 1},
+                                                {"loss", loss},
+                                                {"tokens_per_s", tokens / secs},
+                                                {"step_time_s", secs},
+                                                {"lr", LearningRate(step)},
+                                                {"grad_norm", grad_norm},
+                                                {"snapshot_s", snapshot_s},
+                                                {"attempt", cfg_.attempt},
                                                 {"ts_ns", tracer::WallNowNs()}});
   }
 
@@ -375,7 +410,8 @@ class Worker {
 
   std::shared_ptr<std::string> Snapshot(int64_t step) {
     const size_t n = model_->params().size();
-    return std::make_shared<std::string>(launch::EncodeShard(step, rank_, n, {model_->params().data(), m_.data(), v_.data()}));
+    return std::make_shared<std::string>(
+        launch::EncodeShard(step, rank_, n, {model_->params().data(), m_.data(), v_.data()}));
   }
 
   void SaveCheckpointAsync(int64_t step) {
@@ -386,8 +422,8 @@ class Worker {
       const std::string dir = layout_.checkpoint(step);
       const std::string shard = dir + "/rank_" + std::to_string(rank_) + ".bin";
       if (Status st = launch::WriteShard(shard, *snap, /*sync=*/true); !st.ok()) {
-        std::fprintf(stderr, "[checkpoint] rank %d: step %lld not saved: %s\n", rank_, static_cast<long long>(step),
-                     st.ToString().c_str());
+        std::fprintf(stderr, "[checkpoint] rank %d: step %lld not saved: %s\n", rank_,
+                     static_cast<long long>(step), st.ToString().c_str());
         return;
       }
       if (rank_ != 0) return;
@@ -395,18 +431,26 @@ class Worker {
       nlohmann::ordered_json files = nlohmann::ordered_json::array();
       for (int r = 0; r < cfg_.layout.world(); ++r) {
         const std::string f = dir + "/rank_" + std::to_string(r) + ".bin.sum";
-        for (int i = 0; i < 1200 && !fs::exists(f) && !stop_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        for (int i = 0; i < 1200 && !fs::exists(f) && !stop_; ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
         if (!fs::exists(f)) {
-          std::fprintf(stderr, "[checkpoint] step %lld incomplete: no shard from rank %d\n", static_cast<long long>(step), r);
+          std::fprintf(stderr, "[checkpoint] step %lld incomplete: no shard from rank %d\n",
+                       static_cast<long long>(step), r);
           return;
         }
-        files.push_back({{"rank", r}, {"file", "rank_" + std::to_string(r) + ".bin"},
-                         {"fnv1a64", std::stoull(ReadFile(f))}});
+        files.push_back({{"rank", r},
+                         {"file", "rank_" + std::to_string(r) + ".bin"},
+                         {"fnv1a64", std::stoull(tracer::ReadFile(f).value_or(""))}});
       }
-      nlohmann::ordered_json man = {{"format", "megascope-checkpoint"}, {"version", 1}, {"step", step},
-                                    {"world", cfg_.layout.world()}, {"shards", files}};
+      nlohmann::ordered_json man = {{"format", "megascope-checkpoint"},
+                                    {"version", 1},
+                                    {"step", step},
+                                    {"world", cfg_.layout.world()},
+                                    {"shards", files}};
       Status st = tracer::WriteFileAtomic(dir + "/manifest.json", man.dump(1) + "\n");
-      if (!st.ok()) std::fprintf(stderr, "[checkpoint] manifest of step %lld: %s\n", static_cast<long long>(step), st.ToString().c_str());
+      if (!st.ok())
+        std::fprintf(stderr, "[checkpoint] manifest of step %lld: %s\n",
+                     static_cast<long long>(step), st.ToString().c_str());
     });
   }
 
@@ -426,12 +470,16 @@ class Worker {
     if (buddy != me) dirs.push_back(launch::NodeMemoryDir(cfg_.shm_dir, cfg_.job, buddy));
     mem_thread_ = std::thread([this, snap, step, dirs] {
       for (const std::string& dir : dirs) {
-        if (Status st = launch::WriteShard(dir + "/" + launch::MemoryShardName(rank_, step), *snap, /*sync=*/false); !st.ok()) {
-          std::fprintf(stderr, "[snapshot] rank %d: step %lld: %s\n", rank_, static_cast<long long>(step), st.ToString().c_str());
+        if (Status st = launch::WriteShard(dir + "/" + launch::MemoryShardName(rank_, step), *snap,
+                                           /*sync=*/false);
+            !st.ok()) {
+          std::fprintf(stderr, "[snapshot] rank %d: step %lld: %s\n", rank_,
+                       static_cast<long long>(step), st.ToString().c_str());
           continue;
         }
         std::error_code ec;
-        for (const char* suffix : {"", ".sum"}) fs::remove(dir + "/" + launch::MemoryShardName(rank_, step - 3) + suffix, ec);
+        for (const char* suffix : {"", ".sum"})
+          fs::remove(dir + "/" + launch::MemoryShardName(rank_, step - 3) + suffix, ec);
       }
     });
   }
@@ -461,14 +509,13 @@ class Worker {
 }  // namespace
 
 int RunWorker(const std::string& run_dir, int rank) {
-  std::ifstream in(run_dir + "/run.json");
-  if (!in) {
-    std::fprintf(stderr, "[worker] cannot read %s/run.json\n", run_dir.c_str());
+  auto text = tracer::ReadFile(run_dir + "/run.json");
+  if (!text.ok()) {
+    std::fprintf(stderr, "[worker] cannot read the run's configuration: %s\n",
+                 text.status().ToString().c_str());
     return kExitSetup;
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto cfg = TrainConfig::FromJson(ss.str(), run_dir + "/run.json");
+  auto cfg = TrainConfig::FromJson(*text, run_dir + "/run.json");
   if (!cfg.ok()) {
     std::fprintf(stderr, "[worker] %s\n", cfg.status().ToString().c_str());
     return kExitSetup;

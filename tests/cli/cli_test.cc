@@ -1,11 +1,13 @@
 // Runs the real megascope binary and checks exit codes and messages.
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <array>
+#include <cctype>
 #include <cstdio>
+#include <iterator>
+#include <sstream>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "test_util.h"
 
@@ -13,7 +15,9 @@ namespace {
 
 using CliRun = megascope::testing::CommandResult;
 
-CliRun Megascope(const std::string& args) { return megascope::testing::RunCommand(std::string(MEGASCOPE_BIN) + " " + args); }
+CliRun Megascope(const std::string& args) {
+  return megascope::testing::RunCommand(std::string(MEGASCOPE_BIN) + " " + args);
+}
 
 TEST(CliTest, HelpListsCommands) {
   CliRun r = Megascope("--help");
@@ -51,19 +55,37 @@ TEST(CliTest, UsageErrorsExitWithTwo) {
 TEST(CliTest, TraceDemoAccountsForEveryRecordAndDumpsTheStuckRank) {
   megascope::testing::TempDir dir;
   CliRun r = Megascope("trace-demo --ranks 2 --steps 30 --shm-dir " + dir.path() + " --dump-dir " +
-                    dir.path() + "/dumps");
+                       dir.path() + "/dumps");
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("every record emitted was drained or counted as dropped"), std::string::npos);
+  EXPECT_NE(r.out.find("every record emitted was drained or counted as dropped"),
+            std::string::npos);
   EXPECT_NE(r.out.find("\"state\": \"started\""), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("(alive=false)"), std::string::npos);
 }
 
 TEST(CliTest, TraceDemoWithTinyRingsCountsDrops) {
   megascope::testing::TempDir dir;
-  CliRun r = Megascope("trace-demo --ranks 2 --steps 400 --lane-capacity 2 --shm-dir " + dir.path() +
-                    " --dump-dir " + dir.path() + "/dumps");
+  CliRun r = Megascope("trace-demo --ranks 2 --steps 400 --lane-capacity 2 --shm-dir " +
+                       dir.path() + " --dump-dir " + dir.path() + "/dumps");
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("every record emitted was drained or counted as dropped"), std::string::npos);
+  EXPECT_NE(r.out.find("every record emitted was drained or counted as dropped"),
+            std::string::npos);
+  // Its table: rank pid records spans collectives heartbeats metrics dropped accounted.
+  std::istringstream table(r.out.substr(r.out.find("rank  pid")));
+  std::string line;
+  std::getline(table, line);
+  int ranks = 0;
+  while (std::getline(table, line) && !line.empty() &&
+         std::isdigit(static_cast<unsigned char>(line[0]))) {
+    std::istringstream f(line);
+    std::vector<std::string> c{std::istream_iterator<std::string>(f),
+                               std::istream_iterator<std::string>()};
+    ASSERT_EQ(c.size(), 9u) << line;
+    EXPECT_GT(std::stoll(c[7]), 0) << "two-record lanes must drop: " << line;
+    EXPECT_EQ(c[8], "yes") << line;
+    ++ranks;
+  }
+  EXPECT_EQ(ranks, 2) << r.out;
 }
 
 }  // namespace
@@ -72,12 +94,14 @@ namespace {
 
 TEST(CliTest, FleetSimThenDetectScoresAgainstLabels) {
   megascope::testing::TempDir dir;
-  CliRun sim = Megascope("fleet-sim --machines 12 --hours 0.5 --faults 2 --seed 21 --fault-types thermal_throttle,cuda_error -o " +
-                         dir.path() + "/fleet");
+  CliRun sim = Megascope(
+      "fleet-sim --machines 12 --hours 0.5 --faults 2 --seed 21 --fault-types "
+      "thermal_throttle,cuda_error -o " +
+      dir.path() + "/fleet");
   ASSERT_EQ(sim.code, 0) << sim.out;
   EXPECT_NE(sim.out.find("2 faults"), std::string::npos) << sim.out;
-  CliRun det = Megascope("detect --metrics " + dir.path() + "/fleet/metrics.csv --labels " + dir.path() +
-                         "/fleet/labels.csv --json");
+  CliRun det = Megascope("detect --metrics " + dir.path() + "/fleet/metrics.csv --labels " +
+                         dir.path() + "/fleet/labels.csv --json");
   ASSERT_EQ(det.code, 0) << det.out;
   EXPECT_NE(det.out.find("\"format\":\"megascope-verdict\""), std::string::npos) << det.out;
   EXPECT_NE(det.out.find("\"kind\":\"faulty_machine\""), std::string::npos);

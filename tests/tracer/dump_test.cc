@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "megascope/launch/process.h"
+#include "megascope/tracer/file_util.h"
 #include "megascope/tracer/tracer.h"
 #include "test_util.h"
 

@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "megascope/tracer/file_util.h"
+
 namespace megascope::tracer {
 namespace {
 
@@ -285,48 +287,9 @@ Result<Dump> ParseDump(std::string_view text, const std::string& source) {
 }
 
 Result<Dump> ReadDumpFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound("cannot open dump " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseDump(ss.str(), path);
-}
-
-Status WriteFileAtomic(const std::string& path, std::string_view text) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::path p(path);
-  if (p.has_parent_path()) {
-    fs::create_directories(p.parent_path(), ec);
-    if (ec)
-      return IoError("cannot create directory " + p.parent_path().string() + ": " + ec.message());
-  }
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError("cannot write " + tmp, errno);
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return ErrnoError("cannot write " + tmp, err);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoError("cannot flush " + tmp, err);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoError("cannot rename " + tmp + " to " + path, err);
-  }
-  return Status::Ok();
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status().WithContext("cannot open dump");
+  return ParseDump(*text, path);
 }
 
 Result<std::unique_ptr<SignalDumper>> SignalDumper::Start(std::function<void()> on_signal,

@@ -58,12 +58,15 @@ Result<std::unique_ptr<TraceStore>> TraceStore::Open(const std::string& path, in
   std::error_code ec;
   std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
-  if (ec) return IoError("cannot create directory " + p.parent_path().string() + ": " + ec.message());
+  if (ec)
+    return IoError("cannot create directory " + p.parent_path().string() + ": " + ec.message());
   // Created 0600: traces name hosts, ranks and timings of someone's job.
-  if (const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600); fd >= 0) ::close(fd);
+  if (const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600); fd >= 0)
+    ::close(fd);
   std::unique_ptr<TraceStore> s(new TraceStore());
   s->path_ = path;
-  if (sqlite3_open_v2(path.c_str(), &s->db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+  if (sqlite3_open_v2(path.c_str(), &s->db_,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
                       nullptr) != SQLITE_OK) {
     return s->Error("cannot open");
   }
@@ -79,11 +82,14 @@ Result<std::unique_ptr<TraceStore>> TraceStore::Open(const std::string& path, in
     return FailedPrecondition(path + " has trace schema version " + std::to_string(version) +
                               "; this build writes version " + std::to_string(kTraceSchemaVersion));
   }
-  RETURN_IF_ERROR(s->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA cache_size=-65536;"));
+  RETURN_IF_ERROR(
+      s->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA cache_size=-65536;"));
   RETURN_IF_ERROR(s->Exec(kSchema));
   RETURN_IF_ERROR(s->Exec(("PRAGMA user_version=" + std::to_string(kTraceSchemaVersion)).c_str()));
   if (max_bytes > 0) {
-    RETURN_IF_ERROR(s->Exec(("PRAGMA max_page_count=" + std::to_string(std::max<int64_t>(1, max_bytes / 4096))).c_str()));
+    RETURN_IF_ERROR(
+        s->Exec(("PRAGMA max_page_count=" + std::to_string(std::max<int64_t>(1, max_bytes / 4096)))
+                    .c_str()));
   }
   const std::string span_multi_sql = MultiRowInsert("spans", 8, kSpanRowsPerInsert);
   struct {
@@ -101,7 +107,8 @@ Result<std::unique_ptr<TraceStore>> TraceStore::Open(const std::string& path, in
       {&s->get_cursor_, "SELECT lane, tail FROM ring_cursors WHERE ring = ? ORDER BY lane"},
   };
   for (auto& st : stmts) {
-    if (sqlite3_prepare_v3(s->db_, st.sql, -1, SQLITE_PREPARE_PERSISTENT, st.stmt, nullptr) != SQLITE_OK) {
+    if (sqlite3_prepare_v3(s->db_, st.sql, -1, SQLITE_PREPARE_PERSISTENT, st.stmt, nullptr) !=
+        SQLITE_OK) {
       return s->Error("cannot prepare a statement");
     }
   }
@@ -109,7 +116,9 @@ Result<std::unique_ptr<TraceStore>> TraceStore::Open(const std::string& path, in
 }
 
 TraceStore::~TraceStore() {
-  for (sqlite3_stmt* st : {span_, span_multi_, coll_, hb_, metric_, drop_, cursor_, rank_, get_cursor_}) sqlite3_finalize(st);
+  for (sqlite3_stmt* st :
+       {span_, span_multi_, coll_, hb_, metric_, drop_, cursor_, rank_, get_cursor_})
+    sqlite3_finalize(st);
   if (db_ != nullptr) sqlite3_close(db_);
 }
 
@@ -146,9 +155,14 @@ Status TraceStore::Write(std::span<const RingRows> rings, std::span<const Metric
         sqlite3_bind_int(st, b + 1, rank);
         sqlite3_bind_int(st, b + 2, attempt);
         sqlite3_bind_int64(st, b + 3, row.step);
-        if (row.microbatch < 0) sqlite3_bind_null(st, b + 4); else sqlite3_bind_int(st, b + 4, row.microbatch);
-        sqlite3_bind_text(st, b + 5, row.kind.data(), static_cast<int>(row.kind.size()), SQLITE_STATIC);
-        sqlite3_bind_text(st, b + 6, row.name->data(), static_cast<int>(row.name->size()), SQLITE_STATIC);
+        if (row.microbatch < 0)
+          sqlite3_bind_null(st, b + 4);
+        else
+          sqlite3_bind_int(st, b + 4, row.microbatch);
+        sqlite3_bind_text(st, b + 5, row.kind.data(), static_cast<int>(row.kind.size()),
+                          SQLITE_STATIC);
+        sqlite3_bind_text(st, b + 6, row.name->data(), static_cast<int>(row.name->size()),
+                          SQLITE_STATIC);
         sqlite3_bind_int64(st, b + 7, row.start_ns);
         sqlite3_bind_int64(st, b + 8, row.end_ns);
       }
@@ -164,7 +178,11 @@ Status TraceStore::Write(std::span<const RingRows> rings, std::span<const Metric
         case RecordType::kSpan: {
           const SpanRecord& sp = r.span;
           const std::string& name = sp.name < rr.names->size() ? (*rr.names)[sp.name] : kUnknown;
-          spans[pending_spans++] = {sp.step, sp.microbatch, Name(sp.kind), &name, Ns(rr.calibration, sp.start_ticks),
+          spans[pending_spans++] = {sp.step,
+                                    sp.microbatch,
+                                    Name(sp.kind),
+                                    &name,
+                                    Ns(rr.calibration, sp.start_ticks),
                                     Ns(rr.calibration, sp.end_ticks)};
           if (pending_spans == kSpanRowsPerInsert) {
             if (!flush_spans(span_multi_, rank, attempt)) return fail("cannot insert spans");
@@ -175,17 +193,24 @@ Status TraceStore::Write(std::span<const RingRows> rings, std::span<const Metric
           const CollectiveRecord& c = r.collective;
           sqlite3_bind_int(coll_, 1, rank);
           sqlite3_bind_int(coll_, 2, attempt);
-          const std::string& grp = c.group < rr.groups->size() ? (*rr.groups)[c.group].name : kUnknown;
+          const std::string& grp =
+              c.group < rr.groups->size() ? (*rr.groups)[c.group].name : kUnknown;
           sqlite3_bind_text(coll_, 3, grp.data(), static_cast<int>(grp.size()), SQLITE_STATIC);
           sqlite3_bind_int64(coll_, 4, static_cast<int64_t>(c.seq));
           const std::string_view op = Name(c.op), dtype = Name(c.dtype), state = Name(c.state);
           sqlite3_bind_text(coll_, 5, op.data(), static_cast<int>(op.size()), SQLITE_STATIC);
-          if (c.peer < 0) sqlite3_bind_null(coll_, 6); else sqlite3_bind_int(coll_, 6, c.peer);
+          if (c.peer < 0)
+            sqlite3_bind_null(coll_, 6);
+          else
+            sqlite3_bind_int(coll_, 6, c.peer);
           sqlite3_bind_int64(coll_, 7, static_cast<int64_t>(c.bytes));
           sqlite3_bind_text(coll_, 8, dtype.data(), static_cast<int>(dtype.size()), SQLITE_STATIC);
           sqlite3_bind_text(coll_, 9, state.data(), static_cast<int>(state.size()), SQLITE_STATIC);
           sqlite3_bind_int64(coll_, 10, Ns(rr.calibration, c.enqueued_ticks));
-          if (c.started_ticks == 0) sqlite3_bind_null(coll_, 11); else sqlite3_bind_int64(coll_, 11, Ns(rr.calibration, c.started_ticks));
+          if (c.started_ticks == 0)
+            sqlite3_bind_null(coll_, 11);
+          else
+            sqlite3_bind_int64(coll_, 11, Ns(rr.calibration, c.started_ticks));
           sqlite3_bind_int64(coll_, 12, Ns(rr.calibration, c.completed_ticks));
           if (!run(coll_)) return fail("cannot insert a collective");
           break;
@@ -203,11 +228,13 @@ Status TraceStore::Write(std::span<const RingRows> rings, std::span<const Metric
         }
         case RecordType::kMetric: {
           const MetricRecord& m = r.metric;
-          sqlite3_bind_text(metric_, 1, rr.info->node.data(), static_cast<int>(rr.info->node.size()), SQLITE_STATIC);
+          sqlite3_bind_text(metric_, 1, rr.info->node.data(),
+                            static_cast<int>(rr.info->node.size()), SQLITE_STATIC);
           sqlite3_bind_int64(metric_, 2, Ns(rr.calibration, m.ticks));
           const std::string name = "rank" + std::to_string(rank) + "." +
                                    (m.name < rr.names->size() ? (*rr.names)[m.name] : kUnknown);
-          sqlite3_bind_text(metric_, 3, name.data(), static_cast<int>(name.size()), SQLITE_TRANSIENT);
+          sqlite3_bind_text(metric_, 3, name.data(), static_cast<int>(name.size()),
+                            SQLITE_TRANSIENT);
           sqlite3_bind_double(metric_, 4, m.value);
           if (!run(metric_)) return fail("cannot insert a metric");
           break;
@@ -216,9 +243,11 @@ Status TraceStore::Write(std::span<const RingRows> rings, std::span<const Metric
           break;
       }
     }
-    if (!flush_spans(span_, rank, attempt)) return fail("cannot insert spans");  // the tail, row by row
+    if (!flush_spans(span_, rank, attempt))
+      return fail("cannot insert spans");  // the tail, row by row
     for (size_t lane = 0; lane < rr.lane_tails.size(); ++lane) {
-      sqlite3_bind_text(cursor_, 1, rr.ring.data(), static_cast<int>(rr.ring.size()), SQLITE_STATIC);
+      sqlite3_bind_text(cursor_, 1, rr.ring.data(), static_cast<int>(rr.ring.size()),
+                        SQLITE_STATIC);
       sqlite3_bind_int(cursor_, 2, static_cast<int>(lane));
       sqlite3_bind_int64(cursor_, 3, static_cast<int64_t>(rr.lane_tails[lane]));
       if (!run(cursor_)) return fail("cannot record a ring cursor");
@@ -237,7 +266,10 @@ Status TraceStore::Write(std::span<const RingRows> rings, std::span<const Metric
     sqlite3_bind_int64(drop_, 3, d.dropped_records);
     if (!run(drop_)) return fail("cannot insert a drop count");
   }
-  if (sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK) return fail("cannot commit");
+  if (hook_) hook_(WritePoint::kBeforeCommit);
+  if (sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK)
+    return fail("cannot commit");
+  if (hook_) hook_(WritePoint::kAfterCommit);
   return Status::Ok();
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "megascope/tracer/dump.h"
+#include "megascope/tracer/file_util.h"
 
 namespace megascope::tracer {
 namespace {
@@ -179,10 +180,10 @@ void Tracer::RecordMetric(NameId name, double value) {
   }
 }
 
-std::string Tracer::DumpJson() const {
-  return DumpToJson(Dump{Snapshot(), true, WallNowNs(), {}});
-}
+std::string Tracer::DumpJson() const { return DumpToJson(Dump{Snapshot(), true, WallNowNs(), {}}); }
 
-Status Tracer::WriteDump(const std::string& path) const { return WriteFileAtomic(path, DumpJson()); }
+Status Tracer::WriteDump(const std::string& path) const {
+  return WriteFileAtomic(path, DumpJson());
+}
 
 }  // namespace megascope::tracer

@@ -2,12 +2,12 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "megascope/tracer/clock.h"
 #include "megascope/tracer/dump.h"
+#include "megascope/tracer/file_util.h"
 
 namespace megascope::launch {
 
@@ -50,10 +50,7 @@ std::chrono::nanoseconds LinkSeam::DelayFor(size_t bytes) {
   const auto now = std::chrono::steady_clock::now();
   if (now >= next_read_) {
     next_read_ = now + std::chrono::milliseconds(200);
-    std::ifstream in(path_);
-    std::stringstream text;
-    text << in.rdbuf();
-    auto f = ParseLinkFault(text.str());
+    auto f = ParseLinkFault(tracer::ReadFile(path_).value_or(""));
     if (!f.ok() && !warned_) {
       std::fprintf(stderr, "[link seam] %s: %s; the link stays healthy\n", path_.c_str(),
                    f.status().ToString().c_str());

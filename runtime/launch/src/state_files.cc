@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "megascope/tracer/dump.h"
+#include "megascope/tracer/file_util.h"
 
 namespace megascope::launch {
 namespace {
@@ -16,13 +17,6 @@ namespace {
 namespace fs = std::filesystem;
 constexpr char kShardMagic[8] = {'M', 'S', 'C', 'K', 'P', 'T', '0', '1'};
 constexpr size_t kHeader = 8 + 24;
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 bool ShardHeader(const std::string& bytes, int64_t* step, int64_t* rank, int64_t* n) {
   if (bytes.size() < kHeader || std::memcmp(bytes.data(), kShardMagic, 8) != 0) return false;
@@ -98,8 +92,8 @@ Result<std::string> ReadShard(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return NotFound(path + " is missing");
   if (!fs::exists(path + ".sum", ec)) return DataLoss(path + " has no checksum (partial)");
-  std::string bytes = Slurp(path);
-  const std::string sum = Slurp(path + ".sum");
+  std::string bytes = tracer::ReadFile(path).value_or("");
+  const std::string sum = tracer::ReadFile(path + ".sum").value_or("");
   if (std::to_string(Fnv1a(bytes.data(), bytes.size())) != sum.substr(0, sum.find('\n'))) {
     return DataLoss(path + " is corrupt (checksum mismatch)");
   }
@@ -131,7 +125,7 @@ ResumePoint FindDiskCheckpoint(const RunLayout& layout, int world) {
     std::vector<std::string> files(world);
     bool ok = true;
     try {
-      auto man = nlohmann::json::parse(Slurp(dir + "/manifest.json"));
+      auto man = nlohmann::json::parse(tracer::ReadFile(dir + "/manifest.json").value_or(""));
       if (man.at("world") != world) {
         skip("written by a world of " + man.at("world").dump() + " ranks");
         continue;
@@ -139,7 +133,7 @@ ResumePoint FindDiskCheckpoint(const RunLayout& layout, int world) {
       for (const auto& s : man.at("shards")) {
         const int r = s.at("rank");
         const std::string path = dir + "/" + s.at("file").get<std::string>();
-        const std::string bytes = Slurp(path);
+        const std::string bytes = tracer::ReadFile(path).value_or("");
         if (r < 0 || r >= world ||
             Fnv1a(bytes.data(), bytes.size()) != s.at("fnv1a64").get<uint64_t>()) {
           skip(s.at("file").get<std::string>() + " is corrupt (checksum mismatch)");

@@ -2,9 +2,11 @@
 
 #include <signal.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <utility>
 
 #include "megascope/tracer/ring.h"
 
@@ -33,8 +35,31 @@ const std::vector<std::pair<std::string, std::string>>& Supervisor::NodeEnv(
   return it == node_env_.end() ? kNone : it->second;
 }
 
+int Supervisor::RemoveStaleRings() {
+  int removed = 0;
+  const std::string prefix = tracer::RingFilePrefix(opt_.job);
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(opt_.shm_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    auto ring =
+        tracer::RingReader::Attach(e.path().string(), tracer::RingReader::Mode::kSnapshotOnly);
+    if (ring.ok() && (*ring)->WriterAlive())
+      continue;  // another live job of the same name: not ours to touch
+    std::error_code rm;
+    if (fs::remove(e.path(), rm)) ++removed;
+  }
+  return removed;
+}
+
 Result<int> Supervisor::StartAgent(const std::string& node) {
   std::error_code ec;
+  if (!std::exchange(stale_rings_checked_, true) && agents_.empty() && started_.empty()) {
+    if (const int n = RemoveStaleRings(); n > 0) {
+      std::fprintf(stderr, "[launch] removed %d ring(s) of job '%s' left in %s by an earlier run\n",
+                   n, opt_.job.c_str(), opt_.shm_dir.c_str());
+    }
+  }
   fs::create_directories(layout_.node_dir(node), ec);
   fs::remove(layout_.agent_port(node), ec);
   ProcessSpec spec;

@@ -2,6 +2,7 @@
 #include "megascope/tracer/agent/agent.h"
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/socket.h>
@@ -14,11 +15,10 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include <gtest/gtest.h>
-
-#include "megascope/tracer/agent/host_metrics.h"
-#include "megascope/tracer/tracer.h"
 #include "megascope/launch/process.h"
+#include "megascope/tracer/agent/host_metrics.h"
+#include "megascope/tracer/http_client.h"
+#include "megascope/tracer/tracer.h"
 #include "test_util.h"
 
 namespace megascope::tracer::agent {
@@ -33,7 +33,8 @@ int64_t Count(const std::string& db, const std::string& sql) {
   int64_t n = -1;
   if (sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
     sqlite3_stmt* st = nullptr;
-    if (sqlite3_prepare_v2(h, sql.c_str(), -1, &st, nullptr) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) {
+    if (sqlite3_prepare_v2(h, sql.c_str(), -1, &st, nullptr) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW) {
       n = sqlite3_column_int64(st, 0);
     }
     sqlite3_finalize(st);
@@ -42,7 +43,11 @@ int64_t Count(const std::string& db, const std::string& sql) {
   return n;
 }
 
-using megascope::testing::HttpGet;
+// The body of GET http://127.0.0.1:port/path, or the error (with the server's reason).
+std::string HttpGet(int port, const std::string& path) {
+  auto r = megascope::tracer::HttpGet("http://127.0.0.1:" + std::to_string(port) + path, 10000);
+  return r.ok() ? *r : r.status().message();
+}
 
 class AgentTest : public ::testing::Test {
  protected:
@@ -71,7 +76,8 @@ class AgentTest : public ::testing::Test {
 };
 
 TEST_F(AgentTest, WritesEveryRecordExactlyOnceWithTheSchema) {
-  auto t0 = Tracer::Create(Ring(0)), t1 = Tracer::Create(Ring(1)), other = Tracer::Create(Ring(2, "n1"));
+  auto t0 = Tracer::Create(Ring(0)), t1 = Tracer::Create(Ring(1)),
+       other = Tracer::Create(Ring(2, "n1"));
   ASSERT_TRUE(t0.ok() && t1.ok() && other.ok());
   const GroupId g = *(*t0)->RegisterGroup("tp.0.0", "tp", std::vector<int32_t>{0, 1});
   const NameId fwd = *(*t0)->InternName("forward");
@@ -90,20 +96,36 @@ TEST_F(AgentTest, WritesEveryRecordExactlyOnceWithTheSchema) {
   ASSERT_TRUE(n.ok()) << n.status().ToString();
   EXPECT_EQ(*n, 2001u);
   EXPECT_EQ((*agent)->Poll(false).value(), 0u);  // nothing twice
-  EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM spans WHERE rank = 0 AND kind = 'forward' AND name = 'forward'"), 1000);
-  EXPECT_EQ(Count(Db(), "SELECT COUNT(DISTINCT seq) FROM collectives WHERE grp = 'tp.0.0' AND state = 'completed'"), 1000);
-  EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM heartbeats WHERE rank = 1 AND step = 3 AND phase = 'backward'"), 1);
+  EXPECT_EQ(
+      Count(Db(),
+            "SELECT COUNT(*) FROM spans WHERE rank = 0 AND kind = 'forward' AND name = 'forward'"),
+      1000);
+  EXPECT_EQ(Count(Db(),
+                  "SELECT COUNT(DISTINCT seq) FROM collectives WHERE grp = 'tp.0.0' AND state = "
+                  "'completed'"),
+            1000);
+  EXPECT_EQ(
+      Count(Db(),
+            "SELECT COUNT(*) FROM heartbeats WHERE rank = 1 AND step = 3 AND phase = 'backward'"),
+      1);
   EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM heartbeats WHERE rank = 2"), 0);
   EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM ranks WHERE node = 'n0'"), 2);
-  EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM metrics WHERE name = 'node_memory_used_bytes' AND value > 0"), 1);
+  EXPECT_EQ(
+      Count(Db(),
+            "SELECT COUNT(*) FROM metrics WHERE name = 'node_memory_used_bytes' AND value > 0"),
+      1);
   EXPECT_EQ(Count(Db(), "PRAGMA user_version"), 1);
-  EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM spans WHERE end_ns < start_ns OR start_ns < 1600000000000000000"), 0);
+  EXPECT_EQ(
+      Count(Db(),
+            "SELECT COUNT(*) FROM spans WHERE end_ns < start_ns OR start_ns < 1600000000000000000"),
+      0);
 }
 
 // The detector's per-rank training inputs: compute and comm wait of the rank's last finished step,
 // as gauges (the step's spans come before its "step" metric in the ring).
 TEST_F(AgentTest, ExportsTheComputeAndCommWaitOfTheLastStepAsGauges) {
-  auto t = Tracer::Create(Ring(1), std::make_shared<megascope::tracer::MonotonicClock>());  // 1 tick = 1 ns
+  auto t = Tracer::Create(Ring(1),
+                          std::make_shared<megascope::tracer::MonotonicClock>());  // 1 tick = 1 ns
   ASSERT_TRUE(t.ok());
   const NameId fwd = *(*t)->InternName("forward"), sync = *(*t)->InternName("grad_sync");
   const NameId step = *(*t)->InternName("step"), secs = *(*t)->InternName("step_seconds");
@@ -119,10 +141,12 @@ TEST_F(AgentTest, ExportsTheComputeAndCommWaitOfTheLastStepAsGauges) {
   ASSERT_TRUE(agent.ok());
   ASSERT_TRUE((*agent)->Poll(true).ok());
   const std::string metrics = HttpGet((*agent)->port(), "/metrics");
-  const std::string labels = "{dp=\"0\",job=\"agenttest\",node=\"n0\",pp=\"0\",rank=\"1\",tp=\"1\"} ";
+  const std::string labels =
+      "{dp=\"0\",job=\"agenttest\",node=\"n0\",pp=\"0\",rank=\"1\",tp=\"1\"} ";
   auto value = [&](const std::string& name) {
     const auto at = metrics.find(name + labels);
-    return at == std::string::npos ? -1.0 : std::atof(metrics.c_str() + at + name.size() + labels.size());
+    return at == std::string::npos ? -1.0
+                                   : std::atof(metrics.c_str() + at + name.size() + labels.size());
   };
   EXPECT_NEAR(value("megascope_step_compute_seconds"), 0.050, 1e-4) << metrics;
   EXPECT_NEAR(value("megascope_step_comm_wait_seconds"), 0.020, 1e-4);
@@ -144,8 +168,11 @@ TEST_F(AgentTest, ServesMetricsStateAndDumpsOverHttp) {
   const int port = (*agent)->port();
   ASSERT_GT(port, 0);
   const std::string metrics = HttpGet(port, "/metrics");
-  EXPECT_NE(metrics.find("megascope_step{dp=\"0\",job=\"agenttest\",node=\"n0\",pp=\"0\",rank=\"1\",tp=\"1\"} 7"),
-            std::string::npos) << metrics;
+  EXPECT_NE(
+      metrics.find(
+          "megascope_step{dp=\"0\",job=\"agenttest\",node=\"n0\",pp=\"0\",rank=\"1\",tp=\"1\"} 7"),
+      std::string::npos)
+      << metrics;
   EXPECT_NE(metrics.find("megascope_step_duration_seconds_count"), std::string::npos);
   EXPECT_NE(metrics.find("megascope_node_cpu_utilization_ratio"), std::string::npos);
   auto state = nlohmann::json::parse(HttpGet(port, "/state"));
@@ -167,23 +194,34 @@ TEST_F(AgentTest, ServesMetricsStateAndDumpsOverHttp) {
 TEST_F(AgentTest, ExportsTheControllersRestartsAndEvictions) {
   auto agent = Agent::Create(Options());
   ASSERT_TRUE(agent.ok());
-  EXPECT_EQ((*agent)->MetricsText().find("megascope_restarts_total"), std::string::npos);  // no control.db: no family
+  EXPECT_EQ((*agent)->MetricsText().find("megascope_restarts_total"),
+            std::string::npos);  // no control.db: no family
   sqlite3* h = nullptr;
   ASSERT_EQ(sqlite3_open((run_.path() + "/control.db").c_str(), &h), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(h,
-                         "CREATE TABLE events(ts_ns INTEGER, attempt INTEGER, kind TEXT, node TEXT, rank INTEGER, detail_json TEXT);"
-                         "INSERT INTO events VALUES(1, 0, 'restart', NULL, NULL, '{\"cause\":\"start\"}');"
-                         "INSERT INTO events VALUES(2, 0, 'eviction', 'n1', NULL, '{\"reason\":\"rank_dead\"}');"
-                         "INSERT INTO events VALUES(3, 1, 'restart', NULL, NULL, '{\"cause\":\"rank_dead\"}');"
-                         "INSERT INTO events VALUES(4, 1, 'restart', NULL, NULL, '{\"cause\":\"link_stall\"}');",
-                         nullptr, nullptr, nullptr),
-            SQLITE_OK);
+  ASSERT_EQ(
+      sqlite3_exec(
+          h,
+          "CREATE TABLE events(ts_ns INTEGER, attempt INTEGER, kind TEXT, node TEXT, rank INTEGER, "
+          "detail_json TEXT);"
+          "INSERT INTO events VALUES(1, 0, 'restart', NULL, NULL, '{\"cause\":\"start\"}');"
+          "INSERT INTO events VALUES(2, 0, 'eviction', 'n1', NULL, '{\"reason\":\"rank_dead\"}');"
+          "INSERT INTO events VALUES(3, 1, 'restart', NULL, NULL, '{\"cause\":\"rank_dead\"}');"
+          "INSERT INTO events VALUES(4, 1, 'restart', NULL, NULL, '{\"cause\":\"link_stall\"}');",
+          nullptr, nullptr, nullptr),
+      SQLITE_OK);
   sqlite3_close(h);
   const std::string m = (*agent)->MetricsText();
-  EXPECT_NE(m.find("megascope_restarts_total{job=\"agenttest\",node=\"n0\",cause=\"rank_dead\"} 1"), std::string::npos) << m;
-  EXPECT_NE(m.find("megascope_restarts_total{job=\"agenttest\",node=\"n0\",cause=\"link_stall\"} 1"), std::string::npos);
-  EXPECT_EQ(m.find("cause=\"start\""), std::string::npos);  // the job's first start is not a restart
-  EXPECT_NE(m.find("megascope_evictions_total{job=\"agenttest\",node=\"n0\",reason=\"rank_dead\"} 1"), std::string::npos);
+  EXPECT_NE(m.find("megascope_restarts_total{job=\"agenttest\",node=\"n0\",cause=\"rank_dead\"} 1"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(
+      m.find("megascope_restarts_total{job=\"agenttest\",node=\"n0\",cause=\"link_stall\"} 1"),
+      std::string::npos);
+  EXPECT_EQ(m.find("cause=\"start\""),
+            std::string::npos);  // the job's first start is not a restart
+  EXPECT_NE(
+      m.find("megascope_evictions_total{job=\"agenttest\",node=\"n0\",reason=\"rank_dead\"} 1"),
+      std::string::npos);
   const std::string file = run_.path() + "/metrics.txt";
   std::ofstream(file) << m;
   auto check = megascope::testing::RunCommand("promtool check metrics < " + file);
@@ -221,27 +259,43 @@ TEST_F(AgentTest, SurvivesSigkillWithoutLosingOrDuplicatingRows) {
   auto t = Tracer::Create(Ring(0));
   ASSERT_TRUE(t.ok());
   const NameId name = *(*t)->InternName("forward");
-  const std::string cmd = std::string(MEGASCOPE_BIN) + " agent --node n0 --job agenttest --run-dir " + run_.path() +
+  const std::string cmd = std::string(MEGASCOPE_BIN) +
+                          " agent --node n0 --job agenttest --run-dir " + run_.path() +
                           " --shm-dir " + shm_.path();
-  auto start_agent = [&] { return std::move(Process::Spawn({{"/bin/sh", "-c", "exec " + cmd}, "/dev/null"})).value(); };
+  // The agent dies by SIGKILL exactly where the store's fault seam says (MEGASCOPE_AGENT_CRASH).
+  auto start_agent = [&](const std::string& crash) {
+    launch::ProcessSpec spec({"/bin/sh", "-c", "exec " + cmd}, "/dev/null");
+    if (!crash.empty()) spec.env = {{"MEGASCOPE_AGENT_CRASH", crash}};
+    return std::move(Process::Spawn(spec)).value();
+  };
   constexpr int kTotal = 300000;
   int emitted = 0;
   auto emit = [&](int n) {
-    for (int i = 0; i < n; ++i, ++emitted) (*t)->RecordSpan(SpanKind::kForward, name, emitted, 0, 1, 2);
+    for (int i = 0; i < n; ++i, ++emitted)
+      (*t)->RecordSpan(SpanKind::kForward, name, emitted, 0, 1, 2);
   };
-  auto agent = start_agent();
+  emit(16384);  // one full lane
+  // 1. Killed inside its first transaction, every row inserted, before COMMIT: nothing is kept.
+  auto agent = start_agent("before-commit:1");
+  launch::ExitStatus e = agent->Wait();
+  ASSERT_TRUE(e.signaled() && e.signal() == SIGKILL) << e.Describe();
+  EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM spans"), 0) << "the transaction was rolled back";
+  // 2. Killed right after a COMMIT, before it advanced the ring: the rows are in, the ring still
+  // holds them (and stays full, so what comes next is dropped and counted).
+  agent = start_agent("after-commit:1");
+  e = agent->Wait();
+  ASSERT_TRUE(e.signaled() && e.signal() == SIGKILL) << e.Describe();
+  EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM spans"), 16384);
   emit(100000);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  agent->Signal(SIGKILL);  // mid-run, possibly mid-transaction
-  agent->Wait();
-  emit(100000);  // the ring fills while nobody drains: drops are counted
-  agent = start_agent();
-  emit(kTotal - 200000);
-  // Wait for the agent to catch up, then stop it cleanly (it drains what is left).
+  // 3. A healthy agent drains what is left, then is stopped cleanly (it drains before exiting).
+  agent = start_agent("");
+  emit(kTotal - 116384);
+  // Until the database accounts for every record (rows written plus drops recorded).
   for (int i = 0; i < 200; ++i) {
     const int64_t rows = Count(Db(), "SELECT COUNT(*) FROM spans");
-    const RankSnapshot s = (*t)->Snapshot();
-    if (rows >= 0 && static_cast<uint64_t>(rows) + s.dropped_total >= kTotal) break;
+    const int64_t drops =
+        Count(Db(), "SELECT COALESCE(MAX(dropped_records), 0) FROM drops WHERE rank = 0");
+    if (rows >= 0 && drops >= 0 && rows + drops >= kTotal) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   agent->Stop(std::chrono::seconds(30));
@@ -251,13 +305,53 @@ TEST_F(AgentTest, SurvivesSigkillWithoutLosingOrDuplicatingRows) {
   EXPECT_EQ(rows, distinct);  // nothing written twice
   EXPECT_EQ(static_cast<uint64_t>(rows) + dropped, static_cast<uint64_t>(kTotal));  // nothing lost
   EXPECT_GT(dropped, 0u);
-  EXPECT_EQ(Count(Db(), "SELECT MAX(dropped_records) FROM drops WHERE rank = 0"), static_cast<int64_t>(dropped));
+  EXPECT_EQ(Count(Db(), "SELECT MAX(dropped_records) FROM drops WHERE rank = 0"),
+            static_cast<int64_t>(dropped));
+}
+
+TEST_F(AgentTest, ABadCrashSeamIsRefusedClearly) {
+  launch::ProcessSpec spec({"/bin/sh", "-c",
+                            "exec " + std::string(MEGASCOPE_BIN) + " agent --node n0 --run-dir " +
+                                run_.path() + " --shm-dir " + shm_.path() + " 2>&1"},
+                           run_.path() + "/bad.log");
+  spec.env = {{"MEGASCOPE_AGENT_CRASH", "sometime"}};
+  auto p = Process::Spawn(spec);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ((*p)->Wait().code(), 2);
+  EXPECT_NE((*p)->LogTail(5).find("expected before-commit:N or after-commit:N"), std::string::npos);
+}
+
+// The counters /state serves are written by the agent thread while HTTP threads read them (the
+// tsan preset runs this test).
+TEST_F(AgentTest, StateIsServedWhileTheAgentDrains) {
+  auto t = Tracer::Create(Ring(0));
+  ASSERT_TRUE(t.ok());
+  const NameId name = *(*t)->InternName("forward");
+  auto agent = Agent::Create(Options());
+  ASSERT_TRUE(agent.ok());
+  std::thread runner([&] { (*agent)->Run(); });
+  constexpr int kTotal = 10000;  // fits the ring: no drops
+  for (int i = 0; i < kTotal; ++i) (*t)->RecordSpan(SpanKind::kForward, name, i, 0, 1, 2);
+  uint64_t last = 0, reads = 0;
+  bool monotonic = true;
+  for (; reads < 100000 && last < kTotal; ++reads) {
+    const uint64_t now = nlohmann::json::parse(HttpGet((*agent)->port(), "/state"))["rows_written"];
+    monotonic &= now >= last;
+    last = now;
+  }
+  (*agent)->Stop();
+  runner.join();
+  EXPECT_TRUE(monotonic);
+  EXPECT_GE(last, static_cast<uint64_t>(kTotal)) << "after " << reads << " reads";
+  EXPECT_EQ((*agent)->rows_written(),
+            static_cast<uint64_t>(Count(Db(), "SELECT COUNT(*) FROM spans")));
 }
 
 TEST_F(AgentTest, AFullDatabaseIsCountedAndLosesNothingAlreadyInTheRing) {
   auto t = Tracer::Create(Ring(0));
   ASSERT_TRUE(t.ok());
-  const NameId name = *(*t)->InternName("a-span-name-long-enough-to-fill-pages-quickly-" + std::string(10, 'x'));
+  const NameId name =
+      *(*t)->InternName("a-span-name-long-enough-to-fill-pages-quickly-" + std::string(10, 'x'));
   for (int i = 0; i < 16000; ++i) (*t)->RecordSpan(SpanKind::kForward, name, i, 0, 1, 2);
   AgentOptions o = Options();
   o.max_db_mb = 1;  // a full disk, as far as SQLite can tell
@@ -267,9 +361,11 @@ TEST_F(AgentTest, AFullDatabaseIsCountedAndLosesNothingAlreadyInTheRing) {
   ASSERT_FALSE(n.ok());
   EXPECT_NE(n.status().message().find("full"), std::string::npos) << n.status().ToString();
   EXPECT_EQ((*agent)->db_errors(), 1u);
-  EXPECT_NE((*agent)->MetricsText().find("megascope_agent_db_errors_total{job=\"agenttest\",node=\"n0\"} 1"),
+  EXPECT_NE((*agent)->MetricsText().find(
+                "megascope_agent_db_errors_total{job=\"agenttest\",node=\"n0\"} 1"),
             std::string::npos);
-  EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM spans"), 0);  // the failed transaction left nothing half-written
+  EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM spans"),
+            0);  // the failed transaction left nothing half-written
   agent->reset();
   // With room again, a new agent writes every record the ring kept.
   auto again = Agent::Create(Options());
@@ -285,7 +381,8 @@ TEST_F(AgentTest, ARerunThatReusesRingNamesStartsFromItsOwnBeginning) {
       auto t = Tracer::Create(Ring(0));
       if (!t.ok()) return 1;
       const NameId n = *(*t)->InternName("forward");
-      for (int i = 0; i < count; ++i) (*t)->RecordSpan(SpanKind::kForward, n, first_step + i, 0, 1, 2);
+      for (int i = 0; i < count; ++i)
+        (*t)->RecordSpan(SpanKind::kForward, n, first_step + i, 0, 1, 2);
       ::_exit(0);
       return 0;
     });
@@ -312,20 +409,22 @@ TEST(HostSamplerTest, ReadsAFakeProcTree) {
   TempDir root;
   fs::create_directories(root.path() + "/net");
   auto write_stat = [&](uint64_t user, uint64_t idle) {
-    std::ofstream(root.path() + "/stat") << "cpu  " << user << " 0 0 " << idle << " 0 0 0 0 0 0\ncpu0 1 2 3 4\n";
+    std::ofstream(root.path() + "/stat")
+        << "cpu  " << user << " 0 0 " << idle << " 0 0 0 0 0 0\ncpu0 1 2 3 4\n";
   };
   write_stat(100, 900);
-  std::ofstream(root.path() + "/meminfo") << "MemTotal:       1000 kB\nMemFree:         100 kB\nMemAvailable:    400 kB\n";
+  std::ofstream(root.path() + "/meminfo")
+      << "MemTotal:       1000 kB\nMemFree:         100 kB\nMemAvailable:    400 kB\n";
   std::ofstream(root.path() + "/net/dev")
       << "Inter-|   Receive                                                |  Transmit\n"
-         " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n"
+         " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs "
+         "drop fifo colls carrier compressed\n"
          "    lo: 5000 10 0 0 0 0 0 0 5000 10 0 0 0 0 0 0\n"
          "  eth0: 1000 10 0 0 0 0 0 0 2000 20 0 0 0 0 0 0\n"
          "  eth1: 10 1 0 0 0 0 0 0 20 2 0 0 0 0 0 0\n";
-  std::ofstream(root.path() + "/diskstats")
-      << "   8       0 sda 10 0 100 0 20 0 200 0 0 0 0\n"
-         "   8       1 sda1 10 0 100 0 20 0 200 0 0 0 0\n"
-         " 259       0 nvme0n1 1 0 8 0 2 0 16 0 0 0 0\n";
+  std::ofstream(root.path() + "/diskstats") << "   8       0 sda 10 0 100 0 20 0 200 0 0 0 0\n"
+                                               "   8       1 sda1 10 0 100 0 20 0 200 0 0 0 0\n"
+                                               " 259       0 nvme0n1 1 0 8 0 2 0 16 0 0 0 0\n";
   HostSampler s(root.path());
   auto first = s.Sample();
   ASSERT_TRUE(first.ok()) << first.status().ToString();

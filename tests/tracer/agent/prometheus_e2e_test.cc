@@ -1,4 +1,5 @@
 // A real (2,2,2) training run with its agents, scraped by a real Prometheus server on loopback.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,16 +12,19 @@
 #include <set>
 #include <thread>
 
-#include <gtest/gtest.h>
-
-#include "megascope/runtime/data.h"
 #include "megascope/launch/process.h"
+#include "megascope/runtime/data.h"
+#include "megascope/tracer/http_client.h"
 #include "test_util.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-using megascope::testing::HttpGet;
+// The body of GET http://127.0.0.1:port/path, or the error (with the server's reason).
+std::string HttpGet(int port, const std::string& path) {
+  auto r = megascope::tracer::HttpGet("http://127.0.0.1:" + std::to_string(port) + path, 10000);
+  return r.ok() ? *r : r.status().message();
+}
 using megascope::testing::TempDir;
 
 std::unique_ptr<megascope::launch::Process> Spawn(const std::string& cmd, const std::string& log) {
@@ -31,7 +35,8 @@ std::unique_ptr<megascope::launch::Process> Spawn(const std::string& cmd, const 
 std::set<std::string> NamesIn(const std::string& text) {
   static const std::regex kName(R"(megascope_[a-z_]+)");
   std::set<std::string> names;
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), kName); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), kName);
+       it != std::sregex_iterator(); ++it) {
     std::string n = it->str();
     for (const char* suffix : {"_bucket", "_sum", "_count"}) {
       if (n.size() > strlen(suffix) && n.ends_with(suffix)) n.resize(n.size() - strlen(suffix));
@@ -44,12 +49,14 @@ std::set<std::string> NamesIn(const std::string& text) {
 TEST(PrometheusE2eTest, PrometheusScrapesEveryRanksStepAndDashboardsUseRealMetrics) {
   TempDir dir;
   const std::string data = dir.path() + "/notes.bin";
-  ASSERT_TRUE(megascope::runtime::PrepareByteTokens(MEGASCOPE_TEST_DATA "/text/notes_on_training.txt", data).ok());
+  ASSERT_TRUE(
+      megascope::runtime::PrepareByteTokens(MEGASCOPE_TEST_DATA "/text/notes_on_training.txt", data)
+          .ok());
   const std::string run = dir.path() + "/run";
-  auto train = Spawn(std::string(MEGASCOPE_BIN) + " train --dp 2 --tp 2 --pp 2 --nodes 2 --data " + data +
-                          " --run-dir " + run + " --job e2e" + std::to_string(::getpid()) +
-                          " --steps 100000 --layers 2 --width 32 --heads 2 --seq 16 --batch 4",
-                      dir.path() + "/train.log");
+  auto train = Spawn(std::string(MEGASCOPE_BIN) + " train --dp 2 --tp 2 --pp 2 --nodes 2 --data " +
+                         data + " --run-dir " + run + " --job e2e" + std::to_string(::getpid()) +
+                         " --steps 100000 --layers 2 --width 32 --heads 2 --seq 16 --batch 4",
+                     dir.path() + "/train.log");
   // The agents' ports are in run.json once the launcher has started them.
   std::vector<int> ports;
   for (int i = 0; i < 200 && ports.size() < 2; ++i) {
@@ -70,9 +77,10 @@ TEST(PrometheusE2eTest, PrometheusScrapesEveryRanksStepAndDashboardsUseRealMetri
       << "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
       << "scrape_configs:\n  - job_name: megascope\n    honor_labels: true\n    static_configs:\n"
       << "      - targets: ['127.0.0.1:" << ports[0] << "', '127.0.0.1:" << ports[1] << "']\n";
-  auto prom = Spawn("prometheus --config.file=" + dir.path() + "/prometheus.yml --storage.tsdb.path=" + dir.path() +
-                         "/tsdb --web.listen-address=127.0.0.1:" + std::to_string(prom_port),
-                     dir.path() + "/prometheus.log");
+  auto prom = Spawn("prometheus --config.file=" + dir.path() +
+                        "/prometheus.yml --storage.tsdb.path=" + dir.path() +
+                        "/tsdb --web.listen-address=127.0.0.1:" + std::to_string(prom_port),
+                    dir.path() + "/prometheus.log");
   size_t series = 0;
   std::string last;
   for (int i = 0; i < 120 && series < 8; ++i) {  // at most 60 s
@@ -90,7 +98,8 @@ TEST(PrometheusE2eTest, PrometheusScrapesEveryRanksStepAndDashboardsUseRealMetri
   EXPECT_EQ(series, 8u) << last;
   std::set<std::string> served;
   static const std::regex kType(R"(# TYPE (megascope_[a-z_]+) )");
-  for (auto it = std::sregex_iterator(live.begin(), live.end(), kType); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(live.begin(), live.end(), kType);
+       it != std::sregex_iterator(); ++it) {
     served.insert((*it)[1].str());
   }
   for (const char* file : {"/grafana/megascope-job.json", "/prometheus/megascope-rules.yml"}) {
@@ -99,12 +108,16 @@ TEST(PrometheusE2eTest, PrometheusScrapesEveryRanksStepAndDashboardsUseRealMetri
     const auto used = NamesIn(text);
     EXPECT_FALSE(used.empty()) << file;
     for (const std::string& name : used) {
-      if (name.starts_with("megascope_gpu_") && live.find("megascope_gpu_") == std::string::npos) continue;  // no NVML here
+      if (name.starts_with("megascope_gpu_") && live.find("megascope_gpu_") == std::string::npos)
+        continue;  // no NVML here
       EXPECT_TRUE(served.count(name)) << name << " (used in " << file << ")";
     }
   }
-  EXPECT_EQ(megascope::testing::RunCommand("promtool check rules " + std::string(MEGASCOPE_DASHBOARDS) +
-                                           "/prometheus/megascope-rules.yml").code, 0);
+  EXPECT_EQ(
+      megascope::testing::RunCommand("promtool check rules " + std::string(MEGASCOPE_DASHBOARDS) +
+                                     "/prometheus/megascope-rules.yml")
+          .code,
+      0);
 }
 
 }  // namespace

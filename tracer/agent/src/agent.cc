@@ -1,15 +1,15 @@
 #include "megascope/tracer/agent/agent.h"
 
 #include <CivetServer.h>
-#include <sqlite3.h>
-#include <unistd.h>
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
+#include <sqlite3.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -20,6 +20,7 @@
 
 #include "megascope/tracer/agent/host_metrics.h"
 #include "megascope/tracer/dump.h"
+#include "megascope/tracer/file_util.h"
 #include "megascope/tracer/metric_names.h"
 #include "megascope/tracer/ring.h"
 #include "megascope/tracer/trace_store.h"
@@ -32,8 +33,10 @@ using prometheus::Counter;
 using prometheus::Gauge;
 using prometheus::Histogram;
 
-const Histogram::BucketBoundaries kStepBuckets = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
-const Histogram::BucketBoundaries kCollBuckets = {1e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1, 5, 30};
+const Histogram::BucketBoundaries kStepBuckets = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                                  1,    2.5,   5,    10,  30,   60};
+const Histogram::BucketBoundaries kCollBuckets = {1e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01,
+                                                  0.05, 0.1,  0.5,  1,    5,    30};
 
 void Log(const std::string& node, const std::string& msg) {
   std::fprintf(stderr, "[agent %s] %s\n", node.c_str(), msg.c_str());
@@ -51,7 +54,8 @@ struct Agent::Impl {
   std::unique_ptr<CivetServer> http;
   std::vector<std::unique_ptr<CivetHandler>> handlers;
   std::mutex mu;  // guards ranks (HTTP threads read, the agent thread writes)
-  uint64_t rows = 0, db_errors = 0;
+  // Written by the agent thread, read by HTTP threads (/state) and owners: atomics, no lock.
+  std::atomic<uint64_t> rows{0}, db_errors{0};
   int64_t last_snapshot_ns = 0;
   std::chrono::steady_clock::time_point last_discovery{};
 
@@ -144,10 +148,16 @@ struct Agent::Impl {
   }
 
   std::map<std::string, std::string> Labels(const RankInfo& i) const {
-    return {{"job", opt.job}, {"node", opt.node}, {"rank", std::to_string(i.rank)}, {"dp", std::to_string(i.coords.dp)},
-            {"pp", std::to_string(i.coords.pp)}, {"tp", std::to_string(i.coords.tp)}};
+    return {{"job", opt.job},
+            {"node", opt.node},
+            {"rank", std::to_string(i.rank)},
+            {"dp", std::to_string(i.coords.dp)},
+            {"pp", std::to_string(i.coords.pp)},
+            {"tp", std::to_string(i.coords.tp)}};
   }
-  std::map<std::string, std::string> NodeLabels() const { return {{"job", opt.job}, {"node", opt.node}}; }
+  std::map<std::string, std::string> NodeLabels() const {
+    return {{"job", opt.job}, {"node", opt.node}};
+  }
 
   // Finds rings of our job and node, including those of later attempts.
   void Discover() {
@@ -155,7 +165,9 @@ struct Agent::Impl {
     const std::string prefix = RingFilePrefix(opt.job);
     for (const auto& e : fs::directory_iterator(opt.shm_dir, ec)) {
       const std::string name = e.path().filename().string();
-      if (name.rfind(prefix, 0) != 0 || name.find(".init.") != std::string::npos || ranks.count(name)) continue;
+      if (name.rfind(prefix, 0) != 0 || name.find(".init.") != std::string::npos ||
+          ranks.count(name))
+        continue;
       auto peek = RingReader::Attach(e.path().string(), RingReader::Mode::kSnapshotOnly);
       if (!peek.ok() || (*peek)->info().node != opt.node) continue;
       auto reader = RingReader::Attach(e.path().string(), RingReader::Mode::kConsume);
@@ -202,14 +214,18 @@ struct Agent::Impl {
     double comm_done = 0, compute_done = 0;  // ... and before it (added to the counters once)
     for (const Record& r : recs) {
       if (r.type == RecordType::kSpan) {
-        const double secs = static_cast<double>(r.span.end_ticks - r.span.start_ticks) * cal.ns_per_tick / 1e9;
+        const double secs =
+            static_cast<double>(r.span.end_ticks - r.span.start_ticks) * cal.ns_per_tick / 1e9;
         if (secs < 0) continue;
-        if (r.span.kind == SpanKind::kComm) comm += secs;
+        if (r.span.kind == SpanKind::kComm)
+          comm += secs;
         else if (r.span.kind == SpanKind::kForward || r.span.kind == SpanKind::kBackward ||
-                 r.span.kind == SpanKind::kOptimizer || r.span.kind == SpanKind::kCompute) compute += secs;
+                 r.span.kind == SpanKind::kOptimizer || r.span.kind == SpanKind::kCompute)
+          compute += secs;
       } else if (r.type == RecordType::kCollective) {
         const CollectiveRecord& c = r.collective;
-        const std::string kind = c.group < st.snap.groups.size() ? st.snap.groups[c.group].kind : "unknown";
+        const std::string kind =
+            c.group < st.snap.groups.size() ? st.snap.groups[c.group].kind : "unknown";
         const std::string key = std::string(Name(c.op)) + "|" + kind;
         auto it = st.coll.find(key);
         if (it == st.coll.end()) {
@@ -218,7 +234,8 @@ struct Agent::Impl {
           labels["group_kind"] = kind;
           it = st.coll.emplace(key, &f_coll->Add(labels, kCollBuckets)).first;
         }
-        it->second->Observe(static_cast<double>(cal.ToNs(c.completed_ticks) - cal.ToNs(c.enqueued_ticks)) / 1e9);
+        it->second->Observe(
+            static_cast<double>(cal.ToNs(c.completed_ticks) - cal.ToNs(c.enqueued_ticks)) / 1e9);
       } else if (r.type == RecordType::kMetric) {
         const std::string& name = r.metric.name < st.names.size() ? st.names[r.metric.name] : "";
         if (name == "step") {  // the step's last record: its spans are in
@@ -271,7 +288,8 @@ struct Agent::Impl {
       ReadBatch batch;
       const size_t n = st.reader->Read(buf, &batch);
       for (size_t i = 0; i < n; ++i) {  // a group registered since the last snapshot: refresh now
-        if (buf[i].type == RecordType::kCollective && buf[i].collective.group >= st.snap.groups.size()) {
+        if (buf[i].type == RecordType::kCollective &&
+            buf[i].collective.group >= st.snap.groups.size()) {
           RankSnapshot fresh = st.reader->Snapshot();
           std::lock_guard<std::mutex> lock(mu);
           st.snap = std::move(fresh);
@@ -285,7 +303,12 @@ struct Agent::Impl {
         st.dropped_seen = dropped;
       }
       if (n > 0 || !drops.empty() || !metrics.empty()) {
-        RingRows rows{&st.info, cal, &st.names, &snap.groups, std::span<const Record>(buf.data(), n), st.cursor_key,
+        RingRows rows{&st.info,
+                      cal,
+                      &st.names,
+                      &snap.groups,
+                      std::span<const Record>(buf.data(), n),
+                      st.cursor_key,
                       batch.lane_tails};
         Status s = store->Write(std::span<const RingRows>(&rows, n > 0 ? 1 : 0), metrics, drops);
         if (!s.ok()) {
@@ -303,21 +326,26 @@ struct Agent::Impl {
           written += n;
         }
       }
-      if (st.hb_age != nullptr) st.hb_age->Set(std::max(0.0, static_cast<double>(now_ns - snap.heartbeat.updated_at_ns) / 1e9));
+      if (st.hb_age != nullptr)
+        st.hb_age->Set(
+            std::max(0.0, static_cast<double>(now_ns - snap.heartbeat.updated_at_ns) / 1e9));
       const bool gone = refresh && !st.reader->WriterAlive();
       if (gone && !st.reader->Closed() && !st.dead) {
         st.dead = true;
-        const std::string path = opt.run_dir + "/dumps/attempt_" + std::to_string(st.info.attempt) + "/rank_" +
-                                 std::to_string(st.info.rank) + ".json";
-        // A dump the rank wrote itself since its last heartbeat says more (it was alive then): keep it.
+        const std::string path = opt.run_dir + "/dumps/attempt_" + std::to_string(st.info.attempt) +
+                                 "/rank_" + std::to_string(st.info.rank) + ".json";
+        // A dump the rank wrote itself since its last heartbeat says more (it was alive then): keep
+        // it.
         auto own = ReadDumpFile(path);
         if (own.ok() && own->dumped_at_ns + 1'000'000'000 >= snap.heartbeat.updated_at_ns) {
-          Log(opt.node, "rank " + std::to_string(st.info.rank) + " (pid " + std::to_string(st.info.pid) +
+          Log(opt.node, "rank " + std::to_string(st.info.rank) + " (pid " +
+                            std::to_string(st.info.pid) +
                             ") is gone; it left its own flight-recorder dump in " + path);
         } else {
           Status d = WriteFileAtomic(path, DumpToJson(Dump{snap, false, now_ns, {}}));
-          Log(opt.node, "rank " + std::to_string(st.info.rank) + " (pid " + std::to_string(st.info.pid) +
-                            ") is gone; its flight recorder " + (d.ok() ? "is in " + path : "could not be written: " + d.message()));
+          Log(opt.node, "rank " + std::to_string(st.info.rank) + " (pid " +
+                            std::to_string(st.info.pid) + ") is gone; its flight recorder " +
+                            (d.ok() ? "is in " + path : "could not be written: " + d.message()));
         }
       }
       if (gone && n == 0) {  // drained for good: the ring file can go, and its live series
@@ -366,8 +394,10 @@ struct Agent::Impl {
     f_cpu->Add(nl).Set(h->cpu_utilization);
     f_mem->Add(nl).Set(h->memory_used_bytes);
     auto bump = [&](prometheus::Family<Counter>* f, double now, double before) {
-      if (now > before && have_last_host) f->Add(nl).Increment(now - before);
-      else f->Add(nl);
+      if (now > before && have_last_host)
+        f->Add(nl).Increment(now - before);
+      else
+        f->Add(nl);
     };
     bump(f_net_rx, h->network_receive_bytes, last_host.network_receive_bytes);
     bump(f_net_tx, h->network_transmit_bytes, last_host.network_transmit_bytes);
@@ -398,8 +428,10 @@ struct Agent::Impl {
       const std::string p = "gpu" + std::to_string(g.index) + ".";
       out->push_back({opt.node, now_ns, p + std::string(metrics::kGpuUtil.name), g.utilization});
       out->push_back({opt.node, now_ns, p + std::string(metrics::kGpuPower.name), g.power_watts});
-      out->push_back({opt.node, now_ns, p + std::string(metrics::kGpuTemp.name), g.temperature_celsius});
-      out->push_back({opt.node, now_ns, p + std::string(metrics::kGpuMemory.name), g.memory_used_bytes});
+      out->push_back(
+          {opt.node, now_ns, p + std::string(metrics::kGpuTemp.name), g.temperature_celsius});
+      out->push_back(
+          {opt.node, now_ns, p + std::string(metrics::kGpuMemory.name), g.memory_used_bytes});
     }
   }
 
@@ -411,23 +443,49 @@ struct Agent::Impl {
       nlohmann::ordered_json open = nlohmann::ordered_json::array();
       for (const FlightEntry& e : st.snap.entries) {
         if (e.state != OpState::kEnqueued && e.state != OpState::kStarted) continue;
-        open.push_back({{"group", e.group < static_cast<int>(st.snap.groups.size()) ? st.snap.groups[e.group].name : "?"},
-                        {"seq", e.seq}, {"op", Name(e.op)}, {"peer", e.peer < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(e.peer)},
-                        {"bytes", e.bytes}, {"state", Name(e.state)}, {"enqueued_at_ns", e.enqueued_at_ns},
-                        {"bytes_sent", e.bytes_sent < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(e.bytes_sent)},
-                        {"bytes_received", e.bytes_received < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(e.bytes_received)}});
+        open.push_back(
+            {{"group", e.group < static_cast<int>(st.snap.groups.size())
+                           ? st.snap.groups[e.group].name
+                           : "?"},
+             {"seq", e.seq},
+             {"op", Name(e.op)},
+             {"peer",
+              e.peer < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(e.peer)},
+             {"bytes", e.bytes},
+             {"state", Name(e.state)},
+             {"enqueued_at_ns", e.enqueued_at_ns},
+             {"bytes_sent", e.bytes_sent < 0 ? nlohmann::ordered_json(nullptr)
+                                             : nlohmann::ordered_json(e.bytes_sent)},
+             {"bytes_received", e.bytes_received < 0 ? nlohmann::ordered_json(nullptr)
+                                                     : nlohmann::ordered_json(e.bytes_received)}});
       }
       const auto& hb = st.snap.heartbeat;
-      ranks_j.push_back({{"rank", st.info.rank}, {"attempt", st.info.attempt}, {"node", st.info.node}, {"pid", st.info.pid},
-                         {"coords", {{"dp", st.info.coords.dp}, {"pp", st.info.coords.pp}, {"tp", st.info.coords.tp}}},
-                         {"alive", !st.dead}, {"closed", st.reader->Closed()},
-                         {"heartbeat", {{"step", hb.step}, {"phase", Name(hb.phase)}, {"updated_at_ns", hb.updated_at_ns},
-                                        {"age_s", static_cast<double>(now - hb.updated_at_ns) / 1e9}}},
-                         {"open_entries", open}, {"records_total", st.snap.records_total},
-                         {"dropped_records", st.snap.dropped_total}});
+      ranks_j.push_back(
+          {{"rank", st.info.rank},
+           {"attempt", st.info.attempt},
+           {"node", st.info.node},
+           {"pid", st.info.pid},
+           {"coords",
+            {{"dp", st.info.coords.dp}, {"pp", st.info.coords.pp}, {"tp", st.info.coords.tp}}},
+           {"alive", !st.dead},
+           {"closed", st.reader->Closed()},
+           {"heartbeat",
+            {{"step", hb.step},
+             {"phase", Name(hb.phase)},
+             {"updated_at_ns", hb.updated_at_ns},
+             {"age_s", static_cast<double>(now - hb.updated_at_ns) / 1e9}}},
+           {"open_entries", open},
+           {"records_total", st.snap.records_total},
+           {"dropped_records", st.snap.dropped_total}});
     }
-    nlohmann::ordered_json j = {{"format", "megascope-agent-state"}, {"version", 1}, {"job", opt.job}, {"node", opt.node},
-                                {"now_ns", now}, {"rows_written", rows}, {"db_errors", db_errors}, {"ranks", ranks_j}};
+    nlohmann::ordered_json j = {{"format", "megascope-agent-state"},
+                                {"version", 1},
+                                {"job", opt.job},
+                                {"node", opt.node},
+                                {"now_ns", now},
+                                {"rows_written", rows.load()},
+                                {"db_errors", db_errors.load()},
+                                {"ranks", ranks_j}};
     return j.dump() + "\n";
   }
 
@@ -435,10 +493,13 @@ struct Agent::Impl {
     std::lock_guard<std::mutex> lock(mu);
     const RankState* best = nullptr;
     for (const auto& [name, st] : ranks) {
-      if (st.info.rank == rank && (best == nullptr || st.info.attempt > best->info.attempt)) best = &st;
+      if (st.info.rank == rank && (best == nullptr || st.info.attempt > best->info.attempt))
+        best = &st;
     }
-    if (best == nullptr) return NotFound("rank " + std::to_string(rank) + " is not on node " + opt.node);
-    return DumpToJson(Dump{best->reader->Snapshot(), !best->dead && best->reader->WriterAlive(), WallNowNs(), {}});
+    if (best == nullptr)
+      return NotFound("rank " + std::to_string(rank) + " is not on node " + opt.node);
+    return DumpToJson(Dump{
+        best->reader->Snapshot(), !best->dead && best->reader->WriterAlive(), WallNowNs(), {}});
   }
 };
 
@@ -446,13 +507,16 @@ namespace {
 
 class TextHandler : public CivetHandler {
  public:
-  explicit TextHandler(std::function<std::pair<int, std::string>(const std::string& uri)> fn, const char* type)
+  explicit TextHandler(std::function<std::pair<int, std::string>(const std::string& uri)> fn,
+                       const char* type)
       : fn_(std::move(fn)), type_(type) {}
   bool handleGet(CivetServer*, mg_connection* conn) override {
     const mg_request_info* info = mg_get_request_info(conn);
     auto [code, body] = fn_(info->local_uri ? info->local_uri : "");
-    mg_printf(conn, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", code,
-              code == 200 ? "OK" : "Not Found", type_, body.size());
+    mg_printf(
+        conn,
+        "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+        code, code == 200 ? "OK" : "Not Found", type_, body.size());
     mg_write(conn, body.data(), body.size());
     return true;
   }
@@ -472,7 +536,9 @@ Result<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& o) {
   impl->opt = o;
   impl->host = HostSampler(o.proc_root);
   impl->nvml = Nvml::Load();
-  ASSIGN_OR_RETURN(impl->store, TraceStore::Open(o.run_dir + "/nodes/" + o.node + "/trace.db", o.max_db_mb << 20));
+  ASSIGN_OR_RETURN(impl->store, TraceStore::Open(o.run_dir + "/nodes/" + o.node + "/trace.db",
+                                                 o.max_db_mb << 20));
+  if (o.write_hook) impl->store->set_write_hook(o.write_hook);
   impl->BuildFamilies();
   std::unique_ptr<Agent> agent(new Agent(std::move(impl)));
   Impl* im = agent->impl_.get();
@@ -488,17 +554,20 @@ Result<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& o) {
       "text/plain; version=0.0.4; charset=utf-8"));
   im->http->addHandler("/metrics", im->handlers.back().get());
   im->handlers.push_back(std::make_unique<TextHandler>(
-      [a](const std::string&) { return std::pair<int, std::string>(200, a->StateJson()); }, "application/json"));
+      [a](const std::string&) { return std::pair<int, std::string>(200, a->StateJson()); },
+      "application/json"));
   im->http->addHandler("/state", im->handlers.back().get());
   im->handlers.push_back(std::make_unique<TextHandler>(
       [a](const std::string& uri) {
         const std::string rank = uri.substr(uri.rfind('/') + 1);
         char* end = nullptr;
         const long r = std::strtol(rank.c_str(), &end, 10);
-        if (rank.empty() || *end != '\0') return std::pair<int, std::string>(404, "{\"error\":\"use /dump/<rank>\"}\n");
+        if (rank.empty() || *end != '\0')
+          return std::pair<int, std::string>(404, "{\"error\":\"use /dump/<rank>\"}\n");
         auto d = a->DumpJson(static_cast<int>(r));
         return d.ok() ? std::pair<int, std::string>(200, *d)
-                      : std::pair<int, std::string>(404, "{\"error\":\"" + d.status().message() + "\"}\n");
+                      : std::pair<int, std::string>(
+                            404, "{\"error\":\"" + d.status().message() + "\"}\n");
       },
       "application/json"));
   im->http->addHandler("/dump/", im->handlers.back().get());
@@ -528,10 +597,12 @@ void Agent::Run() {
   while (!stop_) {
     const auto now = std::chrono::steady_clock::now();
     const bool sample = now >= next_sample;
-    if (sample) next_sample = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                        std::chrono::duration<double>(impl_->opt.sample_interval_s));
+    if (sample)
+      next_sample = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(impl_->opt.sample_interval_s));
     auto n = Poll(sample);
-    if (!n.ok() || *n < impl_->opt.batch_records / 2) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!n.ok() || *n < impl_->opt.batch_records / 2)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   for (int i = 0; i < 100; ++i) {  // final drain; the first pass also checks for dead ranks
     auto n = Poll(i == 0);
@@ -561,21 +632,24 @@ void AppendControlCounters(const AgentOptions& o, std::ostream& out) {
   };
   const std::string restarts = metrics::PrometheusName(metrics::kRestarts);
   const std::string evictions = metrics::PrometheusName(metrics::kEvictions);
-  const std::string restarts_help(metrics::kRestarts.help), evictions_help(metrics::kEvictions.help);
-  for (const Family& f : {Family{restarts.c_str(), restarts_help.c_str(), "restart", "cause"},
-                          Family{evictions.c_str(), evictions_help.c_str(), "eviction", "reason"}}) {
+  const std::string restarts_help(metrics::kRestarts.help),
+      evictions_help(metrics::kEvictions.help);
+  for (const Family& f :
+       {Family{restarts.c_str(), restarts_help.c_str(), "restart", "cause"},
+        Family{evictions.c_str(), evictions_help.c_str(), "eviction", "reason"}}) {
     out << "# HELP " << f.name << " " << f.help << "\n# TYPE " << f.name << " counter\n";
     sqlite3_stmt* st = nullptr;
     const std::string sql = std::string("SELECT COALESCE(json_extract(detail_json, '$.") + f.field +
-                            "'), 'unknown'), COUNT(*) FROM events WHERE kind = ?1 AND COALESCE(json_extract(detail_json, '$." +
+                            "'), 'unknown'), COUNT(*) FROM events WHERE kind = ?1 AND "
+                            "COALESCE(json_extract(detail_json, '$." +
                             f.field + "'), '') != 'start' GROUP BY 1";
     if (sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr) != SQLITE_OK) continue;
     sqlite3_bind_text(st, 1, f.kind, -1, SQLITE_STATIC);
     while (sqlite3_step(st) == SQLITE_ROW) {
       std::string label = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
       std::erase_if(label, [](char c) { return c == '"' || c == '\\' || c == '\n'; });
-      out << f.name << "{job=\"" << o.job << "\",node=\"" << o.node << "\"," << f.field << "=\"" << label << "\"} "
-          << sqlite3_column_int64(st, 1) << "\n";
+      out << f.name << "{job=\"" << o.job << "\",node=\"" << o.node << "\"," << f.field << "=\""
+          << label << "\"} " << sqlite3_column_int64(st, 1) << "\n";
     }
     sqlite3_finalize(st);
   }
@@ -592,7 +666,7 @@ std::string Agent::MetricsText() {
 }
 std::string Agent::StateJson() { return impl_->State(); }
 Result<std::string> Agent::DumpJson(int rank) { return impl_->RankDump(rank); }
-uint64_t Agent::rows_written() const { return impl_->rows; }
-uint64_t Agent::db_errors() const { return impl_->db_errors; }
+uint64_t Agent::rows_written() const { return impl_->rows.load(); }
+uint64_t Agent::db_errors() const { return impl_->db_errors.load(); }
 
 }  // namespace megascope::tracer::agent

@@ -1,13 +1,16 @@
 // Metric samples and the CSV files of FORMATS.md section 3: the long-format metrics CSV
 // (timestamp_s,machine,metric,value), the labels CSV (ground truth) and the peer-groups CSV
-// (machine,group). The metrics reader streams: it never holds the whole file.
+// (machine,group), read and written here. The metrics reader streams (it never holds the whole
+// file); the writer buffers (a fleet simulation writes tens of millions of rows).
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "megascope/tracer/status.h"
@@ -47,9 +50,34 @@ class MetricsCsvReader {
   Status status_;
 };
 
+// Writes a metrics CSV: the header, then one row per Row(). Times with `time_decimals` decimals,
+// values with `value_digits` significant digits. Close() reports any write error (full disk).
+class MetricsCsvWriter {
+ public:
+  static Result<std::unique_ptr<MetricsCsvWriter>> Open(const std::string& path,
+                                                        int time_decimals = 3,
+                                                        int value_digits = 12);
+  ~MetricsCsvWriter();
+  void Row(double time_s, std::string_view machine, std::string_view metric, double value);
+  Status Close();
+  int64_t rows() const { return rows_; }
+
+ private:
+  void Flush();
+  std::string path_;
+  std::FILE* f_ = nullptr;
+  std::string buf_;
+  int time_decimals_ = 3, value_digits_ = 12;
+  int64_t rows_ = 0;
+  bool failed_ = false;
+};
+
 Result<std::vector<Label>> ReadLabelsCsv(const std::string& path);
+Status WriteLabelsCsv(const std::string& path, const std::vector<Label>& labels);
 // machine -> group name.
 Result<std::vector<std::pair<std::string, std::string>>> ReadGroupsCsv(const std::string& path);
+Status WriteGroupsCsv(const std::string& path,
+                      const std::vector<std::pair<std::string, std::string>>& groups);
 
 // Parses one "timestamp_s,machine,metric,value" line (exposed for tests).
 Status ParseMetricsLine(std::string_view line, Sample* s);

@@ -42,9 +42,6 @@ std::string DumpToJson(const Dump& dump);
 // format or version it does not know is an error.
 Result<Dump> ParseDump(std::string_view text, const std::string& source);
 Result<Dump> ReadDumpFile(const std::string& path);
-// Writes `text` to `path` atomically (temp file in the same directory, fsync, rename), creating
-// missing parent directories.
-Status WriteFileAtomic(const std::string& path, std::string_view text);
 
 // Calls `on_signal` from its own thread each time the process receives `signo` (default
 // SIGUSR1). The signal handler only writes a byte to a pipe. One instance per process.

@@ -4,6 +4,7 @@
 // agent resumes exactly where the database is: no row lost, none written twice.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -28,7 +29,7 @@ struct RingRows {
   const std::vector<std::string>* names = nullptr;  // interned span/metric names by id
   const std::vector<GroupInfo>* groups = nullptr;
   std::span<const Record> records;
-  std::string ring;  // cursor key (the ring's file name)
+  std::string ring;                  // cursor key (the ring's file name)
   std::vector<uint64_t> lane_tails;  // consumed-through position per lane after this batch
 };
 
@@ -45,6 +46,13 @@ struct DropRow {
   int64_t dropped_records;
 };
 
+// Where a write can be interrupted: the fault seam of the crash tests (as leveldb's fault-injection
+// tests interrupt theirs at chosen points, not after a sleep and a hope). kBeforeCommit: every row
+// of the transaction is inserted and COMMIT is next; kAfterCommit: committed, and the caller has
+// not yet advanced its rings.
+enum class WritePoint { kBeforeCommit, kAfterCommit };
+using WriteHook = std::function<void(WritePoint)>;
+
 class TraceStore {
  public:
   // Opens or creates `path` (and its directory). A database of another schema version is refused.
@@ -54,11 +62,14 @@ class TraceStore {
 
   // Writes everything in one transaction; on error nothing is written (and the caller must not
   // advance the rings).
-  Status Write(std::span<const RingRows> rings, std::span<const MetricRow> metrics, std::span<const DropRow> drops);
+  Status Write(std::span<const RingRows> rings, std::span<const MetricRow> metrics,
+               std::span<const DropRow> drops);
   Status UpsertRank(const RankInfo& info);
   // The consumed-through position per lane of `ring` (empty if never seen).
   Result<std::vector<uint64_t>> Cursors(const std::string& ring);
   const std::string& path() const { return path_; }
+  // Called at each WritePoint of every Write (tests only; none by default).
+  void set_write_hook(WriteHook hook) { hook_ = std::move(hook); }
 
  private:
   TraceStore() = default;
@@ -66,10 +77,12 @@ class TraceStore {
   Status Error(const char* what) const;
 
   std::string path_;
+  WriteHook hook_;
   sqlite3* db_ = nullptr;
   static constexpr int kSpanRowsPerInsert = 64;
-  sqlite3_stmt *span_ = nullptr, *span_multi_ = nullptr, *coll_ = nullptr, *hb_ = nullptr, *metric_ = nullptr, *drop_ = nullptr,
-               *cursor_ = nullptr, *rank_ = nullptr, *get_cursor_ = nullptr;
+  sqlite3_stmt *span_ = nullptr, *span_multi_ = nullptr, *coll_ = nullptr, *hb_ = nullptr,
+               *metric_ = nullptr, *drop_ = nullptr, *cursor_ = nullptr, *rank_ = nullptr,
+               *get_cursor_ = nullptr;
 };
 
 }  // namespace megascope::tracer

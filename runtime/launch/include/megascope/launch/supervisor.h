@@ -60,8 +60,12 @@ class Supervisor {
   void SetNodeEnv(const std::string& node, std::vector<std::pair<std::string, std::string>> env);
   const std::vector<std::pair<std::string, std::string>>& NodeEnv(const std::string& node) const;
 
-  // Starts `node`'s agent and waits until it listens; returns its port.
+  // Starts `node`'s agent and waits until it listens; returns its port. Before the run's first
+  // agent it removes rings of the same job name whose writer is gone (left by an earlier run that
+  // was killed): a new agent would otherwise drain that run's records into this run's trace.db.
   Result<int> StartAgent(const std::string& node);
+  // Removes rings of this job whose writer process is gone; returns how many.
+  int RemoveStaleRings();
   // Stops `node`'s agent (it drains what is left first). With `wait` false it is only asked
   // (SIGTERM) and reaped later -- by StopAgents at the latest -- so an eviction does not wait
   // for its final drain.
@@ -111,6 +115,7 @@ class Supervisor {
   std::vector<std::string> nodes_;
   int attempt_ = 0;
   int world_ = 0;
+  bool stale_rings_checked_ = false;
 };
 
 }  // namespace megascope::launch

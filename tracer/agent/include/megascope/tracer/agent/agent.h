@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "megascope/tracer/status.h"
+#include "megascope/tracer/trace_store.h"
 
 namespace megascope::tracer::agent {
 
@@ -26,6 +27,7 @@ struct AgentOptions {
   double sample_interval_s = 1.0;
   size_t batch_records = 65536;  // records per ring per transaction
   int64_t max_db_mb = 0;  // cap on trace.db; 0: none (past it, writes fail as on a full disk)
+  WriteHook write_hook;   // the store's fault seam (trace_store.h); tests only
 };
 
 class Agent {

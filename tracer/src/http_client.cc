@@ -1,0 +1,76 @@
+#include "megascope/tracer/http_client.h"
+
+#include <curl/curl.h>
+
+#include <memory>
+
+namespace megascope::tracer {
+namespace {
+
+size_t Append(char* data, size_t size, size_t n, void* out) {
+  static_cast<std::string*>(out)->append(data, size * n);
+  return size * n;
+}
+
+// curl_global_init once, before any handle (a function-local static is initialised once, safely).
+void InitCurl() {
+  static const bool done = curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK;
+  (void)done;
+}
+
+}  // namespace
+
+Result<std::string> HttpRequest(const std::string& method, const std::string& url,
+                                const std::vector<std::string>& headers, int timeout_ms) {
+  if (url.rfind("http://", 0) != 0)
+    return InvalidArgument("only http:// URLs are supported: " + url);
+  InitCurl();
+  std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> h(curl_easy_init(), &curl_easy_cleanup);
+  if (!h) return Internal("cannot start libcurl");
+  std::unique_ptr<curl_slist, decltype(&curl_slist_free_all)> list(nullptr, &curl_slist_free_all);
+  for (const std::string& line : headers)
+    list.reset(curl_slist_append(list.release(), line.c_str()));
+  std::string body;
+  char error[CURL_ERROR_SIZE] = "";
+  CURL* c = h.get();
+  curl_easy_setopt(c, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);  // called from many threads
+  curl_easy_setopt(c, CURLOPT_NOPROXY, "*");
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_ms));
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(timeout_ms));
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &Append);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &body);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error);
+  if (list) curl_easy_setopt(c, CURLOPT_HTTPHEADER, list.get());
+  if (method == "POST") {
+    curl_easy_setopt(c, CURLOPT_POST, 1L);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, "");
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, 0L);
+  } else if (method != "GET") {
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method.c_str());
+  }
+  const CURLcode rc = curl_easy_perform(c);
+  if (rc == CURLE_OPERATION_TIMEDOUT)
+    return Status(StatusCode::kDeadlineExceeded,
+                  url + " did not answer within " + std::to_string(timeout_ms) + " ms");
+  if (rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST)
+    return Status(StatusCode::kUnavailable,
+                  "cannot connect to " + url + " (is it running?): " + error);
+  if (rc != CURLE_OK)
+    return Status(StatusCode::kUnavailable, url + ": " + (*error ? error : curl_easy_strerror(rc)));
+  long code = 0;
+  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+  if (code == 200) return body;
+  while (!body.empty() && (body.back() == '\n' || body.back() == '\r')) body.pop_back();
+  const std::string msg =
+      url + " answered HTTP " + std::to_string(code) + (body.empty() ? "" : ": " + body);
+  if (code == 403) return PermissionDenied(msg);
+  if (code == 404) return NotFound(msg);
+  return Status(StatusCode::kUnavailable, msg);
+}
+
+Result<std::string> HttpGet(const std::string& url, int timeout_ms) {
+  return HttpRequest("GET", url, {}, timeout_ms);
+}
+
+}  // namespace megascope::tracer
