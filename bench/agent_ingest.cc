@@ -63,8 +63,10 @@ int main(int argc, char** argv) {
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double cpu = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
-  std::printf("agent ingest: %zu rows from %d rings in %.2f s wall (%.2f s CPU): %.2f M rows/s wall, %.2f M rows/s per CPU second (target >= 1 M rows/s)\n",
-              rows, rings, wall, cpu, rows / wall / 1e6, rows / cpu / 1e6);
+  std::printf(
+      "agent ingest: %zu rows from %d rings in %.2f s wall (%.2f s CPU): %.2f M rows/s wall, %.2f "
+      "M rows/s per CPU second (target >= 1 M rows/s)\n",
+      rows, rings, wall, cpu, rows / wall / 1e6, rows / cpu / 1e6);
   a->reset();
   tracers.clear();
   std::filesystem::remove_all(shm);

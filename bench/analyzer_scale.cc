@@ -1,11 +1,11 @@
 // Hang analysis at scale: synthetic snapshots of 12,288 and 100,000 ranks (each rank's recent
 // flight-recorder entries; one rank never joined its data-parallel all-reduce), analysed in memory.
 // Targets (issue 5): 12,288 ranks <= 1 s, 100,000 ranks <= 10 s.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
-
 #include <filesystem>
-#include <unistd.h>
 
 #include "megascope/analyzer/hang.h"
 #include "megascope/analyzer/timeline.h"
@@ -84,9 +84,11 @@ void Run(int dp, int tp, int pp, double target_s) {
   auto verdicts = AnalyzeHang(in);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const bool right = verdicts.size() == 1 && verdicts[0].root_ranks == std::vector<int32_t>{stuck};
-  std::printf("%6d ranks (dp=%d tp=%d pp=%d): analysis %.3f s (target <= %.0f s), verdict %s %s rank %d: %s\n", world, dp,
-              tp, pp, s, target_s, verdicts[0].kind.c_str(), verdicts[0].cause.c_str(),
-              verdicts[0].root_ranks.empty() ? -1 : verdicts[0].root_ranks[0], right ? "right" : "WRONG");
+  std::printf(
+      "%6d ranks (dp=%d tp=%d pp=%d): analysis %.3f s (target <= %.0f s), verdict %s %s rank %d: "
+      "%s\n",
+      world, dp, tp, pp, s, target_s, verdicts[0].kind.c_str(), verdicts[0].cause.c_str(),
+      verdicts[0].root_ranks.empty() ? -1 : verdicts[0].root_ranks[0], right ? "right" : "WRONG");
 }
 
 }  // namespace
@@ -130,9 +132,10 @@ void Timeline() {
   TimelineStats stats;
   auto json = TimelineJson(**db, TimelineOptions{}, &stats);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("timeline export: %lld spans of %lld ranks -> %.1f MB of JSON in %.2f s (target <= 3 s)\n",
-              static_cast<long long>(stats.spans), static_cast<long long>(stats.ranks),
-              json.ok() ? json->size() / 1e6 : 0.0, s);
+  std::printf(
+      "timeline export: %lld spans of %lld ranks -> %.1f MB of JSON in %.2f s (target <= 3 s)\n",
+      static_cast<long long>(stats.spans), static_cast<long long>(stats.ranks),
+      json.ok() ? json->size() / 1e6 : 0.0, s);
   std::filesystem::remove_all(dir);
 }
 

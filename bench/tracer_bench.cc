@@ -1,13 +1,13 @@
 // Tracer hot-path costs: recording a span, a collective state change, and draining records.
 // Targets (issue 2): span median <= 25 ns, state change <= 50 ns, drain >= 20 M records/s/core.
 // Run: bench/run.sh tracer   (results in bench/results/tracer_bench.txt)
+#include <benchmark/benchmark.h>
+
 #include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <thread>
 #include <vector>
-
-#include <benchmark/benchmark.h>
 
 #include "megascope/tracer/tracer.h"
 

@@ -18,19 +18,28 @@ int RunVersion(const Args& args) {
 }
 
 const Command kCommands[] = {
-    {"detect", "find faulty machines in a metrics CSV (optionally scored against labels)", &RunDetect},
-    {"fleet-sim", "write a labelled synthetic fleet (metrics.csv, labels.csv) for the detector", &RunFleetSim},
-    {"launch", "self-healing training: detect a failed or hung node, evict it, self-check a spare, resume", &RunLaunch},
+    {"detect", "find faulty machines in a metrics CSV (optionally scored against labels)",
+     &RunDetect},
+    {"fleet-sim", "write a labelled synthetic fleet (metrics.csv, labels.csv) for the detector",
+     &RunFleetSim},
+    {"launch",
+     "self-healing training: detect a failed or hung node, evict it, self-check a spare, resume",
+     &RunLaunch},
     {"evict", "evict a node from a running launch (needs the run's token)", &RunEvict},
     {"stop", "stop a running launch (needs the run's token)", &RunStop},
     {"report", "incidents of a launch: stage times, evictions, steps lost, ETTR", &RunReport},
-    {"self-check", "the GEMM and all-reduce check a node passes before it joins (started by launch)", &RunSelfCheckCommand, true},
+    {"self-check",
+     "the GEMM and all-reduce check a node passes before it joins (started by launch)",
+     &RunSelfCheckCommand, true},
     {"train", "train a GPT with data, tensor and pipeline parallelism on this machine", &RunTrain},
     {"prepare-data", "turn a text file into a token file for training", &RunPrepareData},
     {"worker", "one rank of a training job (started by train)", &RunWorkerCommand, true},
-    {"agent", "the per-node collector: rings -> trace.db, Prometheus /metrics, /state, /dump", &RunAgent},
-    {"analyze", "find the rank at the root of a hang (analyze hang DIR | RUN_DIR | --agents URLs)", &RunAnalyze},
-    {"timeline", "a run's 3D-parallel timeline as Perfetto JSON and a self-contained HTML viewer", &RunTimeline},
+    {"agent", "the per-node collector: rings -> trace.db, Prometheus /metrics, /state, /dump",
+     &RunAgent},
+    {"analyze", "find the rank at the root of a hang (analyze hang DIR | RUN_DIR | --agents URLs)",
+     &RunAnalyze},
+    {"timeline", "a run's 3D-parallel timeline as Perfetto JSON and a self-contained HTML viewer",
+     &RunTimeline},
     {"query", "SQL and canned questions over a run's trace databases", &RunQuery},
     {"metrics", "export a run's node and training metrics as CSV (metrics export)", &RunMetrics},
     {"trace-demo", "run writer processes through the tracer and drain them (self-demonstration)",
@@ -92,7 +101,8 @@ int main(int argc, char** argv) {
       return c.run(Args(argv + 2, argv + argc));
     }
   }
-  std::fprintf(stderr, "megascope: unknown command '%s'\nRun 'megascope --help' for the list of commands.\n",
-               cmd.c_str());
+  std::fprintf(
+      stderr, "megascope: unknown command '%s'\nRun 'megascope --help' for the list of commands.\n",
+      cmd.c_str());
   return 2;
 }

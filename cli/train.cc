@@ -1,5 +1,7 @@
 // `megascope train` (start a job), `megascope worker` (one rank; started by train) and
 // `megascope prepare-data` (text -> token file).
+#include "megascope/runtime/train.h"
+
 #include <unistd.h>
 
 #include <climits>
@@ -10,38 +12,45 @@
 #include "megascope/runtime/data.h"
 #include "megascope/runtime/self_check.h"
 #include "training_options.h"
-#include "megascope/runtime/train.h"
 
 namespace megascope::cli {
 
 po::options_description TrainingOptions(runtime::TrainConfig* c_ptr) {
   runtime::TrainConfig& c = *c_ptr;
   po::options_description opts("Training");
-  opts.add_options()
-      ("dp", po::value(&c.layout.dp)->default_value(1), "data-parallel size")
-      ("tp", po::value(&c.layout.tp)->default_value(1), "tensor-parallel size (divides heads and vocab)")
-      ("pp", po::value(&c.layout.pp)->default_value(1), "pipeline-parallel size (<= layers)")
-      ("nodes", po::value(&c.nodes)->default_value(1), "simulated nodes the ranks are grouped into (node0..)")
-      ("data", po::value(&c.data)->required(), "token file (megascope prepare-data)")
-      ("run-dir", po::value(&c.run_dir)->required(), "run directory (run.json, logs, checkpoints, dumps)")
-      ("job", po::value(&c.job)->default_value("train"), "job name (names the shared-memory rings)")
-      ("layers", po::value(&c.model.layers)->default_value(4), "transformer layers")
-      ("heads", po::value(&c.model.heads)->default_value(4), "attention heads")
-      ("width", po::value(&c.model.width)->default_value(128), "model width")
-      ("seq", po::value(&c.model.seq)->default_value(64), "sequence length")
-      ("vocab", po::value(&c.model.vocab)->default_value(256), "vocabulary size")
-      ("parallel-block", po::bool_switch(&c.model.parallel_block), "MegaScale/PaLM parallel attention + MLP block")
-      ("seed", po::value(&c.model.seed)->default_value(1234), "initialisation seed")
-      ("batch", po::value(&c.global_batch)->default_value(8), "global batch in sequences")
-      ("microbatches", po::value(&c.microbatches)->default_value(2), "microbatches per replica and step")
-      ("steps", po::value(&c.steps)->default_value(20), "training steps")
-      ("lr", po::value(&c.lr)->default_value(1e-3f), "peak learning rate")
-      ("min-lr", po::value(&c.min_lr)->default_value(1e-4f), "final learning rate of the cosine schedule")
-      ("warmup", po::value(&c.warmup)->default_value(5), "warm-up steps")
-      ("grad-clip", po::value(&c.grad_clip)->default_value(1.0f), "global gradient-norm clip (0: off)")
-      ("checkpoint-every", po::value(&c.checkpoint_every)->default_value(0), "checkpoint to disk every K steps (0: never)")
-      ("shm-dir", po::value(&c.shm_dir)->default_value("/dev/shm"), "where rank rings (and memory snapshots) live")
-      ("no-trace", "turn spans and the flight recorder off (to measure what tracing costs)");
+  opts.add_options()("dp", po::value(&c.layout.dp)->default_value(1), "data-parallel size")(
+      "tp", po::value(&c.layout.tp)->default_value(1),
+      "tensor-parallel size (divides heads and vocab)")(
+      "pp", po::value(&c.layout.pp)->default_value(1), "pipeline-parallel size (<= layers)")(
+      "nodes", po::value(&c.nodes)->default_value(1),
+      "simulated nodes the ranks are grouped into (node0..)")(
+      "data", po::value(&c.data)->required(), "token file (megascope prepare-data)")(
+      "run-dir", po::value(&c.run_dir)->required(),
+      "run directory (run.json, logs, checkpoints, dumps)")(
+      "job", po::value(&c.job)->default_value("train"), "job name (names the shared-memory rings)")(
+      "layers", po::value(&c.model.layers)->default_value(4), "transformer layers")(
+      "heads", po::value(&c.model.heads)->default_value(4), "attention heads")(
+      "width", po::value(&c.model.width)->default_value(128), "model width")(
+      "seq", po::value(&c.model.seq)->default_value(64), "sequence length")(
+      "vocab", po::value(&c.model.vocab)->default_value(256), "vocabulary size")(
+      "parallel-block", po::bool_switch(&c.model.parallel_block),
+      "MegaScale/PaLM parallel attention + MLP block")(
+      "seed", po::value(&c.model.seed)->default_value(1234), "initialisation seed")(
+      "batch", po::value(&c.global_batch)->default_value(8), "global batch in sequences")(
+      "microbatches", po::value(&c.microbatches)->default_value(2),
+      "microbatches per replica and step")("steps", po::value(&c.steps)->default_value(20),
+                                           "training steps")(
+      "lr", po::value(&c.lr)->default_value(1e-3f), "peak learning rate")(
+      "min-lr", po::value(&c.min_lr)->default_value(1e-4f),
+      "final learning rate of the cosine schedule")(
+      "warmup", po::value(&c.warmup)->default_value(5), "warm-up steps")(
+      "grad-clip", po::value(&c.grad_clip)->default_value(1.0f),
+      "global gradient-norm clip (0: off)")("checkpoint-every",
+                                            po::value(&c.checkpoint_every)->default_value(0),
+                                            "checkpoint to disk every K steps (0: never)")(
+      "shm-dir", po::value(&c.shm_dir)->default_value("/dev/shm"),
+      "where rank rings (and memory snapshots) live")(
+      "no-trace", "turn spans and the flight recorder off (to measure what tracing costs)");
   return opts;
 }
 
@@ -51,15 +60,18 @@ int RunTrain(const Args& args) {
   po::options_description opts("Options");
   opts.add_options()("help,h", "show this help");
   opts.add(TrainingOptions(&c));
-  opts.add_options()
-      ("timeout", po::value(&c.timeout_ms)->default_value(30000), "collective timeout in milliseconds")
-      ("attempt", po::value(&c.attempt)->default_value(0), "attempt number (restarts bump it)")
-      ("no-agents", "do not start a megascope agent per node")
-      ("fault", po::value(&faults)->composing(),
-       "inject a fault: KIND:rank=R,step=S[,seconds=X] with KIND crash, hang, stall-send or slow (repeatable)");
+  opts.add_options()("timeout", po::value(&c.timeout_ms)->default_value(30000),
+                     "collective timeout in milliseconds")(
+      "attempt", po::value(&c.attempt)->default_value(0), "attempt number (restarts bump it)")(
+      "no-agents", "do not start a megascope agent per node")(
+      "fault", po::value(&faults)->composing(),
+      "inject a fault: KIND:rank=R,step=S[,seconds=X] with KIND crash, hang, stall-send or slow "
+      "(repeatable)");
   po::variables_map vm;
-  if (auto rc = ParseArgs("train", "megascope train --dp D --tp T --pp P --nodes N --data DATA.bin --run-dir DIR [options]",
-                          args, opts, {}, &vm)) {
+  if (auto rc = ParseArgs(
+          "train",
+          "megascope train --dp D --tp T --pp P --nodes N --data DATA.bin --run-dir DIR [options]",
+          args, opts, {}, &vm)) {
     return *rc;
   }
   c.trace = vm.count("no-trace") == 0;
@@ -78,44 +90,53 @@ int RunWorkerCommand(const Args& args) {
   std::string run_dir;
   int rank = -1;
   po::options_description opts("Options");
-  opts.add_options()("help,h", "show this help")
-      ("run-dir", po::value(&run_dir)->required(), "run directory holding run.json")
-      ("rank", po::value(&rank)->required(), "global rank");
+  opts.add_options()("help,h", "show this help")("run-dir", po::value(&run_dir)->required(),
+                                                 "run directory holding run.json")(
+      "rank", po::value(&rank)->required(), "global rank");
   po::variables_map vm;
-  if (auto rc = ParseArgs("worker", "megascope worker --run-dir DIR --rank R", args, opts, {}, &vm)) return *rc;
+  if (auto rc = ParseArgs("worker", "megascope worker --run-dir DIR --rank R", args, opts, {}, &vm))
+    return *rc;
   return runtime::RunWorker(run_dir, rank);
 }
 
 int RunSelfCheckCommand(const Args& args) {
   runtime::SelfCheckOptions o;
   po::options_description opts("Options");
-  opts.add_options()("help,h", "show this help")
-      ("dir", po::value(&o.dir)->required(), "rendezvous directory shared with the neighbour (fresh per check)")
-      ("rank", po::value(&o.rank)->default_value(0), "0 or 1")
-      ("world", po::value(&o.world)->default_value(2), "processes in the check")
-      ("gemm-seconds", po::value(&o.gemm_seconds)->default_value(o.gemm_seconds), "how long to run GEMMs")
-      ("timeout", po::value(&o.timeout_ms)->default_value(o.timeout_ms), "rendezvous/collective timeout in milliseconds");
+  opts.add_options()("help,h", "show this help")(
+      "dir", po::value(&o.dir)->required(),
+      "rendezvous directory shared with the neighbour (fresh per check)")(
+      "rank", po::value(&o.rank)->default_value(0), "0 or 1")(
+      "world", po::value(&o.world)->default_value(2), "processes in the check")(
+      "gemm-seconds", po::value(&o.gemm_seconds)->default_value(o.gemm_seconds),
+      "how long to run GEMMs")("timeout", po::value(&o.timeout_ms)->default_value(o.timeout_ms),
+                               "rendezvous/collective timeout in milliseconds");
   po::variables_map vm;
-  if (auto rc = ParseArgs("self-check", "megascope self-check --dir DIR --rank R [--world 2]", args, opts, {}, &vm)) return *rc;
+  if (auto rc = ParseArgs("self-check", "megascope self-check --dir DIR --rank R [--world 2]", args,
+                          opts, {}, &vm))
+    return *rc;
   auto r = runtime::RunSelfCheck(o);
   if (!r.ok()) return Fail("self-check", r.status().ToString());
-  std::printf("{\"rank\": %d, \"gemm_gflops\": %.3f, \"allreduce_gbps\": %.4f}\n", o.rank, r->gemm_gflops, r->allreduce_gbps);
+  std::printf("{\"rank\": %d, \"gemm_gflops\": %.3f, \"allreduce_gbps\": %.4f}\n", o.rank,
+              r->gemm_gflops, r->allreduce_gbps);
   return 0;
 }
 
 int RunPrepareData(const Args& args) {
   std::string text, out;
   po::options_description opts("Options");
-  opts.add_options()("help,h", "show this help")
-      ("text", po::value(&text)->required(), "any text file")
-      ("out,o", po::value(&out)->required(), "token file to write");
+  opts.add_options()("help,h", "show this help")(
+      "text", po::value(&text)->required(), "any text file")("out,o", po::value(&out)->required(),
+                                                             "token file to write");
   po::positional_options_description pos;
   pos.add("text", 1);
   po::variables_map vm;
-  if (auto rc = ParseArgs("prepare-data", "megascope prepare-data TEXT -o DATA.bin", args, opts, pos, &vm)) return *rc;
+  if (auto rc = ParseArgs("prepare-data", "megascope prepare-data TEXT -o DATA.bin", args, opts,
+                          pos, &vm))
+    return *rc;
   auto n = runtime::PrepareByteTokens(text, out);
   if (!n.ok()) return Fail("prepare-data", n.status().message());
-  std::printf("wrote %s: %lld tokens (byte-level, vocab 256)\n", out.c_str(), static_cast<long long>(*n));
+  std::printf("wrote %s: %lld tokens (byte-level, vocab 256)\n", out.c_str(),
+              static_cast<long long>(*n));
   return 0;
 }
 

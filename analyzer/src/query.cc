@@ -52,18 +52,23 @@ Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_di
     if (fs::exists(f)) files.push_back(f);
   }
   std::sort(files.begin(), files.end());
-  if (files.empty()) return NotFound("no trace databases under " + run_dir + "/nodes/*/trace.db (was the run started with agents?)");
+  if (files.empty())
+    return NotFound("no trace databases under " + run_dir +
+                    "/nodes/*/trace.db (was the run started with agents?)");
   std::unique_ptr<RunDatabase> r(new RunDatabase());
   r->nodes_ = static_cast<int>(files.size());
-  if (sqlite3_open_v2(":memory:", &r->db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_URI, nullptr) != SQLITE_OK) {
+  if (sqlite3_open_v2(":memory:", &r->db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_URI, nullptr) !=
+      SQLITE_OK) {
     return Internal("cannot open an in-memory database");
   }
   const int limit = sqlite3_limit(r->db_, SQLITE_LIMIT_ATTACHED, -1);
   const bool copy = static_cast<int>(files.size()) > limit;
   if (copy) {  // more nodes than SQLite attaches at once: gather into memory batch by batch
     for (const char* t : kTables) {
-      RETURN_IF_ERROR(Exec(r->db_, std::string("ATTACH ") + Quote("file:" + files[0] + "?mode=ro") + " AS probe"));
-      RETURN_IF_ERROR(Exec(r->db_, std::string("CREATE TABLE main.") + t + " AS SELECT * FROM probe." + t + " WHERE 0"));
+      RETURN_IF_ERROR(Exec(
+          r->db_, std::string("ATTACH ") + Quote("file:" + files[0] + "?mode=ro") + " AS probe"));
+      RETURN_IF_ERROR(Exec(r->db_, std::string("CREATE TABLE main.") + t +
+                                       " AS SELECT * FROM probe." + t + " WHERE 0"));
       RETURN_IF_ERROR(Exec(r->db_, "DETACH probe"));
     }
   }
@@ -73,7 +78,8 @@ Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_di
     Status st = Exec(r->db_, "ATTACH " + Quote("file:" + files[i] + "?mode=ro") + " AS " + alias);
     if (!st.ok()) return InvalidArgument("cannot open " + files[i] + ": " + st.message());
     sqlite3_stmt* probe = nullptr;
-    if (sqlite3_prepare_v2(r->db_, ("SELECT COUNT(*) FROM " + alias + ".spans").c_str(), -1, &probe, nullptr) != SQLITE_OK) {
+    if (sqlite3_prepare_v2(r->db_, ("SELECT COUNT(*) FROM " + alias + ".spans").c_str(), -1, &probe,
+                           nullptr) != SQLITE_OK) {
       const std::string msg = sqlite3_errmsg(r->db_);
       sqlite3_finalize(probe);
       return InvalidArgument(files[i] + " is not a megascope trace database: " + msg);
@@ -81,7 +87,8 @@ Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_di
     sqlite3_finalize(probe);
     for (size_t t = 0; t < std::size(kTables); ++t) {
       if (copy) {
-        RETURN_IF_ERROR(Exec(r->db_, std::string("INSERT INTO main.") + kTables[t] + " SELECT * FROM " + alias + "." + kTables[t]));
+        RETURN_IF_ERROR(Exec(r->db_, std::string("INSERT INTO main.") + kTables[t] +
+                                         " SELECT * FROM " + alias + "." + kTables[t]));
       } else {
         parts[t].push_back("SELECT * FROM " + alias + "." + kTables[t]);
       }
@@ -108,22 +115,26 @@ Result<Table> RunDatabase::Query(const std::string& sql) {
   const char* tail = nullptr;
   if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st, &tail) != SQLITE_OK) {
     const std::string msg = sqlite3_errmsg(db_);
-    if (msg.find("not authorized") != std::string::npos || msg.find("cannot modify") != std::string::npos) {
-      return Status(StatusCode::kPermissionDenied, "writes are refused: trace databases are opened read-only (" + msg + ")");
+    if (msg.find("not authorized") != std::string::npos ||
+        msg.find("cannot modify") != std::string::npos) {
+      return Status(StatusCode::kPermissionDenied,
+                    "writes are refused: trace databases are opened read-only (" + msg + ")");
     }
     return InvalidArgument("bad SQL: " + msg);
   }
   if (st == nullptr) return InvalidArgument("empty SQL");
   if (!sqlite3_stmt_readonly(st)) {
     sqlite3_finalize(st);
-    return Status(StatusCode::kPermissionDenied, "writes are refused: only read-only statements run over trace databases");
+    return Status(StatusCode::kPermissionDenied,
+                  "writes are refused: only read-only statements run over trace databases");
   }
   if (tail != nullptr && std::string(tail).find_first_not_of(" \t\r\n;") != std::string::npos) {
     sqlite3_finalize(st);
     return InvalidArgument("one statement at a time, please");
   }
   Table t;
-  for (int c = 0; c < sqlite3_column_count(st); ++c) t.columns.push_back(sqlite3_column_name(st, c));
+  for (int c = 0; c < sqlite3_column_count(st); ++c)
+    t.columns.push_back(sqlite3_column_name(st, c));
   int rc;
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
     std::vector<std::string> row;
@@ -169,7 +180,8 @@ int64_t RunDatabase::Row::Int(int c) const { return sqlite3_column_int64(st_, c)
 double RunDatabase::Row::Double(int c) const { return sqlite3_column_double(st_, c); }
 std::string_view RunDatabase::Row::Text(int c) const {
   const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(st_, c));
-  return p == nullptr ? std::string_view() : std::string_view(p, static_cast<size_t>(sqlite3_column_bytes(st_, c)));
+  return p == nullptr ? std::string_view()
+                      : std::string_view(p, static_cast<size_t>(sqlite3_column_bytes(st_, c)));
 }
 bool RunDatabase::Row::IsNull(int c) const { return sqlite3_column_type(st_, c) == SQLITE_NULL; }
 
@@ -214,16 +226,21 @@ w AS (SELECT grp, seq, op, COUNT(*) AS members, MAX(enqueued_ns) - MIN(enqueued_
       FROM c GROUP BY grp, seq, op HAVING members > 1)
 SELECT w.grp, w.seq, w.op, w.members, ROUND(w.wait_ns / 1e6, 3) AS wait_ms,
        (SELECT rank FROM c WHERE c.grp = w.grp AND c.seq = w.seq AND c.enqueued_ns = w.last_ns LIMIT 1) AS last_rank
-FROM w ORDER BY w.wait_ns DESC LIMIT )sql" + std::to_string(limit);
+FROM w ORDER BY w.wait_ns DESC LIMIT )sql" +
+         std::to_string(limit);
 }
 
 std::string AtSql(int64_t t) {
   const std::string ts = std::to_string(t);
   return "SELECT r.rank, r.node, r.dp, r.pp, r.tp,"
-         " (SELECT kind || ' ' || name || ' (step ' || step || COALESCE(', mb ' || microbatch, '') || ')' FROM spans s"
-         "  WHERE s.rank = r.rank AND s.start_ns <= " + ts + " AND s.end_ns >= " + ts +
+         " (SELECT kind || ' ' || name || ' (step ' || step || COALESCE(', mb ' || microbatch, '') "
+         "|| ')' FROM spans s"
+         "  WHERE s.rank = r.rank AND s.start_ns <= " +
+         ts + " AND s.end_ns >= " + ts +
          "  ORDER BY s.end_ns - s.start_ns LIMIT 1) AS doing,"
-         " (SELECT phase || ' of step ' || step FROM heartbeats h WHERE h.rank = r.rank AND h.ts_ns <= " + ts +
+         " (SELECT phase || ' of step ' || step FROM heartbeats h WHERE h.rank = r.rank AND "
+         "h.ts_ns <= " +
+         ts +
          "  ORDER BY h.ts_ns DESC LIMIT 1) AS last_heartbeat"
          " FROM ranks r GROUP BY r.rank ORDER BY r.rank";
 }
@@ -281,8 +298,10 @@ std::string FormatJson(const Table& t) {
       char* end = nullptr;
       const double d = std::strtod(v.c_str(), &end);
       if (!v.empty() && end != nullptr && *end == '\0') {
-        if (v.find_first_of(".eE") == std::string::npos) o[t.columns[c]] = std::stoll(v);
-        else o[t.columns[c]] = d;
+        if (v.find_first_of(".eE") == std::string::npos)
+          o[t.columns[c]] = std::stoll(v);
+        else
+          o[t.columns[c]] = d;
       } else {
         o[t.columns[c]] = v;
       }

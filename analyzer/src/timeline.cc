@@ -21,8 +21,9 @@ void AppendInt(std::string& out, int64_t v) {
   out.append(buf, p);
 }
 void AppendStr(std::string& out, const std::string& s) {
-  if (s.find_first_of("\"\\") == std::string::npos &&
-      std::none_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; })) {
+  if (s.find_first_of("\"\\") == std::string::npos && std::none_of(s.begin(), s.end(), [](char c) {
+        return static_cast<unsigned char>(c) < 0x20;
+      })) {
     out += '"';
     out += s;
     out += '"';
@@ -34,8 +35,10 @@ void AppendStr(std::string& out, const std::string& s) {
 }  // namespace
 
 Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& o, TimelineStats* stats) {
-  const std::string range = " step >= " + std::to_string(o.first_step) + " AND step <= " + std::to_string(o.last_step);
-  ASSIGN_OR_RETURN(Table ranks, db.Query("SELECT rank, node, dp, pp, tp, MAX(clock_offset_ns) FROM ranks GROUP BY rank ORDER BY pp, dp, tp"));
+  const std::string range =
+      " step >= " + std::to_string(o.first_step) + " AND step <= " + std::to_string(o.last_step);
+  ASSIGN_OR_RETURN(Table ranks, db.Query("SELECT rank, node, dp, pp, tp, MAX(clock_offset_ns) FROM "
+                                         "ranks GROUP BY rank ORDER BY pp, dp, tp"));
   if (ranks.rows.empty()) return NotFound("the run's trace databases list no ranks");
   std::map<int, int64_t> offset;
   std::map<std::string, int> node_pid;
@@ -44,7 +47,8 @@ Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& o, Time
   out.reserve(1 << 20);
   out += "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"title\":";
   AppendStr(out, o.title);
-  out += ",\"highlight_ranks\":" + nlohmann::json(o.highlight_ranks).dump() + "},\"traceEvents\":[\n";
+  out +=
+      ",\"highlight_ranks\":" + nlohmann::json(o.highlight_ranks).dump() + "},\"traceEvents\":[\n";
   bool first = true;
   auto sep = [&] {
     if (!first) out += ",\n";
@@ -58,68 +62,76 @@ Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& o, Time
     rank_pid[rank] = it->second;
     if (added) {
       sep();
-      out += "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":" + std::to_string(it->second) + ",\"tid\":0,\"args\":{\"name\":";
+      out += "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":" + std::to_string(it->second) +
+             ",\"tid\":0,\"args\":{\"name\":";
       AppendStr(out, row[1]);
       out += "}}";
     }
     sep();
-    const std::string label = "rank " + row[0] + " (dp=" + row[2] + ", pp=" + row[3] + ", tp=" + row[4] + ")";
-    out += "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":" + std::to_string(it->second) + ",\"tid\":" + row[0] +
-           ",\"args\":{\"name\":\"" + label + "\",\"dp\":" + row[2] + ",\"pp\":" + row[3] + ",\"tp\":" + row[4] + "}}";
+    const std::string label =
+        "rank " + row[0] + " (dp=" + row[2] + ", pp=" + row[3] + ", tp=" + row[4] + ")";
+    out += "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":" + std::to_string(it->second) +
+           ",\"tid\":" + row[0] + ",\"args\":{\"name\":\"" + label + "\",\"dp\":" + row[2] +
+           ",\"pp\":" + row[3] + ",\"tp\":" + row[4] + "}}";
     sep();
-    out += "{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":" + std::to_string(it->second) + ",\"tid\":" + row[0] +
-           ",\"args\":{\"sort_index\":" + std::to_string(i) + "}}";
+    out += "{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":" + std::to_string(it->second) +
+           ",\"tid\":" + row[0] + ",\"args\":{\"sort_index\":" + std::to_string(i) + "}}";
   }
   int64_t t_min = std::numeric_limits<int64_t>::max(), t_max = 0, nspans = 0;
-  RETURN_IF_ERROR(db.Scan("SELECT rank, step, microbatch, kind, name, start_ns, end_ns FROM spans WHERE" + range +
-                              " ORDER BY start_ns",
-                          [&](const RunDatabase::Row& row) {
-                            const int rank = static_cast<int>(row.Int(0));
-                            auto pid = rank_pid.find(rank);
-                            if (pid == rank_pid.end()) return;
-                            const int64_t start = row.Int(5) - offset[rank], end = row.Int(6) - offset[rank];
-                            t_min = std::min(t_min, start);
-                            t_max = std::max(t_max, end);
-                            ++nspans;
-                            sep();
-                            out += "{\"ph\":\"X\",\"name\":";
-                            AppendStr(out, std::string(row.Text(4)));
-                            out += ",\"cat\":\"";
-                            out += row.Text(3);
-                            out += "\",\"ts\":";
-                            AppendNum(out, static_cast<double>(start) / 1000.0);
-                            out += ",\"dur\":";
-                            AppendNum(out, static_cast<double>(end - start) / 1000.0);
-                            out += ",\"pid\":";
-                            AppendInt(out, pid->second);
-                            out += ",\"tid\":";
-                            AppendInt(out, rank);
-                            out += ",\"args\":{\"step\":";
-                            AppendInt(out, row.Int(1));
-                            if (!row.IsNull(2)) {
-                              out += ",\"microbatch\":";
-                              AppendInt(out, row.Int(2));
-                            }
-                            out += "}}";
-                          }));
+  RETURN_IF_ERROR(
+      db.Scan("SELECT rank, step, microbatch, kind, name, start_ns, end_ns FROM spans WHERE" +
+                  range + " ORDER BY start_ns",
+              [&](const RunDatabase::Row& row) {
+                const int rank = static_cast<int>(row.Int(0));
+                auto pid = rank_pid.find(rank);
+                if (pid == rank_pid.end()) return;
+                const int64_t start = row.Int(5) - offset[rank], end = row.Int(6) - offset[rank];
+                t_min = std::min(t_min, start);
+                t_max = std::max(t_max, end);
+                ++nspans;
+                sep();
+                out += "{\"ph\":\"X\",\"name\":";
+                AppendStr(out, std::string(row.Text(4)));
+                out += ",\"cat\":\"";
+                out += row.Text(3);
+                out += "\",\"ts\":";
+                AppendNum(out, static_cast<double>(start) / 1000.0);
+                out += ",\"dur\":";
+                AppendNum(out, static_cast<double>(end - start) / 1000.0);
+                out += ",\"pid\":";
+                AppendInt(out, pid->second);
+                out += ",\"tid\":";
+                AppendInt(out, rank);
+                out += ",\"args\":{\"step\":";
+                AppendInt(out, row.Int(1));
+                if (!row.IsNull(2)) {
+                  out += ",\"microbatch\":";
+                  AppendInt(out, row.Int(2));
+                }
+                out += "}}";
+              }));
   int64_t flows = 0;
   if (nspans > 0) {
     // Pipeline transfers: the k-th send from a to b in a group matches the k-th recv on b from a.
-    ASSIGN_OR_RETURN(Table p2p, db.Query(
-        "SELECT s.rank, r.rank, s.started_ns, r.completed_ns FROM collectives s JOIN collectives r "
-        "ON s.grp = r.grp AND s.seq = r.seq AND s.op = 'send' AND r.op = 'recv' AND r.peer = s.rank AND s.peer = r.rank "
-        "AND s.attempt = r.attempt WHERE s.started_ns >= " + std::to_string(t_min) + " - 1000000000 AND r.completed_ns <= " +
-        std::to_string(t_max) + " + 1000000000 ORDER BY s.started_ns"));
+    ASSIGN_OR_RETURN(Table p2p,
+                     db.Query("SELECT s.rank, r.rank, s.started_ns, r.completed_ns FROM "
+                              "collectives s JOIN collectives r "
+                              "ON s.grp = r.grp AND s.seq = r.seq AND s.op = 'send' AND r.op = "
+                              "'recv' AND r.peer = s.rank AND s.peer = r.rank "
+                              "AND s.attempt = r.attempt WHERE s.started_ns >= " +
+                              std::to_string(t_min) + " - 1000000000 AND r.completed_ns <= " +
+                              std::to_string(t_max) + " + 1000000000 ORDER BY s.started_ns"));
     for (const auto& row : p2p.rows) {
       const int from = std::stoi(row[0]), to = std::stoi(row[1]);
-      if (!rank_pid.count(from) || !rank_pid.count(to) || row[2].empty() || row[3].empty()) continue;
+      if (!rank_pid.count(from) || !rank_pid.count(to) || row[2].empty() || row[3].empty())
+        continue;
       const std::string id = std::to_string(++flows);
       sep();
-      out += "{\"ph\":\"s\",\"name\":\"p2p\",\"cat\":\"pipeline\",\"id\":" + id + ",\"pid\":" + std::to_string(rank_pid[from]) +
-             ",\"tid\":" + row[0] + ",\"ts\":";
+      out += "{\"ph\":\"s\",\"name\":\"p2p\",\"cat\":\"pipeline\",\"id\":" + id +
+             ",\"pid\":" + std::to_string(rank_pid[from]) + ",\"tid\":" + row[0] + ",\"ts\":";
       AppendNum(out, static_cast<double>(std::stoll(row[2]) - offset[from]) / 1000.0);
-      out += "},\n{\"ph\":\"f\",\"bp\":\"e\",\"name\":\"p2p\",\"cat\":\"pipeline\",\"id\":" + id + ",\"pid\":" +
-             std::to_string(rank_pid[to]) + ",\"tid\":" + row[1] + ",\"ts\":";
+      out += "},\n{\"ph\":\"f\",\"bp\":\"e\",\"name\":\"p2p\",\"cat\":\"pipeline\",\"id\":" + id +
+             ",\"pid\":" + std::to_string(rank_pid[to]) + ",\"tid\":" + row[1] + ",\"ts\":";
       AppendNum(out, static_cast<double>(std::stoll(row[3]) - offset[to]) / 1000.0);
       out += "}";
     }
@@ -135,7 +147,8 @@ std::string TimelineHtml(const std::string& trace_json, const TimelineOptions& o
   const auto at = html.find(marker);
   std::string data = trace_json;
   // Keep "</script>" inside strings from ending the script element.
-  for (size_t p = 0; (p = data.find("</", p)) != std::string::npos; p += 3) data.replace(p, 2, "<\\/");
+  for (size_t p = 0; (p = data.find("</", p)) != std::string::npos; p += 3)
+    data.replace(p, 2, "<\\/");
   if (at != std::string::npos) html.replace(at, marker.size(), data);
   const auto title = html.find("<title>");
   if (title != std::string::npos) html.insert(title + 7, o.title + " - ");

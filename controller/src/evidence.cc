@@ -13,7 +13,8 @@ namespace {
 // The value of label `key` in a Prometheus series line, or "".
 std::string LabelOf(std::string_view line, std::string_view key) {
   const std::string needle = std::string(key) + "=\"";
-  for (size_t at = line.find(needle); at != std::string_view::npos; at = line.find(needle, at + 1)) {
+  for (size_t at = line.find(needle); at != std::string_view::npos;
+       at = line.find(needle, at + 1)) {
     if (at > 0 && line[at - 1] != '{' && line[at - 1] != ',') continue;
     const size_t start = at + needle.size(), end = line.find('"', start);
     if (end == std::string_view::npos) return "";

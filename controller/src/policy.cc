@@ -38,8 +38,8 @@ Decision DecideFresh(const Verdict& v, int repeats, const PolicyOptions& o) {
                 o.check_confidence);
   const bool confident = v.confidence >= o.check_confidence;
   const bool persistent = repeats >= o.straggler_windows;
-  const std::string held = std::to_string(repeats) + " of " +
-                           std::to_string(o.straggler_windows) + " analyses in a row";
+  const std::string held =
+      std::to_string(repeats) + " of " + std::to_string(o.straggler_windows) + " analyses in a row";
   Decision d;
   d.nodes = v.root_nodes;
   const Cause cause = ParseCause(v.cause);
@@ -116,7 +116,8 @@ std::string_view Name(Action a) {
 
 Decision Decide(const Verdict& v, int repeats, const PolicyOptions& o, bool passed_before) {
   Decision d = DecideFresh(v, repeats, o);
-  if (passed_before && d.action == Action::kSelfCheck && ParseVerdictKind(v.kind) != VerdictKind::kHang) {
+  if (passed_before && d.action == Action::kSelfCheck &&
+      ParseVerdictKind(v.kind) != VerdictKind::kHang) {
     d.action = Action::kAlert;
     d.reason = "the suspect passed its self-check for " + (v.cause.empty() ? v.kind : v.cause) +
                " earlier in this run: it stays";

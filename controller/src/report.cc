@@ -107,8 +107,7 @@ Result<std::string> BuildReport(const std::string& run_dir, ReportFigures* figur
                 std::to_string(s.detail.value("step", 0)) + " |\n";
       } else if (k == "decision") {
         body += "| policy | " + at(s.ts_ns) + " | " + s.detail.value("action", "") +
-                (s.node.empty() ? "" : " " + s.node) + ": " + s.detail.value("reason", "") +
-                " |\n";
+                (s.node.empty() ? "" : " " + s.node) + ": " + s.detail.value("reason", "") + " |\n";
       } else if (k == "paused") {
         body += "| **paused** | " + at(s.ts_ns) + " | " + s.detail.value("reason", "") + " |\n";
       } else if (k == "agent_restarted") {

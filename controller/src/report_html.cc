@@ -24,11 +24,20 @@ std::string Esc(const std::string& s) {
   std::string o;
   for (char c : s) {
     switch (c) {
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '&': o += "&amp;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '&':
+        o += "&amp;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      default:
+        o += c;
     }
   }
   return o;
@@ -63,8 +72,8 @@ std::string LinePlot(const std::map<std::string, std::vector<std::pair<double, d
       p += F("%.1f", L + (x - x0) / (x1 - x0) * (w - L - 4)) + "," +
            F("%.1f", 4 + (1 - (y - y0) / (y1 - y0)) * (h - B - 8)) + " ";
     }
-    return "<polyline class=\"" + std::string(name == highlight ? "hi" : "peer") +
-           "\" points=\"" + p + "\"><title>" + Esc(name) + "</title></polyline>";
+    return "<polyline class=\"" + std::string(name == highlight ? "hi" : "peer") + "\" points=\"" +
+           p + "\"><title>" + Esc(name) + "</title></polyline>";
   };
   for (const auto& [n, pts] : series) {
     if (n != highlight) svg += line(n, pts);
@@ -92,8 +101,9 @@ Result<std::string> BuildHtmlReport(const std::string& run_dir, const HtmlReport
       "white-space:pre-wrap}</style></head><body>";
   h += "<h1>megascope launch report</h1><p>" + Esc(run_dir) + "</p>";
   h += "<p id=\"summary\">" + std::to_string(fig.incidents) + " incident(s), " +
-       std::to_string(fig.evictions) + " eviction(s), wall " + F("%.1f s", fig.wall_s) +
-       ", ETTR " + F("%.3f", fig.ettr) + ". <a href=\"timeline.html\">Timeline viewer</a> (the "
+       std::to_string(fig.evictions) + " eviction(s), wall " + F("%.1f s", fig.wall_s) + ", ETTR " +
+       F("%.3f", fig.ettr) +
+       ". <a href=\"timeline.html\">Timeline viewer</a> (the "
        "steps around the last incident, its root ranks highlighted).</p>";
 
   // 1. Events on a time axis.
@@ -112,7 +122,8 @@ Result<std::string> BuildHtmlReport(const std::string& run_dir, const HtmlReport
     h += "<text x=\"0\" y=\"" + std::to_string(y + 4) + "\" class=\"ev\">" + kind + "</text>";
     for (const Event& e : events) {
       if (e.kind_name != kind) continue;
-      const double x = 110 + static_cast<double>(e.ts_ns - t0) / static_cast<double>(t1 - t0) * (W - 120);
+      const double x =
+          110 + static_cast<double>(e.ts_ns - t0) / static_cast<double>(t1 - t0) * (W - 120);
       h += "<circle cx=\"" + F("%.1f", x) + "\" cy=\"" + std::to_string(y) + "\" r=\"4\" fill=\"" +
            colour + "\"><title>" + F("+%.2f s ", static_cast<double>(e.ts_ns - t0) / 1e9) +
            Esc(kind + " " + e.node + " " + e.detail.dump().substr(0, 300)) + "</title></circle>";
@@ -145,10 +156,9 @@ Result<std::string> BuildHtmlReport(const std::string& run_dir, const HtmlReport
     std::map<int, Meta> meta;  // the rank's latest attempt
     (void)(*rdb)->Scan("SELECT rank, dp, pp, tp, node FROM ranks ORDER BY attempt",
                        [&](const analyzer::RunDatabase::Row& r) {
-                         meta[static_cast<int>(r.Int(0))] = {static_cast<int>(r.Int(1)),
-                                                             static_cast<int>(r.Int(2)),
-                                                             static_cast<int>(r.Int(3)),
-                                                             std::string(r.Text(4))};
+                         meta[static_cast<int>(r.Int(0))] = {
+                             static_cast<int>(r.Int(1)), static_cast<int>(r.Int(2)),
+                             static_cast<int>(r.Int(3)), std::string(r.Text(4))};
                        });
     std::map<int64_t, std::map<int, double>> compute;  // step -> rank -> s (the step's last run)
     std::map<std::pair<int64_t, int>, std::string> node_at;  // (step, rank) -> node
@@ -167,7 +177,8 @@ Result<std::string> BuildHtmlReport(const std::string& run_dir, const HtmlReport
       const Meta &x = meta[a], &y = meta[b];
       return std::tie(x.pp, x.tp, x.dp) < std::tie(y.pp, y.tp, y.dp);
     });
-    const int cw = std::max(3, std::min(14, 900 / std::max<int>(1, static_cast<int>(steps.size()))));
+    const int cw =
+        std::max(3, std::min(14, 900 / std::max<int>(1, static_cast<int>(steps.size()))));
     const int ch = 16, L = 190;
     h += "<h2>Compute time per rank and step, against its peers at the same (pp, tp)</h2>"
          "<p>White: at its peers' median; red: slower (darkest at 2x and more); outlined: 20 % or "
@@ -202,9 +213,9 @@ Result<std::string> BuildHtmlReport(const std::string& run_dir, const HtmlReport
              std::to_string(r) + "\" data-step=\"" + std::to_string(steps[k]) + "\" x=\"" +
              std::to_string(L + cw * k) + "\" y=\"" + std::to_string(ch * i) + "\" width=\"" +
              std::to_string(cw) + "\" height=\"" + std::to_string(ch - 1) + "\" fill=\"rgb(255," +
-             std::to_string(g) + "," + std::to_string(g) + ")\"><title>rank " +
-             std::to_string(r) + " step " + std::to_string(steps[k]) + ": " +
-             F("%.4f s", it->second) + ", " + F("%.2fx", ratio) + " its peers</title></rect>";
+             std::to_string(g) + "," + std::to_string(g) + ")\"><title>rank " + std::to_string(r) +
+             " step " + std::to_string(steps[k]) + ": " + F("%.4f s", it->second) + ", " +
+             F("%.2fx", ratio) + " its peers</title></rect>";
       }
     }
     if (!steps.empty()) {
@@ -239,8 +250,9 @@ Result<std::string> BuildHtmlReport(const std::string& run_dir, const HtmlReport
     if (e.kind_name != "verdict") continue;
     ++n;
     h += "<h3>" + Esc(e.detail.value("kind", "") + " " + e.detail.value("cause", "")) + " on " +
-         Esc(e.node.empty() ? "-" : e.node) + F(" (confidence %.2f)", e.detail.value("confidence", 0.0)) +
-         "</h3><p>" + Esc(e.detail.value("explanation", "")) + "</p><ul>";
+         Esc(e.node.empty() ? "-" : e.node) +
+         F(" (confidence %.2f)", e.detail.value("confidence", 0.0)) + "</h3><p>" +
+         Esc(e.detail.value("explanation", "")) + "</p><ul>";
     for (const auto& ev : e.detail.value("evidence", json::array()))
       h += "<li>" + Esc(ev.is_string() ? ev.get<std::string>() : ev.dump()) + "</li>";
     h += "</ul>";

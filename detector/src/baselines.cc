@@ -18,7 +18,8 @@ Verdict Alert(const Registry& reg, int machine, const Frame& f, const char* how)
 }
 
 bool CoolingDown(std::vector<int64_t>& last, int machine, int64_t tick, int cooldown) {
-  if (static_cast<int>(last.size()) <= machine) last.resize(machine + 1, std::numeric_limits<int64_t>::min() / 2);
+  if (static_cast<int>(last.size()) <= machine)
+    last.resize(machine + 1, std::numeric_limits<int64_t>::min() / 2);
   if (tick - last[machine] < cooldown) return true;
   last[machine] = tick;
   return false;
@@ -55,7 +56,8 @@ void ZScoreBaseline::OnFrame(const Frame& f, const Registry& reg, std::vector<Ve
     }
   }
   for (int m = 0; m < reg.machines(); ++m) {
-    if (flagged[m] && !CoolingDown(last_alert_, m, f.tick, cooldown_)) out->push_back(Alert(reg, m, f, "zscore"));
+    if (flagged[m] && !CoolingDown(last_alert_, m, f.tick, cooldown_))
+      out->push_back(Alert(reg, m, f, "zscore"));
   }
 }
 

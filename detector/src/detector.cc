@@ -659,7 +659,8 @@ Verdict Detector::Impl::MakeVerdict(int m, const Rolling& window, const Frame& f
   std::snprintf(
       head, sizeof(head),
       " stood out from its peers for %d of the last %d ticks (%s evidence, confidence %.2f): ",
-      window.count(), window.size(), s.named >= 2 ? "strong or corroborated" : "single-family", v.confidence);
+      window.count(), window.size(), s.named >= 2 ? "strong or corroborated" : "single-family",
+      v.confidence);
   v.explanation = reg.machine_name(m) + head + facts;
   return v;
 }

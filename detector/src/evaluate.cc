@@ -36,14 +36,16 @@ Evaluation Evaluate(const std::vector<Verdict>& verdicts, const std::vector<Labe
   for (const Label& l : labels) ++e.by_type[l.fault_type].faults;
   std::vector<const Verdict*> ordered;
   for (const Verdict& v : verdicts) ordered.push_back(&v);
-  std::stable_sort(ordered.begin(), ordered.end(),
-                   [](const Verdict* a, const Verdict* b) { return a->detected_at_ns < b->detected_at_ns; });
+  std::stable_sort(ordered.begin(), ordered.end(), [](const Verdict* a, const Verdict* b) {
+    return a->detected_at_ns < b->detected_at_ns;
+  });
   for (const Verdict* v : ordered) {
     const double t = static_cast<double>(v->detected_at_ns) / 1e9;
     const std::string machine = v->root_nodes.empty() ? "" : v->root_nodes.front();
     int match = -1;
     for (size_t i = 0; i < labels.size(); ++i) {
-      if (labels[i].machine == machine && t >= labels[i].fault_start_s && t <= labels[i].fault_end_s) {
+      if (labels[i].machine == machine && t >= labels[i].fault_start_s &&
+          t <= labels[i].fault_end_s) {
         match = static_cast<int>(i);
         if (!detected[i]) break;  // prefer an undetected fault
       }
@@ -70,15 +72,18 @@ std::string FormatEvaluation(const Evaluation& e) {
   const Score& s = e.total;
   std::string out;
   std::snprintf(buf, sizeof(buf),
-                "precision %.3f  recall %.3f  F1 %.3f  (%d true, %d false positives, %d duplicates; %d/%d faults)\n"
+                "precision %.3f  recall %.3f  F1 %.3f  (%d true, %d false positives, %d "
+                "duplicates; %d/%d faults)\n"
                 "delay: median %.1f s, p90 %.1f s\n",
-                s.precision(), s.recall(), s.f1(), s.true_positives, s.false_positives, s.duplicates, s.detected,
-                s.faults, s.median_delay_s(), s.p90_delay_s());
+                s.precision(), s.recall(), s.f1(), s.true_positives, s.false_positives,
+                s.duplicates, s.detected, s.faults, s.median_delay_s(), s.p90_delay_s());
   out += buf;
   out += "by fault type:\n";
   for (const auto& [type, t] : e.by_type) {
-    std::snprintf(buf, sizeof(buf), "  %-18s detected %3d/%-3d  recall %.3f  median delay %6.1f s  p90 %6.1f s\n",
-                  type.c_str(), t.detected, t.faults, t.recall(), t.median_delay_s(), t.p90_delay_s());
+    std::snprintf(buf, sizeof(buf),
+                  "  %-18s detected %3d/%-3d  recall %.3f  median delay %6.1f s  p90 %6.1f s\n",
+                  type.c_str(), t.detected, t.faults, t.recall(), t.median_delay_s(),
+                  t.p90_delay_s());
     out += buf;
   }
   return out;

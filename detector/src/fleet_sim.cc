@@ -9,26 +9,50 @@ namespace megascope::detector {
 namespace {
 
 enum Metric {
-  kCpu, kMem, kNetTx, kNetRx, kPfc, kGpuUtil, kGpuPower, kGpuTemp, kGpuMem, kNvlink, kTensor,
-  kStepTime, kXid, kEcc, kNumMetrics
+  kCpu,
+  kMem,
+  kNetTx,
+  kNetRx,
+  kPfc,
+  kGpuUtil,
+  kGpuPower,
+  kGpuTemp,
+  kGpuMem,
+  kNvlink,
+  kTensor,
+  kStepTime,
+  kXid,
+  kEcc,
+  kNumMetrics
 };
 const char* const kMetricNames[kNumMetrics] = {
-    "cpu_util", "mem_used_gb", "net_tx_gbps", "net_rx_gbps", "pfc_tx_pause_pps", "gpu_util",
-    "gpu_power_w", "gpu_temp_c", "gpu_mem_used_gb", "nvlink_tx_gbps", "gpu_tensor_active",
-    "step_time_s", "gpu_xid_errors", "gpu_ecc_errors"};
+    "cpu_util",          "mem_used_gb", "net_tx_gbps",    "net_rx_gbps",     "pfc_tx_pause_pps",
+    "gpu_util",          "gpu_power_w", "gpu_temp_c",     "gpu_mem_used_gb", "nvlink_tx_gbps",
+    "gpu_tensor_active", "step_time_s", "gpu_xid_errors", "gpu_ecc_errors"};
 bool IsGpuMetric(int m) { return m >= kGpuUtil && m != kStepTime; }
 
 enum FaultType {
-  kEccError, kXidError, kCudaError, kPcieDowngrade, kNicDropout, kNicFlap, kGpuOffBus,
-  kNvlinkError, kUnreachable, kThermal, kNumFaultTypes
+  kEccError,
+  kXidError,
+  kCudaError,
+  kPcieDowngrade,
+  kNicDropout,
+  kNicFlap,
+  kGpuOffBus,
+  kNvlinkError,
+  kUnreachable,
+  kThermal,
+  kNumFaultTypes
 };
 const std::vector<std::string> kFaultNames = {
-    "ecc_error", "xid_error", "cuda_error", "pcie_downgrade", "nic_dropout", "nic_flap",
-    "gpu_off_bus", "nvlink_error", "unreachable", "thermal_throttle"};
+    "ecc_error", "xid_error",   "cuda_error",   "pcie_downgrade", "nic_dropout",
+    "nic_flap",  "gpu_off_bus", "nvlink_error", "unreachable",    "thermal_throttle"};
 // Approximate production mix (Minder's fault shares, NOTES.md).
-const double kFaultWeights[kNumFaultTypes] = {0.30, 0.10, 0.12, 0.08, 0.05, 0.05, 0.05, 0.05, 0.08, 0.12};
+const double kFaultWeights[kNumFaultTypes] = {0.30, 0.10, 0.12, 0.08, 0.05,
+                                              0.05, 0.05, 0.05, 0.08, 0.12};
 bool IsFatal(int t) {
-  return t == kXidError || t == kCudaError || t == kNicDropout || t == kGpuOffBus || t == kUnreachable;
+  return t == kXidError || t == kCudaError || t == kNicDropout || t == kGpuOffBus ||
+         t == kUnreachable;
 }
 
 enum JobEvent { kCheckpoint, kEval, kDataStall, kRestart, kLrChange };
@@ -59,10 +83,13 @@ FleetSim::FleetSim(FleetSimConfig config) : cfg_(std::move(config)) {
 
   // Job-wide rhythm: checkpoints every 30 min, evaluations every 20 min, rare data stalls and
   // learning-rate changes.
-  for (double t = 1800 * u(rng); t < total; t += 1800) events_.push_back({kCheckpoint, t, t + 40 + 40 * u(rng)});
+  for (double t = 1800 * u(rng); t < total; t += 1800)
+    events_.push_back({kCheckpoint, t, t + 40 + 40 * u(rng)});
   for (double t = 600 + 1200 * u(rng); t < total; t += 1200) events_.push_back({kEval, t, t + 60});
-  for (double t = 3600 * u(rng); t < total; t += 1800 + 3600 * u(rng)) events_.push_back({kDataStall, t, t + 10 + 20 * u(rng)});
-  for (double t = 2400 * u(rng); t < total; t += 2400 + 2400 * u(rng)) events_.push_back({kLrChange, t, total});
+  for (double t = 3600 * u(rng); t < total; t += 1800 + 3600 * u(rng))
+    events_.push_back({kDataStall, t, t + 10 + 20 * u(rng)});
+  for (double t = 2400 * u(rng); t < total; t += 2400 + 2400 * u(rng))
+    events_.push_back({kLrChange, t, total});
 
   // Faults: one per slot of the timeline, never overlapping, each on a random machine.
   std::vector<int> types;
@@ -80,9 +107,11 @@ FleetSim::FleetSim(FleetSimConfig config) : cfg_(std::move(config)) {
     double len = 180 * std::pow(max_len / 180, u(rng));
     double start = i * slot + 120 + (slot - len - 240) * u(rng);
     if (start < i * slot + 60) start = i * slot + 60;
-    Fault f{static_cast<int>(rng() % static_cast<uint64_t>(cfg_.machines)), type, start, start + len, 0.5 + 0.5 * u(rng)};
+    Fault f{static_cast<int>(rng() % static_cast<uint64_t>(cfg_.machines)), type, start,
+            start + len, 0.5 + 0.5 * u(rng)};
     faults_.push_back(f);
-    labels_.push_back({machine_names_[f.machine], cfg_.start_s + f.start, cfg_.start_s + f.end, kFaultNames[type]});
+    labels_.push_back({machine_names_[f.machine], cfg_.start_s + f.start, cfg_.start_s + f.end,
+                       kFaultNames[type]});
     if (IsFatal(type)) events_.push_back({kRestart, f.end, f.end + 60 + 60 * u(rng)});
   }
 }
@@ -91,7 +120,8 @@ std::vector<std::pair<std::string, std::string>> FleetSim::Groups() const {
   std::vector<std::pair<std::string, std::string>> g;
   const int per_stage = std::max(1, cfg_.machines / std::max(1, cfg_.stages));
   for (int m = 0; m < cfg_.machines; ++m) {
-    g.emplace_back(machine_names_[m], "stage" + std::to_string(std::min(m / per_stage, cfg_.stages - 1)));
+    g.emplace_back(machine_names_[m],
+                   "stage" + std::to_string(std::min(m / per_stage, cfg_.stages - 1)));
   }
   return g;
 }
@@ -102,7 +132,8 @@ void FleetSim::Run(const std::function<void(int, int, double, double)>& sink) co
   const uint64_t seed = Mix(cfg_.seed * 0x51ed27ULL + 17);
   const int per_stage = std::max(1, n / std::max(1, cfg_.stages));
   auto rnd = [&](int m, int64_t t, int salt) {
-    return Mix(seed ^ Mix((static_cast<uint64_t>(m) << 40) ^ (static_cast<uint64_t>(t) << 8) ^ static_cast<uint64_t>(salt)));
+    return Mix(seed ^ Mix((static_cast<uint64_t>(m) << 40) ^ (static_cast<uint64_t>(t) << 8) ^
+                          static_cast<uint64_t>(salt)));
   };
   // Static per-machine character: healthy machines differ a little.
   std::vector<double> off_cpu(n), off_mem(n), off_pow(n), off_temp(n), phase(n), offset_s(n);
@@ -129,7 +160,8 @@ void FleetSim::Run(const std::function<void(int, int, double, double)>& sink) co
       if (f.type == kThermal) slow *= 1 + 0.2 * f.severity;
     }
     for (const Event& e : events_) {
-      if (e.kind == kLrChange && ts >= e.start) lr_factor *= 1 + 0.03 * (Uniform(Mix(static_cast<uint64_t>(e.start))) - 0.5);
+      if (e.kind == kLrChange && ts >= e.start)
+        lr_factor *= 1 + 0.03 * (Uniform(Mix(static_cast<uint64_t>(e.start))) - 0.5);
     }
     const double step = 2.0 * slow * lr_factor;
     for (int m = 0; m < n; ++m) {
@@ -162,21 +194,48 @@ void FleetSim::Run(const std::function<void(int, int, double, double)>& sink) co
       v[kXid] = Uniform(rnd(m, t, 31)) < 1.0 / 21600 ? 1 : 0;  // healthy machines see rare ones
       v[kEcc] = Uniform(rnd(m, t, 32)) < 1.0 / 21600 ? 1 : 0;
       if (job == kCheckpoint) {
-        v[kGpuUtil] = 0.05; v[kGpuPower] = 150 + off_pow[m]; v[kTensor] = 0; v[kNvlink] = 2;
-        v[kNetTx] = 15 + g(33); v[kNetRx] = 1; v[kCpu] = 0.8 + 0.03 * g(34); v[kPfc] = 5 + g(35);
+        v[kGpuUtil] = 0.05;
+        v[kGpuPower] = 150 + off_pow[m];
+        v[kTensor] = 0;
+        v[kNvlink] = 2;
+        v[kNetTx] = 15 + g(33);
+        v[kNetRx] = 1;
+        v[kCpu] = 0.8 + 0.03 * g(34);
+        v[kPfc] = 5 + g(35);
       } else if (job == kEval) {
-        v[kGpuUtil] = 0.6 + 0.02 * g(33); v[kGpuPower] = 420 + off_pow[m] + 10 * g(34); v[kTensor] = 0.3;
-        v[kNetTx] *= 0.3; v[kNetRx] *= 0.3; v[kNvlink] *= 0.5;
+        v[kGpuUtil] = 0.6 + 0.02 * g(33);
+        v[kGpuPower] = 420 + off_pow[m] + 10 * g(34);
+        v[kTensor] = 0.3;
+        v[kNetTx] *= 0.3;
+        v[kNetRx] *= 0.3;
+        v[kNvlink] *= 0.5;
       } else if (job == kDataStall) {
-        v[kGpuUtil] = 0.1; v[kGpuPower] = 180 + off_pow[m]; v[kNetTx] = 0.5; v[kNetRx] = 0.5;
-        v[kTensor] = 0; v[kCpu] = 0.9 + 0.03 * g(33); v[kNvlink] = 1; v[kPfc] = 2;
+        v[kGpuUtil] = 0.1;
+        v[kGpuPower] = 180 + off_pow[m];
+        v[kNetTx] = 0.5;
+        v[kNetRx] = 0.5;
+        v[kTensor] = 0;
+        v[kCpu] = 0.9 + 0.03 * g(33);
+        v[kNvlink] = 1;
+        v[kPfc] = 2;
       } else if (job == kRestart) {
-        v[kGpuUtil] = 0.02; v[kGpuPower] = 120 + off_pow[m]; v[kNetRx] = 20 + 2 * g(33); v[kNetTx] = 1;
-        v[kCpu] = 0.6 + 0.03 * g(34); v[kTensor] = 0; v[kNvlink] = 1; v[kGpuMem] = 20 + 0.5 * g(35);
+        v[kGpuUtil] = 0.02;
+        v[kGpuPower] = 120 + off_pow[m];
+        v[kNetRx] = 20 + 2 * g(33);
+        v[kNetTx] = 1;
+        v[kCpu] = 0.6 + 0.03 * g(34);
+        v[kTensor] = 0;
+        v[kNvlink] = 1;
+        v[kGpuMem] = 20 + 0.5 * g(35);
       }
       if (hung) {  // blocked in a collective: NCCL kernels spin, little traffic
-        v[kGpuUtil] = 1.0; v[kGpuPower] = 350 + off_pow[m] + 5 * g(36); v[kTensor] = 0;
-        v[kNetTx] = 5 + g(37); v[kNetRx] = 5 + g(38); v[kNvlink] = 0.5; v[kCpu] = 0.12 + 0.01 * g(39);
+        v[kGpuUtil] = 1.0;
+        v[kGpuPower] = 350 + off_pow[m] + 5 * g(36);
+        v[kTensor] = 0;
+        v[kNetTx] = 5 + g(37);
+        v[kNetRx] = 5 + g(38);
+        v[kNvlink] = 0.5;
+        v[kCpu] = 0.12 + 0.01 * g(39);
         v[kPfc] = 3 + g(40);
       }
       // Healthy jitter: a short blip on one metric, about once per machine per two hours.
@@ -184,10 +243,19 @@ void FleetSim::Run(const std::function<void(int, int, double, double)>& sink) co
       const uint64_t bh = rnd(m, blip_slot, 41);
       if (Uniform(bh) < 60.0 / 7200 && t % 60 < 2 + static_cast<int64_t>(Uniform(Mix(bh)) * 13)) {
         switch (Mix(bh) % 4) {
-          case 0: v[kCpu] += 0.5; break;
-          case 1: v[kNetTx] *= 0.3; v[kNetRx] *= 0.3; break;
-          case 2: v[kPfc] *= 4; break;
-          default: v[kGpuUtil] -= 0.3; break;
+          case 0:
+            v[kCpu] += 0.5;
+            break;
+          case 1:
+            v[kNetTx] *= 0.3;
+            v[kNetRx] *= 0.3;
+            break;
+          case 2:
+            v[kPfc] *= 4;
+            break;
+          default:
+            v[kGpuUtil] -= 0.3;
+            break;
         }
       }
       std::fill(std::begin(emit), std::end(emit), true);
@@ -195,8 +263,15 @@ void FleetSim::Run(const std::function<void(int, int, double, double)>& sink) co
         const double s = fault->severity;
         const double age = ts - fault->start;
         auto dead = [&] {
-          v[kGpuUtil] = 0; v[kGpuPower] = 90 + off_pow[m] * 0.2; v[kTensor] = 0; v[kGpuMem] = 0.5;
-          v[kNvlink] = 0; v[kNetTx] = 0.05; v[kNetRx] = 0.05; v[kCpu] = 0.03; v[kPfc] = 0;
+          v[kGpuUtil] = 0;
+          v[kGpuPower] = 90 + off_pow[m] * 0.2;
+          v[kTensor] = 0;
+          v[kGpuMem] = 0.5;
+          v[kNvlink] = 0;
+          v[kNetTx] = 0.05;
+          v[kNetRx] = 0.05;
+          v[kCpu] = 0.03;
+          v[kPfc] = 0;
         };
         switch (fault->type) {
           case kEccError:
@@ -204,21 +279,35 @@ void FleetSim::Run(const std::function<void(int, int, double, double)>& sink) co
             v[kGpuUtil] -= 0.03;
             break;
           case kXidError:
-            if (age < 10) v[kXid] = 2; else dead();
+            if (age < 10)
+              v[kXid] = 2;
+            else
+              dead();
             break;
-          case kCudaError: dead(); break;
+          case kCudaError:
+            dead();
+            break;
           case kPcieDowngrade:
             v[kPfc] = 50 * (6 + 10 * s) + 40 * g(52);
-            v[kNetTx] *= 1 - 0.4 * s; v[kNetRx] *= 1 - 0.4 * s;
+            v[kNetTx] *= 1 - 0.4 * s;
+            v[kNetRx] *= 1 - 0.4 * s;
             v[kGpuUtil] = busy - 0.05 + 0.02 * g(53);
             break;
           case kNicDropout:
-            v[kNetTx] = 0; v[kNetRx] = 0; v[kPfc] = 0;
-            v[kGpuUtil] = 1.0; v[kGpuPower] = 350 + off_pow[m]; v[kTensor] = 0; v[kNvlink] = 0.5; v[kCpu] = 0.12;
+            v[kNetTx] = 0;
+            v[kNetRx] = 0;
+            v[kPfc] = 0;
+            v[kGpuUtil] = 1.0;
+            v[kGpuPower] = 350 + off_pow[m];
+            v[kTensor] = 0;
+            v[kNvlink] = 0.5;
+            v[kCpu] = 0.12;
             break;
           case kNicFlap:
             if ((static_cast<int64_t>(age) / 12) % 2 == 1) {
-              v[kNetTx] = 0; v[kNetRx] = 0; v[kPfc] = 0;
+              v[kNetTx] = 0;
+              v[kNetRx] = 0;
+              v[kPfc] = 0;
             }
             break;
           case kGpuOffBus:
@@ -245,10 +334,13 @@ void FleetSim::Run(const std::function<void(int, int, double, double)>& sink) co
       for (const Fault& f : faults_) {
         if (f.type == kNicFlap && f.machine != m && ts >= f.start && ts < f.end &&
             (static_cast<int64_t>(ts - f.start) / 12) % 2 == 1) {
-          v[kGpuUtil] *= 0.4; v[kNetTx] *= 0.5; v[kNetRx] *= 0.5;
+          v[kGpuUtil] *= 0.4;
+          v[kNetTx] *= 0.5;
+          v[kNetRx] *= 0.5;
         }
       }
-      v[kGpuTemp] = 65 + off_temp[m] + 3 * std::sin(ts / 7200) + 0.03 * (v[kGpuPower] - 600) + 0.5 * g(58) +
+      v[kGpuTemp] = 65 + off_temp[m] + 3 * std::sin(ts / 7200) + 0.03 * (v[kGpuPower] - 600) +
+                    0.5 * g(58) +
                     (fault != nullptr && fault->type == kThermal ? 10 + 10 * fault->severity : 0);
       v[kGpuUtil] = std::clamp(v[kGpuUtil], 0.0, 1.0);
       for (double& x : v) x = std::max(0.0, x);

@@ -19,7 +19,8 @@ Result<std::string> LabelValue(std::string_view labels, std::string_view key) {
     if (eq == std::string_view::npos) break;
     std::string_view name = labels.substr(i, eq - i);
     while (!name.empty() && (name.front() == ',' || name.front() == ' ')) name.remove_prefix(1);
-    if (eq + 1 >= labels.size() || labels[eq + 1] != '"') return InvalidArgument("label value not quoted");
+    if (eq + 1 >= labels.size() || labels[eq + 1] != '"')
+      return InvalidArgument("label value not quoted");
     std::string value;
     size_t j = eq + 2;
     for (; j < labels.size() && labels[j] != '"'; ++j) {
@@ -36,7 +37,8 @@ Result<std::string> LabelValue(std::string_view labels, std::string_view key) {
 }  // namespace
 
 Result<std::vector<Sample>> ParsePrometheusText(std::string_view text, double time_s) {
-  std::map<std::pair<std::string, std::string>, std::pair<double, int>> acc;  // (node, metric) -> sum, n
+  std::map<std::pair<std::string, std::string>, std::pair<double, int>>
+      acc;  // (node, metric) -> sum, n
   int line_no = 0;
   size_t pos = 0;
   while (pos < text.size()) {
@@ -55,7 +57,8 @@ Result<std::vector<Sample>> ParsePrometheusText(std::string_view text, double ti
     std::string_view labels, rest;
     if (brace != std::string_view::npos) {
       size_t close = line.rfind('}');
-      if (close == std::string_view::npos || close < brace) return InvalidArgument(where + ": unterminated labels");
+      if (close == std::string_view::npos || close < brace)
+        return InvalidArgument(where + ": unterminated labels");
       labels = line.substr(brace + 1, close - brace - 1);
       rest = line.substr(close + 1);
     } else {
@@ -80,7 +83,8 @@ Result<std::vector<Sample>> ParsePrometheusText(std::string_view text, double ti
     ++count;
   }
   std::vector<Sample> out;
-  for (const auto& [key, sc] : acc) out.push_back({time_s, key.first, key.second, sc.first / sc.second});
+  for (const auto& [key, sc] : acc)
+    out.push_back({time_s, key.first, key.second, sc.first / sc.second});
   return out;
 }
 

@@ -9,16 +9,17 @@
 
 namespace megascope::kernels {
 
-void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, const float* b,
-          float beta, float* c) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k,
-              alpha, a, trans_a ? m : k, b, trans_b ? k : n, beta, c, n);
+void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+          const float* b, float beta, float* c) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, trans_a ? m : k, b,
+              trans_b ? k : n, beta, c, n);
 }
 
 void SetBlasThreads(int n) { openblas_set_num_threads(n); }
 
-void EmbeddingForward(const int32_t* tokens, int n, int t, const float* wte, int vocab_start, int rows,
-                      const float* wpe, int c, float* out) {
+void EmbeddingForward(const int32_t* tokens, int n, int t, const float* wte, int vocab_start,
+                      int rows, const float* wpe, int c, float* out) {
   for (int i = 0; i < n; ++i) {
     float* o = out + static_cast<size_t>(i) * c;
     const int row = tokens[i] - vocab_start;
@@ -34,8 +35,8 @@ void EmbeddingForward(const int32_t* tokens, int n, int t, const float* wte, int
   }
 }
 
-void EmbeddingBackward(const int32_t* tokens, int n, int t, const float* dout, int vocab_start, int rows, int c,
-                       float* dwte, float* dwpe) {
+void EmbeddingBackward(const int32_t* tokens, int n, int t, const float* dout, int vocab_start,
+                       int rows, int c, float* dwte, float* dwpe) {
   for (int i = 0; i < n; ++i) {
     const float* d = dout + static_cast<size_t>(i) * c;
     const int row = tokens[i] - vocab_start;
@@ -50,8 +51,8 @@ void EmbeddingBackward(const int32_t* tokens, int n, int t, const float* dout, i
   }
 }
 
-void LayerNormForward(const float* x, const float* gamma, const float* beta, int n, int c, float* out,
-                      float* mean, float* rstd) {
+void LayerNormForward(const float* x, const float* gamma, const float* beta, int n, int c,
+                      float* out, float* mean, float* rstd) {
   constexpr float kEps = 1e-5f;
   for (int i = 0; i < n; ++i) {
     const float* xi = x + static_cast<size_t>(i) * c;
@@ -109,7 +110,8 @@ void GeluBackward(const float* dout, const float* x, size_t n, float* dx) {
     const float u = kGeluScale * (xi + 0.044715f * xi * xi * xi);
     const float th = std::tanh(u);
     const float sech2 = 1.0f - th * th;
-    const float grad = 0.5f * (1.0f + th) + 0.5f * xi * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * xi * xi);
+    const float grad =
+        0.5f * (1.0f + th) + 0.5f * xi * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * xi * xi);
     dx[i] += grad * dout[i];
   }
 }
@@ -148,8 +150,8 @@ void AttentionForward(const float* qkv, int b, int t, int h, int d, float* out, 
   }
 }
 
-void AttentionBackward(const float* dout, const float* qkv, const float* att, int b, int t, int h, int d,
-                       float* dqkv) {
+void AttentionBackward(const float* dout, const float* qkv, const float* att, int b, int t, int h,
+                       int d, float* dqkv) {
   const int row = 3 * h * d;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<float> datt(t);
@@ -200,8 +202,9 @@ void RowMaxSumExp(const float* x, int rows, int cols, float* max, float* sumexp)
   }
 }
 
-void CrossEntropyBackward(const float* logits, const int32_t* targets, const float* max, const float* sumexp,
-                          int rows, int cols, int vocab_start, float scale, float* dlogits) {
+void CrossEntropyBackward(const float* logits, const int32_t* targets, const float* max,
+                          const float* sumexp, int rows, int cols, int vocab_start, float scale,
+                          float* dlogits) {
   for (int r = 0; r < rows; ++r) {
     const float* l = logits + static_cast<size_t>(r) * cols;
     float* d = dlogits + static_cast<size_t>(r) * cols;
@@ -212,8 +215,8 @@ void CrossEntropyBackward(const float* logits, const int32_t* targets, const flo
   }
 }
 
-void AdamWUpdate(float* param, const float* grad, float* m, float* v, size_t n, const AdamW& opt, int64_t t,
-                 bool decay) {
+void AdamWUpdate(float* param, const float* grad, float* m, float* v, size_t n, const AdamW& opt,
+                 int64_t t, bool decay) {
   const float bc1 = 1.0f - std::pow(opt.beta1, static_cast<float>(t));
   const float bc2 = 1.0f - std::pow(opt.beta2, static_cast<float>(t));
   for (size_t i = 0; i < n; ++i) {

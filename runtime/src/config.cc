@@ -12,17 +12,24 @@ Result<Fault> ParseFault(const std::string& spec) {
   if (f.kind != "crash" && f.kind != "hang" && f.kind != "stall-send" && f.kind != "slow") {
     return InvalidArgument("fault '" + spec + "': kind must be crash, hang, stall-send or slow");
   }
-  if (colon == std::string::npos) return InvalidArgument("fault '" + spec + "' needs rank=R,step=S");
+  if (colon == std::string::npos)
+    return InvalidArgument("fault '" + spec + "' needs rank=R,step=S");
   std::stringstream ss(spec.substr(colon + 1));
   for (std::string kv; std::getline(ss, kv, ',');) {
     const auto eq = kv.find('=');
-    const std::string key = kv.substr(0, eq), value = eq == std::string::npos ? "" : kv.substr(eq + 1);
+    const std::string key = kv.substr(0, eq),
+                      value = eq == std::string::npos ? "" : kv.substr(eq + 1);
     try {
-      if (key == "rank") f.rank = std::stoi(value);
-      else if (key == "step") f.step = std::stoll(value);
-      else if (key == "seconds") f.seconds = std::stod(value);
-      else if (key == "factor") f.factor = std::stod(value);
-      else return InvalidArgument("fault '" + spec + "': unknown field '" + key + "'");
+      if (key == "rank")
+        f.rank = std::stoi(value);
+      else if (key == "step")
+        f.step = std::stoll(value);
+      else if (key == "seconds")
+        f.seconds = std::stod(value);
+      else if (key == "factor")
+        f.factor = std::stod(value);
+      else
+        return InvalidArgument("fault '" + spec + "': unknown field '" + key + "'");
     } catch (const std::exception&) {
       return InvalidArgument("fault '" + spec + "': '" + value + "' is not a number");
     }
@@ -37,18 +44,26 @@ std::string TrainConfig::Validate() const {
   const int world = layout.world();
   if (layout.dp < 1 || layout.tp < 1 || layout.pp < 1) return "dp, tp and pp must be >= 1";
   if (std::string m = model.Validate(layout); !m.empty()) return m;
-  if (nodes < 1 || nodes > world) return "--nodes must be between 1 and the world size " + std::to_string(world);
-  if (world % nodes != 0) return "world size " + std::to_string(world) + " is not divisible by --nodes " + std::to_string(nodes);
-  if (global_batch % layout.dp != 0) return "global batch " + std::to_string(global_batch) + " is not divisible by dp";
+  if (nodes < 1 || nodes > world)
+    return "--nodes must be between 1 and the world size " + std::to_string(world);
+  if (world % nodes != 0)
+    return "world size " + std::to_string(world) + " is not divisible by --nodes " +
+           std::to_string(nodes);
+  if (global_batch % layout.dp != 0)
+    return "global batch " + std::to_string(global_batch) + " is not divisible by dp";
   if ((global_batch / layout.dp) % microbatches != 0) {
-    return "per-replica batch " + std::to_string(global_batch / layout.dp) + " is not divisible by " +
-           std::to_string(microbatches) + " microbatches";
+    return "per-replica batch " + std::to_string(global_batch / layout.dp) +
+           " is not divisible by " + std::to_string(microbatches) + " microbatches";
   }
-  if (steps < 1 || lr <= 0 || microbatches < 1) return "--steps, --lr and --microbatches must be positive";
+  if (steps < 1 || lr <= 0 || microbatches < 1)
+    return "--steps, --lr and --microbatches must be positive";
   for (const Fault& f : faults) {
-    if (f.rank >= world) return "fault rank " + std::to_string(f.rank) + " is outside world size " + std::to_string(world);
+    if (f.rank >= world)
+      return "fault rank " + std::to_string(f.rank) + " is outside world size " +
+             std::to_string(world);
   }
-  if (!node_names.empty() && static_cast<int>(node_names.size()) != nodes) return "node_names does not list --nodes names";
+  if (!node_names.empty() && static_cast<int>(node_names.size()) != nodes)
+    return "node_names does not list --nodes names";
   if (run_dir.empty()) return "--run-dir is required";
   if (data.empty()) return "--data is required";
   return "";
@@ -60,7 +75,9 @@ std::vector<std::string> TrainConfig::NodeNames() const {
   for (int k = 0; k < nodes; ++k) out.push_back("node" + std::to_string(k));
   return out;
 }
-std::string TrainConfig::NodeOf(int rank) const { return NodeNames()[static_cast<size_t>(rank / (layout.world() / nodes))]; }
+std::string TrainConfig::NodeOf(int rank) const {
+  return NodeNames()[static_cast<size_t>(rank / (layout.world() / nodes))];
+}
 int TrainConfig::LocalRankOf(int rank) const { return rank % (layout.world() / nodes); }
 
 std::string TrainConfig::ToJson() const {
@@ -71,27 +88,49 @@ std::string TrainConfig::ToJson() const {
   j["attempt"] = attempt;
   j["data"] = data;
   j["shm_dir"] = shm_dir;
-  j["layout"] = {{"dp", layout.dp}, {"tp", layout.tp}, {"pp", layout.pp}, {"world", layout.world()}, {"nodes", nodes},
-                 {"node_names", NodeNames()}};
-  j["model"] = {{"layers", model.layers}, {"heads", model.heads}, {"width", model.width}, {"seq", model.seq},
-                {"vocab", model.vocab}, {"parallel_block", model.parallel_block}, {"seed", model.seed}};
-  j["train"] = {{"global_batch", global_batch}, {"microbatches", microbatches}, {"steps", steps}, {"lr", lr},
-                {"min_lr", min_lr}, {"warmup", warmup}, {"grad_clip", grad_clip}, {"weight_decay", weight_decay},
-                {"checkpoint_every", checkpoint_every}, {"timeout_ms", timeout_ms}, {"trace", trace},
+  j["layout"] = {{"dp", layout.dp},         {"tp", layout.tp}, {"pp", layout.pp},
+                 {"world", layout.world()}, {"nodes", nodes},  {"node_names", NodeNames()}};
+  j["model"] = {{"layers", model.layers}, {"heads", model.heads},
+                {"width", model.width},   {"seq", model.seq},
+                {"vocab", model.vocab},   {"parallel_block", model.parallel_block},
+                {"seed", model.seed}};
+  j["train"] = {{"global_batch", global_batch},
+                {"microbatches", microbatches},
+                {"steps", steps},
+                {"lr", lr},
+                {"min_lr", min_lr},
+                {"warmup", warmup},
+                {"grad_clip", grad_clip},
+                {"weight_decay", weight_decay},
+                {"checkpoint_every", checkpoint_every},
+                {"timeout_ms", timeout_ms},
+                {"trace", trace},
                 {"memory_snapshots", memory_snapshots}};
-  if (resume_set) j["resume"] = {{"step", resume.step}, {"source", resume.source}, {"files", resume.files}};
+  if (resume_set)
+    j["resume"] = {{"step", resume.step}, {"source", resume.source}, {"files", resume.files}};
   nlohmann::ordered_json faults_j = nlohmann::ordered_json::array();
-  for (const Fault& f : faults) faults_j.push_back({{"kind", f.kind}, {"rank", f.rank}, {"step", f.step}, {"seconds", f.seconds}, {"factor", f.factor}});
+  for (const Fault& f : faults)
+    faults_j.push_back({{"kind", f.kind},
+                        {"rank", f.rank},
+                        {"step", f.step},
+                        {"seconds", f.seconds},
+                        {"factor", f.factor}});
   j["faults"] = faults_j;
   nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
   for (int r = 0; r < layout.world(); ++r) {
     const tracer::Coords c = layout.CoordsOf(r);
-    ranks.push_back({{"rank", r}, {"node", NodeOf(r)}, {"local_rank", LocalRankOf(r)}, {"dp", c.dp}, {"pp", c.pp}, {"tp", c.tp}});
+    ranks.push_back({{"rank", r},
+                     {"node", NodeOf(r)},
+                     {"local_rank", LocalRankOf(r)},
+                     {"dp", c.dp},
+                     {"pp", c.pp},
+                     {"tp", c.tp}});
   }
   j["ranks"] = ranks;
   nlohmann::ordered_json agents_j = nlohmann::ordered_json::array();
   for (const auto& [node, port] : agent_ports) {
-    agents_j.push_back({{"node", node}, {"port", port}, {"url", "http://127.0.0.1:" + std::to_string(port)}});
+    agents_j.push_back(
+        {{"node", node}, {"port", port}, {"url", "http://127.0.0.1:" + std::to_string(port)}});
   }
   j["agents"] = agents_j;
   return j.dump(1) + "\n";
@@ -112,7 +151,8 @@ Result<TrainConfig> TrainConfig::FromJson(const std::string& text, const std::st
     c.nodes = j["layout"]["nodes"];
     c.node_names = j["layout"].value("node_names", std::vector<std::string>{});
     const auto& m = j["model"];
-    c.model = {m["layers"], m["heads"], m["width"], m["seq"], m["vocab"], m["parallel_block"], m["seed"]};
+    c.model = {m["layers"], m["heads"],          m["width"], m["seq"],
+               m["vocab"],  m["parallel_block"], m["seed"]};
     const auto& t = j["train"];
     c.global_batch = t["global_batch"];
     c.microbatches = t["microbatches"];
@@ -132,8 +172,10 @@ Result<TrainConfig> TrainConfig::FromJson(const std::string& text, const std::st
       c.resume.source = j["resume"]["source"];
       c.resume.files = j["resume"]["files"].get<std::vector<std::string>>();
     }
-    for (const auto& f : j["faults"]) c.faults.push_back({f["kind"], f["rank"], f["step"], f["seconds"], f.value("factor", 0.0)});
-    for (const auto& a : j.value("agents", nlohmann::json::array())) c.agent_ports.emplace_back(a["node"], a["port"]);
+    for (const auto& f : j["faults"])
+      c.faults.push_back({f["kind"], f["rank"], f["step"], f["seconds"], f.value("factor", 0.0)});
+    for (const auto& a : j.value("agents", nlohmann::json::array()))
+      c.agent_ports.emplace_back(a["node"], a["port"]);
     return c;
   } catch (const std::exception& e) {
     return InvalidArgument(source + ": " + e.what());

@@ -36,7 +36,9 @@ std::vector<GroupSpec> Layout::GroupsOf(int rank) const {
   }
   out.push_back(g);
   if (pp > 1 && (me.pp == 0 || me.pp == pp - 1)) {
-    out.push_back({name("emb", me.dp, me.tp), "emb", {RankOf({me.dp, 0, me.tp}), RankOf({me.dp, pp - 1, me.tp})}});
+    out.push_back({name("emb", me.dp, me.tp),
+                   "emb",
+                   {RankOf({me.dp, 0, me.tp}), RankOf({me.dp, pp - 1, me.tp})}});
   }
   g = {"world", "world", {}};
   for (int r = 0; r < world(); ++r) g.ranks.push_back(r);

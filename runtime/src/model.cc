@@ -12,12 +12,18 @@ namespace megascope::runtime {
 using kernels::Gemm;
 
 std::string ModelConfig::Validate(const Layout& l) const {
-  if (layers < 1 || heads < 1 || width < 1 || seq < 1 || vocab < 2) return "model sizes must be positive";
-  if (width % heads != 0) return "width " + std::to_string(width) + " is not divisible by heads " + std::to_string(heads);
-  if (heads % l.tp != 0) return "tp " + std::to_string(l.tp) + " does not divide heads " + std::to_string(heads);
-  if (vocab % l.tp != 0) return "tp " + std::to_string(l.tp) + " does not divide vocab " + std::to_string(vocab);
+  if (layers < 1 || heads < 1 || width < 1 || seq < 1 || vocab < 2)
+    return "model sizes must be positive";
+  if (width % heads != 0)
+    return "width " + std::to_string(width) + " is not divisible by heads " + std::to_string(heads);
+  if (heads % l.tp != 0)
+    return "tp " + std::to_string(l.tp) + " does not divide heads " + std::to_string(heads);
+  if (vocab % l.tp != 0)
+    return "tp " + std::to_string(l.tp) + " does not divide vocab " + std::to_string(vocab);
   if ((4 * width) % l.tp != 0) return "tp does not divide the MLP width";
-  if (l.pp > layers) return "pp " + std::to_string(l.pp) + " is larger than the number of layers " + std::to_string(layers);
+  if (l.pp > layers)
+    return "pp " + std::to_string(l.pp) + " is larger than the number of layers " +
+           std::to_string(layers);
   return "";
 }
 
@@ -46,8 +52,8 @@ void ColumnSum(const float* x, int n, int c, float* out) {
 }
 
 // A global tensor [rows, cols], N(0, std) (or `fill` when std == 0), seeded by its name.
-std::vector<float> GlobalTensor(uint64_t seed, const std::string& name, size_t rows, size_t cols, float std,
-                                float fill = 0) {
+std::vector<float> GlobalTensor(uint64_t seed, const std::string& name, size_t rows, size_t cols,
+                                float std, float fill = 0) {
   std::vector<float> t(rows * cols, fill);
   if (std == 0) return t;
   std::mt19937_64 rng(seed ^ std::hash<std::string>{}(name));
@@ -147,19 +153,22 @@ void GptStage::InitParams() {
     std::fill(P(o.ln1g), P(o.ln1g) + C, 1.0f);
     std::fill(P(o.ln2g), P(o.ln2g) + C, 1.0f);
     std::vector<std::pair<size_t, size_t>> qkv_cols;
-    for (size_t part = 0; part < 3; ++part) qkv_cols.push_back({part * H * D + tp_rank_ * hd_local, hd_local});
-    CopyColumns(GlobalTensor(s, p + "qkv.w", C, 3 * H * D, 0.02f), C, 3 * H * D, qkv_cols, P(o.wqkv));
+    for (size_t part = 0; part < 3; ++part)
+      qkv_cols.push_back({part * H * D + tp_rank_ * hd_local, hd_local});
+    CopyColumns(GlobalTensor(s, p + "qkv.w", C, 3 * H * D, 0.02f), C, 3 * H * D, qkv_cols,
+                P(o.wqkv));
     auto wo = GlobalTensor(s, p + "proj.w", H * D, C, proj_std);
     std::memcpy(P(o.wo), wo.data() + tp_rank_ * hd_local * C, hd_local * C * sizeof(float));
-    CopyColumns(GlobalTensor(s, p + "fc.w", C, F, 0.02f), C, F, {{tp_rank_ * f_local, f_local}}, P(o.w1));
+    CopyColumns(GlobalTensor(s, p + "fc.w", C, F, 0.02f), C, F, {{tp_rank_ * f_local, f_local}},
+                P(o.w1));
     auto w2 = GlobalTensor(s, p + "fc2.w", F, C, proj_std);
     std::memcpy(P(o.w2), w2.data() + tp_rank_ * f_local * C, f_local * C * sizeof(float));
   }
   if (last()) std::fill(P(lnfg_), P(lnfg_) + C, 1.0f);
 }
 
-Status GptStage::Forward(int mb, int batch, const int32_t* tokens, const float* in, const int32_t* targets,
-                         float* out, double* loss_sum) {
+Status GptStage::Forward(int mb, int batch, const int32_t* tokens, const float* in,
+                         const int32_t* targets, float* out, double* loss_sum) {
   auto saved = std::make_unique<Saved>();
   Saved& sv = *saved;
   const int C = cfg_.width, T = cfg_.seq, n = batch * T, Q = 3 * hl_ * d_, HD = hl_ * d_;
@@ -169,7 +178,8 @@ Status GptStage::Forward(int mb, int batch, const int32_t* tokens, const float* 
   if (first()) {
     sv.tokens.assign(tokens, tokens + n);
     kernels::EmbeddingForward(tokens, n, T, P(wte_), tp_rank_ * vl_, vl_, nullptr, C, x.data());
-    if (layout_.tp > 1) RETURN_IF_ERROR(comm_->AllReduce(tp_group_, x.data(), x.size(), ReduceOp::kSum));
+    if (layout_.tp > 1)
+      RETURN_IF_ERROR(comm_->AllReduce(tp_group_, x.data(), x.size(), ReduceOp::kSum));
     for (int i = 0; i < n; ++i) {
       for (int j = 0; j < C; ++j) x[static_cast<size_t>(i) * C + j] += P(wpe_)[(i % T) * C + j];
     }
@@ -182,7 +192,8 @@ Status GptStage::Forward(int mb, int batch, const int32_t* tokens, const float* 
     L.ln1.resize(x.size());
     L.ln1_mean.resize(n);
     L.ln1_rstd.resize(n);
-    kernels::LayerNormForward(x.data(), P(o.ln1g), P(o.ln1b), n, C, L.ln1.data(), L.ln1_mean.data(), L.ln1_rstd.data());
+    kernels::LayerNormForward(x.data(), P(o.ln1g), P(o.ln1b), n, C, L.ln1.data(), L.ln1_mean.data(),
+                              L.ln1_rstd.data());
     L.qkv.resize(static_cast<size_t>(n) * Q);
     Gemm(false, false, n, Q, C, 1, L.ln1.data(), P(o.wqkv), 0, L.qkv.data());
     AddBias(L.qkv.data(), P(o.bqkv), n, Q);
@@ -201,22 +212,28 @@ Status GptStage::Forward(int mb, int batch, const int32_t* tokens, const float* 
     };
     if (cfg_.parallel_block) {
       mlp(L.ln1, &partial);  // y = x + Attn(LN(x)) + MLP(LN(x)): one all-reduce for both
-      if (layout_.tp > 1) RETURN_IF_ERROR(comm_->AllReduce(tp_group_, partial.data(), partial.size(), ReduceOp::kSum));
+      if (layout_.tp > 1)
+        RETURN_IF_ERROR(
+            comm_->AllReduce(tp_group_, partial.data(), partial.size(), ReduceOp::kSum));
       for (size_t i = 0; i < x.size(); ++i) x[i] += partial[i];
       AddBias(x.data(), P(o.bo), n, C);
       AddBias(x.data(), P(o.b2), n, C);
     } else {
-      if (layout_.tp > 1) RETURN_IF_ERROR(comm_->AllReduce(tp_group_, partial.data(), partial.size(), ReduceOp::kSum));
+      if (layout_.tp > 1)
+        RETURN_IF_ERROR(
+            comm_->AllReduce(tp_group_, partial.data(), partial.size(), ReduceOp::kSum));
       for (size_t i = 0; i < x.size(); ++i) x[i] += partial[i];
       AddBias(x.data(), P(o.bo), n, C);
       L.x2 = x;
       L.ln2.resize(x.size());
       L.ln2_mean.resize(n);
       L.ln2_rstd.resize(n);
-      kernels::LayerNormForward(x.data(), P(o.ln2g), P(o.ln2b), n, C, L.ln2.data(), L.ln2_mean.data(), L.ln2_rstd.data());
+      kernels::LayerNormForward(x.data(), P(o.ln2g), P(o.ln2b), n, C, L.ln2.data(),
+                                L.ln2_mean.data(), L.ln2_rstd.data());
       std::vector<float> p2(x.size(), 0.0f);
       mlp(L.ln2, &p2);
-      if (layout_.tp > 1) RETURN_IF_ERROR(comm_->AllReduce(tp_group_, p2.data(), p2.size(), ReduceOp::kSum));
+      if (layout_.tp > 1)
+        RETURN_IF_ERROR(comm_->AllReduce(tp_group_, p2.data(), p2.size(), ReduceOp::kSum));
       for (size_t i = 0; i < x.size(); ++i) x[i] += p2[i];
       AddBias(x.data(), P(o.b2), n, C);
     }
@@ -233,7 +250,8 @@ Status GptStage::Forward(int mb, int batch, const int32_t* tokens, const float* 
   sv.lnf.resize(x.size());
   sv.lnf_mean.resize(n);
   sv.lnf_rstd.resize(n);
-  kernels::LayerNormForward(x.data(), P(lnfg_), P(lnfb_), n, C, sv.lnf.data(), sv.lnf_mean.data(), sv.lnf_rstd.data());
+  kernels::LayerNormForward(x.data(), P(lnfg_), P(lnfb_), n, C, sv.lnf.data(), sv.lnf_mean.data(),
+                            sv.lnf_rstd.data());
   sv.logits.resize(static_cast<size_t>(n) * vl_);
   Gemm(false, true, n, vl_, C, 1, sv.lnf.data(), P(wte_), 0, sv.logits.data());
   sv.max.resize(n);
@@ -260,7 +278,8 @@ Status GptStage::Forward(int mb, int batch, const int32_t* tokens, const float* 
 
 Status GptStage::Backward(int mb, const float* dout, float* din, float loss_scale) {
   auto it = saved_.find(mb);
-  if (it == saved_.end()) return Internal("backward of microbatch " + std::to_string(mb) + " without its forward");
+  if (it == saved_.end())
+    return Internal("backward of microbatch " + std::to_string(mb) + " without its forward");
   std::unique_ptr<Saved> saved = std::move(it->second);
   saved_.erase(it);
   Saved& sv = *saved;
@@ -269,14 +288,16 @@ Status GptStage::Backward(int mb, const float* dout, float* din, float loss_scal
   std::vector<float> dx(static_cast<size_t>(n) * C, 0.0f);
   if (last()) {
     std::vector<float> dlogits(sv.logits.size(), 0.0f);
-    kernels::CrossEntropyBackward(sv.logits.data(), sv.targets.data(), sv.max.data(), sv.sumexp.data(), n, vl_,
-                                  tp_rank_ * vl_, loss_scale, dlogits.data());
+    kernels::CrossEntropyBackward(sv.logits.data(), sv.targets.data(), sv.max.data(),
+                                  sv.sumexp.data(), n, vl_, tp_rank_ * vl_, loss_scale,
+                                  dlogits.data());
     std::vector<float> dlnf(dx.size());
     Gemm(false, false, n, C, vl_, 1, dlogits.data(), P(wte_), 0, dlnf.data());
     Gemm(true, false, vl_, C, n, 1, dlogits.data(), sv.lnf.data(), 1, G(wte_));
-    if (layout_.tp > 1) RETURN_IF_ERROR(comm_->AllReduce(tp_group_, dlnf.data(), dlnf.size(), ReduceOp::kSum));
-    kernels::LayerNormBackward(dlnf.data(), sv.xf.data(), P(lnfg_), sv.lnf_mean.data(), sv.lnf_rstd.data(), n, C,
-                               dx.data(), G(lnfg_), G(lnfb_));
+    if (layout_.tp > 1)
+      RETURN_IF_ERROR(comm_->AllReduce(tp_group_, dlnf.data(), dlnf.size(), ReduceOp::kSum));
+    kernels::LayerNormBackward(dlnf.data(), sv.xf.data(), P(lnfg_), sv.lnf_mean.data(),
+                               sv.lnf_rstd.data(), n, C, dx.data(), G(lnfg_), G(lnfb_));
   } else {
     std::memcpy(dx.data(), dout, dx.size() * sizeof(float));
   }
@@ -284,7 +305,8 @@ Status GptStage::Backward(int mb, const float* dout, float* din, float loss_scal
     const LayerOffsets& o = layer_[li];
     Saved::Layer& L = sv.layers[li];
     // MLP backward from d(mlp output) `dm`; returns the partial d(LN input of the MLP).
-    auto mlp_back = [&](const std::vector<float>& dm, const std::vector<float>& in_ln, std::vector<float>* dln) {
+    auto mlp_back = [&](const std::vector<float>& dm, const std::vector<float>& in_ln,
+                        std::vector<float>* dln) {
       ColumnSum(dm.data(), n, C, G(o.b2));
       std::vector<float> dg(L.g.size()), dfc(L.fc.size(), 0.0f);
       Gemm(false, true, n, F, C, 1, dm.data(), P(o.w2), 0, dg.data());
@@ -299,7 +321,8 @@ Status GptStage::Backward(int mb, const float* dout, float* din, float loss_scal
       std::vector<float> dao(L.ao.size()), dqkv(L.qkv.size(), 0.0f);
       Gemm(false, true, n, HD, C, 1, da.data(), P(o.wo), 0, dao.data());
       Gemm(true, false, HD, C, n, 1, L.ao.data(), da.data(), 1, G(o.wo));
-      kernels::AttentionBackward(dao.data(), L.qkv.data(), L.att.data(), batch, T, hl_, d_, dqkv.data());
+      kernels::AttentionBackward(dao.data(), L.qkv.data(), L.att.data(), batch, T, hl_, d_,
+                                 dqkv.data());
       ColumnSum(dqkv.data(), n, Q, G(o.bqkv));
       Gemm(true, false, C, Q, n, 1, L.ln1.data(), dqkv.data(), 1, G(o.wqkv));
       Gemm(false, true, n, C, Q, 1, dqkv.data(), P(o.wqkv), 1, dln->data());
@@ -311,17 +334,20 @@ Status GptStage::Backward(int mb, const float* dout, float* din, float loss_scal
     } else {
       std::vector<float> dln2(dx.size(), 0.0f);
       mlp_back(dx, L.ln2, &dln2);
-      if (layout_.tp > 1) RETURN_IF_ERROR(comm_->AllReduce(tp_group_, dln2.data(), dln2.size(), ReduceOp::kSum));
-      kernels::LayerNormBackward(dln2.data(), L.x2.data(), P(o.ln2g), L.ln2_mean.data(), L.ln2_rstd.data(), n, C,
-                                 dx.data(), G(o.ln2g), G(o.ln2b));
+      if (layout_.tp > 1)
+        RETURN_IF_ERROR(comm_->AllReduce(tp_group_, dln2.data(), dln2.size(), ReduceOp::kSum));
+      kernels::LayerNormBackward(dln2.data(), L.x2.data(), P(o.ln2g), L.ln2_mean.data(),
+                                 L.ln2_rstd.data(), n, C, dx.data(), G(o.ln2g), G(o.ln2b));
       attn_back(dx, &dln1);
     }
-    if (layout_.tp > 1) RETURN_IF_ERROR(comm_->AllReduce(tp_group_, dln1.data(), dln1.size(), ReduceOp::kSum));
-    kernels::LayerNormBackward(dln1.data(), L.x.data(), P(o.ln1g), L.ln1_mean.data(), L.ln1_rstd.data(), n, C,
-                               dx.data(), G(o.ln1g), G(o.ln1b));
+    if (layout_.tp > 1)
+      RETURN_IF_ERROR(comm_->AllReduce(tp_group_, dln1.data(), dln1.size(), ReduceOp::kSum));
+    kernels::LayerNormBackward(dln1.data(), L.x.data(), P(o.ln1g), L.ln1_mean.data(),
+                               L.ln1_rstd.data(), n, C, dx.data(), G(o.ln1g), G(o.ln1b));
   }
   if (first()) {
-    kernels::EmbeddingBackward(sv.tokens.data(), n, T, dx.data(), tp_rank_ * vl_, vl_, C, G(wte_), G(wpe_));
+    kernels::EmbeddingBackward(sv.tokens.data(), n, T, dx.data(), tp_rank_ * vl_, vl_, C, G(wte_),
+                               G(wpe_));
   } else {
     std::memcpy(din, dx.data(), dx.size() * sizeof(float));
   }

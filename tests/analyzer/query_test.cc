@@ -1,12 +1,13 @@
 // `megascope query` and `megascope metrics export` on a real run directory made by a real
 // (2,2,2) training run with its two agents.
+#include "megascope/analyzer/query.h"
+
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include <gtest/gtest.h>
-
-#include "megascope/analyzer/query.h"
 #include "megascope/runtime/data.h"
 #include "megascope/tracer/trace_store.h"
 #include "test_util.h"
@@ -22,10 +23,12 @@ class QueryTest : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new TempDir();
     const std::string data = dir_->path() + "/notes.bin";
-    ASSERT_TRUE(runtime::PrepareByteTokens(MEGASCOPE_TEST_DATA "/text/notes_on_training.txt", data).ok());
+    ASSERT_TRUE(
+        runtime::PrepareByteTokens(MEGASCOPE_TEST_DATA "/text/notes_on_training.txt", data).ok());
     run_ = dir_->path() + "/run";
-    auto r = RunCommand(Bin() + " train --dp 2 --tp 2 --pp 2 --nodes 2 --data " + data + " --run-dir " + run_ +
-                        " --job q" + std::to_string(::getpid()) + " --steps 4 --layers 2 --width 32 --heads 2 --seq 16 --batch 4");
+    auto r = RunCommand(Bin() + " train --dp 2 --tp 2 --pp 2 --nodes 2 --data " + data +
+                        " --run-dir " + run_ + " --job q" + std::to_string(::getpid()) +
+                        " --steps 4 --layers 2 --width 32 --heads 2 --seq 16 --batch 4");
     ASSERT_EQ(r.code, 0) << r.out;
   }
   static void TearDownTestSuite() { delete dir_; }
@@ -81,10 +84,13 @@ TEST_F(QueryTest, AtShowsWhatEveryRankWasDoing) {
 }
 
 TEST_F(QueryTest, SqlOverUnifiedViewsAndOutputFormats) {
-  auto r = RunCommand(Bin() + " query " + run_ + " --sql \"SELECT COUNT(DISTINCT rank) AS ranks, COUNT(DISTINCT node) AS nodes FROM ranks\" --csv");
+  auto r = RunCommand(Bin() + " query " + run_ +
+                      " --sql \"SELECT COUNT(DISTINCT rank) AS ranks, COUNT(DISTINCT node) AS "
+                      "nodes FROM ranks\" --csv");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out, "ranks,nodes\n8,2\n");
-  auto table = RunCommand(Bin() + " query " + run_ + " --sql \"SELECT rank FROM ranks ORDER BY rank LIMIT 2\"");
+  auto table = RunCommand(Bin() + " query " + run_ +
+                          " --sql \"SELECT rank FROM ranks ORDER BY rank LIMIT 2\"");
   EXPECT_EQ(table.out, "rank\n----\n0\n1\n(2 rows)\n");
 }
 
@@ -92,12 +98,14 @@ TEST_F(QueryTest, BadSqlWritesAndMissingRunsAreRefusedClearly) {
   auto bad = RunCommand(Bin() + " query " + run_ + " --sql \"SELEC 1\"");
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.out.find("bad SQL"), std::string::npos);
-  for (const char* write : {"DELETE FROM spans", "DROP TABLE spans", "CREATE TABLE x(a)", "INSERT INTO metrics VALUES('a',1,'b',2)"}) {
+  for (const char* write : {"DELETE FROM spans", "DROP TABLE spans", "CREATE TABLE x(a)",
+                            "INSERT INTO metrics VALUES('a',1,'b',2)"}) {
     auto w = RunCommand(Bin() + " query " + run_ + " --sql \"" + write + "\"");
     EXPECT_EQ(w.code, 1) << write;
     EXPECT_NE(w.out.find("writes are refused"), std::string::npos) << write << ": " << w.out;
   }
-  auto count = RunCommand(Bin() + " query " + run_ + " --sql \"SELECT COUNT(*) > 0 AS kept FROM spans\" --csv");
+  auto count = RunCommand(Bin() + " query " + run_ +
+                          " --sql \"SELECT COUNT(*) > 0 AS kept FROM spans\" --csv");
   EXPECT_EQ(count.out, "kept\n1\n");  // the refused writes changed nothing
   auto missing = RunCommand(Bin() + " query " + dir_->path() + "/nope steps");
   EXPECT_EQ(missing.code, 1);
@@ -136,7 +144,8 @@ TEST(RunDatabaseTest, MoreNodesThanSqliteAttachesAtOnce) {
   megascope::testing::TempDir dir;
   constexpr int kNodes = 14;  // SQLite attaches 10 by default
   for (int n = 0; n < kNodes; ++n) {
-    auto store = tracer::TraceStore::Open(dir.path() + "/nodes/node" + std::to_string(n) + "/trace.db");
+    auto store =
+        tracer::TraceStore::Open(dir.path() + "/nodes/node" + std::to_string(n) + "/trace.db");
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     tracer::RankInfo info;
     info.rank = n;

@@ -2,14 +2,14 @@
 // headless Chromium with one row per rank and no script errors (a screenshot is kept).
 #include "megascope/analyzer/timeline.h"
 
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
-
-#include <gtest/gtest.h>
 
 #include "megascope/runtime/data.h"
 #include "test_util.h"
@@ -25,8 +25,10 @@ class TimelineTest : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new TempDir();
     const std::string data = dir_->path() + "/notes.bin";
-    ASSERT_TRUE(runtime::PrepareByteTokens(MEGASCOPE_TEST_DATA "/text/notes_on_training.txt", data).ok());
-    auto r = RunCommand(std::string(MEGASCOPE_BIN) + " train --dp 2 --tp 2 --pp 2 --nodes 2 --data " + data + " --run-dir " +
+    ASSERT_TRUE(
+        runtime::PrepareByteTokens(MEGASCOPE_TEST_DATA "/text/notes_on_training.txt", data).ok());
+    auto r = RunCommand(std::string(MEGASCOPE_BIN) +
+                        " train --dp 2 --tp 2 --pp 2 --nodes 2 --data " + data + " --run-dir " +
                         dir_->path() + "/run --job tl" + std::to_string(::getpid()) +
                         " --steps 4 --layers 2 --width 32 --heads 2 --seq 16 --batch 4");
     ASSERT_EQ(r.code, 0) << r.out;
@@ -38,7 +40,8 @@ TempDir* TimelineTest::dir_ = nullptr;
 
 TEST_F(TimelineTest, JsonFollowsTheTraceEventFormat) {
   const std::string out = dir_->path() + "/t.json";
-  auto r = RunCommand(std::string(MEGASCOPE_BIN) + " timeline " + dir_->path() + "/run --steps 1:2 -o " + out);
+  auto r = RunCommand(std::string(MEGASCOPE_BIN) + " timeline " + dir_->path() +
+                      "/run --steps 1:2 -o " + out);
   ASSERT_EQ(r.code, 0) << r.out;
   std::ifstream in(out);
   auto j = nlohmann::json::parse(in);
@@ -56,7 +59,8 @@ TEST_F(TimelineTest, JsonFollowsTheTraceEventFormat) {
       EXPECT_GE(e["dur"].get<double>(), 0);
       steps.insert(e["args"]["step"].get<int64_t>());
     } else if (ph == "M" && e["name"] == "thread_name") {
-      EXPECT_TRUE(std::regex_match(e["args"]["name"].get<std::string>(), std::regex(R"(rank \d+ \(dp=\d+, pp=\d+, tp=\d+\))")));
+      EXPECT_TRUE(std::regex_match(e["args"]["name"].get<std::string>(),
+                                   std::regex(R"(rank \d+ \(dp=\d+, pp=\d+, tp=\d+\))")));
       threads[std::to_string(e["pid"].get<int>()) + "/" + std::to_string(e["tid"].get<int>())] = 0;
     } else if (ph == "s") {
       starts.insert(e["id"].get<int64_t>());
@@ -74,16 +78,22 @@ TEST_F(TimelineTest, JsonFollowsTheTraceEventFormat) {
 
 TEST_F(TimelineTest, HtmlViewerRendersOneRowPerRankInHeadlessChromium) {
   const std::string html = dir_->path() + "/t.html", png = dir_->path() + "/t.png";
-  ASSERT_EQ(RunCommand(std::string(MEGASCOPE_BIN) + " timeline " + dir_->path() + "/run --html " + html + " --highlight 5").code, 0);
-  const std::string chromium = "chromium --headless --no-sandbox --disable-gpu --disable-background-networking "
-                               "--disable-component-update --no-first-run --disable-sync --user-data-dir=" +
-                               dir_->path() + "/chrome ";
-  if (RunCommand("command -v chromium").code != 0) GTEST_SKIP() << "chromium is not installed (scripts/setup.sh installs it)";
+  ASSERT_EQ(RunCommand(std::string(MEGASCOPE_BIN) + " timeline " + dir_->path() + "/run --html " +
+                       html + " --highlight 5")
+                .code,
+            0);
+  const std::string chromium =
+      "chromium --headless --no-sandbox --disable-gpu --disable-background-networking "
+      "--disable-component-update --no-first-run --disable-sync --user-data-dir=" +
+      dir_->path() + "/chrome ";
+  if (RunCommand("command -v chromium").code != 0)
+    GTEST_SKIP() << "chromium is not installed (scripts/setup.sh installs it)";
   auto dom = RunCommand("timeout 60 " + chromium + "--dump-dom file://" + html + " 2>/dev/null");
   ASSERT_EQ(dom.code, 0) << dom.out;
   EXPECT_NE(dom.out.find("data-rows=\"8\""), std::string::npos) << dom.out.substr(0, 2000);
   EXPECT_EQ(dom.out.find("data-error"), std::string::npos) << "the viewer raised a script error";
-  auto shot = RunCommand("timeout 60 " + chromium + "--window-size=1400,400 --screenshot=" + png + " file://" + html);
+  auto shot = RunCommand("timeout 60 " + chromium + "--window-size=1400,400 --screenshot=" + png +
+                         " file://" + html);
   EXPECT_EQ(shot.code, 0) << shot.out;
   EXPECT_GT(std::filesystem::file_size(png), 10000u);  // a real picture, not a blank page
   std::ifstream in(html);
@@ -92,10 +102,17 @@ TEST_F(TimelineTest, HtmlViewerRendersOneRowPerRankInHeadlessChromium) {
 }
 
 TEST_F(TimelineTest, BadArgumentsAreRefused) {
-  EXPECT_EQ(RunCommand(std::string(MEGASCOPE_BIN) + " timeline " + dir_->path() + "/run --steps 5:2 -o x.json").code, 2);
-  EXPECT_EQ(RunCommand(std::string(MEGASCOPE_BIN) + " timeline " + dir_->path() + "/run --steps a:b -o x.json").code, 2);
+  EXPECT_EQ(RunCommand(std::string(MEGASCOPE_BIN) + " timeline " + dir_->path() +
+                       "/run --steps 5:2 -o x.json")
+                .code,
+            2);
+  EXPECT_EQ(RunCommand(std::string(MEGASCOPE_BIN) + " timeline " + dir_->path() +
+                       "/run --steps a:b -o x.json")
+                .code,
+            2);
   EXPECT_EQ(RunCommand(std::string(MEGASCOPE_BIN) + " timeline " + dir_->path() + "/run").code, 2);
-  auto missing = RunCommand(std::string(MEGASCOPE_BIN) + " timeline " + dir_->path() + "/none -o x.json");
+  auto missing =
+      RunCommand(std::string(MEGASCOPE_BIN) + " timeline " + dir_->path() + "/none -o x.json");
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.out.find("does not exist"), std::string::npos);
 }

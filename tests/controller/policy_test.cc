@@ -62,7 +62,8 @@ TEST(PolicyTest, ActsOnTheNamedMachineNeverItsGroup) {
 }
 
 TEST(PolicyTest, ASuspectThatPassedItsSelfCheckStaysForTheSameEvidence) {
-  EXPECT_EQ(Decide(V("slow", "comm_straggler"), 3, {}, /*passed_before=*/true).action, Action::kAlert);
+  EXPECT_EQ(Decide(V("slow", "comm_straggler"), 3, {}, /*passed_before=*/true).action,
+            Action::kAlert);
   EXPECT_EQ(Decide(V("faulty_machine", "x", 0.9), 1, {}, true).action, Action::kAlert);
   // A hang is a new fault whatever happened before; a compute straggler is convicted by its steps.
   EXPECT_EQ(Decide(V("hang", "link_stall"), 1, {}, true).action, Action::kSelfCheck);

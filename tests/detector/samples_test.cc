@@ -1,15 +1,16 @@
 #include "megascope/detector/samples.h"
 
-#include <fstream>
-
 #include <gtest/gtest.h>
+
+#include <fstream>
 
 #include "test_util.h"
 
 namespace megascope::detector {
 namespace {
 
-std::string Write(const megascope::testing::TempDir& dir, const std::string& name, const std::string& text) {
+std::string Write(const megascope::testing::TempDir& dir, const std::string& name,
+                  const std::string& text) {
   std::string path = dir.path() + "/" + name;
   std::ofstream(path) << text;
   return path;
@@ -18,7 +19,8 @@ std::string Write(const megascope::testing::TempDir& dir, const std::string& nam
 TEST(SamplesTest, StreamsMetricsInAnyOrderWithBlankLines) {
   megascope::testing::TempDir dir;
   auto r = MetricsCsvReader::Open(Write(dir, "m.csv",
-      "timestamp_s,machine,metric,value\n1763700001,node0,cpu_util,0.41\n\n1763700000.5,node1,gpu_power_w,512.5\r\n"));
+                                        "timestamp_s,machine,metric,value\n1763700001,node0,cpu_"
+                                        "util,0.41\n\n1763700000.5,node1,gpu_power_w,512.5\r\n"));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   Sample s;
   ASSERT_TRUE((*r)->Next(&s));
@@ -33,13 +35,14 @@ TEST(SamplesTest, StreamsMetricsInAnyOrderWithBlankLines) {
 
 TEST(SamplesTest, MalformedRowsNameFileAndLine) {
   megascope::testing::TempDir dir;
-  auto r = MetricsCsvReader::Open(Write(dir, "bad.csv",
-      "timestamp_s,machine,metric,value\n1,node0,cpu,0.1\n2,node0,cpu,abc\n"));
+  auto r = MetricsCsvReader::Open(Write(
+      dir, "bad.csv", "timestamp_s,machine,metric,value\n1,node0,cpu,0.1\n2,node0,cpu,abc\n"));
   ASSERT_TRUE(r.ok());
   Sample s;
   EXPECT_TRUE((*r)->Next(&s));
   EXPECT_FALSE((*r)->Next(&s));
-  EXPECT_NE((*r)->status().message().find("bad.csv:3: value 'abc' is not a number"), std::string::npos)
+  EXPECT_NE((*r)->status().message().find("bad.csv:3: value 'abc' is not a number"),
+            std::string::npos)
       << (*r)->status().message();
 
   auto h = MetricsCsvReader::Open(Write(dir, "hdr.csv", "time,machine,metric,value\n"));
@@ -55,13 +58,17 @@ TEST(SamplesTest, MalformedRowsNameFileAndLine) {
 
 TEST(SamplesTest, LabelsAndGroups) {
   megascope::testing::TempDir dir;
-  auto l = ReadLabelsCsv(Write(dir, "l.csv", "machine,fault_start_s,fault_end_s,fault_type\nnode7,100,900,pcie_downgrade\n"));
+  auto l = ReadLabelsCsv(
+      Write(dir, "l.csv",
+            "machine,fault_start_s,fault_end_s,fault_type\nnode7,100,900,pcie_downgrade\n"));
   ASSERT_TRUE(l.ok());
   ASSERT_EQ(l->size(), 1u);
   EXPECT_EQ((*l)[0].fault_type, "pcie_downgrade");
-  auto bad = ReadLabelsCsv(Write(dir, "l2.csv", "machine,fault_start_s,fault_end_s,fault_type\nnode7,900,100,x\n"));
+  auto bad = ReadLabelsCsv(
+      Write(dir, "l2.csv", "machine,fault_start_s,fault_end_s,fault_type\nnode7,900,100,x\n"));
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("l2.csv:2: fault ends before it starts"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("l2.csv:2: fault ends before it starts"),
+            std::string::npos);
   auto g = ReadGroupsCsv(Write(dir, "g.csv", "machine,group\nnode0,stage0\nnode1,stage1\n"));
   ASSERT_TRUE(g.ok());
   EXPECT_EQ((*g)[1].second, "stage1");

@@ -1,12 +1,12 @@
 // Every backward pass against central finite differences of a random projection of its output.
 #include "megascope/kernels/cpu.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <functional>
 #include <random>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace megascope::kernels {
 namespace {
@@ -20,8 +20,10 @@ std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
 }
 
 // Checks d(sum(out * proj))/d(input) from `analytic` against finite differences of `forward`.
-void ExpectGradientsMatch(std::vector<float>& input, const std::function<std::vector<float>()>& forward,
-                          const std::vector<float>& analytic, const std::vector<float>& proj, float tol = 2e-2f) {
+void ExpectGradientsMatch(std::vector<float>& input,
+                          const std::function<std::vector<float>()>& forward,
+                          const std::vector<float>& analytic, const std::vector<float>& proj,
+                          float tol = 2e-2f) {
   auto loss = [&] {
     std::vector<float> out = forward();
     double s = 0;
@@ -68,7 +70,8 @@ TEST(KernelsTest, LayerNormGradients) {
   };
   fwd();
   std::vector<float> dx(n * c, 0), dg(c, 0), db(c, 0);
-  LayerNormBackward(proj.data(), x.data(), g.data(), mean.data(), rstd.data(), n, c, dx.data(), dg.data(), db.data());
+  LayerNormBackward(proj.data(), x.data(), g.data(), mean.data(), rstd.data(), n, c, dx.data(),
+                    dg.data(), db.data());
   ExpectGradientsMatch(x, fwd, dx, proj);
   ExpectGradientsMatch(g, fwd, dg, proj);
   ExpectGradientsMatch(b, fwd, db, proj);
@@ -82,7 +85,8 @@ TEST(KernelsTest, GeluGradients) {
     return out;
   };
   fwd();
-  EXPECT_NEAR(out[0], 0.5f * x[0] * (1 + std::erf(x[0] / std::sqrt(2.0f))), 2e-3);  // close to exact GELU
+  EXPECT_NEAR(out[0], 0.5f * x[0] * (1 + std::erf(x[0] / std::sqrt(2.0f))),
+              2e-3);  // close to exact GELU
   GeluBackward(proj.data(), x.data(), x.size(), dx.data());
   ExpectGradientsMatch(x, fwd, dx, proj);
 }
@@ -151,10 +155,12 @@ TEST(KernelsTest, ShardedCrossEntropyEqualsWholeAndItsGradient) {
   }
   for (int r = 0; r < rows; ++r) {
     const float g = std::max(m0[r], m1[r]);
-    EXPECT_NEAR(s0[r] * std::exp(m0[r] - g) + s1[r] * std::exp(m1[r] - g), se[r] * std::exp(mx[r] - g), 1e-4);
+    EXPECT_NEAR(s0[r] * std::exp(m0[r] - g) + s1[r] * std::exp(m1[r] - g),
+                se[r] * std::exp(mx[r] - g), 1e-4);
   }
   std::vector<float> dl(rows * v, 0);
-  CrossEntropyBackward(logits.data(), targets.data(), mx.data(), se.data(), rows, v, 0, 1.0f / rows, dl.data());
+  CrossEntropyBackward(logits.data(), targets.data(), mx.data(), se.data(), rows, v, 0, 1.0f / rows,
+                       dl.data());
   const float eps = 1e-2f;
   for (int i = 0; i < rows * v; ++i) {
     auto up = logits, down = logits;

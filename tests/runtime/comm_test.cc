@@ -1,10 +1,10 @@
 // Real Gloo over TCP loopback: 4 ranks as threads of this process, each with its own ring.
 #include "megascope/runtime/comm.h"
 
+#include <gtest/gtest.h>
+
 #include <numeric>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "test_util.h"
 
@@ -20,7 +20,8 @@ struct Rank {
 
 // Runs `body(rank, comm, tracer)` on every rank of `layout` concurrently.
 void RunRanks(const Layout& layout, const TempDir& dir, const std::string& job,
-              const std::function<void(int, Communicator&, tracer::Tracer&)>& body, GlooOptions opts = {}) {
+              const std::function<void(int, Communicator&, tracer::Tracer&)>& body,
+              GlooOptions opts = {}) {
   std::vector<std::thread> threads;
   for (int r = 0; r < layout.world(); ++r) {
     threads.emplace_back([&, r] {
@@ -109,16 +110,20 @@ TEST(GlooCommTest, ADeadPeerFailsTheOpAndTheFlightRecorderSaysSo) {
   Layout layout{2, 1, 1};
   GlooOptions opts;
   opts.timeout = std::chrono::milliseconds(3000);
-  RunRanks(layout, dir, "commfail", [&](int r, Communicator& c, tracer::Tracer& t) {
-    const int dp = c.Find("dp");
-    std::vector<float> x(16, 1.0f);
-    ASSERT_TRUE(c.AllReduce(dp, x.data(), x.size(), ReduceOp::kSum).ok());
-    if (r == 1) return;  // rank 1 leaves: its communicator closes its connections
-    Status st = c.AllReduce(dp, x.data(), x.size(), ReduceOp::kSum);
-    EXPECT_FALSE(st.ok());
-    EXPECT_NE(st.message().find("allreduce in dp.0.0 failed"), std::string::npos) << st.ToString();
-    EXPECT_EQ(t.Snapshot().entries.back().state, tracer::OpState::kFailed);
-  }, opts);
+  RunRanks(
+      layout, dir, "commfail",
+      [&](int r, Communicator& c, tracer::Tracer& t) {
+        const int dp = c.Find("dp");
+        std::vector<float> x(16, 1.0f);
+        ASSERT_TRUE(c.AllReduce(dp, x.data(), x.size(), ReduceOp::kSum).ok());
+        if (r == 1) return;  // rank 1 leaves: its communicator closes its connections
+        Status st = c.AllReduce(dp, x.data(), x.size(), ReduceOp::kSum);
+        EXPECT_FALSE(st.ok());
+        EXPECT_NE(st.message().find("allreduce in dp.0.0 failed"), std::string::npos)
+            << st.ToString();
+        EXPECT_EQ(t.Snapshot().entries.back().state, tracer::OpState::kFailed);
+      },
+      opts);
 }
 
 }  // namespace

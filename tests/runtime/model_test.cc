@@ -2,11 +2,11 @@
 // Gloo) against tp=1 for one full block.
 #include "megascope/runtime/model.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <random>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "test_util.h"
 
@@ -77,7 +77,9 @@ TEST_P(ModelGradientTest, StageGradientsMatchFiniteDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Blocks, ModelGradientTest, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "parallel_block" : "sequential_block"; });
+                         [](const auto& info) {
+                           return info.param ? "parallel_block" : "sequential_block";
+                         });
 
 TEST(ModelTpTest, TensorParallelBlockGradientsEqualTheSingleRankOnes) {
   const ModelConfig cfg = Small(false);
@@ -85,7 +87,9 @@ TEST(ModelTpTest, TensorParallelBlockGradientsEqualTheSingleRankOnes) {
   const Batch b = MakeBatch(n, cfg.vocab);
   GptStage whole(cfg, Layout{}, 0, nullptr);
   double whole_loss = 0;
-  ASSERT_TRUE(whole.Forward(0, batch, b.tokens.data(), nullptr, b.targets.data(), nullptr, &whole_loss).ok());
+  ASSERT_TRUE(
+      whole.Forward(0, batch, b.tokens.data(), nullptr, b.targets.data(), nullptr, &whole_loss)
+          .ok());
   ASSERT_TRUE(whole.Backward(0, nullptr, nullptr, 1.0f).ok());
 
   megascope::testing::TempDir dir;
@@ -109,7 +113,9 @@ TEST(ModelTpTest, TensorParallelBlockGradientsEqualTheSingleRankOnes) {
       auto comm = CreateGlooCommunicator(r, layout, go, t->get());
       ASSERT_TRUE(comm.ok()) << comm.status().ToString();
       GptStage s(cfg, layout, r, comm->get());
-      ASSERT_TRUE(s.Forward(0, batch, b.tokens.data(), nullptr, b.targets.data(), nullptr, &losses[r]).ok());
+      ASSERT_TRUE(
+          s.Forward(0, batch, b.tokens.data(), nullptr, b.targets.data(), nullptr, &losses[r])
+              .ok());
       ASSERT_TRUE(s.Backward(0, nullptr, nullptr, 1.0f).ok());
       grads[r] = s.grads();
       tensors[r] = s.tensors();
@@ -133,12 +139,17 @@ TEST(ModelTpTest, TensorParallelBlockGradientsEqualTheSingleRankOnes) {
     ASSERT_EQ(a.size + c.size, w.size) << w.name;  // sharded: the shards make up the whole
     double ss_whole = 0, ss_shards = 0;
     for (size_t i = 0; i < w.size; ++i) ss_whole += gw[i] * gw[i];
-    for (size_t i = 0; i < a.size; ++i) ss_shards += grads[0][a.offset + i] * grads[0][a.offset + i];
-    for (size_t i = 0; i < c.size; ++i) ss_shards += grads[1][c.offset + i] * grads[1][c.offset + i];
+    for (size_t i = 0; i < a.size; ++i)
+      ss_shards += grads[0][a.offset + i] * grads[0][a.offset + i];
+    for (size_t i = 0; i < c.size; ++i)
+      ss_shards += grads[1][c.offset + i] * grads[1][c.offset + i];
     EXPECT_NEAR(ss_shards, ss_whole, 1e-4 * std::max(1.0, ss_whole)) << w.name;
-    if (w.name.ends_with("fc.b") || w.name == "wte") {  // contiguous shards: compare element by element
-      for (size_t i = 0; i < a.size; ++i) EXPECT_NEAR(grads[0][a.offset + i], gw[i], 1e-4) << w.name;
-      for (size_t i = 0; i < c.size; ++i) EXPECT_NEAR(grads[1][c.offset + i], gw[a.size + i], 1e-4) << w.name;
+    if (w.name.ends_with("fc.b") ||
+        w.name == "wte") {  // contiguous shards: compare element by element
+      for (size_t i = 0; i < a.size; ++i)
+        EXPECT_NEAR(grads[0][a.offset + i], gw[i], 1e-4) << w.name;
+      for (size_t i = 0; i < c.size; ++i)
+        EXPECT_NEAR(grads[1][c.offset + i], gw[a.size + i], 1e-4) << w.name;
     }
   }
 }

@@ -1,5 +1,6 @@
 // End-to-end training runs through the real megascope binary: real worker processes talking Gloo
 // over TCP loopback, real checkpoints on disk, real faults injected into real processes.
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <array>
@@ -8,8 +9,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-
-#include <gtest/gtest.h>
 
 #include "megascope/runtime/data.h"
 #include "test_util.h"
@@ -34,8 +33,8 @@ class TrainTest : public ::testing::Test {
   }
   // A small model so that every layout runs in a couple of seconds.
   std::string Args(const std::string& layout, const std::string& run, int steps) {
-    return "train " + layout + " --data " + data_ + " --run-dir " + dir_.path() + "/" + run + " --job t" +
-           std::to_string(::getpid()) + run + " --steps " + std::to_string(steps) +
+    return "train " + layout + " --data " + data_ + " --run-dir " + dir_.path() + "/" + run +
+           " --job t" + std::to_string(::getpid()) + run + " --steps " + std::to_string(steps) +
            " --layers 2 --width 64 --heads 4 --seq 32 --batch 4 --microbatches 2";
   }
   std::vector<double> Losses(const std::string& run) {
@@ -43,7 +42,8 @@ class TrainTest : public ::testing::Test {
     std::ifstream in(dir_.path() + "/" + run + "/progress.jsonl");
     for (std::string line; std::getline(in, line);) {
       auto j = nlohmann::json::parse(line);
-      if (!j.contains("event")) losses.push_back(j["loss"]);  // event lines (ready, fault) carry no loss
+      if (!j.contains("event"))
+        losses.push_back(j["loss"]);  // event lines (ready, fault) carry no loss
     }
     return losses;
   }
@@ -57,8 +57,8 @@ TEST_F(TrainTest, EveryLayoutComputesTheSameLosses) {
   ASSERT_EQ(base.code, 0) << base.out;
   const std::vector<double> want = Losses("base");
   ASSERT_EQ(want.size(), 20u);
-  for (const std::string layout : {"--dp 2 --tp 1 --pp 1", "--dp 1 --tp 2 --pp 1", "--dp 1 --tp 1 --pp 2",
-                                   "--dp 2 --tp 2 --pp 2 --nodes 2"}) {
+  for (const std::string layout : {"--dp 2 --tp 1 --pp 1", "--dp 1 --tp 2 --pp 1",
+                                   "--dp 1 --tp 1 --pp 2", "--dp 2 --tp 2 --pp 2 --nodes 2"}) {
     CommandResult r = Megascope(Args(layout, "other", 20));
     ASSERT_EQ(r.code, 0) << layout << "\n" << r.out;
     const std::vector<double> got = Losses("other");
@@ -94,7 +94,8 @@ TEST_F(TrainTest, LossGoesDownOnRealText) {
 TEST_F(TrainTest, ResumeContinuesExactlyAsIfUninterrupted) {
   ASSERT_EQ(Megascope(Args("--tp 2 --pp 2", "straight", 10) + " --checkpoint-every 5").code, 0);
   const auto want = Losses("straight");
-  CommandResult crashed = Megascope(Args("--tp 2 --pp 2", "resumed", 10) + " --checkpoint-every 5 --fault crash:rank=1,step=7");
+  CommandResult crashed = Megascope(Args("--tp 2 --pp 2", "resumed", 10) +
+                                    " --checkpoint-every 5 --fault crash:rank=1,step=7");
   ASSERT_NE(crashed.code, 0);
   ASSERT_TRUE(fs::exists(dir_.path() + "/resumed/checkpoints/step_5/manifest.json")) << crashed.out;
   CommandResult resumed = Megascope(Args("--tp 2 --pp 2", "resumed", 10) + " --checkpoint-every 5");
@@ -110,18 +111,22 @@ TEST_F(TrainTest, ResumeContinuesExactlyAsIfUninterrupted) {
 TEST_F(TrainTest, ACorruptCheckpointIsReportedAndSkipped) {
   ASSERT_EQ(Megascope(Args("", "c", 6) + " --checkpoint-every 2").code, 0);
   {
-    std::fstream f(dir_.path() + "/c/checkpoints/step_4/rank_0.bin", std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(dir_.path() + "/c/checkpoints/step_4/rank_0.bin",
+                   std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(100);
     f.put('\x7f');
   }
-  fs::remove(dir_.path() + "/c/checkpoints/step_2/manifest.json");  // as if the job died mid-checkpoint
+  fs::remove(dir_.path() +
+             "/c/checkpoints/step_2/manifest.json");  // as if the job died mid-checkpoint
   std::string log;
   // step_4 corrupt, step_2 partial: nothing to resume from.
   CommandResult r = Megascope(Args("", "c", 6) + " --checkpoint-every 2");
   ASSERT_EQ(r.code, 0) << r.out;
   std::ifstream in(dir_.path() + "/c/ranks/0/worker.log");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_NE(text.find("skipping step_4: rank_0.bin is corrupt (checksum mismatch)"), std::string::npos) << text;
+  EXPECT_NE(text.find("skipping step_4: rank_0.bin is corrupt (checksum mismatch)"),
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("skipping step_2: no manifest (partial)"), std::string::npos) << text;
   EXPECT_EQ(Losses("c").size(), 6u);  // trained from scratch
 }
@@ -135,14 +140,16 @@ TEST_F(TrainTest, ACheckpointCanBeRequestedForAStep) {
 }
 
 TEST_F(TrainTest, ACrashNamesTheRankAndStopsEveryone) {
-  CommandResult r = Megascope(Args("--dp 2 --tp 2 --pp 2 --nodes 2", "crash", 6) + " --fault crash:rank=5,step=2");
+  CommandResult r = Megascope(Args("--dp 2 --tp 2 --pp 2 --nodes 2", "crash", 6) +
+                              " --fault crash:rank=5,step=2");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("rank 5 (node1) was killed by signal 6"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("injected crash at step 2"), std::string::npos);
 }
 
 TEST_F(TrainTest, AHangMakesPeersTimeOutFailAndDump) {
-  CommandResult r = Megascope(Args("--dp 2 --tp 2 --pp 2 --nodes 2", "hang", 6) + " --timeout 2000 --fault hang:rank=5,step=2");
+  CommandResult r = Megascope(Args("--dp 2 --tp 2 --pp 2 --nodes 2", "hang", 6) +
+                              " --timeout 2000 --fault hang:rank=5,step=2");
   EXPECT_EQ(r.code, 1);
   // Some peer's collective timed out (which one the launcher names first depends on timing).
   std::string logs;
@@ -165,7 +172,8 @@ TEST_F(TrainTest, AHangMakesPeersTimeOutFailAndDump) {
 }
 
 TEST_F(TrainTest, AStalledSendLeavesPartialProgressInTheFlightRecorder) {
-  CommandResult r = Megascope(Args("--pp 2", "stall", 4) + " --timeout 2000 --fault stall-send:rank=0,step=1");
+  CommandResult r =
+      Megascope(Args("--pp 2", "stall", 4) + " --timeout 2000 --fault stall-send:rank=0,step=1");
   EXPECT_EQ(r.code, 1);
   std::ifstream in(dir_.path() + "/stall/dumps/attempt_0/rank_1.json");
   auto j = nlohmann::json::parse(in);
@@ -205,7 +213,8 @@ TEST_F(TrainTest, BadConfigurationIsRefusedBeforeAnyWorkerStarts) {
   CommandResult unwritable = Megascope("train --data " + data_ + " --run-dir /proc/megascope-run");
   EXPECT_EQ(unwritable.code, 2);
   EXPECT_NE(unwritable.out.find("is not writable"), std::string::npos) << unwritable.out;
-  CommandResult nodata = Megascope("train --data " + dir_.path() + "/none.bin --run-dir " + dir_.path() + "/x");
+  CommandResult nodata =
+      Megascope("train --data " + dir_.path() + "/none.bin --run-dir " + dir_.path() + "/x");
   EXPECT_EQ(nodata.code, 2);
   EXPECT_NE(nodata.out.find("does not exist"), std::string::npos);
 }
@@ -217,13 +226,15 @@ TEST(TokenFileTest, BadFilesGetClearErrors) {
   ASSERT_FALSE(g.ok());
   EXPECT_NE(g.status().message().find("is not a token file"), std::string::npos);
   std::ofstream(dir.path() + "/short.bin") << "abc";
-  EXPECT_NE(TokenFile::Open(dir.path() + "/short.bin").status().message().find("too short"), std::string::npos);
+  EXPECT_NE(TokenFile::Open(dir.path() + "/short.bin").status().message().find("too short"),
+            std::string::npos);
   std::ofstream(dir.path() + "/t.txt") << "hello world, hello tokens";
   ASSERT_TRUE(PrepareByteTokens(dir.path() + "/t.txt", dir.path() + "/t.bin").ok());
   fs::resize_file(dir.path() + "/t.bin", 1024 + 10);
   auto t = TokenFile::Open(dir.path() + "/t.bin");
   ASSERT_FALSE(t.ok());
-  EXPECT_NE(t.status().message().find("is truncated: header says 25 tokens, file holds 5"), std::string::npos)
+  EXPECT_NE(t.status().message().find("is truncated: header says 25 tokens, file holds 5"),
+            std::string::npos)
       << t.status().message();
   EXPECT_EQ(TokenFile::Open(dir.path() + "/missing.bin").status().code(), StatusCode::kNotFound);
 }

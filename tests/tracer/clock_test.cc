@@ -1,8 +1,8 @@
 #include "megascope/tracer/clock.h"
 
-#include <cstdlib>
-
 #include <gtest/gtest.h>
+
+#include <cstdlib>
 
 namespace megascope::tracer {
 namespace {

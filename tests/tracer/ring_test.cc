@@ -1,7 +1,7 @@
-#include "megascope/launch/process.h"
 #include "megascope/tracer/ring.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,8 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-
+#include "megascope/launch/process.h"
 #include "test_util.h"
 
 namespace megascope::tracer {
@@ -232,7 +231,8 @@ TEST_F(RingTest, AttachToForeignFileSaysSo) {
   std::ofstream(path) << std::string(8192, 'z');
   auto r = RingReader::Attach(path, RingReader::Mode::kSnapshotOnly);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("not a megascope ring"), std::string::npos) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("not a megascope ring"), std::string::npos)
+      << r.status().ToString();
 
   std::ofstream(dir_.path() + "/tiny") << "abc";
   auto t = RingReader::Attach(dir_.path() + "/tiny", RingReader::Mode::kSnapshotOnly);
@@ -249,7 +249,8 @@ TEST_F(RingTest, AttachToRingOfAnotherVersionSaysSo) {
   ::close(fd);
   auto r = RingReader::Attach(w->path(), RingReader::Mode::kSnapshotOnly);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("layout version " + std::to_string(future)), std::string::npos)
+  EXPECT_NE(r.status().message().find("layout version " + std::to_string(future)),
+            std::string::npos)
       << r.status().ToString();
 }
 

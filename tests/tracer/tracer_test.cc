@@ -1,8 +1,8 @@
 #include "megascope/tracer/tracer.h"
 
-#include <thread>
-
 #include <gtest/gtest.h>
+
+#include <thread>
 
 #include "test_util.h"
 
@@ -25,7 +25,8 @@ class TracerTest : public ::testing::Test {
     ASSERT_TRUE(t.ok()) << t.status().ToString();
     tracer_ = std::move(t).value();
   }
-  GroupId Group(const std::string& name, std::vector<int32_t> ranks, const std::string& kind = "tp") {
+  GroupId Group(const std::string& name, std::vector<int32_t> ranks,
+                const std::string& kind = "tp") {
     auto g = tracer_->RegisterGroup(name, kind, ranks);
     EXPECT_TRUE(g.ok()) << g.status().ToString();
     return *g;
@@ -169,7 +170,8 @@ TEST_F(TracerTest, SpansAndHeartbeatsReachTheReader) {
   EXPECT_EQ(out[1].span.kind, SpanKind::kForward);
   EXPECT_EQ(out[1].span.microbatch, 3);
   EXPECT_EQ((*reader)->Calibration().ToNs(out[1].span.end_ticks) -
-                (*reader)->Calibration().ToNs(out[1].span.start_ticks), 250);
+                (*reader)->Calibration().ToNs(out[1].span.start_ticks),
+            250);
   EXPECT_EQ((*reader)->NameOf(out[1].span.name), "forward");
   EXPECT_EQ(out[2].span.end_ticks - out[2].span.start_ticks, 10);
   RankSnapshot snap = (*reader)->Snapshot();
@@ -189,7 +191,8 @@ TEST_F(TracerTest, SnapshotsAreConsistentUnderConcurrentWrites) {
     for (int64_t k = 1; !stop.load(std::memory_order_relaxed); ++k) {
       tracer_->SetPhase(k, (k % 2) ? Phase::kForward : Phase::kBackward);
       clock_->Advance(1);
-      OpHandle h = tracer_->Enqueue(g, OpType::kAllreduce, static_cast<uint64_t>(k) * 8, DType::kF32);
+      OpHandle h =
+          tracer_->Enqueue(g, OpType::kAllreduce, static_cast<uint64_t>(k) * 8, DType::kF32);
       clock_->Advance(1);
       tracer_->Start(h);
       tracer_->Progress(h, k * 4, k * 2);

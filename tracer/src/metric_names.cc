@@ -5,14 +5,38 @@
 namespace megascope::tracer::metrics {
 namespace {
 
-constexpr std::array kAll = {
-    kStep,        kStepDuration, kStepSeconds,     kStepCompute,      kStepCommWait,
-    kCompute,     kCommWait,     kCollectiveDuration, kTokensPerSecond, kMfu,
-    kHeartbeatAge, kTraceRecords, kTraceDropped,   kNodeCpu,          kNodeMemory,
-    kNodeNetRx,   kNodeNetTx,    kNodeNetRxErrors, kNodeNetTxErrors,  kNodeDiskRead,
-    kNodeDiskWritten, kGpuUtil,  kGpuPower,        kGpuTemp,          kGpuMemory,
-    kGpuXid,      kAgentRows,    kAgentDbErrors,   kRestarts,         kEvictions,
-    kDetectorScore, kVerdicts};
+constexpr std::array kAll = {kStep,
+                             kStepDuration,
+                             kStepSeconds,
+                             kStepCompute,
+                             kStepCommWait,
+                             kCompute,
+                             kCommWait,
+                             kCollectiveDuration,
+                             kTokensPerSecond,
+                             kMfu,
+                             kHeartbeatAge,
+                             kTraceRecords,
+                             kTraceDropped,
+                             kNodeCpu,
+                             kNodeMemory,
+                             kNodeNetRx,
+                             kNodeNetTx,
+                             kNodeNetRxErrors,
+                             kNodeNetTxErrors,
+                             kNodeDiskRead,
+                             kNodeDiskWritten,
+                             kGpuUtil,
+                             kGpuPower,
+                             kGpuTemp,
+                             kGpuMemory,
+                             kGpuXid,
+                             kAgentRows,
+                             kAgentDbErrors,
+                             kRestarts,
+                             kEvictions,
+                             kDetectorScore,
+                             kVerdicts};
 
 bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;

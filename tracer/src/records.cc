@@ -21,12 +21,12 @@ std::string_view NameFrom(const std::array<std::string_view, N>& names, E e) {
 
 constexpr std::array<std::string_view, 8> kSpanKinds = {
     "forward", "backward", "optimizer", "data", "checkpoint", "comm", "compute", "other"};
-constexpr std::array<std::string_view, 9> kOps = {
-    "allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "barrier", "alltoall",
-    "send", "recv"};
+constexpr std::array<std::string_view, 9> kOps = {"allreduce", "reduce_scatter", "allgather",
+                                                  "broadcast", "reduce",         "barrier",
+                                                  "alltoall",  "send",           "recv"};
 constexpr std::array<std::string_view, 4> kStates = {"enqueued", "started", "completed", "failed"};
 constexpr std::array<std::string_view, 8> kDTypes = {"f32", "f16", "bf16", "f64",
-                                                     "i32", "i64", "u8",  "u16"};
+                                                     "i32", "i64", "u8",   "u16"};
 constexpr std::array<size_t, 8> kDTypeSizes = {4, 2, 2, 8, 4, 8, 1, 2};
 constexpr std::array<std::string_view, 8> kPhases = {
     "init", "data", "forward", "backward", "optimizer", "checkpoint", "idle", "done"};
@@ -38,7 +38,9 @@ std::string_view Name(OpType o) { return NameFrom(kOps, o); }
 std::string_view Name(OpState s) { return NameFrom(kStates, s); }
 std::string_view Name(DType d) { return NameFrom(kDTypes, d); }
 std::string_view Name(Phase p) { return NameFrom(kPhases, p); }
-std::optional<SpanKind> ParseSpanKind(std::string_view s) { return ParseFrom<SpanKind>(kSpanKinds, s); }
+std::optional<SpanKind> ParseSpanKind(std::string_view s) {
+  return ParseFrom<SpanKind>(kSpanKinds, s);
+}
 std::optional<OpType> ParseOpType(std::string_view s) { return ParseFrom<OpType>(kOps, s); }
 std::optional<OpState> ParseOpState(std::string_view s) { return ParseFrom<OpState>(kStates, s); }
 std::optional<DType> ParseDType(std::string_view s) { return ParseFrom<DType>(kDTypes, s); }

@@ -34,8 +34,9 @@ std::string FixedString(const char* s, size_t cap) { return std::string(s, strnl
 
 bool ValidJobName(const std::string& job) {
   if (job.empty() || job.size() > 48) return false;
-  return std::all_of(job.begin(), job.end(),
-                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'; });
+  return std::all_of(job.begin(), job.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
 }
 
 Status ValidateOptions(const RingOptions& o) {
@@ -108,13 +109,15 @@ RankSnapshot TakeSnapshot(const Segment& s) {
 
   HeartbeatWords hb{};
   if (h.heartbeat.Load(&hb)) {
-    snap.heartbeat = {hb.step, static_cast<Phase>(hb.phase), 0, hb.ticks == 0 ? 0 : cal.ToNs(hb.ticks)};
+    snap.heartbeat = {hb.step, static_cast<Phase>(hb.phase), 0,
+                      hb.ticks == 0 ? 0 : cal.ToNs(hb.ticks)};
   }
 
   uint32_t ngroups = std::min(h.num_groups.load(std::memory_order_acquire), h.max_groups);
   for (uint32_t g = 0; g < ngroups; ++g) {
     const GroupSlot& slot = s.groups()[g];
-    GroupInfo gi{FixedString(slot.name, sizeof(slot.name)), FixedString(slot.kind, sizeof(slot.kind)), {}};
+    GroupInfo gi{
+        FixedString(slot.name, sizeof(slot.name)), FixedString(slot.kind, sizeof(slot.kind)), {}};
     if (slot.offset + uint64_t{slot.count} <= h.rank_pool) {
       gi.ranks.assign(s.pool() + slot.offset, s.pool() + slot.offset + slot.count);
     }
@@ -174,17 +177,20 @@ Status ClaimName(const std::string& tmp, const std::string& path) {
     SegmentHeader h{};
     bool live = false;
     if (old >= 0) {
-      if (::pread(old, &h, sizeof(h), 0) == static_cast<ssize_t>(sizeof(h)) && h.magic.load() == kRingMagic) {
+      if (::pread(old, &h, sizeof(h), 0) == static_cast<ssize_t>(sizeof(h)) &&
+          h.magic.load() == kRingMagic) {
         live = h.pid != 0 && ProcessStartTime(h.pid) == h.pid_start_time;
       }
       ::close(old);
     }
     if (live) {
-      return AlreadyExists("ring " + path + " is in use by live process " + std::to_string(h.pid) + " (rank " +
-                           std::to_string(h.rank) + " of job '" + FixedString(h.job, sizeof(h.job)) +
+      return AlreadyExists("ring " + path + " is in use by live process " + std::to_string(h.pid) +
+                           " (rank " + std::to_string(h.rank) + " of job '" +
+                           FixedString(h.job, sizeof(h.job)) +
                            "'): is another worker running with the same job, attempt and rank?");
     }
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoError("cannot remove stale ring " + path, errno);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+      return ErrnoError("cannot remove stale ring " + path, errno);
   }
   return AlreadyExists("ring " + path + " keeps reappearing; another process races us for it");
 }
@@ -223,7 +229,8 @@ Result<std::unique_ptr<RingWriter>> RingWriter::Create(const RingOptions& o, con
   if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(total)); err != 0) {
     ::close(fd);
     ::unlink(tmp.c_str());
-    return ErrnoError("cannot allocate " + std::to_string(total >> 20) + " MiB for ring " + path, err);
+    return ErrnoError("cannot allocate " + std::to_string(total >> 20) + " MiB for ring " + path,
+                      err);
   }
   void* mem = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int map_err = errno;
@@ -350,14 +357,18 @@ Result<GroupId> RingWriter::RegisterGroup(std::string_view name, std::string_vie
   for (uint32_t g = 0; g < n; ++g) {
     const GroupSlot& s = seg_->groups()[g];
     if (FixedString(s.name, sizeof(s.name)) != name) continue;
-    if (std::equal(ranks.begin(), ranks.end(), seg_->pool() + s.offset, seg_->pool() + s.offset + s.count)) {
+    if (std::equal(ranks.begin(), ranks.end(), seg_->pool() + s.offset,
+                   seg_->pool() + s.offset + s.count)) {
       return static_cast<GroupId>(g);
     }
-    return InvalidArgument("group '" + std::string(name) + "' is already registered with other ranks");
+    return InvalidArgument("group '" + std::string(name) +
+                           "' is already registered with other ranks");
   }
-  if (n >= h.max_groups) return FailedPrecondition("group table full (" + std::to_string(n) + " groups)");
+  if (n >= h.max_groups)
+    return FailedPrecondition("group table full (" + std::to_string(n) + " groups)");
   if (h.pool_used + ranks.size() > h.rank_pool) {
-    return FailedPrecondition("group member pool full (" + std::to_string(h.rank_pool) + " members)");
+    return FailedPrecondition("group member pool full (" + std::to_string(h.rank_pool) +
+                              " members)");
   }
   GroupSlot& s = seg_->groups()[n];
   CopyName(s.name, sizeof(s.name), name);
@@ -403,7 +414,8 @@ Result<std::unique_ptr<RingReader>> RingReader::Attach(const std::string& path, 
   int fd = ::open(path.c_str(), (consume ? O_RDWR : O_RDONLY) | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) {
-      return NotFound("no ring at " + path + " (the rank has not started, or its ring was removed)");
+      return NotFound("no ring at " + path +
+                      " (the rank has not started, or its ring was removed)");
     }
     return ErrnoError("cannot open ring " + path, errno);
   }
@@ -411,7 +423,7 @@ Result<std::unique_ptr<RingReader>> RingReader::Attach(const std::string& path, 
     ::close(fd);
     return s;
   };
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0) return fail(ErrnoError("cannot stat ring " + path, errno));
   if (st.st_uid != ::geteuid()) {
     return fail(PermissionDenied("ring " + path + " is owned by uid " + std::to_string(st.st_uid) +
@@ -427,17 +439,18 @@ Result<std::unique_ptr<RingReader>> RingReader::Attach(const std::string& path, 
     return fail(ErrnoError("cannot read ring header of " + path, errno));
   }
   uint64_t magic = h.magic.load();
-  if (magic == 0) return fail(Status(StatusCode::kUnavailable, "ring " + path + " is still being created"));
+  if (magic == 0)
+    return fail(Status(StatusCode::kUnavailable, "ring " + path + " is still being created"));
   if (magic != kRingMagic) {
     char buf[32];
     std::snprintf(buf, sizeof(buf), "0x%016llx", static_cast<unsigned long long>(magic));
     return fail(FailedPrecondition(path + " is not a megascope ring (magic " + buf + ")"));
   }
   if (h.version != kRingVersion || h.record_version != kRecordVersion) {
-    return fail(FailedPrecondition("ring " + path + " has layout version " + std::to_string(h.version) +
-                                   "/records " + std::to_string(h.record_version) +
-                                   "; this build reads version " + std::to_string(kRingVersion) + "/" +
-                                   std::to_string(kRecordVersion)));
+    return fail(FailedPrecondition(
+        "ring " + path + " has layout version " + std::to_string(h.version) + "/records " +
+        std::to_string(h.record_version) + "; this build reads version " +
+        std::to_string(kRingVersion) + "/" + std::to_string(kRecordVersion)));
   }
   if (h.total_size != static_cast<uint64_t>(st.st_size)) {
     return fail(DataLoss("ring " + path + " is " + std::to_string(st.st_size) +
@@ -445,8 +458,9 @@ Result<std::unique_ptr<RingReader>> RingReader::Attach(const std::string& path, 
   }
   if (consume && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) {
-      return fail(AlreadyExists("ring " + path +
-                                " is already being drained by another process (is another agent running?)"));
+      return fail(AlreadyExists(
+          "ring " + path +
+          " is already being drained by another process (is another agent running?)"));
     }
     return fail(ErrnoError("cannot lock ring " + path, errno));
   }
@@ -523,7 +537,8 @@ std::string RingReader::NameOf(NameId id) {
 RankSnapshot RingReader::Snapshot() const { return TakeSnapshot(*seg_); }
 
 std::string RingReader::Incarnation() const {
-  return path_.substr(path_.rfind('/') + 1) + "#" + std::to_string(info_.pid) + "." + std::to_string(writer_start_time_);
+  return path_.substr(path_.rfind('/') + 1) + "#" + std::to_string(info_.pid) + "." +
+         std::to_string(writer_start_time_);
 }
 
 bool RingReader::WriterAlive() const {
@@ -534,7 +549,8 @@ bool RingReader::Closed() const { return seg_->hdr.closed.load(std::memory_order
 
 uint64_t RingReader::Dropped() const {
   uint64_t d = seg_->hdr.unlaned_dropped.load(std::memory_order_relaxed);
-  for (uint32_t l = 0; l < seg_->hdr.lanes; ++l) d += seg_->lanes()[l].dropped.load(std::memory_order_relaxed);
+  for (uint32_t l = 0; l < seg_->hdr.lanes; ++l)
+    d += seg_->lanes()[l].dropped.load(std::memory_order_relaxed);
   return d;
 }
 

@@ -66,8 +66,8 @@ struct GroupSlot {
 static_assert(sizeof(GroupSlot) == 64);
 
 struct LaneControl {
-  alignas(64) std::atomic<uint64_t> head;  // written by the lane's producer
-  alignas(64) std::atomic<uint64_t> tail;  // written by the consumer
+  alignas(64) std::atomic<uint64_t> head;     // written by the lane's producer
+  alignas(64) std::atomic<uint64_t> tail;     // written by the consumer
   alignas(64) std::atomic<uint64_t> dropped;  // written by the lane's producer
 };
 
@@ -114,9 +114,13 @@ struct Segment {
   const char* base() const { return reinterpret_cast<const char*>(this); }
   char* base() { return reinterpret_cast<char*>(this); }
   NameSlot* names() { return reinterpret_cast<NameSlot*>(base() + hdr.names_off); }
-  const NameSlot* names() const { return reinterpret_cast<const NameSlot*>(base() + hdr.names_off); }
+  const NameSlot* names() const {
+    return reinterpret_cast<const NameSlot*>(base() + hdr.names_off);
+  }
   GroupSlot* groups() { return reinterpret_cast<GroupSlot*>(base() + hdr.groups_off); }
-  const GroupSlot* groups() const { return reinterpret_cast<const GroupSlot*>(base() + hdr.groups_off); }
+  const GroupSlot* groups() const {
+    return reinterpret_cast<const GroupSlot*>(base() + hdr.groups_off);
+  }
   int32_t* pool() { return reinterpret_cast<int32_t*>(base() + hdr.pool_off); }
   const int32_t* pool() const { return reinterpret_cast<const int32_t*>(base() + hdr.pool_off); }
   SeqBlock<10>* flight() { return reinterpret_cast<SeqBlock<10>*>(base() + hdr.flight_off); }

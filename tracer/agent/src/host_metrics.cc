@@ -17,10 +17,12 @@ Result<HostSample> HostSampler::Sample() {
     if (!(in >> cpu) || cpu != "cpu") return NotFound("cannot read " + root_ + "/stat");
     for (uint64_t& x : v) in >> x;
     // user nice system idle iowait irq softirq steal guest guest_nice; guest time is in user.
-    const uint64_t idle = v[3] + v[4], total = v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+    const uint64_t idle = v[3] + v[4],
+                   total = v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
     const uint64_t busy = total - idle;
     if (last_total_ != 0 && total > last_total_) {
-      s.cpu_utilization = static_cast<double>(busy - last_busy_) / static_cast<double>(total - last_total_);
+      s.cpu_utilization =
+          static_cast<double>(busy - last_busy_) / static_cast<double>(total - last_total_);
     }
     last_busy_ = busy;
     last_total_ = total;
@@ -64,7 +66,9 @@ Result<HostSample> HostSampler::Sample() {
       std::istringstream f(line);
       uint64_t major, minor, reads, rmerged, rsectors, rms, writes, wmerged, wsectors;
       std::string name;
-      if (!(f >> major >> minor >> name >> reads >> rmerged >> rsectors >> rms >> writes >> wmerged >> wsectors)) continue;
+      if (!(f >> major >> minor >> name >> reads >> rmerged >> rsectors >> rms >> writes >>
+            wmerged >> wsectors))
+        continue;
       if (!std::regex_match(name, kWhole)) continue;  // partitions would count twice
       s.disk_read_bytes += static_cast<double>(rsectors) * 512;
       s.disk_write_bytes += static_cast<double>(wsectors) * 512;
@@ -102,8 +106,10 @@ std::unique_ptr<Nvml> Nvml::Load() {
   f.init = reinterpret_cast<int (*)()>(sym("nvmlInit_v2"));
   f.shutdown = reinterpret_cast<int (*)()>(sym("nvmlShutdown"));
   f.count = reinterpret_cast<int (*)(unsigned*)>(sym("nvmlDeviceGetCount_v2"));
-  f.handle = reinterpret_cast<int (*)(unsigned, Fns::Device*)>(sym("nvmlDeviceGetHandleByIndex_v2"));
-  f.util = reinterpret_cast<int (*)(Fns::Device, Fns::Utilization*)>(sym("nvmlDeviceGetUtilizationRates"));
+  f.handle =
+      reinterpret_cast<int (*)(unsigned, Fns::Device*)>(sym("nvmlDeviceGetHandleByIndex_v2"));
+  f.util = reinterpret_cast<int (*)(Fns::Device, Fns::Utilization*)>(
+      sym("nvmlDeviceGetUtilizationRates"));
   f.power = reinterpret_cast<int (*)(Fns::Device, unsigned*)>(sym("nvmlDeviceGetPowerUsage"));
   f.temp = reinterpret_cast<int (*)(Fns::Device, int, unsigned*)>(sym("nvmlDeviceGetTemperature"));
   f.mem = reinterpret_cast<int (*)(Fns::Device, Fns::Memory*)>(sym("nvmlDeviceGetMemoryInfo"));

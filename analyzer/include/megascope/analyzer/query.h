@@ -4,14 +4,13 @@
 // doing at a moment). Writes are refused.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "megascope/tracer/status.h"
-
-#include <functional>
-#include <string_view>
 
 struct sqlite3;
 struct sqlite3_stmt;

@@ -26,7 +26,8 @@ struct TimelineStats {
 };
 
 // The trace-event JSON of the chosen steps.
-Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& options, TimelineStats* stats = nullptr);
+Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& options,
+                                 TimelineStats* stats = nullptr);
 // The HTML viewer with `trace_json` inside.
 std::string TimelineHtml(const std::string& trace_json, const TimelineOptions& options);
 

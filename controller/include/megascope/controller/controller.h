@@ -72,7 +72,7 @@ struct ControllerOptions {
   int detector_min_peers = 4;      // fewer nodes doing the same work: no judgement
   // The straggler analysis runs over the trace databases every straggler_every steps (0: off).
   int straggler_every = 20;
-  double straggler_ratio = 1.2;     // compute this much above the peers' median is a slow step
+  double straggler_ratio = 1.2;         // compute this much above the peers' median is a slow step
   double straggler_min_cost_s = 0.005;  // ... costing the job at least this much per step
   PolicyOptions policy;
   bool allow_remote = false;  // the control endpoint binds 0.0.0.0 instead of 127.0.0.1

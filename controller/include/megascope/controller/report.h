@@ -25,11 +25,12 @@ Result<std::string> BuildReport(const std::string& run_dir, ReportFigures* figur
 struct HtmlReportOptions {
   int max_steps = 300;  // the heat map shows the newest this many steps
 };
-// `megascope report RUN_DIR --html OUT`: one self-contained page (inline SVG, no script, no network):
-// events on a time axis, the incidents' stages, the heat map of per-rank compute time per step over
-// the DP x PP x TP grid (a straggler's cells outlined, its row in red), the loss curve across
-// restarts, each verdict's evidence (the detector's metrics around it, the node in red against its
-// peers) and a link to the timeline viewer.
-Result<std::string> BuildHtmlReport(const std::string& run_dir, const HtmlReportOptions& options = {});
+// `megascope report RUN_DIR --html OUT`: one self-contained page (inline SVG, no script, no
+// network): events on a time axis, the incidents' stages, the heat map of per-rank compute time per
+// step over the DP x PP x TP grid (a straggler's cells outlined, its row in red), the loss curve
+// across restarts, each verdict's evidence (the detector's metrics around it, the node in red
+// against its peers) and a link to the timeline viewer.
+Result<std::string> BuildHtmlReport(const std::string& run_dir,
+                                    const HtmlReportOptions& options = {});
 
 }  // namespace megascope::controller

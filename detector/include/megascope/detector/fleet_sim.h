@@ -20,7 +20,7 @@ struct FleetSimConfig {
   double hours = 2;
   int faults = 10;
   uint64_t seed = 1;
-  double start_s = 1763700000;  // timestamp of the first sample
+  double start_s = 1763700000;           // timestamp of the first sample
   std::vector<std::string> fault_types;  // empty: the production mix
   // Pipeline stages (machines split evenly); stage 0 legitimately runs lighter GPU load when
   // light_first_stage is set (e.g. the embedding stage), which peer groups must absorb.
@@ -40,7 +40,8 @@ class FleetSim {
   // machine -> "stage<k>"
   std::vector<std::pair<std::string, std::string>> Groups() const;
   // Calls sink(machine, metric, time_s, value) for every sample, in time order.
-  void Run(const std::function<void(int machine, int metric, double time_s, double value)>& sink) const;
+  void Run(
+      const std::function<void(int machine, int metric, double time_s, double value)>& sink) const;
 
  private:
   struct Event {

@@ -20,8 +20,8 @@ class TokenFile {
   int max_token() const { return max_token_; }
   // Sequences [first, first+count) of the step's global batch: inputs and next-token targets,
   // each count*seq tokens.
-  void Batch(int64_t step, int64_t global_batch, int64_t first, int64_t count, int seq, std::vector<int32_t>* inputs,
-             std::vector<int32_t>* targets) const;
+  void Batch(int64_t step, int64_t global_batch, int64_t first, int64_t count, int seq,
+             std::vector<int32_t>* inputs, std::vector<int32_t>* targets) const;
 
  private:
   std::vector<uint16_t> tokens_;

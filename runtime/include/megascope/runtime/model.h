@@ -1,9 +1,9 @@
 // One pipeline stage of a GPT-2-style decoder (token + position embeddings, pre-LN blocks, tied LM
-// head; optionally MegaScale's parallel block) with Megatron tensor parallelism: column-parallel QKV
-// and first MLP GEMM, row-parallel output projections, heads split across tp ranks, vocab-parallel
-// embedding and cross-entropy. Parameters are initialised from global tensors seeded by name, so
-// every layout starts from the same model. Forward/Backward handle one microbatch each and keep
-// its activations until its backward.
+// head; optionally MegaScale's parallel block) with Megatron tensor parallelism: column-parallel
+// QKV and first MLP GEMM, row-parallel output projections, heads split across tp ranks,
+// vocab-parallel embedding and cross-entropy. Parameters are initialised from global tensors seeded
+// by name, so every layout starts from the same model. Forward/Backward handle one microbatch each
+// and keep its activations until its backward.
 #pragma once
 
 #include <map>
@@ -42,8 +42,8 @@ class GptStage {
 
   // First stage: tokens [B*T]; other stages: `in` [B*T, C] from the previous stage. Last stage:
   // adds the sum of token losses to *loss_sum; other stages fill `out` [B*T, C].
-  Status Forward(int mb, int batch, const int32_t* tokens, const float* in, const int32_t* targets, float* out,
-                 double* loss_sum);
+  Status Forward(int mb, int batch, const int32_t* tokens, const float* in, const int32_t* targets,
+                 float* out, double* loss_sum);
   // Last stage: `dout` unused (the loss is the start; `loss_scale` = 1/(global tokens)); other
   // stages: dout [B*T, C]. Non-first stages fill `din` [B*T, C]. Gradients accumulate.
   Status Backward(int mb, const float* dout, float* din, float loss_scale);

@@ -35,8 +35,10 @@ struct TrainConfig {
   int nodes = 1;
   std::vector<std::string> node_names;  // the node of each slot (empty: node0..node<N-1>)
   int attempt = 0;
-  bool memory_snapshots = false;  // every step, state into host memory on this node and a buddy node
-  bool resume_set = false;  // resume below was decided by the controller (else: newest disk checkpoint)
+  bool memory_snapshots =
+      false;  // every step, state into host memory on this node and a buddy node
+  bool resume_set =
+      false;  // resume below was decided by the controller (else: newest disk checkpoint)
   launch::ResumePoint resume;
   int64_t global_batch = 8;  // sequences per step, over all dp ranks
   int microbatches = 2;
@@ -47,11 +49,12 @@ struct TrainConfig {
   float grad_clip = 1.0f;
   float weight_decay = 0.1f;
   int checkpoint_every = 0;  // 0: only on request
-  int timeout_ms = 30000;  // collective timeout
+  int timeout_ms = 30000;    // collective timeout
   std::vector<Fault> faults;
-  bool trace = true;  // false: spans and flight recorder off (to measure their cost)
+  bool trace = true;   // false: spans and flight recorder off (to measure their cost)
   bool agents = true;  // start one megascope agent per simulated node
-  std::vector<std::pair<std::string, int>> agent_ports;  // node -> HTTP port, filled by the launcher
+  std::vector<std::pair<std::string, int>>
+      agent_ports;  // node -> HTTP port, filled by the launcher
 
   // Empty when valid; otherwise what is wrong, said before any worker starts.
   std::string Validate() const;
@@ -75,6 +78,5 @@ Status PrepareRunDirectory(const TrainConfig& config);
 // Starts the job: validates, writes run.json, spawns `self_exe worker` per rank, streams progress
 // to stdout; returns 0 when every worker finished, 1 when one failed (named, with its log tail).
 int RunTraining(const TrainConfig& config, const std::string& self_exe);
-
 
 }  // namespace megascope::runtime

@@ -60,8 +60,8 @@ inline constexpr Def kNodeMemory{"node_memory_used_bytes", Type::kGauge, Scope::
                                  "Host memory in use (total - available)", 14};
 inline constexpr Def kNodeNetRx{"node_network_receive_bytes_total", Type::kCounter, Scope::kNode,
                                 "Bytes received, all interfaces but lo", 12};
-inline constexpr Def kNodeNetTx{"node_network_transmit_bytes_total", Type::kCounter,
-                                Scope::kNode, "Bytes sent, all interfaces but lo", 11};
+inline constexpr Def kNodeNetTx{"node_network_transmit_bytes_total", Type::kCounter, Scope::kNode,
+                                "Bytes sent, all interfaces but lo", 11};
 inline constexpr Def kNodeNetRxErrors{"node_network_receive_errors_total", Type::kCounter,
                                       Scope::kNode,
                                       "Receive errors, all interfaces but lo (bad frames, CRC)", 5};
@@ -69,8 +69,8 @@ inline constexpr Def kNodeNetTxErrors{"node_network_transmit_errors_total", Type
                                       Scope::kNode, "Transmit errors, all interfaces but lo", 6};
 inline constexpr Def kNodeDiskRead{"node_disk_read_bytes_total", Type::kCounter, Scope::kNode,
                                    "Bytes read from whole disks", 15};
-inline constexpr Def kNodeDiskWritten{"node_disk_written_bytes_total", Type::kCounter,
-                                      Scope::kNode, "Bytes written to whole disks", 16};
+inline constexpr Def kNodeDiskWritten{"node_disk_written_bytes_total", Type::kCounter, Scope::kNode,
+                                      "Bytes written to whole disks", 16};
 // Per GPU (NVML, when present).
 inline constexpr Def kGpuUtil{"gpu_utilization_ratio", Type::kGauge, Scope::kGpu,
                               "GPU utilisation (NVML)", 8};

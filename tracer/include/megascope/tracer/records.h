@@ -13,17 +13,38 @@ inline constexpr uint32_t kRecordVersion = 1;
 inline constexpr size_t kRecordSize = 64;
 
 enum class SpanKind : uint8_t {
-  kForward = 0, kBackward, kOptimizer, kData, kCheckpoint, kComm, kCompute, kOther,
+  kForward = 0,
+  kBackward,
+  kOptimizer,
+  kData,
+  kCheckpoint,
+  kComm,
+  kCompute,
+  kOther,
 };
 enum class OpType : uint8_t {
-  kAllreduce = 0, kReduceScatter, kAllgather, kBroadcast, kReduce, kBarrier, kAlltoall,
-  kSend, kRecv,
+  kAllreduce = 0,
+  kReduceScatter,
+  kAllgather,
+  kBroadcast,
+  kReduce,
+  kBarrier,
+  kAlltoall,
+  kSend,
+  kRecv,
   kUnknown = 255,  // read from a dump written by a newer version; never written by this one
 };
 enum class OpState : uint8_t { kEnqueued = 0, kStarted, kCompleted, kFailed, kUnknown = 255 };
 enum class DType : uint8_t { kF32 = 0, kF16, kBf16, kF64, kI32, kI64, kU8, kU16, kUnknown = 255 };
 enum class Phase : uint8_t {
-  kInit = 0, kData, kForward, kBackward, kOptimizer, kCheckpoint, kIdle, kDone,
+  kInit = 0,
+  kData,
+  kForward,
+  kBackward,
+  kOptimizer,
+  kCheckpoint,
+  kIdle,
+  kDone,
   kUnknown = 255,
 };
 
@@ -41,13 +62,19 @@ std::optional<Phase> ParsePhase(std::string_view s);
 inline bool IsP2P(OpType o) { return o == OpType::kSend || o == OpType::kRecv; }
 size_t DTypeSize(DType d);
 
-enum class RecordType : uint8_t { kEmpty = 0, kSpan = 1, kCollective = 2, kHeartbeat = 3, kMetric = 4 };
+enum class RecordType : uint8_t {
+  kEmpty = 0,
+  kSpan = 1,
+  kCollective = 2,
+  kHeartbeat = 3,
+  kMetric = 4
+};
 
 // Times in records are raw clock ticks; RingReader converts them with the ring's calibration.
 struct SpanRecord {
   RecordType type;  // kSpan
   SpanKind kind;
-  uint16_t name;  // interned name id (Tracer::InternName)
+  uint16_t name;       // interned name id (Tracer::InternName)
   int32_t microbatch;  // -1 when not per microbatch
   int64_t step;
   int64_t start_ticks;
@@ -68,9 +95,9 @@ struct CollectiveRecord {
   uint64_t seq;
   uint64_t bytes;
   int64_t enqueued_ticks;
-  int64_t started_ticks;  // 0 if never started
+  int64_t started_ticks;    // 0 if never started
   int64_t completed_ticks;  // completion or failure time
-  uint64_t entry_id;  // flight-recorder id (1-based issue index on this rank)
+  uint64_t entry_id;        // flight-recorder id (1-based issue index on this rank)
 };
 
 struct HeartbeatRecord {

@@ -10,8 +10,8 @@
 #include <memory>
 #include <mutex>
 #include <span>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "megascope/tracer/clock.h"
@@ -26,7 +26,7 @@ inline constexpr uint32_t kRingVersion = 1;
 
 struct RingOptions {
   std::string dir = "/dev/shm";  // where ring files live
-  std::string job = "default";  // [A-Za-z0-9_-]{1,48}
+  std::string job = "default";   // [A-Za-z0-9_-]{1,48}
   std::string node = "node0";
   int32_t rank = 0;
   int32_t world_size = 1;
@@ -41,7 +41,8 @@ struct RingOptions {
   uint32_t rank_pool = 16384;  // total group members over all groups
 };
 
-// "megascope.<job>.a<attempt>.r<rank>"; RingFilePrefix(job) is what every ring of a job starts with.
+// "megascope.<job>.a<attempt>.r<rank>"; RingFilePrefix(job) is what every ring of a job starts
+// with.
 std::string RingFileName(const std::string& job, int32_t attempt, int32_t rank);
 std::string RingFilePrefix(const std::string& job);
 
@@ -75,8 +76,8 @@ namespace detail {
 // The calling thread's lane in the writer it used last: a one-entry cache, so the hot path needs
 // no lookup; a miss takes the writer's mutex once.
 struct LaneCursor {
-  std::atomic<uint64_t>* head = nullptr;  // shared: producer position
-  std::atomic<uint64_t>* tail = nullptr;  // shared: consumer position
+  std::atomic<uint64_t>* head = nullptr;     // shared: producer position
+  std::atomic<uint64_t>* tail = nullptr;     // shared: consumer position
   std::atomic<uint64_t>* dropped = nullptr;  // shared: records dropped on this lane
   Record* slots = nullptr;
   uint64_t mask = 0;
@@ -106,7 +107,8 @@ class RingWriter {
   Record* Claim() {
     const detail::ThreadLane& tl = detail::t_lane;
     detail::LaneCursor* c = tl.writer_uid == uid_ ? tl.cursor : AcquireLane();
-    if (c == nullptr) [[unlikely]] return DropUnlaned();
+    if (c == nullptr) [[unlikely]]
+      return DropUnlaned();
     if (c->pos - c->cached_tail > c->mask) [[unlikely]] {
       if (!RefreshTail(c)) return nullptr;
     }
@@ -177,7 +179,7 @@ struct ReadBatch {
 class RingReader {
  public:
   enum class Mode {
-    kConsume,  // drains records; one consumer per ring (an exclusive lock, freed if it dies)
+    kConsume,       // drains records; one consumer per ring (an exclusive lock, freed if it dies)
     kSnapshotOnly,  // reads header state only; any number at once
   };
   static Result<std::unique_ptr<RingReader>> Attach(const std::string& path, Mode mode);

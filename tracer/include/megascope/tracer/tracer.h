@@ -28,7 +28,7 @@ class Tracer {
  public:
   // Creates the rank's segment. `clock` defaults to MakeDefaultClock().
   static Result<std::unique_ptr<Tracer>> Create(const RingOptions& options,
-                                               std::shared_ptr<Clock> clock = nullptr);
+                                                std::shared_ptr<Clock> clock = nullptr);
   ~Tracer();
 
   // --- set-up (slow path, thread-safe) ---
@@ -46,8 +46,8 @@ class Tracer {
 #endif
     return clock_->Ticks();
   }
-  void RecordSpan(SpanKind kind, NameId name, int64_t step, int32_t microbatch,
-                  int64_t start_ticks, int64_t end_ticks) {
+  void RecordSpan(SpanKind kind, NameId name, int64_t step, int32_t microbatch, int64_t start_ticks,
+                  int64_t end_ticks) {
     if (!enabled_) return;
     Record* r = ring_->Claim();
     if (r == nullptr) return;
@@ -140,7 +140,7 @@ class Tracer {
   std::unique_ptr<SharedFlightEntry[]> mirror_;  // process-local copy of each slot
   uint32_t flight_cap_ = 0;
   std::atomic_flag hb_lock_ = ATOMIC_FLAG_INIT;  // the heartbeat has one writer at a time
-  int64_t hb_step_ = 0;  // guarded by hb_lock_
+  int64_t hb_step_ = 0;                          // guarded by hb_lock_
   Phase hb_phase_ = Phase::kInit;
 };
 

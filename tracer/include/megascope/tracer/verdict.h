@@ -9,13 +9,13 @@
 namespace megascope {
 
 struct Verdict {
-  std::string kind;  // hang, slow, faulty_machine, healthy
+  std::string kind;   // hang, slow, faulty_machine, healthy
   std::string cause;  // e.g. rank_not_joined; for faulty_machine the leading metric
   std::vector<int32_t> root_ranks;
   std::vector<std::string> root_nodes;
   std::string group;  // empty: null
-  int64_t seq = -1;  // -1: null
-  std::string op;  // empty: null
+  int64_t seq = -1;   // -1: null
+  std::string op;     // empty: null
   std::vector<int32_t> waiting_ranks;
   int64_t detected_at_ns = 0;
   int64_t onset_at_ns = 0;  // 0: null

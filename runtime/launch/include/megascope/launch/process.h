@@ -36,7 +36,8 @@ struct ExitStatus {
 
 struct ProcessSpec {
   ProcessSpec() = default;
-  ProcessSpec(std::vector<std::string> command, std::string log = "")  // NOLINT(google-explicit-constructor)
+  ProcessSpec(std::vector<std::string> command,
+              std::string log = "")  // NOLINT(google-explicit-constructor)
       : argv(std::move(command)), log_path(std::move(log)) {}
 
   std::vector<std::string> argv;  // argv[0]: the executable's path

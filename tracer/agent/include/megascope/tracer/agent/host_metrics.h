@@ -14,9 +14,10 @@
 namespace megascope::tracer::agent {
 
 struct HostSample {
-  double cpu_utilization = 0;  // 0..1 since the previous sample (0 on the first)
+  double cpu_utilization = 0;    // 0..1 since the previous sample (0 on the first)
   double memory_used_bytes = 0;  // MemTotal - MemAvailable
-  double network_receive_bytes = 0, network_transmit_bytes = 0;  // cumulative, all interfaces but lo
+  double network_receive_bytes = 0,
+         network_transmit_bytes = 0;                 // cumulative, all interfaces but lo
   double disk_read_bytes = 0, disk_write_bytes = 0;  // cumulative, whole disks
   double network_receive_errors = 0, network_transmit_errors = 0;  // cumulative, as network_*
 };
