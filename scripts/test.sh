@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds with both cores and runs the default tests (CTest labels gpu,
-# slow and bench stay out), then runs each libFuzzer target briefly. Where nvcc exists it also
-# configures and compiles the cuda preset.
+# Installs what is missing, checks the tree's formatting, builds with both cores, runs clang-tidy
+# over the files the last commit changed and the default tests (CTest labels gpu, slow and bench
+# stay out), then runs each libFuzzer target briefly. Where nvcc exists it also configures and
+# compiles the cuda preset.
 # Warnings are errors under CI (CI=true) or with MEGASCOPE_WERROR=ON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,9 +11,15 @@ scripts/setup.sh
 werror=${MEGASCOPE_WERROR:-OFF}
 [[ ${CI:-} == true ]] && werror=ON
 
+echo "[test] formatting (scripts/check_format.sh)"
+scripts/check_format.sh
+
 echo "[test] configure + build (dev preset, 2 jobs)"
 cmake --preset dev -DMEGASCOPE_WERROR="$werror" >/dev/null
 cmake --build --preset dev
+
+echo "[test] clang-tidy over the files the last commit changed (scripts/check_tidy.sh)"
+scripts/check_tidy.sh
 echo "[test] ctest (without gpu, slow, bench)"
 ctest --preset dev
 

@@ -161,15 +161,19 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     rep.verdicts.push_back(std::move(v));
   }
   // 2. Communication stragglers: at every collective, the last rank to arrive makes the others
-  // wait.
+  // wait -- for the part of its lateness it caused itself. A rank that left the previous op late
+  // (a ring's last receiver does, every time) and then worked as long as its peers arrives late
+  // without being slow: lateness is measured on the gap since each rank's own previous op.
   std::map<int, double> blame;  // rank -> seconds others waited for it
   std::map<int, int64_t> last_count;
-  struct Arrival {
-    int rank;
-    int64_t t;
+  struct Op {
+    std::string grp;
+    int64_t seq;
+    int64_t enqueued, completed;
+    bool p2p;
   };
-  std::map<std::pair<std::string, int64_t>, std::vector<Arrival>> by_op;
-  // Only the window's collectives: those enqueued while its steps ran (collectives carry no step).
+  std::map<int, std::vector<Op>> ops_of;  // rank -> its ops in the window
+  // Only the window's ops: those enqueued while its steps ran (collectives carry no step).
   int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
   RETURN_IF_ERROR(
       db.Scan("SELECT MIN(start_ns), MAX(end_ns) FROM spans WHERE " + range + of_attempt,
@@ -179,23 +183,45 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
                 hi = std::max(hi, r.Int(1));
               }));
   RETURN_IF_ERROR(db.Scan(
-      "SELECT grp, seq, rank, enqueued_ns FROM collectives WHERE op NOT IN ('send', 'recv')" +
-          of_attempt + " AND enqueued_ns BETWEEN " + std::to_string(lo) + " AND " +
-          std::to_string(hi),
+      "SELECT grp, seq, rank, enqueued_ns, completed_ns, op IN ('send', 'recv') FROM collectives "
+      "WHERE enqueued_ns BETWEEN " +
+          std::to_string(lo) + " AND " + std::to_string(hi) + of_attempt,
       [&](const RunDatabase::Row& r) {
-        const int rank = static_cast<int>(r.Int(2));
-        by_op[{std::string(r.Text(0)), r.Int(1)}].push_back({rank, r.Int(3) - meta[rank].offset});
+        ops_of[static_cast<int>(r.Int(2))].push_back(
+            {std::string(r.Text(0)), r.Int(1), r.Int(3), r.Int(4), r.Int(5) != 0});
       }));
+  struct Arrival {
+    int rank;
+    int64_t t;    // arrival, on the common clock
+    int64_t gap;  // since the rank's own previous op completed
+  };
+  std::map<std::pair<std::string, int64_t>, std::vector<Arrival>> by_op;
+  for (auto& [rank, ops] : ops_of) {
+    std::sort(ops.begin(), ops.end(),
+              [](const Op& a, const Op& b) { return a.enqueued < b.enqueued; });
+    for (size_t k = 1; k < ops.size(); ++k) {
+      const int64_t prev_done = ops[k - 1].completed;
+      if (ops[k].p2p || prev_done <= 0 || prev_done > ops[k].enqueued) continue;
+      by_op[{ops[k].grp, ops[k].seq}].push_back(
+          {rank, ops[k].enqueued - meta[rank].offset, ops[k].enqueued - prev_done});
+    }
+  }
   for (const auto& [key, arrivals] : by_op) {
     if (arrivals.size() < 2) continue;
     const auto last = std::max_element(arrivals.begin(), arrivals.end(),
                                        [](auto& a, auto& b) { return a.t < b.t; });
     double waited = 0;
-    for (const Arrival& a : arrivals) waited += static_cast<double>(last->t - a.t) / 1e9;
+    for (const Arrival& a : arrivals) {
+      waited +=
+          static_cast<double>(std::max<int64_t>(0, std::min(last->t - a.t, last->gap - a.gap))) /
+          1e9;
+    }
+    if (waited <= 0) continue;
     blame[last->rank] += waited;
     ++last_count[last->rank];
   }
   std::vector<double> blames;
+  blames.reserve(meta.size());
   for (const auto& [rank, m] : meta) blames.push_back(blame[rank]);
   const double typical = Median(blames);
   for (const auto& [rank, b] : blame) {

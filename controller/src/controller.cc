@@ -518,11 +518,13 @@ struct Controller::Impl {
 
   double HangThreshold() const {
     if (!attempt_stepped) return std::max(opt.startup_grace_s, opt.hang_after_s);
-    std::vector<double> recent(step_times.end() - std::min<size_t>(step_times.size(), 20),
-                               step_times.end());
+    const auto n = static_cast<std::ptrdiff_t>(std::min<size_t>(step_times.size(), 20));
+    std::vector<double> recent(step_times.end() - n, step_times.end());
     double median = 0;
     if (!recent.empty()) {
-      std::nth_element(recent.begin(), recent.begin() + recent.size() / 2, recent.end());
+      std::nth_element(recent.begin(),
+                       recent.begin() + static_cast<std::ptrdiff_t>(recent.size() / 2),
+                       recent.end());
       median = recent[recent.size() / 2];
     }
     return std::max(opt.hang_after_s, opt.hang_factor * median);

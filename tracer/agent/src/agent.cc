@@ -281,7 +281,7 @@ struct Agent::Impl {
       const RankSnapshot& snap = st.snap;
       while (st.names.size() < 65536) {  // pick up newly interned names
         const std::string n = st.reader->NameOf(static_cast<NameId>(st.names.size()));
-        if (n.rfind("?", 0) == 0) break;
+        if (!n.empty() && n[0] == '?') break;
         st.names.push_back(n);
       }
       const ClockCalibration cal = st.reader->Calibration();

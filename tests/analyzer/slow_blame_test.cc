@@ -1,0 +1,126 @@
+// Communication-straggler blame on traces written through the real store, with timings chosen
+// exactly: a rank that arrives late only because it left the previous op late (a ring's last
+// receiver does, every step) is not a straggler; a rank whose own work between ops takes longer
+// (its link holds its data back) is, with the seconds its peers waited for it.
+#include <gtest/gtest.h>
+
+#include "megascope/analyzer/slow.h"
+#include "megascope/tracer/trace_store.h"
+#include "test_util.h"
+
+namespace megascope::analyzer {
+namespace {
+
+constexpr int kRanks = 4, kSteps = 20;
+constexpr int64_t kMs = 1000000;
+
+// Each rank computes 10 ms per step, then (`hold` ms for rank 3) waits on its link, then joins the
+// step's all-reduce; the all-reduce completes 1 ms after the last arrival, `tail` ms later still
+// on rank 3. Rank 3's compute is never longer than its peers'.
+std::string WriteRun(const std::string& dir, int64_t tail_ms, int64_t hold_ms) {
+  const std::vector<std::string> names = {"forward", "allreduce", "link"};
+  const std::vector<tracer::GroupInfo> groups = {{"dp.0", "dp", {0, 1, 2, 3}}};
+  std::vector<tracer::RankInfo> infos(kRanks);
+  std::vector<std::vector<tracer::Record>> recs(kRanks);
+  std::vector<int64_t> free_at(kRanks, 1000 * kMs);  // when each rank's previous op completed
+  for (int s = 0; s < kSteps; ++s) {
+    std::vector<int64_t> enq(kRanks);
+    for (int r = 0; r < kRanks; ++r) {
+      auto span = [&](tracer::SpanKind kind, uint16_t name, int64_t a, int64_t b) {
+        tracer::Record rec{};
+        rec.span = {tracer::RecordType::kSpan, kind, name, -1, s, a, b, {}};
+        recs[r].push_back(rec);
+      };
+      const int64_t fwd_end = free_at[r] + 10 * kMs;
+      span(tracer::SpanKind::kForward, 0, free_at[r], fwd_end);
+      enq[r] = fwd_end + (r == 3 ? hold_ms * kMs : 0);
+      if (enq[r] > fwd_end) span(tracer::SpanKind::kComm, 2, fwd_end, enq[r]);
+    }
+    const int64_t last = *std::max_element(enq.begin(), enq.end());
+    for (int r = 0; r < kRanks; ++r) {
+      const int64_t done = last + kMs + (r == 3 ? tail_ms * kMs : 0);
+      tracer::Record rec{};
+      rec.collective.type = tracer::RecordType::kCollective;
+      rec.collective.op = tracer::OpType::kAllreduce;
+      rec.collective.state = tracer::OpState::kCompleted;
+      rec.collective.peer = -1;
+      rec.collective.seq = static_cast<uint64_t>(s) + 1;
+      rec.collective.bytes = 4096;
+      rec.collective.enqueued_ticks = enq[r];
+      rec.collective.started_ticks = enq[r];
+      rec.collective.completed_ticks = done;
+      rec.collective.entry_id = static_cast<uint64_t>(s) + 1;
+      recs[r].push_back(rec);
+      tracer::Record comm{};
+      comm.span = {tracer::RecordType::kSpan, tracer::SpanKind::kComm, 1, -1, s, enq[r], done, {}};
+      recs[r].push_back(comm);
+      free_at[r] = done;
+    }
+  }
+  for (int r = 0; r < kRanks; ++r) {
+    tracer::RankInfo& info = infos[r];
+    info.job = "blame";
+    info.node = "node" + std::to_string(r);
+    info.rank = r;
+    info.world_size = kRanks;
+    info.coords.dp = r;
+    auto store = tracer::TraceStore::Open(dir + "/nodes/" + info.node + "/trace.db");
+    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    EXPECT_TRUE((*store)->UpsertRank(info).ok());
+    tracer::RingRows rows;
+    rows.info = &info;
+    rows.names = &names;
+    rows.groups = &groups;
+    rows.records = recs[r];
+    rows.ring = "rank" + std::to_string(r);
+    rows.lane_tails = {recs[r].size()};
+    EXPECT_TRUE((*store)->Write({&rows, 1}, {}, {}).ok());
+  }
+  return dir;
+}
+
+std::vector<Verdict> CommStragglers(const std::string& run) {
+  auto db = RunDatabase::Open(run);
+  EXPECT_TRUE(db.ok()) << db.status().ToString();
+  auto rep = AnalyzeSlow(**db);
+  EXPECT_TRUE(rep.ok()) << rep.status().ToString();
+  std::vector<Verdict> out;
+  for (const Verdict& v : rep->verdicts) {
+    EXPECT_NE(v.cause, "compute_straggler") << v.explanation;
+    if (v.cause == "comm_straggler") out.push_back(v);
+  }
+  return out;
+}
+
+TEST(SlowBlameTest, ARankThatLeavesEveryOpLastIsNotACommStraggler) {
+  megascope::testing::TempDir dir;
+  // Rank 3 arrives 5 ms after its peers at every all-reduce -- 15 ms of waiting per step if
+  // lateness were blamed on arrival alone -- only because the previous one released it last.
+  const auto verdicts = CommStragglers(WriteRun(dir.path(), /*tail_ms=*/5, /*hold_ms=*/0));
+  EXPECT_TRUE(verdicts.empty()) << verdicts.front().explanation;
+}
+
+TEST(SlowBlameTest, ARankWhoseLinkHoldsItsDataIsACommStragglerWithItsCost) {
+  megascope::testing::TempDir dir;
+  const auto verdicts = CommStragglers(WriteRun(dir.path(), /*tail_ms=*/0, /*hold_ms=*/8));
+  ASSERT_EQ(verdicts.size(), 1u);
+  EXPECT_EQ(verdicts[0].root_ranks, std::vector<int32_t>{3});
+  EXPECT_EQ(verdicts[0].root_nodes, std::vector<std::string>{"node3"});
+  // Three peers waited 8 ms each at every all-reduce but the first (which has no previous op).
+  const std::string& cost = verdicts[0].evidence[0];
+  const double per_step = std::stod(cost.substr(cost.find('=') + 1));
+  EXPECT_NEAR(per_step, 0.024 * (kSteps - 1) / kSteps, 0.001) << cost;
+}
+
+TEST(SlowBlameTest, ALateLeaverThatAlsoHoldsItsDataIsBlamedOnlyForTheHold) {
+  megascope::testing::TempDir dir;
+  const auto verdicts = CommStragglers(WriteRun(dir.path(), /*tail_ms=*/5, /*hold_ms=*/8));
+  ASSERT_EQ(verdicts.size(), 1u);
+  EXPECT_EQ(verdicts[0].root_ranks, std::vector<int32_t>{3});
+  const std::string& cost = verdicts[0].evidence[0];
+  EXPECT_NEAR(std::stod(cost.substr(cost.find('=') + 1)), 0.024 * (kSteps - 1) / kSteps, 0.001)
+      << cost;
+}
+
+}  // namespace
+}  // namespace megascope::analyzer
