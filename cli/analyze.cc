@@ -21,7 +21,8 @@ int RunAnalyze(const Args& args) {
       "a directory of dumps, or a run directory (its newest dumps/attempt_*)")(
       "agents", po::value(&agents), "live: comma-separated agent URLs (http://127.0.0.1:PORT,...)")(
       "pytorch", po::value(&pytorch),
-      "a directory of PyTorch Flight Recorder JSON dumps, one per rank")(
+      "a directory of PyTorch Flight Recorder dumps, one per rank: the pickle "
+      "TORCH_NCCL_DUMP_ON_TIMEOUT writes (nccl_trace_rank_N) or the JSON form, PyTorch 2.2 on")(
       "json", po::bool_switch(&json), "verdicts as JSON lines (FORMATS.md section 2)")(
       "min-wait", po::value(&ho.min_wait_s)->default_value(ho.min_wait_s),
       "seconds in an op before it counts as a wait")(

@@ -21,6 +21,20 @@ using tracer::OpType;
 
 bool IsOpen(const FlightEntry& e) { return e.state != OpState::kCompleted; }
 
+// What every member of a collective must agree on: op, size and dtype -- but not the size of an
+// all-to-all, whose per-rank splits may legally differ.
+std::tuple<int, uint64_t, int> Signature(const FlightEntry& e) {
+  return {static_cast<int>(e.op), e.op == OpType::kAlltoall ? 0 : e.bytes,
+          static_cast<int>(e.dtype)};
+}
+
+std::string OpName(const FlightEntry& e, const std::string& group) {
+  std::string s = std::string(tracer::Name(e.op)) + " #" + std::to_string(e.seq) + " in " + group;
+  if (e.peer >= 0)
+    s += (e.op == OpType::kSend ? " to rank " : " from rank ") + std::to_string(e.peer);
+  return s;
+}
+
 // Everything the analysis needs of one rank, indexed.
 struct Rank {
   int id = 0;
@@ -45,12 +59,23 @@ struct Rank {
   std::string Describe() const {
     if (!present) return "rank " + std::to_string(id) + " (no dump)";
     const auto& i = dump->snapshot.info;
-    return "rank " + std::to_string(id) + " (" + i.node + ", dp=" + std::to_string(i.coords.dp) +
-           " pp=" + std::to_string(i.coords.pp) + " tp=" + std::to_string(i.coords.tp) + ")";
+    // An imported dump (PyTorch's) may know neither the host nor the coordinates.
+    std::string where = i.node.empty() || i.node == "unknown" ? "" : i.node;
+    if (i.coords.dp >= 0 && i.coords.pp >= 0 && i.coords.tp >= 0) {
+      where += (where.empty() ? "" : ", ") + std::string("dp=") + std::to_string(i.coords.dp) +
+               " pp=" + std::to_string(i.coords.pp) + " tp=" + std::to_string(i.coords.tp);
+    }
+    return "rank " + std::to_string(id) + (where.empty() ? "" : " (" + where + ")");
   }
   std::string Doing(int64_t now) const {
     if (!present) return "no flight recorder";
     const auto& hb = dump->snapshot.heartbeat;
+    if (hb.updated_at_ns == 0 &&
+        !dump->snapshot.entries.empty()) {  // a recorder without heartbeats
+      const FlightEntry& e = dump->snapshot.entries.back();
+      return "the newest op it recorded is " + OpName(e, GroupName(e)) + ", " +
+             std::string(tracer::Name(e.state));
+    }
     std::string s = "its last heartbeat says " + std::string(tracer::Name(hb.phase)) + " of step " +
                     std::to_string(hb.step);
     if (hb.updated_at_ns > 0)
@@ -59,13 +84,6 @@ struct Rank {
     return s;
   }
 };
-
-std::string OpName(const FlightEntry& e, const std::string& group) {
-  std::string s = std::string(tracer::Name(e.op)) + " #" + std::to_string(e.seq) + " in " + group;
-  if (e.peer >= 0)
-    s += (e.op == OpType::kSend ? " to rank " : " from rank ") + std::to_string(e.peer);
-  return s;
-}
 
 struct Wait {
   int from, to;
@@ -116,13 +134,13 @@ Result<HangInput> MakeHangInput(std::vector<std::pair<std::string, tracer::Dump>
                           " (first: " + s.first + "): read as unknown, the analysis goes on");
   }
   in.ranks.resize(in.world_size);
-  for (auto& [source, d] : dumps) {
-    RankView& v = in.ranks[d.snapshot.info.rank];
-    if (v.present && v.dump.dumped_at_ns >= d.dumped_at_ns)
+  for (auto& entry : dumps) {
+    RankView& v = in.ranks[entry.second.snapshot.info.rank];
+    if (v.present && v.dump.dumped_at_ns >= entry.second.dumped_at_ns)
       continue;  // keep the newest dump of a rank
     v.present = true;
-    v.source = source;
-    v.dump = std::move(d);
+    v.source = std::move(entry.first);
+    v.dump = std::move(entry.second);
   }
   return in;
 }
@@ -300,7 +318,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
         if (it != M.coll.end() && it->second->op != OpType::kUnknown &&
             it->second->dtype != tracer::DType::kUnknown) {
           const FlightEntry& e = *it->second;
-          cs.signatures[{static_cast<int>(e.op), e.bytes, static_cast<int>(e.dtype)}].push_back(m);
+          cs.signatures[Signature(e)].push_back(m);
         }
       }
       cached = collectives.emplace(key, std::move(cs)).first;
@@ -314,10 +332,6 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     if (signatures.size() > 1) {
       // Who departs: a rank whose op here differs from its own previous op in this group (it took
       // another code path); failing that, the minority.
-      auto signature_of = [](const FlightEntry& e) {
-        return std::tuple<int, uint64_t, int>{static_cast<int>(e.op), e.bytes,
-                                              static_cast<int>(e.dtype)};
-      };
       std::map<std::tuple<int, uint64_t, int>, int>
           departs;  // signature -> members departing from their past
       for (const auto& [sig, who] : signatures) {
@@ -326,7 +340,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
           auto it = M.coll.find({R.blocking_group, static_cast<int64_t>(b.seq)});
           if (it == M.coll.begin() || it == M.coll.end()) continue;
           auto prev = std::prev(it);
-          if (prev->first.first == R.blocking_group && signature_of(*prev->second) != sig)
+          if (prev->first.first == R.blocking_group && Signature(*prev->second) != sig)
             ++departs[sig];
         }
       }

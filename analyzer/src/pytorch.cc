@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "megascope/analyzer/hang.h"
+#include "megascope/analyzer/pickle.h"
 #include "megascope/tracer/file_util.h"
 
 namespace megascope::analyzer {
@@ -26,6 +27,8 @@ using tracer::OpState;
 using tracer::OpType;
 
 int64_t IntOf(const json& v, int64_t fallback);
+// ProcessGroupNCCL's default collective timeout (10 minutes), for recorders that do not write one.
+constexpr int64_t kDefaultTimeoutMs = 600'000;
 
 std::vector<int32_t> ParseRanks(const json& v) {
   std::vector<int32_t> out;
@@ -82,32 +85,36 @@ int64_t IntOf(const json& v, int64_t fallback) {
   return fallback;
 }
 
-// "nccl:all_reduce" -> allreduce; "nccl:send 0->1" / "nccl:recv 1<-0" carry the peer.
-bool OpOf(const std::string& name, int self, OpType* op, int* peer) {
+// "nccl:all_reduce" -> allreduce; "nccl:send 0->1" / "nccl:recv 1<-0" carry the peer, as a rank
+// local to the op's group (its index in the group's sorted ranks, as ProcessGroupNCCL numbers
+// them and tools/flight_recorder maps them back).
+bool OpOf(const std::string& name, OpType* op, int* peer) {
   std::string n = name.substr(name.find(':') == std::string::npos ? 0 : name.find(':') + 1);
   *peer = -1;
   static const std::regex kP2P(R"((send|recv)\s+(\d+)\s*(->|<-)\s*(\d+))");
   std::smatch m;
   if (std::regex_search(n, m, kP2P)) {
     *op = m[1] == "send" ? OpType::kSend : OpType::kRecv;
-    if (m[2].length() > 8 || m[4].length() > 8) return false;
-    const int a = std::stoi(m[2]), b = std::stoi(m[4]);
-    *peer = a == self ? b : a;
+    if (m[4].length() > 8) return false;
+    *peer = std::stoi(m[4]);  // send self->dst, recv self<-src
     return true;
   }
   n = n.substr(0, n.find(' '));
-  if (n.find("all_reduce") != std::string::npos || n == "allreduce")
-    *op = OpType::kAllreduce;
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (n.find("all_to_all") != std::string::npos || n.find("alltoall") != std::string::npos)
+    *op = OpType::kAlltoall;
   else if (n.find("reduce_scatter") != std::string::npos)
     *op = OpType::kReduceScatter;
   else if (n.find("all_gather") != std::string::npos || n.find("allgather") != std::string::npos)
     *op = OpType::kAllgather;
+  else if (n.find("gather") != std::string::npos || n.find("scatter") != std::string::npos)
+    *op = OpType::kUnknown;  // no megascope op name (FORMATS.md): ordered by seq, never compared
+  else if (n.find("all_reduce") != std::string::npos || n.find("allreduce") != std::string::npos)
+    *op = OpType::kAllreduce;
   else if (n.find("broadcast") != std::string::npos)
     *op = OpType::kBroadcast;
   else if (n.find("barrier") != std::string::npos)
     *op = OpType::kBarrier;
-  else if (n.find("all_to_all") != std::string::npos || n.find("alltoall") != std::string::npos)
-    *op = OpType::kAlltoall;
   else if (n.find("reduce") != std::string::npos)
     *op = OpType::kReduce;
   else
@@ -120,6 +127,28 @@ int64_t Ns(const json& e, const char* key) {
   return it == e.end() ? 0 : IntOf(*it, 0);
 }
 
+// The closing entry of a coalesced block gives its state and times to the members before it
+// (same group, same p2p or collective sequence number) that never had events of their own.
+template <typename Raw>
+void PropagateCoalesced(const json& closing, int group, bool p2p, int64_t seq,
+                        const std::vector<Raw>& raw, std::vector<tracer::FlightEntry>* entries) {
+  const bool retired = closing.value("retired", false);
+  const std::string st = closing.value("state", retired ? "completed" : "scheduled");
+  const OpState state = st == "completed" || retired ? OpState::kCompleted
+                        : st == "started"            ? OpState::kStarted
+                                                     : OpState::kEnqueued;
+  for (size_t k = entries->size(); k-- > 0;) {
+    tracer::FlightEntry& m = (*entries)[k];
+    if (m.group != group || raw[k].p2p != p2p || raw[k].seq != seq) {
+      if (m.group == group) break;  // the block is contiguous within its group
+      continue;
+    }
+    if (m.state == OpState::kEnqueued) m.state = state;
+    if (m.started_at_ns == 0) m.started_at_ns = Ns(closing, "time_discovered_started_ns");
+    if (m.completed_at_ns == 0) m.completed_at_ns = Ns(closing, "time_discovered_completed_ns");
+  }
+}
+
 Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hint) {
   tracer::Dump d;
   auto& s = d.snapshot;
@@ -128,6 +157,15 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
     return InvalidArgument(
         file +
         ": not a PyTorch Flight Recorder dump (needs 'pg_config', and 'entries' or 'pg_status')");
+  }
+  // Versions 1.x (PyTorch 2.2-2.3) and 2.x (2.4 on) share the fields read here; a new major
+  // version may change their meaning.
+  if (j.contains("version")) {
+    const std::string v =
+        j["version"].is_string() ? j["version"].get<std::string>() : j["version"].dump();
+    if (v.empty() || (v[0] != '1' && v[0] != '2') || (v.size() > 1 && v[1] != '.'))
+      return InvalidArgument(file + ": Flight Recorder format version " + v +
+                             " is not one this reader knows (1.x and 2.x)");
   }
   const int64_t rank64 = j.contains("rank") ? IntOf(j["rank"], -1) : rank_hint;
   if (rank64 >= (1 << 24))
@@ -138,7 +176,10 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
         file + ": cannot tell the rank (no 'rank' field, no digits ending the file name)");
   s.info.rank = rank;
   s.info.job = "pytorch";
-  s.info.node = j.value("hostname", "unknown");
+  s.info.node = j.contains("hostname") && j["hostname"].is_string()
+                    ? j["hostname"].get<std::string>()
+                    : "unknown";
+  s.info.coords = {-1, -1, -1};         // PyTorch's dump does not say
   std::map<std::string, int> group_of;  // pg name -> index
   int world = rank + 1;
   for (const auto& [key, pg] : j["pg_config"].items()) {
@@ -153,7 +194,15 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
   }
   s.info.world_size = world;
   std::map<std::tuple<int, int, int>, uint64_t> p2p_seq;  // (group, peer, send?) -> next
+  // Coalesced ops: the members are recorded without events (forever "scheduled") and the closing
+  // "nccl:coalesced" entry, of the same group and sequence number, carries their state.
+  struct Raw {
+    bool p2p;
+    int64_t seq;
+  };
+  std::vector<Raw> raw;  // per converted entry
   int64_t latest = 0;
+  int64_t open_timeout_ms = 0;  // the longest timeout of the ops still open
   uint64_t id = 0;
   const json no_entries = json::array();
   const json& entries = j.contains("entries") ? j["entries"] : no_entries;
@@ -173,11 +222,32 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
     tracer::FlightEntry f;
     f.id = ++id;
     f.group = git->second;
-    int peer = -1;
-    if (!OpOf(e.value("profiling_name", ""), rank, &f.op, &peer))
-      continue;  // not a communication op
-    f.peer = peer;
     const std::string where = "entries[" + std::to_string(id - 1) + "]";
+    const std::string profiling = e.value("profiling_name", "");
+    const bool is_p2p = e.contains("is_p2p") && e["is_p2p"].is_boolean()
+                            ? e["is_p2p"].get<bool>()
+                            : profiling.find("send") != std::string::npos ||
+                                  profiling.find("recv") != std::string::npos;
+    const int64_t raw_seq =
+        IntOf(is_p2p ? e.value("p2p_seq_id", json(-1))
+                     : e.value("collective_seq_id", e.value("seq_id", json(-1))),
+              -1);
+    if (profiling.size() >= 9 && profiling.compare(profiling.size() - 9, 9, "coalesced") == 0 &&
+        profiling.find("_coalesced") == std::string::npos) {
+      PropagateCoalesced(e, f.group, is_p2p, raw_seq, raw, &s.entries);
+      continue;
+    }
+    int peer = -1;
+    if (!OpOf(profiling, &f.op, &peer)) continue;  // not a communication op
+    if (peer >= 0) {
+      std::vector<int32_t> sorted = s.groups[f.group].ranks;
+      std::sort(sorted.begin(), sorted.end());
+      if (!sorted.empty() && peer >= static_cast<int>(sorted.size())) {
+        d.unknown_values.push_back({where, "profiling_name peer", profiling});
+        continue;
+      }
+      f.peer = sorted.empty() ? peer : sorted[peer];
+    }
     if (tracer::IsP2P(f.op)) {
       f.seq = p2p_seq[{f.group, peer, f.op == OpType::kSend}]++;
     } else {
@@ -216,7 +286,11 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
     f.started_at_ns = Ns(e, "time_discovered_started_ns");
     f.completed_at_ns = Ns(e, "time_discovered_completed_ns");
     latest = std::max({latest, f.enqueued_at_ns, f.started_at_ns, f.completed_at_ns});
+    if (f.state != OpState::kCompleted)
+      open_timeout_ms =
+          std::max(open_timeout_ms, f.timeout_ms > 0 ? f.timeout_ms : kDefaultTimeoutMs);
     s.entries.push_back(f);
+    raw.push_back({is_p2p, raw_seq});
   }
   if (!j.contains("entries")) {
     // A dump without collectives (includeCollectives=False): each group's pg_status counters are
@@ -250,7 +324,12 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
   const int64_t mtime = ::stat(file.c_str(), &stt) == 0
                             ? stt.st_mtim.tv_sec * 1'000'000'000LL + stt.st_mtim.tv_nsec
                             : 0;
-  d.dumped_at_ns = std::max(latest, mtime);  // written when the watchdog fired
+  // Written when the watchdog fired: the file's time, unless the file was copied since (its time
+  // is then far past the point where every open op had timed out, which is when PyTorch dumps).
+  d.dumped_at_ns = std::max(latest, mtime);
+  const int64_t timed_out = latest + open_timeout_ms * 1'000'000;
+  if (open_timeout_ms > 0 && latest > 0 && mtime > timed_out + 600'000'000'000LL)
+    d.dumped_at_ns = timed_out;
   d.alive = true;
   return d;
 }
@@ -259,10 +338,15 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
 
 Result<tracer::Dump> ParsePyTorchDump(std::string_view text, const std::string& source,
                                       int rank_hint) {
-  const json j = json::parse(text, nullptr, false);
-  if (j.is_discarded()) {
-    return InvalidArgument(source +
-                           ": malformed JSON (pickled dumps must be converted to JSON first)");
+  json j;
+  if (LooksLikePickle(text)) {  // what TORCH_NCCL_DUMP_ON_TIMEOUT writes
+    auto p = ReadPickle(text);
+    if (!p.ok()) return InvalidArgument(source + ": " + p.status().message());
+    j = std::move(*p);
+  } else {
+    j = json::parse(text, nullptr, false);
+    if (j.is_discarded())
+      return InvalidArgument(source + ": neither JSON nor a pickle (PyTorch's two dump forms)");
   }
   try {
     return Convert(j, source, rank_hint);
@@ -281,15 +365,25 @@ Result<HangInput> LoadPyTorchDumps(const std::string& dir) {
   }
   std::sort(files.begin(), files.end());
   static const std::regex kTrailingRank(R"((\d+)(\.json)?$)");
+  // A file that is not a readable dump (a log beside them, a truncated write) is left out with a
+  // warning; its rank then reads as missing, which the analysis handles.
+  std::vector<std::string> skipped;
   for (const auto& f : files) {
-    ASSIGN_OR_RETURN(const std::string text, tracer::ReadFile(f));
+    auto text = tracer::ReadFile(f);
     std::smatch m;
     const std::string name = fs::path(f).filename().string();
     int hint = -1;
     if (std::regex_search(name, m, kTrailingRank) && m[1].length() < 9) hint = std::stoi(m[1]);
-    ASSIGN_OR_RETURN(tracer::Dump d, ParsePyTorchDump(text, f, hint));
-    dumps.emplace_back(f, std::move(d));
+    auto d = text.ok() ? ParsePyTorchDump(*text, f, hint) : Result<tracer::Dump>(text.status());
+    if (!d.ok()) {
+      skipped.push_back(d.status().message());
+      continue;
+    }
+    dumps.emplace_back(f, std::move(*d));
   }
+  if (dumps.empty() && !skipped.empty())
+    return InvalidArgument("no readable PyTorch Flight Recorder dump in " + dir + ": " +
+                           skipped.front());
   if (dumps.empty()) return NotFound("no PyTorch Flight Recorder dumps in " + dir);
   // A group name is local to a rank: split_group and DeviceMesh give different groups of ranks
   // the same name. Where one name means different members, the members become part of its name.
@@ -305,7 +399,9 @@ Result<HangInput> LoadPyTorchDumps(const std::string& dir) {
       g.name += "[" + list + "]";
     }
   }
-  return MakeHangInput(std::move(dumps));
+  ASSIGN_OR_RETURN(HangInput in, MakeHangInput(std::move(dumps)));
+  for (const std::string& why : skipped) in.warnings.push_back("left out: " + why);
+  return in;
 }
 
 }  // namespace megascope::analyzer

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "megascope/tracer/file_util.h"
 #include "test_util.h"
 
 namespace megascope::analyzer {
@@ -25,10 +26,8 @@ using Outcome =
 
 class HangScenario : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(HangScenario, NamesTheRootAndNoOneElse) {
-  const std::string dir = GetParam();
-  auto in = LoadDumpDirectory(dir + "/dumps");
-  ASSERT_TRUE(in.ok()) << in.status().ToString();
+// The verdicts of `in` against <dir>/expected.json: the same set of (kind, cause, root ranks).
+void ExpectVerdicts(const std::string& dir, const HangInput& in) {
   std::ifstream f(dir + "/expected.json");
   auto expected = nlohmann::json::parse(f);
   Outcome want, got;
@@ -36,7 +35,7 @@ TEST_P(HangScenario, NamesTheRootAndNoOneElse) {
     want.insert({v.value("kind", "hang"), v["cause"].is_null() ? "" : v["cause"].get<std::string>(),
                  v["root_ranks"].get<std::vector<int32_t>>()});
   }
-  const auto verdicts = AnalyzeHang(*in);
+  const auto verdicts = AnalyzeHang(in);
   std::string text;
   for (const Verdict& v : verdicts) {
     got.insert({v.kind, v.cause, v.root_ranks});
@@ -55,9 +54,16 @@ TEST_P(HangScenario, NamesTheRootAndNoOneElse) {
   EXPECT_EQ(got, want) << text;
 }
 
-std::vector<std::string> Scenarios() {
+TEST_P(HangScenario, NamesTheRootAndNoOneElse) {
+  const std::string dir = GetParam();
+  auto in = LoadDumpDirectory(dir + "/dumps");
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  ExpectVerdicts(dir, *in);
+}
+
+std::vector<std::string> Scenarios(const char* root = MEGASCOPE_TEST_DATA "/hang") {
   std::vector<std::string> dirs;
-  for (const auto& e : fs::directory_iterator(MEGASCOPE_TEST_DATA "/hang")) {
+  for (const auto& e : fs::directory_iterator(root)) {
     if (fs::exists(e.path() / "expected.json")) dirs.push_back(e.path().string());
   }
   std::sort(dirs.begin(), dirs.end());
@@ -83,8 +89,25 @@ TEST(HangScenarioCount, AtLeastFifteenCoveringEveryCause) {
   }
 }
 
+// PyTorch's Flight Recorder as PyTorch writes it (tests/data/pytorch/<case>/: dumps in the pickle
+// form of TORCH_NCCL_DUMP_ON_TIMEOUT or the JSON form, made by tests/data/pytorch/generate.py from
+// c10d's writer and tools/flight_recorder's semantics; each expected.json says where it is from).
+class PyTorchCase : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PyTorchCase, NamesTheRootAndNoOneElse) {
+  const std::string dir = GetParam();
+  auto in = LoadPyTorchDumps(dir + "/dumps");
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  EXPECT_TRUE(in->warnings.empty()) << in->warnings.front();
+  ExpectVerdicts(dir, *in);
+}
+
+INSTANTIATE_TEST_SUITE_P(Data, PyTorchCase,
+                         ::testing::ValuesIn(Scenarios(MEGASCOPE_TEST_DATA "/pytorch")),
+                         [](const auto& info) { return fs::path(info.param).filename().string(); });
+
 TEST(PyTorchImportTest, FlightRecorderDumpsGetARootCause) {
-  auto in = LoadPyTorchDumps(MEGASCOPE_TEST_DATA "/pytorch/rank_not_joined");
+  auto in = LoadPyTorchDumps(MEGASCOPE_TEST_DATA "/pytorch/rank_not_joined/dumps");
   ASSERT_TRUE(in.ok()) << in.status().ToString();
   EXPECT_EQ(in->world_size, 4);
   const auto& r3 = in->ranks[3].dump.snapshot;
@@ -101,7 +124,7 @@ TEST(PyTorchImportTest, FlightRecorderDumpsGetARootCause) {
   EXPECT_EQ(v[0].root_ranks, std::vector<int32_t>{2});
   EXPECT_EQ(v[0].waiting_ranks, (std::vector<int32_t>{0, 1, 3}));
   auto cli = RunCommand(std::string(MEGASCOPE_BIN) + " analyze hang --pytorch " MEGASCOPE_TEST_DATA
-                                                     "/pytorch/rank_not_joined --json");
+                                                     "/pytorch/rank_not_joined/dumps --json");
   EXPECT_EQ(cli.code, 0);
   EXPECT_NE(cli.out.find("\"root_ranks\":[2]"), std::string::npos) << cli.out;
 }
@@ -117,7 +140,7 @@ nlohmann::json PyTorchTrace(int rank, const std::vector<nlohmann::json>& entries
            {{"0", {{"last_enqueued_collective", "2"}, {"last_completed_collective", "1"}}}}},
           {"entries", entries}};
 }
-nlohmann::json PyTorchEntry(int record, int seq, nlohmann::json state, bool retired,
+nlohmann::json PyTorchEntry(int record, int seq, const nlohmann::json& state, bool retired,
                             const char* dtype = "Float") {
   nlohmann::json e = {{"record_id", record},
                       {"pg_id", 0},
@@ -270,16 +293,53 @@ TEST(PyTorchImportTest, NumbersOfTheWrongKindOrRangeAreReadOrRefusedNeverUndefin
       << err;
 }
 
-TEST(PyTorchImportTest, BadFilesAreNamed) {
+TEST(PyTorchImportTest, BadFilesAreLeftOutByNameAndAloneAreRefusedByName) {
   TempDir dir;
   std::ofstream(dir.path() + "/rank_0.json") << "{\"version\": \"2.4\"}";
   auto in = LoadPyTorchDumps(dir.path());
   ASSERT_FALSE(in.ok());
   EXPECT_NE(in.status().message().find("rank_0.json: not a PyTorch Flight Recorder dump"),
-            std::string::npos);
-  std::ofstream(dir.path() + "/rank_0.json") << "\x80\x04pickle";
-  EXPECT_NE(LoadPyTorchDumps(dir.path()).status().message().find("malformed JSON"),
-            std::string::npos);
+            std::string::npos)
+      << in.status().message();
+  // Beside readable dumps, a bad file costs only its own rank, and says why.
+  fs::copy(MEGASCOPE_TEST_DATA "/pytorch/rank_not_joined/dumps", dir.path(),
+           fs::copy_options::overwrite_existing | fs::copy_options::recursive);
+  std::ofstream(dir.path() + "/rank_0.json") << "\x80\x04\x95pickle";
+  std::ofstream(dir.path() + "/train.log") << "step 10 loss 2.1\n";
+  in = LoadPyTorchDumps(dir.path());
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  EXPECT_FALSE(in->ranks[0].present);
+  EXPECT_TRUE(in->ranks[3].present);
+  ASSERT_EQ(in->warnings.size(), 2u);
+  EXPECT_NE(in->warnings[0].find("rank_0.json: pickle byte 2: FRAME"), std::string::npos)
+      << in->warnings[0];
+  EXPECT_NE(in->warnings[1].find("train.log: neither JSON nor a pickle"), std::string::npos)
+      << in->warnings[1];
+}
+
+// PyTorch's dump carries no time of its own: the file's is used, unless the file was copied long
+// after the dump (then the watchdog's firing, one timeout after the open op, stands in for it).
+TEST(PyTorchImportTest, ACopiedDumpIsDatedByItsOpenOpsTimeoutNotTheCopy) {
+  TempDir dir;
+  nlohmann::json open = PyTorchEntry(1, 2, "started", false);
+  open["timeout_ms"] = 30000;
+  const std::string path = dir.path() + "/nccl_trace_rank_0";
+  std::ofstream(path) << PyTorchTrace(0, {PyTorchEntry(0, 1, "completed", true), open}).dump();
+  auto d = ParsePyTorchDump(*tracer::ReadFile(path), path);  // written "now", 2024's entries
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->dumped_at_ns, 1724779239936775119LL + 1 + 30000LL * 1000000);
+}
+
+TEST(PyTorchImportTest, AnUnknownFormatVersionIsRefusedWithTheVersion) {
+  nlohmann::json j = PyTorchTrace(0, {PyTorchEntry(0, 1, "completed", true)});
+  j["version"] = "3.0";
+  auto d = ParsePyTorchDump(j.dump(), "rank_0.json");
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("format version 3.0 is not one this reader knows"),
+            std::string::npos)
+      << d.status().message();
+  j["version"] = "2.11";  // a newer minor version: read
+  EXPECT_TRUE(ParsePyTorchDump(j.dump(), "rank_0.json").ok());
 }
 
 class HangBadInput : public ::testing::Test {

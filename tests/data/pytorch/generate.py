@@ -1,0 +1,323 @@
+#!/usr/bin/env python3
+"""Writes the PyTorch Flight Recorder cases of tests/data/pytorch/ as PyTorch writes them.
+
+Independent of megascope's reader: the schema follows c10d's FlightRecorderDetail.hpp
+(getCollectiveTrace / dump_dict for the pickle, dump_json for the JSON form), the pickle bytes
+follow torch/csrc/jit/serialization/pickler.cpp (protocol 2; every dict and list wrapped in
+torch.jit._pickle.restore_type_tag(value, "Dict[Any, Any]"), strings memoized with BINPUT and
+repeated with BINGET, ints as BININT1/BININT2/BININT/LONG1, floats as big-endian BINFLOAT), and
+the semantics follow ProcessGroupNCCL and tools/flight_recorder (p2p ranks in profiling names are
+local to the group; coalesced members are recorded without events and the closing
+"nccl:coalesced" entry carries the state; pg_status is keyed by pg id). File names are the
+default TORCH_NCCL_DEBUG_INFO_TEMP_FILE prefix, /tmp/nccl_trace_rank_<rank>.
+
+Each case: <case>/dumps/ (one file per rank) and <case>/expected.json (origin, form, verdicts).
+Run from anywhere: python3 tests/data/pytorch/generate.py (rewrites every generated case).
+"""
+import json
+import os
+import pickle
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+T0 = 1_732_000_000_000_000_000  # ns
+
+
+class JitPickler:
+    """The byte stream torch::jit::pickle writes for dicts, lists, tuples and scalars."""
+
+    def __init__(self):
+        self.out = bytearray()
+        self.memo = 0
+        self.strings = {}
+        self.globals = {}
+        self.shared = {}  # id(obj) -> memo id, for containers referenced more than once
+        self.refs = {}
+
+    def binput(self):
+        if self.memo <= 255:
+            self.out += b"q" + bytes([self.memo])
+        else:
+            self.out += b"r" + struct.pack("<I", self.memo)
+        self.memo += 1
+        return self.memo - 1
+
+    def binget(self, k):
+        self.out += (b"h" + bytes([k])) if k <= 255 else (b"j" + struct.pack("<I", k))
+
+    def string(self, s):
+        if s in self.strings:
+            return self.binget(self.strings[s])
+        b = s.encode()
+        self.out += b"X" + struct.pack("<I", len(b)) + b
+        self.strings[s] = self.binput()
+
+    def glob(self, module, name):
+        key = module + "\n" + name + "\n"
+        if key in self.globals:
+            return self.binget(self.globals[key])
+        self.out += b"c" + key.encode()
+        self.globals[key] = self.binput()
+
+    def int_(self, n):
+        if 0 <= n <= 0xFF:
+            self.out += b"K" + bytes([n])
+        elif 0 <= n <= 0xFFFF:
+            self.out += b"M" + struct.pack("<H", n)
+        elif -(2**31) <= n < 2**31:
+            self.out += b"J" + struct.pack("<i", n)
+        else:
+            self.out += b"\x8a\x08" + struct.pack("<q", n)
+
+    def count(self, v):
+        if isinstance(v, (dict, list)):
+            self.refs[id(v)] = self.refs.get(id(v), 0) + 1
+            if self.refs[id(v)] == 1:
+                for x in v.values() if isinstance(v, dict) else v:
+                    self.count(x)
+        elif isinstance(v, tuple):
+            for x in v:
+                self.count(x)
+
+    def value(self, v, annotation=None):
+        if isinstance(v, (dict, list)) and id(v) in self.shared:
+            return self.binget(self.shared[id(v)])
+        if v is None:
+            self.out += b"N"
+        elif isinstance(v, bool):
+            self.out += b"\x88" if v else b"\x89"
+        elif isinstance(v, int):
+            self.int_(v)
+        elif isinstance(v, float):
+            self.out += b"G" + struct.pack(">d", v)
+        elif isinstance(v, str):
+            self.string(v)
+        elif isinstance(v, tuple):
+            for x in v:
+                self.value(x)
+            self.out += {0: b")", 1: b"\x85", 2: b"\x86", 3: b"\x87"}[len(v)]
+        elif isinstance(v, dict):
+            self.glob("torch.jit._pickle", "restore_type_tag")
+            self.out += b"}("
+            for k, x in v.items():
+                self.value(k)
+                self.value(x)
+            self.out += b"u"
+            self.string("Dict[Any, Any]")
+            self.out += b"\x86R"
+        elif isinstance(v, list):
+            self.glob("torch.jit._pickle", "restore_type_tag")
+            self.out += b"]("
+            for x in v:
+                self.value(x)
+            self.out += b"e"
+            self.string("List[str]" if v and all(isinstance(x, str) for x in v) else "List[Any]")
+            self.out += b"\x86R"
+        else:
+            raise TypeError(type(v))
+        if isinstance(v, (dict, list)) and self.refs.get(id(v), 0) > 1:
+            self.shared[id(v)] = self.binput()
+
+    def dumps(self, v):
+        self.count(v)
+        self.out += b"\x80\x02"
+        self.value(v)
+        self.out += b"."
+        return bytes(self.out)
+
+
+def entry(record_id, pg, seq, name, state, p2p_seq=0, sizes=((1024,),), dtype="Float",
+          frames=None, timeout_ms=600000, is_p2p=False, t=0):
+    """One entry as getCollectiveTrace writes it (Python values; pg is (name, desc))."""
+    e = {
+        "record_id": record_id,
+        "pg_id": int(pg[0]) if pg[0].isdigit() else 0,
+        "process_group": (pg[0], pg[1]),
+        "thread_name": "pt_main_thread",
+        "thread_id": "140245680379712",
+        "collective_seq_id": seq,
+        "p2p_seq_id": p2p_seq,
+        "op_id": record_id + 1,
+        "profiling_name": name,
+        "time_created_ns": T0 + t,
+        "input_sizes": [list(s) for s in sizes],
+        "input_dtypes": [dtype] * len(sizes),
+        "output_sizes": [list(s) for s in sizes],
+        "output_dtypes": [dtype] * len(sizes),
+        "state": state,
+        "time_discovered_started_ns": T0 + t + 1000 if state != "scheduled" else None,
+        "time_discovered_completed_ns": T0 + t + 2000 if state == "completed" else None,
+        "retired": state == "completed",
+        "timeout_ms": timeout_ms,
+        "is_p2p": is_p2p,
+    }
+    if frames is not None:
+        e["frames"] = frames
+    return e
+
+
+def dump(groups, entries, pg_status=None, version="2.10"):
+    """dump_dict: groups maps name -> (desc, ranks)."""
+    d = {
+        "version": version,
+        "pg_config": {n: {"name": n, "desc": desc, "ranks": str(list(r))} for n, (desc, r) in groups.items()},
+        "comm_lib_version": "2.21.5",
+        "pg_status": pg_status or {},
+        "entries": entries,
+    }
+    return d
+
+
+def as_json(d):
+    """dump_json's differences: pg_status values and absent times as written there."""
+    j = dict(d)
+    j["pg_status"] = {k: {kk: str(vv) for kk, vv in v.items()} for k, v in d["pg_status"].items()}
+    ents = []
+    for e in d["entries"]:
+        e = dict(e)
+        e.pop("frames", None)
+        e["process_group"] = list(e["process_group"])
+        for k in ("time_discovered_started_ns", "time_discovered_completed_ns"):
+            e[k] = e[k] or 0
+        ents.append(e)
+    if ents:
+        j["entries"] = ents
+    else:
+        j.pop("entries")
+    return json.dumps(j)
+
+
+def write_case(name, origin, dumps, expected, form="pickle"):
+    d = os.path.join(HERE, name)
+    os.makedirs(os.path.join(d, "dumps"), exist_ok=True)
+    for f in os.listdir(os.path.join(d, "dumps")):
+        os.remove(os.path.join(d, "dumps", f))
+    for rank, x in dumps.items():
+        path = os.path.join(d, "dumps", f"nccl_trace_rank_{rank}")
+        if form == "pickle":
+            open(path, "wb").write(JitPickler().dumps(x))
+        elif form == "python-pickle":  # a dump loaded and saved again by Python (protocol 5)
+            open(path, "wb").write(pickle.dumps(x, protocol=5))
+        else:
+            open(path + ".json", "w").write(as_json(x))
+    with open(os.path.join(d, "expected.json"), "w") as f:
+        json.dump({"origin": origin, "form": form, "verdicts": expected}, f, indent=1)
+        f.write("\n")
+
+
+WORLD = ("0", "default_pg")
+
+
+def world(n):
+    return {"0": ("default_pg", range(n))}
+
+
+def allreduces(rank, count, last_state="completed", start=0):
+    return [entry(start + k, WORLD, start + k + 1, "nccl:all_reduce",
+                  last_state if k == count - 1 else "completed", t=k * 10_000_000)
+            for k in range(count)]
+
+
+def main():
+    frames = [{"name": "all_reduce", "filename": "torch/distributed/distributed_c10d.py", "line": 2696},
+              {"name": "train_step", "filename": "/job/train.py", "line": 88}]
+
+    # 1. One rank never reaches the all-reduce its 7 peers wait in (pickle, with stack frames
+    #    shared between entries as all_frames are).
+    dumps = {}
+    for r in range(8):
+        ents = allreduces(r, 5 if r != 5 else 4, last_state="started")
+        if r == 5:
+            ents[-1] = entry(3, WORLD, 4, "nccl:all_reduce", "completed", t=30_000_000)
+        for e in ents:
+            e["frames"] = frames
+        dumps[r] = dump(world(8), ents, {"0": {"last_enqueued_collective": len(ents),
+                                               "last_started_collective": len(ents),
+                                               "last_completed_collective": len(ents) - (r != 5)}})
+    write_case("pickle_rank_not_joined_8", "FlightRecorderDetail.hpp dump_dict + jit pickler.cpp; "
+               "the TORCH_NCCL_DUMP_ON_TIMEOUT case of test_c10d_nccl's FR tests (one rank skips a collective)",
+               dumps, [{"cause": "rank_not_joined", "root_ranks": [5]}])
+
+    # 2. Pipeline send/recv inside a 2-rank group [2, 3]: "nccl:recv 1<-0" names group-local ranks.
+    #    Rank 2 never sends (stuck in its own stage); rank 3 waits in its recv.
+    pp = ("1", "pp")
+    groups = {"0": ("default_pg", range(4)), "1": ("pp", [2, 3])}
+    dumps = {}
+    for r in range(4):
+        ents = allreduces(r, 2)
+        if r == 3:
+            ents.append(entry(2, pp, 0, "nccl:recv 1<-0", "started", p2p_seq=1, is_p2p=True, t=50_000_000))
+        dumps[r] = dump(groups, ents)
+    write_case("p2p_group_local_ranks", "ProcessGroupNCCL profiling names 'nccl:recv <self><-<src>' use "
+               "group ranks; tools/flight_recorder Op._init_global_src_dst maps them through sorted(pg ranks)",
+               dumps, [{"cause": "rank_not_joined", "root_ranks": [2]}])
+
+    # 3. A completed coalesced block (members never change state, the closing entry does), then
+    #    an all-reduce rank 2 never joins.
+    dumps = {}
+    for r in range(4):
+        ents = allreduces(r, 1)
+        ents += [entry(1, WORLD, 2, "nccl:all_gather_into_tensor_coalesced", "scheduled", t=20_000_000),
+                 entry(2, WORLD, 2, "nccl:all_gather_into_tensor_coalesced", "scheduled", t=20_000_100),
+                 entry(3, WORLD, 2, "nccl:coalesced", "completed", t=20_000_200)]
+        if r != 2:
+            ents.append(entry(4, WORLD, 3, "nccl:all_reduce", "started", t=30_000_000))
+        dumps[r] = dump(world(4), ents)
+    write_case("coalesced_members_take_the_closing_state", "ProcessGroupNCCL endCoalescing records "
+               "'nccl:coalesced' with the events; members are recorded with none (tools/flight_recorder "
+               "match_coalesced_groups)", dumps, [{"cause": "rank_not_joined", "root_ranks": [2]}])
+
+    # 4. all_to_all_single with uneven splits (legal), then rank 1 misses a barrier-all-reduce.
+    dumps = {}
+    for r in range(4):
+        ents = allreduces(r, 1)
+        ents.append(entry(1, WORLD, 2, "nccl:all_to_all", "completed", sizes=((256 * (r + 1),),),
+                          t=20_000_000))
+        if r != 1:
+            ents.append(entry(2, WORLD, 3, "nccl:all_reduce", "started", t=30_000_000))
+        dumps[r] = dump(world(4), ents)
+    write_case("alltoall_uneven_splits", "all_to_all_v splits may differ per rank (tools/flight_recorder "
+               "check_size_alltoall compares totals, not per-rank sizes)", dumps,
+               [{"cause": "rank_not_joined", "root_ranks": [1]}])
+
+    # 5. A departing rank: rank 3 issues all_gather where the other three issue all_reduce.
+    dumps = {}
+    for r in range(4):
+        ents = allreduces(r, 3)
+        ents.append(entry(3, WORLD, 4, "nccl:all_gather" if r == 3 else "nccl:all_reduce", "started",
+                          t=40_000_000))
+        dumps[r] = dump(world(4), ents)
+    write_case("op_mismatch_minority", "COLLECTIVE_TYPE_MISMATCH of tools/flight_recorder; the culprit is "
+               "the rank that departs from the others", dumps, [{"cause": "op_mismatch", "root_ranks": [3]}],
+               form="json")
+
+    # 6. Everything completed: healthy.
+    dumps = {r: dump(world(4), allreduces(r, 6)) for r in range(4)}
+    write_case("healthy_all_completed", "a clean dump_dict of a job that did not hang", dumps,
+               [{"kind": "healthy", "cause": None, "root_ranks": []}])
+
+    # 7. A gather (no megascope op name) whose root never arrives.
+    dumps = {}
+    for r in range(4):
+        ents = allreduces(r, 2)
+        if r != 0:
+            ents.append(entry(2, WORLD, 3, "nccl:gather", "started", t=30_000_000))
+        dumps[r] = dump(world(4), ents)
+    write_case("gather_root_missing", "gather/scatter are in tools/flight_recorder's COLLECTIVES; "
+               "saved again by Python's pickle (protocol 5)", dumps,
+               [{"cause": "rank_not_joined", "root_ranks": [0]}], form="python-pickle")
+
+    # 8. No entries (includeCollectives=False): pg_status (keyed by pg id) is the evidence. JSON.
+    dumps = {}
+    for r in range(4):
+        d = dump(world(4), [], {"0": {"last_enqueued_collective": 7 if r != 1 else 6,
+                                      "last_started_collective": 7 if r != 1 else 6,
+                                      "last_completed_collective": 6}})
+        dumps[r] = d
+    write_case("pg_status_only", "dump_json with includeCollectives=False: 'entries' is left out and "
+               "pg_status values are strings", dumps, [{"cause": "rank_not_joined", "root_ranks": [1]}],
+               form="json")
+
+
+if __name__ == "__main__":
+    main()
