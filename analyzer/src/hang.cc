@@ -204,8 +204,10 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
         if (!added) it->second = std::max(it->second, static_cast<int64_t>(e.seq));
         R.history.push_back(g);
       }
-      if (IsOpen(e)) {
-        R.blocking = &e;  // entries are in issue order: the newest open op is where the rank is
+      // Entries are in issue order: the newest open op is where a rank's thread waits; behind a
+      // device queue (NCCL), the oldest open op is the one everything after it waits for.
+      if (IsOpen(e) && (R.blocking == nullptr || !R.dump->oldest_open_blocks)) {
+        R.blocking = &e;
         R.blocking_group = g;
       }
     }

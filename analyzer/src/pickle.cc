@@ -3,12 +3,12 @@
 #include "megascope/analyzer/pickle.h"
 
 #include <bit>
-#include <type_traits>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -27,8 +27,8 @@ struct Value {
   bool b = false;
   int64_t i = 0;
   double d = 0;
-  std::string s;       // kStr: the text; kGlobal: "module.name"
-  uint32_t c = 0;      // kList / kDict: arena index
+  std::string s;   // kStr: the text; kGlobal: "module.name"
+  uint32_t c = 0;  // kList / kDict: arena index
 };
 
 Value Of(Value::Kind kind) {
@@ -53,8 +53,9 @@ class Machine {
       if (!st.ok()) return st;
       if (stopped_) break;
     }
-    if (!stopped_) return InvalidArgument("pickle ends at byte " + std::to_string(pos_) +
-                                          " without its STOP opcode (truncated?)");
+    if (!stopped_)
+      return InvalidArgument("pickle ends at byte " + std::to_string(pos_) +
+                             " without its STOP opcode (truncated?)");
     if (stack_.empty() || stack_.back().kind == Value::kMark)
       return InvalidArgument("pickle stops with no value on its stack");
     budget_ = 64 * in_.size() + 4096;
@@ -83,7 +84,8 @@ class Machine {
     std::string_view b;
     if (!Take(sizeof(T), &b)) return false;
     std::make_unsigned_t<T> u = 0;
-    for (size_t k = sizeof(T); k-- > 0;) u = static_cast<decltype(u)>((u << 8) | static_cast<uint8_t>(b[k]));
+    for (size_t k = sizeof(T); k-- > 0;)
+      u = static_cast<decltype(u)>((u << 8) | static_cast<uint8_t>(b[k]));
     *out = static_cast<T>(u);
     return true;
   }
@@ -135,7 +137,8 @@ class Machine {
   }
   Status Str(size_t at, uint64_t n) {
     std::string_view b;
-    if (n > in_.size() || !Take(static_cast<size_t>(n), &b)) return Bad(at, "string runs past the end");
+    if (n > in_.size() || !Take(static_cast<size_t>(n), &b))
+      return Bad(at, "string runs past the end");
     Value v;
     v.kind = Value::kStr;
     v.s.assign(b);
@@ -159,7 +162,8 @@ class Machine {
   // LONG1 / LONG4: little-endian two's complement of n bytes; beyond 64 bits read as a float.
   Status Long(size_t at, uint64_t n) {
     std::string_view b;
-    if (n > in_.size() || !Take(static_cast<size_t>(n), &b)) return Bad(at, "long runs past the end");
+    if (n > in_.size() || !Take(static_cast<size_t>(n), &b))
+      return Bad(at, "long runs past the end");
     if (n == 0) return Int(0);
     const bool negative = (static_cast<uint8_t>(b[n - 1]) & 0x80) != 0;
     if (n <= 8) {
@@ -213,16 +217,16 @@ class Machine {
     if (stack_.empty() || stack_.back().kind != want)
       return Bad(at, want == Value::kDict ? "SETITEM(S) without a dict under it"
                                           : "APPEND(S) without a list under it");
-    if (want == Value::kDict && items.size() % 2 != 0) return Bad(at, "SETITEMS with a key and no value");
+    if (want == Value::kDict && items.size() % 2 != 0)
+      return Bad(at, "SETITEMS with a key and no value");
     auto& dst = arena_[stack_.back().c].items;
     for (auto& v : items) dst.push_back(std::move(v));
     return Status::Ok();
   }
   Status Global(size_t at, const std::string& module, const std::string& name) {
     const std::string full = module + "." + name;
-    if (module != "torch.jit._pickle" ||
-        (name != "restore_type_tag" && name != "build_intlist" && name != "build_doublelist" &&
-         name != "build_boollist")) {
+    if (module != "torch.jit._pickle" || (name != "restore_type_tag" && name != "build_intlist" &&
+                                          name != "build_doublelist" && name != "build_boollist")) {
       return Bad(at, "global '" + full +
                          "' would be looked up and called: refused (only plain data is read)");
     }
@@ -320,8 +324,8 @@ class Machine {
         uint32_t n;
         return TakeLE(&n) ? Str(at, n) : Bad(at, "string length runs past the end");
       }
-      case 0x8c:  // SHORT_BINUNICODE
-      case 'U':   // SHORT_BINSTRING
+      case 0x8c:   // SHORT_BINUNICODE
+      case 'U':    // SHORT_BINSTRING
       case 'C': {  // SHORT_BINBYTES
         uint8_t n;
         return TakeLE(&n) ? Str(at, n) : Bad(at, "string length runs past the end");
@@ -358,8 +362,8 @@ class Machine {
       case 0x86:
       case 0x87:
         return Tuple(at, static_cast<size_t>(op - 0x84));
-      case 't':    // TUPLE
-      case 'l':    // LIST
+      case 't':     // TUPLE
+      case 'l':     // LIST
       case 0x91: {  // FROZENSET
         std::vector<Value> items;
         if (!PopMark(&items)) return Bad(at, "TUPLE/LIST without a mark");
@@ -368,7 +372,8 @@ class Machine {
       }
       case 'd': {  // DICT
         std::vector<Value> items;
-        if (!PopMark(&items) || items.size() % 2 != 0) return Bad(at, "DICT without a mark or with a key and no value");
+        if (!PopMark(&items) || items.size() % 2 != 0)
+          return Bad(at, "DICT without a mark or with a key and no value");
         PushContainer(Value::kDict, std::move(items));
         return Status::Ok();
       }
@@ -385,9 +390,9 @@ class Machine {
         kv.push_back(std::move(v));
         return Extend(at, Value::kDict, std::move(kv));
       }
-      case 'e':     // APPENDS
-      case 0x90:    // ADDITEMS (to a set)
-      case 'u': {   // SETITEMS
+      case 'e':    // APPENDS
+      case 0x90:   // ADDITEMS (to a set)
+      case 'u': {  // SETITEMS
         std::vector<Value> items;
         if (!PopMark(&items)) return Bad(at, "APPENDS/SETITEMS without a mark");
         return Extend(at, op == 'u' ? Value::kDict : Value::kList, std::move(items));
@@ -445,10 +450,9 @@ class Machine {
       }
       default: {
         static const std::unordered_map<uint8_t, const char*> kRefused = {
-            {'b', "BUILD"},      {'i', "INST"},          {'o', "OBJ"},
-            {0x81, "NEWOBJ"},    {0x92, "NEWOBJ_EX"},    {'P', "PERSID"},
-            {'Q', "BINPERSID"},  {0x82, "EXT1"},         {0x83, "EXT2"},
-            {0x84, "EXT4"},      {0x97, "NEXT_BUFFER"},  {0x98, "READONLY_BUFFER"}};
+            {'b', "BUILD"},      {'i', "INST"},   {'o', "OBJ"},          {0x81, "NEWOBJ"},
+            {0x92, "NEWOBJ_EX"}, {'P', "PERSID"}, {'Q', "BINPERSID"},    {0x82, "EXT1"},
+            {0x83, "EXT2"},      {0x84, "EXT4"},  {0x97, "NEXT_BUFFER"}, {0x98, "READONLY_BUFFER"}};
         auto it = kRefused.find(op);
         if (it != kRefused.end()) {
           return Bad(at, std::string("opcode ") + it->second +
@@ -461,9 +465,12 @@ class Machine {
   }
 
   Status ToJson(const Value& v, int depth, json* out) {
-    if (depth > kMaxDepth) return InvalidArgument("pickle nests deeper than " + std::to_string(kMaxDepth) + " (or refers to itself)");
+    if (depth > kMaxDepth)
+      return InvalidArgument("pickle nests deeper than " + std::to_string(kMaxDepth) +
+                             " (or refers to itself)");
     const uint64_t cost = 1 + v.s.size() / 16;
-    if (cost > budget_) return InvalidArgument("pickle expands to far more data than its size: refused");
+    if (cost > budget_)
+      return InvalidArgument("pickle expands to far more data than its size: refused");
     budget_ -= cost;
     switch (v.kind) {
       case Value::kNone:

@@ -331,6 +331,7 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
   if (open_timeout_ms > 0 && latest > 0 && mtime > timed_out + 600'000'000'000LL)
     d.dumped_at_ns = timed_out;
   d.alive = true;
+  d.oldest_open_blocks = true;  // NCCL runs the queued ops in order
   return d;
 }
 

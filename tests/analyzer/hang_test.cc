@@ -39,6 +39,12 @@ void ExpectVerdicts(const std::string& dir, const HangInput& in) {
   std::string text;
   for (const Verdict& v : verdicts) {
     got.insert({v.kind, v.cause, v.root_ranks});
+    for (const auto& e : expected["verdicts"]) {  // who waits, where a case says
+      if (e.contains("waiting_ranks") &&
+          e["root_ranks"].get<std::vector<int32_t>>() == v.root_ranks) {
+        EXPECT_EQ(v.waiting_ranks, e["waiting_ranks"].get<std::vector<int32_t>>());
+      }
+    }
     text += VerdictToJson(v) + "\n";
     auto j = nlohmann::json::parse(VerdictToJson(v));  // the FORMATS.md section 2 shape
     for (const char* key : {"format", "version", "kind", "cause", "root_ranks", "root_nodes",

@@ -20,7 +20,10 @@ const json kValue = {{"a", {1, -2, 3.5, nullptr, true, "x"}},
                      {"b", {"t", 300, 70000, int64_t{1} << 40, INT64_MIN}},
                      {"c", {{"3", false}}},
                      {"7", "int key"}};
-const std::string kProtocol0 = "(dp0\nVa\np1\n(lp2\nI1\naI-2\naF3.5\naNaI01\naVx\np3\nasVb\np4\n(Vt\np5\nI300\nI70000\nL1099511627776L\nL-9223372036854775808L\ntp6\nsVc\np7\n(dp8\nV3\np9\nI00\nssI7\nVint key\np10\ns.";
+const std::string kProtocol0 =
+    "(dp0\nVa\np1\n(lp2\nI1\naI-2\naF3.5\naNaI01\naVx\np3\nasVb\np4\n("
+    "Vt\np5\nI300\nI70000\nL1099511627776L\nL-9223372036854775808L\ntp6\nsVc\np7\n("
+    "dp8\nV3\np9\nI00\nssI7\nVint key\np10\ns.";
 const std::string kProtocol2(
     "\x80\x02\x7d\x71\x00\x28\x58\x01\x00\x00\x00\x61\x71\x01\x5d\x71\x02\x28\x4b\x01\x4a\xfe"
     "\xff\xff\xff\x47\x40\x0c\x00\x00\x00\x00\x00\x00\x4e\x88\x58\x01\x00\x00\x00\x78\x71\x03"
@@ -96,13 +99,15 @@ TEST(PickleTest, RefusesEverythingThatWouldCallOrConstruct) {
 
 TEST(PickleTest, SelfReferenceAndExponentialExpansionAreRefused) {
   // l = []; l.append(l)
-  auto self = ReadPickle("\x80\x02]q\x00h\x00"
-                         "a."s);
+  auto self = ReadPickle(
+      "\x80\x02]q\x00h\x00"
+      "a."s);
   ASSERT_FALSE(self.ok());
   EXPECT_NE(self.status().message().find("nests deeper than 100"), std::string::npos);
   // l0 = [1]; l(k) = [l(k-1), l(k-1)]: 2^40 leaves from 300 bytes.
-  std::string laughs = "\x80\x02]q\x00K\x01"
-                       "a"s;
+  std::string laughs =
+      "\x80\x02]q\x00K\x01"
+      "a"s;
   for (int k = 1; k < 40; ++k) {
     laughs += std::string("]q") + static_cast<char>(k) + "(h" + static_cast<char>(k - 1) + "h" +
               static_cast<char>(k - 1) + "e";

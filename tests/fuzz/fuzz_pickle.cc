@@ -6,8 +6,8 @@
 #include "megascope/analyzer/pickle.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto v = megascope::analyzer::ReadPickle(
-      std::string_view(reinterpret_cast<const char*>(data), size));
+  auto v =
+      megascope::analyzer::ReadPickle(std::string_view(reinterpret_cast<const char*>(data), size));
   if (v.ok()) (void)v->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   return 0;
 }

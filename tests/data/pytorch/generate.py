@@ -318,6 +318,23 @@ def main():
                "pg_status values are strings", dumps, [{"cause": "rank_not_joined", "root_ranks": [1]}],
                form="json")
 
+    # 9. The CPU runs ahead of the GPU: ranks 0-2 are stuck in world all-reduce #4 (rank 3 never
+    #    issued it) and have already queued their next ops in their tp groups behind it. The stuck
+    #    op is the oldest open one, not the newest.
+    groups = {"0": ("default_pg", range(4)), "1": ("tp", [0, 1]), "2": ("tp", [2, 3])}
+    dumps = {}
+    for r in range(4):
+        ents = allreduces(r, 3)
+        if r != 3:
+            ents.append(entry(3, WORLD, 4, "nccl:all_reduce", "started", t=40_000_000))
+            tp = ("1", "tp") if r < 2 else ("2", "tp")
+            ents.append(entry(4, tp, 1, "nccl:all_reduce", "scheduled", t=40_000_100))
+        dumps[r] = dump(groups, ents)
+    write_case("cpu_runs_ahead_oldest_open_op_is_stuck", "NCCL ops run in stream order after the CPU "
+               "queued them: the watchdog times out the oldest unfinished op (ProcessGroupNCCL "
+               "watchdog; tools/flight_recorder reports the first mismatch)", dumps,
+               [{"cause": "rank_not_joined", "root_ranks": [3], "waiting_ranks": [0, 1, 2]}])
+
 
 if __name__ == "__main__":
     main()

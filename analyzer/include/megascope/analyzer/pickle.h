@@ -5,8 +5,9 @@
 // NEWOBJ, INST, OBJ, PERSID, EXT...) are refused with the opcode and its byte offset. The
 // exceptions are TorchScript's wrappers, which only label plain data and are read as it:
 // torch.jit._pickle.restore_type_tag(value, "Dict[str, Any]") around every dict and list the jit
-// pickler writes, and build_intlist / build_doublelist / build_boollist around typed lists. Memo references are shared, as in Python; nesting deeper than 100 or an expansion larger
-// than a fixed multiple of the input is refused rather than followed.
+// pickler writes, and build_intlist / build_doublelist / build_boollist around typed lists. Memo
+// references are shared, as in Python; nesting deeper than 100 or an expansion larger than a fixed
+// multiple of the input is refused rather than followed.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -32,6 +32,10 @@ struct Dump {
   bool alive = true;
   int64_t dumped_at_ns = 0;
   std::vector<UnknownValue> unknown_values;
+  // Read, not written: the writer queues ops ahead of a device that runs them in order (PyTorch's
+  // NCCL recorder), so a rank is stuck at its oldest open op. Otherwise (megascope's own tracer,
+  // where the CPU thread waits in its op) at its newest.
+  bool oldest_open_blocks = false;
 };
 
 // The dump as JSON text (FORMATS.md section 1). `alive` is false when the writer is a reader
