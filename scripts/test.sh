@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, checks the tree's formatting, builds with both cores, runs clang-tidy
 # over the files the last commit changed and the default tests (CTest labels gpu, slow and bench
-# stay out), then runs each libFuzzer target briefly. Where nvcc exists it also configures and
+# stay out), then the asan and tsan presets over a fixed subset of the unit tests
+# (scripts/sanitize.sh names it) and each libFuzzer target briefly. Where nvcc exists it also configures and
 # compiles the cuda preset.
 # Warnings are errors under CI (CI=true) or with MEGASCOPE_WERROR=ON.
 set -euo pipefail
@@ -22,6 +23,9 @@ echo "[test] clang-tidy over the files the last commit changed (scripts/check_ti
 scripts/check_tidy.sh
 echo "[test] ctest (without gpu, slow, bench)"
 ctest --preset dev
+
+echo "[test] asan and tsan over a fixed subset of the unit tests (scripts/sanitize.sh)"
+MEGASCOPE_WERROR="$werror" scripts/sanitize.sh
 
 echo "[test] fuzzing every reader of foreign input for 10 s each (scripts/fuzz.sh)"
 scripts/fuzz.sh 10
