@@ -17,7 +17,8 @@ constexpr int64_t kMs = 1000000;
 // Each rank computes 10 ms per step, then (`hold` ms for rank 3) waits on its link, then joins the
 // step's all-reduce; the all-reduce completes 1 ms after the last arrival, `tail` ms later still
 // on rank 3. Rank 3's compute is never longer than its peers'.
-std::string WriteRun(const std::string& dir, int64_t tail_ms, int64_t hold_ms) {
+// With `gap_us`, each rank idles that long in the middle of its compute (no span covers it).
+std::string WriteRun(const std::string& dir, int64_t tail_ms, int64_t hold_ms, int64_t gap_us = 0) {
   const std::vector<std::string> names = {"forward", "allreduce", "link"};
   const std::vector<tracer::GroupInfo> groups = {{"dp.0", "dp", {0, 1, 2, 3}}};
   std::vector<tracer::RankInfo> infos(kRanks);
@@ -31,8 +32,10 @@ std::string WriteRun(const std::string& dir, int64_t tail_ms, int64_t hold_ms) {
         rec.span = {tracer::RecordType::kSpan, kind, name, -1, s, a, b, {}};
         recs[r].push_back(rec);
       };
-      const int64_t fwd_end = free_at[r] + 10 * kMs;
-      span(tracer::SpanKind::kForward, 0, free_at[r], fwd_end);
+      const int64_t gap = gap_us * 1000;
+      const int64_t fwd_end = free_at[r] + 10 * kMs + gap;
+      span(tracer::SpanKind::kForward, 0, free_at[r], free_at[r] + 5 * kMs);
+      span(tracer::SpanKind::kBackward, 0, free_at[r] + 5 * kMs + gap, fwd_end);
       enq[r] = fwd_end + (r == 3 ? hold_ms * kMs : 0);
       if (enq[r] > fwd_end) span(tracer::SpanKind::kComm, 2, fwd_end, enq[r]);
     }
@@ -120,6 +123,20 @@ TEST(SlowBlameTest, ALateLeaverThatAlsoHoldsItsDataIsBlamedOnlyForTheHold) {
   const std::string& cost = verdicts[0].evidence[0];
   EXPECT_NEAR(std::stod(cost.substr(cost.find('=') + 1)), 0.024 * (kSteps - 1) / kSteps, 0.001)
       << cost;
+}
+
+// The bubble is the share of a step no span of a rank accounts for: 2.75 ms idle in an 11-ms step
+// of compute and all-reduce is 20 %, none is 0 (and a compute span split in two is no bubble).
+TEST(SlowBlameTest, TheBubbleIsTheUnaccountedShareOfEachStep) {
+  megascope::testing::TempDir a, b;
+  auto idle = RunDatabase::Open(WriteRun(a.path(), 0, 0, /*gap_us=*/2750));
+  auto busy = RunDatabase::Open(WriteRun(b.path(), 0, 0));
+  ASSERT_TRUE(idle.ok() && busy.ok());
+  auto with_gap = AnalyzeSlow(**idle), without = AnalyzeSlow(**busy);
+  ASSERT_TRUE(with_gap.ok() && without.ok());
+  EXPECT_NEAR(with_gap->bubble_share, 2.75 / 13.75, 1e-6);
+  EXPECT_NEAR(without->bubble_share, 0.0, 1e-6);
+  EXPECT_NEAR(with_gap->mean_step_s, 0.01375, 1e-6);
 }
 
 }  // namespace

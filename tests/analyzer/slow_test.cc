@@ -59,18 +59,5 @@ TEST_F(SlowTest, AnEvenRunHasNoStraggler) {
   EXPECT_FALSE(steps.ok());  // no such steps
 }
 
-// The pipeline bubble measured from the spans: 1F1B with p stages and m microbatches idles each
-// stage (p - 1) / (m + p - 1) of a step (1/5 for p = 2, m = 4); one stage idles almost never.
-TEST_F(SlowTest, ThePipelineBubbleIsMeasuredNearItsOneFOneBShare) {
-  auto one = RunDatabase::Open(Run("one_stage", "--microbatches 4", "--dp 1 --tp 1 --pp 1"));
-  auto two = RunDatabase::Open(Run("two_stages", "--microbatches 4", "--dp 1 --tp 1 --pp 2"));
-  ASSERT_TRUE(one.ok() && two.ok());
-  auto a = AnalyzeSlow(**one), b = AnalyzeSlow(**two);
-  ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_LT(a->bubble_share, 0.05);
-  EXPECT_GT(b->bubble_share, 0.1) << "theory: 0.2";
-  EXPECT_LT(b->bubble_share, 0.35) << "theory: 0.2";
-}
-
 }  // namespace
 }  // namespace megascope::analyzer

@@ -1,0 +1,51 @@
+// The pipeline bubble of real runs against 1F1B's theory. Labelled slow: how much of a step is
+// idle on a loaded 2-core machine depends on the load (the exact accounting is checked on
+// synthetic traces in slow_blame_test.cc).
+#include "megascope/analyzer/slow.h"
+
+#include <gtest/gtest.h>
+
+#include "megascope/runtime/data.h"
+#include "test_util.h"
+
+namespace megascope::analyzer {
+namespace {
+
+using megascope::testing::RunCommand;
+using megascope::testing::TempDir;
+
+class SlowTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_ = dir_.path() + "/notes.bin";
+    ASSERT_TRUE(
+        runtime::PrepareByteTokens(MEGASCOPE_TEST_DATA "/text/notes_on_training.txt", data_).ok());
+  }
+  std::string Run(const std::string& name, const std::string& extra,
+                  const std::string& layout = "--dp 2 --tp 2 --pp 1") {
+    const std::string run = dir_.path() + "/" + name;
+    auto r = RunCommand(std::string(MEGASCOPE_BIN) + " train " + layout + " --data " + data_ +
+                        " --run-dir " + run + " --job s" + std::to_string(::getpid()) + name +
+                        " --steps 8 --layers 2 --width 32 --heads 2 --seq 16 --batch 4 " + extra);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return run;
+  }
+  TempDir dir_;
+  std::string data_;
+};
+
+// The pipeline bubble measured from the spans: 1F1B with p stages and m microbatches idles each
+// stage (p - 1) / (m + p - 1) of a step (1/5 for p = 2, m = 4); one stage idles almost never.
+TEST_F(SlowTest, ThePipelineBubbleIsMeasuredNearItsOneFOneBShare) {
+  auto one = RunDatabase::Open(Run("one_stage", "--microbatches 4", "--dp 1 --tp 1 --pp 1"));
+  auto two = RunDatabase::Open(Run("two_stages", "--microbatches 4", "--dp 1 --tp 1 --pp 2"));
+  ASSERT_TRUE(one.ok() && two.ok());
+  auto a = AnalyzeSlow(**one), b = AnalyzeSlow(**two);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_LT(a->bubble_share, 0.05);
+  EXPECT_GT(b->bubble_share, 0.1) << "theory: 0.2";
+  EXPECT_LT(b->bubble_share, 0.35) << "theory: 0.2";
+}
+
+}  // namespace
+}  // namespace megascope::analyzer
