@@ -23,7 +23,7 @@ class SlowTest : public ::testing::Test {
   }
   std::string Run(const std::string& name, const std::string& extra,
                   const std::string& layout = "--dp 2 --tp 2 --pp 1") {
-    const std::string run = dir_.path() + "/" + name;
+    std::string run = dir_.path() + "/" + name;
     auto r = RunCommand(std::string(MEGASCOPE_BIN) + " train " + layout + " --data " + data_ +
                         " --run-dir " + run + " --job s" + std::to_string(::getpid()) + name +
                         " --steps 8 --layers 2 --width 32 --heads 2 --seq 16 --batch 4 " + extra);
