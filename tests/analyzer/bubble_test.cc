@@ -1,10 +1,9 @@
 // The pipeline bubble of real runs against 1F1B's theory. Labelled slow: how much of a step is
 // idle on a loaded 2-core machine depends on the load (the exact accounting is checked on
 // synthetic traces in slow_blame_test.cc).
-#include "megascope/analyzer/slow.h"
-
 #include <gtest/gtest.h>
 
+#include "megascope/analyzer/slow.h"
 #include "megascope/runtime/data.h"
 #include "test_util.h"
 
