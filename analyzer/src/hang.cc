@@ -546,7 +546,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       }
       if (!text.empty()) text += " ";
       if (cause == "rank_dead") {
-        text += R.Describe() + " is dead: " + why[r] + "; " + R.Doing(now) + ".";
+        text += R.Describe() + " is dead: " + why[r] + (R.present ? "; " + R.Doing(now) : "") + ".";
       } else {
         text += R.Describe() + " is alive but never issued " + awaited + "; " + R.Doing(now) + ".";
       }

@@ -238,6 +238,13 @@ def main():
                "the TORCH_NCCL_DUMP_ON_TIMEOUT case of test_c10d_nccl's FR tests (one rank skips a collective)",
                dumps, [{"cause": "rank_not_joined", "root_ranks": [5]}])
 
+    # 1b. The same job, but rank 5 crashed and wrote no dump (TORCH_NCCL_DUMP_ON_TIMEOUT dumps from
+    #     the ranks whose watchdog fired; a dead process writes nothing).
+    del dumps[5]
+    write_case("failed_rank_wrote_no_dump", "a rank that died leaves no nccl_trace_rank_N file; its "
+               "peers' dumps show them waiting for it", dumps, [{"cause": "rank_dead", "root_ranks": [5],
+                                                                 "waiting_ranks": [0, 1, 2, 3, 4, 6, 7]}])
+
     # 2. Pipeline send/recv inside a 2-rank group [2, 3]: "nccl:recv 1<-0" names group-local ranks.
     #    Rank 2 never sends (stuck in its own stage); rank 3 waits in its recv.
     pp = ("1", "pp")
