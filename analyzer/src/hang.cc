@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -52,6 +53,7 @@ struct Rank {
   std::vector<std::string> history;  // group names of collectives, in issue order
   const FlightEntry* blocking = nullptr;
   std::string blocking_group;
+  size_t history_at_blocking = 0;
 
   const std::string& GroupName(const FlightEntry& e) const {
     return dump->snapshot.groups[e.group].name;
@@ -209,6 +211,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       if (IsOpen(e) && (R.blocking == nullptr || !R.dump->oldest_open_blocks)) {
         R.blocking = &e;
         R.blocking_group = g;
+        R.history_at_blocking = R.history.size();  // the collectives issued up to it
       }
     }
   }
@@ -241,6 +244,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
   std::set<int> waiting;
   struct CollectiveState {
     std::vector<int> missing;  // members that have not issued it
+    std::vector<int> behind;   // members that issued it behind an older open op of their own
     std::map<std::tuple<int, uint64_t, int>, std::vector<int>>
         signatures;  // (op, bytes, dtype) -> members
     bool examined = false;
@@ -315,6 +319,14 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
           cs.missing.push_back(m);
           continue;
         }
+        // Issued, but queued on its device behind an older op of its own that has not finished:
+        // it cannot join this one before that one.
+        if (M.dump->oldest_open_blocks && M.blocking != nullptr &&
+            (M.blocking_group != R.blocking_group ||
+             M.blocking->seq != static_cast<uint64_t>(b.seq))) {
+          auto own = M.coll.find(key);
+          if (own != M.coll.end() && IsOpen(*own->second)) cs.behind.push_back(m);
+        }
         auto it = M.coll.find(key);
         // An op or dtype this build does not know (a newer writer) is no evidence of a mismatch.
         if (it != M.coll.end() && it->second->op != OpType::kUnknown &&
@@ -326,6 +338,9 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       cached = collectives.emplace(key, std::move(cs)).first;
     }
     for (int m : cached->second.missing) {
+      if (m != R.id) wait_on(m);
+    }
+    for (int m : cached->second.behind) {
       if (m != R.id) wait_on(m);
     }
     if (cached->second.examined) continue;
@@ -566,8 +581,10 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       const Rank& R = ranks[r];
       if (R.blocking == nullptr || tracer::IsP2P(R.blocking->op)) continue;
       // Training is periodic: what did this rank do one period ago at this point?
-      std::vector<std::string> h = R.history;
-      // The blocking op is the last collective in history; compare it with the period before.
+      // What it issued before its blocking op (behind a device queue, later ops follow it).
+      std::vector<std::string> h(R.history.begin(),
+                                 R.history.begin() + static_cast<std::ptrdiff_t>(std::min(
+                                                         R.history_at_blocking, R.history.size())));
       if (!h.empty() && h.back() == R.blocking_group) h.pop_back();
       const size_t len = h.size();
       // The period: the smallest P for which the whole recorded history repeats itself.
@@ -582,6 +599,42 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
                   " where its own pattern expects a collective in " + expected + " next. ";
         }
         break;
+      }
+    }
+    // A history too short to show the job's period (the first iterations) makes every rank look
+    // like a deviator: that names no one.
+    size_t considered = 0;
+    for (int r : waiting) {
+      considered += ranks[r].blocking != nullptr && !tracer::IsP2P(ranks[r].blocking->op);
+    }
+    if (!deviators.empty() && deviators.size() == considered) {
+      deviators.clear();
+      text.clear();
+    }
+    if (deviators.empty()) {
+      // No periodic history (a deadlock in the first iterations): the ranks stuck in the group
+      // fewer of the cycle's ranks are stuck in took the other order. With no smaller side
+      // (one rank against one), nobody is named: the cycle is reported as unknown with its ranks.
+      std::map<std::string, std::vector<int>> stuck_in;
+      for (int r : waiting) {
+        const Rank& R = ranks[r];
+        if (R.blocking != nullptr && !tracer::IsP2P(R.blocking->op))
+          stuck_in[R.blocking_group].push_back(r);
+      }
+      if (stuck_in.size() > 1) {
+        size_t fewest = SIZE_MAX;
+        for (const auto& [g, who] : stuck_in) fewest = std::min(fewest, who.size());
+        for (const auto& [g, who] : stuck_in) {
+          if (who.size() != fewest) continue;
+          for (int r : who) {
+            deviators.push_back(r);
+            text += ranks[r].Describe() + " waits in " +
+                    OpName(*ranks[r].blocking, ranks[r].blocking_group) + ", while " +
+                    std::to_string(waiting.size() - who.size()) +
+                    " of the ranks it waits with wait in another group first. ";
+          }
+        }
+        if (deviators.size() == waiting.size()) deviators.clear();  // no side is smaller
       }
     }
     if (!deviators.empty()) {

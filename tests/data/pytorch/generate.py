@@ -342,6 +342,23 @@ def main():
                "watchdog; tools/flight_recorder reports the first mismatch)", dumps,
                [{"cause": "rank_not_joined", "root_ranks": [3], "waiting_ranks": [0, 1, 2]}])
 
+    # 10. A cross-group deadlock in the first iteration (no periodic history to compare with):
+    #     ranks 0-2 issue dp then tp, rank 3 issues tp then dp. On the devices each waits in its
+    #     first one; rank 3 departs from the others.
+    A, B = ("1", "dp"), ("2", "tp")
+    groups = {"0": ("default_pg", range(4)), "1": ("dp", range(4)), "2": ("tp", range(4))}
+    dumps = {}
+    for r in range(4):
+        ents = allreduces(r, 2)
+        first, second = (A, B) if r != 3 else (B, A)
+        ents.append(entry(2, first, 1, "nccl:all_reduce", "started", t=30_000_000))
+        ents.append(entry(3, second, 1, "nccl:all_reduce", "scheduled", t=30_000_100))
+        dumps[r] = dump(groups, ents)
+    write_case("cross_group_order_deadlock_without_history", "the classic collective-order deadlock "
+               "(tools/flight_recorder reports it as a mismatch of collective_seq_id across groups); the "
+               "departing rank is the minority", dumps,
+               [{"cause": "order_mismatch", "root_ranks": [3], "waiting_ranks": [0, 1, 2]}])
+
 
 if __name__ == "__main__":
     main()
