@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# What always-on tracing costs, measured so that the machine's load cannot flatter it:
+#  1. CPU instructions per rank per step, traced vs --no-trace, counted by valgrind's callgrind
+#     (the same count for the same input whatever else runs; perf's hardware counters are not
+#     available in these containers), at (dp,tp,pp) = (1,1,1), (2,1,1) and (2,2,2). Each is run
+#     for STEPS and 3 x STEPS steps and the difference divided by 2 x STEPS, so start-up (model
+#     init, rendezvous, data loading) drops out and only what a step costs remains;
+#  2. where the traced run's extra instructions go: megascope::tracer's functions in rank 0,
+#     inclusive instructions per step;
+#  3. the agent's instructions per traced step (its drain, SQLite writes, host sampling);
+#  4. trace volume: trace.db bytes per rank per step of a native run, and per table (dbstat).
+# The model is the demo's (2 layers, width 64); STEPS defaults to 5.
+# Usage: bench/tracing_cost.sh [STEPS]   (results: bench/results/tracing_cost.txt)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=${1:-5}
+[ -n "${SKIP_SETUP:-}" ] || scripts/setup.sh
+command -v valgrind >/dev/null || { echo "valgrind is missing (apt-get install valgrind)" >&2; exit 1; }
+cmake --preset release >/dev/null
+cmake --build --preset release --target megascope >/dev/null
+bin=$PWD/build/release/cli/megascope
+work=$(mktemp -d)
+trap 'rm -rf "$work" /dev/shm/megascope-tc$$-*' EXIT
+$bin prepare-data tests/data/text/notes_on_training.txt -o "$work/data.bin" >/dev/null
+model="--layers 2 --width 64 --heads 4 --seq 32 --batch 8 --microbatches 2"
+out=bench/results/tracing_cost.txt
+{
+  echo "# command: bench/tracing_cost.sh $steps"
+  echo "# date: $(date -u +%FT%TZ)  host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
+  echo "# model: $model; $steps steps; instructions by valgrind --tool=callgrind (valgrind $(valgrind --version | cut -d- -f2))"
+  for layout in "1 1 1" "2 1 1" "2 2 2"; do
+    set -- $layout
+    for mode in trace no-trace; do
+      for n in "$steps" $((3 * steps)); do
+        flag=""
+        [[ $mode == no-trace ]] && flag="--no-trace"
+        d=$work/$1$2$3-$mode-$n
+        mkdir -p "$d/cg"
+        valgrind --tool=callgrind --trace-children=yes --callgrind-out-file="$d/cg/out.%p" \
+          "$bin" train --dp "$1" --tp "$2" --pp "$3" --data "$work/data.bin" --run-dir "$d/run" \
+          --job "tc$$-$1$2$3$mode$n" $model --steps "$n" $flag >"$d/log" 2>&1 ||
+          { tail -20 "$d/log"; exit 1; }
+        echo "RUN $1,$2,$3 $mode $n $d"
+      done
+    done
+  done
+  # Trace volume from a native run of the largest layout.
+  d=$work/volume
+  "$bin" train --dp 2 --tp 2 --pp 2 --data "$work/data.bin" --run-dir "$d" --job "tc$$-vol" $model \
+    --steps 200 >"$work/volume.log" 2>&1
+  echo "VOLUME 2,2,2 200 $d"
+} >"$work/raw.txt"
+python3 - "$work/raw.txt" "$steps" <<'PY' | tee "$out.body"
+import glob, os, re, sqlite3, subprocess, sys
+raw, steps = sys.argv[1], int(sys.argv[2])
+
+def profiles(d):
+    """(role, total instructions, file) per process of a run."""
+    out = []
+    for f in glob.glob(os.path.join(d, "cg", "out.*")):
+        cmd, total = "", 0
+        with open(f, errors="replace") as fh:
+            for line in fh:
+                if line.startswith("cmd:"):
+                    cmd = line[4:].strip()
+                elif line.startswith(("summary:", "totals:")):
+                    total = int(line.split()[1])
+        role = "rank" if " worker" in cmd else "agent" if " agent" in cmd else "launcher"
+        out.append((role, total, f, cmd))
+    return out
+
+runs = {}
+volume = None
+for line in open(raw):
+    p = line.split()
+    if p and p[0] == "RUN":
+        runs[(p[1], p[2], int(p[3]))] = p[4]
+    elif p and p[0] == "VOLUME":
+        volume = p[1:]
+
+def per_step(layout, mode, role):
+    """Instructions per step of one process of `role` (mean over them): the long run minus the short."""
+    short, long_ = (profiles(runs[(layout, mode, n)]) for n in (steps, 3 * steps))
+    a = [x[1] for x in short if x[0] == role]
+    b = [x[1] for x in long_ if x[0] == role]
+    if not a or not b:
+        return 0.0, 0
+    return (sum(b) / len(b) - sum(a) / len(a)) / (2 * steps), len(b)
+
+print("instructions per step (the 3xSTEPS run minus the STEPS run, divided by 2xSTEPS)")
+print("layout    ranks  per rank traced  per rank untraced  tracing cost  agent traced  agent untraced")
+for layout in ["1,1,1", "2,1,1", "2,2,2"]:
+    a, n = per_step(layout, "trace", "rank")
+    b, _ = per_step(layout, "no-trace", "rank")
+    ag, _ = per_step(layout, "trace", "agent")
+    au, _ = per_step(layout, "no-trace", "agent")
+    print(f"({layout})  {n:5d}  {a:15,.0f}  {b:17,.0f}  {100 * (a / b - 1):+10.2f} %  {ag:12,.0f}  {au:14,.0f}")
+print("(the agent samples /proc on a wall-clock period: under valgrind a step lasts ~50x longer, so its")
+print(" sampling share per step is inflated; its drain and SQLite work follow the records)")
+
+
+def functions(f):
+    """Inclusive instructions per function of one callgrind profile."""
+    ann = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", f],
+                         capture_output=True, text=True).stdout
+    out = {}
+    for line in ann.splitlines():
+        m = re.match(r"\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(?:\?\?\?|[^\s:]+):(.*?)(?:\s+\[.*\])?$", line)
+        if m:
+            out[m.group(2)] = out.get(m.group(2), 0) + int(m.group(1).replace(",", ""))
+    return out
+
+
+def profile_of(layout, mode, n, role, pick=None):
+    ps = [x for x in profiles(runs[(layout, mode, n)]) if x[0] == role]
+    if pick:
+        ps = [x for x in ps if re.search(pick, x[3])] or ps
+    return sorted(ps, key=lambda x: x[2])[0][2] if ps else None
+
+
+def top(layout, mode, role, prefix, count, title, pick=None):
+    """Per-step inclusive instructions of the functions starting with `prefix` (long run minus short)."""
+    a = profile_of(layout, mode, steps, role, pick)
+    b = profile_of(layout, mode, 3 * steps, role, pick)
+    if not a or not b:
+        return
+    fa, fb = functions(a), functions(b)
+    skip = ("(below main)", "PROGRAM TOTALS", "__libc_start_main", "0x", "main", "start_thread", "clone")
+    rows = sorted(((fb[k] - fa.get(k, 0)) / (2 * steps), k) for k in fb
+                  if k.startswith(prefix) and not k.startswith(skip))
+    print("\n" + title)
+    for v, k in sorted(rows, reverse=True)[:count]:
+        if v > 0:
+            print(f"  {v:12,.0f}  {k[:120]}")
+
+
+top("2,2,2", "trace", "rank", "megascope::tracer::", 10,
+    "rank 0 at (2,2,2), traced: megascope::tracer functions, inclusive instructions per step", r"--rank 0\b")
+top("2,2,2", "trace", "agent", "", 14,
+    "the agent at (2,2,2), traced: functions by inclusive instructions per step")
+if volume:
+    layout, vsteps, d = volume
+    vsteps = int(vsteps)
+    total, tables = 0, {}
+    dbs = glob.glob(os.path.join(d, "nodes", "*", "trace.db"))
+    ranks = 0
+    for db in dbs:
+        total += os.path.getsize(db)
+        c = sqlite3.connect(db)
+        ranks += c.execute("SELECT COUNT(DISTINCT rank) FROM ranks").fetchone()[0]
+        try:
+            for name, size in c.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name"):
+                tables[name] = tables.get(name, 0) + size
+        except sqlite3.Error:
+            pass
+    print(f"\ntrace volume, native run at ({layout}), {vsteps} steps, {ranks} ranks: "
+          f"{total / ranks / vsteps:,.0f} bytes per rank per step in trace.db")
+    for name, size in sorted(tables.items(), key=lambda kv: -kv[1])[:8]:
+        print(f"  {name:32s} {size / ranks / vsteps:8,.0f} bytes per rank per step")
+PY
+{ grep '^#' "$work/raw.txt"; cat "$out.body"; } >"$out"
+rm -f "$out.body"
