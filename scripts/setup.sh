@@ -8,7 +8,7 @@ PACKAGES=(
   libgloo-dev prometheus-cpp-dev libcivetweb-dev libsqlite3-dev sqlite3 libcurl4-openssl-dev
   libboost-program-options-dev nlohmann-json3-dev libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  prometheus python3 chromium clang libclang-rt-dev clang-format clang-tidy
+  prometheus python3 chromium clang libclang-rt-dev clang-format clang-tidy valgrind
 )
 
 missing=()
