@@ -216,9 +216,12 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
                                   : std::to_string(IntOf(e["pg_id"], -1));
     }
     auto git = group_of.find(pg);
-    if (git == group_of.end())
-      return InvalidArgument(file + ": entry " + std::to_string(id) + " names process group '" +
-                             pg + "', not in pg_config");
+    if (git == group_of.end()) {  // its members are unknown: the entry cannot be placed
+      d.unknown_values.push_back(
+          {"entries[" + std::to_string(id) + "]", "process group (not in pg_config)", pg});
+      ++id;
+      continue;
+    }
     tracer::FlightEntry f;
     f.id = ++id;
     f.group = git->second;

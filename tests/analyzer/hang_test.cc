@@ -336,6 +336,22 @@ TEST(PyTorchImportTest, ACopiedDumpIsDatedByItsOpenOpsTimeoutNotTheCopy) {
   EXPECT_EQ(d->dumped_at_ns, 1724779239936775119LL + 1 + 30000LL * 1000000);
 }
 
+TEST(PyTorchImportTest, AnEntryOfAGroupMissingFromPgConfigIsLeftOutWithAWarning) {
+  TempDir dir;
+  nlohmann::json stray = PyTorchEntry(1, 1, "started", false);
+  stray["process_group"] = {"7", "split"};
+  std::ofstream(dir.path() + "/rank_0")
+      << PyTorchTrace(0, {PyTorchEntry(0, 1, "completed", true), stray}).dump();
+  std::ofstream(dir.path() + "/rank_1")
+      << PyTorchTrace(1, {PyTorchEntry(0, 1, "completed", true)}).dump();
+  auto in = LoadPyTorchDumps(dir.path());
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  EXPECT_EQ(in->ranks[0].dump.snapshot.entries.size(), 1u);
+  ASSERT_EQ(in->warnings.size(), 1u);
+  EXPECT_NE(in->warnings[0].find("process group (not in pg_config) '7'"), std::string::npos)
+      << in->warnings[0];
+}
+
 TEST(PyTorchImportTest, AnUnknownFormatVersionIsRefusedWithTheVersion) {
   nlohmann::json j = PyTorchTrace(0, {PyTorchEntry(0, 1, "completed", true)});
   j["version"] = "3.0";
