@@ -102,8 +102,7 @@ class Machine {
   }
   void Push(Value v) { stack_.push_back(std::move(v)); }
   void PushContainer(Value::Kind kind, std::vector<Value> items = {}) {
-    Value v;
-    v.kind = kind;
+    Value v = Of(kind);
     v.c = NewContainer();
     arena_[v.c].items = std::move(items);
     Push(std::move(v));
@@ -139,23 +138,30 @@ class Machine {
     std::string_view b;
     if (n > in_.size() || !Take(static_cast<size_t>(n), &b))
       return Bad(at, "string runs past the end");
-    Value v;
-    v.kind = Value::kStr;
-    v.s.assign(b);
-    Push(std::move(v));
-    return Status::Ok();
+    return Text(b);
+  }
+  // Each pushes one plain value.
+  Status Text(std::string_view t) {
+    Value v = Of(Value::kStr);
+    v.s.assign(t);
+    return Pushed(std::move(v));
   }
   Status Int(int64_t i) {
-    Value v;
-    v.kind = Value::kInt;
+    Value v = Of(Value::kInt);
     v.i = i;
-    Push(std::move(v));
-    return Status::Ok();
+    return Pushed(std::move(v));
   }
   Status Float(double d) {
-    Value v;
-    v.kind = Value::kFloat;
+    Value v = Of(Value::kFloat);
     v.d = d;
+    return Pushed(std::move(v));
+  }
+  Status Bool(bool b) {
+    Value v = Of(Value::kBool);
+    v.b = b;
+    return Pushed(std::move(v));
+  }
+  Status Pushed(Value v) {
     Push(std::move(v));
     return Status::Ok();
   }
@@ -185,13 +191,7 @@ class Machine {
   Status TextInt(size_t at, bool is_int) {
     std::string_view line;
     if (!TakeLine(&line)) return Bad(at, "integer line runs past the end");
-    if (is_int && (line == "01" || line == "00")) {
-      Value v;
-      v.kind = Value::kBool;
-      v.b = line == "01";
-      Push(std::move(v));
-      return Status::Ok();
-    }
+    if (is_int && (line == "01" || line == "00")) return Bool(line == "01");
     if (!line.empty() && line.back() == 'L') line.remove_suffix(1);
     const std::string text(line);
     char* end = nullptr;
@@ -230,11 +230,9 @@ class Machine {
       return Bad(at, "global '" + full +
                          "' would be looked up and called: refused (only plain data is read)");
     }
-    Value v;
-    v.kind = Value::kGlobal;
+    Value v = Of(Value::kGlobal);
     v.s = full;
-    Push(std::move(v));
-    return Status::Ok();
+    return Pushed(std::move(v));
   }
 
   Status Step(uint8_t op, size_t at) {
@@ -272,14 +270,9 @@ class Machine {
       case 'N':  // NONE
         Push(Of(Value::kNone));
         return Status::Ok();
-      case 0x88:    // NEWTRUE
-      case 0x89: {  // NEWFALSE
-        Value v;
-        v.kind = Value::kBool;
-        v.b = op == 0x88;
-        Push(std::move(v));
-        return Status::Ok();
-      }
+      case 0x88:  // NEWTRUE
+      case 0x89:  // NEWFALSE
+        return Bool(op == 0x88);
       case 'K': {  // BININT1
         uint8_t x;
         return TakeLE(&x) ? Int(x) : Bad(at, "BININT1 runs past the end");
@@ -344,11 +337,7 @@ class Machine {
             return Bad(at, "STRING without its quotes");
           b = b.substr(1, b.size() - 2);
         }
-        Value v;
-        v.kind = Value::kStr;
-        v.s.assign(b);
-        Push(std::move(v));
-        return Status::Ok();
+        return Text(b);
       }
       case ')':   // EMPTY_TUPLE
       case ']':   // EMPTY_LIST

@@ -127,16 +127,25 @@ int64_t Ns(const json& e, const char* key) {
   return it == e.end() ? 0 : IntOf(*it, 0);
 }
 
+// States: scheduled, started (only with timing enabled), completed. A recorder that marks only
+// `retired` (the watchdog saw the work finish) is read as completed. `raw` gets the text.
+OpState StateOf(const json& e, std::string* raw) {
+  const bool retired = e.value("retired", false);
+  *raw = e.value("state", retired ? "completed" : "scheduled");
+  if (*raw == "completed" || retired) return OpState::kCompleted;
+  if (*raw == "started") return OpState::kStarted;
+  if (*raw == "scheduled") return OpState::kEnqueued;
+  return OpState::kUnknown;
+}
+
 // The closing entry of a coalesced block gives its state and times to the members before it
 // (same group, same p2p or collective sequence number) that never had events of their own.
 template <typename Raw>
 void PropagateCoalesced(const json& closing, int group, bool p2p, int64_t seq,
                         const std::vector<Raw>& raw, std::vector<tracer::FlightEntry>* entries) {
-  const bool retired = closing.value("retired", false);
-  const std::string st = closing.value("state", retired ? "completed" : "scheduled");
-  const OpState state = st == "completed" || retired ? OpState::kCompleted
-                        : st == "started"            ? OpState::kStarted
-                                                     : OpState::kEnqueued;
+  std::string st;
+  OpState state = StateOf(closing, &st);
+  if (state == OpState::kUnknown) state = OpState::kEnqueued;
   for (size_t k = entries->size(); k-- > 0;) {
     tracer::FlightEntry& m = (*entries)[k];
     if (m.group != group || raw[k].p2p != p2p || raw[k].seq != seq) {
@@ -270,20 +279,9 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
         elems *= static_cast<uint64_t>(std::max<int64_t>(0, IntOf(d, 0)));
     }
     f.bytes = elems * tracer::DTypeSize(f.dtype);
-    // States: scheduled, started (only with timing enabled), completed. A recorder that marks
-    // only `retired` (the watchdog saw the work finish) is read as completed.
-    const bool retired = e.value("retired", false);
-    const std::string st = e.value("state", retired ? "completed" : "scheduled");
-    if (st == "completed" || retired) {
-      f.state = OpState::kCompleted;
-    } else if (st == "started") {
-      f.state = OpState::kStarted;
-    } else if (st == "scheduled") {
-      f.state = OpState::kEnqueued;
-    } else {
-      f.state = OpState::kUnknown;
-      d.unknown_values.push_back({where, "state", st});
-    }
+    std::string st;
+    f.state = StateOf(e, &st);
+    if (f.state == OpState::kUnknown) d.unknown_values.push_back({where, "state", st});
     f.timeout_ms = IntOf(e.value("timeout_ms", json(0)), 0);
     f.enqueued_at_ns = Ns(e, "time_created_ns");
     f.started_at_ns = Ns(e, "time_discovered_started_ns");

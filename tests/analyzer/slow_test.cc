@@ -3,34 +3,12 @@
 
 #include <gtest/gtest.h>
 
-#include "megascope/runtime/data.h"
-#include "test_util.h"
+#include "small_run.h"
 
 namespace megascope::analyzer {
 namespace {
 
-using megascope::testing::RunCommand;
-using megascope::testing::TempDir;
-
-class SlowTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    data_ = dir_.path() + "/notes.bin";
-    ASSERT_TRUE(
-        runtime::PrepareByteTokens(MEGASCOPE_TEST_DATA "/text/notes_on_training.txt", data_).ok());
-  }
-  std::string Run(const std::string& name, const std::string& extra,
-                  const std::string& layout = "--dp 2 --tp 2 --pp 1") {
-    std::string run = dir_.path() + "/" + name;
-    auto r = RunCommand(std::string(MEGASCOPE_BIN) + " train " + layout + " --data " + data_ +
-                        " --run-dir " + run + " --job s" + std::to_string(::getpid()) + name +
-                        " --steps 8 --layers 2 --width 32 --heads 2 --seq 16 --batch 4 " + extra);
-    EXPECT_EQ(r.code, 0) << r.out;
-    return run;
-  }
-  TempDir dir_;
-  std::string data_;
-};
+class SlowTest : public SmallRunTest {};
 
 TEST_F(SlowTest, ASlowRankIsAComputeStragglerWithItsCost) {
   auto db = RunDatabase::Open(Run("slow", "--fault slow:rank=3,step=0,seconds=0.15"));
