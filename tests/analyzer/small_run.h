@@ -22,9 +22,10 @@ class SmallRunTest : public ::testing::Test {
   std::string Run(const std::string& name, const std::string& extra,
                   const std::string& layout = "--dp 2 --tp 2 --pp 1") {
     std::string run = dir_.path() + "/" + name;
-    auto r = megascope::testing::RunCommand(std::string(MEGASCOPE_BIN) + " train " + layout + " --data " + data_ +
-                        " --run-dir " + run + " --job s" + std::to_string(::getpid()) + name +
-                        " --steps 8 --layers 2 --width 32 --heads 2 --seq 16 --batch 4 " + extra);
+    auto r = megascope::testing::RunCommand(
+        std::string(MEGASCOPE_BIN) + " train " + layout + " --data " + data_ + " --run-dir " + run +
+        " --job s" + std::to_string(::getpid()) + name +
+        " --steps 8 --layers 2 --width 32 --heads 2 --seq 16 --batch 4 " + extra);
     EXPECT_EQ(r.code, 0) << r.out;
     return run;
   }
