@@ -8,12 +8,21 @@
 #  2. where the traced run's extra instructions go: megascope::tracer's functions in rank 0,
 #     inclusive instructions per step;
 #  3. the agent's instructions per traced step (its drain, SQLite writes, host sampling);
-#  4. trace volume: trace.db bytes per rank per step of a native run, and per table (dbstat).
-# The model is the demo's (2 layers, width 64); STEPS defaults to 5.
-# Usage: bench/tracing_cost.sh [STEPS]   (results: bench/results/tracing_cost.txt)
+#  4. natively, ROUNDS rounds in which each layout runs traced and untraced in alternating order:
+#     the workers' and the agent's own CPU seconds (each process reports getrusage when it ends),
+#     for 20 and 100 steps so start-up drops out, and the median wall step time of the 100-step
+#     run; the agent's share of one core is its CPU over the 100-step run's wall time.
+#     Each round gives one traced/untraced ratio per measure; the mean ratio and its 95 %
+#     confidence interval (Student's t over the rounds) are reported, with the agent's CPU per step
+#     and as a share of one core;
+#  5. trace volume: trace.db bytes per rank per step of a native run, and per table (dbstat).
+# The model is the demo's (2 layers, width 64); STEPS defaults to 5, ROUNDS to 6.
+# Usage: bench/tracing_cost.sh [STEPS] [ROUNDS]   (results: bench/results/tracing_cost.txt)
+#        NATIVE_ONLY=1 skips the callgrind part (a quick look; results not written).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-5}
+rounds=${2:-6}
 [ -n "${SKIP_SETUP:-}" ] || scripts/setup.sh
 command -v valgrind >/dev/null || { echo "valgrind is missing (apt-get install valgrind)" >&2; exit 1; }
 cmake --preset release >/dev/null
@@ -25,10 +34,11 @@ $bin prepare-data tests/data/text/notes_on_training.txt -o "$work/data.bin" >/de
 model="--layers 2 --width 64 --heads 4 --seq 32 --batch 8 --microbatches 2"
 out=bench/results/tracing_cost.txt
 {
-  echo "# command: bench/tracing_cost.sh $steps"
+  echo "# command: bench/tracing_cost.sh $steps $rounds"
   echo "# date: $(date -u +%FT%TZ)  host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
   echo "# model: $model; $steps steps; instructions by valgrind --tool=callgrind (valgrind $(valgrind --version | cut -d- -f2))"
   for layout in "1 1 1" "2 1 1" "2 2 2"; do
+    [ -z "${NATIVE_ONLY:-}" ] || break
     set -- $layout
     for mode in trace no-trace; do
       for n in "$steps" $((3 * steps)); do
@@ -41,6 +51,27 @@ out=bench/results/tracing_cost.txt
           --job "tc$$-$1$2$3$mode$n" $model --steps "$n" $flag >"$d/log" 2>&1 ||
           { tail -20 "$d/log"; exit 1; }
         echo "RUN $1,$2,$3 $mode $n $d"
+      done
+    done
+  done
+  # Native rounds: CPU as each process reports it, and wall step time.
+  for r in $(seq "$rounds"); do
+    for layout in "1 1 1" "2 1 1" "2 2 2"; do
+      set -- $layout
+      modes="trace no-trace"
+      ((r % 2)) || modes="no-trace trace"  # alternate which goes first: drift cancels
+      for mode in $modes; do
+        for n in 20 100; do
+          flag=""
+          [[ $mode == no-trace ]] && flag="--no-trace"
+          d=$work/native-$r-$1$2$3-$mode-$n
+          t0=$(date +%s.%N)
+          "$bin" train --dp "$1" --tp "$2" --pp "$3" --data "$work/data.bin" --run-dir "$d" \
+            --job "tc$$-n$r$1$2$3$mode$n" $model --steps "$n" $flag >"$d.log" 2>&1 ||
+            { tail -20 "$d.log"; exit 1; }
+          t1=$(date +%s.%N)
+          echo "NATIVE $r $1,$2,$3 $mode $n $d $(python3 -c "print($t1 - $t0)")"
+        done
       done
     done
   done
@@ -70,11 +101,14 @@ def profiles(d):
     return out
 
 runs = {}
+native = {}
 volume = None
 for line in open(raw):
     p = line.split()
     if p and p[0] == "RUN":
         runs[(p[1], p[2], int(p[3]))] = p[4]
+    elif p and p[0] == "NATIVE":
+        native[(int(p[1]), p[2], p[3], int(p[4]))] = (p[5], float(p[6]))
     elif p and p[0] == "VOLUME":
         volume = p[1:]
 
@@ -87,16 +121,18 @@ def per_step(layout, mode, role):
         return 0.0, 0
     return (sum(b) / len(b) - sum(a) / len(a)) / (2 * steps), len(b)
 
-print("instructions per step (the 3xSTEPS run minus the STEPS run, divided by 2xSTEPS)")
-print("layout    ranks  per rank traced  per rank untraced  tracing cost  agent traced  agent untraced")
-for layout in ["1,1,1", "2,1,1", "2,2,2"]:
+if runs:
+    print("instructions per step (the 3xSTEPS run minus the STEPS run, divided by 2xSTEPS)")
+    print("layout    ranks  per rank traced  per rank untraced  tracing cost  agent traced  agent untraced")
+for layout in ["1,1,1", "2,1,1", "2,2,2"] if runs else []:
     a, n = per_step(layout, "trace", "rank")
     b, _ = per_step(layout, "no-trace", "rank")
     ag, _ = per_step(layout, "trace", "agent")
     au, _ = per_step(layout, "no-trace", "agent")
     print(f"({layout})  {n:5d}  {a:15,.0f}  {b:17,.0f}  {100 * (a / b - 1):+10.2f} %  {ag:12,.0f}  {au:14,.0f}")
-print("(the agent samples /proc on a wall-clock period: under valgrind a step lasts ~50x longer, so its")
-print(" sampling share per step is inflated; its drain and SQLite work follow the records)")
+if runs:
+    print("(the agent samples /proc on a wall-clock period: under valgrind a step lasts ~50x longer, so its")
+    print(" sampling share per step is inflated; its drain and SQLite work follow the records)")
 
 
 def functions(f):
@@ -120,6 +156,8 @@ def profile_of(layout, mode, n, role, pick=None):
 
 def top(layout, mode, role, prefix, count, title, pick=None):
     """Per-step inclusive instructions of the functions starting with `prefix` (long run minus short)."""
+    if not runs:
+        return
     a = profile_of(layout, mode, steps, role, pick)
     b = profile_of(layout, mode, 3 * steps, role, pick)
     if not a or not b:
@@ -138,6 +176,74 @@ top("2,2,2", "trace", "rank", "megascope::tracer::", 10,
     "rank 0 at (2,2,2), traced: megascope::tracer functions, inclusive instructions per step", r"--rank 0\b")
 top("2,2,2", "trace", "agent", "", 14,
     "the agent at (2,2,2), traced: functions by inclusive instructions per step")
+
+T95 = [0, 12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14]
+
+
+def mean_ci(xs):
+    """Mean and half-width of its 95 % confidence interval (Student's t)."""
+    import statistics
+    m = statistics.mean(xs)
+    if len(xs) < 2:
+        return m, float("nan")
+    t = T95[len(xs) - 1] if len(xs) - 1 < len(T95) else 1.96
+    return m, t * statistics.stdev(xs) / len(xs) ** 0.5
+
+
+CPU = re.compile(r"cpu ([\d.]+) s user, ([\d.]+) s system")
+
+
+def cpu_of(paths):
+    total = 0.0
+    for f in paths:
+        for line in open(f, errors="replace"):
+            m = CPU.search(line)
+            if m and ("finished" in line or "stopped after" in line):
+                total += float(m.group(1)) + float(m.group(2))
+    return total
+
+
+def median_step(d):
+    import statistics
+    rows = [json.loads(l) for l in open(os.path.join(d, "progress.jsonl")) if '"step_time_s"' in l]
+    return statistics.median(r["step_time_s"] for r in rows[2:])
+
+
+summary = {}
+if native:
+    import json
+    rounds = sorted({k[0] for k in native})
+    print(f"\nnative, {len(rounds)} rounds (traced and untraced alternate; CPU: 100-step run minus 20-step run,"
+          f" per step): mean traced/untraced ratio and its 95 % confidence interval")
+    print("layout    worker CPU per rank-step (ms)       ratio            wall step (ms)          ratio"
+          "            agent CPU per step (ms)   agent share of one core")
+    for layout in ["1,1,1", "2,1,1", "2,2,2"]:
+        ranks = eval(layout.replace(",", "*"))
+        cpu_r, wall_r, cpu_t, cpu_u, wall_t, wall_u, ag_step, ag_share = [], [], [], [], [], [], [], []
+        for r in rounds:
+            vals = {}
+            for mode in ("trace", "no-trace"):
+                (ds, _), (dl, wl) = native[(r, layout, mode, 20)], native[(r, layout, mode, 100)]
+                w = (cpu_of(glob.glob(f"{dl}/ranks/*/worker.log")) -
+                     cpu_of(glob.glob(f"{ds}/ranks/*/worker.log"))) / (80 * ranks)
+                al = cpu_of(glob.glob(f"{dl}/nodes/*/agent.log"))
+                a = al - cpu_of(glob.glob(f"{ds}/nodes/*/agent.log"))
+                vals[mode] = (w, median_step(dl), a / 80, al / wl)
+            cpu_t.append(vals["trace"][0]); cpu_u.append(vals["no-trace"][0])
+            wall_t.append(vals["trace"][1]); wall_u.append(vals["no-trace"][1])
+            cpu_r.append(vals["trace"][0] / vals["no-trace"][0])
+            wall_r.append(vals["trace"][1] / vals["no-trace"][1])
+            ag_step.append(vals["trace"][2]); ag_share.append(vals["trace"][3])
+        cr, crh = mean_ci(cpu_r)
+        wr, wrh = mean_ci(wall_r)
+        ast, asth = mean_ci(ag_step)
+        ash, ashh = mean_ci(ag_share)
+        summary[layout] = (cr, crh, wr, wrh, ash, ashh)
+        m = lambda xs: sum(xs) / len(xs) * 1e3
+        print(f"({layout})  traced {m(cpu_t):6.2f} untraced {m(cpu_u):6.2f}   x{cr:.4f} +- {crh:.4f}   "
+              f"traced {m(wall_t):6.1f} untraced {m(wall_u):6.1f}   x{wr:.4f} +- {wrh:.4f}   "
+              f"{ast * 1e3:6.2f} +- {asth * 1e3:5.2f}          {100 * ash:5.2f} % +- {100 * ashh:4.2f}")
+
 if volume:
     layout, vsteps, d = volume
     vsteps = int(vsteps)
@@ -157,6 +263,20 @@ if volume:
           f"{total / ranks / vsteps:,.0f} bytes per rank per step in trace.db")
     for name, size in sorted(tables.items(), key=lambda kv: -kv[1])[:8]:
         print(f"  {name:32s} {size / ranks / vsteps:8,.0f} bytes per rank per step")
+    summary["volume"] = total / ranks / vsteps
+
+print("\ntargets, side by side")
+for layout in ["1,1,1", "2,1,1", "2,2,2"]:
+    if layout not in summary:
+        continue
+    cr, crh, wr, wrh, ash, ashh = summary[layout]
+    print(f"({layout})  worker CPU {100 * (cr - 1):+.2f} % (95 % CI {100 * (cr - crh - 1):+.2f} .. {100 * (cr + crh - 1):+.2f}; target <= +0.5 %)"
+          f"   wall step {100 * (wr - 1):+.2f} % (95 % CI {100 * (wr - wrh - 1):+.2f} .. {100 * (wr + wrh - 1):+.2f}; target <= +0.5 %)"
+          f"   agent {100 * ash:.2f} % of one core (target <= 2 %)")
+if "volume" in summary:
+    print(f"trace volume {summary['volume']:,.0f} bytes per rank per step (target <= 2,048)")
 PY
-{ grep '^#' "$work/raw.txt"; cat "$out.body"; } >"$out"
+if [ -z "${NATIVE_ONLY:-}" ]; then
+  { grep '^#' "$work/raw.txt"; cat "$out.body"; } >"$out"
+fi
 rm -f "$out.body"

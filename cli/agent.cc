@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "command.h"
+#include "megascope/launch/process.h"
 
 namespace megascope::cli {
 namespace {
@@ -88,9 +89,10 @@ int RunAgent(const Args& args) {
                "%s/nodes/%s\n",
                o.node.c_str(), o.job.c_str(), port, o.run_dir.c_str(), o.node.c_str());
   (*agent)->Run();
-  std::fprintf(stderr, "[agent %s] stopped after %llu rows (%llu database errors)\n",
+  std::fprintf(stderr, "[agent %s] stopped after %llu rows (%llu database errors); %s\n",
                o.node.c_str(), static_cast<unsigned long long>((*agent)->rows_written()),
-               static_cast<unsigned long long>((*agent)->db_errors()));
+               static_cast<unsigned long long>((*agent)->db_errors()),
+               launch::Describe(launch::SelfCpuTime()).c_str());
   g_agent = nullptr;
   return 0;
 }

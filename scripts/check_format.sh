@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v clang-format >/dev/null || { echo "[format] clang-format is missing (scripts/setup.sh installs it)" >&2; exit 1; }
-mapfile -t files < <(git ls-files '*.cc' '*.h' '*.cu' '*.cuh')
+mapfile -t files < <(git ls-files --cached --others --exclude-standard '*.cc' '*.h' '*.cu' '*.cuh')  # new files too
 if [[ ${1:-} == --fix ]]; then
   clang-format -i "${files[@]}"
   exit 0

@@ -1,39 +1,16 @@
 #include "megascope/analyzer/query.h"
 
-#include <sqlite3.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+
+#include "megascope/tracer/trace_schema.h"
 
 namespace megascope::analyzer {
 namespace {
 
 namespace fs = std::filesystem;
-const char* const kTables[] = {"ranks", "spans", "collectives", "heartbeats", "metrics", "drops"};
-
-Status Exec(sqlite3* db, const std::string& sql) {
-  char* err = nullptr;
-  if (sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : "unknown error";
-    sqlite3_free(err);
-    return InvalidArgument(msg);
-  }
-  return Status::Ok();
-}
-
-// After set-up, statements may only read: anything else fails to prepare ("not authorized").
-int ReadOnlyAuthorizer(void*, int action, const char*, const char*, const char*, const char*) {
-  switch (action) {
-    case SQLITE_SELECT:
-    case SQLITE_READ:
-    case SQLITE_FUNCTION:
-    case SQLITE_RECURSIVE:
-      return SQLITE_OK;
-    default:
-      return SQLITE_DENY;
-  }
-}
+using tracer::kTraceTables;
 
 std::string Quote(const std::string& s) {
   std::string out = "'";
@@ -57,99 +34,89 @@ Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_di
                     "/nodes/*/trace.db (was the run started with agents?)");
   std::unique_ptr<RunDatabase> r(new RunDatabase());
   r->nodes_ = static_cast<int>(files.size());
-  if (sqlite3_open_v2(":memory:", &r->db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_URI, nullptr) !=
-      SQLITE_OK) {
-    return Internal("cannot open an in-memory database");
-  }
-  const int limit = sqlite3_limit(r->db_, SQLITE_LIMIT_ATTACHED, -1);
+  ASSIGN_OR_RETURN(r->db_, tracer::sql::Database::Open("", tracer::sql::Database::Mode::kMemory));
+  tracer::sql::Database& db = r->db_;
+  const int limit = db.attach_limit();
   const bool copy = static_cast<int>(files.size()) > limit;
   if (copy) {  // more nodes than SQLite attaches at once: gather into memory batch by batch
-    for (const char* t : kTables) {
-      RETURN_IF_ERROR(Exec(
-          r->db_, std::string("ATTACH ") + Quote("file:" + files[0] + "?mode=ro") + " AS probe"));
-      RETURN_IF_ERROR(Exec(r->db_, std::string("CREATE TABLE main.") + t +
-                                       " AS SELECT * FROM probe." + t + " WHERE 0"));
-      RETURN_IF_ERROR(Exec(r->db_, "DETACH probe"));
+    for (std::string_view t : kTraceTables) {
+      RETURN_IF_ERROR(db.Exec("ATTACH " + Quote("file:" + files[0] + "?mode=ro") + " AS probe"));
+      RETURN_IF_ERROR(db.Exec("CREATE TABLE main." + std::string(t) + " AS SELECT * FROM probe." +
+                              std::string(t) + " WHERE 0"));
+      RETURN_IF_ERROR(db.Exec("DETACH probe"));
     }
   }
-  std::vector<std::string> parts[std::size(kTables)];
+  std::vector<std::string> parts[std::size(kTraceTables)];
   for (size_t i = 0; i < files.size(); ++i) {
     const std::string alias = "n" + std::to_string(i % static_cast<size_t>(limit));
-    Status st = Exec(r->db_, "ATTACH " + Quote("file:" + files[i] + "?mode=ro") + " AS " + alias);
+    Status st = db.Exec("ATTACH " + Quote("file:" + files[i] + "?mode=ro") + " AS " + alias);
     if (!st.ok()) return InvalidArgument("cannot open " + files[i] + ": " + st.message());
-    sqlite3_stmt* probe = nullptr;
-    if (sqlite3_prepare_v2(r->db_, ("SELECT COUNT(*) FROM " + alias + ".spans").c_str(), -1, &probe,
-                           nullptr) != SQLITE_OK) {
-      const std::string msg = sqlite3_errmsg(r->db_);
-      sqlite3_finalize(probe);
-      return InvalidArgument(files[i] + " is not a megascope trace database: " + msg);
+    auto version = db.QueryInt("PRAGMA " + alias + ".user_version");
+    auto probe = db.Prepare("SELECT COUNT(*) FROM " + alias + ".spans");
+    if (!version.ok() || !probe.ok()) {
+      return InvalidArgument(files[i] + " is not a megascope trace database: " + db.LastMessage());
     }
-    sqlite3_finalize(probe);
-    for (size_t t = 0; t < std::size(kTables); ++t) {
+    RETURN_IF_ERROR(tracer::CheckReadableTraceVersion(*version, files[i]));
+    for (size_t t = 0; t < std::size(kTraceTables); ++t) {
+      const std::string table(kTraceTables[t]);
       if (copy) {
-        RETURN_IF_ERROR(Exec(r->db_, std::string("INSERT INTO main.") + kTables[t] +
-                                         " SELECT * FROM " + alias + "." + kTables[t]));
+        RETURN_IF_ERROR(
+            db.Exec("INSERT INTO main." + table + " SELECT * FROM " + alias + "." + table));
       } else {
-        parts[t].push_back("SELECT * FROM " + alias + "." + kTables[t]);
+        parts[t].push_back("SELECT * FROM " + alias + "." + table);
       }
     }
-    if (copy) RETURN_IF_ERROR(Exec(r->db_, "DETACH " + alias));
+    if (copy) RETURN_IF_ERROR(db.Exec("DETACH " + alias));
   }
   if (!copy) {
-    for (size_t t = 0; t < std::size(kTables); ++t) {
-      std::string view = std::string("CREATE TEMP VIEW ") + kTables[t] + " AS ";
+    for (size_t t = 0; t < std::size(kTraceTables); ++t) {
+      std::string view = "CREATE TEMP VIEW " + std::string(kTraceTables[t]) + " AS ";
       for (size_t i = 0; i < parts[t].size(); ++i) view += (i ? " UNION ALL " : "") + parts[t][i];
-      RETURN_IF_ERROR(Exec(r->db_, view));
+      RETURN_IF_ERROR(db.Exec(view));
     }
   }
-  sqlite3_set_authorizer(r->db_, &ReadOnlyAuthorizer, nullptr);
+  db.DenyWrites();  // after set-up, statements may only read
   return r;
 }
 
-RunDatabase::~RunDatabase() {
-  if (db_ != nullptr) sqlite3_close(db_);
-}
+RunDatabase::~RunDatabase() = default;
 
 Result<Table> RunDatabase::Query(const std::string& sql) {
-  sqlite3_stmt* st = nullptr;
-  const char* tail = nullptr;
-  if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st, &tail) != SQLITE_OK) {
-    const std::string msg = sqlite3_errmsg(db_);
+  std::string_view tail;
+  auto prepared = db_.Prepare(sql, false, &tail);
+  if (!prepared.ok()) {
+    const std::string msg = db_.LastMessage();
     if (msg.find("not authorized") != std::string::npos ||
         msg.find("cannot modify") != std::string::npos) {
       return Status(StatusCode::kPermissionDenied,
                     "writes are refused: trace databases are opened read-only (" + msg + ")");
     }
+    if (prepared.status().message().find("empty SQL") != std::string::npos)
+      return InvalidArgument("empty SQL");
     return InvalidArgument("bad SQL: " + msg);
   }
-  if (st == nullptr) return InvalidArgument("empty SQL");
-  if (!sqlite3_stmt_readonly(st)) {
-    sqlite3_finalize(st);
+  tracer::sql::Statement& st = *prepared;
+  if (!st.read_only()) {
     return Status(StatusCode::kPermissionDenied,
                   "writes are refused: only read-only statements run over trace databases");
   }
-  if (tail != nullptr && std::string(tail).find_first_not_of(" \t\r\n;") != std::string::npos) {
-    sqlite3_finalize(st);
+  if (tail.find_first_not_of(" \t\r\n;") != std::string_view::npos)
     return InvalidArgument("one statement at a time, please");
-  }
   Table t;
-  for (int c = 0; c < sqlite3_column_count(st); ++c)
-    t.columns.push_back(sqlite3_column_name(st, c));
-  int rc;
-  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-    std::vector<std::string> row;
+  for (int c = 0; c < st.columns(); ++c) t.columns.push_back(st.ColumnName(c));
+  for (;;) {
+    auto row = st.Step();
+    if (!row.ok()) return InvalidArgument("query failed: " + db_.LastMessage());
+    if (!*row) break;
+    std::vector<std::string> cells;
     std::vector<bool> nulls;
-    for (int c = 0; c < sqlite3_column_count(st); ++c) {
-      const unsigned char* v = sqlite3_column_text(st, c);
-      nulls.push_back(v == nullptr);
-      row.emplace_back(v ? reinterpret_cast<const char*>(v) : "");
+    for (int c = 0; c < st.columns(); ++c) {
+      nulls.push_back(st.IsNull(c));
+      cells.emplace_back(st.Text(c));
     }
-    t.rows.push_back(std::move(row));
+    t.rows.push_back(std::move(cells));
     t.is_null.push_back(std::move(nulls));
   }
-  const std::string err = rc == SQLITE_DONE ? "" : sqlite3_errmsg(db_);
-  sqlite3_finalize(st);
-  if (!err.empty()) return InvalidArgument("query failed: " + err);
   return t;
 }
 
@@ -176,26 +143,15 @@ per_rank AS (SELECT b.rank, b.step, b.wall, b.busy - COALESCE(c.nested, 0) AS co
 
 }  // namespace
 
-int64_t RunDatabase::Row::Int(int c) const { return sqlite3_column_int64(st_, c); }
-double RunDatabase::Row::Double(int c) const { return sqlite3_column_double(st_, c); }
-std::string_view RunDatabase::Row::Text(int c) const {
-  const auto* p = reinterpret_cast<const char*>(sqlite3_column_text(st_, c));
-  return p == nullptr ? std::string_view()
-                      : std::string_view(p, static_cast<size_t>(sqlite3_column_bytes(st_, c)));
-}
-bool RunDatabase::Row::IsNull(int c) const { return sqlite3_column_type(st_, c) == SQLITE_NULL; }
-
 Status RunDatabase::Scan(const std::string& sql, const std::function<void(const Row&)>& fn) {
-  sqlite3_stmt* st = nullptr;
-  if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st, nullptr) != SQLITE_OK) {
-    return InvalidArgument(std::string("bad SQL: ") + sqlite3_errmsg(db_));
+  auto prepared = db_.Prepare(sql);
+  if (!prepared.ok()) return InvalidArgument("bad SQL: " + db_.LastMessage());
+  for (;;) {
+    auto row = prepared->Step();
+    if (!row.ok()) return InvalidArgument("query failed: " + db_.LastMessage());
+    if (!*row) return Status::Ok();
+    fn(*prepared);
   }
-  int rc;
-  const Row row(st);
-  while ((rc = sqlite3_step(st)) == SQLITE_ROW) fn(row);
-  const std::string err = rc == SQLITE_DONE ? "" : sqlite3_errmsg(db_);
-  sqlite3_finalize(st);
-  return err.empty() ? Status::Ok() : InvalidArgument("query failed: " + err);
 }
 
 std::string PerRankStepCte() { return kPerRankStep; }

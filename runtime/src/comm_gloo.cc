@@ -72,10 +72,6 @@ class GlooCommunicator final : public Communicator {
     } catch (const std::exception& e) {
       return Status(StatusCode::kUnavailable, std::string("[gloo] rendezvous failed: ") + e.what());
     }
-    for (int op = 0; op <= static_cast<int>(OpType::kRecv); ++op) {
-      ASSIGN_OR_RETURN(tracer::NameId id, t->InternName(tracer::Name(static_cast<OpType>(op))));
-      op_names_.push_back(id);
-    }
     ASSIGN_OR_RETURN(link_name_, t->InternName("link"));
     return Status::Ok();
   }
@@ -146,7 +142,6 @@ class GlooCommunicator final : public Communicator {
     p.group = g;
     p.bytes = n * 4;
     p.handle = tracer_->Enqueue(group_ids_[g], OpType::kSend, p.bytes, DType::kF32, peer);
-    p.start = tracer_->Ticks();
     tracer_->Start(p.handle);
     const bool stall = std::exchange(stall_next_send_, false);
     try {
@@ -200,9 +195,7 @@ class GlooCommunicator final : public Communicator {
           if (!p.buffer->waitSend(opts_.timeout)) throw std::runtime_error("send timed out");
         }
         tracer_->Progress(p.handle, static_cast<int64_t>(p.bytes), -1);
-        tracer_->Complete(p.handle);
-        tracer_->RecordSpan(tracer::SpanKind::kComm, op_names_[static_cast<int>(OpType::kSend)],
-                            step_, -1, p.start, tracer_->Ticks());
+        tracer_->Complete(p.handle);  // the collective record is also its comm span
       } catch (const std::exception& e) {
         tracer_->Fail(p.handle);
         if (result.ok()) {
@@ -225,7 +218,6 @@ class GlooCommunicator final : public Communicator {
     OpHandle handle = 0;
     int group = 0;
     size_t bytes = 0;
-    int64_t start = 0;
   };
 
   static uint64_t Slot(int src, int dst, uint64_t seq, int chunk) {
@@ -248,7 +240,6 @@ class GlooCommunicator final : public Communicator {
   Status Traced(int g, OpType op, size_t bytes, int peer, F&& body) {
     if (op != OpType::kRecv) HoldForLink(bytes);
     OpHandle h = tracer_->Enqueue(group_ids_[g], op, bytes, DType::kF32, peer);
-    const int64_t start = tracer_->Ticks();
     tracer_->Start(h);
     try {
       body(h);
@@ -258,9 +249,7 @@ class GlooCommunicator final : public Communicator {
                                                   groups_[g].name + " failed: " + e.what());
     }
     tracer_->Progress(h, static_cast<int64_t>(bytes), static_cast<int64_t>(bytes));
-    tracer_->Complete(h);
-    tracer_->RecordSpan(tracer::SpanKind::kComm, op_names_[static_cast<int>(op)], step_, -1, start,
-                        tracer_->Ticks());
+    tracer_->Complete(h);  // the collective record is also its comm span (trace_schema.h)
     return Status::Ok();
   }
 
@@ -272,7 +261,6 @@ class GlooCommunicator final : public Communicator {
   std::unique_ptr<gloo::rendezvous::FileStore> store_;
   std::vector<std::shared_ptr<gloo::Context>> contexts_;
   std::vector<tracer::GroupId> group_ids_;
-  std::vector<tracer::NameId> op_names_;
   tracer::NameId link_name_{};
   std::vector<std::vector<uint64_t>> send_seq_, recv_seq_;
   std::vector<PendingSend> pending_;

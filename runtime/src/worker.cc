@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "megascope/kernels/cpu.h"
+#include "megascope/launch/process.h"
 #include "megascope/launch/progress.h"
 #include "megascope/runtime/comm.h"
 #include "megascope/runtime/data.h"
@@ -69,8 +70,9 @@ class Worker {
     tracer_->SetPhase(cfg_.steps, Phase::kDone);
     stop_ = true;
     if (beat_.joinable()) beat_.join();
-    std::fprintf(stderr, "[worker] rank %d: finished %lld steps\n", rank_,
-                 static_cast<long long>(cfg_.steps));
+    std::fprintf(stderr, "[worker] rank %d: finished %lld steps; %s\n", rank_,
+                 static_cast<long long>(cfg_.steps),
+                 launch::Describe(launch::SelfCpuTime()).c_str());
     return kExitOk;
   }
 
@@ -229,7 +231,7 @@ class Worker {
     auto forward = [&](int k) -> Status {
       tracer_->SetPhase(step, Phase::kForward);
       if (stage > 0)
-        RETURN_IF_ERROR(comm_->Recv(pp_group(), PeerStage(stage - 1), buf_in.data(), act));
+        RETURN_IF_ERROR(comm_->Recv(PpGroup(), PeerStage(stage - 1), buf_in.data(), act));
       if (k == 0 && FaultAt("hang", step)) Hang(step);
       {
         tracer::Tracer::Scope span(tracer_.get(), SpanKind::kForward, names_["forward"], step, k);
@@ -238,20 +240,20 @@ class Worker {
                                         &loss_sum));
       }
       if (stage < P - 1)
-        RETURN_IF_ERROR(comm_->Send(pp_group(), PeerStage(stage + 1), buf_out.data(), act));
+        RETURN_IF_ERROR(comm_->Send(PpGroup(), PeerStage(stage + 1), buf_out.data(), act));
       return Status::Ok();
     };
     const float scale = 1.0f / static_cast<float>(cfg_.global_batch * T);
     auto backward = [&](int k) -> Status {
       tracer_->SetPhase(step, Phase::kBackward);
       if (stage < P - 1)
-        RETURN_IF_ERROR(comm_->Recv(pp_group(), PeerStage(stage + 1), grad_in.data(), act));
+        RETURN_IF_ERROR(comm_->Recv(PpGroup(), PeerStage(stage + 1), grad_in.data(), act));
       {
         tracer::Tracer::Scope span(tracer_.get(), SpanKind::kBackward, names_["backward"], step, k);
         RETURN_IF_ERROR(model_->Backward(k, grad_in.data(), grad_out.data(), scale));
       }
       if (stage > 0)
-        RETURN_IF_ERROR(comm_->Send(pp_group(), PeerStage(stage - 1), grad_out.data(), act));
+        RETURN_IF_ERROR(comm_->Send(PpGroup(), PeerStage(stage - 1), grad_out.data(), act));
       return Status::Ok();
     };
     // 1F1B: warm-up forwards, then one forward and one backward at a time, then the cool-down.
@@ -343,14 +345,14 @@ class Worker {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
 
-  int pp_group() const { return comm_->Find("pp"); }
+  int PpGroup() const { return comm_->Find("pp"); }
   int PeerStage(int stage) const { return cfg_.layout.RankOf({coords_.dp, stage, coords_.tp}); }
 
   float LearningRate(int64_t step) const {
     if (step < cfg_.warmup)
       return cfg_.lr * static_cast<float>(step + 1) / static_cast<float>(cfg_.warmup);
-    const double progress =
-        static_cast<double>(step - cfg_.warmup) / std::max<int64_t>(1, cfg_.steps - cfg_.warmup);
+    const double progress = static_cast<double>(step - cfg_.warmup) /
+                            static_cast<double>(std::max<int64_t>(1, cfg_.steps - cfg_.warmup));
     return cfg_.min_lr + 0.5f * (cfg_.lr - cfg_.min_lr) *
                              static_cast<float>(1 + std::cos(M_PI * std::min(1.0, progress)));
   }

@@ -165,5 +165,48 @@ TEST(RunDatabaseTest, MoreNodesThanSqliteAttachesAtOnce) {
   EXPECT_FALSE((*db)->Query("DELETE FROM ranks").ok());
 }
 
+// A trace.db of schema version 1 (the FORMATS tables stored as such, before the compact rows)
+// is still read; one from a newer megascope is refused with a clear error, not misread.
+TEST(RunDatabaseTest, ReadsVersionOneFilesAndRefusesNewerVersions) {
+  megascope::testing::TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/nodes/node0");
+  const std::string path = dir.path() + "/nodes/node0/trace.db";
+  {
+    auto v1 = tracer::sql::Database::Open(path, tracer::sql::Database::Mode::kReadWrite);
+    ASSERT_TRUE(v1.ok());
+    ASSERT_TRUE(v1->Exec(R"sql(
+      CREATE TABLE ranks(rank, node, local_rank, dp, pp, tp, pid, attempt, clock_offset_ns);
+      CREATE TABLE spans(rank, attempt, step, microbatch, kind, name, start_ns, end_ns);
+      CREATE TABLE collectives(rank, attempt, grp, seq, op, peer, bytes, dtype, state, enqueued_ns,
+                               started_ns, completed_ns);
+      CREATE TABLE heartbeats(rank, attempt, ts_ns, step, phase);
+      CREATE TABLE metrics(node, ts_ns, name, value);
+      CREATE TABLE drops(rank, ts_ns, dropped_records);
+      INSERT INTO spans VALUES(0, 0, 3, NULL, 'forward', 'forward', 100, 250);
+      PRAGMA user_version = 1;)sql")
+                    .ok());
+  }
+  {
+    auto db = RunDatabase::Open(dir.path());
+    ASSERT_TRUE(db.ok()) << db.status().ToString();
+    auto t = (*db)->Query("SELECT step, end_ns - start_ns FROM spans WHERE kind = 'forward'");
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    ASSERT_EQ(t->rows.size(), 1u);
+    EXPECT_EQ(t->rows[0][0], "3");
+    EXPECT_EQ(t->rows[0][1], "150");
+  }
+  {
+    auto db = tracer::sql::Database::Open(path, tracer::sql::Database::Mode::kReadWrite);
+    ASSERT_TRUE(db.ok());
+    ASSERT_TRUE(
+        db->Exec("PRAGMA user_version = " + std::to_string(tracer::kTraceSchemaVersion + 1)).ok());
+  }
+  auto db = RunDatabase::Open(dir.path());
+  ASSERT_FALSE(db.ok());
+  EXPECT_NE(db.status().message().find("newer megascope"), std::string::npos)
+      << db.status().message();
+  EXPECT_NE(db.status().message().find(path), std::string::npos) << db.status().message();
+}
+
 }  // namespace
 }  // namespace megascope::analyzer

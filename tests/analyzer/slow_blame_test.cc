@@ -53,10 +53,8 @@ std::string WriteRun(const std::string& dir, int64_t tail_ms, int64_t hold_ms, i
       rec.collective.started_ticks = enq[r];
       rec.collective.completed_ticks = done;
       rec.collective.entry_id = static_cast<uint64_t>(s) + 1;
-      recs[r].push_back(rec);
-      tracer::Record comm{};
-      comm.span = {tracer::RecordType::kSpan, tracer::SpanKind::kComm, 1, -1, s, enq[r], done, {}};
-      recs[r].push_back(comm);
+      rec.collective.step = s;
+      recs[r].push_back(rec);  // also its comm span (trace_schema.h)
       free_at[r] = done;
     }
   }

@@ -2,7 +2,6 @@
 // injected into the real processes. After every recovery the losses continue those of an
 // uninterrupted run and no trace row is written twice.
 #include <gtest/gtest.h>
-#include <sqlite3.h>
 
 #include <chrono>
 #include <cmath>
@@ -18,6 +17,7 @@
 #include "megascope/launch/process.h"
 #include "megascope/launch/run_layout.h"
 #include "megascope/runtime/data.h"
+#include "sqlite_util.h"
 #include "test_util.h"
 
 namespace megascope::controller {
@@ -139,23 +139,13 @@ class LaunchTest : public ::testing::Test {
       EXPECT_EQ(fs::status(node.path() / "trace.db").permissions() & fs::perms::all,
                 fs::perms::owner_read | fs::perms::owner_write)
           << "trace databases are private to the run's owner";
-      sqlite3* db = nullptr;
-      ASSERT_EQ(
-          sqlite3_open_v2((node.path() / "trace.db").c_str(), &db, SQLITE_OPEN_READONLY, nullptr),
-          SQLITE_OK);
-      sqlite3_stmt* st = nullptr;
-      ASSERT_EQ(sqlite3_prepare_v2(db,
-                                   "SELECT COUNT(*), (SELECT COUNT(*) FROM (SELECT DISTINCT rank, "
-                                   "attempt, step, microbatch, kind, "
-                                   "name, start_ns FROM spans)) FROM spans",
-                                   -1, &st, nullptr),
-                SQLITE_OK);
-      ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
-      EXPECT_GT(sqlite3_column_int64(st, 0), 0) << node.path();
-      EXPECT_EQ(sqlite3_column_int64(st, 0), sqlite3_column_int64(st, 1))
-          << node.path() << ": duplicated span rows";
-      sqlite3_finalize(st);
-      sqlite3_close(db);
+      const std::vector<int64_t> n = megascope::testing::FirstRow(
+          (node.path() / "trace.db").string(),
+          "SELECT COUNT(*), (SELECT COUNT(*) FROM (SELECT DISTINCT rank, attempt, step, "
+          "microbatch, kind, name, start_ns FROM spans)) FROM spans");
+      ASSERT_EQ(n.size(), 2u) << node.path();
+      EXPECT_GT(n[0], 0) << node.path();
+      EXPECT_EQ(n[0], n[1]) << node.path() << ": duplicated span rows";
     }
   }
 
@@ -230,23 +220,14 @@ TEST_F(LaunchTest, ADeadAgentIsRestartedWithoutEvictionAndNoRowIsLostOrDuplicate
   EXPECT_TRUE(Of(ev, "trigger").empty());
   ExpectNoDuplicateRows();
   // Nothing lost: every step of rank 0 has its forward spans in node0's trace.db.
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open_v2((Run() + "/nodes/node0/trace.db").c_str(), &db, SQLITE_OPEN_READONLY,
-                            nullptr),
-            SQLITE_OK);
-  sqlite3_stmt* st = nullptr;
-  ASSERT_EQ(
-      sqlite3_prepare_v2(db,
-                         "SELECT COUNT(DISTINCT step), (SELECT COALESCE(SUM(dropped_records), 0) "
-                         "FROM drops) FROM spans WHERE rank = 0 AND kind = 'forward'",
-                         -1, &st, nullptr),
-      SQLITE_OK);
-  ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
-  if (sqlite3_column_int64(st, 1) == 0) {
-    EXPECT_EQ(sqlite3_column_int64(st, 0), kSteps);
+  const std::vector<int64_t> n = megascope::testing::FirstRow(
+      Run() + "/nodes/node0/trace.db",
+      "SELECT COUNT(DISTINCT step), (SELECT COALESCE(SUM(dropped_records), 0) FROM drops) FROM "
+      "spans WHERE rank = 0 AND kind = 'forward'");
+  ASSERT_EQ(n.size(), 2u);
+  if (n[1] == 0) {
+    EXPECT_EQ(n[0], kSteps);
   }
-  sqlite3_finalize(st);
-  sqlite3_close(db);
   ExpectLossesContinue(kDp2);
 }
 

@@ -1,29 +1,10 @@
 #include "megascope/tracer/trace_store.h"
 
-#include <fcntl.h>
-#include <sqlite3.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <filesystem>
 
 namespace megascope::tracer {
 namespace {
-
-constexpr const char* kSchema = R"sql(
-CREATE TABLE IF NOT EXISTS ranks(rank INTEGER, node TEXT, local_rank INTEGER, dp INTEGER, pp INTEGER, tp INTEGER,
-                                 pid INTEGER, attempt INTEGER, clock_offset_ns INTEGER, PRIMARY KEY(rank, attempt));
-CREATE TABLE IF NOT EXISTS spans(rank INTEGER, attempt INTEGER, step INTEGER, microbatch INTEGER, kind TEXT,
-                                 name TEXT, start_ns INTEGER, end_ns INTEGER);
-CREATE TABLE IF NOT EXISTS collectives(rank INTEGER, attempt INTEGER, grp TEXT, seq INTEGER, op TEXT, peer INTEGER,
-                                       bytes INTEGER, dtype TEXT, state TEXT, enqueued_ns INTEGER, started_ns INTEGER,
-                                       completed_ns INTEGER);
-CREATE TABLE IF NOT EXISTS heartbeats(rank INTEGER, attempt INTEGER, ts_ns INTEGER, step INTEGER, phase TEXT);
-CREATE TABLE IF NOT EXISTS metrics(node TEXT, ts_ns INTEGER, name TEXT, value REAL);
-CREATE TABLE IF NOT EXISTS drops(rank INTEGER, ts_ns INTEGER, dropped_records INTEGER);
-CREATE TABLE IF NOT EXISTS ring_cursors(ring TEXT, lane INTEGER, tail INTEGER, PRIMARY KEY(ring, lane));
--- No indexes: ingest speed comes first; queries over a node's file scan.
-)sql";
 
 int64_t Ns(const ClockCalibration& c, int64_t ticks) { return ticks == 0 ? 0 : c.ToNs(ticks); }
 
@@ -40,133 +21,107 @@ std::string MultiRowInsert(const char* table, int cols, int rows) {
 
 }  // namespace
 
-Status TraceStore::Error(const char* what) const {
-  return IoError(std::string("[store] ") + what + " on " + path_ + ": " + sqlite3_errmsg(db_));
-}
-
-Status TraceStore::Exec(const char* sql) {
-  char* err = nullptr;
-  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : "unknown error";
-    sqlite3_free(err);
-    return IoError("[store] " + path_ + ": " + msg);
-  }
-  return Status::Ok();
-}
-
 Result<std::unique_ptr<TraceStore>> TraceStore::Open(const std::string& path, int64_t max_bytes) {
   std::error_code ec;
   std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
   if (ec)
     return IoError("cannot create directory " + p.parent_path().string() + ": " + ec.message());
-  // Created 0600: traces name hosts, ranks and timings of someone's job.
-  if (const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600); fd >= 0)
-    ::close(fd);
   std::unique_ptr<TraceStore> s(new TraceStore());
   s->path_ = path;
-  if (sqlite3_open_v2(path.c_str(), &s->db_,
-                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                      nullptr) != SQLITE_OK) {
-    return s->Error("cannot open");
-  }
-  sqlite3_busy_timeout(s->db_, 5000);
-  sqlite3_stmt* v = nullptr;
-  int version = 0;
-  if (sqlite3_prepare_v2(s->db_, "PRAGMA user_version", -1, &v, nullptr) != SQLITE_OK) {
-    return s->Error("cannot read the schema version (not a database?)");
-  }
-  if (sqlite3_step(v) == SQLITE_ROW) version = sqlite3_column_int(v, 0);
-  sqlite3_finalize(v);
-  if (version != 0 && version != kTraceSchemaVersion) {
-    return FailedPrecondition(path + " has trace schema version " + std::to_string(version) +
+  ASSIGN_OR_RETURN(s->db_, sql::Database::Open(path, sql::Database::Mode::kReadWrite, "[store]"));
+  auto version = s->db_.QueryInt("PRAGMA user_version");
+  if (!version.ok()) return s->db_.Error("cannot read the schema version (not a database?)");
+  if (*version != 0 && *version != kTraceSchemaVersion) {
+    return FailedPrecondition(path + " has trace schema version " + std::to_string(*version) +
                               "; this build writes version " + std::to_string(kTraceSchemaVersion));
   }
   RETURN_IF_ERROR(
-      s->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA cache_size=-65536;"));
-  RETURN_IF_ERROR(s->Exec(kSchema));
-  RETURN_IF_ERROR(s->Exec(("PRAGMA user_version=" + std::to_string(kTraceSchemaVersion)).c_str()));
+      s->db_.Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA cache_size=-65536;"));
+  RETURN_IF_ERROR(s->db_.Exec(TraceSchemaSql()));
+  RETURN_IF_ERROR(s->db_.Exec("PRAGMA user_version=" + std::to_string(kTraceSchemaVersion)));
   if (max_bytes > 0) {
-    RETURN_IF_ERROR(
-        s->Exec(("PRAGMA max_page_count=" + std::to_string(std::max<int64_t>(1, max_bytes / 4096)))
-                    .c_str()));
+    RETURN_IF_ERROR(s->db_.Exec("PRAGMA max_page_count=" +
+                                std::to_string(std::max<int64_t>(1, max_bytes / 4096))));
   }
-  const std::string span_multi_sql = MultiRowInsert("spans", 8, kSpanRowsPerInsert);
+  const std::string span_multi_sql = MultiRowInsert("span_rows", 8, kSpanRowsPerInsert);
   struct {
-    sqlite3_stmt** stmt;
-    const char* sql;
+    sql::Statement* stmt;
+    std::string_view sql;
   } stmts[] = {
-      {&s->span_, "INSERT INTO spans VALUES(?,?,?,?,?,?,?,?)"},
-      {&s->span_multi_, span_multi_sql.c_str()},
-      {&s->coll_, "INSERT INTO collectives VALUES(?,?,?,?,?,?,?,?,?,?,?,?)"},
-      {&s->hb_, "INSERT INTO heartbeats VALUES(?,?,?,?,?)"},
+      {&s->span_, "INSERT INTO span_rows VALUES(?,?,?,?,?,?,?,?)"},
+      {&s->span_multi_, span_multi_sql},
+      {&s->coll_, "INSERT INTO collective_rows VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)"},
+      {&s->hb_, "INSERT INTO heartbeat_rows VALUES(?,?,?,?,?)"},
       {&s->metric_, "INSERT INTO metrics VALUES(?,?,?,?)"},
       {&s->drop_, "INSERT INTO drops VALUES(?,?,?)"},
       {&s->cursor_, "INSERT OR REPLACE INTO ring_cursors VALUES(?,?,?)"},
       {&s->rank_, "INSERT OR REPLACE INTO ranks VALUES(?,?,?,?,?,?,?,?,?)"},
       {&s->get_cursor_, "SELECT lane, tail FROM ring_cursors WHERE ring = ? ORDER BY lane"},
+      {&s->group_get_, "SELECT id FROM group_names WHERE name = ?"},
+      {&s->group_add_, "INSERT INTO group_names(name) VALUES(?)"},
   };
   for (auto& st : stmts) {
-    if (sqlite3_prepare_v3(s->db_, st.sql, -1, SQLITE_PREPARE_PERSISTENT, st.stmt, nullptr) !=
-        SQLITE_OK) {
-      return s->Error("cannot prepare a statement");
-    }
+    auto prepared = s->db_.Prepare(st.sql, /*persistent=*/true);
+    if (!prepared.ok()) return s->db_.Error("cannot prepare a statement");
+    *st.stmt = std::move(*prepared);
   }
   return s;
 }
 
-TraceStore::~TraceStore() {
-  for (sqlite3_stmt* st :
-       {span_, span_multi_, coll_, hb_, metric_, drop_, cursor_, rank_, get_cursor_})
-    sqlite3_finalize(st);
-  if (db_ != nullptr) sqlite3_close(db_);
+TraceStore::~TraceStore() = default;
+
+Result<int64_t> TraceStore::GroupId(const std::string& name) {
+  if (auto it = group_ids_.find(name); it != group_ids_.end()) return it->second;
+  group_get_.Bind(1, name);
+  ASSIGN_OR_RETURN(bool found, group_get_.Step());
+  int64_t id = found ? group_get_.Int(0) : 0;
+  group_get_.Reset();
+  if (!found) {
+    RETURN_IF_ERROR(group_add_.Bind(1, name).Run());
+    ASSIGN_OR_RETURN(id, db_.QueryInt("SELECT last_insert_rowid()"));
+  }
+  group_ids_.emplace(name, id);
+  return id;
 }
 
 Status TraceStore::Write(std::span<const RingRows> rings, std::span<const MetricRow> metrics,
                          std::span<const DropRow> drops) {
-  RETURN_IF_ERROR(Exec("BEGIN"));
+  RETURN_IF_ERROR(db_.Exec("BEGIN"));
   auto fail = [&](const char* what) {
-    Status st = Error(what);
-    sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    Status st = db_.Error(what);
+    (void)db_.Exec("ROLLBACK");
+    group_ids_.clear();  // ids added in the rolled-back transaction are gone
     return st;
-  };
-  auto run = [](sqlite3_stmt* st) {
-    const int rc = sqlite3_step(st);
-    sqlite3_reset(st);
-    return rc == SQLITE_DONE;
   };
   static const std::string kUnknown = "?";
   struct SpanRow {
     int64_t step;
     int32_t microbatch;
-    std::string_view kind;
+    SpanKind kind;
     const std::string* name;
-    int64_t start_ns, end_ns;
+    int64_t start_ns, dur_ns;
   };
   SpanRow spans[kSpanRowsPerInsert];
   int pending_spans = 0;
   // Binds the pending spans into `st` (the multi-row statement when full, else row by row).
-  auto flush_spans = [&](sqlite3_stmt* st, int rank, int attempt) {
-    const int per_step = st == span_multi_ ? kSpanRowsPerInsert : 1;
+  auto flush_spans = [&](sql::Statement& st, int rank, int attempt) {
+    const int per_step = &st == &span_multi_ ? kSpanRowsPerInsert : 1;
     for (int first = 0; first < pending_spans; first += per_step) {
       for (int k = 0; k < per_step; ++k) {
         const SpanRow& row = spans[first + k];
         const int b = k * 8;
-        sqlite3_bind_int(st, b + 1, rank);
-        sqlite3_bind_int(st, b + 2, attempt);
-        sqlite3_bind_int64(st, b + 3, row.step);
+        st.Bind(b + 1, rank).Bind(b + 2, attempt).Bind(b + 3, row.step);
         if (row.microbatch < 0)
-          sqlite3_bind_null(st, b + 4);
+          st.BindNull(b + 4);
         else
-          sqlite3_bind_int(st, b + 4, row.microbatch);
-        sqlite3_bind_text(st, b + 5, row.kind.data(), static_cast<int>(row.kind.size()),
-                          SQLITE_STATIC);
-        sqlite3_bind_text(st, b + 6, row.name->data(), static_cast<int>(row.name->size()),
-                          SQLITE_STATIC);
-        sqlite3_bind_int64(st, b + 7, row.start_ns);
-        sqlite3_bind_int64(st, b + 8, row.end_ns);
+          st.Bind(b + 4, row.microbatch);
+        st.Bind(b + 5, static_cast<int>(row.kind))
+            .Bind(b + 6, *row.name)
+            .Bind(b + 7, row.start_ns)
+            .Bind(b + 8, row.dur_ns);
       }
-      if (!run(st)) return false;
+      if (!st.Run().ok()) return false;
     }
     pending_spans = 0;
     return true;
@@ -178,12 +133,10 @@ Status TraceStore::Write(std::span<const RingRows> rings, std::span<const Metric
         case RecordType::kSpan: {
           const SpanRecord& sp = r.span;
           const std::string& name = sp.name < rr.names->size() ? (*rr.names)[sp.name] : kUnknown;
-          spans[pending_spans++] = {sp.step,
-                                    sp.microbatch,
-                                    Name(sp.kind),
-                                    &name,
-                                    Ns(rr.calibration, sp.start_ticks),
-                                    Ns(rr.calibration, sp.end_ticks)};
+          const int64_t start = Ns(rr.calibration, sp.start_ticks);
+          spans[pending_spans++] = {sp.step, sp.microbatch,
+                                    sp.kind, &name,
+                                    start,   Ns(rr.calibration, sp.end_ticks) - start};
           if (pending_spans == kSpanRowsPerInsert) {
             if (!flush_spans(span_multi_, rank, attempt)) return fail("cannot insert spans");
           }
@@ -191,52 +144,51 @@ Status TraceStore::Write(std::span<const RingRows> rings, std::span<const Metric
         }
         case RecordType::kCollective: {
           const CollectiveRecord& c = r.collective;
-          sqlite3_bind_int(coll_, 1, rank);
-          sqlite3_bind_int(coll_, 2, attempt);
           const std::string& grp =
               c.group < rr.groups->size() ? (*rr.groups)[c.group].name : kUnknown;
-          sqlite3_bind_text(coll_, 3, grp.data(), static_cast<int>(grp.size()), SQLITE_STATIC);
-          sqlite3_bind_int64(coll_, 4, static_cast<int64_t>(c.seq));
-          const std::string_view op = Name(c.op), dtype = Name(c.dtype), state = Name(c.state);
-          sqlite3_bind_text(coll_, 5, op.data(), static_cast<int>(op.size()), SQLITE_STATIC);
+          auto group = GroupId(grp);
+          if (!group.ok()) return fail("cannot record a group name");
+          const int64_t enqueued = Ns(rr.calibration, c.enqueued_ticks);
+          coll_.Bind(1, rank)
+              .Bind(2, attempt)
+              .Bind(3, static_cast<int64_t>(c.step))
+              .Bind(4, *group);
+          coll_.Bind(5, static_cast<int64_t>(c.seq)).Bind(6, static_cast<int>(c.op));
           if (c.peer < 0)
-            sqlite3_bind_null(coll_, 6);
+            coll_.BindNull(7);
           else
-            sqlite3_bind_int(coll_, 6, c.peer);
-          sqlite3_bind_int64(coll_, 7, static_cast<int64_t>(c.bytes));
-          sqlite3_bind_text(coll_, 8, dtype.data(), static_cast<int>(dtype.size()), SQLITE_STATIC);
-          sqlite3_bind_text(coll_, 9, state.data(), static_cast<int>(state.size()), SQLITE_STATIC);
-          sqlite3_bind_int64(coll_, 10, Ns(rr.calibration, c.enqueued_ticks));
+            coll_.Bind(7, c.peer);
+          coll_.Bind(8, static_cast<int64_t>(c.bytes))
+              .Bind(9, static_cast<int>(c.dtype))
+              .Bind(10, static_cast<int>(c.state))
+              .Bind(11, enqueued);
           if (c.started_ticks == 0)
-            sqlite3_bind_null(coll_, 11);
+            coll_.BindNull(12);
           else
-            sqlite3_bind_int64(coll_, 11, Ns(rr.calibration, c.started_ticks));
-          sqlite3_bind_int64(coll_, 12, Ns(rr.calibration, c.completed_ticks));
-          if (!run(coll_)) return fail("cannot insert a collective");
+            coll_.Bind(12, Ns(rr.calibration, c.started_ticks) - enqueued);
+          coll_.Bind(13, Ns(rr.calibration, c.completed_ticks) - enqueued);
+          if (!coll_.Run().ok()) return fail("cannot insert a collective");
           break;
         }
         case RecordType::kHeartbeat: {
           const HeartbeatRecord& h = r.heartbeat;
-          sqlite3_bind_int(hb_, 1, rank);
-          sqlite3_bind_int(hb_, 2, attempt);
-          sqlite3_bind_int64(hb_, 3, Ns(rr.calibration, h.ticks));
-          sqlite3_bind_int64(hb_, 4, h.step);
-          const std::string_view phase = Name(h.phase);
-          sqlite3_bind_text(hb_, 5, phase.data(), static_cast<int>(phase.size()), SQLITE_STATIC);
-          if (!run(hb_)) return fail("cannot insert a heartbeat");
+          hb_.Bind(1, rank)
+              .Bind(2, attempt)
+              .Bind(3, Ns(rr.calibration, h.ticks))
+              .Bind(4, h.step)
+              .Bind(5, static_cast<int>(h.phase));
+          if (!hb_.Run().ok()) return fail("cannot insert a heartbeat");
           break;
         }
         case RecordType::kMetric: {
           const MetricRecord& m = r.metric;
-          sqlite3_bind_text(metric_, 1, rr.info->node.data(),
-                            static_cast<int>(rr.info->node.size()), SQLITE_STATIC);
-          sqlite3_bind_int64(metric_, 2, Ns(rr.calibration, m.ticks));
           const std::string name = "rank" + std::to_string(rank) + "." +
                                    (m.name < rr.names->size() ? (*rr.names)[m.name] : kUnknown);
-          sqlite3_bind_text(metric_, 3, name.data(), static_cast<int>(name.size()),
-                            SQLITE_TRANSIENT);
-          sqlite3_bind_double(metric_, 4, m.value);
-          if (!run(metric_)) return fail("cannot insert a metric");
+          metric_.Bind(1, rr.info->node)
+              .Bind(2, Ns(rr.calibration, m.ticks))
+              .Bind(3, name)
+              .Bind(4, m.value);
+          if (!metric_.Run().ok()) return fail("cannot insert a metric");
           break;
         }
         default:
@@ -246,61 +198,56 @@ Status TraceStore::Write(std::span<const RingRows> rings, std::span<const Metric
     if (!flush_spans(span_, rank, attempt))
       return fail("cannot insert spans");  // the tail, row by row
     for (size_t lane = 0; lane < rr.lane_tails.size(); ++lane) {
-      sqlite3_bind_text(cursor_, 1, rr.ring.data(), static_cast<int>(rr.ring.size()),
-                        SQLITE_STATIC);
-      sqlite3_bind_int(cursor_, 2, static_cast<int>(lane));
-      sqlite3_bind_int64(cursor_, 3, static_cast<int64_t>(rr.lane_tails[lane]));
-      if (!run(cursor_)) return fail("cannot record a ring cursor");
+      cursor_.Bind(1, rr.ring)
+          .Bind(2, static_cast<int>(lane))
+          .Bind(3, static_cast<int64_t>(rr.lane_tails[lane]));
+      if (!cursor_.Run().ok()) return fail("cannot record a ring cursor");
     }
   }
   for (const MetricRow& m : metrics) {
-    sqlite3_bind_text(metric_, 1, m.node.data(), static_cast<int>(m.node.size()), SQLITE_STATIC);
-    sqlite3_bind_int64(metric_, 2, m.ts_ns);
-    sqlite3_bind_text(metric_, 3, m.name.data(), static_cast<int>(m.name.size()), SQLITE_STATIC);
-    sqlite3_bind_double(metric_, 4, m.value);
-    if (!run(metric_)) return fail("cannot insert a metric");
+    metric_.Bind(1, m.node).Bind(2, m.ts_ns).Bind(3, m.name).Bind(4, m.value);
+    if (!metric_.Run().ok()) return fail("cannot insert a metric");
   }
   for (const DropRow& d : drops) {
-    sqlite3_bind_int(drop_, 1, d.rank);
-    sqlite3_bind_int64(drop_, 2, d.ts_ns);
-    sqlite3_bind_int64(drop_, 3, d.dropped_records);
-    if (!run(drop_)) return fail("cannot insert a drop count");
+    drop_.Bind(1, d.rank).Bind(2, d.ts_ns).Bind(3, d.dropped_records);
+    if (!drop_.Run().ok()) return fail("cannot insert a drop count");
   }
   if (hook_) hook_(WritePoint::kBeforeCommit);
-  if (sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK)
-    return fail("cannot commit");
+  if (!db_.Exec("COMMIT").ok()) return fail("cannot commit");
   if (hook_) hook_(WritePoint::kAfterCommit);
   return Status::Ok();
 }
 
 Status TraceStore::UpsertRank(const RankInfo& i) {
-  sqlite3_bind_int(rank_, 1, i.rank);
-  sqlite3_bind_text(rank_, 2, i.node.data(), static_cast<int>(i.node.size()), SQLITE_STATIC);
-  sqlite3_bind_int(rank_, 3, i.local_rank);
-  sqlite3_bind_int(rank_, 4, i.coords.dp);
-  sqlite3_bind_int(rank_, 5, i.coords.pp);
-  sqlite3_bind_int(rank_, 6, i.coords.tp);
-  sqlite3_bind_int(rank_, 7, i.pid);
-  sqlite3_bind_int(rank_, 8, i.attempt);
-  sqlite3_bind_int64(rank_, 9, i.clock_offset_ns);
-  const int rc = sqlite3_step(rank_);
-  sqlite3_reset(rank_);
-  return rc == SQLITE_DONE ? Status::Ok() : Error("cannot record a rank");
+  rank_.Bind(1, i.rank)
+      .Bind(2, i.node)
+      .Bind(3, i.local_rank)
+      .Bind(4, i.coords.dp)
+      .Bind(5, i.coords.pp)
+      .Bind(6, i.coords.tp)
+      .Bind(7, static_cast<int64_t>(i.pid))
+      .Bind(8, i.attempt)
+      .Bind(9, i.clock_offset_ns);
+  return rank_.Run().ok() ? Status::Ok() : db_.Error("cannot record a rank");
 }
 
 Result<std::vector<uint64_t>> TraceStore::Cursors(const std::string& ring) {
   std::vector<uint64_t> tails;
-  sqlite3_bind_text(get_cursor_, 1, ring.data(), static_cast<int>(ring.size()), SQLITE_STATIC);
-  int rc;
-  while ((rc = sqlite3_step(get_cursor_)) == SQLITE_ROW) {
-    const int lane = sqlite3_column_int(get_cursor_, 0);
+  get_cursor_.Bind(1, ring);
+  for (;;) {
+    auto row = get_cursor_.Step();
+    if (!row.ok()) {
+      get_cursor_.Reset();
+      return db_.Error("cannot read ring cursors");
+    }
+    if (!*row) break;
+    const int64_t lane = get_cursor_.Int(0);
     if (lane >= 0 && lane < 4096) {
       if (tails.size() <= static_cast<size_t>(lane)) tails.resize(lane + 1, 0);
-      tails[lane] = static_cast<uint64_t>(sqlite3_column_int64(get_cursor_, 1));
+      tails[lane] = static_cast<uint64_t>(get_cursor_.Int(1));
     }
   }
-  sqlite3_reset(get_cursor_);
-  if (rc != SQLITE_DONE) return Error("cannot read ring cursors");
+  get_cursor_.Reset();
   return tails;
 }
 

@@ -132,6 +132,7 @@ void Tracer::Finish(OpHandle h, OpState state) {
     c.dtype = e->dtype;
     c.group = e->group;
     c.peer = e->peer;
+    c.step = static_cast<int32_t>(step_.load(std::memory_order_relaxed));
     c.seq = e->seq;
     c.bytes = e->bytes;
     c.enqueued_ticks = e->enqueued_ticks;
@@ -152,6 +153,7 @@ void Tracer::SetPhase(int64_t step, Phase phase) {
     SpinGuard guard(hb_lock_);
     hb_step_ = step;
     hb_phase_ = phase;
+    step_.store(step, std::memory_order_relaxed);
     WriteHeartbeatLocked(now);
   }
   if (Record* r = ring_->Claim()) {

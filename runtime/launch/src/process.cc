@@ -4,10 +4,12 @@
 #include <limits.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -66,6 +68,21 @@ Result<pid_t> ForkChild(int log_fd, const std::function<void()>& child) {
 }
 
 }  // namespace
+
+CpuTime SelfCpuTime() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto secs = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
+  };
+  return {secs(u.ru_utime), secs(u.ru_stime)};
+}
+
+std::string Describe(const CpuTime& t) {
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "cpu %.3f s user, %.3f s system", t.user_s, t.system_s);
+  return buf;
+}
 
 bool ExitStatus::exited() const { return WIFEXITED(raw); }
 int ExitStatus::code() const { return WIFEXITED(raw) ? WEXITSTATUS(raw) : -1; }

@@ -4,7 +4,6 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sqlite3.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +18,7 @@
 #include "megascope/tracer/agent/host_metrics.h"
 #include "megascope/tracer/http_client.h"
 #include "megascope/tracer/tracer.h"
+#include "sqlite_util.h"
 #include "test_util.h"
 
 namespace megascope::tracer::agent {
@@ -29,18 +29,8 @@ namespace fs = std::filesystem;
 using megascope::testing::TempDir;
 
 int64_t Count(const std::string& db, const std::string& sql) {
-  sqlite3* h = nullptr;
-  int64_t n = -1;
-  if (sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
-    sqlite3_stmt* st = nullptr;
-    if (sqlite3_prepare_v2(h, sql.c_str(), -1, &st, nullptr) == SQLITE_OK &&
-        sqlite3_step(st) == SQLITE_ROW) {
-      n = sqlite3_column_int64(st, 0);
-    }
-    sqlite3_finalize(st);
-  }
-  sqlite3_close(h);
-  return n;
+  const std::vector<int64_t> row = megascope::testing::FirstRow(db, sql);
+  return row.empty() ? -1 : row[0];
 }
 
 // The body of GET http://127.0.0.1:port/path, or the error (with the server's reason).
@@ -82,6 +72,7 @@ TEST_F(AgentTest, WritesEveryRecordExactlyOnceWithTheSchema) {
   const GroupId g = *(*t0)->RegisterGroup("tp.0.0", "tp", std::vector<int32_t>{0, 1});
   const NameId fwd = *(*t0)->InternName("forward");
   for (int i = 0; i < 1000; ++i) {
+    if (i == 400) (*t0)->SetPhase(7, Phase::kForward);  // ops from here on finish in step 7
     const int64_t start = (*t0)->Ticks();
     (*t0)->RecordSpan(SpanKind::kForward, fwd, i, 0, start, (*t0)->Ticks());
     OpHandle h = (*t0)->Enqueue(g, OpType::kAllreduce, 64, DType::kF32);
@@ -94,7 +85,7 @@ TEST_F(AgentTest, WritesEveryRecordExactlyOnceWithTheSchema) {
   ASSERT_TRUE(agent.ok()) << agent.status().ToString();
   auto n = (*agent)->Poll(true);
   ASSERT_TRUE(n.ok()) << n.status().ToString();
-  EXPECT_EQ(*n, 2001u);
+  EXPECT_EQ(*n, 2002u);
   EXPECT_EQ((*agent)->Poll(false).value(), 0u);  // nothing twice
   EXPECT_EQ(
       Count(Db(),
@@ -114,7 +105,21 @@ TEST_F(AgentTest, WritesEveryRecordExactlyOnceWithTheSchema) {
       Count(Db(),
             "SELECT COUNT(*) FROM metrics WHERE name = 'node_memory_used_bytes' AND value > 0"),
       1);
-  EXPECT_EQ(Count(Db(), "PRAGMA user_version"), 1);
+  // Every FORMATS.md column of a collective, spelled as documented, from the compact rows.
+  EXPECT_EQ(
+      Count(Db(),
+            "SELECT COUNT(*) FROM collectives WHERE rank = 0 AND attempt = 0 AND op = "
+            "'allreduce' AND dtype = 'f32' AND bytes = 64 AND peer IS NULL AND started_ns >= "
+            "enqueued_ns AND completed_ns >= started_ns AND enqueued_ns > 1600000000000000000"),
+      1000);
+  EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM collectives WHERE step = 7"), 600);
+  // A completed collective is its own comm span, over the same interval.
+  EXPECT_EQ(Count(Db(),
+                  "SELECT COUNT(*) FROM spans s JOIN collectives c ON c.rank = s.rank AND "
+                  "c.started_ns = s.start_ns AND c.completed_ns = s.end_ns AND c.step = s.step "
+                  "WHERE s.kind = 'comm' AND s.name = 'allreduce'"),
+            1000);
+  EXPECT_EQ(Count(Db(), "PRAGMA user_version"), megascope::tracer::kTraceSchemaVersion);
   EXPECT_EQ(
       Count(Db(),
             "SELECT COUNT(*) FROM spans WHERE end_ns < start_ns OR start_ns < 1600000000000000000"),
@@ -196,20 +201,22 @@ TEST_F(AgentTest, ExportsTheControllersRestartsAndEvictions) {
   ASSERT_TRUE(agent.ok());
   EXPECT_EQ((*agent)->MetricsText().find("megascope_restarts_total"),
             std::string::npos);  // no control.db: no family
-  sqlite3* h = nullptr;
-  ASSERT_EQ(sqlite3_open((run_.path() + "/control.db").c_str(), &h), SQLITE_OK);
-  ASSERT_EQ(
-      sqlite3_exec(
-          h,
-          "CREATE TABLE events(ts_ns INTEGER, attempt INTEGER, kind TEXT, node TEXT, rank INTEGER, "
-          "detail_json TEXT);"
-          "INSERT INTO events VALUES(1, 0, 'restart', NULL, NULL, '{\"cause\":\"start\"}');"
-          "INSERT INTO events VALUES(2, 0, 'eviction', 'n1', NULL, '{\"reason\":\"rank_dead\"}');"
-          "INSERT INTO events VALUES(3, 1, 'restart', NULL, NULL, '{\"cause\":\"rank_dead\"}');"
-          "INSERT INTO events VALUES(4, 1, 'restart', NULL, NULL, '{\"cause\":\"link_stall\"}');",
-          nullptr, nullptr, nullptr),
-      SQLITE_OK);
-  sqlite3_close(h);
+  {
+    auto h = megascope::tracer::sql::Database::Open(
+        run_.path() + "/control.db", megascope::tracer::sql::Database::Mode::kReadWrite);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    ASSERT_TRUE(
+        h->Exec("CREATE TABLE events(ts_ns INTEGER, attempt INTEGER, kind TEXT, node TEXT, rank "
+                "INTEGER, detail_json TEXT);"
+                "INSERT INTO events VALUES(1, 0, 'restart', NULL, NULL, '{\"cause\":\"start\"}');"
+                "INSERT INTO events VALUES(2, 0, 'eviction', 'n1', NULL, "
+                "'{\"reason\":\"rank_dead\"}');"
+                "INSERT INTO events VALUES(3, 1, 'restart', NULL, NULL, "
+                "'{\"cause\":\"rank_dead\"}');"
+                "INSERT INTO events VALUES(4, 1, 'restart', NULL, NULL, "
+                "'{\"cause\":\"link_stall\"}');")
+            .ok());
+  }
   const std::string m = (*agent)->MetricsText();
   EXPECT_NE(m.find("megascope_restarts_total{job=\"agenttest\",node=\"n0\",cause=\"rank_dead\"} 1"),
             std::string::npos)

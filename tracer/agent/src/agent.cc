@@ -6,7 +6,6 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
-#include <sqlite3.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -23,6 +22,7 @@
 #include "megascope/tracer/file_util.h"
 #include "megascope/tracer/metric_names.h"
 #include "megascope/tracer/ring.h"
+#include "megascope/tracer/sqlite.h"
 #include "megascope/tracer/trace_store.h"
 
 namespace megascope::tracer::agent {
@@ -236,6 +236,8 @@ struct Agent::Impl {
         }
         it->second->Observe(
             static_cast<double>(cal.ToNs(c.completed_ticks) - cal.ToNs(c.enqueued_ticks)) / 1e9);
+        if (c.state == OpState::kCompleted && c.started_ticks != 0)  // also a comm span
+          comm += static_cast<double>(c.completed_ticks - c.started_ticks) * cal.ns_per_tick / 1e9;
       } else if (r.type == RecordType::kMetric) {
         const std::string& name = r.metric.name < st.names.size() ? st.names[r.metric.name] : "";
         if (name == "step") {  // the step's last record: its spans are in
@@ -616,44 +618,34 @@ namespace {
 // when one exists: "restart" events by detail.cause (the job's start excluded), "eviction" events
 // by detail.reason.
 void AppendControlCounters(const AgentOptions& o, std::ostream& out) {
-  const std::string path = o.run_dir + "/control.db";
-  sqlite3* db = nullptr;
-  if (::access(path.c_str(), R_OK) != 0 ||
-      sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
-    sqlite3_close(db);
-    return;
-  }
-  sqlite3_busy_timeout(db, 200);
+  auto db = sql::Database::Open(o.run_dir + "/control.db", sql::Database::Mode::kReadOnly,
+                                "[agent]", /*busy_timeout_ms=*/200);
+  if (!db.ok()) return;  // no controller: no families
   struct Family {
-    const char* name;
-    const char* help;
+    std::string name;
+    std::string_view help;
     const char* kind;
     const char* field;
   };
-  const std::string restarts = metrics::PrometheusName(metrics::kRestarts);
-  const std::string evictions = metrics::PrometheusName(metrics::kEvictions);
-  const std::string restarts_help(metrics::kRestarts.help),
-      evictions_help(metrics::kEvictions.help);
-  for (const Family& f :
-       {Family{restarts.c_str(), restarts_help.c_str(), "restart", "cause"},
-        Family{evictions.c_str(), evictions_help.c_str(), "eviction", "reason"}}) {
+  for (const Family& f : {Family{metrics::PrometheusName(metrics::kRestarts),
+                                 metrics::kRestarts.help, "restart", "cause"},
+                          Family{metrics::PrometheusName(metrics::kEvictions),
+                                 metrics::kEvictions.help, "eviction", "reason"}}) {
     out << "# HELP " << f.name << " " << f.help << "\n# TYPE " << f.name << " counter\n";
-    sqlite3_stmt* st = nullptr;
     const std::string sql = std::string("SELECT COALESCE(json_extract(detail_json, '$.") + f.field +
                             "'), 'unknown'), COUNT(*) FROM events WHERE kind = ?1 AND "
                             "COALESCE(json_extract(detail_json, '$." +
                             f.field + "'), '') != 'start' GROUP BY 1";
-    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr) != SQLITE_OK) continue;
-    sqlite3_bind_text(st, 1, f.kind, -1, SQLITE_STATIC);
-    while (sqlite3_step(st) == SQLITE_ROW) {
-      std::string label = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
+    auto st = db->Prepare(sql);
+    if (!st.ok()) continue;
+    st->Bind(1, f.kind);
+    while (st->Step().value_or(false)) {
+      std::string label(st->Text(0));
       std::erase_if(label, [](char c) { return c == '"' || c == '\\' || c == '\n'; });
       out << f.name << "{job=\"" << o.job << "\",node=\"" << o.node << "\"," << f.field << "=\""
-          << label << "\"} " << sqlite3_column_int64(st, 1) << "\n";
+          << label << "\"} " << st->Int(1) << "\n";
     }
-    sqlite3_finalize(st);
   }
-  sqlite3_close(db);
 }
 
 }  // namespace

@@ -10,10 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "megascope/tracer/sqlite.h"
 #include "megascope/tracer/status.h"
-
-struct sqlite3;
-struct sqlite3_stmt;
 
 namespace megascope::analyzer {
 
@@ -31,25 +29,15 @@ class RunDatabase {
   ~RunDatabase();
   // One read-only statement; errors name what SQLite said.
   Result<Table> Query(const std::string& sql);
-  // A row of Scan(): typed access without copying every cell into a string.
-  class Row {
-   public:
-    explicit Row(sqlite3_stmt* st) : st_(st) {}
-    int64_t Int(int col) const;
-    double Double(int col) const;
-    std::string_view Text(int col) const;
-    bool IsNull(int col) const;
-
-   private:
-    sqlite3_stmt* st_;
-  };
+  // A row of Scan(): typed access (Int, Double, Text, IsNull) without copying every cell.
+  using Row = tracer::sql::Statement;
   // Streams the rows of a read-only statement through `fn` (for large results).
   Status Scan(const std::string& sql, const std::function<void(const Row&)>& fn);
   int nodes() const { return nodes_; }
 
  private:
   RunDatabase() = default;
-  sqlite3* db_ = nullptr;
+  tracer::sql::Database db_;
   int nodes_ = 0;
 };
 

@@ -13,9 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "megascope/tracer/sqlite.h"
 #include "megascope/tracer/status.h"
-
-struct sqlite3;
 
 namespace megascope::controller {
 
@@ -53,7 +52,6 @@ class ControlDb {
  public:
   // Opens (creating, 0600) `path`; read_only opens an existing file only.
   static Result<std::unique_ptr<ControlDb>> Open(const std::string& path, bool read_only = false);
-  ~ControlDb();
 
   Status Record(const Event& e);
   // Every event in time order.
@@ -64,8 +62,7 @@ class ControlDb {
 
  private:
   ControlDb() = default;
-  sqlite3* db_ = nullptr;
-  std::string path_;
+  tracer::sql::Database db_;
 };
 
 }  // namespace megascope::controller

@@ -91,7 +91,7 @@ struct CollectiveRecord {
   uint16_t group;  // index into the rank's group table
   uint16_t reserved0;
   int32_t peer;  // -1 for collectives
-  uint32_t reserved1;
+  int32_t step;  // the rank's step (Tracer::SetPhase) when the op finished
   uint64_t seq;
   uint64_t bytes;
   int64_t enqueued_ticks;

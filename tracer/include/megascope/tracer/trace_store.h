@@ -8,19 +8,17 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "megascope/tracer/records.h"
 #include "megascope/tracer/ring.h"
 #include "megascope/tracer/snapshot.h"
+#include "megascope/tracer/sqlite.h"
 #include "megascope/tracer/status.h"
-
-struct sqlite3;
-struct sqlite3_stmt;
+#include "megascope/tracer/trace_schema.h"
 
 namespace megascope::tracer {
-
-inline constexpr int kTraceSchemaVersion = 1;
 
 // Records drained from one ring, with what is needed to turn them into rows.
 struct RingRows {
@@ -55,7 +53,8 @@ using WriteHook = std::function<void(WritePoint)>;
 
 class TraceStore {
  public:
-  // Opens or creates `path` (and its directory). A database of another schema version is refused.
+  // Opens or creates `path` (and its directory) with the schema of trace_schema.h. A database of
+  // another schema version is refused.
   // `max_bytes` > 0 caps the file's size: past it writes fail as on a full disk.
   static Result<std::unique_ptr<TraceStore>> Open(const std::string& path, int64_t max_bytes = 0);
   ~TraceStore();
@@ -73,16 +72,16 @@ class TraceStore {
 
  private:
   TraceStore() = default;
-  Status Exec(const char* sql);
-  Status Error(const char* what) const;
+  // The id of group `name` in group_names, added in the current transaction when new.
+  Result<int64_t> GroupId(const std::string& name);
 
   std::string path_;
   WriteHook hook_;
-  sqlite3* db_ = nullptr;
+  sql::Database db_;
   static constexpr int kSpanRowsPerInsert = 64;
-  sqlite3_stmt *span_ = nullptr, *span_multi_ = nullptr, *coll_ = nullptr, *hb_ = nullptr,
-               *metric_ = nullptr, *drop_ = nullptr, *cursor_ = nullptr, *rank_ = nullptr,
-               *get_cursor_ = nullptr;
+  sql::Statement span_, span_multi_, coll_, hb_, metric_, drop_, cursor_, rank_, get_cursor_,
+      group_get_, group_add_;
+  std::unordered_map<std::string, int64_t> group_ids_;  // a cache of group_names
 };
 
 }  // namespace megascope::tracer

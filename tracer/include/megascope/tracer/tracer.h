@@ -141,6 +141,7 @@ class Tracer {
   uint32_t flight_cap_ = 0;
   std::atomic_flag hb_lock_ = ATOMIC_FLAG_INIT;  // the heartbeat has one writer at a time
   int64_t hb_step_ = 0;                          // guarded by hb_lock_
+  std::atomic<int64_t> step_{0};                 // hb_step_, for other threads' records
   Phase hb_phase_ = Phase::kInit;
 };
 

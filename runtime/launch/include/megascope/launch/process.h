@@ -22,6 +22,14 @@
 
 namespace megascope::launch {
 
+// CPU time this process has used so far, every thread counted (getrusage).
+struct CpuTime {
+  double user_s = 0, system_s = 0;
+};
+CpuTime SelfCpuTime();
+// "cpu 1.234 s user, 0.056 s system": how processes report their cost when they end.
+std::string Describe(const CpuTime& t);
+
 // How a child ended (the raw wait status, decoded).
 struct ExitStatus {
   int raw = 0;

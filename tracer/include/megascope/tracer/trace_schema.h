@@ -1,0 +1,36 @@
+// The one owner of trace.db's schema (FORMATS.md section 4), for its writer (TraceStore) and its
+// readers (RunDatabase, the tests).
+//
+// Since version 2 the rows are stored compactly and the FORMATS tables are views over them, so
+// every query written against the documented columns keeps working:
+//  - collectives: op, dtype and state as their enum codes, the group as an id into group_names,
+//    started/completed as offsets from enqueued_ns, plus the step the op completed in;
+//  - spans: kind as its code and end as a duration; a completed collective is also its own `comm`
+//    span (name = op, from started to completed), so the worker records no comm span of its own
+//    for it (only for time that is not a collective, such as a link's hold);
+//  - heartbeats: phase as its code.
+// Codes and spellings come from records.h, so the two cannot drift apart.
+#pragma once
+
+#include <array>
+#include <string>
+#include <string_view>
+
+#include "megascope/tracer/status.h"
+
+namespace megascope::tracer {
+
+inline constexpr int kTraceSchemaVersion = 2;
+
+// The tables users query, as FORMATS.md names them (tables or views, per version).
+inline constexpr std::array<std::string_view, 6> kTraceTables = {
+    "ranks", "spans", "collectives", "heartbeats", "metrics", "drops"};
+
+// CREATE statements of the stored tables and the views (idempotent: IF NOT EXISTS).
+std::string TraceSchemaSql();
+
+// Whether a trace.db of `version` (PRAGMA user_version) can be read by this build: versions 1
+// (tables stored as documented) and 2 can; a newer one is refused with a clear error.
+Status CheckReadableTraceVersion(int64_t version, const std::string& path);
+
+}  // namespace megascope::tracer

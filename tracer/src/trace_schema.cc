@@ -1,0 +1,69 @@
+#include "megascope/tracer/trace_schema.h"
+
+#include "megascope/tracer/records.h"
+
+namespace megascope::tracer {
+namespace {
+
+// "CASE <column> WHEN 0 THEN 'allreduce' ... ELSE 'unknown' END" for every code of E.
+template <typename E>
+std::string Spelling(const std::string& column) {
+  std::string out = "CASE " + column;
+  for (int code = 0; code < 255; ++code) {
+    const std::string_view name = Name(static_cast<E>(code));
+    if (name == "unknown") break;
+    out += " WHEN " + std::to_string(code) + " THEN '" + std::string(name) + "'";
+  }
+  return out + " ELSE 'unknown' END";
+}
+
+}  // namespace
+
+std::string TraceSchemaSql() {
+  const std::string completed = std::to_string(static_cast<int>(OpState::kCompleted));
+  return R"sql(
+CREATE TABLE IF NOT EXISTS ranks(rank INTEGER, node TEXT, local_rank INTEGER, dp INTEGER, pp INTEGER, tp INTEGER,
+                                 pid INTEGER, attempt INTEGER, clock_offset_ns INTEGER, PRIMARY KEY(rank, attempt));
+CREATE TABLE IF NOT EXISTS span_rows(rank INTEGER, attempt INTEGER, step INTEGER, microbatch INTEGER, kind INTEGER,
+                                     name TEXT, start_ns INTEGER, dur_ns INTEGER);
+CREATE TABLE IF NOT EXISTS group_names(id INTEGER PRIMARY KEY, name TEXT UNIQUE);
+CREATE TABLE IF NOT EXISTS collective_rows(rank INTEGER, attempt INTEGER, step INTEGER, grp INTEGER, seq INTEGER,
+                                           op INTEGER, peer INTEGER, bytes INTEGER, dtype INTEGER, state INTEGER,
+                                           enqueued_ns INTEGER, start_after_ns INTEGER, end_after_ns INTEGER);
+CREATE TABLE IF NOT EXISTS heartbeat_rows(rank INTEGER, attempt INTEGER, ts_ns INTEGER, step INTEGER, phase INTEGER);
+CREATE TABLE IF NOT EXISTS metrics(node TEXT, ts_ns INTEGER, name TEXT, value REAL);
+CREATE TABLE IF NOT EXISTS drops(rank INTEGER, ts_ns INTEGER, dropped_records INTEGER);
+CREATE TABLE IF NOT EXISTS ring_cursors(ring TEXT, lane INTEGER, tail INTEGER, PRIMARY KEY(ring, lane));
+-- No indexes: ingest speed comes first; queries over a node's file scan.
+CREATE VIEW IF NOT EXISTS collectives AS
+  SELECT c.rank, c.attempt, g.name AS grp, c.seq, )sql" +
+         Spelling<OpType>("c.op") + R"sql( AS op, c.peer, c.bytes, )sql" +
+         Spelling<DType>("c.dtype") + R"sql( AS dtype, )sql" + Spelling<OpState>("c.state") +
+         R"sql( AS state,
+         c.enqueued_ns, c.enqueued_ns + c.start_after_ns AS started_ns, c.enqueued_ns + c.end_after_ns AS completed_ns,
+         c.step
+  FROM collective_rows c LEFT JOIN group_names g ON g.id = c.grp;
+CREATE VIEW IF NOT EXISTS spans AS
+  SELECT rank, attempt, step, microbatch, )sql" +
+         Spelling<SpanKind>("kind") + R"sql( AS kind, name, start_ns, start_ns + dur_ns AS end_ns
+  FROM span_rows
+  UNION ALL
+  SELECT rank, attempt, step, NULL, 'comm', )sql" +
+         Spelling<OpType>("op") +
+         R"sql(, enqueued_ns + start_after_ns, enqueued_ns + end_after_ns
+  FROM collective_rows WHERE state = )sql" +
+         completed + R"sql( AND start_after_ns IS NOT NULL;
+CREATE VIEW IF NOT EXISTS heartbeats AS
+  SELECT rank, attempt, ts_ns, step, )sql" +
+         Spelling<Phase>("phase") + R"sql( AS phase FROM heartbeat_rows;
+)sql";
+}
+
+Status CheckReadableTraceVersion(int64_t version, const std::string& path) {
+  if (version >= 0 && version <= kTraceSchemaVersion) return Status::Ok();
+  return FailedPrecondition(path + " has trace schema version " + std::to_string(version) +
+                            ", written by a newer megascope; this build reads versions up to " +
+                            std::to_string(kTraceSchemaVersion));
+}
+
+}  // namespace megascope::tracer
