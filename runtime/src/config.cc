@@ -1,3 +1,5 @@
+#include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -40,15 +42,26 @@ Result<Fault> ParseFault(const std::string& spec) {
   return f;
 }
 
-std::string TrainConfig::Validate() const {
-  const int world = layout.world();
+std::string TrainConfig::ValidateLayout() const {
   if (layout.dp < 1 || layout.tp < 1 || layout.pp < 1) return "dp, tp and pp must be >= 1";
-  if (std::string m = model.Validate(layout); !m.empty()) return m;
+  if (layout.dp > 65536 || layout.tp > 65536 || layout.pp > 65536 ||
+      static_cast<int64_t>(layout.dp) * layout.tp * layout.pp > (1 << 20))
+    return "the world (dp x tp x pp) is larger than 1,048,576 ranks";
+  const int world = layout.world();
   if (nodes < 1 || nodes > world)
     return "--nodes must be between 1 and the world size " + std::to_string(world);
   if (world % nodes != 0)
     return "world size " + std::to_string(world) + " is not divisible by --nodes " +
            std::to_string(nodes);
+  if (!node_names.empty() && static_cast<int>(node_names.size()) != nodes)
+    return "node_names does not list --nodes names";
+  return "";
+}
+
+std::string TrainConfig::Validate() const {
+  if (std::string m = ValidateLayout(); !m.empty()) return m;
+  const int world = layout.world();
+  if (std::string m = model.Validate(layout); !m.empty()) return m;
   if (global_batch % layout.dp != 0)
     return "global batch " + std::to_string(global_batch) + " is not divisible by dp";
   if ((global_batch / layout.dp) % microbatches != 0) {
@@ -62,8 +75,6 @@ std::string TrainConfig::Validate() const {
       return "fault rank " + std::to_string(f.rank) + " is outside world size " +
              std::to_string(world);
   }
-  if (!node_names.empty() && static_cast<int>(node_names.size()) != nodes)
-    return "node_names does not list --nodes names";
   if (run_dir.empty()) return "--run-dir is required";
   if (data.empty()) return "--data is required";
   return "";
@@ -72,6 +83,7 @@ std::string TrainConfig::Validate() const {
 std::vector<std::string> TrainConfig::NodeNames() const {
   if (!node_names.empty()) return node_names;
   std::vector<std::string> out;
+  out.reserve(static_cast<size_t>(std::max(nodes, 0)));
   for (int k = 0; k < nodes; ++k) out.push_back("node" + std::to_string(k));
   return out;
 }
@@ -143,39 +155,48 @@ Result<TrainConfig> TrainConfig::FromJson(const std::string& text, const std::st
       return InvalidArgument(source + " is not a megascope run.json of version 1");
     }
     TrainConfig c;
-    c.job = j["job"];
-    c.attempt = j["attempt"];
-    c.data = j["data"];
-    c.shm_dir = j["shm_dir"];
-    c.layout = {j["layout"]["dp"], j["layout"]["tp"], j["layout"]["pp"]};
-    c.nodes = j["layout"]["nodes"];
-    c.node_names = j["layout"].value("node_names", std::vector<std::string>{});
-    const auto& m = j["model"];
-    c.model = {m["layers"], m["heads"],          m["width"], m["seq"],
-               m["vocab"],  m["parallel_block"], m["seed"]};
-    const auto& t = j["train"];
-    c.global_batch = t["global_batch"];
-    c.microbatches = t["microbatches"];
-    c.steps = t["steps"];
-    c.lr = t["lr"];
-    c.min_lr = t["min_lr"];
-    c.warmup = t["warmup"];
-    c.grad_clip = t["grad_clip"];
-    c.weight_decay = t["weight_decay"];
-    c.checkpoint_every = t["checkpoint_every"];
-    c.timeout_ms = t["timeout_ms"];
+    c.job = j.at("job");
+    c.attempt = j.at("attempt");
+    c.data = j.at("data");
+    c.shm_dir = j.at("shm_dir");
+    c.layout = {j.at("layout").at("dp"), j.at("layout").at("tp"), j.at("layout").at("pp")};
+    c.nodes = j.at("layout").at("nodes");
+    c.node_names = j.at("layout").value("node_names", std::vector<std::string>{});
+    const auto& m = j.at("model");
+    c.model = {m.at("layers"), m.at("heads"),          m.at("width"), m.at("seq"),
+               m.at("vocab"),  m.at("parallel_block"), m.at("seed")};
+    const auto& t = j.at("train");
+    c.global_batch = t.at("global_batch");
+    c.microbatches = t.at("microbatches");
+    c.steps = t.at("steps");
+    c.lr = t.at("lr");
+    c.min_lr = t.at("min_lr");
+    c.warmup = t.at("warmup");
+    c.grad_clip = t.at("grad_clip");
+    c.weight_decay = t.at("weight_decay");
+    c.checkpoint_every = t.at("checkpoint_every");
+    c.timeout_ms = t.at("timeout_ms");
     c.trace = t.value("trace", true);
     c.memory_snapshots = t.value("memory_snapshots", false);
     if (j.contains("resume")) {
       c.resume_set = true;
-      c.resume.step = j["resume"]["step"];
-      c.resume.source = j["resume"]["source"];
-      c.resume.files = j["resume"]["files"].get<std::vector<std::string>>();
+      c.resume.step = j.at("resume").at("step");
+      c.resume.source = j.at("resume").at("source");
+      c.resume.files = j.at("resume").at("files").get<std::vector<std::string>>();
     }
-    for (const auto& f : j["faults"])
-      c.faults.push_back({f["kind"], f["rank"], f["step"], f["seconds"], f.value("factor", 0.0)});
+    for (const auto& f : j.at("faults"))
+      c.faults.push_back(
+          {f.at("kind"), f.at("rank"), f.at("step"), f.at("seconds"), f.value("factor", 0.0)});
     for (const auto& a : j.value("agents", nlohmann::json::array()))
-      c.agent_ports.emplace_back(a["node"], a["port"]);
+      c.agent_ports.emplace_back(a.at("node"), a.at("port"));
+    // What the rest of the tree indexes by: a run.json that disagrees with itself is refused here.
+    if (std::string problem = c.ValidateLayout(); !problem.empty())
+      return InvalidArgument(source + ": " + problem);
+    bool finite = std::isfinite(c.lr) && std::isfinite(c.min_lr) && std::isfinite(c.grad_clip) &&
+                  std::isfinite(c.weight_decay);
+    for (const Fault& f : c.faults)
+      finite = finite && std::isfinite(f.seconds) && std::isfinite(f.factor);
+    if (!finite) return InvalidArgument(source + ": a number is out of range (not finite)");
     return c;
   } catch (const std::exception& e) {
     return InvalidArgument(source + ": " + e.what());

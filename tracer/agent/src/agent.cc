@@ -57,6 +57,8 @@ struct Agent::Impl {
   // Written by the agent thread, read by HTTP threads (/state) and owners: atomics, no lock.
   std::atomic<uint64_t> rows{0}, db_errors{0};
   int64_t last_snapshot_ns = 0;
+  static constexpr int64_t kSnapshotPeriodNs = 1'000'000'000;
+  std::vector<Record> arena;  // the records of one drain pass (batch_records), allocated once
   std::chrono::steady_clock::time_point last_discovery{};
 
   struct RankState {
@@ -262,39 +264,41 @@ struct Agent::Impl {
     if (comm + comm_done > 0) st.comm->Increment(comm + comm_done);
   }
 
+  // One pass over every ring: read what is new into one arena, write it all in one transaction,
+  // then consume it from the rings (exactly once: the cursors are in the same transaction).
   Result<size_t> Drain(bool sample) {
-    size_t written = 0;
-    std::vector<Record> buf(opt.batch_records);
+    if (arena.size() != opt.batch_records) arena.resize(opt.batch_records);  // once, reused
     std::vector<DropRow> drops;
     std::vector<MetricRow> metrics;
     const int64_t now_ns = WallNowNs();
     if (sample) SampleHost(now_ns, &metrics);
-    std::vector<std::string> to_remove;
-    const bool refresh = sample || now_ns - last_snapshot_ns >= 200'000'000;
+    // Flight-recorder snapshots (for /state and /dump) once per sampling period: copying every
+    // ring's recorder is the agent's largest fixed cost, and hang analysis works in seconds.
+    const bool refresh = sample || now_ns - last_snapshot_ns >= kSnapshotPeriodNs;
     if (refresh) last_snapshot_ns = now_ns;
+    struct Pending {
+      RankState* st;
+      std::span<const Record> records;
+      ReadBatch batch;
+      ClockCalibration cal;
+    };
+    std::vector<Pending> pending;
+    std::vector<RingRows> rows_out;
+    size_t used = 0;
     for (auto& [name, st] : ranks) {
-      // Snapshots (heartbeat, flight recorder) a few times a second: enough for /state, cheap.
-      if (refresh || st.snap.info.pid == 0) {
-        RankSnapshot snap = st.reader->Snapshot();
-        std::lock_guard<std::mutex> lock(mu);
-        st.snap = std::move(snap);
-        st.info.clock_offset_ns = st.snap.info.clock_offset_ns;
-      }
-      const RankSnapshot& snap = st.snap;
+      if (refresh || st.snap.info.pid == 0) TakeSnapshot(st);
       while (st.names.size() < 65536) {  // pick up newly interned names
         const std::string n = st.reader->NameOf(static_cast<NameId>(st.names.size()));
         if (!n.empty() && n[0] == '?') break;
         st.names.push_back(n);
       }
-      const ClockCalibration cal = st.reader->Calibration();
-      ReadBatch batch;
-      const size_t n = st.reader->Read(buf, &batch);
+      Pending p{&st, {}, {}, st.reader->Calibration()};
+      const std::span<Record> room(arena.data() + used, arena.size() - used);
+      const size_t n = room.empty() ? 0 : st.reader->Read(room, &p.batch);
       for (size_t i = 0; i < n; ++i) {  // a group registered since the last snapshot: refresh now
-        if (buf[i].type == RecordType::kCollective &&
-            buf[i].collective.group >= st.snap.groups.size()) {
-          RankSnapshot fresh = st.reader->Snapshot();
-          std::lock_guard<std::mutex> lock(mu);
-          st.snap = std::move(fresh);
+        if (room[i].type == RecordType::kCollective &&
+            room[i].collective.group >= st.snap.groups.size()) {
+          TakeSnapshot(st);
           break;
         }
       }
@@ -304,30 +308,31 @@ struct Agent::Impl {
         st.dropped->Increment(static_cast<double>(dropped - st.dropped_seen));
         st.dropped_seen = dropped;
       }
-      if (n > 0 || !drops.empty() || !metrics.empty()) {
-        RingRows rows{&st.info,
-                      cal,
-                      &st.names,
-                      &snap.groups,
-                      std::span<const Record>(buf.data(), n),
-                      st.cursor_key,
-                      batch.lane_tails};
-        Status s = store->Write(std::span<const RingRows>(&rows, n > 0 ? 1 : 0), metrics, drops);
-        if (!s.ok()) {
-          ++db_errors;
-          f_db_errors->Add(NodeLabels()).Increment();
-          Log(opt.node, s.message() + " (records stay in the ring)");
-          return s;
-        }
-        metrics.clear();
-        drops.clear();
-        if (n > 0) {
-          st.reader->Commit(batch);
-          Observe(st, std::span<const Record>(buf.data(), n), cal);
-          st.records->Increment(static_cast<double>(n));
-          written += n;
-        }
+      if (n == 0) continue;
+      p.records = room.first(n);
+      used += n;
+      rows_out.push_back({&st.info, p.cal, &st.names, &st.snap.groups, p.records, st.cursor_key,
+                          p.batch.lane_tails});
+      pending.push_back(std::move(p));
+    }
+    size_t written = 0;
+    if (!rows_out.empty() || !metrics.empty() || !drops.empty()) {
+      if (Status s = store->Write(rows_out, metrics, drops); !s.ok()) {
+        ++db_errors;
+        f_db_errors->Add(NodeLabels()).Increment();
+        Log(opt.node, s.message() + " (records stay in the rings)");
+        return s;
       }
+      for (Pending& p : pending) {
+        p.st->reader->Commit(p.batch);
+        Observe(*p.st, p.records, p.cal);
+        p.st->records->Increment(static_cast<double>(p.records.size()));
+        written += p.records.size();
+      }
+    }
+    std::vector<std::string> to_remove;
+    for (auto& [name, st] : ranks) {
+      const RankSnapshot& snap = st.snap;
       if (st.hb_age != nullptr)
         st.hb_age->Set(
             std::max(0.0, static_cast<double>(now_ns - snap.heartbeat.updated_at_ns) / 1e9));
@@ -350,23 +355,28 @@ struct Agent::Impl {
                             (d.ok() ? "is in " + path : "could not be written: " + d.message()));
         }
       }
-      if (gone && n == 0) {  // drained for good: the ring file can go, and its live series
+      const RankState* self = &st;
+      const bool drained = std::none_of(pending.begin(), pending.end(),
+                                        [self](const Pending& p) { return p.st == self; }) &&
+                           used < arena.size();
+      if (gone && drained) {  // drained for good: the ring file can go, and its live series
         to_remove.push_back(name);
         RetireSeries(st);
       }
     }
-    for (const std::string& name : to_remove) ::unlink((opt.shm_dir + "/" + name).c_str());
-    if (!metrics.empty()) {  // no ring this time: metrics alone
-      Status s = store->Write({}, metrics, {});
-      if (!s.ok()) {
-        ++db_errors;
-        f_db_errors->Add(NodeLabels()).Increment();
-        Log(opt.node, s.message());
-      }
+    for (const std::string& name : to_remove) {
+      ::unlink((opt.shm_dir + "/" + name).c_str());
     }
     rows += written;
     if (written > 0) f_rows->Add(NodeLabels()).Increment(static_cast<double>(written));
     return written;
+  }
+
+  void TakeSnapshot(RankState& st) {
+    RankSnapshot snap = st.reader->Snapshot();
+    std::lock_guard<std::mutex> lock(mu);
+    st.snap = std::move(snap);
+    st.info.clock_offset_ns = st.snap.info.clock_offset_ns;
   }
 
   // A rank whose process is gone and whose ring is drained leaves /metrics: its last values would

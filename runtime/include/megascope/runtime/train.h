@@ -58,6 +58,9 @@ struct TrainConfig {
 
   // Empty when valid; otherwise what is wrong, said before any worker starts.
   std::string Validate() const;
+  // The part of Validate() that indexing by rank and node relies on (also checked on every
+  // run.json read).
+  std::string ValidateLayout() const;
   std::string ToJson() const;
   static Result<TrainConfig> FromJson(const std::string& text, const std::string& source);
   std::string NodeOf(int rank) const;

@@ -25,7 +25,7 @@ struct AgentOptions {
   std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free one
   std::string proc_root = "/proc";
   double sample_interval_s = 1.0;
-  size_t batch_records = 65536;  // records per ring per transaction
+  size_t batch_records = 65536;  // records per drain pass (one transaction over every ring)
   int64_t max_db_mb = 0;  // cap on trace.db; 0: none (past it, writes fail as on a full disk)
   WriteHook write_hook;   // the store's fault seam (trace_store.h); tests only
 };
