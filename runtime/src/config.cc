@@ -1,9 +1,11 @@
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "megascope/runtime/train.h"
+#include "megascope/tracer/json_fields.h"
 
 namespace megascope::runtime {
 
@@ -62,14 +64,14 @@ std::string TrainConfig::Validate() const {
   if (std::string m = ValidateLayout(); !m.empty()) return m;
   const int world = layout.world();
   if (std::string m = model.Validate(layout); !m.empty()) return m;
+  if (steps < 1 || lr <= 0 || microbatches < 1 || global_batch < 1)
+    return "--steps, --lr, --batch and --microbatches must be positive";
   if (global_batch % layout.dp != 0)
     return "global batch " + std::to_string(global_batch) + " is not divisible by dp";
   if ((global_batch / layout.dp) % microbatches != 0) {
     return "per-replica batch " + std::to_string(global_batch / layout.dp) +
            " is not divisible by " + std::to_string(microbatches) + " microbatches";
   }
-  if (steps < 1 || lr <= 0 || microbatches < 1)
-    return "--steps, --lr and --microbatches must be positive";
   for (const Fault& f : faults) {
     if (f.rank >= world)
       return "fault rank " + std::to_string(f.rank) + " is outside world size " +
@@ -149,58 +151,104 @@ std::string TrainConfig::ToJson() const {
 }
 
 Result<TrainConfig> TrainConfig::FromJson(const std::string& text, const std::string& source) {
-  try {
-    auto j = nlohmann::json::parse(text);
-    if (j.value("format", "") != "megascope-run" || j.value("version", 0) != 1) {
-      return InvalidArgument(source + " is not a megascope run.json of version 1");
-    }
-    TrainConfig c;
-    c.job = j.at("job");
-    c.attempt = j.at("attempt");
-    c.data = j.at("data");
-    c.shm_dir = j.at("shm_dir");
-    c.layout = {j.at("layout").at("dp"), j.at("layout").at("tp"), j.at("layout").at("pp")};
-    c.nodes = j.at("layout").at("nodes");
-    c.node_names = j.at("layout").value("node_names", std::vector<std::string>{});
-    const auto& m = j.at("model");
-    c.model = {m.at("layers"), m.at("heads"),          m.at("width"), m.at("seq"),
-               m.at("vocab"),  m.at("parallel_block"), m.at("seed")};
-    const auto& t = j.at("train");
-    c.global_batch = t.at("global_batch");
-    c.microbatches = t.at("microbatches");
-    c.steps = t.at("steps");
-    c.lr = t.at("lr");
-    c.min_lr = t.at("min_lr");
-    c.warmup = t.at("warmup");
-    c.grad_clip = t.at("grad_clip");
-    c.weight_decay = t.at("weight_decay");
-    c.checkpoint_every = t.at("checkpoint_every");
-    c.timeout_ms = t.at("timeout_ms");
-    c.trace = t.value("trace", true);
-    c.memory_snapshots = t.value("memory_snapshots", false);
-    if (j.contains("resume")) {
-      c.resume_set = true;
-      c.resume.step = j.at("resume").at("step");
-      c.resume.source = j.at("resume").at("source");
-      c.resume.files = j.at("resume").at("files").get<std::vector<std::string>>();
-    }
-    for (const auto& f : j.at("faults"))
-      c.faults.push_back(
-          {f.at("kind"), f.at("rank"), f.at("step"), f.at("seconds"), f.value("factor", 0.0)});
-    for (const auto& a : j.value("agents", nlohmann::json::array()))
-      c.agent_ports.emplace_back(a.at("node"), a.at("port"));
-    // What the rest of the tree indexes by: a run.json that disagrees with itself is refused here.
-    if (std::string problem = c.ValidateLayout(); !problem.empty())
-      return InvalidArgument(source + ": " + problem);
-    bool finite = std::isfinite(c.lr) && std::isfinite(c.min_lr) && std::isfinite(c.grad_clip) &&
-                  std::isfinite(c.weight_decay);
-    for (const Fault& f : c.faults)
-      finite = finite && std::isfinite(f.seconds) && std::isfinite(f.factor);
-    if (!finite) return InvalidArgument(source + ": a number is out of range (not finite)");
-    return c;
-  } catch (const std::exception& e) {
-    return InvalidArgument(source + ": " + e.what());
+  using tracer::JsonFields;
+  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgument(source + " is not JSON");
+  const nlohmann::json& root = j;
+  const auto format = root.is_object() ? root.find("format") : root.end();
+  if (format == root.end() || !format->is_string() || *format != "megascope-run")
+    return InvalidArgument(source + " is not a megascope run.json");
+  const auto version = root.find("version");
+  if (version == root.end() || !version->is_number_integer() || *version != 1) {
+    return InvalidArgument(source + " has run.json version " +
+                           (version == root.end() ? std::string("(none)") : version->dump()) +
+                           "; this build reads version 1");
   }
+  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+  const JsonFields top(root, source);
+  TrainConfig c;
+  ASSIGN_OR_RETURN(c.job, top.Str("job"));
+  ASSIGN_OR_RETURN(c.attempt, top.IntIn("attempt", 0, kMaxInt));
+  ASSIGN_OR_RETURN(c.data, top.Str("data"));
+  ASSIGN_OR_RETURN(c.shm_dir, top.Str("shm_dir"));
+  ASSIGN_OR_RETURN(JsonFields l, top.Sub("layout"));
+  ASSIGN_OR_RETURN(c.layout.dp, l.IntIn("dp", 1, 65536));
+  ASSIGN_OR_RETURN(c.layout.tp, l.IntIn("tp", 1, 65536));
+  ASSIGN_OR_RETURN(c.layout.pp, l.IntIn("pp", 1, 65536));
+  ASSIGN_OR_RETURN(c.nodes, l.IntIn("nodes", 1, kMaxInt));
+  if (l.Has("node_names")) {
+    ASSIGN_OR_RETURN(const nlohmann::json* names, l.Array("node_names"));
+    for (const auto& n : *names) {
+      if (!n.is_string()) return InvalidArgument(source + ": layout: node_names must be strings");
+      c.node_names.push_back(n.get<std::string>());
+    }
+  }
+  ASSIGN_OR_RETURN(JsonFields m, top.Sub("model"));
+  ASSIGN_OR_RETURN(c.model.layers, m.IntIn("layers", 1, kMaxInt));
+  ASSIGN_OR_RETURN(c.model.heads, m.IntIn("heads", 1, kMaxInt));
+  ASSIGN_OR_RETURN(c.model.width, m.IntIn("width", 1, kMaxInt));
+  ASSIGN_OR_RETURN(c.model.seq, m.IntIn("seq", 1, kMaxInt));
+  ASSIGN_OR_RETURN(c.model.vocab, m.IntIn("vocab", 2, kMaxInt));
+  ASSIGN_OR_RETURN(c.model.parallel_block, m.Bool("parallel_block"));
+  ASSIGN_OR_RETURN(c.model.seed, m.Int("seed"));
+  ASSIGN_OR_RETURN(JsonFields t, top.Sub("train"));
+  ASSIGN_OR_RETURN(c.global_batch, t.IntIn("global_batch", 1, kMaxInt));
+  ASSIGN_OR_RETURN(c.microbatches, t.IntIn("microbatches", 1, kMaxInt));
+  ASSIGN_OR_RETURN(c.steps, t.IntIn("steps", 1, std::numeric_limits<int64_t>::max()));
+  ASSIGN_OR_RETURN(double lr, t.Number("lr", true));
+  ASSIGN_OR_RETURN(double min_lr, t.Number("min_lr", true));
+  ASSIGN_OR_RETURN(c.warmup, t.IntIn("warmup", 0, kMaxInt));
+  ASSIGN_OR_RETURN(double grad_clip, t.Number("grad_clip", true));
+  ASSIGN_OR_RETURN(double weight_decay, t.Number("weight_decay", true));
+  c.lr = static_cast<float>(lr);
+  c.min_lr = static_cast<float>(min_lr);
+  c.grad_clip = static_cast<float>(grad_clip);
+  c.weight_decay = static_cast<float>(weight_decay);
+  ASSIGN_OR_RETURN(c.checkpoint_every, t.IntIn("checkpoint_every", 0, kMaxInt));
+  ASSIGN_OR_RETURN(c.timeout_ms, t.IntIn("timeout_ms", 1, kMaxInt));
+  if (t.Has("trace")) {
+    ASSIGN_OR_RETURN(c.trace, t.Bool("trace"));
+  }
+  if (t.Has("memory_snapshots")) {
+    ASSIGN_OR_RETURN(c.memory_snapshots, t.Bool("memory_snapshots"));
+  }
+  if (top.Has("resume")) {
+    ASSIGN_OR_RETURN(JsonFields r, top.Sub("resume"));
+    c.resume_set = true;
+    ASSIGN_OR_RETURN(c.resume.step, r.IntIn("step", -1, std::numeric_limits<int64_t>::max()));
+    ASSIGN_OR_RETURN(c.resume.source, r.Str("source"));
+    ASSIGN_OR_RETURN(const nlohmann::json* files, r.Array("files"));
+    for (const auto& f : *files) {
+      if (!f.is_string()) return InvalidArgument(source + ": resume: files must be strings");
+      c.resume.files.push_back(f.get<std::string>());
+    }
+  }
+  ASSIGN_OR_RETURN(const nlohmann::json* faults, top.Array("faults"));
+  for (size_t i = 0; i < faults->size(); ++i) {
+    const JsonFields f((*faults)[i], source + ": faults[" + std::to_string(i) + "]");
+    Fault fault;
+    ASSIGN_OR_RETURN(fault.kind, f.Str("kind"));
+    ASSIGN_OR_RETURN(fault.rank, f.IntIn("rank", -1, kMaxInt));
+    ASSIGN_OR_RETURN(fault.step, f.Int("step"));
+    ASSIGN_OR_RETURN(fault.seconds, f.Number("seconds"));
+    if (f.Has("factor")) {
+      ASSIGN_OR_RETURN(fault.factor, f.Number("factor"));
+    }
+    c.faults.push_back(std::move(fault));
+  }
+  if (top.Has("agents")) {
+    ASSIGN_OR_RETURN(const nlohmann::json* agents, top.Array("agents"));
+    for (size_t i = 0; i < agents->size(); ++i) {
+      const JsonFields a((*agents)[i], source + ": agents[" + std::to_string(i) + "]");
+      ASSIGN_OR_RETURN(std::string node, a.Str("node"));
+      ASSIGN_OR_RETURN(int64_t port, a.IntIn("port", 0, 65535));
+      c.agent_ports.emplace_back(std::move(node), static_cast<int>(port));
+    }
+  }
+  // What the rest of the tree indexes by: a run.json that disagrees with itself is refused here.
+  if (std::string problem = c.ValidateLayout(); !problem.empty())
+    return InvalidArgument(source + ": " + problem);
+  return c;
 }
 
 }  // namespace megascope::runtime

@@ -14,6 +14,9 @@ using kernels::Gemm;
 std::string ModelConfig::Validate(const Layout& l) const {
   if (layers < 1 || heads < 1 || width < 1 || seq < 1 || vocab < 2)
     return "model sizes must be positive";
+  if (layers > 4096 || heads > 65536 || width > (1 << 20) || seq > (1 << 20) || vocab > (1 << 24))
+    return "a model size is out of range (layers <= 4096, heads <= 65536, width and seq <= 2^20, "
+           "vocab <= 2^24)";
   if (width % heads != 0)
     return "width " + std::to_string(width) + " is not divisible by heads " + std::to_string(heads);
   if (heads % l.tp != 0)
@@ -76,7 +79,7 @@ void CopyColumns(const std::vector<float>& g, size_t rows, size_t cols,
 }  // namespace
 
 GptStage::GptStage(const ModelConfig& cfg, const Layout& layout, int rank, Communicator* comm)
-    : cfg_(cfg), layout_(layout), rank_(rank), comm_(comm) {
+    : cfg_(cfg), layout_(layout), comm_(comm) {
   const tracer::Coords c = layout.CoordsOf(rank);
   stage_ = c.pp;
   tp_rank_ = c.tp;
@@ -88,7 +91,7 @@ GptStage::GptStage(const ModelConfig& cfg, const Layout& layout, int rank, Commu
   const int base = cfg.layers / layout.pp, extra = cfg.layers % layout.pp;
   layer_begin_ = stage_ * base + std::min(stage_, extra);
   layer_end_ = layer_begin_ + base + (stage_ < extra ? 1 : 0);
-  const size_t C = cfg.width, Q = 3 * hl_ * d_, F = 4 * C / layout.tp;
+  const size_t C = cfg.width, Q = size_t{3} * hl_ * d_, F = 4 * C / layout.tp;
   if (first() || last()) wte_ = Add("wte", vl_ * C, true, false);
   if (first()) wpe_ = Add("wpe", cfg.seq * C, true, true);
   for (int l = layer_begin_; l < layer_end_; ++l) {
@@ -98,7 +101,7 @@ GptStage::GptStage(const ModelConfig& cfg, const Layout& layout, int rank, Commu
     o.ln1b = Add(p + "ln1.b", C, false, true);
     o.wqkv = Add(p + "qkv.w", C * Q, true, false);
     o.bqkv = Add(p + "qkv.b", Q, false, false);
-    o.wo = Add(p + "proj.w", hl_ * d_ * C, true, false);
+    o.wo = Add(p + "proj.w", static_cast<size_t>(hl_) * d_ * C, true, false);
     o.bo = Add(p + "proj.b", C, false, true);
     o.ln2g = Add(p + "ln2.g", C, false, true);
     o.ln2b = Add(p + "ln2.b", C, false, true);
@@ -137,11 +140,12 @@ const ParamTensor* GptStage::Find(const std::string& name) const {
 void GptStage::InitParams() {
   const size_t C = cfg_.width, H = cfg_.heads, D = d_, F = 4 * C, tp = layout_.tp;
   const size_t hd_local = hl_ * D, f_local = F / tp;
-  const float proj_std = 0.02f / std::sqrt(2.0f * cfg_.layers);
+  const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg_.layers));
   const uint64_t s = cfg_.seed;
   if (first() || last()) {
     auto g = GlobalTensor(s, "wte", cfg_.vocab, C, 0.02f);
-    std::memcpy(P(wte_), g.data() + tp_rank_ * vl_ * C, vl_ * C * sizeof(float));
+    std::memcpy(P(wte_), g.data() + static_cast<size_t>(tp_rank_) * vl_ * C,
+                vl_ * C * sizeof(float));
   }
   if (first()) {
     auto g = GlobalTensor(s, "wpe", cfg_.seq, C, 0.01f);

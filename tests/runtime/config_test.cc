@@ -50,5 +50,39 @@ TEST(RunJsonTest, AMissingFieldOrAnUnreadableNumberIsRefusedNotGuessed) {
   EXPECT_FALSE(inf.ok()) << "1e300 is no float learning rate";
 }
 
+// Found by fuzz_run_json: a number too large for the integer field it sits in was converted anyway
+// (undefined behaviour), as was microbatches = 0 divided by. Both are refused, naming the field.
+TEST(RunJsonTest, ANumberThatDoesNotFitItsFieldIsRefusedByName) {
+  std::string text = Seed("demo_222.json");
+  const size_t steps = text.find("\"steps\": ");
+  ASSERT_NE(steps, std::string::npos);
+  std::string big = text;
+  big.replace(steps + 9, text.find(',', steps) - (steps + 9), "1.66667e+41");
+  auto c = TrainConfig::FromJson(big, "run.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("run.json: train: field 'steps' should be an integer"),
+            std::string::npos)
+      << c.status().message();
+  auto zero = TrainConfig::FromJson(Seed("regression_zero_microbatches.json"), "run.json");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("microbatches"), std::string::npos)
+      << zero.status().message();
+}
+
+// Found by fuzz_run_json: a "format" that is a number (or an array, or missing) threw from the JSON
+// library instead of being refused as "not a megascope run.json".
+TEST(RunJsonTest, AFormatOrVersionOfTheWrongTypeIsRefusedNotThrown) {
+  auto c = TrainConfig::FromJson(Seed("regression_format_not_a_string.json"), "run.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("run.json is not a megascope run.json"), std::string::npos)
+      << c.status().message();
+  for (const char* text : {"[]", "{\"format\": [1]}", "{\"format\": \"megascope-run\"}",
+                           "{\"format\": \"megascope-run\", \"version\": \"1\"}"}) {
+    auto r = TrainConfig::FromJson(text, "run.json");
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_EQ(r.status().message().rfind("run.json ", 0), 0u) << r.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace megascope::runtime

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "megascope/tracer/file_util.h"
+#include "megascope/tracer/json_fields.h"
 
 namespace megascope::tracer {
 namespace {
@@ -28,61 +29,7 @@ nlohmann::ordered_json CountOrNull(int64_t v) {
   return v < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(v);
 }
 
-// Field access with errors that say where the problem is.
-class Fields {
- public:
-  Fields(const json& obj, std::string where) : obj_(obj), where_(std::move(where)) {}
-
-  Result<const json*> Get(const char* key, json::value_t type, bool nullable = false) const {
-    auto it = obj_.find(key);
-    if (it == obj_.end()) return InvalidArgument(where_ + ": missing field '" + key + "'");
-    if (nullable && it->is_null()) return &*it;
-    bool ok = it->type() == type ||
-              (type == json::value_t::number_integer && it->is_number_unsigned()) ||
-              (type == json::value_t::number_unsigned && it->is_number_integer() &&
-               it->get<int64_t>() >= 0);
-    if (!ok) {
-      return InvalidArgument(where_ + ": field '" + key + "' should be " + TypeName(type) +
-                             ", not " + it->type_name());
-    }
-    return &*it;
-  }
-  Result<int64_t> Int(const char* key) const {
-    ASSIGN_OR_RETURN(const json* v, Get(key, json::value_t::number_integer));
-    return v->get<int64_t>();
-  }
-  // 0 for null (times) or -1 for null (counts), per `null_value`.
-  Result<int64_t> IntOrNull(const char* key, int64_t null_value) const {
-    ASSIGN_OR_RETURN(const json* v, Get(key, json::value_t::number_integer, true));
-    return v->is_null() ? null_value : v->get<int64_t>();
-  }
-  Result<std::string> Str(const char* key) const {
-    ASSIGN_OR_RETURN(const json* v, Get(key, json::value_t::string));
-    return v->get<std::string>();
-  }
-  const std::string& where() const { return where_; }
-
- private:
-  static std::string TypeName(json::value_t t) {
-    switch (t) {
-      case json::value_t::string:
-        return "a string";
-      case json::value_t::number_integer:
-      case json::value_t::number_unsigned:
-        return "an integer";
-      case json::value_t::boolean:
-        return "a boolean";
-      case json::value_t::object:
-        return "an object";
-      case json::value_t::array:
-        return "an array";
-      default:
-        return "something else";
-    }
-  }
-  const json& obj_;
-  std::string where_;
-};
+using Fields = JsonFields;  // field access with errors that say where the problem is
 
 // A known field's value; one this build does not know reads as E::kUnknown and is kept in `d`.
 template <typename E>

@@ -65,7 +65,7 @@ class GptStage {
 
   ModelConfig cfg_;
   Layout layout_;
-  int rank_, stage_, tp_rank_;
+  int stage_, tp_rank_;
   int layer_begin_, layer_end_;
   int hl_, d_, vl_;  // local heads, head size, local vocab rows
   Communicator* comm_;
