@@ -10,6 +10,7 @@
 
 #include "command.h"
 #include "megascope/launch/process.h"
+#include "megascope/tracer/file_util.h"
 
 namespace megascope::cli {
 namespace {
@@ -49,6 +50,7 @@ int RunAgent(const Args& args) {
   // of its own.
   if (const char* root = std::getenv("MEGASCOPE_PROC_ROOT"); root != nullptr && *root != '\0')
     o.proc_root = root;
+  std::string token_file;
   po::options_description opts("Options");
   opts.add_options()("help,h", "show this help")(
       "node", po::value(&o.node)->required(),
@@ -63,6 +65,9 @@ int RunAgent(const Args& args) {
       "shm-dir", po::value(&o.shm_dir)->default_value(o.shm_dir), "where rank rings live")(
       "max-db-mb", po::value(&o.max_db_mb)->default_value(0),
       "cap trace.db at this many MiB (0: no cap)")(
+      "token-file", po::value(&token_file),
+      "require \"Authorization: Bearer <token>\" on every request, the token read from this file "
+      "(a launch gives its agents RUN_DIR/control.token when they listen beyond loopback)")(
       "proc-root", po::value(&o.proc_root)->default_value(o.proc_root),
       "root of the /proc tree to sample (tests use a fake one; default $MEGASCOPE_PROC_ROOT or "
       "/proc)");
@@ -73,6 +78,11 @@ int RunAgent(const Args& args) {
     return *rc;
   }
   if (o.sample_interval_s <= 0) return Fail("agent", "--sample-interval must be positive", 2);
+  if (!token_file.empty()) {
+    auto token = tracer::ReadToken(token_file);
+    if (!token.ok()) return Fail("agent", token.status().message(), 2);
+    o.token = *token;
+  }
   auto agent = tracer::agent::Agent::Create(o);
   if (!agent.ok()) return Fail("agent", agent.status().ToString());
   g_agent = agent->get();
@@ -81,13 +91,16 @@ int RunAgent(const Args& args) {
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
   const int port = (*agent)->port();
+  std::string host = o.listen.substr(0, o.listen.rfind(':'));
+  if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
   // The port file tells the launcher (and people) where to scrape.
   const std::string port_file = o.run_dir + "/nodes/" + o.node + "/agent.port";
   std::ofstream(port_file) << port << "\n";
   std::fprintf(stderr,
-               "[agent %s] job %s: http://127.0.0.1:%d/metrics, /state, /dump/<rank>; trace.db in "
+               "[agent %s] job %s: http://%s:%d/metrics, /state, /dump/<rank>%s; trace.db in "
                "%s/nodes/%s\n",
-               o.node.c_str(), o.job.c_str(), port, o.run_dir.c_str(), o.node.c_str());
+               o.node.c_str(), o.job.c_str(), host.c_str(), port,
+               o.token.empty() ? "" : " (with the run's token)", o.run_dir.c_str(), o.node.c_str());
   (*agent)->Run();
   std::fprintf(stderr, "[agent %s] stopped after %llu rows (%llu database errors); %s\n",
                o.node.c_str(), static_cast<unsigned long long>((*agent)->rows_written()),

@@ -6,6 +6,7 @@
 #include "megascope/analyzer/hang.h"
 #include "megascope/analyzer/live.h"
 #include "megascope/analyzer/slow.h"
+#include "megascope/tracer/file_util.h"
 
 namespace megascope::cli {
 
@@ -13,6 +14,7 @@ int RunAnalyze(const Args& args) {
   std::string what, source, agents, pytorch, steps;
   bool json = false;
   analyzer::HangOptions ho;
+  std::string token_file;
   po::options_description opts("Options");
   opts.add_options()("help,h", "show this help")("what", po::value(&what)->required(),
                                                  "hang | slow")("steps", po::value(&steps),
@@ -20,6 +22,8 @@ int RunAnalyze(const Args& args) {
       "source", po::value(&source),
       "a directory of dumps, or a run directory (its newest dumps/attempt_*)")(
       "agents", po::value(&agents), "live: comma-separated agent URLs (http://127.0.0.1:PORT,...)")(
+      "token-file", po::value(&token_file),
+      "live: the run's token (RUN_DIR/control.token), for agents that listen beyond loopback")(
       "pytorch", po::value(&pytorch),
       "a directory of PyTorch Flight Recorder dumps, one per rank: the pickle "
       "TORCH_NCCL_DUMP_ON_TIMEOUT writes (nccl_trace_rank_N) or the JSON form, PyTorch 2.2 on")(
@@ -72,7 +76,13 @@ int RunAnalyze(const Args& args) {
   for (std::string u; std::getline(ss, u, ',');) {
     if (!u.empty()) urls.push_back(u);
   }
-  auto in = !urls.empty()      ? analyzer::LoadFromAgents(urls)
+  std::string token;
+  if (!token_file.empty()) {
+    auto t = tracer::ReadToken(token_file);
+    if (!t.ok()) return Fail("analyze", t.status().message(), 2);
+    token = *t;
+  }
+  auto in = !urls.empty()      ? analyzer::LoadFromAgents(urls, -1, token)
             : !pytorch.empty() ? analyzer::LoadPyTorchDumps(pytorch)
                                : analyzer::LoadDumpDirectory(source);
   if (!in.ok()) return Fail("analyze", in.status().message());

@@ -1,6 +1,7 @@
 // `megascope launch` (the self-healing driver), `megascope report`, `megascope evict`, `megascope
 // stop`.
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "command.h"
@@ -19,6 +20,7 @@ int RunLaunch(const Args& args) {
   c.memory_snapshots = true;
   controller::ControllerOptions co;
   int spares = 0;
+  std::string hosts_arg;
   std::vector<std::string> injects;
   po::options_description opts("Options");
   opts.add_options()("help,h", "show this help");
@@ -51,6 +53,11 @@ int RunLaunch(const Args& args) {
       "no-memory-snapshots",
       "keep no every-step state in host memory (restart from disk checkpoints only)")(
       "allow-remote", "agents and the control endpoint listen on every address, not only loopback")(
+      "hosts", po::value(&hosts_arg),
+      "run each node on a host of its own: 'testbed' (the hosts of scripts/testbed.sh up N) or a "
+      "hosts file (NAME NETNS BACKEND_ADDR FRONTEND_ADDR per line). Nodes take the hosts in "
+      "order, spares the ones after them; ranks bind the backend address, agents listen on the "
+      "frontend address and require the run's token")(
       "detector-tick", po::value(&co.detector_tick_s)->default_value(co.detector_tick_s),
       "seconds between detector ticks over the agents' /metrics (0: no detector)")(
       "detector-warmup",
@@ -76,7 +83,8 @@ int RunLaunch(const Args& args) {
       "crash|hang|stall-send:node=N|rank=R,at=STEP; "
       "slow:node=N|rank=R|pp=S,at=STEP,seconds=X|factor=F; "
       "metric:node=N,what=nic-errors|memory,at=STEP|SECONDSs[,seconds=D]; "
-      "link:node=N,kind=slow[,rate=MBPS],at=STEP|SECONDSs[,seconds=D]; "
+      "link:node=N,kind=slow[,rate=MBPS]|loss[,loss=PCT]|down,at=STEP|SECONDSs[,seconds=D] "
+      "(loss and down need --hosts); "
       "kill-agent:node=N,at=STEP|SECONDSs; corrupt-checkpoint; degrade:node=N[,factor=F]");
   opts.add(loop);
   po::variables_map vm;
@@ -100,8 +108,35 @@ int RunLaunch(const Args& args) {
                 ">= 1, --detector-min-peers >= 2",
                 2);
   }
-  for (int k = 0; k < c.nodes + spares; ++k)
-    (k < c.nodes ? co.nodes : co.spares).push_back("node" + std::to_string(k));
+  std::vector<launch::Host> hosts;
+  if (!hosts_arg.empty()) {
+    const char* bed = std::getenv("MEGASCOPE_TESTBED");
+    const std::string file =
+        hosts_arg == "testbed"
+            ? "/run/megascope-testbed/" + std::string(bed && *bed ? bed : "msh") + ".hosts"
+            : hosts_arg;
+    auto read = launch::ReadHostsFile(file);
+    if (!read.ok()) {
+      return Fail(
+          "launch",
+          read.status().message() +
+              (hosts_arg == "testbed" ? " (bring the testbed up: scripts/testbed.sh up N)" : ""),
+          2);
+    }
+    hosts = std::move(read).value();
+    if (static_cast<int>(hosts.size()) < c.nodes + spares) {
+      return Fail("launch",
+                  "--nodes " + std::to_string(c.nodes) + " and --spares " + std::to_string(spares) +
+                      " need " + std::to_string(c.nodes + spares) + " hosts; " + file + " lists " +
+                      std::to_string(hosts.size()),
+                  2);
+    }
+  }
+  for (int k = 0; k < c.nodes + spares; ++k) {
+    const std::string name = hosts.empty() ? "node" + std::to_string(k) : hosts[k].name;
+    (k < c.nodes ? co.nodes : co.spares).push_back(name);
+    if (!hosts.empty()) co.supervisor.hosts[name] = hosts[k];
+  }
   for (const std::string& spec : injects) {
     auto in = controller::ParseInjection(spec);
     if (!in.ok()) return Fail("launch", in.status().message(), 2);
@@ -109,8 +144,16 @@ int RunLaunch(const Args& args) {
         std::find(co.nodes.begin(), co.nodes.end(), in->node) == co.nodes.end() &&
         std::find(co.spares.begin(), co.spares.end(), in->node) == co.spares.end()) {
       return Fail("launch",
-                  "--inject '" + spec + "': no node " + in->node + " (nodes are node0..node" +
-                      std::to_string(c.nodes + spares - 1) + ")",
+                  "--inject '" + spec + "': no node " + in->node + " (nodes are " +
+                      co.nodes.front() + ".." +
+                      (co.spares.empty() ? co.nodes.back() : co.spares.back()) + ")",
+                  2);
+    }
+    if (in->kind == controller::FaultKind::kLink && in->link != controller::LinkFaultKind::kSlow &&
+        (!co.supervisor.hosts.count(in->node) || co.supervisor.hosts[in->node].netns.empty())) {
+      return Fail("launch",
+                  "--inject '" + spec + "': kind=" + std::string(Name(in->link)) +
+                      " needs a real link: run the nodes on hosts of their own (--hosts testbed)",
                   2);
     }
     if (in->rank >= c.layout.world())
@@ -125,6 +168,9 @@ int RunLaunch(const Args& args) {
   co.supervisor.job = c.job;
   co.supervisor.shm_dir = c.shm_dir;
   co.supervisor.agent_host = co.allow_remote ? "0.0.0.0" : "127.0.0.1";
+  // Agents reachable from other hosts serve the job's state only with the run's token.
+  if (co.allow_remote || !hosts.empty())
+    co.supervisor.agent_token_file = launch::RunLayout(c.run_dir).token();
   co.world = c.layout.world();
   for (int r = 0; r < co.world; ++r) co.stage_of_rank.push_back(c.layout.CoordsOf(r).pp);
   co.steps = c.steps;

@@ -243,8 +243,9 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
   std::vector<Link> links;
   std::set<int> waiting;
   struct CollectiveState {
-    std::vector<int> missing;  // members that have not issued it
-    std::vector<int> behind;   // members that issued it behind an older open op of their own
+    std::vector<int> missing;    // members that have not issued it
+    std::vector<int> behind;     // members that issued it behind an older open op of their own
+    std::vector<int> completed;  // members for whom it completed
     std::map<std::tuple<int, uint64_t, int>, std::vector<int>>
         signatures;  // (op, bytes, dtype) -> members
     bool examined = false;
@@ -328,6 +329,10 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
           if (own != M.coll.end() && IsOpen(*own->second)) cs.behind.push_back(m);
         }
         auto it = M.coll.find(key);
+        // Finished on a member while others still wait in it: the others' data from that member
+        // stopped on the way (a collective's stalled link).
+        if (it != M.coll.end() && it->second->state == OpState::kCompleted)
+          cs.completed.push_back(m);
         // An op or dtype this build does not know (a newer writer) is no evidence of a mismatch.
         if (it != M.coll.end() && it->second->op != OpType::kUnknown &&
             it->second->dtype != tracer::DType::kUnknown) {
@@ -339,6 +344,16 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     }
     for (int m : cached->second.missing) {
       if (m != R.id) wait_on(m);
+    }
+    if (cached->second.missing.empty()) {
+      for (int m : cached->second.completed) {
+        if (m == R.id) continue;
+        Link l{m, R.id, ranks[m].coll.at(key), &b, R.blocking_group};
+        bool known = false;
+        for (const Link& x : links)
+          known |= (x.sender == m && x.receiver == R.id) || (x.sender == R.id && x.receiver == m);
+        if (!known) links.push_back(l);
+      }
     }
     for (int m : cached->second.behind) {
       if (m != R.id) wait_on(m);
@@ -457,17 +472,23 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     v.group = l.group;
     const FlightEntry* e = l.recv ? l.recv : l.send;
     v.seq = static_cast<int64_t>(e->seq);
-    v.op = "send";
+    const bool p2p = tracer::IsP2P(e->op);
+    v.op = p2p ? "send" : std::string(tracer::Name(e->op));
     v.waiting_ranks = waiters_of({l.sender, l.receiver});
     v.confidence = 0.85;
     auto bytes = [](int64_t b) { return b < 0 ? std::string("unknown") : std::to_string(b); };
     const std::string sent = l.send ? bytes(l.send->bytes_sent) : "unknown";
     const std::string got = l.recv ? bytes(l.recv->bytes_received) : "unknown";
-    v.explanation = "the transfer #" + std::to_string(e->seq) + " in " + l.group + " from " +
-                    ranks[l.sender].Describe() + " to " + ranks[l.receiver].Describe() +
-                    " stalled: both sides joined, " + sent + " of " + std::to_string(e->bytes) +
-                    " bytes sent and " + got + " received. Suspect the link between " +
-                    node_of(l.sender) + " and " + node_of(l.receiver) + ".";
+    const std::string suspect =
+        " Suspect the link between " + node_of(l.sender) + " and " + node_of(l.receiver) + ".";
+    v.explanation =
+        p2p ? "the transfer #" + std::to_string(e->seq) + " in " + l.group + " from " +
+                  ranks[l.sender].Describe() + " to " + ranks[l.receiver].Describe() +
+                  " stalled: both sides joined, " + sent + " of " + std::to_string(e->bytes) +
+                  " bytes sent and " + got + " received." + suspect
+            : ranks[l.sender].Describe() + " completed " + v.op + " #" + std::to_string(e->seq) +
+                  " in " + l.group + " but " + ranks[l.receiver].Describe() +
+                  " still waits in it: its data stopped on the way." + suspect;
     v.evidence.push_back("bytes_sent=" + sent + " bytes_received=" + got + " of " +
                          std::to_string(e->bytes));
     if (!v.waiting_ranks.empty())

@@ -9,11 +9,12 @@ namespace megascope::analyzer {
 
 using tracer::HttpGet;
 
-Result<HangInput> LoadFromAgents(const std::vector<std::string>& urls, int attempt) {
+Result<HangInput> LoadFromAgents(const std::vector<std::string>& urls, int attempt,
+                                 const std::string& token) {
   std::vector<std::pair<std::string, tracer::Dump>> dumps;
   for (std::string url : urls) {
     while (!url.empty() && url.back() == '/') url.pop_back();
-    ASSIGN_OR_RETURN(std::string state, HttpGet(url + "/state"));
+    ASSIGN_OR_RETURN(std::string state, HttpGet(url + "/state", 5000, token));
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(state);
@@ -26,7 +27,7 @@ Result<HangInput> LoadFromAgents(const std::vector<std::string>& urls, int attem
       if (attempt >= 0 && r.value("attempt", -1) != attempt) continue;
       if (!seen.insert(rank).second) continue;
       const std::string src = url + "/dump/" + std::to_string(rank);
-      ASSIGN_OR_RETURN(std::string body, HttpGet(src));
+      ASSIGN_OR_RETURN(std::string body, HttpGet(src, 5000, token));
       ASSIGN_OR_RETURN(tracer::Dump d, tracer::ParseDump(body, src));
       dumps.emplace_back(src, std::move(d));
     }

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <limits>
 #include <map>
+#include <set>
 
 #include "format.h"
 #include "megascope/tracer/clock.h"
@@ -242,6 +244,112 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
                     Fmt("%.3f", cost) + " s per step for it (the median rank causes " +
                     Fmt("%.3f", typical / static_cast<double>(rep.steps)) + " s).";
     v.evidence = {"cost_s_per_step=" + Fmt("%.4f", cost)};
+    rep.verdicts.push_back(std::move(v));
+  }
+  // 3. Slow links: once every member of a collective has arrived, it takes about as long as the
+  // same collective in the other groups of its kind -- unless it crosses a slow link. Each
+  // group's collectives are timed from their last arrival to their last completion; a group whose
+  // median is well above the fastest group of its kind is slow, and the host common to every slow
+  // group is the suspect (when two hosts are, the link between them: their self-checks decide).
+  struct GroupTiming {
+    std::vector<double> transfer;  // s, per collective
+    std::set<std::string> hosts;
+  };
+  std::map<std::string, GroupTiming> timing;
+  {
+    struct Span {
+      int64_t arrive = std::numeric_limits<int64_t>::min();
+      int64_t done = std::numeric_limits<int64_t>::min();
+      int members = 0;
+    };
+    std::map<std::pair<std::string, int64_t>, Span> spans;
+    for (const auto& [rank, ops] : ops_of) {
+      for (const Op& op : ops) {
+        if (op.p2p || op.completed <= 0) continue;
+        Span& sp = spans[{op.grp, op.seq}];
+        sp.arrive = std::max(sp.arrive, op.enqueued - meta[rank].offset);
+        sp.done = std::max(sp.done, op.completed - meta[rank].offset);
+        ++sp.members;
+        timing[op.grp].hosts.insert(meta[rank].node);
+      }
+    }
+    for (const auto& [key, sp] : spans) {
+      if (sp.members >= 2)
+        timing[key.first].transfer.push_back(
+            static_cast<double>(std::max<int64_t>(0, sp.done - sp.arrive)) / 1e9);
+    }
+  }
+  std::map<std::string, double> fastest;  // group kind -> fastest median of a cross-host group
+  std::map<std::string, int> groups_of_kind;
+  auto kind_of = [](const std::string& grp) { return grp.substr(0, grp.find('.')); };
+  for (const auto& [grp, t] : timing) {
+    if (t.hosts.size() < 2 || t.transfer.empty()) continue;  // crosses no link
+    const std::string k = kind_of(grp);
+    const double med = Median(t.transfer);
+    fastest[k] = groups_of_kind[k]++ == 0 ? med : std::min(fastest[k], med);
+  }
+  std::vector<std::string> slow_groups;
+  std::set<std::string> suspects;
+  std::vector<const GroupTiming*> fast;  // cross-host groups that are not slow
+  double link_cost = 0;
+  for (const auto& [grp, t] : timing) {
+    const std::string k = kind_of(grp);
+    if (t.hosts.size() < 2 || t.transfer.empty() || groups_of_kind[k] < 2) continue;
+    const double med = Median(t.transfer);
+    const double cost = (med - fastest[k]) * static_cast<double>(t.transfer.size()) /
+                        static_cast<double>(rep.steps);
+    if (med < o.link_ratio * fastest[k]) {
+      fast.push_back(&t);
+      continue;
+    }
+    if (cost < o.min_cost_s) continue;  // slower, but by too little to tell from jitter
+    if (slow_groups.empty()) {
+      suspects = t.hosts;
+    } else {
+      std::set<std::string> both;
+      std::set_intersection(suspects.begin(), suspects.end(), t.hosts.begin(), t.hosts.end(),
+                            std::inserter(both, both.end()));
+      suspects = std::move(both);
+    }
+    slow_groups.push_back(grp + " (" + Fmt("%.1f", med / std::max(fastest[k], 1e-9)) + "x)");
+    link_cost = std::max(link_cost, cost);
+  }
+  // A slow link slows every group that crosses it: a group over the suspects' links that is not
+  // slow contradicts the finding (one slow group among several over the same hosts is jitter).
+  for (const GroupTiming* t : fast) {
+    if (!suspects.empty() &&
+        std::includes(t->hosts.begin(), t->hosts.end(), suspects.begin(), suspects.end()))
+      suspects.clear();
+  }
+  // ... and costs a real share of the step, not a few milliseconds of jitter.
+  if (!slow_groups.empty() && !suspects.empty() &&
+      link_cost >= std::max(o.min_cost_s, o.link_min_step_share * rep.mean_step_s)) {
+    Verdict v;
+    v.kind = "slow";
+    v.cause = "link_slow";
+    for (const std::string& h : suspects) {
+      v.root_nodes.push_back(h);
+      for (const auto& [rank, m] : meta) {
+        if (m.node == h) {
+          v.root_ranks.push_back(rank);
+          break;
+        }
+      }
+    }
+    v.confidence = suspects.size() == 1 ? 0.7 : 0.6;
+    v.detected_at_ns = tracer::WallNowNs();
+    std::string groups;
+    for (const std::string& g : slow_groups) groups += (groups.empty() ? "" : ", ") + g;
+    std::string where;
+    for (const std::string& h : suspects) where += (where.empty() ? "" : " and ") + h;
+    v.explanation = "collectives crossing " +
+                    std::string(suspects.size() == 1 ? "the link of " : "the link between ") +
+                    where +
+                    " took longer than the same collectives of other groups once every member had "
+                    "arrived: " +
+                    groups + " against the fastest group of their kind; " + Fmt("%.3f", link_cost) +
+                    " s per step. The network is slow there, not the ranks.";
+    v.evidence = {"cost_s_per_step=" + Fmt("%.4f", link_cost), "slow_groups=" + groups};
     rep.verdicts.push_back(std::move(v));
   }
   std::sort(rep.verdicts.begin(), rep.verdicts.end(),

@@ -34,6 +34,7 @@
 #include "megascope/tracer/file_util.h"
 #include "megascope/tracer/http_client.h"
 #include "megascope/tracer/verdict.h"
+#include "net_fault.h"
 #include "proc_fault.h"
 
 namespace megascope::controller {
@@ -116,6 +117,9 @@ class ControlHandler : public CivetHandler {
   std::deque<Command>* queue_;
 };
 
+// The self-check's rendezvous and collective timeout.
+constexpr int kSelfCheckTimeoutMs = 10000;
+
 struct SelfCheckFigures {
   bool ok = false;
   double gemm_gflops = 0, allreduce_gbps = 0;
@@ -167,6 +171,21 @@ struct Controller::Impl {
   std::set<std::string> cleared;  // node|cause: passed a self-check for it in this run
   std::map<std::string, std::unique_ptr<ProcFault>> proc_faults;  // metric faults, by node
   std::map<std::string, std::string> link_seams;                  // link faults: node -> file
+  std::string agent_token;  // what the agents require ("" : agents on loopback, open)
+  std::map<std::string, Clock::time_point> net_faults;  // real link faults applied: node -> end
+
+  bool HasOwnHost(const std::string& node) const {
+    const launch::Host* h = sup.HostOf(node);
+    return h != nullptr && !h->netns.empty();
+  }
+  // Undoes every real link fault still applied (at the end of the launch).
+  void ClearNetFaults() {
+    for (const auto& [node, until] : net_faults) {
+      if (Status st = ClearLinkFault(*sup.HostOf(node)); !st.ok())
+        Log("cannot clear the link fault on " + node + ": " + st.ToString());
+    }
+    net_faults.clear();
+  }
 
   explicit Impl(ControllerOptions o)
       : opt(std::move(o)),
@@ -206,6 +225,7 @@ struct Controller::Impl {
     fs::create_directories(layout.dir(), ec);
     ASSIGN_OR_RETURN(db, ControlDb::Open(layout.control_db()));
     const std::string token = RandomToken();
+    if (!opt.supervisor.agent_token_file.empty()) agent_token = token;
     {
       const std::string tmp = layout.token() + ".tmp";
       const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -249,6 +269,8 @@ struct Controller::Impl {
         env.emplace_back("MEGASCOPE_PROC_ROOT", f->dir());
         sup.SetNodeEnv(in.node, env);
         proc_faults[in.node] = std::move(f);
+      } else if (in.kind == FaultKind::kLink && HasOwnHost(in.node)) {
+        // The host's real link fails when the injection fires (net_fault.h).
       } else if (in.kind == FaultKind::kLink && !link_seams.count(in.node)) {
         // Every process of the node obeys the seam file from the start; it is healthy until the
         // injection fires.
@@ -279,24 +301,28 @@ struct Controller::Impl {
     std::pair<SelfCheckFigures, SelfCheckFigures> out;
     const std::string nodes[2] = {a, b};
     for (int r = 0; r < 2; ++r) {
-      launch::ProcessSpec spec;
-      spec.argv = {opt.supervisor.self_exe, "self-check", "--dir",
-                   dir + "/store",          "--rank",     std::to_string(r)};
-      spec.log_path = dir + "/rank_" + std::to_string(r) + ".log";
-      spec.env = sup.NodeEnv(nodes[r]);
-      auto p = launch::Process::Spawn(spec);
+      auto p = launch::Process::Spawn(
+          sup.NodeProcess(nodes[r],
+                          {opt.supervisor.self_exe, "self-check", "--dir", dir + "/store", "--rank",
+                           std::to_string(r), "--timeout", std::to_string(kSelfCheckTimeoutMs)},
+                          dir + "/rank_" + std::to_string(r) + ".log"));
       if (!p.ok()) {
         out.first.error = p.status().ToString();
         return out;
       }
       procs.push_back(std::move(p).value());
     }
+    // One deadline for the pair: a rank whose link is dead can block in connect() past its own
+    // rendezvous timeout.
+    const auto deadline = Clock::now() + std::chrono::milliseconds(3 * kSelfCheckTimeoutMs);
     for (int r = 0; r < 2; ++r) {
       SelfCheckFigures& f = r == 0 ? out.first : out.second;
-      auto e = procs[r]->WaitFor(std::chrono::seconds(60));
+      auto e = procs[r]->WaitFor(std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::max(Clock::duration::zero(), deadline - Clock::now())));
       if (!e) {
         procs[r]->Stop(std::chrono::milliseconds(0));
-        f.error = "self-check did not finish in 60 s";
+        f.error =
+            "self-check did not finish in " + std::to_string(3 * kSelfCheckTimeoutMs / 1000) + " s";
         continue;
       }
       const std::string text = tracer::ReadFile(procs[r]->log_path()).value_or("");
@@ -318,7 +344,7 @@ struct Controller::Impl {
   std::map<std::string, double> NodeErrorCounters(const std::string& node) {
     const std::string url = sup.AgentUrl(node);
     if (url.empty()) return {};
-    auto page = tracer::HttpGet(url + "/metrics", 1000);
+    auto page = tracer::HttpGet(url + "/metrics", 1000, agent_token);
     return page.ok() ? ErrorCounters(*page) : std::map<std::string, double>{};
   }
 
@@ -539,7 +565,7 @@ struct Controller::Impl {
     for (const std::string& node : active) {
       const std::string url = sup.AgentUrl(node);
       if (url.empty()) continue;
-      auto body = tracer::HttpGet(url + "/state", 1000);
+      auto body = tracer::HttpGet(url + "/state", 1000, agent_token);
       if (!body.ok()) continue;
       json s = json::parse(*body, nullptr, false);
       if (s.is_discarded()) continue;
@@ -592,21 +618,54 @@ struct Controller::Impl {
       const bool due = (in.at_seconds >= 0 && Since(launch_start) >= in.at_seconds) ||
                        (in.at_step >= 0 && last_step_done >= in.at_step);
       if (!due) continue;
-      launch::LinkFault f{in.rate_mbps, 0};
-      if (in.seconds > 0) f.until_ns = tracer::WallNowNs() + static_cast<int64_t>(in.seconds * 1e9);
-      if (Status st = launch::WriteLinkFault(link_seams.at(in.node), f); !st.ok()) {
-        Log("cannot inject " + in.spec + ": " + st.ToString());
-      }
       in.fired = true;
-      Log("fault fired: link slow on " + in.node + " (" +
-          std::to_string(in.rate_mbps).substr(0, 6) + " MB/s)" +
+      Status st;
+      if (HasOwnHost(in.node)) {
+        const launch::Host& host = *sup.HostOf(in.node);
+        st = ApplyLinkFault(host, in.link, in.rate_mbps, in.loss_pct);
+        if (st.ok()) {
+          net_faults[in.node] = in.seconds > 0
+                                    ? Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                         std::chrono::duration<double>(in.seconds))
+                                    : Clock::time_point::max();
+        }
+      } else {
+        launch::LinkFault f{in.rate_mbps, 0};
+        if (in.seconds > 0)
+          f.until_ns = tracer::WallNowNs() + static_cast<int64_t>(in.seconds * 1e9);
+        st = launch::WriteLinkFault(link_seams.at(in.node), f);
+      }
+      if (!st.ok()) {
+        Log("cannot inject " + in.spec + ": " + st.ToString());
+        continue;
+      }
+      std::string what = std::string(Name(in.link));
+      if (in.link == LinkFaultKind::kSlow)
+        what += " (" + std::to_string(in.rate_mbps).substr(0, 6) + " MB/s)";
+      if (in.link == LinkFaultKind::kLoss)
+        what += " (" + std::to_string(in.loss_pct).substr(0, 5) + " % of packets)";
+      Log("fault fired: link " + what + " on " + in.node +
+          (HasOwnHost(in.node) ? " (its host's backend link)" : " (link seam)") +
           (in.seconds > 0 ? " for " + std::to_string(in.seconds).substr(0, 5) + " s" : ""));
       Record(EventKind::kFaultInjected, in.node, -1,
              {{"kind", "link"},
-              {"what", in.what},
+              {"what", Name(in.link)},
               {"rate_mbps", in.rate_mbps},
+              {"loss_pct", in.loss_pct},
+              {"real", HasOwnHost(in.node)},
               {"seconds", in.seconds},
               {"spec", in.spec}});
+    }
+    for (auto it = net_faults.begin(); it != net_faults.end();) {
+      if (Clock::now() < it->second) {
+        ++it;
+        continue;
+      }
+      if (Status st = ClearLinkFault(*sup.HostOf(it->first)); !st.ok())
+        Log("cannot clear the link fault on " + it->first + ": " + st.ToString());
+      else
+        Log("link fault on " + it->first + " ended");
+      it = net_faults.erase(it);
     }
     for (Injection& in : opt.injections) {
       if (in.fired || in.kind != FaultKind::kKillAgent) continue;
@@ -664,7 +723,7 @@ struct Controller::Impl {
       for (const std::string& n : active) {
         if (!sup.AgentUrl(n).empty()) urls.push_back(sup.AgentUrl(n));
       }
-      auto in = analyzer::LoadFromAgents(urls, attempt);
+      auto in = analyzer::LoadFromAgents(urls, attempt, agent_token);
       if (in.ok()) {
         for (const std::string& w : in->warnings) Log("warning: " + w);
         verdicts = analyzer::AnalyzeHang(*in, ho);
@@ -728,7 +787,7 @@ struct Controller::Impl {
       for (const std::string& n : active) {
         const std::string url = sup.AgentUrl(n);
         if (url.empty()) continue;
-        auto page = tracer::HttpGet(url + "/metrics", 1000);
+        auto page = tracer::HttpGet(url + "/metrics", 1000, agent_token);
         if (page.ok()) pages[n] = std::move(*page);
       }
       const MetricsRound round =
@@ -850,6 +909,7 @@ struct Controller::Impl {
     const int64_t lost = last_step_done;
     // The policy (policy.h) decides per verdict; the controller carries it out.
     std::vector<std::pair<std::string, json>> to_evict;
+    std::map<std::string, bool> checked_now;  // node -> passed its self-check in this incident
     std::string restart_cause = t.cause;
     if (t.cause == "manual") to_evict.emplace_back(t.manual_node, json{{"kind", "manual"}});
     for (const Verdict& v : verdicts) {
@@ -863,10 +923,14 @@ struct Controller::Impl {
         std::set<std::string> suspects(d.nodes.begin(), d.nodes.end());
         for (const std::string& n : suspects) {
           const std::string partner = HealthyPartner(suspects);
+          // Several verdicts of one incident often name the same node (both directions of a
+          // stalled link): it is checked once.
+          if (checked_now.count(n)) continue;
           const bool passed = SelfCheck(n, partner.empty() ? n : partner,
                                         v.kind == "faulty_machine" ? "suspect of the detector"
                                         : v.cause == "link_stall"  ? "end of a stalled link"
                                                                    : "suspect: " + v.cause);
+          checked_now[n] = passed;
           Record(EventKind::kDecision, n, -1,
                  {{"action", passed ? "keep" : "evict"},
                   {"confirmed", !passed},
@@ -997,6 +1061,7 @@ struct Controller::Impl {
     ::sigaction(SIGTERM, &old_term, nullptr);
     sup.StopRanks();
     sup.StopAgents();
+    ClearNetFaults();
     if (rc == kLaunchFinished || rc == kLaunchPaused || rc == kLaunchStopped) {
       Record(EventKind::kJobFinished, "", -1,
              {{"status", rc == kLaunchFinished ? "finished"
@@ -1115,10 +1180,9 @@ int Controller::Run() { return impl_->Run(); }
 Status SendControlCommand(const std::string& run_dir, const std::string& command,
                           const std::string& node) {
   launch::RunLayout layout(run_dir);
-  std::ifstream tok(layout.token());
-  std::string token;
-  if (!(tok >> token)) {
-    return PermissionDenied("cannot read the run's token " + layout.token() +
+  auto token = tracer::ReadToken(layout.token());
+  if (!token.ok()) {
+    return PermissionDenied(token.status().message() +
                             " (control actions need it: run as the user who started the launch)");
   }
   json where = json::parse(tracer::ReadFile(layout.controller_json()).value_or(""), nullptr, false);
@@ -1128,7 +1192,7 @@ Status SendControlCommand(const std::string& run_dir, const std::string& command
   }
   const std::string url =
       where["url"].get<std::string>() + "/" + command + (node.empty() ? "" : "?node=" + node);
-  auto r = tracer::HttpRequest("POST", url, {"Authorization: Bearer " + token}, 5000);
+  auto r = tracer::HttpRequest("POST", url, {"Authorization: Bearer " + *token}, 5000);
   if (!r.ok()) return r.status();
   return Status::Ok();
 }

@@ -18,7 +18,20 @@ constexpr std::array<std::pair<FaultKind, std::string_view>, 9> kKinds = {{
     {FaultKind::kLink, "link"},
 }};
 
+constexpr std::array<std::pair<LinkFaultKind, std::string_view>, 3> kLinkKinds = {{
+    {LinkFaultKind::kSlow, "slow"},
+    {LinkFaultKind::kLoss, "loss"},
+    {LinkFaultKind::kDown, "down"},
+}};
+
 }  // namespace
+
+std::string_view Name(LinkFaultKind kind) {
+  for (const auto& [k, n] : kLinkKinds) {
+    if (k == kind) return n;
+  }
+  return "unknown";
+}
 
 std::string_view Name(FaultKind kind) {
   for (const auto& [k, n] : kKinds) {
@@ -34,6 +47,7 @@ bool IsWorkerFault(FaultKind k) {
 
 Result<Injection> ParseInjection(const std::string& spec) {
   Injection in;
+  bool link_fields = false;  // kind=, rate= or loss= given
   in.spec = spec;
   const auto colon = spec.find(':');
   const std::string kind = spec.substr(0, colon);
@@ -70,13 +84,24 @@ Result<Injection> ParseInjection(const std::string& spec) {
         in.what = value;
         used = value.size();
       } else if (key == "kind") {
-        if (value != "slow")
+        bool known = false;
+        for (const auto& [k, n] : kLinkKinds) {
+          if (n == value) {
+            in.link = k;
+            known = true;
+          }
+        }
+        if (!known)
           return InvalidArgument("--inject '" + spec + "': kind='" + value +
-                                 "' is not a link fault available here (slow)");
-        in.what = value;
+                                 "' is not a link fault (slow, loss, down)");
+        link_fields = true;
         used = value.size();
       } else if (key == "rate") {
         in.rate_mbps = std::stod(value, &used);
+        link_fields = true;
+      } else if (key == "loss") {
+        in.loss_pct = std::stod(value, &used);
+        link_fields = true;
       } else if (key == "at") {
         if (!value.empty() && value.back() == 's') {
           in.at_seconds = std::stod(value.substr(0, value.size() - 1), &used);
@@ -90,7 +115,7 @@ Result<Injection> ParseInjection(const std::string& spec) {
         in.factor = std::stod(value, &used);
       } else {
         return InvalidArgument("--inject '" + spec + "': unknown field '" + key +
-                               "' (node, rank, pp, at, seconds, factor, what, kind, rate)");
+                               "' (node, rank, pp, at, seconds, factor, what, kind, rate, loss)");
       }
       if (used != value.size()) throw std::invalid_argument(value);
     } catch (const std::exception&) {
@@ -99,8 +124,8 @@ Result<Injection> ParseInjection(const std::string& spec) {
   }
   const bool targeted =
       !in.node.empty() || in.rank >= 0 || (in.kind == FaultKind::kSlow && in.pp >= 0);
-  if ((in.rate_mbps != 0 || in.what == "slow") && in.kind != FaultKind::kLink)
-    return InvalidArgument("--inject '" + spec + "': kind= and rate= belong to link faults");
+  if (link_fields && in.kind != FaultKind::kLink)
+    return InvalidArgument("--inject '" + spec + "': kind=, rate= and loss= belong to link faults");
   if (in.pp >= 0 && in.kind != FaultKind::kSlow)
     return InvalidArgument("--inject '" + spec + "': pp=S targets only slow");
   if (IsWorkerFault(in.kind)) {
@@ -120,11 +145,17 @@ Result<Injection> ParseInjection(const std::string& spec) {
     if (in.factor < 1) return InvalidArgument("--inject '" + spec + "': factor must be >= 1");
   } else if (in.kind == FaultKind::kLink) {
     if (in.node.empty()) return InvalidArgument("--inject '" + spec + "' needs node=N");
-    if (in.what.empty()) in.what = "slow";
-    if (in.what != "slow")
+    if (!in.what.empty())
       return InvalidArgument("--inject '" + spec + "': what= belongs to metric faults");
-    if (in.rate_mbps == 0) in.rate_mbps = 10;
+    if (in.rate_mbps != 0 && in.link != LinkFaultKind::kSlow)
+      return InvalidArgument("--inject '" + spec + "': rate= belongs to kind=slow");
+    if (in.loss_pct != 0 && in.link != LinkFaultKind::kLoss)
+      return InvalidArgument("--inject '" + spec + "': loss= belongs to kind=loss");
+    if (in.link == LinkFaultKind::kSlow && in.rate_mbps == 0) in.rate_mbps = 10;
+    if (in.link == LinkFaultKind::kLoss && in.loss_pct == 0) in.loss_pct = 30;
     if (in.rate_mbps < 0) return InvalidArgument("--inject '" + spec + "': rate must be > 0 MB/s");
+    if (in.loss_pct < 0 || in.loss_pct > 100)
+      return InvalidArgument("--inject '" + spec + "': loss must be a percentage in (0, 100]");
     if (in.at_step < 0 && in.at_seconds < 0)
       return InvalidArgument("--inject '" + spec + "' needs at=STEP or at=SECONDSs");
   } else if (in.kind == FaultKind::kMetric) {

@@ -9,12 +9,14 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <thread>
 #include <utility>
 
 #include "megascope/launch/link_seam.h"
+#include "megascope/launch/supervisor.h"
 #include "megascope/runtime/comm.h"
 
 namespace megascope::runtime {
@@ -54,7 +56,9 @@ class GlooCommunicator final : public Communicator {
                      ec.message());
     try {
       gloo::transport::tcp::attr attr;
-      attr.hostname = "127.0.0.1";
+      // A node on its own host binds that host's backend address; one machine: loopback.
+      const char* bind = std::getenv(launch::kBindAddrEnv);
+      attr.hostname = bind != nullptr && *bind != '\0' ? bind : "127.0.0.1";
       device_ = gloo::transport::tcp::CreateDevice(attr);
       store_ = std::make_unique<gloo::rendezvous::FileStore>(o.rendezvous_dir);
       for (const GroupSpec& g : groups_) {

@@ -28,11 +28,18 @@ TEST(InjectTest, ParsesEveryKindWithItsTarget) {
   auto l = ParseInjection("link:node=node2,kind=slow,rate=5,at=10s,seconds=20");
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   EXPECT_EQ(l->kind, FaultKind::kLink);
-  EXPECT_EQ(l->what, "slow");
+  EXPECT_EQ(l->link, LinkFaultKind::kSlow);
   EXPECT_DOUBLE_EQ(l->rate_mbps, 5);
   EXPECT_DOUBLE_EQ(l->at_seconds, 10);
   EXPECT_DOUBLE_EQ(l->seconds, 20);
   EXPECT_DOUBLE_EQ(ParseInjection("link:node=node2,at=3")->rate_mbps, 10) << "the default rate";
+  auto loss = ParseInjection("link:node=node1,kind=loss,at=4");
+  ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+  EXPECT_EQ(loss->link, LinkFaultKind::kLoss);
+  EXPECT_DOUBLE_EQ(loss->loss_pct, 30) << "the default share";
+  EXPECT_DOUBLE_EQ(ParseInjection("link:node=node1,kind=loss,loss=100,at=4")->loss_pct, 100);
+  EXPECT_EQ(ParseInjection("link:node=node1,kind=down,at=2s")->link, LinkFaultKind::kDown);
+  EXPECT_EQ(Name(LinkFaultKind::kDown), "down");
 }
 
 TEST(InjectTest, RefusesWhatCannotBeCarriedOut) {
@@ -40,12 +47,14 @@ TEST(InjectTest, RefusesWhatCannotBeCarriedOut) {
        {"boom:node=n", "crash:at=3", "crash:node=n", "slow:rank=1,at=2", "kill-agent:at=4",
         "crash:node=n,at=x", "crash:node=n,at=3,color=red", "degrade:node=n,factor=0.5",
         "crash:rank=1x,at=3", "link:kind=slow,at=3", "link:node=n,kind=slow",
-        "link:node=n,rate=-1,at=3", "crash:node=n,at=3,rate=5", "link:node=n,what=memory,at=3"}) {
+        "link:node=n,rate=-1,at=3", "crash:node=n,at=3,rate=5", "link:node=n,what=memory,at=3",
+        "link:node=n,kind=loss,loss=120,at=3", "link:node=n,kind=down,rate=5,at=3",
+        "link:node=n,kind=slow,loss=5,at=3", "crash:node=n,at=3,loss=5"}) {
     EXPECT_FALSE(ParseInjection(bad).ok()) << bad;
   }
   EXPECT_NE(ParseInjection("boom").status().message().find("one of crash, hang"),
             std::string::npos);
-  EXPECT_NE(ParseInjection("link:node=n,kind=loss,at=3").status().message().find("kind='loss'"),
+  EXPECT_NE(ParseInjection("link:node=n,kind=flaky,at=3").status().message().find("kind='flaky'"),
             std::string::npos);
 }
 

@@ -11,6 +11,7 @@
 #include "megascope/launch/link_seam.h"
 #include "megascope/launch/process.h"
 #include "megascope/launch/state_files.h"
+#include "megascope/launch/supervisor.h"
 #include "megascope/tracer/clock.h"
 #include "test_util.h"
 
@@ -90,6 +91,32 @@ std::string WriteMemoryShard(const std::string& dir, int rank, int64_t step, flo
   EXPECT_TRUE(
       WriteShard(path, EncodeShard(step, rank, 4, {a.data(), a.data(), a.data()}), false).ok());
   return path;
+}
+
+TEST(HostsFileTest, ReadsHostsAndNamesTheLineThatIsWrong) {
+  megascope::testing::TempDir dir;
+  const std::string path = dir.path() + "/hosts";
+  std::ofstream(path)
+      << "# a testbed\nh0 ns0 10.77.0.11 10.78.0.11 sw:h0\n\nh1 - 10.0.0.2 10.1.0.2\n";
+  auto hosts = ReadHostsFile(path);
+  ASSERT_TRUE(hosts.ok()) << hosts.status().ToString();
+  ASSERT_EQ(hosts->size(), 2u);
+  EXPECT_EQ((*hosts)[0].netns, "ns0");
+  EXPECT_EQ((*hosts)[0].switch_netns, "sw");
+  EXPECT_EQ((*hosts)[0].switch_port, "h0");
+  EXPECT_EQ((*hosts)[1].netns, "") << "'-': this machine's own network";
+  EXPECT_EQ((*hosts)[1].frontend_addr, "10.1.0.2");
+  for (const auto& [text, where] : std::vector<std::pair<std::string, std::string>>{
+           {"h0 ns0 10.0.0.1\n", ":1: expected"},
+           {"h0 ns0 a b\nh1 ns1 a b c:d e\n", ":2: expected"},
+           {"h0 ns0 a b\nh0 ns1 c d\n", ":2: host h0 twice"},
+           {"# nothing\n", "lists no host"}}) {
+    std::ofstream(path) << text;
+    auto bad = ReadHostsFile(path);
+    ASSERT_FALSE(bad.ok()) << text;
+    EXPECT_NE(bad.status().message().find(where), std::string::npos) << bad.status().message();
+  }
+  EXPECT_EQ(ReadHostsFile(dir.path() + "/none").status().code(), StatusCode::kNotFound);
 }
 
 TEST(StateFilesTest, ResumesFromTheNewestStepEveryRankHasOnALiveNode) {

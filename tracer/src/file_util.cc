@@ -69,4 +69,14 @@ Status WriteFileAtomic(const std::string& path, std::string_view text) {
   return Status::Ok();
 }
 
+Result<std::string> ReadToken(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) {
+    return PermissionDenied("cannot read the token " + path + ": " + text.status().message());
+  }
+  const size_t begin = text->find_first_not_of(" \t\r\n");
+  if (begin == std::string::npos) return PermissionDenied("the token file " + path + " is empty");
+  return text->substr(begin, text->find_first_of(" \t\r\n", begin) - begin);
+}
+
 }  // namespace megascope::tracer

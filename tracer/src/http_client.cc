@@ -69,8 +69,9 @@ Result<std::string> HttpRequest(const std::string& method, const std::string& ur
   return Status(StatusCode::kUnavailable, msg);
 }
 
-Result<std::string> HttpGet(const std::string& url, int timeout_ms) {
-  return HttpRequest("GET", url, {}, timeout_ms);
+Result<std::string> HttpGet(const std::string& url, int timeout_ms, const std::string& token) {
+  if (token.empty()) return HttpRequest("GET", url, {}, timeout_ms);
+  return HttpRequest("GET", url, {"Authorization: Bearer " + token}, timeout_ms);
 }
 
 }  // namespace megascope::tracer

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -98,6 +99,18 @@ Result<std::unique_ptr<Process>> Process::Spawn(const ProcessSpec& spec) {
   if (spec.argv.empty()) return InvalidArgument("Process::Spawn: empty argv");
   if (::access(spec.argv[0].c_str(), X_OK) != 0)
     return ErrnoError("cannot run " + spec.argv[0], errno);
+  int ns_fd = -1;
+  if (!spec.netns.empty()) {
+    const std::string ns_path = "/run/netns/" + spec.netns;
+    ns_fd = ::open(ns_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (ns_fd < 0) return ErrnoError("cannot open network namespace " + ns_path, errno);
+  }
+  struct CloseNs {
+    int fd;
+    ~CloseNs() {
+      if (fd >= 0) ::close(fd);
+    }
+  } close_ns{ns_fd};
   ASSIGN_OR_RETURN(int fd, OpenLog(spec.log_path, spec.append_log));
   // Everything exec needs is built before fork: the child only calls async-signal-safe functions.
   std::vector<std::string> env_strings;
@@ -114,6 +127,11 @@ Result<std::unique_ptr<Process>> Process::Spawn(const ProcessSpec& spec) {
   for (const std::string& e : env_strings) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
   ASSIGN_OR_RETURN(pid_t pid, ForkChild(fd, [&] {
+                     if (ns_fd >= 0 && ::setns(ns_fd, CLONE_NEWNET) != 0) {
+                       static const char kNs[] = "megascope: cannot enter network namespace\n";
+                       (void)!::write(2, kNs, sizeof(kNs) - 1);
+                       ::_exit(126);
+                     }
                      ::execve(argv[0], argv.data(), envp.data());
                      static const char kMsg[] = "megascope: exec failed\n";
                      (void)!::write(2, kMsg, sizeof(kMsg) - 1);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -35,6 +36,54 @@ const std::vector<std::pair<std::string, std::string>>& Supervisor::NodeEnv(
   return it == node_env_.end() ? kNone : it->second;
 }
 
+Result<std::vector<Host>> ReadHostsFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFound("cannot read the hosts file " + path);
+  std::vector<Host> hosts;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    line = line.substr(0, line.find('#'));
+    std::istringstream fields(line);
+    Host h;
+    if (!(fields >> h.name)) continue;
+    std::string sw, extra;
+    if (!(fields >> h.netns >> h.backend_addr >> h.frontend_addr) ||
+        ((fields >> sw) && sw.find(':') == std::string::npos) || (fields >> extra)) {
+      return InvalidArgument(
+          path + ":" + std::to_string(n) +
+          ": expected NAME NETNS BACKEND_ADDR FRONTEND_ADDR [SWITCH_NETNS:PORT]");
+    }
+    if (!sw.empty()) {
+      h.switch_netns = sw.substr(0, sw.find(':'));
+      h.switch_port = sw.substr(sw.find(':') + 1);
+    }
+    if (h.netns == "-") h.netns.clear();
+    for (const Host& other : hosts) {
+      if (other.name == h.name)
+        return InvalidArgument(path + ":" + std::to_string(n) + ": host " + h.name + " twice");
+    }
+    hosts.push_back(std::move(h));
+  }
+  if (hosts.empty()) return InvalidArgument("the hosts file " + path + " lists no host");
+  return hosts;
+}
+
+const Host* Supervisor::HostOf(const std::string& node) const {
+  auto it = opt_.hosts.find(node);
+  return it == opt_.hosts.end() ? nullptr : &it->second;
+}
+
+ProcessSpec Supervisor::NodeProcess(const std::string& node, std::vector<std::string> argv,
+                                    std::string log_path) const {
+  ProcessSpec spec(std::move(argv), std::move(log_path));
+  spec.env = NodeEnv(node);
+  if (const Host* h = HostOf(node)) {
+    spec.netns = h->netns;
+    spec.env.emplace_back(kBindAddrEnv, h->backend_addr);
+  }
+  return spec;
+}
+
 int Supervisor::RemoveStaleRings() {
   int removed = 0;
   const std::string prefix = tracer::RingFilePrefix(opt_.job);
@@ -62,13 +111,18 @@ Result<int> Supervisor::StartAgent(const std::string& node) {
   }
   fs::create_directories(layout_.node_dir(node), ec);
   fs::remove(layout_.agent_port(node), ec);
-  ProcessSpec spec;
-  spec.argv = {opt_.self_exe, "agent",      "--node",   node,
-               "--run-dir",   opt_.run_dir, "--job",    opt_.job,
-               "--shm-dir",   opt_.shm_dir, "--listen", opt_.agent_host + ":0"};
-  spec.log_path = layout_.agent_log(node);
+  const Host* host = HostOf(node);
+  std::vector<std::string> argv = {
+      opt_.self_exe, "agent",     "--node",
+      node,          "--run-dir", opt_.run_dir,
+      "--job",       opt_.job,    "--shm-dir",
+      opt_.shm_dir,  "--listen",  (host ? host->frontend_addr : opt_.agent_host) + ":0"};
+  if (!opt_.agent_token_file.empty()) {
+    argv.emplace_back("--token-file");
+    argv.push_back(opt_.agent_token_file);
+  }
+  ProcessSpec spec = NodeProcess(node, std::move(argv), layout_.agent_log(node));
   spec.append_log = true;  // a restarted agent continues the log
-  spec.env = NodeEnv(node);
   ASSIGN_OR_RETURN(std::unique_ptr<Process> p, Process::Spawn(spec));
   const auto deadline = std::chrono::steady_clock::now() + opt_.agent_start_timeout;
   int port = 0;
@@ -132,7 +186,10 @@ std::optional<int> Supervisor::AgentPort(const std::string& node) const {
 
 std::string Supervisor::AgentUrl(const std::string& node) const {
   auto port = AgentPort(node);
-  const std::string host = opt_.agent_host == "0.0.0.0" ? "127.0.0.1" : opt_.agent_host;
+  const Host* h = HostOf(node);
+  const std::string host = h                              ? h->frontend_addr
+                           : opt_.agent_host == "0.0.0.0" ? "127.0.0.1"
+                                                          : opt_.agent_host;
   return port ? "http://" + host + ":" + std::to_string(*port) : "";
 }
 
@@ -163,11 +220,10 @@ Status Supervisor::StartRanks(int attempt, const std::vector<std::string>& nodes
   const std::string dir_abs = fs::absolute(opt_.run_dir).string();
   for (int r = 0; r < world; ++r) {
     fs::create_directories(layout_.rank_dir(r), ec);
-    ProcessSpec spec;
-    spec.argv = {opt_.self_exe, "worker", "--run-dir", dir_abs, "--rank", std::to_string(r)};
-    spec.log_path = layout_.worker_log(r);
+    ProcessSpec spec = NodeProcess(
+        NodeOfRank(r), {opt_.self_exe, "worker", "--run-dir", dir_abs, "--rank", std::to_string(r)},
+        layout_.worker_log(r));
     spec.append_log = attempt > 0;  // the log of a rank spans its attempts
-    spec.env = NodeEnv(NodeOfRank(r));
     auto p = Process::Spawn(spec);
     if (!p.ok()) {
       StopRanks();

@@ -159,6 +159,26 @@ TEST_F(AgentTest, ExportsTheComputeAndCommWaitOfTheLastStepAsGauges) {
   EXPECT_NEAR(value("megascope_compute_seconds_total"), 0.080, 1e-4);  // both steps
 }
 
+// An agent that listens beyond loopback serves nothing without the run's token.
+TEST_F(AgentTest, WithATokenEveryEndpointNeedsIt) {
+  auto t = Tracer::Create(Ring(1));
+  ASSERT_TRUE(t.ok());
+  AgentOptions o = Options();
+  o.token = "s3cret";
+  auto agent = Agent::Create(o);
+  ASSERT_TRUE(agent.ok());
+  ASSERT_TRUE((*agent)->Poll(true).ok());
+  const std::string base = "http://127.0.0.1:" + std::to_string((*agent)->port());
+  for (const char* path : {"/metrics", "/state", "/dump/1"}) {
+    auto open = megascope::tracer::HttpGet(base + path, 5000);
+    EXPECT_EQ(open.status().code(), megascope::StatusCode::kPermissionDenied) << path;
+    auto wrong = megascope::tracer::HttpGet(base + path, 5000, "guess");
+    EXPECT_EQ(wrong.status().code(), megascope::StatusCode::kPermissionDenied) << path;
+    auto right = megascope::tracer::HttpGet(base + path, 5000, "s3cret");
+    EXPECT_TRUE(right.ok()) << path << ": " << right.status().ToString();
+  }
+}
+
 TEST_F(AgentTest, ServesMetricsStateAndDumpsOverHttp) {
   auto t = Tracer::Create(Ring(1));
   ASSERT_TRUE(t.ok());

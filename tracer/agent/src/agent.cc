@@ -16,6 +16,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "megascope/tracer/agent/host_metrics.h"
 #include "megascope/tracer/dump.h"
@@ -519,16 +520,21 @@ namespace {
 
 class TextHandler : public CivetHandler {
  public:
-  explicit TextHandler(std::function<std::pair<int, std::string>(const std::string& uri)> fn,
-                       const char* type)
-      : fn_(std::move(fn)), type_(type) {}
+  TextHandler(std::function<std::pair<int, std::string>(const std::string& uri)> fn,
+              const char* type, const std::string& token)
+      : fn_(std::move(fn)), type_(type), auth_(token.empty() ? "" : "Bearer " + token) {}
   bool handleGet(CivetServer*, mg_connection* conn) override {
     const mg_request_info* info = mg_get_request_info(conn);
-    auto [code, body] = fn_(info->local_uri ? info->local_uri : "");
+    int code = 403;
+    std::string body = "missing or wrong token (the run's RUN_DIR/control.token)\n";
+    const char* auth = mg_get_header(conn, "Authorization");
+    if (auth_.empty() || (auth != nullptr && auth_ == auth))
+      std::tie(code, body) = fn_(info->local_uri ? info->local_uri : "");
+    const char* reason = code == 200 ? "OK" : code == 403 ? "Forbidden" : "Not Found";
     mg_printf(
         conn,
         "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
-        code, code == 200 ? "OK" : "Not Found", type_, body.size());
+        code, reason, code == 403 ? "text/plain" : type_, body.size());
     mg_write(conn, body.data(), body.size());
     return true;
   }
@@ -536,6 +542,7 @@ class TextHandler : public CivetHandler {
  private:
   std::function<std::pair<int, std::string>(const std::string&)> fn_;
   const char* type_;
+  std::string auth_;  // the whole expected header value; "" : open
 };
 
 }  // namespace
@@ -563,11 +570,11 @@ Result<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& o) {
   Agent* a = agent.get();
   im->handlers.push_back(std::make_unique<TextHandler>(
       [a](const std::string&) { return std::pair<int, std::string>(200, a->MetricsText()); },
-      "text/plain; version=0.0.4; charset=utf-8"));
+      "text/plain; version=0.0.4; charset=utf-8", o.token));
   im->http->addHandler("/metrics", im->handlers.back().get());
   im->handlers.push_back(std::make_unique<TextHandler>(
       [a](const std::string&) { return std::pair<int, std::string>(200, a->StateJson()); },
-      "application/json"));
+      "application/json", o.token));
   im->http->addHandler("/state", im->handlers.back().get());
   im->handlers.push_back(std::make_unique<TextHandler>(
       [a](const std::string& uri) {
@@ -581,7 +588,7 @@ Result<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& o) {
                       : std::pair<int, std::string>(
                             404, "{\"error\":\"" + d.status().message() + "\"}\n");
       },
-      "application/json"));
+      "application/json", o.token));
   im->http->addHandler("/dump/", im->handlers.back().get());
   return agent;
 }

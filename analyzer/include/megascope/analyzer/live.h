@@ -11,6 +11,8 @@ namespace megascope::analyzer {
 
 // Collects every rank's dump from the agents at `urls` (e.g. http://127.0.0.1:9100); with
 // `attempt` >= 0 only that attempt's ranks (an agent also remembers ranks of earlier attempts).
-Result<HangInput> LoadFromAgents(const std::vector<std::string>& urls, int attempt = -1);
+// `token`: the run's token, for agents that listen beyond loopback.
+Result<HangInput> LoadFromAgents(const std::vector<std::string>& urls, int attempt = -1,
+                                 const std::string& token = "");
 
 }  // namespace megascope::analyzer

@@ -1,7 +1,9 @@
 // Slowdown analysis (MegaScale): per step, each rank's compute time against its peers at the same
 // (pp, tp) -- persistent compute stragglers -- and, at every collective, the last rank to arrive,
 // with the waiting it caused the others summed per rank -- communication stragglers -- plus the
-// pipeline bubble share. Verdicts of kind "slow" carry the cost in seconds per step. A pipeline
+// pipeline bubble share; and slow links: groups whose collectives take longer than the same
+// collectives of other groups once everyone has arrived, localised to the host they share
+// (`link_slow`). Verdicts of kind "slow" carry the cost in seconds per step. A pipeline
 // stage whose every replica computes longer than the other stages is a `stage_imbalance` (the model
 // or the layout, not a machine: the controller reports it and evicts nothing).
 #pragma once
@@ -20,8 +22,11 @@ struct SlowOptions {
   double compute_ratio = 1.2;     // compute this much above its peers' median makes a step slow
   double persistent_share = 0.6;  // ...in at least this share of the steps
   double min_cost_s = 0.005;      // ignore stragglers costing less per step
-  int min_peers = 1;              // ranks at the same (pp, tp) a rank is compared with, at least
-  int attempt = -1;  // only this attempt of a `megascope launch` run (-1: every attempt)
+  double link_ratio = 2.5;  // a group's collectives this many times slower than the fastest group
+                            // of their kind (once all members arrived) cross a slow link
+  double link_min_step_share = 0.10;  // ... when that costs at least this share of a step
+  int min_peers = 1;  // ranks at the same (pp, tp) a rank is compared with, at least
+  int attempt = -1;   // only this attempt of a `megascope launch` run (-1: every attempt)
 };
 
 struct SlowReport {

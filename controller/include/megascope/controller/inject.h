@@ -7,10 +7,13 @@
 //                                      /proc seam) from at=STEP or at=SECONDSs, for seconds=D (0:
 //                                      to the end): what=nic-errors (receive errors climb 200/s) or
 //                                      what=memory (memory in use +40 %)
-//   link                               node=N's network to its peers is slow from at=STEP or
-//                                      at=SECONDSs, for seconds=D (0: to the end): kind=slow,
-//                                      rate=MB/s (default 10) through the link seam
-//                                      (runtime/link_seam.h) of all its processes
+//   link                               node=N's network to its peers fails from at=STEP or
+//                                      at=SECONDSs, for seconds=D (0: to the end):
+//                                      kind=slow (rate=MB/s, default 10), kind=loss (loss=P % of
+//                                      packets dropped each way, default 30) or kind=down. On a
+//                                      node with its own host (--hosts) the host's backend link
+//                                      really fails (net_fault.h); elsewhere only kind=slow
+//                                      exists, through the link seam (launch/link_seam.h)
 //   kill-agent                         SIGKILL a node's agent: node=N, at=STEP or at=SECONDSs
 //   corrupt-checkpoint                 flip a byte in the newest saved state (every memory copy of
 //                                      rank 0 and the newest disk checkpoint) before the next
@@ -40,6 +43,10 @@ enum class FaultKind {
   kLink
 };
 std::string_view Name(FaultKind kind);
+
+// What a link fault does: FORMATS-style spellings "slow", "loss", "down".
+enum class LinkFaultKind { kSlow, kLoss, kDown };
+std::string_view Name(LinkFaultKind kind);
 // Faults the worker itself carries out (given to it in run.json).
 bool IsWorkerFault(FaultKind kind);
 
@@ -53,8 +60,10 @@ struct Injection {
   double at_seconds = -1;  // since the launch started
   double seconds = 0;      // slow: extra compute per step; metric: how long (0: to the end)
   double factor = 0;       // degrade (default 3), slow
-  std::string what;        // metric: nic-errors | memory; link: slow
-  double rate_mbps = 0;    // link: the shaped rate
+  std::string what;        // metric: nic-errors | memory
+  LinkFaultKind link = LinkFaultKind::kSlow;
+  double rate_mbps = 0;  // link slow: the shaped rate
+  double loss_pct = 0;   // link loss: packets dropped each way
   bool fired = false;
   int planned_rank = -1;  // the rank it was given to in the current attempt
 };

@@ -14,5 +14,8 @@ Result<std::string> ReadFile(const std::string& path);
 // Writes `text` to `path` atomically (temp file in the same directory, fsync, rename), creating
 // missing parent directories.
 Status WriteFileAtomic(const std::string& path, std::string_view text);
+// A secret kept in a file (a run's control.token): its first word. PermissionDenied when the file
+// cannot be read or holds none.
+Result<std::string> ReadToken(const std::string& path);
 
 }  // namespace megascope::tracer

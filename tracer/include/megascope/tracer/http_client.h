@@ -17,7 +17,9 @@ namespace megascope::tracer {
 Result<std::string> HttpRequest(const std::string& method, const std::string& url,
                                 const std::vector<std::string>& headers = {},
                                 int timeout_ms = 5000);
-// GET http://host:port/path; the body on 200.
-Result<std::string> HttpGet(const std::string& url, int timeout_ms = 5000);
+// GET http://host:port/path; the body on 200. With `token`, sends "Authorization: Bearer <token>"
+// (agents that listen beyond loopback require the run's token).
+Result<std::string> HttpGet(const std::string& url, int timeout_ms = 5000,
+                            const std::string& token = "");
 
 }  // namespace megascope::tracer

@@ -52,7 +52,8 @@ struct ProcessSpec {
   std::string log_path;           // stdout and stderr go here ("" : inherit the parent's)
   bool append_log = false;        // append instead of truncating
   std::vector<std::pair<std::string, std::string>>
-      env;  // added to (or replacing in) the environment
+      env;            // added to (or replacing in) the environment
+  std::string netns;  // run in this network namespace (ip netns: /run/netns/NAME); "" : ours
 };
 
 class Process {

@@ -28,6 +28,24 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitCommFailure = 3;  // a collective failed because a peer is gone or stuck
 inline constexpr int kExitSetup = 4;
 
+// Where a node's collectives bind (the worker's Gloo device); 127.0.0.1 when unset.
+inline constexpr const char* kBindAddrEnv = "MEGASCOPE_BIND_ADDR";
+
+// A node's own host, as on a cluster or a testbed of network namespaces (scripts/testbed.sh): its
+// processes run in `netns` ("" : this machine's network), its collectives bind `backend_addr`,
+// its agent listens on `frontend_addr` and is reached there. `switch_netns`/`switch_port`: the
+// far end of its backend link (a testbed's switch), where traffic towards the host can be shaped.
+struct Host {
+  std::string name;
+  std::string netns;
+  std::string backend_addr;
+  std::string frontend_addr;
+  std::string switch_netns, switch_port;
+};
+// Reads a hosts file: one "NAME NETNS BACKEND_ADDR FRONTEND_ADDR [SWITCH_NETNS:PORT]" per line
+// ('#' starts a comment; NETNS "-" : this machine's network). Errors name the file and line.
+Result<std::vector<Host>> ReadHostsFile(const std::string& path);
+
 struct SupervisorOptions {
   std::string self_exe;  // the megascope binary
   std::string run_dir;
@@ -36,6 +54,8 @@ struct SupervisorOptions {
   std::string agent_host = "127.0.0.1";   // 0.0.0.0 with --allow-remote
   std::chrono::milliseconds grace{5000};  // SIGTERM -> SIGKILL
   std::chrono::milliseconds agent_start_timeout{10000};
+  std::map<std::string, Host> hosts;  // node -> its own host; nodes not here run on this machine
+  std::string agent_token_file;       // agents require this token (those beyond loopback)
 };
 
 struct RankExit {
@@ -59,6 +79,11 @@ class Supervisor {
   // Environment given to every process started on `node` (fault seams such as a slowdown).
   void SetNodeEnv(const std::string& node, std::vector<std::pair<std::string, std::string>> env);
   const std::vector<std::pair<std::string, std::string>>& NodeEnv(const std::string& node) const;
+  // A process of `node`: its environment, its host's network namespace and bind address.
+  ProcessSpec NodeProcess(const std::string& node, std::vector<std::string> argv,
+                          std::string log_path) const;
+  // The node's host, or nullptr when it runs on this machine.
+  const Host* HostOf(const std::string& node) const;
 
   // Starts `node`'s agent and waits until it listens; returns its port. Before the run's first
   // agent it removes rings of the same job name whose writer is gone (left by an earlier run that

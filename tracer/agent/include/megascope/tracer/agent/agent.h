@@ -23,6 +23,9 @@ struct AgentOptions {
   std::string job = "train";
   std::string shm_dir = "/dev/shm";
   std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free one
+  // When set, every request must carry "Authorization: Bearer <token>" (403 otherwise): an agent
+  // reachable from other hosts serves the job's state only to whoever holds the run's token.
+  std::string token;
   std::string proc_root = "/proc";
   double sample_interval_s = 1.0;
   size_t batch_records = 65536;  // records per drain pass (one transaction over every ring)
