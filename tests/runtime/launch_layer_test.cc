@@ -87,7 +87,7 @@ TEST(ProcessTest, DestructorStopsARunningChild) {
 
 std::string WriteMemoryShard(const std::string& dir, int rank, int64_t step, float value) {
   std::vector<float> a(4, value);
-  const std::string path = dir + "/" + MemoryShardName(rank, step);
+  std::string path = dir + "/" + MemoryShardName(rank, step);
   EXPECT_TRUE(
       WriteShard(path, EncodeShard(step, rank, 4, {a.data(), a.data(), a.data()}), false).ok());
   return path;
