@@ -2,71 +2,10 @@
 // switch): `megascope launch --hosts` runs each node's agent and ranks inside its host, Gloo
 // traffic crosses the links, and link faults are real (tc, nft, link down). Skips with the reason
 // where network namespaces cannot be made.
-#include "launch_fixture.h"
+#include "testbed_fixture.h"
 
 namespace megascope::controller {
 namespace {
-
-const std::string kScript = std::string(MEGASCOPE_TEST_DATA) + "/../../scripts/testbed.sh";
-constexpr const char* kEnv = "MEGASCOPE_TESTBED=mst MEGASCOPE_TESTBED_SUBNET=201 ";
-constexpr const char* kHostsFile = "/run/megascope-testbed/mst.hosts";
-const char* k222 = "--dp 2 --tp 2 --pp 2";
-
-class TestbedTest : public LaunchTest {
- public:
-  static void SetUpTestSuite() {
-    LaunchTest::SetUpTestSuite();
-    CommandResult check = RunCommand(kEnv + kScript + " check");
-    if (check.code != 0) {
-      skip_ = "no testbed here: " + check.out;
-      return;
-    }
-    CommandResult up = RunCommand(kEnv + kScript + " up 5");
-    ASSERT_EQ(up.code, 0) << up.out;
-  }
-  static void TearDownTestSuite() {
-    if (skip_.empty()) RunCommand(kEnv + kScript + " down");
-    LaunchTest::TearDownTestSuite();
-  }
-  void SetUp() override {
-    if (!skip_.empty()) GTEST_SKIP() << skip_;
-    // Every test starts from healthy links, whatever the previous one left.
-    ASSERT_EQ(RunCommand(kEnv + kScript + " up 5").code, 0);
-  }
-
-  std::string HostsCmd(const std::string& extra, int steps = kSteps) const {
-    return LaunchCmd(std::string(k222) + " --nodes 4 --spares 1",
-                     std::string("--hosts ") + kHostsFile + " " + extra, steps);
-  }
-  // Bytes that left `host` over its backend link (its own /proc/net/dev).
-  static int64_t BackendTxBytes(const std::string& host) {
-    CommandResult r = RunCommand("ip netns exec " + host + " cat /proc/net/dev");
-    std::istringstream in(r.out);
-    for (std::string line; std::getline(in, line);) {
-      if (line.find("eth0:") == std::string::npos) continue;
-      std::istringstream f(line.substr(line.find(':') + 1));
-      int64_t v = 0;
-      for (int i = 0; i < 9 && (f >> v); ++i) {
-      }
-      return v;  // the 9th field: transmitted bytes
-    }
-    return -1;
-  }
-  static std::string PidsIn(const std::string& host) {
-    return RunCommand("ip netns pids " + host).out;
-  }
-  // The verdicts of control.db with `cause`, as their root nodes.
-  std::vector<std::vector<std::string>> VerdictNodes(const std::vector<Event>& ev,
-                                                     const std::string& cause) const {
-    std::vector<std::vector<std::string>> out;
-    for (const Event& e : Of(ev, "verdict")) {
-      if (e.detail["cause"] == cause) out.push_back(e.detail["root_nodes"]);
-    }
-    return out;
-  }
-
-  static inline std::string skip_;
-};
 
 TEST_F(TestbedTest, AJobAcrossFourHostsTrainsAsOnOneHostOverItsLinks) {
   std::map<std::string, int64_t> before;
@@ -132,20 +71,6 @@ TEST_F(TestbedTest, ASlowLinkIsNamedAsItsHostsLinkAndTheHostFailsItsBandwidthChe
   ASSERT_EQ(Of(ev, "eviction").size(), 1u) << r.out;
   EXPECT_EQ(Of(ev, "eviction")[0].node, "mst3");
   EXPECT_EQ(Of(ev, "job_finished").at(0).detail["steps"], 40);
-}
-
-TEST_F(TestbedTest, ALinkDroppingAThirdOfItsPacketsIsNamed) {
-  CommandResult r = RunCommand(
-      HostsCmd("--straggler-every 8 --inject link:node=mst2,kind=loss,loss=30,at=6", 40));
-  ASSERT_EQ(r.code, 0) << r.out;
-  const auto ev = Events();
-  bool named = false;
-  for (const Event& e : Of(ev, "verdict")) {
-    for (const auto& n : e.detail["root_nodes"]) named |= n == "mst2";
-  }
-  EXPECT_TRUE(named) << r.out;
-  ASSERT_EQ(Of(ev, "eviction").size(), 1u) << r.out;
-  EXPECT_EQ(Of(ev, "eviction")[0].node, "mst2");
 }
 
 TEST_F(TestbedTest, RealLinkFaultsNeedHostsOfTheirOwn) {
