@@ -522,6 +522,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     }
   }
   std::map<std::string, std::vector<int>> by_cause;
+  std::vector<std::pair<int, int>> crawling;  // (rank, peer): a transfer moving too slowly
   std::map<int, std::string> why;
   for (int r : sinks) {
     // Explained already, or itself stuck in an op every peer joined (a link or an unknown case).
@@ -543,7 +544,97 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
                                1e9) +
                " s older than its peers'";
     }
+    // Alive, and not stuck in compute: moving a transfer whose other side is posted, on another
+    // host, just not for long enough to count as a wait. Its data crawls over the link (a lossy
+    // link retransmitting, a link far below its rate): the link is the root, not the rank.
+    if (cause == "rank_not_joined" && R.blocking != nullptr) {
+      const FlightEntry& b = *R.blocking;
+      int peer = -1;  // the other side, on another host, that has posted its part
+      if (tracer::IsP2P(b.op)) {
+        const int p = b.peer;
+        if (p >= 0 && p < n && ranks[p].present && node_of(p) != node_of(r)) {
+          const bool recv = b.op == OpType::kRecv;
+          const int64_t counterpart = recv ? issued(ranks[p].sends_issued, R.blocking_group, r)
+                                           : issued(ranks[p].recvs_issued, R.blocking_group, r);
+          if (counterpart >= static_cast<int64_t>(b.seq) + 1) peer = p;
+        }
+      } else if (auto git = R.groups.find(R.blocking_group); git != R.groups.end()) {
+        // A collective every member has issued, with a member on another host.
+        bool all = true;
+        for (int m : git->second->ranks) {
+          if (m < 0 || m >= n || !ranks[m].present ||
+              last_coll(ranks[m], R.blocking_group) < static_cast<int64_t>(b.seq)) {
+            all = false;
+          } else if (peer < 0 && node_of(m) != node_of(r)) {
+            peer = m;
+          }
+        }
+        if (!all) peer = -1;
+      }
+      if (peer >= 0) {
+        crawling.push_back({r, peer});
+        continue;
+      }
+    }
     by_cause[cause].push_back(r);
+  }
+  for (const auto& [r, p] : crawling) {
+    bool known = false;  // the other side of the same crawling transfer
+    for (const auto& [r2, p2] : crawling) known |= r2 == p && p2 == r && r2 < r;
+    if (known) continue;
+    const Rank& R = ranks[r];
+    const FlightEntry& b = *R.blocking;
+    const bool p2p = tracer::IsP2P(b.op);
+    const bool recv = b.op == OpType::kRecv;
+    Verdict v = base("link_stall");
+    v.root_ranks = {recv || !p2p ? p : r, recv || !p2p ? r : p};
+    v.root_nodes = {node_of(v.root_ranks[0]), node_of(v.root_ranks[1])};
+    v.group = R.blocking_group;
+    v.seq = static_cast<int64_t>(b.seq);
+    v.op = p2p ? "send" : std::string(tracer::Name(b.op));
+    v.waiting_ranks = waiters_of({r, p});
+    v.confidence = 0.7;
+    const std::string doing =
+        p2p ? std::string(recv ? "receiving #" : "sending #") + std::to_string(b.seq) + " in " +
+                  R.blocking_group + (recv ? " from " : " to ") + ranks[p].Describe() +
+                  ", both sides posted"
+            : "in " + OpName(b, R.blocking_group) + ", which every member has joined, with " +
+                  ranks[p].Describe();
+    v.explanation = R.Describe() + " is not stuck in compute: it is " + doing +
+                    ", while the job stopped advancing: the data crawls. " +
+                    "Suspect the link between " + v.root_nodes[0] + " and " + v.root_nodes[1] +
+                    ". Waiting on it: " + wait_lines(r) + ".";
+    v.evidence.push_back("open " + OpName(b, R.blocking_group) + ", " + R.Doing(now));
+    out.push_back(std::move(v));
+  }
+  // A rank that has not joined, alive, on a host at one end of a stalled link is behind because of
+  // that link (its last transfer over it crawled): it is evidence of the link, not a root.
+  if (auto nj = by_cause.find("rank_not_joined"); nj != by_cause.end()) {
+    std::vector<int> kept;
+    for (int r : nj->second) {
+      Verdict* link = nullptr;
+      for (Verdict& v : out) {
+        if (v.cause == "link_stall" &&
+            std::find(v.root_nodes.begin(), v.root_nodes.end(), node_of(r)) != v.root_nodes.end())
+          link = &v;
+      }
+      if (link == nullptr) {
+        kept.push_back(r);
+        continue;
+      }
+      link->evidence.push_back(ranks[r].Describe() + " has not joined what its peers wait in (" +
+                               wait_lines(r) + "): it is behind the same link");
+      for (int w : waiters_of({r})) {
+        if (std::find(link->waiting_ranks.begin(), link->waiting_ranks.end(), w) ==
+            link->waiting_ranks.end())
+          link->waiting_ranks.push_back(w);
+      }
+      std::sort(link->waiting_ranks.begin(), link->waiting_ranks.end());
+    }
+    if (kept.empty())
+      by_cause.erase(nj);
+    else
+      nj->second = kept;
   }
   for (const auto& [cause, roots] : by_cause) {
     Verdict v = base(cause);

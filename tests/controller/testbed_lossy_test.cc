@@ -1,8 +1,8 @@
 // A host link dropping 30 % of its packets, on the testbed. Labelled slow, not e2e: in about one
-// run in four (bench/network_faults.sh) the first incident's hang analysis does not name the lossy
-// host, the job restarts in place on it, and a rank of a healthy host whose rendezvous with the
-// lossy host then fails is blamed as rank_dead. Setup failures that name an unreachable peer
-// should become link evidence; until then this test is not part of the default run.
+// run in three the first incident's hang analysis reads the crawling collectives as an
+// order_mismatch, the job restarts in place on the lossy host, and a rank of a healthy host whose
+// rendezvous with it then fails is blamed as rank_dead. Until that is fixed this test is not part
+// of the default run.
 #include "testbed_fixture.h"
 
 namespace megascope::controller {
