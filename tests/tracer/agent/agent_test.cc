@@ -282,6 +282,39 @@ TEST_F(AgentTest, ADeadRankIsMarkedAndDumped) {
   EXPECT_EQ(dump["entries"].back()["state"], "started");
 }
 
+// A restart: rank 3 of attempt 1 runs while the agent retires rank 3 of attempt 0 (gone, drained).
+// Both carry the same labels, so they share their series: retiring the old one must leave the
+// new one's series in place (removing them freed what the new one still wrote to: the agent died
+// of a segfault in prometheus-cpp during a restart on the testbed).
+TEST_F(AgentTest, RetiringAnEarlierAttemptKeepsTheSeriesTheNextAttemptShares) {
+  auto old = Process::Fork([&] {
+    auto t = Tracer::Create(Ring(3));
+    if (!t.ok()) return 1;
+    (*t)->RecordMetric(*(*t)->InternName("step"), 4);
+    ::_exit(0);  // gone without closing its ring
+    return 0;
+  });
+  ASSERT_TRUE(old.ok());
+  ASSERT_TRUE((*old)->Wait().success());
+  RingOptions next = Ring(3);
+  next.attempt = 1;
+  auto t = Tracer::Create(next);
+  ASSERT_TRUE(t.ok());
+  const NameId step = *(*t)->InternName("step");
+  (*t)->RecordMetric(step, 5);
+  auto agent = Agent::Create(Options());
+  ASSERT_TRUE(agent.ok());
+  ASSERT_TRUE((*agent)->Poll(true).ok());  // both found and drained
+  ASSERT_TRUE((*agent)->Poll(true).ok());  // attempt 0: gone and drained, retired
+  (*t)->RecordMetric(step, 6);
+  ASSERT_TRUE((*agent)->Poll(true).ok());
+  const std::string metrics = (*agent)->MetricsText();
+  EXPECT_NE(metrics.find("megascope_step{dp=\"1\",job=\"agenttest\",node=\"n0\",pp=\"0\","
+                         "rank=\"3\",tp=\"1\"} 6"),
+            std::string::npos)
+      << metrics;
+}
+
 TEST_F(AgentTest, SurvivesSigkillWithoutLosingOrDuplicatingRows) {
   auto t = Tracer::Create(Ring(0));
   ASSERT_TRUE(t.ok());

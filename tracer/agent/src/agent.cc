@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -382,16 +383,29 @@ struct Agent::Impl {
 
   // A rank whose process is gone and whose ring is drained leaves /metrics: its last values would
   // otherwise be averaged with its next incarnation's by whoever reads the node's series.
+  // The next attempt's incarnation of the same rank has the same labels, so Family::Add gave it
+  // the same series objects: those stay while any other rank state holds them (removing them
+  // would free what it still writes to).
   void RetireSeries(RankState& st) {
     if (st.step == nullptr) return;
-    f_step->Remove(st.step);
-    f_step_seconds->Remove(st.step_seconds);
-    f_step_compute->Remove(st.step_compute);
-    f_step_comm->Remove(st.step_comm);
-    f_tokens->Remove(st.tokens);
-    f_hb_age->Remove(st.hb_age);
-    f_step_duration->Remove(st.step_duration);
-    for (auto& [key, h] : st.coll) f_coll->Remove(h);
+    std::set<const void*> in_use;
+    for (const auto& [name, other] : ranks) {
+      if (&other == &st || other.step == nullptr) continue;
+      in_use.insert({other.step, other.step_seconds, other.step_compute, other.step_comm,
+                     other.tokens, other.hb_age, other.step_duration});
+      for (const auto& [key, h] : other.coll) in_use.insert(h);
+    }
+    auto remove = [&](auto* family, auto* metric) {
+      if (!in_use.count(metric)) family->Remove(metric);
+    };
+    remove(f_step, st.step);
+    remove(f_step_seconds, st.step_seconds);
+    remove(f_step_compute, st.step_compute);
+    remove(f_step_comm, st.step_comm);
+    remove(f_tokens, st.tokens);
+    remove(f_hb_age, st.hb_age);
+    remove(f_step_duration, st.step_duration);
+    for (auto& [key, h] : st.coll) remove(f_coll, h);
     st.coll.clear();
     st.step = st.step_seconds = st.step_compute = st.step_comm = st.tokens = st.hb_age = nullptr;
     st.step_duration = nullptr;
