@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <iterator>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -685,7 +687,71 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     v.explanation = text;
     out.push_back(std::move(v));
   }
-  // 4. Ranks waiting on each other in a cycle: someone issued collectives in another order.
+  // 4. Nothing moves, every rank waits where its own period says it should, and every stuck op
+  // that crosses hosts crosses the link of one host (or of one pair): that link carries nothing --
+  // a dead link seen from the ops (no transfer recorded partial progress to show it). Ranks behind
+  // it wait in different groups, which would otherwise read as a cycle of mismatched order.
+  auto dead_link = [&]() -> bool {
+    std::optional<std::set<std::string>> common;
+    std::vector<int> stuck;
+    for (int r : waiting) {
+      const Rank& R = ranks[r];
+      if (R.blocking == nullptr) continue;
+      std::set<std::string> hosts = {node_of(r)};
+      if (tracer::IsP2P(R.blocking->op)) {
+        if (R.blocking->peer >= 0 && R.blocking->peer < n) hosts.insert(node_of(R.blocking->peer));
+      } else if (auto git = R.groups.find(R.blocking_group); git != R.groups.end()) {
+        for (int m : git->second->ranks) {
+          if (m >= 0 && m < n) hosts.insert(node_of(m));
+        }
+      }
+      if (hosts.size() < 2) continue;  // inside one host: no link crossed
+      stuck.push_back(r);
+      if (!common) {
+        common = hosts;
+      } else {
+        std::set<std::string> both;
+        std::set_intersection(common->begin(), common->end(), hosts.begin(), hosts.end(),
+                              std::inserter(both, both.end()));
+        common = std::move(both);
+      }
+    }
+    if (common && !common->empty() && common->size() <= 2 && stuck.size() >= 2) {
+      Verdict v = base("link_stall");
+      std::string where;
+      for (const std::string& h : *common) {
+        for (int r : stuck) {
+          if (node_of(r) == h) {
+            v.root_ranks.push_back(r);
+            v.root_nodes.push_back(h);
+            break;
+          }
+        }
+        where += (where.empty() ? "" : " and ") + h;
+      }
+      if (!v.root_ranks.empty()) {
+        for (int r : waiting) {
+          if (std::find(v.root_ranks.begin(), v.root_ranks.end(), r) == v.root_ranks.end())
+            v.waiting_ranks.push_back(r);
+        }
+        const Rank& first = ranks[stuck[0]];
+        v.group = first.blocking_group;
+        v.seq = static_cast<int64_t>(first.blocking->seq);
+        v.op = std::string(tracer::Name(first.blocking->op));
+        v.confidence = 0.7;
+        v.explanation =
+            std::to_string(stuck.size()) + " ranks wait in ops across hosts that every member " +
+            "joined or waits for, and every one of those ops crosses the link of " + where +
+            ": nothing moves over it. Suspect " +
+            (common->size() == 1 ? "the link of " + where : "the link between " + where) + ".";
+        v.evidence.push_back(std::to_string(stuck.size()) + " stuck cross-host ops, all via " +
+                             where);
+        out.push_back(std::move(v));
+      }
+    }
+    return !out.empty();
+  };
+  // 5. Ranks waiting on each other in a cycle: someone issued collectives in another order.
   if (out.empty() && !waits.empty()) {
     std::vector<int> deviators;
     std::string text;
@@ -723,7 +789,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       deviators.clear();
       text.clear();
     }
-    if (deviators.empty()) {
+    if (deviators.empty() && !dead_link()) {
       // No periodic history (a deadlock in the first iterations): the ranks stuck in the group
       // fewer of the cycle's ranks are stuck in took the other order. With no smaller side
       // (one rank against one), nobody is named: the cycle is reported as unknown with its ranks.
@@ -772,6 +838,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       out.push_back(std::move(v));
     }
   }
+  if (out.empty() && waits.empty()) dead_link();  // everyone joined everything
   if (out.empty() && (!waits.empty() || !waiting.empty() || failed_seen)) {
     Verdict v = base("unknown");
     for (int r : waiting) v.waiting_ranks.push_back(r);

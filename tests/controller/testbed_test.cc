@@ -46,9 +46,9 @@ TEST_F(TestbedTest, ALinkThatDropsEveryPacketIsNamedEvictedForGoodAndTheJobRecov
   const auto ev = Events();
   const auto stalls = VerdictNodes(ev, "link_stall");
   ASSERT_FALSE(stalls.empty()) << ReadLog(log);
-  for (const auto& nodes : stalls) {
-    ASSERT_EQ(nodes.size(), 2u) << "a stalled link has two ends";
-    EXPECT_TRUE(nodes[0] == "mst1" || nodes[1] == "mst1") << nodes[0] << " " << nodes[1];
+  for (const auto& nodes : stalls) {  // the host, or both ends of one of its links
+    EXPECT_NE(std::find(nodes.begin(), nodes.end(), "mst1"), nodes.end()) << nodes[0];
+    EXPECT_LE(nodes.size(), 2u);
   }
   ASSERT_EQ(Of(ev, "eviction").size(), 1u) << ReadLog(log);
   EXPECT_EQ(Of(ev, "eviction")[0].node, "mst1");
