@@ -444,6 +444,20 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     return s;
   };
   std::set<int> explained;
+  // A stalled link between the ends `from` -> `to`, at `e` (a transfer, or a collective) in
+  // `group`: the fields every link_stall verdict shares.
+  auto link_verdict = [&](int from, int to, const FlightEntry& e, const std::string& group,
+                          double confidence) {
+    Verdict v = base("link_stall");
+    v.root_ranks = {from, to};
+    v.root_nodes = {node_of(from), node_of(to)};
+    v.group = group;
+    v.seq = static_cast<int64_t>(e.seq);
+    v.op = tracer::IsP2P(e.op) ? "send" : std::string(tracer::Name(e.op));
+    v.waiting_ranks = waiters_of({from, to});
+    v.confidence = confidence;
+    return v;
+  };
 
   // 1. Different ops at the same sequence number.
   for (const Mismatch& m : mismatches) {
@@ -468,16 +482,9 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
   }
   // 2. Stalled links: both sides posted, the data stopped.
   for (const Link& l : links) {
-    Verdict v = base("link_stall");
-    v.root_ranks = {l.sender, l.receiver};
-    v.root_nodes = {node_of(l.sender), node_of(l.receiver)};
-    v.group = l.group;
     const FlightEntry* e = l.recv ? l.recv : l.send;
-    v.seq = static_cast<int64_t>(e->seq);
     const bool p2p = tracer::IsP2P(e->op);
-    v.op = p2p ? "send" : std::string(tracer::Name(e->op));
-    v.waiting_ranks = waiters_of({l.sender, l.receiver});
-    v.confidence = 0.85;
+    Verdict v = link_verdict(l.sender, l.receiver, *e, l.group, 0.85);
     auto bytes = [](int64_t b) { return b < 0 ? std::string("unknown") : std::to_string(b); };
     const std::string sent = l.send ? bytes(l.send->bytes_sent) : "unknown";
     const std::string got = l.recv ? bytes(l.recv->bytes_received) : "unknown";
@@ -588,14 +595,8 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     const FlightEntry& b = *R.blocking;
     const bool p2p = tracer::IsP2P(b.op);
     const bool recv = b.op == OpType::kRecv;
-    Verdict v = base("link_stall");
-    v.root_ranks = {recv || !p2p ? p : r, recv || !p2p ? r : p};
-    v.root_nodes = {node_of(v.root_ranks[0]), node_of(v.root_ranks[1])};
-    v.group = R.blocking_group;
-    v.seq = static_cast<int64_t>(b.seq);
-    v.op = p2p ? "send" : std::string(tracer::Name(b.op));
-    v.waiting_ranks = waiters_of({r, p});
-    v.confidence = 0.7;
+    Verdict v = recv || !p2p ? link_verdict(p, r, b, R.blocking_group, 0.7)
+                             : link_verdict(r, p, b, R.blocking_group, 0.7);
     const std::string doing =
         p2p ? std::string(recv ? "receiving #" : "sending #") + std::to_string(b.seq) + " in " +
                   R.blocking_group + (recv ? " from " : " to ") + ranks[p].Describe() +

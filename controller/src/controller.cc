@@ -269,11 +269,10 @@ struct Controller::Impl {
         env.emplace_back("MEGASCOPE_PROC_ROOT", f->dir());
         sup.SetNodeEnv(in.node, env);
         proc_faults[in.node] = std::move(f);
-      } else if (in.kind == FaultKind::kLink && HasOwnHost(in.node)) {
-        // The host's real link fails when the injection fires (net_fault.h).
-      } else if (in.kind == FaultKind::kLink && !link_seams.count(in.node)) {
+      } else if (in.kind == FaultKind::kLink && !HasOwnHost(in.node) &&
+                 !link_seams.count(in.node)) {
         // Every process of the node obeys the seam file from the start; it is healthy until the
-        // injection fires.
+        // injection fires. (A node on a host of its own gets a real fault instead: net_fault.h.)
         const std::string path = layout.dir() + "/inject/link_" + in.node;
         std::error_code ec;
         fs::create_directories(layout.dir() + "/inject", ec);

@@ -4,8 +4,7 @@
 // (its link holds its data back) is, with the seconds its peers waited for it.
 #include <gtest/gtest.h>
 
-#include "megascope/analyzer/slow.h"
-#include "megascope/tracer/trace_store.h"
+#include "store_run.h"
 #include "test_util.h"
 
 namespace megascope::analyzer {
@@ -65,32 +64,13 @@ std::string WriteRun(const std::string& dir, int64_t tail_ms, int64_t hold_ms, i
     info.rank = r;
     info.world_size = kRanks;
     info.coords.dp = r;
-    auto store = tracer::TraceStore::Open(dir + "/nodes/" + info.node + "/trace.db");
-    EXPECT_TRUE(store.ok()) << store.status().ToString();
-    EXPECT_TRUE((*store)->UpsertRank(info).ok());
-    tracer::RingRows rows;
-    rows.info = &info;
-    rows.names = &names;
-    rows.groups = &groups;
-    rows.records = recs[r];
-    rows.ring = "rank" + std::to_string(r);
-    rows.lane_tails = {recs[r].size()};
-    EXPECT_TRUE((*store)->Write({&rows, 1}, {}, {}).ok());
+    WriteRankRecords(dir, info, names, groups, recs[r]);
   }
   return dir;
 }
 
 std::vector<Verdict> CommStragglers(const std::string& run) {
-  auto db = RunDatabase::Open(run);
-  EXPECT_TRUE(db.ok()) << db.status().ToString();
-  auto rep = AnalyzeSlow(**db);
-  EXPECT_TRUE(rep.ok()) << rep.status().ToString();
-  std::vector<Verdict> out;
-  for (const Verdict& v : rep->verdicts) {
-    EXPECT_NE(v.cause, "compute_straggler") << v.explanation;
-    if (v.cause == "comm_straggler") out.push_back(v);
-  }
-  return out;
+  return SlowVerdicts(run, "comm_straggler");
 }
 
 TEST(SlowBlameTest, ARankThatLeavesEveryOpLastIsNotACommStraggler) {

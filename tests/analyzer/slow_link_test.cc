@@ -6,8 +6,7 @@
 
 #include <functional>
 
-#include "megascope/analyzer/slow.h"
-#include "megascope/tracer/trace_store.h"
+#include "store_run.h"
 #include "test_util.h"
 
 namespace megascope::analyzer {
@@ -80,33 +79,12 @@ std::string WriteRun(const std::string& dir,
     info.coords.tp = r % 2;
     std::vector<tracer::GroupInfo> groups;
     for (int g : groups_of(r)) groups.push_back(all[g]);
-    auto store = tracer::TraceStore::Open(dir + "/nodes/" + info.node + "/trace.db");
-    EXPECT_TRUE(store.ok()) << store.status().ToString();
-    EXPECT_TRUE((*store)->UpsertRank(info).ok());
-    tracer::RingRows rows;
-    rows.info = &info;
-    rows.names = &names;
-    rows.groups = &groups;
-    rows.records = recs[r];
-    rows.ring = "rank" + std::to_string(r);
-    rows.lane_tails = {recs[r].size()};
-    EXPECT_TRUE((*store)->Write({&rows, 1}, {}, {}).ok());
+    WriteRankRecords(dir, info, names, groups, recs[r]);
   }
   return dir;
 }
 
-std::vector<Verdict> SlowLinks(const std::string& run) {
-  auto db = RunDatabase::Open(run);
-  EXPECT_TRUE(db.ok()) << db.status().ToString();
-  auto rep = AnalyzeSlow(**db);
-  EXPECT_TRUE(rep.ok()) << rep.status().ToString();
-  std::vector<Verdict> out;
-  for (const Verdict& v : rep->verdicts) {
-    EXPECT_NE(v.cause, "compute_straggler") << v.explanation;
-    if (v.cause == "link_slow") out.push_back(v);
-  }
-  return out;
-}
+std::vector<Verdict> SlowLinks(const std::string& run) { return SlowVerdicts(run, "link_slow"); }
 
 TEST(SlowLinkTest, TheHostCommonToEverySlowGroupIsNamed) {
   megascope::testing::TempDir dir;
