@@ -288,10 +288,13 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     const double med = Median(t.transfer);
     fastest[k] = groups_of_kind[k]++ == 0 ? med : std::min(fastest[k], med);
   }
-  std::vector<std::string> slow_groups;
-  std::set<std::string> suspects;
+  struct SlowGroup {
+    std::string name;
+    const GroupTiming* timing;
+    double ratio, cost;
+  };
+  std::vector<SlowGroup> slower;
   std::vector<const GroupTiming*> fast;  // cross-host groups that are not slow
-  double link_cost = 0;
   for (const auto& [grp, t] : timing) {
     const std::string k = kind_of(grp);
     if (t.hosts.size() < 2 || t.transfer.empty() || groups_of_kind[k] < 2) continue;
@@ -300,20 +303,32 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
                         static_cast<double>(rep.steps);
     if (med < o.link_ratio * fastest[k]) {
       fast.push_back(&t);
-      continue;
+    } else if (cost >= o.min_cost_s) {  // below: slower, but by too little to tell from jitter
+      slower.push_back({grp, &t, med / std::max(fastest[k], 1e-9), cost});
     }
-    if (cost < o.min_cost_s) continue;  // slower, but by too little to tell from jitter
-    if (slow_groups.empty()) {
-      suspects = t.hosts;
-    } else {
-      std::set<std::string> both;
-      std::set_intersection(suspects.begin(), suspects.end(), t.hosts.begin(), t.hosts.end(),
-                            std::inserter(both, both.end()));
-      suspects = std::move(both);
-    }
-    slow_groups.push_back(grp + " (" + Fmt("%.1f", med / std::max(fastest[k], 1e-9)) + "x)");
-    link_cost = std::max(link_cost, cost);
   }
+  // The suspects are the hosts common to the slow groups, the costliest first. A cheap slow group
+  // over none of them (a healthy transfer of a millisecond stretched by a preempted rank on a busy
+  // machine) is jitter beside them, not a second slow link that would empty the set.
+  std::sort(slower.begin(), slower.end(),
+            [](const SlowGroup& a, const SlowGroup& b) { return a.cost > b.cost; });
+  const double jitter_s = std::max(o.min_cost_s, o.link_min_step_share * rep.mean_step_s);
+  std::vector<std::string> slow_groups;
+  std::set<std::string> suspects;
+  double link_cost = 0;
+  for (const SlowGroup& g : slower) {
+    std::set<std::string> both = g.timing->hosts;
+    if (!slow_groups.empty()) {
+      both.clear();
+      std::set_intersection(suspects.begin(), suspects.end(), g.timing->hosts.begin(),
+                            g.timing->hosts.end(), std::inserter(both, both.end()));
+      if (both.empty() && g.cost < jitter_s) continue;
+    }
+    suspects = std::move(both);
+    slow_groups.push_back(g.name + " (" + Fmt("%.1f", g.ratio) + "x)");
+    link_cost = std::max(link_cost, g.cost);
+  }
+  std::sort(slow_groups.begin(), slow_groups.end());
   // A slow link slows every group that crosses it: a group over the suspects' links that is not
   // slow contradicts the finding (one slow group among several over the same hosts is jitter).
   for (const GroupTiming* t : fast) {
@@ -322,8 +337,7 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
       suspects.clear();
   }
   // ... and costs a real share of the step, not a few milliseconds of jitter.
-  if (!slow_groups.empty() && !suspects.empty() &&
-      link_cost >= std::max(o.min_cost_s, o.link_min_step_share * rep.mean_step_s)) {
+  if (!slow_groups.empty() && !suspects.empty() && link_cost >= jitter_s) {
     Verdict v;
     v.kind = "slow";
     v.cause = "link_slow";
