@@ -1,5 +1,6 @@
 // `megascope launch` (the self-healing driver), `megascope report`, `megascope evict`, `megascope
 // stop`.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -8,6 +9,7 @@
 #include "megascope/controller/controller.h"
 #include "megascope/controller/report.h"
 #include "megascope/launch/process.h"
+#include "megascope/launch/slurm.h"
 #include "megascope/tracer/dump.h"
 #include "megascope/tracer/file_util.h"
 #include "training_options.h"
@@ -20,7 +22,7 @@ int RunLaunch(const Args& args) {
   c.memory_snapshots = true;
   controller::ControllerOptions co;
   int spares = 0;
-  std::string hosts_arg;
+  std::string hosts_arg, iface;
   std::vector<std::string> injects;
   po::options_description opts("Options");
   opts.add_options()("help,h", "show this help");
@@ -58,6 +60,14 @@ int RunLaunch(const Args& args) {
       "hosts file (NAME NETNS BACKEND_ADDR FRONTEND_ADDR per line). Nodes take the hosts in "
       "order, spares the ones after them; ranks bind the backend address, agents listen on the "
       "frontend address and require the run's token")(
+      "slurm",
+      "inside a Slurm allocation (sbatch or salloc): the nodes are the allocation's (--nodes: all "
+      "of them but --spares), every agent, rank and self-check runs as a step of the job on its "
+      "node (srun), agents listen on the node's NodeAddr; the run directory must be on a file "
+      "system every node shares")(
+      "iface", po::value(&iface),
+      "with --hosts or --slurm: ranks bind this interface's address on their host (the training "
+      "network, e.g. eth0 or ib0) instead of the host's listed or Slurm address")(
       "detector-tick", po::value(&co.detector_tick_s)->default_value(co.detector_tick_s),
       "seconds between detector ticks over the agents' /metrics (0: no detector)")(
       "detector-warmup",
@@ -90,7 +100,7 @@ int RunLaunch(const Args& args) {
   po::variables_map vm;
   if (auto rc = ParseArgs("launch",
                           "megascope launch --nodes N --spares K --dp D --tp T --pp P --data "
-                          "DATA.bin --run-dir DIR [options]",
+                          "DATA.bin --run-dir DIR [--hosts FILE | --slurm] [options]",
                           args, opts, {}, &vm)) {
     return *rc;
   }
@@ -109,7 +119,16 @@ int RunLaunch(const Args& args) {
                 2);
   }
   std::vector<launch::Host> hosts;
-  if (!hosts_arg.empty()) {
+  std::string where;  // where the hosts come from, for errors
+  if (vm.count("slurm") && !hosts_arg.empty())
+    return Fail("launch", "--slurm and --hosts both say where the nodes are: give one", 2);
+  if (vm.count("slurm")) {
+    auto alloc = launch::CurrentSlurmAllocation();
+    if (!alloc.ok()) return Fail("launch", alloc.status().message(), 2);
+    hosts = std::move(alloc->hosts);
+    where = "the Slurm allocation " + alloc->job_id + " has";
+    if (vm["nodes"].defaulted()) c.nodes = std::max(1, static_cast<int>(hosts.size()) - spares);
+  } else if (!hosts_arg.empty()) {
     const char* bed = std::getenv("MEGASCOPE_TESTBED");
     const std::string file =
         hosts_arg == "testbed"
@@ -124,13 +143,18 @@ int RunLaunch(const Args& args) {
           2);
     }
     hosts = std::move(read).value();
-    if (static_cast<int>(hosts.size()) < c.nodes + spares) {
-      return Fail("launch",
-                  "--nodes " + std::to_string(c.nodes) + " and --spares " + std::to_string(spares) +
-                      " need " + std::to_string(c.nodes + spares) + " hosts; " + file + " lists " +
-                      std::to_string(hosts.size()),
-                  2);
-    }
+    where = file + " lists";
+  }
+  if (!hosts.empty() && static_cast<int>(hosts.size()) < c.nodes + spares) {
+    return Fail("launch",
+                "--nodes " + std::to_string(c.nodes) + " and --spares " + std::to_string(spares) +
+                    " need " + std::to_string(c.nodes + spares) + " hosts; " + where + " " +
+                    std::to_string(hosts.size()),
+                2);
+  }
+  if (!iface.empty()) {
+    if (hosts.empty()) return Fail("launch", "--iface needs --hosts or --slurm", 2);
+    for (launch::Host& h : hosts) h.bind_iface = iface;
   }
   for (int k = 0; k < c.nodes + spares; ++k) {
     const std::string name = hosts.empty() ? "node" + std::to_string(k) : hosts[k].name;
@@ -181,6 +205,7 @@ int RunLaunch(const Args& args) {
     run.resume_set = plan.resume_set;
     run.resume = plan.resume;
     run.agent_ports = plan.agent_ports;
+    run.agent_addrs = plan.agent_addrs;
     run.faults.clear();
     for (const auto& f : plan.faults)
       run.faults.push_back({f.kind, f.rank, f.step, f.seconds, f.factor});

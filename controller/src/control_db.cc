@@ -8,7 +8,7 @@
 namespace megascope::controller {
 namespace {
 
-constexpr std::array<std::pair<EventKind, std::string_view>, 14> kKinds = {{
+constexpr std::array<std::pair<EventKind, std::string_view>, 15> kKinds = {{
     {EventKind::kFaultInjected, "fault_injected"},
     {EventKind::kTrigger, "trigger"},
     {EventKind::kVerdict, "verdict"},
@@ -23,6 +23,7 @@ constexpr std::array<std::pair<EventKind, std::string_view>, 14> kKinds = {{
     {EventKind::kPaused, "paused"},
     {EventKind::kJobFinished, "job_finished"},
     {EventKind::kDecision, "decision"},
+    {EventKind::kSlurmSteps, "slurm_steps"},
 }};
 
 }  // namespace

@@ -29,6 +29,7 @@
 #include "megascope/controller/report.h"
 #include "megascope/launch/link_seam.h"
 #include "megascope/launch/progress.h"
+#include "megascope/launch/slurm.h"
 #include "megascope/tracer/clock.h"
 #include "megascope/tracer/dump.h"
 #include "megascope/tracer/file_util.h"
@@ -301,7 +302,7 @@ struct Controller::Impl {
     const std::string nodes[2] = {a, b};
     for (int r = 0; r < 2; ++r) {
       auto p = launch::Process::Spawn(
-          sup.NodeProcess(nodes[r],
+          sup.NodeProcess(nodes[r], "self-check",
                           {opt.supervisor.self_exe, "self-check", "--dir", dir + "/store", "--rank",
                            std::to_string(r), "--timeout", std::to_string(kSelfCheckTimeoutMs)},
                           dir + "/rank_" + std::to_string(r) + ".log"));
@@ -478,6 +479,7 @@ struct Controller::Impl {
         if (!port.ok()) return port.status();
       }
       plan.agent_ports.emplace_back(node, *sup.AgentPort(node));
+      if (const launch::Host* h = sup.HostOf(node)) plan.agent_addrs[node] = h->frontend_addr;
     }
     RETURN_IF_ERROR(opt.write_run_json(plan));
     attempt_start = last_progress = Clock::now();
@@ -525,6 +527,7 @@ struct Controller::Impl {
         last_progress = Clock::now();
         if (line_attempt == attempt && !attempt_stepped) {
           attempt_stepped = true;
+          RecordSlurmSteps();
           if (incident_start_ns) {
             const int64_t ts = line.value("ts_ns", tracer::WallNowNs());
             Record(EventKind::kResumed, "", -1,
@@ -539,6 +542,21 @@ struct Controller::Impl {
         }
       }
     }
+  }
+
+  // Under Slurm: which steps of the job run the attempt (every rank has started by its first step).
+  void RecordSlurmSteps() {
+    std::string job;
+    for (const auto& [node, host] : opt.supervisor.hosts) {
+      if (!host.slurm_job.empty()) job = host.slurm_job;
+    }
+    if (job.empty()) return;
+    auto steps = launch::SlurmSteps(job);
+    if (!steps.ok()) {
+      Log("slurm: cannot list the steps of job " + job + ": " + steps.status().ToString());
+      return;
+    }
+    Record(EventKind::kSlurmSteps, "", -1, {{"job_id", job}, {"steps", *steps}});
   }
 
   double HangThreshold() const {

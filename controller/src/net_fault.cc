@@ -15,49 +15,12 @@
 namespace megascope::controller {
 namespace {
 
-// The executable `name` on PATH (and the sbin directories, where root's tools live).
-Result<std::string> FindTool(const std::string& name) {
-  std::string path = std::getenv("PATH") ? std::getenv("PATH") : "";
-  path += ":/usr/sbin:/sbin:/usr/bin:/bin";
-  std::stringstream dirs(path);
-  for (std::string d; std::getline(dirs, d, ':');) {
-    if (d.empty()) continue;
-    const std::string full = d + "/" + name;
-    if (::access(full.c_str(), X_OK) == 0) return full;
-  }
-  return NotFound("'" + name +
-                  "' is not installed (scripts/setup.sh installs iproute2 and nftables)");
-}
-
 // Runs `argv` inside the host's network namespace (or `netns`); errors carry the tool's message.
 Status Run(const launch::Host& host, std::vector<std::string> argv, bool must_succeed = true,
            const std::string& netns = "") {
-  ASSIGN_OR_RETURN(std::string exe, FindTool(argv[0]));
-  std::string line;
-  for (const std::string& a : argv) line += (line.empty() ? "" : " ") + a;
-  argv[0] = exe;
-  char log[] = "/tmp/megascope-netfault-XXXXXX";
-  const int fd = ::mkstemp(log);
-  if (fd < 0) return IoError("cannot create a temporary file for '" + line + "'");
-  ::close(fd);
-  launch::ProcessSpec spec(argv, log);
-  spec.netns = netns.empty() ? host.netns : netns;
-  auto p = launch::Process::Spawn(spec);
-  if (!p.ok()) {
-    ::unlink(log);
-    return p.status().WithContext(line);
-  }
-  auto e = (*p)->WaitFor(std::chrono::seconds(10));
-  const std::string out = launch::FileTail(log, 3);
-  ::unlink(log);
-  if (!e) {
-    return Status(StatusCode::kDeadlineExceeded,
-                  "'" + line + "' on " + host.name + " did not finish in 10 s");
-  }
-  if (must_succeed && !e->success()) {
-    return Status(StatusCode::kInternal,
-                  "'" + line + "' on " + host.name + " " + e->Describe() + ":\n" + out);
-  }
+  auto out = launch::RunTool(std::move(argv), netns.empty() ? host.netns : netns);
+  if (!out.ok() && (must_succeed || out.status().code() != StatusCode::kInternal))
+    return out.status().WithContext("on " + host.name);
   return Status::Ok();
 }
 
@@ -134,7 +97,7 @@ Status ClearLinkFault(const launch::Host& host) {
     RETURN_IF_ERROR(Run(host, {"tc", "qdisc", "del", "dev", host.switch_port, "root"}, false,
                         host.switch_netns));
   }
-  if (FindTool("nft").ok())
+  if (launch::FindTool("nft").ok())
     RETURN_IF_ERROR(Run(host, {"nft", "delete", "table", "inet", "megascope_fault"}, false));
   return Run(host, {"ip", "link", "set", dev, "up"});
 }

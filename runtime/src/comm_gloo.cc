@@ -56,9 +56,17 @@ class GlooCommunicator final : public Communicator {
                      ec.message());
     try {
       gloo::transport::tcp::attr attr;
-      // A node on its own host binds that host's backend address; one machine: loopback.
+      // A node on its own host binds that host's backend address (or its training interface's);
+      // one machine: loopback.
       const char* bind = std::getenv(launch::kBindAddrEnv);
-      attr.hostname = bind != nullptr && *bind != '\0' ? bind : "127.0.0.1";
+      const char* iface = std::getenv(launch::kBindIfaceEnv);
+      if (bind != nullptr && *bind != '\0') {
+        attr.hostname = bind;
+      } else if (iface != nullptr && *iface != '\0') {
+        attr.iface = iface;
+      } else {
+        attr.hostname = "127.0.0.1";
+      }
       device_ = gloo::transport::tcp::CreateDevice(attr);
       store_ = std::make_unique<gloo::rendezvous::FileStore>(o.rendezvous_dir);
       for (const GroupSpec& g : groups_) {

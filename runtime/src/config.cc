@@ -143,8 +143,10 @@ std::string TrainConfig::ToJson() const {
   j["ranks"] = ranks;
   nlohmann::ordered_json agents_j = nlohmann::ordered_json::array();
   for (const auto& [node, port] : agent_ports) {
+    auto addr = agent_addrs.find(node);
+    const std::string host = addr == agent_addrs.end() ? "127.0.0.1" : addr->second;
     agents_j.push_back(
-        {{"node", node}, {"port", port}, {"url", "http://127.0.0.1:" + std::to_string(port)}});
+        {{"node", node}, {"port", port}, {"url", "http://" + host + ":" + std::to_string(port)}});
   }
   j["agents"] = agents_j;
   return j.dump(1) + "\n";
@@ -242,6 +244,15 @@ Result<TrainConfig> TrainConfig::FromJson(const std::string& text, const std::st
       const JsonFields a((*agents)[i], source + ": agents[" + std::to_string(i) + "]");
       ASSIGN_OR_RETURN(std::string node, a.Str("node"));
       ASSIGN_OR_RETURN(int64_t port, a.IntIn("port", 0, 65535));
+      if (a.Has("url")) {  // http://HOST:PORT
+        ASSIGN_OR_RETURN(std::string url, a.Str("url"));
+        const size_t from = url.find("://"), colon = url.rfind(':');
+        if (from == std::string::npos || colon <= from + 3)
+          return InvalidArgument(source + ": agents[" + std::to_string(i) + "].url: '" + url +
+                                 "' is not http://HOST:PORT");
+        if (std::string host = url.substr(from + 3, colon - from - 3); host != "127.0.0.1")
+          c.agent_addrs[node] = std::move(host);
+      }
       c.agent_ports.emplace_back(std::move(node), static_cast<int>(port));
     }
   }

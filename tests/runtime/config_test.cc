@@ -25,6 +25,26 @@ TEST(RunJsonTest, AWrittenRunJsonReadsBackToTheSameText) {
   EXPECT_EQ(again->ToJson(), c->ToJson());
 }
 
+// Agents on hosts of their own (--hosts, --slurm) are written and read at their own address.
+TEST(RunJsonTest, AnAgentOnItsOwnHostIsListedAtItsAddress) {
+  auto c = TrainConfig::FromJson(Seed("demo_222.json"), "demo_222.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  c->agent_ports = {{"node0", 9100}, {"node1", 9101}};
+  c->agent_addrs = {{"node1", "10.78.0.12"}};
+  const std::string text = c->ToJson();
+  EXPECT_NE(text.find("http://10.78.0.12:9101"), std::string::npos) << text;
+  EXPECT_NE(text.find("http://127.0.0.1:9100"), std::string::npos) << text;
+  auto again = TrainConfig::FromJson(text, "again");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->agent_addrs, c->agent_addrs);
+  std::string bad = text;
+  bad.replace(bad.find("http://10.78.0.12:9101"), 22, "10.78.0.12");
+  auto refused = TrainConfig::FromJson(bad, "run.json");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("agents[1].url"), std::string::npos)
+      << refused.status().message();
+}
+
 // Found by fuzz_run_json: two nodes but one node name (and a world that is not dp x tp x pp)
 // made ToJson() read past node_names.
 TEST(RunJsonTest, NodeNamesThatDoNotMatchTheNodesAreRefused) {

@@ -4,12 +4,15 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "megascope/launch/link_seam.h"
 #include "megascope/launch/process.h"
+#include "megascope/launch/slurm.h"
 #include "megascope/launch/state_files.h"
 #include "megascope/launch/supervisor.h"
 #include "megascope/tracer/clock.h"
@@ -117,6 +120,52 @@ TEST(HostsFileTest, ReadsHostsAndNamesTheLineThatIsWrong) {
     EXPECT_NE(bad.status().message().find(where), std::string::npos) << bad.status().message();
   }
   EXPECT_EQ(ReadHostsFile(dir.path() + "/none").status().code(), StatusCode::kNotFound);
+}
+
+TEST(SlurmLaunchTest, NodeAddressesComeFromScontrolAndEachProcessIsANamedStepOnItsNode) {
+  // `scontrol show node --oneliner` of Slurm 22.05 (shortened); a node without NodeAddr is
+  // reached by its name.
+  const auto addrs = ParseNodeAddrs(
+      "NodeName=gpu-a17 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 NodeAddr=10.78.203.11 "
+      "NodeHostName=gpu-a17 Version=22.05.8 OS=Linux 6.18 #1 SMP RealMemory=1\n"
+      "NodeName=gpu-a18 Arch=x86_64 CPUAlloc=0 NodeHostName=gpu-a18 State=IDLE\n");
+  EXPECT_EQ(addrs, (std::map<std::string, std::string>{{"gpu-a17", "10.78.203.11"},
+                                                       {"gpu-a18", "gpu-a18"}}));
+  SupervisorOptions o;
+  o.run_dir = "/tmp/none";
+  o.hosts["gpu-a17"] = {"gpu-a17", "", "10.78.203.11", "10.78.203.11", "", "", "ib0", "4242"};
+  Supervisor sup(o);
+  const ProcessSpec spec = sup.NodeProcess("gpu-a17", "rank3", {"/bin/megascope", "worker"}, "");
+  ASSERT_GE(spec.argv.size(), 3u);
+  EXPECT_NE(spec.argv[0].find("srun"), std::string::npos) << spec.argv[0];
+  auto has = [&](const std::string& a) {
+    return std::find(spec.argv.begin(), spec.argv.end(), a) != spec.argv.end();
+  };
+  EXPECT_TRUE(has("--jobid=4242") && has("--nodelist=gpu-a17") && has("--job-name=rank3@gpu-a17"));
+  EXPECT_EQ(spec.argv[spec.argv.size() - 2], "/bin/megascope") << "the command follows srun's";
+  bool iface = false;
+  for (const auto& [k, v] : spec.env) iface |= k == kBindIfaceEnv && v == "ib0";
+  EXPECT_TRUE(iface) << "--iface: the rank binds its host's ib0";
+  // Outside an allocation --slurm says so.
+  const char* job = std::getenv("SLURM_JOB_ID");
+  const std::string saved = job ? job : "";
+  ::unsetenv("SLURM_JOB_ID");
+  auto none = CurrentSlurmAllocation();
+  if (!saved.empty()) ::setenv("SLURM_JOB_ID", saved.c_str(), 1);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("sbatch or salloc"), std::string::npos);
+}
+
+TEST(RunToolTest, ReturnsTheOutputOrSaysWhatFailed) {
+  auto out = RunTool({"sh", "-c", "echo hello; echo err >&2"});
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_NE(out->find("hello"), std::string::npos);
+  auto failed = RunTool({"sh", "-c", "echo why; exit 3"});
+  ASSERT_EQ(failed.status().code(), StatusCode::kInternal);
+  EXPECT_NE(failed.status().message().find("why"), std::string::npos) << "the tool's own words";
+  EXPECT_EQ(RunTool({"no-such-tool-here"}).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(RunTool({"sleep", "5"}, "", std::chrono::milliseconds(100)).status().code(),
+            StatusCode::kDeadlineExceeded);
 }
 
 TEST(StateFilesTest, ResumesFromTheNewestStepEveryRankHasOnALiveNode) {

@@ -11,10 +11,14 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <sstream>
 #include <thread>
+
+#include "megascope/tracer/file_util.h"
 
 extern char** environ;
 
@@ -223,6 +227,48 @@ std::string FileTail(const std::string& path, size_t lines) {
   }
   std::string out;
   for (const auto& l : last) out += "    " + l + "\n";
+  return out;
+}
+
+Result<std::string> FindTool(const std::string& name) {
+  std::string path = std::getenv("PATH") ? std::getenv("PATH") : "";
+  path += ":/usr/sbin:/sbin:/usr/bin:/bin";
+  std::stringstream dirs(path);
+  for (std::string d; std::getline(dirs, d, ':');) {
+    if (!d.empty() && ::access((d + "/" + name).c_str(), X_OK) == 0) return d + "/" + name;
+  }
+  return NotFound("'" + name + "' is not installed (scripts/setup.sh installs it)");
+}
+
+Result<std::string> RunTool(std::vector<std::string> argv, const std::string& netns,
+                            std::chrono::milliseconds timeout) {
+  std::string line;
+  for (const std::string& a : argv) line += (line.empty() ? "" : " ") + a;
+  ASSIGN_OR_RETURN(std::string exe, FindTool(argv[0]));
+  argv[0] = exe;
+  char log[] = "/tmp/megascope-tool-XXXXXX";
+  const int fd = ::mkstemp(log);
+  if (fd < 0) return ErrnoError("cannot create a temporary file for '" + line + "'", errno);
+  ::close(fd);
+  ProcessSpec spec(std::move(argv), log);
+  spec.netns = netns;
+  auto p = Process::Spawn(spec);
+  if (!p.ok()) {
+    ::unlink(log);
+    return p.status().WithContext(line);
+  }
+  auto e = (*p)->WaitFor(timeout);
+  std::string out = tracer::ReadFile(log).value_or("");
+  ::unlink(log);
+  if (!e) {
+    return Status(StatusCode::kDeadlineExceeded,
+                  "'" + line + "' did not finish in " + std::to_string(timeout.count()) + " ms");
+  }
+  if (!e->success()) {
+    const size_t tail = out.size() > 2000 ? out.size() - 2000 : 0;
+    return Status(StatusCode::kInternal,
+                  "'" + line + "' " + e->Describe() + ":\n" + out.substr(tail));
+  }
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <thread>
 #include <utility>
 
+#include "megascope/launch/slurm.h"
 #include "megascope/tracer/ring.h"
 
 namespace megascope::launch {
@@ -73,13 +74,23 @@ const Host* Supervisor::HostOf(const std::string& node) const {
   return it == opt_.hosts.end() ? nullptr : &it->second;
 }
 
-ProcessSpec Supervisor::NodeProcess(const std::string& node, std::vector<std::string> argv,
-                                    std::string log_path) const {
+ProcessSpec Supervisor::NodeProcess(const std::string& node, const std::string& role,
+                                    std::vector<std::string> argv, std::string log_path) const {
+  const Host* h = HostOf(node);
+  if (h != nullptr && !h->slurm_job.empty()) {
+    std::vector<std::string> srun = SrunPrefix(h->slurm_job, node, role + "@" + node);
+    argv.insert(argv.begin(), srun.begin(), srun.end());
+  }
   ProcessSpec spec(std::move(argv), std::move(log_path));
   spec.env = NodeEnv(node);
-  if (const Host* h = HostOf(node)) {
+  if (h != nullptr) {
     spec.netns = h->netns;
-    spec.env.emplace_back(kBindAddrEnv, h->backend_addr);
+    if (h->bind_iface.empty()) {
+      spec.env.emplace_back(kBindAddrEnv, h->backend_addr);
+    } else {
+      spec.env.emplace_back(kBindAddrEnv, "");
+      spec.env.emplace_back(kBindIfaceEnv, h->bind_iface);
+    }
   }
   return spec;
 }
@@ -121,7 +132,7 @@ Result<int> Supervisor::StartAgent(const std::string& node) {
     argv.emplace_back("--token-file");
     argv.push_back(opt_.agent_token_file);
   }
-  ProcessSpec spec = NodeProcess(node, std::move(argv), layout_.agent_log(node));
+  ProcessSpec spec = NodeProcess(node, "agent", std::move(argv), layout_.agent_log(node));
   spec.append_log = true;  // a restarted agent continues the log
   ASSIGN_OR_RETURN(std::unique_ptr<Process> p, Process::Spawn(spec));
   const auto deadline = std::chrono::steady_clock::now() + opt_.agent_start_timeout;
@@ -220,9 +231,10 @@ Status Supervisor::StartRanks(int attempt, const std::vector<std::string>& nodes
   const std::string dir_abs = fs::absolute(opt_.run_dir).string();
   for (int r = 0; r < world; ++r) {
     fs::create_directories(layout_.rank_dir(r), ec);
-    ProcessSpec spec = NodeProcess(
-        NodeOfRank(r), {opt_.self_exe, "worker", "--run-dir", dir_abs, "--rank", std::to_string(r)},
-        layout_.worker_log(r));
+    ProcessSpec spec =
+        NodeProcess(NodeOfRank(r), "rank" + std::to_string(r),
+                    {opt_.self_exe, "worker", "--run-dir", dir_abs, "--rank", std::to_string(r)},
+                    layout_.worker_log(r));
     spec.append_log = attempt > 0;  // the log of a rank spans its attempts
     auto p = Process::Spawn(spec);
     if (!p.ok()) {

@@ -34,6 +34,8 @@ enum class EventKind {
   kPaused,            // paused: the controller stopped acting and needs a person; detail says why
   kJobFinished,       // job_finished
   kDecision,          // decision: what the policy made of a verdict (action, reason, confirmed)
+  kSlurmSteps,        // slurm_steps: under --slurm, the job id and the step id of each process
+                      // of the attempt (role@node -> JOB.STEP), once its first step is done
 };
 std::string_view Name(EventKind kind);
 std::optional<EventKind> ParseEventKind(std::string_view name);

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -43,6 +44,7 @@ struct AttemptPlan {
   launch::ResumePoint resume;
   std::vector<WorkerFault> faults;
   std::vector<std::pair<std::string, int>> agent_ports;
+  std::map<std::string, std::string> agent_addrs;  // node -> where its agent listens (on a host)
 };
 
 struct ControllerOptions {

@@ -4,6 +4,7 @@
 // and stops every worker when one fails.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,8 @@ struct TrainConfig {
   bool agents = true;  // start one megascope agent per simulated node
   std::vector<std::pair<std::string, int>>
       agent_ports;  // node -> HTTP port, filled by the launcher
+  std::map<std::string, std::string>
+      agent_addrs;  // node -> the address its agent listens on, when not 127.0.0.1 (a host's)
 
   // Empty when valid; otherwise what is wrong, said before any worker starts.
   std::string Validate() const;

@@ -96,6 +96,16 @@ void StopAll(const std::vector<Process*>& processes, std::chrono::milliseconds g
 // The last `lines` lines of a text file, each indented by four spaces.
 std::string FileTail(const std::string& path, size_t lines);
 
+// The executable `name` on PATH or in the sbin directories, where root's tools live.
+Result<std::string> FindTool(const std::string& name);
+
+// Runs a tool to its end and returns what it printed (stdout and stderr). argv[0] is found by
+// FindTool; `netns` as in ProcessSpec. Errors: not installed (kNotFound), over `timeout`
+// (kDeadlineExceeded, the tool is killed), a failed exit (kInternal); each names the command line
+// and carries the tail of the output.
+Result<std::string> RunTool(std::vector<std::string> argv, const std::string& netns = "",
+                            std::chrono::milliseconds timeout = std::chrono::seconds(10));
+
 // This executable's path (/proc/self/exe).
 Result<std::string> SelfExe();
 

@@ -28,19 +28,25 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitCommFailure = 3;  // a collective failed because a peer is gone or stuck
 inline constexpr int kExitSetup = 4;
 
-// Where a node's collectives bind (the worker's Gloo device); 127.0.0.1 when unset.
+// Where a node's collectives bind (the worker's Gloo device): an address, or else the address of
+// an interface (a cluster's training network); 127.0.0.1 when neither is set.
 inline constexpr const char* kBindAddrEnv = "MEGASCOPE_BIND_ADDR";
+inline constexpr const char* kBindIfaceEnv = "MEGASCOPE_BIND_IFACE";
 
 // A node's own host, as on a cluster or a testbed of network namespaces (scripts/testbed.sh): its
 // processes run in `netns` ("" : this machine's network), its collectives bind `backend_addr`,
 // its agent listens on `frontend_addr` and is reached there. `switch_netns`/`switch_port`: the
 // far end of its backend link (a testbed's switch), where traffic towards the host can be shaped.
+// `bind_iface`: its collectives bind this interface's address instead (each process looks it up
+// on its host). `slurm_job`: a node of that Slurm job; its processes start as steps on it (srun).
 struct Host {
   std::string name;
   std::string netns;
   std::string backend_addr;
   std::string frontend_addr;
   std::string switch_netns, switch_port;
+  std::string bind_iface;
+  std::string slurm_job;
 };
 // Reads a hosts file: one "NAME NETNS BACKEND_ADDR FRONTEND_ADDR [SWITCH_NETNS:PORT]" per line
 // ('#' starts a comment; NETNS "-" : this machine's network). Errors name the file and line.
@@ -79,9 +85,10 @@ class Supervisor {
   // Environment given to every process started on `node` (fault seams such as a slowdown).
   void SetNodeEnv(const std::string& node, std::vector<std::pair<std::string, std::string>> env);
   const std::vector<std::pair<std::string, std::string>>& NodeEnv(const std::string& node) const;
-  // A process of `node`: its environment, its host's network namespace and bind address.
-  ProcessSpec NodeProcess(const std::string& node, std::vector<std::string> argv,
-                          std::string log_path) const;
+  // A process of `node` (`role`: agent, rank<r>, self-check): its environment, its host's network
+  // namespace and bind address; on a Slurm node, a step of the job named role@node.
+  ProcessSpec NodeProcess(const std::string& node, const std::string& role,
+                          std::vector<std::string> argv, std::string log_path) const;
   // The node's host, or nullptr when it runs on this machine.
   const Host* HostOf(const std::string& node) const;
 
