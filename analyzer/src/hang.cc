@@ -692,10 +692,15 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
   // that crosses hosts crosses the link of one host (or of one pair): that link carries nothing --
   // a dead link seen from the ops (no transfer recorded partial progress to show it). Ranks behind
   // it wait in different groups, which would otherwise read as a cycle of mismatched order.
-  auto dead_link = [&]() -> bool {
+  // `at_sinks`: only the ranks whose wait leads nowhere -- in a collective every member joined,
+  // that still does not finish. Everyone else waits on them (transitively), so only their ops say
+  // where the stall is; a joined collective that stops across hosts is the link's doing, whatever
+  // order the ranks behind it wait in.
+  auto dead_link = [&](bool at_sinks) -> bool {
     std::optional<std::set<std::string>> common;
     std::vector<int> stuck;
     for (int r : waiting) {
+      if (at_sinks && (!sinks.count(r) || explained.count(r))) continue;
       const Rank& R = ranks[r];
       if (R.blocking == nullptr) continue;
       std::set<std::string> hosts = {node_of(r)};
@@ -742,7 +747,8 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
         v.confidence = 0.7;
         v.explanation =
             std::to_string(stuck.size()) + " ranks wait in ops across hosts that every member " +
-            "joined or waits for, and every one of those ops crosses the link of " + where +
+            (at_sinks ? "joined (every other waiting rank waits on them)" : "joined or waits for") +
+            ", and every one of those ops crosses the link of " + where +
             ": nothing moves over it. Suspect " +
             (common->size() == 1 ? "the link of " + where : "the link between " + where) + ".";
         v.evidence.push_back(std::to_string(stuck.size()) + " stuck cross-host ops, all via " +
@@ -752,7 +758,10 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     }
     return !out.empty();
   };
-  // 5. Ranks waiting on each other in a cycle: someone issued collectives in another order.
+  // 5. Ranks waiting on each other in a cycle: someone issued collectives in another order --
+  // unless the waits end in joined collectives that stopped across one link (a lossy link makes
+  // every rank wait somewhere, in an order a short history can take for a deviation).
+  if (out.empty() && !waits.empty()) dead_link(/*at_sinks=*/true);
   if (out.empty() && !waits.empty()) {
     std::vector<int> deviators;
     std::string text;
@@ -790,7 +799,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       deviators.clear();
       text.clear();
     }
-    if (deviators.empty() && !dead_link()) {
+    if (deviators.empty() && !dead_link(false)) {
       // No periodic history (a deadlock in the first iterations): the ranks stuck in the group
       // fewer of the cycle's ranks are stuck in took the other order. With no smaller side
       // (one rank against one), nobody is named: the cycle is reported as unknown with its ranks.
@@ -839,7 +848,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       out.push_back(std::move(v));
     }
   }
-  if (out.empty() && waits.empty()) dead_link();  // everyone joined everything
+  if (out.empty() && waits.empty()) dead_link(false);  // everyone joined everything
   if (out.empty() && (!waits.empty() || !waiting.empty() || failed_seen)) {
     Verdict v = base("unknown");
     for (int r : waiting) v.waiting_ranks.push_back(r);

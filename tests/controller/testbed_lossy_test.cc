@@ -1,8 +1,7 @@
-// A host link dropping 30 % of its packets, on the testbed. Labelled slow, not e2e: in about one
-// run in three the first incident's hang analysis reads the crawling collectives as an
-// order_mismatch, the job restarts in place on the lossy host, and a rank of a healthy host whose
-// rendezvous with it then fails is blamed as rank_dead. Until that is fixed this test is not part
-// of the default run.
+// A host link dropping 30 % of its packets, on the testbed. Its transfers crawl rather than stop,
+// and every rank ends up waiting somewhere: the hang analysis must follow the waits to the joined
+// collective that stalls over the lossy link (tests/data/hang/lossy_link_*: real dumps of the
+// readings that once went wrong), and the controller must evict the host that fails its check.
 #include "testbed_fixture.h"
 
 namespace megascope::controller {
