@@ -71,8 +71,10 @@ Decision DecideFresh(const Verdict& v, int repeats, const PolicyOptions& o) {
           d.action = compute ? Action::kEvict : Action::kSelfCheck;
           d.reason = compute ? "a persistent compute straggler (" + held + ", " + conf +
                                    "): its own step measurements convict it"
-                             : "a persistent communication straggler (" + held +
-                                   "): the bandwidth self-check decides";
+                             : std::string(cause == Cause::kLinkSlow
+                                               ? "a persistently slow link ("
+                                               : "a persistent communication straggler (") +
+                                   held + "): the bandwidth self-check decides";
         }
       } else {
         d.reason = "unknown slowdown cause '" + v.cause + "': reported only";

@@ -52,6 +52,13 @@ TEST(PolicyTest, TheTable) {
   }
 }
 
+// The reason a person reads says what the evidence is: a slow link is not a straggling rank.
+TEST(PolicyTest, TheReasonNamesASlowLinkAsALink) {
+  EXPECT_NE(Decide(V("slow", "link_slow", 0.7), 2).reason.find("slow link"), std::string::npos);
+  EXPECT_NE(Decide(V("slow", "comm_straggler", 0.7), 2).reason.find("communication straggler"),
+            std::string::npos);
+}
+
 TEST(PolicyTest, ActsOnTheNamedMachineNeverItsGroup) {
   Verdict v = V("slow", "compute_straggler", 0.9, {"node3"});
   v.root_ranks = {6};
