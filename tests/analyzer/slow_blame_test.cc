@@ -41,18 +41,8 @@ std::string WriteRun(const std::string& dir, int64_t tail_ms, int64_t hold_ms, i
     const int64_t last = *std::max_element(enq.begin(), enq.end());
     for (int r = 0; r < kRanks; ++r) {
       const int64_t done = last + kMs + (r == 3 ? tail_ms * kMs : 0);
-      tracer::Record rec{};
-      rec.collective.type = tracer::RecordType::kCollective;
-      rec.collective.op = tracer::OpType::kAllreduce;
-      rec.collective.state = tracer::OpState::kCompleted;
-      rec.collective.peer = -1;
-      rec.collective.seq = static_cast<uint64_t>(s) + 1;
-      rec.collective.bytes = 4096;
-      rec.collective.enqueued_ticks = enq[r];
-      rec.collective.started_ticks = enq[r];
-      rec.collective.completed_ticks = done;
-      rec.collective.entry_id = static_cast<uint64_t>(s) + 1;
-      rec.collective.step = s;
+      const tracer::Record rec = CompletedAllreduce(
+          0, static_cast<uint64_t>(s) + 1, static_cast<uint64_t>(s) + 1, s, enq[r], done, 4096);
       recs[r].push_back(rec);  // also its comm span (trace_schema.h)
       free_at[r] = done;
     }

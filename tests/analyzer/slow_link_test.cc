@@ -60,20 +60,9 @@ std::string WriteRun(const std::string& dir,
           last + static_cast<int64_t>(transfer_ms(all[g].name, s) * static_cast<double>(kMs));
       for (int r : members) {
         const auto mine = groups_of(r);
-        tracer::Record rec{};
-        rec.collective.type = tracer::RecordType::kCollective;
-        rec.collective.op = tracer::OpType::kAllreduce;
-        rec.collective.state = tracer::OpState::kCompleted;
-        rec.collective.group =
-            static_cast<uint16_t>(std::find(mine.begin(), mine.end(), g) - mine.begin());
-        rec.collective.peer = -1;
-        rec.collective.seq = static_cast<uint64_t>(s) + 1;
-        rec.collective.bytes = 65536;
-        rec.collective.enqueued_ticks = free_at[r];
-        rec.collective.started_ticks = free_at[r];
-        rec.collective.completed_ticks = done;
-        rec.collective.entry_id = ++entries[r];
-        rec.collective.step = s;
+        const tracer::Record rec = CompletedAllreduce(
+            static_cast<uint16_t>(std::find(mine.begin(), mine.end(), g) - mine.begin()),
+            static_cast<uint64_t>(s) + 1, ++entries[r], s, free_at[r], done, 65536);
         recs[r].push_back(rec);
         free_at[r] = done;
       }

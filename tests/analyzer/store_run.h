@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,26 @@ inline void WriteRankRecords(const std::string& run_dir, const tracer::RankInfo&
 
 // The slowdown analysis's verdicts with `cause`; no rank of these runs computes longer than its
 // peers, so a compute straggler is a failure.
+// A completed all-reduce of `step` as a rank records it: issued at `enqueued` (it starts at once),
+// done at `completed`, in the rank's local group `group`.
+inline tracer::Record CompletedAllreduce(uint16_t group, uint64_t seq, uint64_t entry, int step,
+                                         int64_t enqueued, int64_t completed, uint64_t bytes) {
+  tracer::Record rec{};
+  rec.collective.type = tracer::RecordType::kCollective;
+  rec.collective.op = tracer::OpType::kAllreduce;
+  rec.collective.state = tracer::OpState::kCompleted;
+  rec.collective.group = group;
+  rec.collective.peer = -1;
+  rec.collective.seq = seq;
+  rec.collective.bytes = bytes;
+  rec.collective.enqueued_ticks = enqueued;
+  rec.collective.started_ticks = enqueued;
+  rec.collective.completed_ticks = completed;
+  rec.collective.entry_id = entry;
+  rec.collective.step = step;
+  return rec;
+}
+
 inline std::vector<Verdict> SlowVerdicts(const std::string& run, const std::string& cause) {
   auto db = RunDatabase::Open(run);
   EXPECT_TRUE(db.ok()) << db.status().ToString();
