@@ -6,13 +6,14 @@
 #include "megascope/analyzer/hang.h"
 #include "megascope/analyzer/live.h"
 #include "megascope/analyzer/slow.h"
+#include "megascope/analyzer/stacks.h"
 #include "megascope/tracer/file_util.h"
 
 namespace megascope::cli {
 
 int RunAnalyze(const Args& args) {
   std::string what, source, agents, pytorch, steps;
-  bool json = false;
+  bool json = false, stacks = false;
   analyzer::HangOptions ho;
   std::string token_file;
   po::options_description opts("Options");
@@ -22,6 +23,9 @@ int RunAnalyze(const Args& args) {
       "source", po::value(&source),
       "a directory of dumps, or a run directory (its newest dumps/attempt_*)")(
       "agents", po::value(&agents), "live: comma-separated agent URLs (http://127.0.0.1:PORT,...)")(
+      "stacks", po::bool_switch(&stacks),
+      "live: ask each rank for its own dump with every thread's stack (SIGUSR1 through its agent), "
+      "grouped by stack in the report")(
       "token-file", po::value(&token_file),
       "live: the run's token (RUN_DIR/control.token), for agents that listen beyond loopback")(
       "pytorch", po::value(&pytorch),
@@ -82,7 +86,7 @@ int RunAnalyze(const Args& args) {
     if (!t.ok()) return Fail("analyze", t.status().message(), 2);
     token = *t;
   }
-  auto in = !urls.empty()      ? analyzer::LoadFromAgents(urls, -1, token)
+  auto in = !urls.empty()      ? analyzer::LoadFromAgents(urls, -1, token, stacks)
             : !pytorch.empty() ? analyzer::LoadPyTorchDumps(pytorch)
                                : analyzer::LoadDumpDirectory(source);
   if (!in.ok()) return Fail("analyze", in.status().message());
@@ -93,6 +97,7 @@ int RunAnalyze(const Args& args) {
     for (const Verdict& v : verdicts) std::printf("%s\n", VerdictToJson(v).c_str());
   } else {
     std::printf("%s", analyzer::FormatHangReport(verdicts).c_str());
+    std::printf("%s", analyzer::FormatStackGroups(analyzer::GroupByStack(*in)).c_str());
   }
   return 0;
 }

@@ -64,9 +64,9 @@ int RunWriter(const DemoConfig& cfg, int rank) {
   auto collective = [&](GroupId g, OpType op, uint64_t bytes, int32_t peer = -1) {
     OpHandle h = t.Enqueue(g, op, bytes, DType::kF32, peer);
     t.Start(h);
-    t.Progress(h, bytes / 2, bytes / 2);
+    t.Progress(h, static_cast<int64_t>(bytes / 2), static_cast<int64_t>(bytes / 2));
     Spin(200);
-    t.Progress(h, bytes, bytes);
+    t.Progress(h, static_cast<int64_t>(bytes), static_cast<int64_t>(bytes));
     t.Complete(h);
   };
   for (int step = 0; step < cfg.steps; ++step) {
@@ -249,7 +249,7 @@ int RunTraceDemo(const Args& args) {
   writers[hung]->Stop(std::chrono::milliseconds(0));
   exited[hung] = true;
   Dump reader_side{
-      tally[hung].reader->Snapshot(), tally[hung].reader->WriterAlive(), WallNowNs(), {}};
+      tally[hung].reader->Snapshot(), tally[hung].reader->WriterAlive(), WallNowNs(), {}, {}};
   const std::string agent_dump = cfg.dump_dir + "/rank_" + std::to_string(hung) + ".reader.json";
   Status st = WriteFileAtomic(agent_dump, DumpToJson(reader_side));
   const FlightEntry& last = reader_side.snapshot.entries.back();

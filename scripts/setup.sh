@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libgloo-dev prometheus-cpp-dev libcivetweb-dev libsqlite3-dev sqlite3 libcurl4-openssl-dev
-  libboost-program-options-dev nlohmann-json3-dev libopenblas-dev
+  libboost-program-options-dev nlohmann-json3-dev libsimdjson-dev libunwind-dev libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus python3 chromium clang libclang-rt-dev clang-format clang-tidy valgrind
   iproute2 nftables slurm-wlm munge

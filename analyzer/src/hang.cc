@@ -1,6 +1,7 @@
 #include "megascope/analyzer/hang.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -10,9 +11,11 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <tuple>
 
 #include "format.h"
+#include "megascope/analyzer/stacks.h"
 
 namespace megascope::analyzer {
 namespace {
@@ -31,12 +34,44 @@ std::tuple<int, uint64_t, int> Signature(const FlightEntry& e) {
           static_cast<int>(e.dtype)};
 }
 
-std::string OpName(const FlightEntry& e, const std::string& group) {
-  std::string s = std::string(tracer::Name(e.op)) + " #" + std::to_string(e.seq) + " in " + group;
+std::string OpName(const FlightEntry& e, std::string_view group) {
+  std::string s =
+      std::string(tracer::Name(e.op)) + " #" + std::to_string(e.seq) + " in " + std::string(group);
   if (e.peer >= 0)
     s += (e.op == OpType::kSend ? " to rank " : " from rank ") + std::to_string(e.peer);
   return s;
 }
+
+// A map built once and then only read: a sorted vector (a rank's entries are hundreds of
+// insertions; 12,288 ranks' are millions). Of a key added twice, the last value is kept.
+template <typename K, typename V>
+class SortedMap {
+ public:
+  using const_iterator = typename std::vector<std::pair<K, V>>::const_iterator;
+  void Add(const K& k, V v) { items_.emplace_back(k, v); }
+  void Seal() {
+    std::stable_sort(items_.begin(), items_.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    auto last = std::unique(items_.rbegin(), items_.rend(),
+                            [](const auto& a, const auto& b) { return a.first == b.first; });
+    items_.erase(items_.begin(), last.base());
+  }
+  const_iterator Begin() const { return items_.begin(); }
+  const_iterator End() const { return items_.end(); }
+  const_iterator Find(const K& k) const {
+    auto it = std::lower_bound(items_.begin(), items_.end(), k,
+                               [](const auto& a, const K& b) { return a.first < b; });
+    return it != items_.end() && it->first == k ? it : items_.end();
+  }
+  const V& At(const K& k) const {
+    auto it = Find(k);
+    if (it == End()) throw std::out_of_range("SortedMap::At");
+    return it->second;
+  }
+
+ private:
+  std::vector<std::pair<K, V>> items_;
+};
 
 // Everything the analysis needs of one rank, indexed.
 struct Rank {
@@ -45,16 +80,17 @@ struct Rank {
   const tracer::Dump* dump = nullptr;
   std::string source;
   int64_t offset = 0;  // clock offset to rank 0
-  std::map<std::string, const tracer::GroupInfo*> groups;
-  std::map<std::string, int64_t> last_coll;  // group -> max collective seq issued
-  std::map<std::pair<std::string, int64_t>, const FlightEntry*> coll;
-  std::map<std::tuple<std::string, int, int64_t>, const FlightEntry*> sends,
+  // Keys view the group names of `dump` (alive as long as the input).
+  std::map<std::string_view, const tracer::GroupInfo*> groups;
+  std::map<std::string_view, int64_t> last_coll;  // group -> max collective seq issued
+  SortedMap<std::pair<std::string_view, int64_t>, const FlightEntry*> coll;
+  SortedMap<std::tuple<std::string_view, int, int64_t>, const FlightEntry*> sends,
       recvs;  // (group, peer, seq)
-  std::map<std::pair<std::string, int>, int64_t> sends_issued,
-      recvs_issued;                  // (group, peer) -> count
-  std::vector<std::string> history;  // group names of collectives, in issue order
+  std::map<std::pair<std::string_view, int>, int64_t> sends_issued,
+      recvs_issued;                       // (group, peer) -> count
+  std::vector<std::string_view> history;  // group names of collectives, in issue order
   const FlightEntry* blocking = nullptr;
-  std::string blocking_group;
+  std::string_view blocking_group;
   size_t history_at_blocking = 0;
 
   const std::string& GroupName(const FlightEntry& e) const {
@@ -100,7 +136,7 @@ struct Wait {
 Result<HangInput> MakeHangInput(std::vector<std::pair<std::string, tracer::Dump>> dumps) {
   if (dumps.empty()) return InvalidArgument("no flight-recorder dumps to analyse");
   HangInput in;
-  std::map<std::string, std::pair<std::vector<int32_t>, std::string>>
+  std::map<std::string, std::pair<tracer::RankList, std::string>>
       membership;  // group -> ranks, first source
   for (auto& [source, d] : dumps) {
     const auto& info = d.snapshot.info;
@@ -168,10 +204,22 @@ Result<HangInput> LoadDumpDirectory(const std::string& path) {
   }
   std::sort(files.begin(), files.end());
   if (files.empty()) return NotFound("no flight-recorder dumps (*.json) in " + dir);
-  for (const auto& f : files) {
-    auto d = tracer::ReadDumpFile(f);
-    if (!d.ok()) return d.status();
-    dumps.emplace_back(f, std::move(d).value());
+  // Read and parsed on every core: a 12,288-rank job's directory is about a gigabyte.
+  std::vector<std::optional<Result<tracer::Dump>>> read(files.size());
+  const size_t workers =
+      std::clamp<size_t>(std::thread::hardware_concurrency(), 1, std::min<size_t>(8, files.size()));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < files.size(); i = next++) read[i] = tracer::ReadDumpFile(files[i]);
+  };
+  std::vector<std::thread> pool;
+  for (size_t w = 1; w < workers; ++w) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  dumps.reserve(files.size());
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (!read[i]->ok()) return read[i]->status();  // the first bad file in name order
+    dumps.emplace_back(std::move(files[i]), std::move(*read[i]).value());
   }
   return MakeHangInput(std::move(dumps));
 }
@@ -195,15 +243,15 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     for (const FlightEntry& e : v.dump.snapshot.entries) {
       const std::string& g = R.GroupName(e);
       if (e.op == OpType::kSend) {
-        R.sends[{g, e.peer, static_cast<int64_t>(e.seq)}] = &e;
+        R.sends.Add({g, e.peer, static_cast<int64_t>(e.seq)}, &e);
         auto& c = R.sends_issued[{g, e.peer}];
         c = std::max(c, static_cast<int64_t>(e.seq) + 1);
       } else if (e.op == OpType::kRecv) {
-        R.recvs[{g, e.peer, static_cast<int64_t>(e.seq)}] = &e;
+        R.recvs.Add({g, e.peer, static_cast<int64_t>(e.seq)}, &e);
         auto& c = R.recvs_issued[{g, e.peer}];
         c = std::max(c, static_cast<int64_t>(e.seq) + 1);
       } else {
-        R.coll[{g, static_cast<int64_t>(e.seq)}] = &e;
+        R.coll.Add({g, static_cast<int64_t>(e.seq)}, &e);
         auto [it, added] = R.last_coll.try_emplace(g, static_cast<int64_t>(e.seq));
         if (!added) it->second = std::max(it->second, static_cast<int64_t>(e.seq));
         R.history.push_back(g);
@@ -216,13 +264,16 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
         R.history_at_blocking = R.history.size();  // the collectives issued up to it
       }
     }
+    R.coll.Seal();
+    R.sends.Seal();
+    R.recvs.Seal();
   }
   // Ranks that never issued anything in a group still count as having issued nothing (-1).
-  auto last_coll = [&](const Rank& R, const std::string& g) {
+  auto last_coll = [&](const Rank& R, std::string_view g) {
     auto it = R.last_coll.find(g);
     return it == R.last_coll.end() ? int64_t{-1} : it->second;
   };
-  auto issued = [](const std::map<std::pair<std::string, int>, int64_t>& m, const std::string& g,
+  auto issued = [](const std::map<std::pair<std::string_view, int>, int64_t>& m, std::string_view g,
                    int peer) {
     auto it = m.find({g, peer});
     return it == m.end() ? int64_t{0} : it->second;
@@ -252,7 +303,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
         signatures;  // (op, bytes, dtype) -> members
     bool examined = false;
   };
-  std::map<std::pair<std::string, int64_t>, CollectiveState> collectives;
+  std::map<std::pair<std::string_view, int64_t>, CollectiveState> collectives;
   int64_t onset = 0;
   bool failed_seen = false;
 
@@ -301,9 +352,10 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       }
       // Both sides posted: the bytes did not make it across.
       const auto& other = recv ? P.sends : P.recvs;
-      auto it = other.find({R.blocking_group, R.id, static_cast<int64_t>(b.seq)});
-      const FlightEntry* oe = it == other.end() ? nullptr : it->second;
-      Link l{recv ? p : R.id, recv ? R.id : p, recv ? oe : &b, recv ? &b : oe, R.blocking_group};
+      auto it = other.Find({R.blocking_group, R.id, static_cast<int64_t>(b.seq)});
+      const FlightEntry* oe = it == other.End() ? nullptr : it->second;
+      Link l{recv ? p : R.id, recv ? R.id : p, recv ? oe : &b, recv ? &b : oe,
+             std::string(R.blocking_group)};
       bool known = false;
       for (const Link& x : links) known |= x.sender == l.sender && x.receiver == l.receiver;
       if (!known) links.push_back(l);
@@ -327,16 +379,16 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
         if (M.dump->oldest_open_blocks && M.blocking != nullptr &&
             (M.blocking_group != R.blocking_group ||
              M.blocking->seq != static_cast<uint64_t>(b.seq))) {
-          auto own = M.coll.find(key);
-          if (own != M.coll.end() && IsOpen(*own->second)) cs.behind.push_back(m);
+          auto own = M.coll.Find(key);
+          if (own != M.coll.End() && IsOpen(*own->second)) cs.behind.push_back(m);
         }
-        auto it = M.coll.find(key);
+        auto it = M.coll.Find(key);
         // Finished on a member while others still wait in it: the others' data from that member
         // stopped on the way (a collective's stalled link).
-        if (it != M.coll.end() && it->second->state == OpState::kCompleted)
+        if (it != M.coll.End() && it->second->state == OpState::kCompleted)
           cs.completed.push_back(m);
         // An op or dtype this build does not know (a newer writer) is no evidence of a mismatch.
-        if (it != M.coll.end() && it->second->op != OpType::kUnknown &&
+        if (it != M.coll.End() && it->second->op != OpType::kUnknown &&
             it->second->dtype != tracer::DType::kUnknown) {
           const FlightEntry& e = *it->second;
           cs.signatures[Signature(e)].push_back(m);
@@ -350,7 +402,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     if (cached->second.missing.empty()) {
       for (int m : cached->second.completed) {
         if (m == R.id) continue;
-        Link l{m, R.id, ranks[m].coll.at(key), &b, R.blocking_group};
+        Link l{m, R.id, ranks[m].coll.At(key), &b, std::string(R.blocking_group)};
         bool known = false;
         for (const Link& x : links)
           known |= (x.sender == m && x.receiver == R.id) || (x.sender == R.id && x.receiver == m);
@@ -371,8 +423,8 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       for (const auto& [sig, who] : signatures) {
         for (int m : who) {
           const Rank& M = ranks[m];
-          auto it = M.coll.find({R.blocking_group, static_cast<int64_t>(b.seq)});
-          if (it == M.coll.begin() || it == M.coll.end()) continue;
+          auto it = M.coll.Find({R.blocking_group, static_cast<int64_t>(b.seq)});
+          if (it == M.coll.Begin() || it == M.coll.End()) continue;
           auto prev = std::prev(it);
           if (prev->first.first == R.blocking_group && Signature(*prev->second) != sig)
             ++departs[sig];
@@ -394,7 +446,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
         for (const Mismatch& x : mismatches)
           known |= x.group == R.blocking_group && x.seq == static_cast<int64_t>(b.seq);
         if (!known)
-          mismatches.push_back({R.blocking_group, static_cast<int64_t>(b.seq), who,
+          mismatches.push_back({std::string(R.blocking_group), static_cast<int64_t>(b.seq), who,
                                 sig_text(majority->first), sig_text(sig)});
       }
     }
@@ -446,7 +498,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
   std::set<int> explained;
   // A stalled link between the ends `from` -> `to`, at `e` (a transfer, or a collective) in
   // `group`: the fields every link_stall verdict shares.
-  auto link_verdict = [&](int from, int to, const FlightEntry& e, const std::string& group,
+  auto link_verdict = [&](int from, int to, const FlightEntry& e, std::string_view group,
                           double confidence) {
     Verdict v = base("link_stall");
     v.root_ranks = {from, to};
@@ -599,7 +651,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
                              : link_verdict(r, p, b, R.blocking_group, 0.7);
     const std::string doing =
         p2p ? std::string(recv ? "receiving #" : "sending #") + std::to_string(b.seq) + " in " +
-                  R.blocking_group + (recv ? " from " : " to ") + ranks[p].Describe() +
+                  std::string(R.blocking_group) + (recv ? " from " : " to ") + ranks[p].Describe() +
                   ", both sides posted"
             : "in " + OpName(b, R.blocking_group) + ", which every member has joined, with " +
                   ranks[p].Describe();
@@ -653,7 +705,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       for (const Wait& x : waits) {
         if (x.to != r) continue;
         const FlightEntry& w = *ranks[x.from].blocking;
-        const std::string& g = ranks[x.from].blocking_group;
+        const std::string g(ranks[x.from].blocking_group);
         if (w.op == OpType::kRecv)
           awaited =
               "send #" + std::to_string(w.seq) + " in " + g + " to rank " + std::to_string(x.from);
@@ -807,7 +859,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       for (int r : waiting) {
         const Rank& R = ranks[r];
         if (R.blocking != nullptr && !tracer::IsP2P(R.blocking->op))
-          stuck_in[R.blocking_group].push_back(r);
+          stuck_in[std::string(R.blocking_group)].push_back(r);
       }
       if (stuck_in.size() > 1) {
         size_t fewest = SIZE_MAX;
@@ -872,6 +924,12 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
                     " s in an operation; nothing is hung.";
     out.push_back(std::move(v));
   }
+  // What the ranks' stacks say, beside the wait-for graph: the rank doing what no other does.
+  if (const std::string odd = OddStackEvidence(in, GroupByStack(in)); !odd.empty()) {
+    for (Verdict& v : out) {
+      if (v.kind == "hang") v.evidence.push_back(odd);
+    }
+  }
   return out;
 }
 
@@ -892,6 +950,9 @@ std::string FormatHangReport(const std::vector<Verdict>& verdicts) {
     out += "  " + v.explanation + "\n";
     if (!v.waiting_ranks.empty())
       out += "  ranks waiting behind it: " + std::to_string(v.waiting_ranks.size()) + "\n";
+    for (const std::string& e : v.evidence) {
+      if (e.rfind("stacks: ", 0) == 0) out += "  " + e + "\n";
+    }
   }
   return out;
 }

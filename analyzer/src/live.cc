@@ -10,7 +10,7 @@ namespace megascope::analyzer {
 using tracer::HttpGet;
 
 Result<HangInput> LoadFromAgents(const std::vector<std::string>& urls, int attempt,
-                                 const std::string& token) {
+                                 const std::string& token, bool stacks) {
   std::vector<std::pair<std::string, tracer::Dump>> dumps;
   for (std::string url : urls) {
     while (!url.empty() && url.back() == '/') url.pop_back();
@@ -26,8 +26,10 @@ Result<HangInput> LoadFromAgents(const std::vector<std::string>& urls, int attem
       const int rank = r["rank"];
       if (attempt >= 0 && r.value("attempt", -1) != attempt) continue;
       if (!seen.insert(rank).second) continue;
-      const std::string src = url + "/dump/" + std::to_string(rank);
-      ASSIGN_OR_RETURN(std::string body, HttpGet(src, 5000, token));
+      std::string src = url + "/stacks/" + std::to_string(rank);
+      auto asked = stacks ? HttpGet(src, 8000, token) : Result<std::string>(NotFound(""));
+      if (!asked.ok()) src = url + "/dump/" + std::to_string(rank);
+      ASSIGN_OR_RETURN(std::string body, asked.ok() ? asked : HttpGet(src, 5000, token));
       ASSIGN_OR_RETURN(tracer::Dump d, tracer::ParseDump(body, src));
       dumps.emplace_back(src, std::move(d));
     }

@@ -196,7 +196,8 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
     g.name = pg.value("name", key);
     g.kind = pg.value("desc", "pg");
     if (g.kind.size() > 7) g.kind = g.kind.substr(0, 7);
-    g.ranks = ParseRanks(pg.value("ranks", json::array()));
+    const std::vector<int32_t> ranks = ParseRanks(pg.value("ranks", json::array()));
+    g.ranks.assign(ranks.begin(), ranks.end());
     for (int r : g.ranks) world = std::max(world, r + 1);
     group_of[g.name] = static_cast<int>(s.groups.size());
     s.groups.push_back(std::move(g));
@@ -252,7 +253,7 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
     int peer = -1;
     if (!OpOf(profiling, &f.op, &peer)) continue;  // not a communication op
     if (peer >= 0) {
-      std::vector<int32_t> sorted = s.groups[f.group].ranks;
+      std::vector<int32_t> sorted = s.groups[f.group].ranks.ToVector();
       std::sort(sorted.begin(), sorted.end());
       if (!sorted.empty() && peer >= static_cast<int>(sorted.size())) {
         d.unknown_values.push_back({where, "profiling_name peer", profiling});
@@ -292,6 +293,21 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
           std::max(open_timeout_ms, f.timeout_ms > 0 ? f.timeout_ms : kDefaultTimeoutMs);
     s.entries.push_back(f);
     raw.push_back({is_p2p, raw_seq});
+    // The stack that issued the op the rank is stuck at (its oldest open one): grouped across
+    // ranks like our own dumps' stacks (analyzer/stacks.h).
+    if (d.stacks.empty() && f.state != OpState::kCompleted && e.contains("frames") &&
+        e["frames"].is_array()) {
+      tracer::ThreadStack t{s.info.pid, "issued its oldest open op", {}};
+      for (const auto& fr : e["frames"]) {
+        if (!fr.is_object()) continue;
+        auto text = [&](const char* k) {
+          return fr.contains(k) && fr[k].is_string() ? fr[k].get<std::string>() : std::string("?");
+        };
+        t.frames.push_back(text("name") + " at " + text("filename") + ":" +
+                           std::to_string(IntOf(fr.value("line", json(0)), 0)));
+      }
+      if (!t.frames.empty()) d.stacks.push_back(std::move(t));
+    }
   }
   if (!j.contains("entries")) {
     // A dump without collectives (includeCollectives=False): each group's pg_status counters are
@@ -391,7 +407,7 @@ Result<HangInput> LoadPyTorchDumps(const std::string& dir) {
   // the same name. Where one name means different members, the members become part of its name.
   std::map<std::string, std::set<std::vector<int32_t>>> members;
   for (const auto& [f, d] : dumps) {
-    for (const auto& g : d.snapshot.groups) members[g.name].insert(g.ranks);
+    for (const auto& g : d.snapshot.groups) members[g.name].insert(g.ranks.ToVector());
   }
   for (auto& [f, d] : dumps) {
     for (auto& g : d.snapshot.groups) {

@@ -92,8 +92,9 @@ class Worker {
     ASSIGN_OR_RETURN(tracer_, tracer::Tracer::Create(ro));
     tracer_->set_enabled(cfg_.trace);
     dump_path_ = layout_.dump(cfg_.attempt, rank_);
-    ASSIGN_OR_RETURN(dumper_,
-                     tracer::SignalDumper::Start([this] { (void)tracer_->WriteDump(dump_path_); }));
+    ASSIGN_OR_RETURN(dumper_, tracer::SignalDumper::Start([this] {
+                       (void)tracer_->WriteDump(dump_path_, /*stacks=*/true);
+                     }));
     beat_ =
         std::thread([this] {  // liveness and clock calibration, independent of the training thread
           for (int i = 0; !stop_; ++i) {

@@ -37,6 +37,30 @@ class HangLiveTest : public ::testing::Test {
     EXPECT_EQ(r.code, 0) << r.out;
     return nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));
   }
+  // Polls `analyze hang --agents` (the agents listed in run.json) until it says hang (<= 60 s).
+  nlohmann::json WaitForHang(const std::string& run, std::string* agents) {
+    nlohmann::json v;
+    for (int i = 0; i < 120; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      if (agents->empty()) {
+        std::ifstream in(dir_.path() + "/" + run + "/run.json");
+        if (!in) continue;
+        try {
+          auto j = nlohmann::json::parse(in);
+          for (const auto& a : j["agents"])
+            *agents += (agents->empty() ? "" : ",") + a["url"].get<std::string>();
+        } catch (...) {
+          continue;
+        }
+      }
+      auto r = RunCommand(std::string(MEGASCOPE_BIN) + " analyze hang --agents " + *agents +
+                          " --json --min-wait 2");
+      if (r.code != 0) continue;
+      v = nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));
+      if (v["kind"] == "hang") break;
+    }
+    return v;
+  }
   TempDir dir_;
   std::string data_;
 };
@@ -47,30 +71,48 @@ TEST_F(HangLiveTest, AHungRankIsNamedFromTheAgentsWhileTheJobHangs) {
        "/dev/null"});
   ASSERT_TRUE(train.ok()) << train.status().ToString();
   std::string agents;
-  nlohmann::json v;
-  for (int i = 0; i < 120; ++i) {  // up to 60 s
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    if (agents.empty()) {
-      std::ifstream in(dir_.path() + "/live/run.json");
-      if (!in) continue;
-      try {
-        auto j = nlohmann::json::parse(in);
-        for (const auto& a : j["agents"])
-          agents += (agents.empty() ? "" : ",") + a["url"].get<std::string>();
-      } catch (...) {
-        continue;
-      }
-    }
-    auto r = RunCommand(std::string(MEGASCOPE_BIN) + " analyze hang --agents " + agents +
-                        " --json --min-wait 2");
-    if (r.code != 0) continue;
-    v = nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));
-    if (v["kind"] == "hang") break;
-  }
+  const nlohmann::json v = WaitForHang("live", &agents);
   (*train)->Stop(std::chrono::seconds(20));
   EXPECT_EQ(v["cause"], "rank_not_joined") << v.dump();
   EXPECT_EQ(v["root_ranks"], nlohmann::json::array({5}));
   EXPECT_EQ(v["root_nodes"], nlohmann::json::array({"node1"}));
+}
+
+// Asked through their agents (SIGUSR1), the 8 real workers each dump every thread's stack; grouped,
+// the hung rank's main thread stands apart from the 7 waiting in collectives, in the worker's hang.
+// The dumps they wrote say the same read from the directory.
+TEST_F(HangLiveTest, TheHungRanksStackStandsApartFromItsPeers) {
+  auto train = megascope::launch::Process::Spawn(
+      {{"/bin/sh", "-c", "exec " + Train("stk", "--timeout 120000 --fault hang:rank=5,step=3")},
+       "/dev/null"});
+  ASSERT_TRUE(train.ok()) << train.status().ToString();
+  std::string agents;
+  ASSERT_EQ(WaitForHang("stk", &agents)["kind"], "hang");
+  const std::string dumps = dir_.path() + "/stk/dumps/attempt_0";
+  // Read while the job still hangs (stopped, its ranks rewrite their dumps as they fail).
+  auto live = RunCommand(std::string(MEGASCOPE_BIN) + " analyze hang --agents " + agents +
+                         " --stacks --min-wait 1");
+  auto files = RunCommand(std::string(MEGASCOPE_BIN) + " analyze hang " + dumps + " --min-wait 1");
+  auto v = Verdict1(dumps);
+  (*train)->Stop(std::chrono::seconds(20));
+  for (const auto* report : {&live, &files}) {
+    EXPECT_EQ(report->code, 0) << report->out;
+    EXPECT_NE(report->out.find("stacks: rank 5 stands apart, in megascope::"), std::string::npos)
+        << report->out;
+    EXPECT_NE(report->out.find("Worker::Hang(long), while 7 ranks wait in collectives"),
+              std::string::npos)
+        << report->out;
+    // The distinct stacks, each with its ranks; rank 5's shows the worker's hang.
+    EXPECT_NE(report->out.find("stacks (main thread; "), std::string::npos) << report->out;
+    const size_t at = report->out.find("1 rank [5]:");
+    ASSERT_NE(at, std::string::npos) << report->out;
+    const std::string five = report->out.substr(at, report->out.find(" rank", at + 12) - at);
+    EXPECT_NE(five.find("Worker::Hang("), std::string::npos) << five;
+  }
+  bool named = false;
+  for (const auto& e : v["evidence"])
+    named |= e.get<std::string>().rfind("stacks: rank 5 ", 0) == 0;
+  EXPECT_TRUE(named) << v.dump();
 }
 
 TEST_F(HangLiveTest, ACrashedRankIsDead) {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "megascope/analyzer/stacks.h"
 #include "megascope/tracer/file_util.h"
 #include "test_util.h"
 
@@ -120,7 +121,7 @@ TEST(PyTorchImportTest, FlightRecorderDumpsGetARootCause) {
   EXPECT_EQ(in->world_size, 4);
   const auto& r3 = in->ranks[3].dump.snapshot;
   ASSERT_EQ(r3.groups.size(), 2u);
-  EXPECT_EQ(r3.groups[0].ranks,
+  EXPECT_EQ(r3.groups[0].ranks.ToVector(),
             (std::vector<int32_t>{0, 1, 2, 3}));  // parsed from PyTorch's "[0, 1, 2, 3]"
   EXPECT_EQ(r3.entries[1].op, tracer::OpType::kRecv);
   EXPECT_EQ(r3.entries[1].peer, 2);
@@ -241,6 +242,45 @@ TEST(PyTorchImportTest, AnOpsOwnTimeoutShortensTheWait) {
       EXPECT_EQ(v[0].kind, "healthy");
     }
   }
+}
+
+// PyTorch records the stack that issued each op (`frames`: name, filename, line). The frames of
+// the op each rank is stuck at group the ranks; the rank that got there from elsewhere stands
+// apart.
+TEST(PyTorchImportTest, TheFramesOfTheStuckOpsGroupTheRanks) {
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  auto frames = [](const char* op, const char* caller, int line) {
+    return nlohmann::json::array(
+        {{{"name", op}, {"filename", "torch/distributed/distributed_c10d.py"}, {"line", 2050}},
+         {{"name", caller}, {"filename", "train.py"}, {"line", line}}});
+  };
+  TempDir dir;
+  for (int r = 0; r < 4; ++r) {
+    nlohmann::json done = PyTorchEntry(0, 1, "completed", true);
+    nlohmann::json stuck = PyTorchEntry(1, 2, "started", false);
+    done["time_created_ns"] = stuck["time_created_ns"] = now - 30'000'000'000LL;
+    done["frames"] = frames("all_reduce", "train_step", 40);
+    stuck["frames"] = r == 2 ? frames("all_reduce", "clip_grad_norm", 77)
+                             : frames("all_reduce", "train_step", 40);
+    nlohmann::json t = PyTorchTrace(r, {done, stuck});
+    t["pg_config"]["0"]["ranks"] = "[0, 1, 2, 3]";
+    std::ofstream(dir.path() + "/rank_" + std::to_string(r)) << t.dump();
+  }
+  auto in = LoadPyTorchDumps(dir.path());
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  const auto groups = GroupByStack(*in);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].ranks, (std::vector<int32_t>{0, 1, 3}));
+  EXPECT_EQ(groups[1].ranks, (std::vector<int32_t>{2}));
+  EXPECT_EQ(groups[1].stack.frames.at(1), "clip_grad_norm at train.py:77");
+  EXPECT_EQ(OddStackEvidence(*in, groups),
+            "stacks: rank 2 stands apart, in clip_grad_norm at train.py:77, while 3 ranks are in "
+            "train_step at train.py:40");
+  const std::string text = FormatStackGroups(groups);
+  EXPECT_NE(text.find("3 ranks [0, 1, 3]:"), std::string::npos) << text;
+  EXPECT_NE(text.find("#1 clip_grad_norm at train.py:77"), std::string::npos) << text;
 }
 
 TEST(PyTorchImportTest, OneGroupNameWithDifferentMembersIsTwoGroups) {

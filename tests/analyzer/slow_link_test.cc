@@ -53,7 +53,7 @@ std::string WriteRun(const std::string& dir,
       free_at[r] += 10 * kMs;
     }
     for (size_t g = 0; g < all.size(); ++g) {
-      const std::vector<int32_t>& members = all[g].ranks;
+      const tracer::RankList& members = all[g].ranks;
       int64_t last = 0;
       for (int r : members) last = std::max(last, free_at[r]);
       const int64_t done =

@@ -59,7 +59,7 @@ TEST(CliTest, TraceDemoAccountsForEveryRecordAndDumpsTheStuckRank) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("every record emitted was drained or counted as dropped"),
             std::string::npos);
-  EXPECT_NE(r.out.find("\"state\": \"started\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"state\":\"started\""), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("(alive=false)"), std::string::npos);
 }
 

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -191,6 +192,99 @@ TEST_F(DumpTest, UnknownValuesOfKnownFieldsAreKeptAndExtraFieldsIgnored) {
   EXPECT_EQ(d->unknown_values[1].value, "allreduce_coalesced");
 }
 
+TEST_F(DumpTest, ALargeGroupIsWrittenAsRangesAndReadBackWhole) {
+  Dump d;
+  d.snapshot.info = {"big", "node0", 5, 12288, 5, 0, 1, {0, 0, 5}, 0};
+  GroupInfo world{"world", "world", {}}, mp{"mp.0", "mp", {}}, odd{"odd", "ep", {}};
+  world.ranks.AppendRun(0, 12288, 1);
+  for (int p = 0; p < 16; ++p) mp.ranks.AppendRun(768 * p, 8, 1);
+  for (int r = 0; r < 100; ++r) odd.ranks.push_back(r * r % 12288);  // no runs to speak of
+  d.snapshot.groups = {GroupInfo{"tp.0.0", "tp", {0, 1, 2, 3, 4, 5, 6, 7}}, world, mp, odd};
+  const json j = json::parse(DumpToJson(d));
+  EXPECT_EQ(j["groups"][0]["ranks"], json({0, 1, 2, 3, 4, 5, 6, 7}));  // small: listed as before
+  EXPECT_FALSE(j["groups"][0].contains("rank_ranges"));
+  EXPECT_EQ(j["groups"][1]["rank_ranges"], json::parse("[[0, 12288, 1]]"));
+  EXPECT_FALSE(j["groups"][1].contains("ranks"));
+  EXPECT_EQ(j["groups"][2]["rank_ranges"].size(), 16u);
+  EXPECT_EQ(j["groups"][2]["rank_ranges"][1], json({768, 776, 1}));
+  EXPECT_LT(DumpToJson(d).size(), 4000u);  // the world is not listed
+  auto back = ParseDump(j.dump(), "rank_5.json");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_EQ(back->snapshot.groups.size(), 4u);
+  for (size_t g = 0; g < 4; ++g) {
+    EXPECT_EQ(back->snapshot.groups[g].ranks.ToVector(), d.snapshot.groups[g].ranks.ToVector())
+        << g;
+  }
+  // Python's range semantics, a descending one included (a user's script reads them with range()).
+  json k = j;
+  k["groups"][1]["rank_ranges"] = json::parse("[[7, -1, -2], [8, 11, 1]]");
+  back = ParseDump(k.dump(), "rank_5.json");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->snapshot.groups[1].ranks.ToVector(),
+            (std::vector<int32_t>{7, 5, 3, 1, 8, 9, 10}));
+  for (const char* bad : {"[[0, 10, 0]]", "[[5, 5, 1]]", "[[0, 10]]", "[[-3, 2, 1]]",
+                          "[[0, 99999999999999, 1]]", "[[\"0\", 4, 1]]", "{}"}) {
+    k["groups"][1]["rank_ranges"] = json::parse(bad);
+    auto e = ParseDump(k.dump(), "dumps/rank_5.json");
+    ASSERT_FALSE(e.ok()) << bad;
+    EXPECT_NE(e.status().message().find("dumps/rank_5.json: groups[1]"), std::string::npos)
+        << e.status().message();
+  }
+  k["groups"][1].erase("rank_ranges");
+  auto none = ParseDump(k.dump(), "rank_5.json");
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("needs 'ranks'"), std::string::npos);
+}
+
+// ParseDump reads well-formed dumps the fast way (simdjson) and everything else the reference way;
+// both must give the same dump. Every dump in the repository's data, and each spoiled.
+TEST_F(DumpTest, TheFastReadingAgreesWithTheReferenceOnEveryDumpOfTheRepository) {
+  auto same = [](const Dump& a, const Dump& b) {
+    EXPECT_EQ(DumpToJson(a), DumpToJson(b));
+    ASSERT_EQ(a.unknown_values.size(), b.unknown_values.size());
+    for (size_t i = 0; i < a.unknown_values.size(); ++i) {
+      EXPECT_EQ(a.unknown_values[i].where, b.unknown_values[i].where);
+      EXPECT_EQ(a.unknown_values[i].value, b.unknown_values[i].value);
+    }
+  };
+  int read_fast = 0, spoiled = 0;
+  for (const auto& f :
+       std::filesystem::recursive_directory_iterator(MEGASCOPE_SOURCE_DIR "/tests/data/hang")) {
+    if (f.path().extension() != ".json" || f.path().parent_path().filename() != "dumps") continue;
+    const std::string text = *ReadFile(f.path().string());
+    auto ref = ParseDumpReference(text, f.path().string());
+    ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+    auto fast = ParseDumpFast(text);
+    ASSERT_TRUE(fast.has_value()) << f.path() << " should be read the fast way";
+    same(*fast, *ref);
+    if (read_fast++ % 4 != 0) continue;  // a quarter of them spoiled, to keep the test short
+    // Spoiled: what the reference refuses, the fast reading leaves to it; what it reads (an
+    // unknown value, an extra field), both read alike.
+    json j = json::parse(text);
+    for (int k = 0; k < 6; ++k) {
+      json s = j;
+      if (k == 0) s["entries"].push_back({{"group", "nowhere"}});
+      if (k == 1) s["heartbeat"]["phase"] = "warmup";
+      if (k == 2) s["groups"][0]["ranks"] = json::array({0, 1.5});
+      if (k == 3) s["rank"] = s["world_size"];
+      if (k == 4) s["future"] = {{"x", 1}};
+      if (k == 5 && !s["entries"].empty()) s["entries"][0]["bytes"] = "many";
+      const std::string t = s.dump();
+      auto r = ParseDumpReference(t, "x.json");
+      auto q = ParseDumpFast(t);
+      if (!r.ok()) {
+        EXPECT_FALSE(q.has_value()) << f.path() << " spoiled " << k;
+      } else {
+        ASSERT_TRUE(q.has_value()) << f.path() << " spoiled " << k;
+        same(*q, *r);
+      }
+      ++spoiled;
+    }
+  }
+  EXPECT_GT(read_fast, 40);
+  EXPECT_GT(spoiled, 40 * 6);
+}
+
 TEST_F(DumpTest, ReaderDumpsARankWhoseProcessIsGone) {
   auto rank = megascope::launch::Process::Fork([&] {
     auto t = MakeTracer();
@@ -203,7 +297,7 @@ TEST_F(DumpTest, ReaderDumpsARankWhoseProcessIsGone) {
                               RingReader::Mode::kSnapshotOnly);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_FALSE((*r)->WriterAlive());
-  Dump d{(*r)->Snapshot(), (*r)->WriterAlive(), WallNowNs(), {}};
+  Dump d{(*r)->Snapshot(), (*r)->WriterAlive(), WallNowNs(), {}, {}};
   std::string path = dir_.path() + "/dumps/attempt_2/rank_3.json";
   ASSERT_TRUE(WriteFileAtomic(path, DumpToJson(d)).ok());
   auto back = ReadDumpFile(path);

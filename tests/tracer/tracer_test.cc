@@ -56,7 +56,7 @@ TEST_F(TracerTest, CollectiveSeqCountsPerGroup) {
   for (int i = 0; i < 2; ++i) EXPECT_EQ(Entry(s, hb[i]).seq, static_cast<uint64_t>(i));
   EXPECT_EQ(Entry(s, ha[0]).peer, -1);
   EXPECT_EQ(s.groups[a].name, "tp.0.0");
-  EXPECT_EQ(s.groups[b].ranks, (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(s.groups[b].ranks.ToVector(), (std::vector<int32_t>{0, 2}));
 }
 
 TEST_F(TracerTest, P2PSeqCountsPerPeerAndDirection) {

@@ -1,8 +1,10 @@
 #include "megascope/tracer/file_util.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 
@@ -15,10 +17,15 @@ Result<std::string> ReadFile(const std::string& path) {
     return err == ENOENT ? NotFound(path + " does not exist")
                          : ErrnoError("cannot open " + path, err);
   }
-  std::string out;
-  char buf[65536];
+  // Read in place, sized by fstat (a file that grows meanwhile is read to its end): no buffer on
+  // the stack, which is small on the agent's HTTP threads.
+  struct stat st {};
+  std::string out(::fstat(fd, &st) == 0 && st.st_size > 0 ? static_cast<size_t>(st.st_size) + 1 : 0,
+                  '\0');  // + 1: room to see the end without growing
+  size_t have = 0;
   for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (have == out.size()) out.resize(std::max<size_t>(4096, out.size() * 2));
+    const ssize_t n = ::read(fd, out.data() + have, out.size() - have);
     if (n == 0) break;
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -26,9 +33,10 @@ Result<std::string> ReadFile(const std::string& path) {
       ::close(fd);
       return ErrnoError("cannot read " + path, err);
     }
-    out.append(buf, static_cast<size_t>(n));
+    have += static_cast<size_t>(n);
   }
   ::close(fd);
+  out.resize(have);
   return out;
 }
 

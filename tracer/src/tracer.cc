@@ -182,10 +182,14 @@ void Tracer::RecordMetric(NameId name, double value) {
   }
 }
 
-std::string Tracer::DumpJson() const { return DumpToJson(Dump{Snapshot(), true, WallNowNs(), {}}); }
+std::string Tracer::DumpJson(bool stacks) const {
+  Dump d{Snapshot(), true, WallNowNs(), {}, {}};
+  if (stacks) d.stacks = CaptureThreadStacks();
+  return DumpToJson(d);
+}
 
-Status Tracer::WriteDump(const std::string& path) const {
-  return WriteFileAtomic(path, DumpJson());
+Status Tracer::WriteDump(const std::string& path, bool stacks) const {
+  return WriteFileAtomic(path, DumpJson(stacks));
 }
 
 }  // namespace megascope::tracer

@@ -6,6 +6,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <tuple>
 
 #include "megascope/tracer/agent/host_metrics.h"
@@ -351,7 +353,7 @@ struct Agent::Impl {
                             std::to_string(st.info.pid) +
                             ") is gone; it left its own flight-recorder dump in " + path);
         } else {
-          Status d = WriteFileAtomic(path, DumpToJson(Dump{snap, false, now_ns, {}}));
+          Status d = WriteFileAtomic(path, DumpToJson(Dump{snap, false, now_ns, {}, {}}));
           Log(opt.node, "rank " + std::to_string(st.info.rank) + " (pid " +
                             std::to_string(st.info.pid) + ") is gone; its flight recorder " +
                             (d.ok() ? "is in " + path : "could not be written: " + d.message()));
@@ -526,7 +528,41 @@ struct Agent::Impl {
     if (best == nullptr)
       return NotFound("rank " + std::to_string(rank) + " is not on node " + opt.node);
     return DumpToJson(Dump{
-        best->reader->Snapshot(), !best->dead && best->reader->WriterAlive(), WallNowNs(), {}});
+        best->reader->Snapshot(), !best->dead && best->reader->WriterAlive(), WallNowNs(), {}, {}});
+  }
+
+  Result<std::string> RankStacks(int rank, std::chrono::milliseconds wait) {
+    int pid = 0;
+    std::string path;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      const RankState* best = nullptr;
+      for (const auto& [name, st] : ranks) {
+        if (st.info.rank == rank && (best == nullptr || st.info.attempt > best->info.attempt))
+          best = &st;
+      }
+      if (best == nullptr)
+        return NotFound("rank " + std::to_string(rank) + " is not on node " + opt.node);
+      if (best->dead || !best->reader->WriterAlive())
+        return FailedPrecondition("rank " + std::to_string(rank) + " is gone: no stacks to take");
+      pid = best->info.pid;
+      path = opt.run_dir + "/dumps/attempt_" + std::to_string(best->info.attempt) + "/rank_" +
+             std::to_string(rank) + ".json";
+    }
+    const int64_t asked = WallNowNs();
+    if (::kill(pid, SIGUSR1) != 0)
+      return ErrnoError("cannot signal rank " + std::to_string(rank), errno);
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      auto text = ReadFile(path);  // written atomically by the rank
+      if (!text.ok()) continue;
+      auto d = ParseDump(*text, path);
+      if (d.ok() && d->dumped_at_ns >= asked && !d->stacks.empty()) return *text;
+    }
+    return Status(StatusCode::kUnavailable, "rank " + std::to_string(rank) + " (pid " +
+                                                std::to_string(pid) + ") wrote no dump within " +
+                                                std::to_string(wait.count()) + " ms");
   }
 };
 
@@ -590,20 +626,26 @@ Result<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& o) {
       [a](const std::string&) { return std::pair<int, std::string>(200, a->StateJson()); },
       "application/json", o.token));
   im->http->addHandler("/state", im->handlers.back().get());
-  im->handlers.push_back(std::make_unique<TextHandler>(
-      [a](const std::string& uri) {
-        const std::string rank = uri.substr(uri.rfind('/') + 1);
-        char* end = nullptr;
-        const long r = std::strtol(rank.c_str(), &end, 10);
-        if (rank.empty() || *end != '\0')
-          return std::pair<int, std::string>(404, "{\"error\":\"use /dump/<rank>\"}\n");
-        auto d = a->DumpJson(static_cast<int>(r));
-        return d.ok() ? std::pair<int, std::string>(200, *d)
-                      : std::pair<int, std::string>(
-                            404, "{\"error\":\"" + d.status().message() + "\"}\n");
-      },
-      "application/json", o.token));
-  im->http->addHandler("/dump/", im->handlers.back().get());
+  // GET <prefix><rank>: one rank's dump, from its ring (/dump/) or asked of it with stacks.
+  auto per_rank = [&](const std::string& prefix,
+                      const std::function<Result<std::string>(int)>& fn) {
+    im->handlers.push_back(std::make_unique<TextHandler>(
+        [prefix, fn](const std::string& uri) {
+          const std::string rank = uri.substr(uri.rfind('/') + 1);
+          char* end = nullptr;
+          const long r = std::strtol(rank.c_str(), &end, 10);
+          if (rank.empty() || *end != '\0')
+            return std::pair<int, std::string>(404, "{\"error\":\"use " + prefix + "<rank>\"}\n");
+          auto d = fn(static_cast<int>(r));
+          return d.ok() ? std::pair<int, std::string>(200, *d)
+                        : std::pair<int, std::string>(
+                              404, "{\"error\":\"" + d.status().message() + "\"}\n");
+        },
+        "application/json", o.token));
+    im->http->addHandler(prefix, im->handlers.back().get());
+  };
+  per_rank("/dump/", [a](int r) { return a->DumpJson(r); });
+  per_rank("/stacks/", [a](int r) { return a->StacksJson(r); });
   return agent;
 }
 
@@ -689,6 +731,9 @@ std::string Agent::MetricsText() {
 }
 std::string Agent::StateJson() { return impl_->State(); }
 Result<std::string> Agent::DumpJson(int rank) { return impl_->RankDump(rank); }
+Result<std::string> Agent::StacksJson(int rank, std::chrono::milliseconds wait) {
+  return impl_->RankStacks(rank, wait);
+}
 uint64_t Agent::rows_written() const { return impl_->rows.load(); }
 uint64_t Agent::db_errors() const { return impl_->db_errors.load(); }
 

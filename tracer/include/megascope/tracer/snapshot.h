@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "megascope/tracer/rank_list.h"
 #include "megascope/tracer/records.h"
 
 namespace megascope::tracer {
@@ -24,9 +25,9 @@ struct RankInfo {
 };
 
 struct GroupInfo {
-  std::string name;            // e.g. "tp.0.1"
-  std::string kind;            // dp, tp, pp, mp, world, ...
-  std::vector<int32_t> ranks;  // global ranks, in group order
+  std::string name;  // e.g. "tp.0.1"
+  std::string kind;  // dp, tp, pp, mp, world, ...
+  RankList ranks;    // global ranks, in group order
 };
 
 struct HeartbeatState {

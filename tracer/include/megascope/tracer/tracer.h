@@ -107,8 +107,10 @@ class Tracer {
   // --- reading back ---
   RankSnapshot Snapshot() const { return ring_->Snapshot(); }
   // The FORMATS.md section 1 dump of this rank, alive.
-  std::string DumpJson() const;
-  Status WriteDump(const std::string& path) const;
+  // With `stacks`, the dump carries every thread's backtrace but the caller's (stacks.h): what a
+  // rank asked by SIGUSR1 writes, for grouping ranks by what their threads are doing.
+  std::string DumpJson(bool stacks = false) const;
+  Status WriteDump(const std::string& path, bool stacks = false) const;
 
   RingWriter& ring() { return *ring_; }
   // Tracing off: spans, flight-recorder entries and metrics are skipped (the heartbeat still

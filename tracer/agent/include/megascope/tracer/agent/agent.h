@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -50,6 +51,11 @@ class Agent {
   std::string MetricsText();
   std::string StateJson();
   Result<std::string> DumpJson(int rank);
+  // Asks a live rank for its own dump with every thread's stack (SIGUSR1; GET /stacks/<rank>) and
+  // returns it once written, within `wait`. Errors: the rank is not here, is gone, or did not
+  // answer in time (then /dump/<rank>, from its ring, still says what it was doing).
+  Result<std::string> StacksJson(int rank,
+                                 std::chrono::milliseconds wait = std::chrono::seconds(5));
   uint64_t rows_written() const;
   uint64_t db_errors() const;
 
