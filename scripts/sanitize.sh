@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 presets=("$@")
 ((${#presets[@]})) || presets=(asan tsan)
 declare -A targets=(
-  [asan]="analyzer_pickle_test analyzer_slow_blame_test tracer_dump_test tracer_ring_test detector_test detector_samples_test detector_scenario_test"
+  [asan]="analyzer_pickle_test analyzer_slow_blame_test tracer_dump_test tracer_rank_list_test tracer_stacks_test tracer_ring_test detector_test detector_samples_test detector_scenario_test"
   [tsan]="tracer_ring_test tracer_tracer_test"
 )
 for p in "${presets[@]}"; do
