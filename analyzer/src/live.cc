@@ -1,38 +1,71 @@
 #include "megascope/analyzer/live.h"
 
+#include <algorithm>
+#include <atomic>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
+#include <thread>
 
 #include "megascope/tracer/http_client.h"
 
 namespace megascope::analyzer {
+namespace {
 
 using tracer::HttpGet;
+using Dumps = std::vector<std::pair<std::string, tracer::Dump>>;
+
+// One agent's ranks: its /state, then each rank's dump (asked of the rank, with stacks, first).
+Result<Dumps> FromAgent(std::string url, int attempt, const std::string& token, bool stacks) {
+  while (!url.empty() && url.back() == '/') url.pop_back();
+  ASSIGN_OR_RETURN(std::string state, HttpGet(url + "/state", 5000, token));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(state);
+  } catch (const std::exception& e) {
+    return DataLoss(url + "/state is not JSON: " + e.what());
+  }
+  Dumps dumps;
+  std::set<int> seen;
+  for (const auto& r : j.value("ranks", nlohmann::json::array())) {
+    if (!r.is_object() || !r.contains("rank") || !r["rank"].is_number_integer())
+      return DataLoss(url + "/state lists a rank without a rank number");
+    const int rank = r["rank"].get<int>();
+    const auto a = r.find("attempt");
+    if (attempt >= 0 && (a == r.end() || !a->is_number_integer() || a->get<int>() != attempt))
+      continue;
+    if (!seen.insert(rank).second) continue;
+    std::string src = url + "/stacks/" + std::to_string(rank);
+    auto asked = stacks ? HttpGet(src, 8000, token) : Result<std::string>(NotFound(""));
+    if (!asked.ok()) src = url + "/dump/" + std::to_string(rank);
+    ASSIGN_OR_RETURN(std::string body, asked.ok() ? asked : HttpGet(src, 5000, token));
+    ASSIGN_OR_RETURN(tracer::Dump d, tracer::ParseDump(body, src));
+    dumps.emplace_back(src, std::move(d));
+  }
+  return dumps;
+}
+
+}  // namespace
 
 Result<HangInput> LoadFromAgents(const std::vector<std::string>& urls, int attempt,
                                  const std::string& token, bool stacks) {
-  std::vector<std::pair<std::string, tracer::Dump>> dumps;
-  for (std::string url : urls) {
-    while (!url.empty() && url.back() == '/') url.pop_back();
-    ASSIGN_OR_RETURN(std::string state, HttpGet(url + "/state", 5000, token));
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(state);
-    } catch (const std::exception& e) {
-      return DataLoss(url + "/state is not JSON: " + e.what());
-    }
-    std::set<int> seen;
-    for (const auto& r : j.value("ranks", nlohmann::json::array())) {
-      const int rank = r["rank"];
-      if (attempt >= 0 && r.value("attempt", -1) != attempt) continue;
-      if (!seen.insert(rank).second) continue;
-      std::string src = url + "/stacks/" + std::to_string(rank);
-      auto asked = stacks ? HttpGet(src, 8000, token) : Result<std::string>(NotFound(""));
-      if (!asked.ok()) src = url + "/dump/" + std::to_string(rank);
-      ASSIGN_OR_RETURN(std::string body, asked.ok() ? asked : HttpGet(src, 5000, token));
-      ASSIGN_OR_RETURN(tracer::Dump d, tracer::ParseDump(body, src));
-      dumps.emplace_back(src, std::move(d));
-    }
+  // The agents are asked side by side (a job of 12,500 nodes has as many); each answers for its
+  // own ranks in turn.
+  std::vector<std::optional<Result<Dumps>>> got(urls.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < urls.size(); i = next++)
+      got[i] = FromAgent(urls[i], attempt, token, stacks);
+  };
+  std::vector<std::thread> pool;
+  const size_t workers = std::min<size_t>(32, urls.size());
+  for (size_t w = 1; w < workers; ++w) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  Dumps dumps;
+  for (auto& g : got) {
+    if (!g->ok()) return g->status();  // the first agent in the caller's order that failed
+    for (auto& d : **g) dumps.push_back(std::move(d));
   }
   return MakeHangInput(std::move(dumps));
 }
