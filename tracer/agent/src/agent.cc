@@ -518,8 +518,8 @@ struct Agent::Impl {
     return j.dump() + "\n";
   }
 
-  Result<std::string> RankDump(int rank) {
-    std::lock_guard<std::mutex> lock(mu);
+  // The rank's state in its latest attempt on this node. Called with `mu` held.
+  Result<const RankState*> Latest(int rank) const {
     const RankState* best = nullptr;
     for (const auto& [name, st] : ranks) {
       if (st.info.rank == rank && (best == nullptr || st.info.attempt > best->info.attempt))
@@ -527,6 +527,12 @@ struct Agent::Impl {
     }
     if (best == nullptr)
       return NotFound("rank " + std::to_string(rank) + " is not on node " + opt.node);
+    return best;
+  }
+
+  Result<std::string> RankDump(int rank) {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSIGN_OR_RETURN(const RankState* best, Latest(rank));
     return DumpToJson(Dump{
         best->reader->Snapshot(), !best->dead && best->reader->WriterAlive(), WallNowNs(), {}, {}});
   }
@@ -536,13 +542,7 @@ struct Agent::Impl {
     std::string path;
     {
       std::lock_guard<std::mutex> lock(mu);
-      const RankState* best = nullptr;
-      for (const auto& [name, st] : ranks) {
-        if (st.info.rank == rank && (best == nullptr || st.info.attempt > best->info.attempt))
-          best = &st;
-      }
-      if (best == nullptr)
-        return NotFound("rank " + std::to_string(rank) + " is not on node " + opt.node);
+      ASSIGN_OR_RETURN(const RankState* best, Latest(rank));
       if (best->dead || !best->reader->WriterAlive())
         return FailedPrecondition("rank " + std::to_string(rank) + " is gone: no stacks to take");
       pid = best->info.pid;
