@@ -512,6 +512,9 @@ class Worker {
 }  // namespace
 
 int RunWorker(const std::string& run_dir, int rank) {
+  // A peer that dies mid-transfer must fail this rank's collective (an error, exit
+  // kExitCommFailure: a victim), not kill it with SIGPIPE: the launcher would name it first.
+  ::signal(SIGPIPE, SIG_IGN);
   auto text = tracer::ReadFile(run_dir + "/run.json");
   if (!text.ok()) {
     std::fprintf(stderr, "[worker] cannot read the run's configuration: %s\n",
