@@ -1,7 +1,6 @@
 #include "megascope/analyzer/hang.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -16,6 +15,7 @@
 
 #include "format.h"
 #include "megascope/analyzer/stacks.h"
+#include "parallel.h"
 
 namespace megascope::analyzer {
 namespace {
@@ -206,16 +206,8 @@ Result<HangInput> LoadDumpDirectory(const std::string& path) {
   if (files.empty()) return NotFound("no flight-recorder dumps (*.json) in " + dir);
   // Read and parsed on every core: a 12,288-rank job's directory is about a gigabyte.
   std::vector<std::optional<Result<tracer::Dump>>> read(files.size());
-  const size_t workers =
-      std::clamp<size_t>(std::thread::hardware_concurrency(), 1, std::min<size_t>(8, files.size()));
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i = next++; i < files.size(); i = next++) read[i] = tracer::ReadDumpFile(files[i]);
-  };
-  std::vector<std::thread> pool;
-  for (size_t w = 1; w < workers; ++w) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
+  ParallelFor(files.size(), std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8),
+              [&](size_t i) { read[i] = tracer::ReadDumpFile(files[i]); });
   dumps.reserve(files.size());
   for (size_t i = 0; i < files.size(); ++i) {
     if (!read[i]->ok()) return read[i]->status();  // the first bad file in name order

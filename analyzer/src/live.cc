@@ -1,13 +1,11 @@
 #include "megascope/analyzer/live.h"
 
-#include <algorithm>
-#include <atomic>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-#include <thread>
 
 #include "megascope/tracer/http_client.h"
+#include "parallel.h"
 
 namespace megascope::analyzer {
 namespace {
@@ -52,16 +50,8 @@ Result<HangInput> LoadFromAgents(const std::vector<std::string>& urls, int attem
   // The agents are asked side by side (a job of 12,500 nodes has as many); each answers for its
   // own ranks in turn.
   std::vector<std::optional<Result<Dumps>>> got(urls.size());
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i = next++; i < urls.size(); i = next++)
-      got[i] = FromAgent(urls[i], attempt, token, stacks);
-  };
-  std::vector<std::thread> pool;
-  const size_t workers = std::min<size_t>(32, urls.size());
-  for (size_t w = 1; w < workers; ++w) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
+  ParallelFor(urls.size(), 32,
+              [&](size_t i) { got[i] = FromAgent(urls[i], attempt, token, stacks); });
   Dumps dumps;
   for (auto& g : got) {
     if (!g->ok()) return g->status();  // the first agent in the caller's order that failed

@@ -50,6 +50,12 @@ void OnStackSignal(int, siginfo_t*, void* uctx) {
     // From the interrupted frame (the signal's context), not from this handler.
     if (unw_init_local2(&cursor, static_cast<unw_context_t*>(uctx), UNW_INIT_SIGNAL_FRAME) == 0) {
       do {
+        // Frames above a signal trampoline belong to a handler the thread was in (the dump
+        // request's, say): what it was doing starts below it.
+        if (unw_is_signal_frame(&cursor) > 0) {
+          n = 0;
+          continue;
+        }
         unw_word_t ip = 0;
         if (unw_get_reg(&cursor, UNW_REG_IP, &ip) != 0 || ip == 0) break;
         g_slot.ips[n++] = reinterpret_cast<void*>(ip);  // NOLINT(performance-no-int-to-ptr): an IP
@@ -220,14 +226,6 @@ std::vector<ThreadStack> CaptureThreadStacks(std::chrono::milliseconds per_threa
     if (answered) {
       for (int i = 0; i < g_slot.n; ++i)
         t.frames.push_back(Symbolize(g_slot.ips[i], i == 0, &symbols));
-      // The thread that took the dump request (SIGUSR1) may still be in its handler: what it was
-      // doing is below the handler and the signal trampoline above it.
-      for (size_t i = 0; i + 1 < t.frames.size() && i < 4; ++i) {
-        if (t.frames[i].find("OnDumpSignal(") != std::string::npos) {
-          t.frames.erase(t.frames.begin(), t.frames.begin() + static_cast<std::ptrdiff_t>(i + 2));
-          break;
-        }
-      }
     }
     out.push_back(std::move(t));
   }
