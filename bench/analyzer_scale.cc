@@ -13,6 +13,7 @@
 #include "megascope/analyzer/timeline.h"
 #include "megascope/tracer/file_util.h"
 #include "megascope/tracer/trace_store.h"
+#include "scale_layout.h"
 
 using namespace megascope;
 using namespace megascope::analyzer;
@@ -20,77 +21,54 @@ using tracer::FlightEntry;
 
 namespace {
 
-// Every rank's dump: its tp/dp/pp/mp/world groups (as the trainer registers them), `history`
-// completed entries (tensor-parallel all-reduces, pipeline sends and receives, one data-parallel
-// all-reduce per step), then the open data-parallel all-reduce that `stuck` never joined.
+// Every rank's dump: its groups and `history` completed entries of the benchmark job
+// (scale_layout.h), then the open data-parallel all-reduce that `stuck` never joined.
 std::vector<std::pair<std::string, tracer::Dump>> Dumps(int dp, int tp, int pp, int stuck,
                                                         int history) {
-  const int world = dp * tp * pp;
+  const bench::ScaleLayout job{dp, tp, pp};
+  const int world = job.world();
   const int64_t t0 = 1763700000'000000000LL, now = t0 + 120'000'000'000LL;
   std::vector<std::pair<std::string, tracer::Dump>> dumps;
   dumps.reserve(world);
   for (int r = 0; r < world; ++r) {
-    const int t = r % tp, d = (r / tp) % dp, p = r / (tp * dp);
-    auto rank = [&](int dd, int pp_, int tt) { return tt + tp * (dd + dp * pp_); };
     tracer::Dump dump;
     auto& s = dump.snapshot;
-    s.info = {"scale", "node" + std::to_string(r / 8), r, world, r % 8, 0, 1000 + r, {d, p, t}, 0};
+    s.info = {
+        "scale", "node" + std::to_string(r / 8), r, world, r % 8, 0, 1000 + r, job.CoordsOf(r), 0};
     s.heartbeat = {7, tracer::Phase::kBackward, 0, now - 100'000'000};
-    tracer::GroupInfo tpg{"tp." + std::to_string(p) + "." + std::to_string(d), "tp", {}};
-    for (int i = 0; i < tp; ++i) tpg.ranks.push_back(rank(d, p, i));
-    tracer::GroupInfo dpg{"dp." + std::to_string(p) + "." + std::to_string(t), "dp", {}};
-    for (int i = 0; i < dp; ++i) dpg.ranks.push_back(rank(i, p, t));
-    tracer::GroupInfo ppg{"pp." + std::to_string(d) + "." + std::to_string(t), "pp", {}};
-    for (int i = 0; i < pp; ++i) ppg.ranks.push_back(rank(d, i, t));
-    tracer::GroupInfo mpg{"mp." + std::to_string(d), "mp", {}};
-    for (int i = 0; i < pp; ++i) mpg.ranks.AppendRun(rank(d, i, 0), tp, 1);
-    tracer::GroupInfo wg{"world", "world", {}};
-    wg.ranks.AppendRun(0, world, 1);
-    s.groups = {tpg, dpg, ppg, mpg, wg};
-    // Steps of 30 entries: 24 tensor-parallel all-reduces, 3 sends and 2 receives along the
-    // pipeline, one data-parallel all-reduce; every member issues the same ops in the same order.
-    const int per_step = 30, steps = (history + per_step - 1) / per_step;
-    uint64_t tp_seq = 0, dp_seq = 0, send_seq = 0, recv_seq = 0;
+    s.groups = job.Groups(r);
+    const int steps = (history + job.kPerStep - 1) / job.kPerStep;
+    std::vector<uint64_t> coll_seq(s.groups.size()), send_seq(1), recv_seq(1);
     int64_t at = t0;
-    for (int k = 0; k < steps * per_step; ++k) {
+    for (int k = 0; k < steps * job.kPerStep; ++k) {
+      const bench::ScaleLayout::Op op = job.OpAt(r, k);
       FlightEntry e;
-      const int i = k % per_step;
       e.state = tracer::OpState::kCompleted;
       e.enqueued_at_ns = at;
       e.started_at_ns = at + 2'000;
       e.completed_at_ns = at + 500'000;
       at += 1'000'000;
-      if (i < 24) {
-        e.group = 0;
-        e.seq = tp_seq++;
-        e.bytes = 65536;
-      } else if (i < 27) {
-        e.group = 2;
-        e.op = tracer::OpType::kSend;
-        e.peer = rank(d, (p + 1) % pp, t);
-        e.seq = send_seq++;
-        e.bytes = 1 << 18;
+      e.group = op.group;
+      e.op = op.op;
+      e.peer = op.peer;
+      e.bytes = op.bytes;
+      if (op.op == tracer::OpType::kSend) {
+        e.seq = send_seq[0]++;
         e.bytes_sent = static_cast<int64_t>(e.bytes);
         e.bytes_received = 0;
-      } else if (i < 29) {
-        e.group = 2;
-        e.op = tracer::OpType::kRecv;
-        e.peer = rank(d, (p + pp - 1) % pp, t);
-        e.seq = recv_seq++;
-        e.bytes = 1 << 18;
+      } else if (op.op == tracer::OpType::kRecv) {
+        e.seq = recv_seq[0]++;
         e.bytes_sent = 0;
         e.bytes_received = static_cast<int64_t>(e.bytes);
       } else {
-        e.group = 1;
-        e.seq = dp_seq++;
-        e.bytes = 1 << 20;
+        e.seq = coll_seq[op.group]++;
       }
-      if (steps * per_step - k <= history) s.entries.push_back(e);
+      if (steps * job.kPerStep - k <= history) s.entries.push_back(e);
     }
     if (r != stuck) {
       FlightEntry e;
-      e.group = 1;
-      e.seq = dp_seq;
+      e.group = job.kDp;
+      e.seq = coll_seq[job.kDp];
       e.bytes = 1 << 20;
       e.state = tracer::OpState::kStarted;
       e.enqueued_at_ns = e.started_at_ns = now - 60'000'000'000LL;

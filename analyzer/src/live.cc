@@ -13,9 +13,26 @@ namespace {
 using tracer::HttpGet;
 using Dumps = std::vector<std::pair<std::string, tracer::Dump>>;
 
-// One agent's ranks: its /state, then each rank's dump (asked of the rank, with stacks, first).
-Result<Dumps> FromAgent(std::string url, int attempt, const std::string& token, bool stacks) {
-  while (!url.empty() && url.back() == '/') url.pop_back();
+// One agent's ranks in one answer: every rank's dump, one a line, read as it arrives.
+Result<Dumps> AllFromAgent(const std::string& url, int attempt, const std::string& token) {
+  std::string src = url + "/dumps";
+  if (attempt >= 0) src += "?attempt=" + std::to_string(attempt);
+  Dumps dumps;
+  size_t line = 0;
+  RETURN_IF_ERROR(tracer::HttpGetLines(src, 60000, token, [&](std::string_view text) -> Status {
+    ++line;
+    if (text.find_first_not_of(" \t\r") == std::string_view::npos) return Status::Ok();
+    const std::string where = src + " line " + std::to_string(line);
+    ASSIGN_OR_RETURN(tracer::Dump d, tracer::ParseDump(text, where));
+    dumps.emplace_back(where, std::move(d));
+    return Status::Ok();
+  }));
+  return dumps;
+}
+
+// One agent's ranks one by one, from its /state: each rank is asked for its own dump with every
+// thread's stack, and the ring's dump is read for a rank that does not answer.
+Result<Dumps> StacksFromAgent(const std::string& url, int attempt, const std::string& token) {
   ASSIGN_OR_RETURN(std::string state, HttpGet(url + "/state", 5000, token));
   nlohmann::json j;
   try {
@@ -34,7 +51,7 @@ Result<Dumps> FromAgent(std::string url, int attempt, const std::string& token, 
       continue;
     if (!seen.insert(rank).second) continue;
     std::string src = url + "/stacks/" + std::to_string(rank);
-    auto asked = stacks ? HttpGet(src, 8000, token) : Result<std::string>(NotFound(""));
+    auto asked = HttpGet(src, 8000, token);
     if (!asked.ok()) src = url + "/dump/" + std::to_string(rank);
     ASSIGN_OR_RETURN(std::string body, asked.ok() ? asked : HttpGet(src, 5000, token));
     ASSIGN_OR_RETURN(tracer::Dump d, tracer::ParseDump(body, src));
@@ -50,8 +67,11 @@ Result<HangInput> LoadFromAgents(const std::vector<std::string>& urls, int attem
   // The agents are asked side by side (a job of 12,500 nodes has as many); each answers for its
   // own ranks in turn.
   std::vector<std::optional<Result<Dumps>>> got(urls.size());
-  ParallelFor(urls.size(), 32,
-              [&](size_t i) { got[i] = FromAgent(urls[i], attempt, token, stacks); });
+  ParallelFor(urls.size(), 32, [&](size_t i) {
+    std::string url = urls[i];
+    while (!url.empty() && url.back() == '/') url.pop_back();
+    got[i] = stacks ? StacksFromAgent(url, attempt, token) : AllFromAgent(url, attempt, token);
+  });
   Dumps dumps;
   for (auto& g : got) {
     if (!g->ok()) return g->status();  // the first agent in the caller's order that failed

@@ -77,6 +77,48 @@ TEST_F(TracerTest, P2PSeqCountsPerPeerAndDirection) {
   EXPECT_EQ(Entry(s, c0).seq, 0u);  // p2p ops do not advance the collective count
 }
 
+TEST_F(TracerTest, TheGroupsOfAHundredThousandRanksFitTheRingAsRuns) {
+  // Rank 0 of dp=625 tp=8 pp=20: its world, its data-parallel group (strided by tp), its
+  // model-parallel group (one run a stage) and its pipeline group. Listed rank by rank they would
+  // be 100,000 + 625 + 160 + 20 members, past the ring's room; as runs they are 23.
+  const int dp = 625, tp = 8, pp = 20, world = dp * tp * pp;
+  RankList all, data, model, pipe;
+  all.AppendRun(0, world, 1);
+  data.AppendRun(0, dp, tp);
+  for (int p = 0; p < pp; ++p) model.AppendRun(p * tp * dp, tp, 1);
+  for (int p = 0; p < pp; ++p) pipe.push_back(p * tp * dp);
+  std::vector<GroupId> ids;
+  for (auto [name, kind, ranks] : {std::tuple{"world", "world", &all},
+                                   {"dp.0.0", "dp", &data},
+                                   {"mp.0", "mp", &model},
+                                   {"pp.0.0", "pp", &pipe}}) {
+    auto g = tracer_->RegisterGroup(name, kind, *ranks);
+    ASSERT_TRUE(g.ok()) << name << ": " << g.status().ToString();
+    ids.push_back(*g);
+  }
+  EXPECT_EQ(*tracer_->RegisterGroup("world", "world", all), ids[0]);  // the same group again
+  RankList other = all;
+  other.push_back(world);
+  EXPECT_FALSE(tracer_->RegisterGroup("world", "world", other).ok());
+  // Point-to-point along the pipeline and across the world: per-peer numbers, found by runs.
+  const OpHandle to_last = tracer_->Enqueue(ids[0], OpType::kSend, 8, DType::kF32, world - 1);
+  const OpHandle again = tracer_->Enqueue(ids[0], OpType::kSend, 8, DType::kF32, world - 1);
+  const OpHandle from = tracer_->Enqueue(ids[3], OpType::kRecv, 8, DType::kF32, 19 * tp * dp);
+  EXPECT_EQ(tracer_->Enqueue(ids[3], OpType::kRecv, 8, DType::kF32, 1), 0u);  // not a member
+
+  RankSnapshot s = tracer_->Snapshot();
+  ASSERT_EQ(s.groups.size(), 4u);
+  EXPECT_EQ(s.groups[0].ranks, all);
+  EXPECT_EQ(s.groups[0].ranks.size(), 100'000u);
+  EXPECT_EQ(s.groups[1].ranks, data);
+  EXPECT_EQ(s.groups[1].ranks[624], 624 * tp);
+  EXPECT_EQ(s.groups[2].ranks, model);
+  EXPECT_EQ(s.groups[3].ranks, pipe);
+  EXPECT_EQ(Entry(s, to_last).seq, 0u);
+  EXPECT_EQ(Entry(s, again).seq, 1u);
+  EXPECT_EQ(Entry(s, from).peer, 19 * tp * dp);
+}
+
 TEST_F(TracerTest, UnknownGroupOrPeerGivesNoHandle) {
   GroupId g = Group("pp.0.0", {0, 1}, "pp");
   EXPECT_EQ(tracer_->Enqueue(g + 1, OpType::kAllreduce, 8, DType::kF32), 0u);

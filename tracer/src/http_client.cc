@@ -7,8 +7,25 @@
 namespace megascope::tracer {
 namespace {
 
-size_t Append(char* data, size_t size, size_t n, void* out) {
-  static_cast<std::string*>(out)->append(data, size * n);
+// Where the body goes: into `body`, or, once the status is 200, to `sink` as it arrives.
+struct Receiver {
+  CURL* curl = nullptr;
+  std::string body;
+  const BodySink* sink = nullptr;
+  Status sink_error;
+};
+
+size_t Receive(char* data, size_t size, size_t n, void* out) {
+  auto* r = static_cast<Receiver*>(out);
+  long code = 0;
+  if (r->sink != nullptr && *r->sink) {
+    curl_easy_getinfo(r->curl, CURLINFO_RESPONSE_CODE, &code);
+    if (code == 200) {
+      r->sink_error = (*r->sink)(std::string_view(data, size * n));
+      return r->sink_error.ok() ? size * n : 0;  // 0 stops the transfer
+    }
+  }
+  r->body.append(data, size * n);
   return size * n;
 }
 
@@ -21,7 +38,8 @@ void InitCurl() {
 }  // namespace
 
 Result<std::string> HttpRequest(const std::string& method, const std::string& url,
-                                const std::vector<std::string>& headers, int timeout_ms) {
+                                const std::vector<std::string>& headers, int timeout_ms,
+                                const BodySink& sink) {
   if (url.rfind("http://", 0) != 0)
     return InvalidArgument("only http:// URLs are supported: " + url);
   InitCurl();
@@ -30,16 +48,17 @@ Result<std::string> HttpRequest(const std::string& method, const std::string& ur
   std::unique_ptr<curl_slist, decltype(&curl_slist_free_all)> list(nullptr, &curl_slist_free_all);
   for (const std::string& line : headers)
     list.reset(curl_slist_append(list.release(), line.c_str()));
-  std::string body;
   char error[CURL_ERROR_SIZE] = "";
   CURL* c = h.get();
+  Receiver received{c, {}, &sink, Status::Ok()};
+  std::string& body = received.body;
   curl_easy_setopt(c, CURLOPT_URL, url.c_str());
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);  // called from many threads
   curl_easy_setopt(c, CURLOPT_NOPROXY, "*");
   curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_ms));
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(timeout_ms));
-  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &Append);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, &body);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &Receive);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &received);
   curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error);
   if (list) curl_easy_setopt(c, CURLOPT_HTTPHEADER, list.get());
   if (method == "POST") {
@@ -50,6 +69,7 @@ Result<std::string> HttpRequest(const std::string& method, const std::string& ur
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method.c_str());
   }
   const CURLcode rc = curl_easy_perform(c);
+  if (!received.sink_error.ok()) return received.sink_error;
   if (rc == CURLE_OPERATION_TIMEDOUT)
     return Status(StatusCode::kDeadlineExceeded,
                   url + " did not answer within " + std::to_string(timeout_ms) + " ms");
@@ -72,6 +92,33 @@ Result<std::string> HttpRequest(const std::string& method, const std::string& ur
 Result<std::string> HttpGet(const std::string& url, int timeout_ms, const std::string& token) {
   if (token.empty()) return HttpRequest("GET", url, {}, timeout_ms);
   return HttpRequest("GET", url, {"Authorization: Bearer " + token}, timeout_ms);
+}
+
+Status HttpGetLines(const std::string& url, int timeout_ms, const std::string& token,
+                    const std::function<Status(std::string_view line)>& on_line) {
+  std::string partial;  // a line not yet complete
+  const BodySink sink = [&](std::string_view data) -> Status {
+    while (!data.empty()) {
+      const size_t nl = data.find('\n');
+      if (nl == std::string_view::npos) {
+        partial.append(data);
+        break;
+      }
+      if (partial.empty()) {
+        RETURN_IF_ERROR(on_line(data.substr(0, nl)));
+      } else {
+        partial.append(data.substr(0, nl));
+        RETURN_IF_ERROR(on_line(partial));
+        partial.clear();
+      }
+      data.remove_prefix(nl + 1);
+    }
+    return Status::Ok();
+  };
+  std::vector<std::string> headers;
+  if (!token.empty()) headers.push_back("Authorization: Bearer " + token);
+  RETURN_IF_ERROR(HttpRequest("GET", url, headers, timeout_ms, sink).status());
+  return partial.empty() ? Status::Ok() : on_line(partial);
 }
 
 }  // namespace megascope::tracer

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <new>
@@ -62,6 +63,17 @@ Status ValidateOptions(const RingOptions& o) {
   return Status::Ok();
 }
 
+// A group's members, from its runs in the pool (none when the slot points outside it).
+RankList MembersOf(const Segment& s, const GroupSlot& slot) {
+  RankList ranks;
+  if (slot.offset + uint64_t{slot.count} > s.hdr.rank_runs) return ranks;
+  for (uint32_t k = 0; k < slot.count; ++k) {
+    const RunSlot& run = s.pool()[slot.offset + k];
+    ranks.AppendRun(run.first, run.count, run.stride);
+  }
+  return ranks;
+}
+
 }  // namespace
 
 std::string RingFilePrefix(const std::string& job) { return "megascope." + job + "."; }
@@ -72,18 +84,26 @@ std::string RingFileName(const std::string& job, int32_t attempt, int32_t rank) 
 
 uint64_t ProcessStartTime(int pid) {
   if (pid <= 0) return 0;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Asked for every rank on every answer: one read(2), no streams.
+  char path[32], text[1024];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  const ssize_t n = ::read(fd, text, sizeof(text) - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  const std::string_view stat(text, static_cast<size_t>(n));
   // The command name (field 2) may hold spaces; fields after the last ')' are plain.
-  size_t close = text.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream rest(text.substr(close + 2));
-  std::string field;
+  size_t at = stat.rfind(')');
+  if (at == std::string_view::npos) return 0;
   // Fields 3..22: starttime is field 22, i.e. the 20th after ')'.
-  for (int i = 3; i <= 22 && (rest >> field); ++i) {
-    if (i == 22) return std::stoull(field);
+  for (int field = 3; field <= 22; ++field) {
+    at = stat.find_first_not_of(' ', stat.find(' ', at));
+    if (at == std::string_view::npos) return 0;
   }
-  return 0;
+  uint64_t start = 0;
+  const auto [end, ec] = std::from_chars(stat.data() + at, stat.data() + stat.size(), start);
+  return ec == std::errc() ? start : 0;
 }
 
 ClockCalibration LoadCalibration(const Segment& s) {
@@ -118,9 +138,7 @@ RankSnapshot TakeSnapshot(const Segment& s) {
     const GroupSlot& slot = s.groups()[g];
     GroupInfo gi{
         FixedString(slot.name, sizeof(slot.name)), FixedString(slot.kind, sizeof(slot.kind)), {}};
-    if (slot.offset + uint64_t{slot.count} <= h.rank_pool) {
-      gi.ranks.assign(s.pool() + slot.offset, s.pool() + slot.offset + slot.count);
-    }
+    gi.ranks = MembersOf(s, slot);
     snap.groups.push_back(std::move(gi));
   }
 
@@ -206,7 +224,7 @@ Result<std::unique_ptr<RingWriter>> RingWriter::Create(const RingOptions& o, con
   const uint64_t groups_off = off;
   off = AlignUp(off + uint64_t{o.max_groups} * sizeof(GroupSlot));
   const uint64_t pool_off = off;
-  off = AlignUp(off + uint64_t{o.rank_pool} * sizeof(int32_t));
+  off = AlignUp(off + uint64_t{o.rank_runs} * sizeof(RunSlot));
   const uint64_t flight_off = off;
   off = AlignUp(off + uint64_t{o.flight_entries} * sizeof(SeqBlock<10>));
   const uint64_t lanes_off = off;
@@ -249,7 +267,7 @@ Result<std::unique_ptr<RingWriter>> RingWriter::Create(const RingOptions& o, con
   h.flight_entries = o.flight_entries;
   h.max_names = o.max_names;
   h.max_groups = o.max_groups;
-  h.rank_pool = o.rank_pool;
+  h.rank_runs = o.rank_runs;
   h.names_off = names_off;
   h.groups_off = groups_off;
   h.pool_off = pool_off;
@@ -345,7 +363,7 @@ Result<NameId> RingWriter::InternName(std::string_view name) {
 }
 
 Result<GroupId> RingWriter::RegisterGroup(std::string_view name, std::string_view kind,
-                                          std::span<const int32_t> ranks) {
+                                          const RankList& ranks) {
   std::lock_guard<std::mutex> lock(mu_);
   SegmentHeader& h = seg_->hdr;
   uint32_t n = h.num_groups.load(std::memory_order_relaxed);
@@ -357,26 +375,24 @@ Result<GroupId> RingWriter::RegisterGroup(std::string_view name, std::string_vie
   for (uint32_t g = 0; g < n; ++g) {
     const GroupSlot& s = seg_->groups()[g];
     if (FixedString(s.name, sizeof(s.name)) != name) continue;
-    if (std::equal(ranks.begin(), ranks.end(), seg_->pool() + s.offset,
-                   seg_->pool() + s.offset + s.count)) {
-      return static_cast<GroupId>(g);
-    }
+    if (MembersOf(*seg_, s) == ranks) return static_cast<GroupId>(g);
     return InvalidArgument("group '" + std::string(name) +
                            "' is already registered with other ranks");
   }
   if (n >= h.max_groups)
     return FailedPrecondition("group table full (" + std::to_string(n) + " groups)");
-  if (h.pool_used + ranks.size() > h.rank_pool) {
-    return FailedPrecondition("group member pool full (" + std::to_string(h.rank_pool) +
-                              " members)");
+  const auto& runs = ranks.runs();
+  if (h.runs_used + runs.size() > h.rank_runs) {
+    return FailedPrecondition("group member pool full (" + std::to_string(h.rank_runs) +
+                              " runs of ranks)");
   }
   GroupSlot& s = seg_->groups()[n];
   CopyName(s.name, sizeof(s.name), name);
   CopyName(s.kind, sizeof(s.kind), kind);
-  s.offset = h.pool_used;
-  s.count = static_cast<uint32_t>(ranks.size());
-  std::copy(ranks.begin(), ranks.end(), seg_->pool() + h.pool_used);
-  h.pool_used += s.count;
+  s.offset = h.runs_used;
+  s.count = static_cast<uint32_t>(runs.size());
+  for (const RankList::Run& run : runs)
+    seg_->pool()[h.runs_used++] = {run.first, run.stride, run.count};
   h.num_groups.store(n + 1, std::memory_order_release);
   return static_cast<GroupId>(n);
 }

@@ -60,10 +60,17 @@ struct NameSlot {
 struct GroupSlot {
   char name[48];
   char kind[8];
-  uint32_t offset;  // into the rank pool
-  uint32_t count;
+  uint32_t offset;  // first of its runs in the run pool
+  uint32_t count;   // runs
 };
 static_assert(sizeof(GroupSlot) == 64);
+// Group members as arithmetic runs (RankList's): a world of any size is one.
+struct RunSlot {
+  int32_t first;
+  int32_t stride;
+  uint32_t count;
+};
+static_assert(sizeof(RunSlot) == 12);
 
 struct LaneControl {
   alignas(64) std::atomic<uint64_t> head;     // written by the lane's producer
@@ -88,7 +95,7 @@ struct SegmentHeader {
   uint32_t version;
   uint32_t record_version;
   uint64_t total_size;
-  uint32_t lanes, lane_capacity, flight_entries, max_names, max_groups, rank_pool;
+  uint32_t lanes, lane_capacity, flight_entries, max_names, max_groups, rank_runs;
   uint64_t names_off, groups_off, pool_off, flight_off, lanes_off, slots_off;
   char job[64];
   char node[64];
@@ -99,7 +106,7 @@ struct SegmentHeader {
   std::atomic<int64_t> clock_offset_ns;
   std::atomic<uint32_t> num_names;
   std::atomic<uint32_t> num_groups;
-  uint32_t pool_used;  // creator-only
+  uint32_t runs_used;  // creator-only
   std::atomic<uint32_t> closed;
   std::atomic<uint64_t> flight_head;  // flight-recorder ids handed out so far
   std::atomic<uint64_t> unlaned_dropped;
@@ -121,8 +128,8 @@ struct Segment {
   const GroupSlot* groups() const {
     return reinterpret_cast<const GroupSlot*>(base() + hdr.groups_off);
   }
-  int32_t* pool() { return reinterpret_cast<int32_t*>(base() + hdr.pool_off); }
-  const int32_t* pool() const { return reinterpret_cast<const int32_t*>(base() + hdr.pool_off); }
+  RunSlot* pool() { return reinterpret_cast<RunSlot*>(base() + hdr.pool_off); }
+  const RunSlot* pool() const { return reinterpret_cast<const RunSlot*>(base() + hdr.pool_off); }
   SeqBlock<10>* flight() { return reinterpret_cast<SeqBlock<10>*>(base() + hdr.flight_off); }
   const SeqBlock<10>* flight() const {
     return reinterpret_cast<const SeqBlock<10>*>(base() + hdr.flight_off);

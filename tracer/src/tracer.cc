@@ -42,14 +42,12 @@ Tracer::~Tracer() {
 }
 
 Result<GroupId> Tracer::RegisterGroup(std::string_view name, std::string_view kind,
-                                      std::span<const int32_t> ranks) {
+                                      const RankList& ranks) {
   std::lock_guard<std::mutex> lock(groups_mu_);
   ASSIGN_OR_RETURN(GroupId id, ring_->RegisterGroup(name, kind, ranks));
   if (id < num_groups_.load(std::memory_order_relaxed)) return id;  // same group again
   auto g = std::make_unique<GroupState>();
-  g->ranks.assign(ranks.begin(), ranks.end());
-  g->send_seq = std::make_unique<std::atomic<uint64_t>[]>(ranks.size());
-  g->recv_seq = std::make_unique<std::atomic<uint64_t>[]>(ranks.size());
+  g->ranks = ranks;
   groups_[id] = std::move(g);
   num_groups_.store(id + 1, std::memory_order_release);
   return id;
@@ -60,9 +58,15 @@ void Tracer::Recalibrate() {
   ring_->PublishCalibration(clock_->Calibration());
 }
 
-int Tracer::MemberIndex(const GroupState& g, int32_t rank) const {
-  auto it = std::find(g.ranks.begin(), g.ranks.end(), rank);
-  return it == g.ranks.end() ? -1 : static_cast<int>(it - g.ranks.begin());
+std::atomic<uint64_t>* Tracer::P2PSeq(GroupState& g) {
+  std::atomic<uint64_t>* seq = g.p2p_seq.load(std::memory_order_acquire);
+  if (seq != nullptr) return seq;
+  std::lock_guard<std::mutex> lock(groups_mu_);
+  if (!g.p2p_owned) {
+    g.p2p_owned = std::make_unique<std::atomic<uint64_t>[]>(2 * g.ranks.size());
+    g.p2p_seq.store(g.p2p_owned.get(), std::memory_order_release);
+  }
+  return g.p2p_owned.get();
 }
 
 SharedFlightEntry* Tracer::Local(OpHandle h) {
@@ -76,9 +80,10 @@ OpHandle Tracer::Enqueue(GroupId group, OpType op, uint64_t bytes, DType dtype, 
   GroupState& g = *groups_[group];
   uint64_t seq;
   if (IsP2P(op)) {
-    int idx = MemberIndex(g, peer);
+    const int idx = g.ranks.IndexOf(peer);
     if (idx < 0) return 0;
-    auto& counter = op == OpType::kSend ? g.send_seq[idx] : g.recv_seq[idx];
+    auto& counter =
+        P2PSeq(g)[static_cast<size_t>(idx) + (op == OpType::kSend ? 0 : g.ranks.size())];
     seq = counter.fetch_add(1, std::memory_order_relaxed);
   } else {
     seq = g.coll_seq.fetch_add(1, std::memory_order_relaxed);

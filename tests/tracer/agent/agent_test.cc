@@ -12,10 +12,12 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "megascope/launch/process.h"
 #include "megascope/tracer/agent/host_metrics.h"
+#include "megascope/tracer/dump.h"
 #include "megascope/tracer/http_client.h"
 #include "megascope/tracer/tracer.h"
 #include "sqlite_util.h"
@@ -169,7 +171,7 @@ TEST_F(AgentTest, WithATokenEveryEndpointNeedsIt) {
   ASSERT_TRUE(agent.ok());
   ASSERT_TRUE((*agent)->Poll(true).ok());
   const std::string base = "http://127.0.0.1:" + std::to_string((*agent)->port());
-  for (const char* path : {"/metrics", "/state", "/dump/1"}) {
+  for (const char* path : {"/metrics", "/state", "/dump/1", "/dumps"}) {
     auto open = megascope::tracer::HttpGet(base + path, 5000);
     EXPECT_EQ(open.status().code(), megascope::StatusCode::kPermissionDenied) << path;
     auto wrong = megascope::tracer::HttpGet(base + path, 5000, "guess");
@@ -214,6 +216,49 @@ TEST_F(AgentTest, ServesMetricsStateAndDumpsOverHttp) {
   std::ofstream(file) << metrics;
   auto check = megascope::testing::RunCommand("promtool check metrics < " + file);
   EXPECT_EQ(check.code, 0) << check.out;
+}
+
+// Live hang analysis asks each node once: every rank's dump in one answer, one a line, each
+// rank's latest attempt unless one is named.
+TEST_F(AgentTest, ServesEveryRanksDumpInOneAnswerOneALine) {
+  std::vector<std::unique_ptr<Tracer>> tracers;
+  for (auto [rank, attempt] : {std::pair{1, 0}, {3, 0}, {1, 1}}) {
+    RingOptions o = Ring(rank);
+    o.attempt = attempt;
+    auto t = Tracer::Create(o);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    const GroupId g = *(*t)->RegisterGroup("dp.0.1", "dp", std::vector<int32_t>{1, 3});
+    (*t)->Start((*t)->Enqueue(g, OpType::kAllreduce, uint64_t{64} * (attempt + 1), DType::kF32));
+    tracers.push_back(std::move(*t));
+  }
+  auto agent = Agent::Create(Options());
+  ASSERT_TRUE(agent.ok());
+  ASSERT_TRUE((*agent)->Poll(true).ok());
+  const int port = (*agent)->port();
+  auto read = [&](const std::string& path) {
+    std::vector<Dump> dumps;
+    std::istringstream in(HttpGet(port, path));
+    for (std::string line; std::getline(in, line);) {
+      auto d = ParseDump(line, path);
+      EXPECT_TRUE(d.ok()) << d.status().ToString() << "\n" << line;
+      if (d.ok()) dumps.push_back(std::move(*d));
+    }
+    return dumps;
+  };
+  const std::vector<Dump> latest = read("/dumps");
+  ASSERT_EQ(latest.size(), 2u);
+  EXPECT_EQ(latest[0].snapshot.info.rank, 1);
+  EXPECT_EQ(latest[0].snapshot.info.attempt, 1);
+  EXPECT_EQ(latest[0].snapshot.entries.at(0).bytes, 128u);
+  EXPECT_EQ(latest[1].snapshot.info.rank, 3);
+  EXPECT_TRUE(latest[1].alive);
+  EXPECT_EQ(latest[1].snapshot.entries.at(0).state, OpState::kStarted);
+  const std::vector<Dump> first = read("/dumps?attempt=0");
+  ASSERT_EQ(first.size(), 2u);
+  for (const Dump& d : first) EXPECT_EQ(d.snapshot.info.attempt, 0);
+  EXPECT_TRUE(read("/dumps?attempt=7").empty());
+  EXPECT_NE(HttpGet(port, "/dumps?attempt=x").find("use /dumps or /dumps?attempt="),
+            std::string::npos);
 }
 
 TEST_F(AgentTest, ExportsTheControllersRestartsAndEvictions) {

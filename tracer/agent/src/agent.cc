@@ -537,6 +537,34 @@ struct Agent::Impl {
         best->reader->Snapshot(), !best->dead && best->reader->WriterAlive(), WallNowNs(), {}, {}});
   }
 
+  // Every rank's dump (of `attempt`, or each rank's latest), one a line, to `sink` as each is
+  // written. The snapshots are taken together under the lock, the JSON outside it: a node's
+  // answer never holds up its drain, and no answer is held whole.
+  void AllDumps(int attempt, const std::function<void(std::string_view)>& sink) {
+    std::vector<Dump> dumps;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      std::map<int, const RankState*> chosen;
+      for (const auto& [name, st] : ranks) {
+        if (attempt >= 0 && st.info.attempt != attempt) continue;
+        auto [it, fresh] = chosen.emplace(st.info.rank, &st);
+        if (!fresh && st.info.attempt > it->second->info.attempt) it->second = &st;
+      }
+      const int64_t now = WallNowNs();
+      for (const auto& [rank, st] : chosen)
+        dumps.push_back(
+            Dump{st->reader->Snapshot(), !st->dead && st->reader->WriterAlive(), now, {}, {}});
+    }
+    std::string line;  // one buffer for every rank's
+    for (const Dump& d : dumps) {
+      line.clear();
+      AppendDumpJson(d, &line);  // newlines only between tokens: JSON escapes the rest
+      std::replace(line.begin(), line.end(), '\n', ' ');
+      line.back() = '\n';
+      sink(line);
+    }
+  }
+
   Result<std::string> RankStacks(int rank, std::chrono::milliseconds wait) {
     int pid = 0;
     std::string path;
@@ -568,31 +596,83 @@ struct Agent::Impl {
 
 namespace {
 
-class TextHandler : public CivetHandler {
+// Every endpoint: the token checked (403 without it), then the answer.
+class Handler : public CivetHandler {
  public:
-  TextHandler(std::function<std::pair<int, std::string>(const std::string& uri)> fn,
-              const char* type, const std::string& token)
-      : fn_(std::move(fn)), type_(type), auth_(token.empty() ? "" : "Bearer " + token) {}
+  explicit Handler(const std::string& token) : auth_(token.empty() ? "" : "Bearer " + token) {}
   bool handleGet(CivetServer*, mg_connection* conn) override {
     const mg_request_info* info = mg_get_request_info(conn);
-    int code = 403;
-    std::string body = "missing or wrong token (the run's RUN_DIR/control.token)\n";
     const char* auth = mg_get_header(conn, "Authorization");
-    if (auth_.empty() || (auth != nullptr && auth_ == auth))
-      std::tie(code, body) = fn_(info->local_uri ? info->local_uri : "");
+    if (!auth_.empty() && (auth == nullptr || auth_ != auth)) {
+      Reply(conn, 403, "text/plain", "missing or wrong token (the run's RUN_DIR/control.token)\n");
+      return true;
+    }
+    Serve(conn, info->local_uri ? info->local_uri : "",
+          info->query_string ? info->query_string : "");
+    return true;
+  }
+
+ protected:
+  virtual void Serve(mg_connection* conn, const std::string& uri, const std::string& query) = 0;
+  static void Reply(mg_connection* conn, int code, const char* type, const std::string& body) {
     const char* reason = code == 200 ? "OK" : code == 403 ? "Forbidden" : "Not Found";
     mg_printf(
         conn,
         "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
-        code, reason, code == 403 ? "text/plain" : type_, body.size());
+        code, reason, type, body.size());
     mg_write(conn, body.data(), body.size());
-    return true;
   }
 
  private:
-  std::function<std::pair<int, std::string>(const std::string&)> fn_;
-  const char* type_;
   std::string auth_;  // the whole expected header value; "" : open
+};
+
+// An answer computed whole: (code, body) from the URI.
+class TextHandler : public Handler {
+ public:
+  using Fn = std::function<std::pair<int, std::string>(const std::string& uri)>;
+  TextHandler(Fn fn, const char* type, const std::string& token)
+      : Handler(token), fn_(std::move(fn)), type_(type) {}
+
+ private:
+  void Serve(mg_connection* conn, const std::string& uri, const std::string&) override {
+    auto [code, body] = fn_(uri);
+    Reply(conn, code, type_, body);
+  }
+  Fn fn_;
+  const char* type_;
+};
+
+// GET /dumps[?attempt=A], streamed in chunks (HTTP/1.1 chunked transfer): a node of 1,000 ranks
+// answers 70 MB, written and sent a rank at a time.
+class DumpsHandler : public Handler {
+ public:
+  DumpsHandler(Agent* agent, const std::string& token) : Handler(token), agent_(agent) {}
+
+ private:
+  void Serve(mg_connection* conn, const std::string& uri, const std::string& query) override {
+    long attempt = -1;
+    bool ok = uri == "/dumps";
+    if (ok && !query.empty()) {
+      char* end = nullptr;
+      ok = query.starts_with("attempt=") && query.size() > 8;
+      if (ok) attempt = std::strtol(query.c_str() + 8, &end, 10);
+      ok = ok && *end == '\0' && attempt >= 0 && attempt <= INT32_MAX;
+    }
+    if (!ok) {
+      Reply(conn, 404, "application/json",
+            "{\"error\":\"use /dumps or /dumps?attempt=<attempt>\"}\n");
+      return;
+    }
+    mg_printf(conn,
+              "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+              "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
+    agent_->StreamDumps(static_cast<int>(attempt), [conn](std::string_view line) {
+      mg_send_chunk(conn, line.data(), static_cast<unsigned>(line.size()));
+    });
+    mg_send_chunk(conn, "", 0);
+  }
+  Agent* agent_;
 };
 
 }  // namespace
@@ -626,6 +706,10 @@ Result<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& o) {
       [a](const std::string&) { return std::pair<int, std::string>(200, a->StateJson()); },
       "application/json", o.token));
   im->http->addHandler("/state", im->handlers.back().get());
+  // GET /dumps[?attempt=A]: every rank's dump in one answer, one a line, sent as each is written
+  // (what live hang analysis reads: one request a node instead of one a rank).
+  im->handlers.push_back(std::make_unique<DumpsHandler>(a, o.token));
+  im->http->addHandler("/dumps", im->handlers.back().get());
   // GET <prefix><rank>: one rank's dump, from its ring (/dump/) or asked of it with stacks.
   auto per_rank = [&](const std::string& prefix,
                       const std::function<Result<std::string>(int)>& fn) {
@@ -731,6 +815,9 @@ std::string Agent::MetricsText() {
 }
 std::string Agent::StateJson() { return impl_->State(); }
 Result<std::string> Agent::DumpJson(int rank) { return impl_->RankDump(rank); }
+void Agent::StreamDumps(int attempt, const std::function<void(std::string_view)>& sink) {
+  impl_->AllDumps(attempt, sink);
+}
 Result<std::string> Agent::StacksJson(int rank, std::chrono::milliseconds wait) {
   return impl_->RankStacks(rank, wait);
 }

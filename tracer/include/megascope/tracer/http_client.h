@@ -4,7 +4,9 @@
 // HTTP 200, otherwise an error with the status code and the server's reason.
 #pragma once
 
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "megascope/tracer/status.h"
@@ -14,12 +16,19 @@ namespace megascope::tracer {
 // METHOD http://host:port/path with extra header lines ("Name: value"). Errors: kUnavailable
 // (cannot connect), kDeadlineExceeded (no answer in time), kPermissionDenied (403), kNotFound
 // (404), kUnavailable (any other status).
+// With `sink`, a 200 answer's body is handed to it piece by piece as it arrives (and the result is
+// empty); an error from the sink stops the transfer and is returned.
+using BodySink = std::function<Status(std::string_view data)>;
 Result<std::string> HttpRequest(const std::string& method, const std::string& url,
-                                const std::vector<std::string>& headers = {},
-                                int timeout_ms = 5000);
+                                const std::vector<std::string>& headers = {}, int timeout_ms = 5000,
+                                const BodySink& sink = nullptr);
 // GET http://host:port/path; the body on 200. With `token`, sends "Authorization: Bearer <token>"
 // (agents that listen beyond loopback require the run's token).
 Result<std::string> HttpGet(const std::string& url, int timeout_ms = 5000,
                             const std::string& token = "");
+// GET, handing each line of a 200 answer to `on_line` as it arrives (the whole body is never held:
+// an agent's /dumps answer is a dump a line). An error from `on_line` stops it and is returned.
+Status HttpGetLines(const std::string& url, int timeout_ms, const std::string& token,
+                    const std::function<Status(std::string_view line)>& on_line);
 
 }  // namespace megascope::tracer

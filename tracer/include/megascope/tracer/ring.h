@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "megascope/tracer/clock.h"
+#include "megascope/tracer/rank_list.h"
 #include "megascope/tracer/records.h"
 #include "megascope/tracer/snapshot.h"
 #include "megascope/tracer/status.h"
@@ -22,7 +23,7 @@
 namespace megascope::tracer {
 
 inline constexpr uint64_t kRingMagic = 0x4d45474153434f50ULL;  // "MEGASCOP"
-inline constexpr uint32_t kRingVersion = 1;
+inline constexpr uint32_t kRingVersion = 2;                    // 2: group members as runs
 
 struct RingOptions {
   std::string dir = "/dev/shm";  // where ring files live
@@ -38,7 +39,7 @@ struct RingOptions {
   uint32_t flight_entries = 1024;  // flight-recorder entries kept, >= 256
   uint32_t max_names = 512;
   uint32_t max_groups = 64;
-  uint32_t rank_pool = 16384;  // total group members over all groups
+  uint32_t rank_runs = 4096;  // runs of group members (RankList) over all groups
 };
 
 // "megascope.<job>.a<attempt>.r<rank>"; RingFilePrefix(job) is what every ring of a job starts
@@ -129,7 +130,7 @@ class RingWriter {
   // Slow path, thread-safe. Ids are stable for the life of the segment.
   Result<NameId> InternName(std::string_view name);
   Result<GroupId> RegisterGroup(std::string_view name, std::string_view kind,
-                                std::span<const int32_t> ranks);
+                                const RankList& ranks);
 
   // Flight-recorder slots. AllocateFlightId is thread-safe; an entry must be written by one
   // thread at a time.

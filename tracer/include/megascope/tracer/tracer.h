@@ -16,6 +16,7 @@
 #endif
 
 #include "megascope/tracer/clock.h"
+#include "megascope/tracer/rank_list.h"
 #include "megascope/tracer/ring.h"
 #include "megascope/tracer/status.h"
 
@@ -34,7 +35,11 @@ class Tracer {
   // --- set-up (slow path, thread-safe) ---
   Result<NameId> InternName(std::string_view name) { return ring_->InternName(name); }
   Result<GroupId> RegisterGroup(std::string_view name, std::string_view kind,
-                                std::span<const int32_t> ranks);
+                                const RankList& ranks);
+  Result<GroupId> RegisterGroup(std::string_view name, std::string_view kind,
+                                std::span<const int32_t> ranks) {
+    return RegisterGroup(name, kind, RankList(ranks.begin(), ranks.end()));
+  }
   void SetClockOffset(int64_t offset_ns) { ring_->SetClockOffset(offset_ns); }
   // Re-measures the clock rate (TSC) and publishes it to readers. Call every few seconds.
   void Recalibrate();
@@ -125,12 +130,14 @@ class Tracer {
   void WriteHeartbeatLocked(int64_t ticks);
 
   struct GroupState {
-    std::vector<int32_t> ranks;
+    RankList ranks;
     std::atomic<uint64_t> coll_seq{0};
-    std::unique_ptr<std::atomic<uint64_t>[]> send_seq;  // by member index
-    std::unique_ptr<std::atomic<uint64_t>[]> recv_seq;
+    // Point-to-point sequence numbers by member index, sends then receives: made at the group's
+    // first send or receive (a world of 100,000 ranks that only ever all-reduces needs none).
+    std::atomic<std::atomic<uint64_t>*> p2p_seq{nullptr};
+    std::unique_ptr<std::atomic<uint64_t>[]> p2p_owned;  // guarded by groups_mu_
   };
-  int MemberIndex(const GroupState& g, int32_t rank) const;
+  std::atomic<uint64_t>* P2PSeq(GroupState& g);
 
   std::shared_ptr<Clock> clock_;
   bool tsc_ = false;  // clock_ is a TscClock

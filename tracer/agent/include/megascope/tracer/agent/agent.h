@@ -1,16 +1,19 @@
 // The node agent (DESIGN.md section 5): drains every ring of its job on this node into
 // RUN_DIR/nodes/<node>/trace.db, samples host (and GPU) metrics, keeps each rank's live state, and
-// serves GET /metrics (Prometheus text), GET /state (JSON) and GET /dump/<rank> (FORMATS.md
-// section 1). A rank whose process is gone is marked dead and dumped to
-// RUN_DIR/dumps/attempt_<A>/rank_<r>.json. Killed and restarted, it resumes from the database's
-// ring cursors: nothing lost, nothing written twice. Database errors are logged and counted; the
-// rings simply keep the records (and count drops when full) -- training never waits for the agent.
+// serves GET /metrics (Prometheus text), GET /state (JSON), GET /dump/<rank> (FORMATS.md
+// section 1) and GET /dumps (every rank's, one a line). A rank whose process is gone is marked
+// dead and dumped to RUN_DIR/dumps/attempt_<A>/rank_<r>.json. Killed and restarted, it resumes from
+// the database's ring cursors: nothing lost, nothing written twice. Database errors are logged and
+// counted; the rings simply keep the records (and count drops when full) -- training never waits
+// for the agent.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "megascope/tracer/status.h"
@@ -51,6 +54,9 @@ class Agent {
   std::string MetricsText();
   std::string StateJson();
   Result<std::string> DumpJson(int rank);
+  // Every rank's dump (GET /dumps[?attempt=A]), one line each, handed to `sink` as each is
+  // written; each rank's latest attempt when `attempt` < 0.
+  void StreamDumps(int attempt, const std::function<void(std::string_view line)>& sink);
   // Asks a live rank for its own dump with every thread's stack (SIGUSR1; GET /stacks/<rank>) and
   // returns it once written, within `wait`. Errors: the rank is not here, is gone, or did not
   // answer in time (then /dump/<rank>, from its ring, still says what it was doing).
