@@ -27,9 +27,6 @@ using nlohmann::json;
 nlohmann::ordered_json NsOrNull(int64_t ns) {
   return ns == 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(ns);
 }
-nlohmann::ordered_json CountOrNull(int64_t v) {
-  return v < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(v);
-}
 
 // ,"key":value (null when `null`), as nlohmann's compact dump writes it.
 template <typename Int>
