@@ -11,9 +11,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
-#include <fstream>
 #include <new>
-#include <sstream>
 
 #include "segment.h"
 
