@@ -42,56 +42,75 @@ std::string OpName(const FlightEntry& e, std::string_view group) {
   return s;
 }
 
-// A map built once and then only read: a sorted vector (a rank's entries are hundreds of
-// insertions; 12,288 ranks' are millions). Of a key added twice, the last value is kept.
-template <typename K, typename V>
-class SortedMap {
- public:
-  using const_iterator = typename std::vector<std::pair<K, V>>::const_iterator;
-  void Add(const K& k, V v) { items_.emplace_back(k, v); }
-  void Seal() {
-    std::stable_sort(items_.begin(), items_.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
-    auto last = std::unique(items_.rbegin(), items_.rend(),
-                            [](const auto& a, const auto& b) { return a.first == b.first; });
-    items_.erase(items_.begin(), last.base());
-  }
-  const_iterator Begin() const { return items_.begin(); }
-  const_iterator End() const { return items_.end(); }
-  const_iterator Find(const K& k) const {
-    auto it = std::lower_bound(items_.begin(), items_.end(), k,
-                               [](const auto& a, const K& b) { return a.first < b; });
-    return it != items_.end() && it->first == k ? it : items_.end();
-  }
-  const V& At(const K& k) const {
-    auto it = Find(k);
-    if (it == End()) throw std::out_of_range("SortedMap::At");
-    return it->second;
-  }
-
- private:
-  std::vector<std::pair<K, V>> items_;
-};
-
-// Everything the analysis needs of one rank, indexed.
+// Everything the analysis needs of one rank, indexed. A 100,000-rank job's dumps hold tens of
+// millions of entries: the index names an entry by its position and a group by the rank's own
+// index of it (4 bytes a collective), built in one pass with a bucket sort by group.
 struct Rank {
   int id = 0;
   bool present = false, alive = false;
   const tracer::Dump* dump = nullptr;
   std::string source;
   int64_t offset = 0;  // clock offset to rank 0
-  // Keys view the group names of `dump` (alive as long as the input).
-  std::map<std::string_view, const tracer::GroupInfo*> groups;
-  std::map<std::string_view, int64_t> last_coll;  // group -> max collective seq issued
-  SortedMap<std::pair<std::string_view, int64_t>, const FlightEntry*> coll;
-  SortedMap<std::tuple<std::string_view, int, int64_t>, const FlightEntry*> sends,
-      recvs;  // (group, peer, seq)
-  std::map<std::pair<std::string_view, int>, int64_t> sends_issued,
-      recvs_issued;                       // (group, peer) -> count
-  std::vector<std::string_view> history;  // group names of collectives, in issue order
+  // The rank's groups by name (views of `dump`'s names), sorted: name -> index in its groups.
+  std::vector<std::pair<std::string_view, int32_t>> group_index;
+  std::vector<int64_t> last_coll;  // group index -> max collective seq issued (-1: none)
+  // Positions in `entries` of the collectives, by group, then by seq (of a seq recorded twice,
+  // the newest); group g's are coll[coll_start[g] .. coll_start[g + 1]).
+  std::vector<uint32_t> coll, coll_start;
+  struct Transfer {
+    int32_t group, peer;
+    int64_t seq;
+    uint32_t entry;
+  };
+  std::vector<Transfer> sends, recvs;  // sorted by (group, peer, seq)
+  std::map<std::pair<int32_t, int>, int64_t> sends_issued,
+      recvs_issued;              // (group, peer) -> count
+  std::vector<int32_t> history;  // group indices of collectives, in issue order
   const FlightEntry* blocking = nullptr;
   std::string_view blocking_group;
+  int32_t blocking_index = -1;  // of blocking_group
   size_t history_at_blocking = 0;
+
+  void Index();
+  int32_t GroupOf(std::string_view name) const {
+    auto it = std::lower_bound(group_index.begin(), group_index.end(), name,
+                               [](const auto& a, std::string_view b) { return a.first < b; });
+    return it != group_index.end() && it->first == name ? it->second : -1;
+  }
+  // Ranks that never issued anything in a group still count as having issued nothing (-1).
+  int64_t LastColl(std::string_view group) const {
+    const int32_t g = GroupOf(group);
+    return g < 0 ? -1 : last_coll[g];
+  }
+  // The rank's collective `seq` in `group`, and the one it issued before it in that group.
+  std::pair<const FlightEntry*, const FlightEntry*> CollAt(std::string_view group,
+                                                           int64_t seq) const {
+    const int32_t g = GroupOf(group);
+    if (g < 0) return {nullptr, nullptr};
+    const auto& e = dump->snapshot.entries;
+    const auto first = coll.begin() + coll_start[g], last = coll.begin() + coll_start[g + 1];
+    auto it = std::lower_bound(first, last, seq, [&](uint32_t i, int64_t s) {
+      return static_cast<int64_t>(e[i].seq) < s;
+    });
+    if (it == last || static_cast<int64_t>(e[*it].seq) != seq) return {nullptr, nullptr};
+    return {&e[*it], it != first ? &e[*std::prev(it)] : nullptr};
+  }
+  const FlightEntry* Find(const std::vector<Transfer>& in, std::string_view group, int peer,
+                          int64_t seq) const {
+    const int32_t g = GroupOf(group);
+    const auto key = std::make_tuple(g, peer, seq);
+    auto it = std::lower_bound(in.begin(), in.end(), key, [](const Transfer& a, const auto& k) {
+      return std::make_tuple(a.group, a.peer, a.seq) < k;
+    });
+    if (g < 0 || it == in.end() || std::make_tuple(it->group, it->peer, it->seq) != key)
+      return nullptr;
+    return &dump->snapshot.entries[it->entry];
+  }
+  int64_t Issued(const std::map<std::pair<int32_t, int>, int64_t>& m, std::string_view group,
+                 int peer) const {
+    auto it = m.find({GroupOf(group), peer});
+    return it == m.end() ? int64_t{0} : it->second;
+  }
 
   const std::string& GroupName(const FlightEntry& e) const {
     return dump->snapshot.groups[e.group].name;
@@ -124,6 +143,82 @@ struct Rank {
     return s;
   }
 };
+
+// Sorts [first, last) by `key` and keeps, of elements with equal keys, the last (the newest: the
+// input is in issue order). Returns the end of the kept ones.
+template <typename It, typename Key>
+It KeepNewest(It first, It last, const Key& key) {
+  auto less = [&](const auto& a, const auto& b) { return key(a) < key(b); };
+  if (!std::is_sorted(first, last, less)) std::stable_sort(first, last, less);
+  It out = first;
+  for (It i = first; i != last; ++i) {
+    if (std::next(i) == last || key(*std::next(i)) != key(*i)) *out++ = *i;
+  }
+  return out;
+}
+
+void Rank::Index() {
+  const auto& groups = dump->snapshot.groups;
+  const auto& entries = dump->snapshot.entries;
+  const auto n_groups = static_cast<int32_t>(groups.size());
+  // Entries name groups by position; two groups of one name are one (the later one's members).
+  group_index.reserve(groups.size());
+  for (int32_t g = 0; g < n_groups; ++g) group_index.emplace_back(groups[g].name, g);
+  group_index.erase(
+      KeepNewest(group_index.begin(), group_index.end(), [](const auto& p) { return p.first; }),
+      group_index.end());
+  std::vector<int32_t> canon(groups.size());
+  for (int32_t g = 0; g < n_groups; ++g) canon[g] = GroupOf(groups[g].name);
+
+  last_coll.assign(groups.size(), -1);
+  coll_start.assign(groups.size() + 1, 0);
+  history.reserve(entries.size());
+  for (uint32_t i = 0; i < entries.size(); ++i) {
+    const FlightEntry& e = entries[i];
+    const int32_t g = canon[e.group];
+    const auto seq = static_cast<int64_t>(e.seq);
+    if (tracer::IsP2P(e.op)) {
+      const bool send = e.op == OpType::kSend;
+      (send ? sends : recvs).push_back({g, e.peer, seq, i});
+      int64_t& c = (send ? sends_issued : recvs_issued)[{g, e.peer}];
+      c = std::max(c, seq + 1);
+    } else {
+      ++coll_start[g + 1];
+      last_coll[g] = std::max(last_coll[g], seq);
+      history.push_back(g);
+    }
+    // Entries are in issue order: the newest open op is where a rank's thread waits; behind a
+    // device queue (NCCL), the oldest open op is the one everything after it waits for.
+    if (IsOpen(e) && (blocking == nullptr || !dump->oldest_open_blocks)) {
+      blocking = &e;
+      blocking_index = g;
+      blocking_group = groups[g].name;
+      history_at_blocking = history.size();  // the collectives issued up to it
+    }
+  }
+  // Collectives bucketed by group (issue order kept within one), then by seq within a group where
+  // the recorder's order is not already that; of a seq recorded twice the newest is kept.
+  for (int32_t g = 0; g < n_groups; ++g) coll_start[g + 1] += coll_start[g];
+  coll.resize(history.size());
+  std::vector<uint32_t> next(coll_start.begin(), coll_start.end() - 1);
+  for (uint32_t i = 0; i < entries.size(); ++i) {
+    if (!tracer::IsP2P(entries[i].op)) coll[next[canon[entries[i].group]]++] = i;
+  }
+  uint32_t kept = 0;
+  for (int32_t g = 0; g < n_groups; ++g) {
+    const auto first = coll.begin() + coll_start[g];
+    const auto last = KeepNewest(first, coll.begin() + coll_start[g + 1],
+                                 [&](uint32_t i) { return static_cast<int64_t>(entries[i].seq); });
+    if (coll_start[g] != kept) std::copy(first, last, coll.begin() + kept);
+    coll_start[g] = kept;
+    kept += static_cast<uint32_t>(last - first);
+  }
+  coll_start[n_groups] = kept;
+  coll.resize(kept);
+  auto transfer_key = [](const Transfer& t) { return std::make_tuple(t.group, t.peer, t.seq); };
+  sends.erase(KeepNewest(sends.begin(), sends.end(), transfer_key), sends.end());
+  recvs.erase(KeepNewest(recvs.begin(), recvs.end(), transfer_key), recvs.end());
+}
 
 struct Wait {
   int from, to;
@@ -219,57 +314,24 @@ Result<HangInput> LoadDumpDirectory(const std::string& path) {
 std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
   const int n = in.world_size;
   std::vector<Rank> ranks(n);
+  // Indexed on every core: at 100,000 ranks the dumps hold 25 million entries.
+  ParallelFor(static_cast<size_t>(n), std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8),
+              [&](size_t r) {
+                Rank& R = ranks[r];
+                R.id = static_cast<int>(r);
+                const RankView& v = in.ranks[r];
+                if (!v.present) return;
+                R.present = true;
+                R.alive = v.dump.alive;
+                R.dump = &v.dump;
+                R.source = v.source;
+                R.offset = v.dump.snapshot.info.clock_offset_ns;
+                R.Index();
+              });
   int64_t now = 0;
-  for (int r = 0; r < n; ++r) {
-    Rank& R = ranks[r];
-    R.id = r;
-    const RankView& v = in.ranks[r];
-    if (!v.present) continue;
-    R.present = true;
-    R.alive = v.dump.alive;
-    R.dump = &v.dump;
-    R.source = v.source;
-    R.offset = v.dump.snapshot.info.clock_offset_ns;
-    now = std::max(now, v.dump.dumped_at_ns - R.offset);
-    for (const auto& g : v.dump.snapshot.groups) R.groups[g.name] = &g;
-    for (const FlightEntry& e : v.dump.snapshot.entries) {
-      const std::string& g = R.GroupName(e);
-      if (e.op == OpType::kSend) {
-        R.sends.Add({g, e.peer, static_cast<int64_t>(e.seq)}, &e);
-        auto& c = R.sends_issued[{g, e.peer}];
-        c = std::max(c, static_cast<int64_t>(e.seq) + 1);
-      } else if (e.op == OpType::kRecv) {
-        R.recvs.Add({g, e.peer, static_cast<int64_t>(e.seq)}, &e);
-        auto& c = R.recvs_issued[{g, e.peer}];
-        c = std::max(c, static_cast<int64_t>(e.seq) + 1);
-      } else {
-        R.coll.Add({g, static_cast<int64_t>(e.seq)}, &e);
-        auto [it, added] = R.last_coll.try_emplace(g, static_cast<int64_t>(e.seq));
-        if (!added) it->second = std::max(it->second, static_cast<int64_t>(e.seq));
-        R.history.push_back(g);
-      }
-      // Entries are in issue order: the newest open op is where a rank's thread waits; behind a
-      // device queue (NCCL), the oldest open op is the one everything after it waits for.
-      if (IsOpen(e) && (R.blocking == nullptr || !R.dump->oldest_open_blocks)) {
-        R.blocking = &e;
-        R.blocking_group = g;
-        R.history_at_blocking = R.history.size();  // the collectives issued up to it
-      }
-    }
-    R.coll.Seal();
-    R.sends.Seal();
-    R.recvs.Seal();
+  for (const Rank& R : ranks) {
+    if (R.present) now = std::max(now, R.dump->dumped_at_ns - R.offset);
   }
-  // Ranks that never issued anything in a group still count as having issued nothing (-1).
-  auto last_coll = [&](const Rank& R, std::string_view g) {
-    auto it = R.last_coll.find(g);
-    return it == R.last_coll.end() ? int64_t{-1} : it->second;
-  };
-  auto issued = [](const std::map<std::pair<std::string_view, int>, int64_t>& m, std::string_view g,
-                   int peer) {
-    auto it = m.find({g, peer});
-    return it == m.end() ? int64_t{0} : it->second;
-  };
 
   std::vector<Wait> waits;
   std::map<int, std::set<int>> edges;
@@ -324,9 +386,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       edges[R.id].insert(m);
       waits.push_back({R.id, m, what, waited});
     };
-    auto git = R.groups.find(R.blocking_group);
-    if (git == R.groups.end()) continue;
-    const auto& members = git->second->ranks;
+    const tracer::RankList& members = R.dump->snapshot.groups[R.blocking_index].ranks;
     if (tracer::IsP2P(b.op)) {
       const int p = b.peer;
       if (p < 0 || p >= n) continue;
@@ -336,16 +396,15 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
         wait_on(p);
         continue;
       }
-      const int64_t counterpart = recv ? issued(P.sends_issued, R.blocking_group, R.id)
-                                       : issued(P.recvs_issued, R.blocking_group, R.id);
+      const int64_t counterpart = recv ? P.Issued(P.sends_issued, R.blocking_group, R.id)
+                                       : P.Issued(P.recvs_issued, R.blocking_group, R.id);
       if (counterpart < static_cast<int64_t>(b.seq) + 1) {
         wait_on(p);  // the peer has not reached its side of this transfer
         continue;
       }
       // Both sides posted: the bytes did not make it across.
-      const auto& other = recv ? P.sends : P.recvs;
-      auto it = other.Find({R.blocking_group, R.id, static_cast<int64_t>(b.seq)});
-      const FlightEntry* oe = it == other.End() ? nullptr : it->second;
+      const FlightEntry* oe =
+          P.Find(recv ? P.sends : P.recvs, R.blocking_group, R.id, static_cast<int64_t>(b.seq));
       Link l{recv ? p : R.id, recv ? R.id : p, recv ? oe : &b, recv ? &b : oe,
              std::string(R.blocking_group)};
       bool known = false;
@@ -362,29 +421,25 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       for (int m : members) {
         if (m < 0 || m >= n) continue;
         const Rank& M = ranks[m];
-        if (!M.present || last_coll(M, R.blocking_group) < static_cast<int64_t>(b.seq)) {
+        if (!M.present || M.LastColl(R.blocking_group) < static_cast<int64_t>(b.seq)) {
           cs.missing.push_back(m);
           continue;
         }
+        const FlightEntry* own = M.CollAt(key.first, key.second).first;
+        if (own == nullptr) continue;
         // Issued, but queued on its device behind an older op of its own that has not finished:
         // it cannot join this one before that one.
         if (M.dump->oldest_open_blocks && M.blocking != nullptr &&
             (M.blocking_group != R.blocking_group ||
-             M.blocking->seq != static_cast<uint64_t>(b.seq))) {
-          auto own = M.coll.Find(key);
-          if (own != M.coll.End() && IsOpen(*own->second)) cs.behind.push_back(m);
-        }
-        auto it = M.coll.Find(key);
+             M.blocking->seq != static_cast<uint64_t>(b.seq)) &&
+            IsOpen(*own))
+          cs.behind.push_back(m);
         // Finished on a member while others still wait in it: the others' data from that member
         // stopped on the way (a collective's stalled link).
-        if (it != M.coll.End() && it->second->state == OpState::kCompleted)
-          cs.completed.push_back(m);
+        if (own->state == OpState::kCompleted) cs.completed.push_back(m);
         // An op or dtype this build does not know (a newer writer) is no evidence of a mismatch.
-        if (it != M.coll.End() && it->second->op != OpType::kUnknown &&
-            it->second->dtype != tracer::DType::kUnknown) {
-          const FlightEntry& e = *it->second;
-          cs.signatures[Signature(e)].push_back(m);
-        }
+        if (own->op != OpType::kUnknown && own->dtype != tracer::DType::kUnknown)
+          cs.signatures[Signature(*own)].push_back(m);
       }
       cached = collectives.emplace(key, std::move(cs)).first;
     }
@@ -394,7 +449,8 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     if (cached->second.missing.empty()) {
       for (int m : cached->second.completed) {
         if (m == R.id) continue;
-        Link l{m, R.id, ranks[m].coll.At(key), &b, std::string(R.blocking_group)};
+        Link l{m, R.id, ranks[m].CollAt(key.first, key.second).first, &b,
+               std::string(R.blocking_group)};
         bool known = false;
         for (const Link& x : links)
           known |= (x.sender == m && x.receiver == R.id) || (x.sender == R.id && x.receiver == m);
@@ -414,12 +470,8 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
           departs;  // signature -> members departing from their past
       for (const auto& [sig, who] : signatures) {
         for (int m : who) {
-          const Rank& M = ranks[m];
-          auto it = M.coll.Find({R.blocking_group, static_cast<int64_t>(b.seq)});
-          if (it == M.coll.Begin() || it == M.coll.End()) continue;
-          auto prev = std::prev(it);
-          if (prev->first.first == R.blocking_group && Signature(*prev->second) != sig)
-            ++departs[sig];
+          const FlightEntry* prev = ranks[m].CollAt(key.first, key.second).second;
+          if (prev != nullptr && Signature(*prev) != sig) ++departs[sig];
         }
       }
       auto majority =
@@ -607,16 +659,17 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
         const int p = b.peer;
         if (p >= 0 && p < n && ranks[p].present && node_of(p) != node_of(r)) {
           const bool recv = b.op == OpType::kRecv;
-          const int64_t counterpart = recv ? issued(ranks[p].sends_issued, R.blocking_group, r)
-                                           : issued(ranks[p].recvs_issued, R.blocking_group, r);
+          const Rank& P = ranks[p];
+          const int64_t counterpart = recv ? P.Issued(P.sends_issued, R.blocking_group, r)
+                                           : P.Issued(P.recvs_issued, R.blocking_group, r);
           if (counterpart >= static_cast<int64_t>(b.seq) + 1) peer = p;
         }
-      } else if (auto git = R.groups.find(R.blocking_group); git != R.groups.end()) {
+      } else {
         // A collective every member has issued, with a member on another host.
         bool all = true;
-        for (int m : git->second->ranks) {
+        for (int m : R.dump->snapshot.groups[R.blocking_index].ranks) {
           if (m < 0 || m >= n || !ranks[m].present ||
-              last_coll(ranks[m], R.blocking_group) < static_cast<int64_t>(b.seq)) {
+              ranks[m].LastColl(R.blocking_group) < static_cast<int64_t>(b.seq)) {
             all = false;
           } else if (peer < 0 && node_of(m) != node_of(r)) {
             peer = m;
@@ -750,8 +803,8 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       std::set<std::string> hosts = {node_of(r)};
       if (tracer::IsP2P(R.blocking->op)) {
         if (R.blocking->peer >= 0 && R.blocking->peer < n) hosts.insert(node_of(R.blocking->peer));
-      } else if (auto git = R.groups.find(R.blocking_group); git != R.groups.end()) {
-        for (int m : git->second->ranks) {
+      } else {
+        for (int m : R.dump->snapshot.groups[R.blocking_index].ranks) {
           if (m >= 0 && m < n) hosts.insert(node_of(m));
         }
       }
@@ -814,18 +867,18 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       if (R.blocking == nullptr || tracer::IsP2P(R.blocking->op)) continue;
       // Training is periodic: what did this rank do one period ago at this point?
       // What it issued before its blocking op (behind a device queue, later ops follow it).
-      std::vector<std::string> h(R.history.begin(),
-                                 R.history.begin() + static_cast<std::ptrdiff_t>(std::min(
-                                                         R.history_at_blocking, R.history.size())));
-      if (!h.empty() && h.back() == R.blocking_group) h.pop_back();
+      std::vector<int32_t> h(R.history.begin(),
+                             R.history.begin() + static_cast<std::ptrdiff_t>(std::min(
+                                                     R.history_at_blocking, R.history.size())));
+      if (!h.empty() && h.back() == R.blocking_index) h.pop_back();
       const size_t len = h.size();
       // The period: the smallest P for which the whole recorded history repeats itself.
       for (size_t p = 1; p <= std::min<size_t>(256, len / 2); ++p) {
         bool periodic = true;
         for (size_t i = p; i < len && periodic; ++i) periodic = h[i] == h[i - p];
         if (!periodic) continue;
-        const std::string& expected = h[len - p];
-        if (expected != R.blocking_group) {
+        if (h[len - p] != R.blocking_index) {
+          const std::string& expected = R.dump->snapshot.groups[h[len - p]].name;
           deviators.push_back(r);
           text += R.Describe() + " issued " + OpName(*R.blocking, R.blocking_group) +
                   " where its own pattern expects a collective in " + expected + " next. ";

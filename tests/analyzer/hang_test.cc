@@ -500,5 +500,54 @@ TEST_F(HangBadInput, EmptyOrMissingDirectories) {
   EXPECT_NE(cli.out.find("no flight-recorder dumps"), std::string::npos);
 }
 
+// The per-rank index keys a collective by (group, seq) whatever order the recorder kept: a copy of
+// a seq recorded twice reads as its newest, and a group's seqs out of order are still found with
+// the one before each. Rank 1 recorded an all-reduce as a#2 (an older copy), then a#1, then an
+// all-gather as a#2: its newest a#2 departs from its own a#1, so it is the rank named.
+TEST(HangIndexTest, TheNewestCopyOfACollectiveCountsWhateverOrderItWasRecordedIn) {
+  const int64_t t0 = 1'763'700'000'000'000'000;
+  auto dump = [&](int rank) {
+    tracer::Dump d;
+    d.snapshot.info = {
+        "index", "node" + std::to_string(rank), rank, 2, rank, 0, 100 + rank, {0, 0, rank}, 0};
+    d.snapshot.groups = {{"b", "dp", {0, 1}}, {"a", "tp", {0, 1}}};
+    d.snapshot.heartbeat = {3, tracer::Phase::kBackward, 0, t0 + 29'000'000'000};
+    d.dumped_at_ns = t0 + 30'000'000'000;
+    return d;
+  };
+  auto entry = [&](int32_t group, uint64_t seq, tracer::OpType op, bool open) {
+    tracer::FlightEntry e;
+    e.group = group;
+    e.seq = seq;
+    e.op = op;
+    e.bytes = 64;
+    e.state = open ? tracer::OpState::kStarted : tracer::OpState::kCompleted;
+    e.enqueued_at_ns = e.started_at_ns = t0 + static_cast<int64_t>(seq) * 1'000'000'000;
+    e.completed_at_ns = open ? 0 : e.started_at_ns + 1'000'000;
+    return e;
+  };
+  using tracer::OpType;
+  tracer::Dump r0 = dump(0), r1 = dump(1);
+  r0.snapshot.entries = {
+      entry(0, 0, OpType::kAllreduce, false), entry(1, 0, OpType::kAllreduce, false),
+      entry(0, 1, OpType::kAllreduce, false), entry(1, 1, OpType::kAllreduce, false),
+      entry(1, 2, OpType::kAllreduce, true)};
+  r1.snapshot.entries = {
+      entry(1, 0, OpType::kAllreduce, false), entry(0, 0, OpType::kAllreduce, false),
+      entry(1, 2, OpType::kAllreduce, false), entry(1, 1, OpType::kAllreduce, false),
+      entry(0, 1, OpType::kAllreduce, false), entry(1, 2, OpType::kAllgather, true)};
+  for (tracer::Dump* d : {&r0, &r1}) {
+    for (size_t i = 0; i < d->snapshot.entries.size(); ++i) d->snapshot.entries[i].id = i + 1;
+  }
+  auto in = MakeHangInput({{"rank_0.json", r0}, {"rank_1.json", r1}});
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  const auto verdicts = AnalyzeHang(*in);
+  ASSERT_EQ(verdicts.size(), 1u) << FormatHangReport(verdicts);
+  EXPECT_EQ(verdicts[0].cause, "op_mismatch") << FormatHangReport(verdicts);
+  EXPECT_EQ(verdicts[0].root_ranks, std::vector<int32_t>{1}) << FormatHangReport(verdicts);
+  EXPECT_EQ(verdicts[0].group, "a");
+  EXPECT_EQ(verdicts[0].seq, 2);
+}
+
 }  // namespace
 }  // namespace megascope::analyzer

@@ -105,6 +105,24 @@ TEST_F(DumpTest, MatchesFormatsSection1) {
   }
 }
 
+// The agent's /dumps form: the same dump on one line (NDJSON), read back to the same dump.
+TEST_F(DumpTest, TheOneLineFormIsTheSameDumpOnOneLine) {
+  auto t = MakeTracer();
+  Dump d{t->Snapshot(), true, 1763700000000000000, {}, {}};
+  d.stacks.push_back({42, "main", {"frame a", "frame \"b\"\nwith a newline"}});
+  std::string line = "kept ";  // appended to what the buffer holds
+  AppendDumpJson(d, &line, /*one_line=*/true);
+  ASSERT_EQ(line.rfind("kept ", 0), 0u);
+  line.erase(0, 5);
+  EXPECT_EQ(line.find('\n'), line.size() - 1) << line;
+  auto back = ParseDump(line, "line 1");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(json::parse(line), json::parse(DumpToJson(d)));
+  EXPECT_EQ(back->snapshot.entries.size(), 3u);
+  ASSERT_EQ(back->stacks.size(), 1u);
+  EXPECT_EQ(back->stacks[0].frames, d.stacks[0].frames);
+}
+
 TEST_F(DumpTest, ParsesBackToTheSameSnapshot) {
   auto t = MakeTracer();
   RankSnapshot before = t->Snapshot();

@@ -260,7 +260,7 @@ std::string DumpToJson(const Dump& d) {
   return out;
 }
 
-void AppendDumpJson(const Dump& d, std::string* to) {
+void AppendDumpJson(const Dump& d, std::string* to, bool one_line) {
   std::string& out = *to;
   using ojson = nlohmann::ordered_json;  // keeps FORMATS.md's field order
   const RankSnapshot& s = d.snapshot;
@@ -308,17 +308,28 @@ void AppendDumpJson(const Dump& d, std::string* to) {
   ojson stacks = ojson::array();
   for (const ThreadStack& t : d.stacks)
     stacks.push_back({{"tid", t.tid}, {"thread", t.name}, {"frames", t.frames}});
-  out += j.dump(1);
+  out += j.dump(one_line ? -1 : 1);
   out.pop_back();  // the closing brace
-  auto list = [&out](const char* key, size_t n, auto&& write) {
-    out += ",\n \"";
+  const std::string_view nl = one_line ? "" : "\n", indent = one_line ? "" : " ";
+  auto list = [&](const char* key, size_t n, auto&& write) {
+    out += ",";
+    out += nl;
+    out += indent;
+    out += "\"";
     out += key;
     out += "\": [";
     for (size_t i = 0; i < n; ++i) {
-      out += i ? ",\n  " : "\n  ";
+      out += i ? "," : "";
+      out += nl;
+      out += indent;
+      out += indent;
       write(i);
     }
-    out += n == 0 ? "]" : "\n ]";
+    if (n != 0) {
+      out += nl;
+      out += indent;
+    }
+    out += "]";
   };
   list("groups", groups.size(), [&](size_t i) { out += groups[i].dump(); });
   // The entries (most of a dump) are written directly: building a JSON tree for each made the
@@ -350,7 +361,8 @@ void AppendDumpJson(const Dump& d, std::string* to) {
       out += ojson{{"tid", t.tid}, {"thread", t.name}, {"frames", t.frames}}.dump();
     });
   }
-  out += "\n}\n";
+  out += nl;
+  out += "}\n";
 }
 
 Result<Dump> ParseDump(std::string_view text, const std::string& source) {

@@ -22,17 +22,21 @@ using simdjson::dom::object;
 // Each field of an object, looked up once; a key met twice gives up (nlohmann keeps the last one).
 template <size_t N>
 struct Slots {
-  explicit Slots(const char* const (&k)[N]) : keys(k) {}
-  const char* const (&keys)[N];
+  explicit Slots(const std::string_view (&k)[N]) : keys(k) {}
+  const std::string_view (&keys)[N];
   element found[N];
   bool seen[N] = {};
+  // Keys are looked for from the one after the last found: written in order, each is found first.
   bool Fill(object o) {
+    size_t next = 0;
     for (auto [key, value] : o) {
-      for (size_t i = 0; i < N; ++i) {
+      for (size_t k = 0; k < N; ++k) {
+        const size_t i = (next + k) % N;
         if (key == keys[i]) {
           if (seen[i]) return false;
           seen[i] = true;
           found[i] = value;
+          next = i + 1;
           break;
         }
       }
@@ -54,36 +58,37 @@ struct Slots {
   }
 };
 
-template <typename E>
+// `where` gives the place an unknown value is reported at (made only then).
+template <typename E, typename Where>
 std::optional<E> Enum(std::optional<std::string_view> s,
                       std::optional<E> (*parse)(std::string_view), const char* field,
-                      std::string where, Dump* d) {
+                      const Where& where, Dump* d) {
   if (!s) return std::nullopt;
   if (auto e = parse(*s)) return *e;
-  d->unknown_values.push_back({std::move(where), field, std::string(*s)});
+  d->unknown_values.push_back({where(), field, std::string(*s)});
   return E::kUnknown;
 }
 
-constexpr const char* kTop[] = {
+constexpr std::string_view kTop[] = {
     "format", "version",   "job",    "attempt",         "rank",       "world_size",
     "node",   "pid",       "coords", "clock_offset_ns", "local_rank", "dumped_at_ns",
     "alive",  "heartbeat", "groups", "entries",         "stacks"};
-constexpr const char* kStack[] = {"tid", "thread", "frames"};
-constexpr const char* kCoords[] = {"dp", "pp", "tp"};
-constexpr const char* kHeartbeat[] = {"step", "phase", "updated_at_ns"};
-constexpr const char* kGroup[] = {"name", "kind", "ranks", "rank_ranges"};
-constexpr const char* kEntry[] = {"group",
-                                  "seq",
-                                  "op",
-                                  "peer",
-                                  "bytes",
-                                  "dtype",
-                                  "state",
-                                  "enqueued_at_ns",
-                                  "started_at_ns",
-                                  "completed_at_ns",
-                                  "bytes_sent",
-                                  "bytes_received"};
+constexpr std::string_view kStack[] = {"tid", "thread", "frames"};
+constexpr std::string_view kCoords[] = {"dp", "pp", "tp"};
+constexpr std::string_view kHeartbeat[] = {"step", "phase", "updated_at_ns"};
+constexpr std::string_view kGroup[] = {"name", "kind", "ranks", "rank_ranges"};
+constexpr std::string_view kEntry[] = {"group",
+                                       "seq",
+                                       "op",
+                                       "peer",
+                                       "bytes",
+                                       "dtype",
+                                       "state",
+                                       "enqueued_at_ns",
+                                       "started_at_ns",
+                                       "completed_at_ns",
+                                       "bytes_sent",
+                                       "bytes_received"};
 
 // `var` names the variable it declares: it cannot be parenthesised.
 // NOLINTBEGIN(bugprone-macro-parentheses)
@@ -144,7 +149,8 @@ std::optional<Dump> Read(element root) {
   if (!hb.Fill(object(top.found[13]))) return std::nullopt;
   TRY(step, hb.Int(0));
   d.snapshot.heartbeat.step = step;
-  TRY(phase, Enum<Phase>(hb.Str(1), &ParsePhase, "phase", "heartbeat", &d));
+  TRY(phase, Enum<Phase>(
+                 hb.Str(1), &ParsePhase, "phase", [] { return std::string("heartbeat"); }, &d));
   d.snapshot.heartbeat.phase = phase;
   TRY(updated, hb.IntOrNull(2, 0));
   d.snapshot.heartbeat.updated_at_ns = updated;
@@ -203,7 +209,7 @@ std::optional<Dump> Read(element root) {
     f.group = static_cast<int32_t>(git - d.snapshot.groups.begin());
     TRY(seq, e.Int(1));
     f.seq = static_cast<uint64_t>(seq);
-    const std::string where = "entries[" + std::to_string(i) + "]";
+    auto where = [i] { return "entries[" + std::to_string(i) + "]"; };
     TRY(op, Enum<OpType>(e.Str(2), &ParseOpType, "op", where, &d));
     f.op = op;
     TRY(peer, e.IntOrNull(3, -1));

@@ -141,6 +141,7 @@ RankSnapshot TakeSnapshot(const Segment& s) {
   }
 
   auto to_ns = [&](int64_t t) { return t == 0 ? int64_t{0} : cal.ToNs(t); };
+  snap.entries.reserve(h.flight_entries);
   for (uint32_t i = 0; i < h.flight_entries; ++i) {
     SharedFlightEntry e{};
     if (!s.flight()[i].Load(&e) || e.id == 0) continue;
@@ -160,8 +161,14 @@ RankSnapshot TakeSnapshot(const Segment& s) {
     f.bytes_received = e.bytes_received;
     snap.entries.push_back(f);
   }
-  std::sort(snap.entries.begin(), snap.entries.end(),
-            [](const FlightEntry& a, const FlightEntry& b) { return a.id < b.id; });
+  // Entry k lives in slot (k - 1) % capacity: the slots hold the entries in issue order, rotated
+  // at the oldest (a sort only where a writer overtook the copy).
+  auto by_id = [](const FlightEntry& a, const FlightEntry& b) { return a.id < b.id; };
+  std::rotate(snap.entries.begin(),
+              std::min_element(snap.entries.begin(), snap.entries.end(), by_id),
+              snap.entries.end());
+  if (!std::is_sorted(snap.entries.begin(), snap.entries.end(), by_id))
+    std::sort(snap.entries.begin(), snap.entries.end(), by_id);
   for (auto it = snap.entries.rbegin(); it != snap.entries.rend(); ++it) {
     if (it->state == OpState::kEnqueued || it->state == OpState::kStarted) {
       snap.heartbeat.op_entry_id = it->id;  // the newest op not finished

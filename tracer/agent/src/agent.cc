@@ -558,9 +558,7 @@ struct Agent::Impl {
     std::string line;  // one buffer for every rank's
     for (const Dump& d : dumps) {
       line.clear();
-      AppendDumpJson(d, &line);  // newlines only between tokens: JSON escapes the rest
-      std::replace(line.begin(), line.end(), '\n', ' ');
-      line.back() = '\n';
+      AppendDumpJson(d, &line, /*one_line=*/true);
       sink(line);
     }
   }

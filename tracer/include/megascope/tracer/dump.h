@@ -50,8 +50,9 @@ struct Dump {
 // The dump as JSON text (FORMATS.md section 1). `alive` is false when the writer is a reader
 // speaking for a rank whose process is gone.
 std::string DumpToJson(const Dump& dump);
-// The same, appended to `out` (a buffer reused across many dumps costs no allocation each).
-void AppendDumpJson(const Dump& dump, std::string* out);
+// The same, appended to `out` (a buffer reused across many dumps costs no allocation each);
+// `one_line`: on one line ending in a newline (NDJSON, as the agent's /dumps sends them).
+void AppendDumpJson(const Dump& dump, std::string* out, bool one_line = false);
 // Parses a dump; errors name `source` (a file name) and what was wrong. Forward compatible: fields
 // it does not know are ignored, unknown values of known fields are kept (Dump::unknown_values); a
 // format or version it does not know is an error.
