@@ -98,12 +98,12 @@ struct Rank {
   const FlightEntry* Find(const std::vector<Transfer>& in, std::string_view group, int peer,
                           int64_t seq) const {
     const int32_t g = GroupOf(group);
+    if (g < 0) return nullptr;
     const auto key = std::make_tuple(g, peer, seq);
     auto it = std::lower_bound(in.begin(), in.end(), key, [](const Transfer& a, const auto& k) {
       return std::make_tuple(a.group, a.peer, a.seq) < k;
     });
-    if (g < 0 || it == in.end() || std::make_tuple(it->group, it->peer, it->seq) != key)
-      return nullptr;
+    if (it == in.end() || std::make_tuple(it->group, it->peer, it->seq) != key) return nullptr;
     return &dump->snapshot.entries[it->entry];
   }
   int64_t Issued(const std::map<std::pair<int32_t, int>, int64_t>& m, std::string_view group,
