@@ -38,6 +38,7 @@ std::vector<std::string> DefaultPriority() {
   std::sort(defs.begin(), defs.end(),
             [](auto* a, auto* b) { return a->detector_priority < b->detector_priority; });
   std::vector<std::string> out;
+  out.reserve(defs.size());
   for (auto* d : defs) out.emplace_back(d->name);
   return out;
 }
@@ -126,6 +127,9 @@ int Registry::FindMetric(const std::string& name) const {
 
 // ---------------------------------------------------------------- stream
 
+// Ticks further from 0 are no clock's (and would overflow the detector's tick arithmetic).
+constexpr double kMaxTicks = 1e15;
+
 Stream::Stream(FrameDetector* detector, double tick_s, double max_lateness_s)
     : det_(detector),
       tick_s_(tick_s),
@@ -149,16 +153,21 @@ void Stream::Add(int machine, int metric, double time_s, double value) {
     if (machine >= static_cast<int>(per.size())) per.resize(machine + 1);
     Last& last = per[machine];
     const Last prev = last;
-    if (prev.time_s >= 0 && time_s <= prev.time_s) return;  // out of order: no rate to take
-    last = {time_s, value};
-    if (prev.time_s < 0 || value < prev.value) return;  // the first sample, or a counter reset
+    if (prev.seen && time_s <= prev.time_s) return;  // out of order: no rate to take
+    last = {true, time_s, value};
+    if (!prev.seen || value < prev.value) return;  // the first sample, or a counter reset
     value = (value - prev.value) / (time_s - prev.time_s);
   }
   AddAligned(machine, metric, time_s, value);
 }
 
 void Stream::AddAligned(int machine, int metric, double time_s, double value) {
-  const auto tick = static_cast<int64_t>(std::floor(time_s / tick_s_));
+  const double t = std::floor(time_s / tick_s_);
+  if (std::fabs(t) > kMaxTicks) {  // beyond any clock (and any int64_t)
+    ++late_;
+    return;
+  }
+  const auto tick = static_cast<int64_t>(t);
   if (tick < next_tick_) {
     ++late_;
     return;
@@ -207,6 +216,9 @@ namespace {
 
 constexpr int64_t kNever = std::numeric_limits<int64_t>::min() / 2;
 
+// Tick `tick`'s slot in a ring of `n` (ticks before the epoch included).
+size_t Slot(int64_t tick, int64_t n) { return static_cast<size_t>(((tick % n) + n) % n); }
+
 double MedianInPlace(std::vector<double>& v) {
   const size_t n = v.size(), mid = n / 2;
   std::nth_element(v.begin(), v.begin() + static_cast<long>(mid), v.end());
@@ -232,13 +244,13 @@ class Rolling {
     Set(tick, flag ? 1 : 0);
     last_ = tick;
   }
-  int count() const { return count_; }
-  int size() const { return static_cast<int>(flags_.size()); }
+  int Count() const { return count_; }
+  int Size() const { return static_cast<int>(flags_.size()); }
   // The earliest flagged tick still in the window (now when none).
   int64_t Onset() const {
     const auto n = static_cast<int64_t>(flags_.size());
     for (int64_t t = last_ - n + 1; t <= last_; ++t) {
-      if (flags_[static_cast<size_t>(((t % n) + n) % n)]) return t;
+      if (flags_[Slot(t, n)]) return t;
     }
     return last_;
   }
@@ -246,7 +258,7 @@ class Rolling {
  private:
   void Set(int64_t tick, uint8_t flag) {
     const auto n = static_cast<int64_t>(flags_.size());
-    uint8_t& slot = flags_[static_cast<size_t>(((tick % n) + n) % n)];
+    uint8_t& slot = flags_[Slot(tick, n)];
     count_ += flag - slot;
     slot = flag;
   }
@@ -402,7 +414,7 @@ void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>
   const int nmach = static_cast<int>(d.machines.size());
   for (const Frame::Cell& c : f.cells) {
     Impl::Series& s = d.series[c.metric][c.machine];
-    const size_t slot = static_cast<size_t>(now % cfg.denoise_window);
+    const size_t slot = Slot(now, cfg.denoise_window);
     s.values[slot] = c.value;
     s.ticks[slot] = now;
     s.last_tick = now;
@@ -566,7 +578,7 @@ void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>
     s.weak.Push(now, any);
     s.weak_long.Push(now, any);
     s.recent.Push(now, any);
-    if (s.weak_long.count() == 0) s.evidence.clear();
+    if (s.weak_long.Count() == 0) s.evidence.clear();
     for (const Impl::Hit& h : hits[m]) {
       auto& e = s.evidence[h.metric];
       ++e.first;
@@ -574,15 +586,15 @@ void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>
     }
     int level = 0;
     const Rolling* window = nullptr;
-    if (s.strong.count() >= strong_need || s.strong_long.count() >= strong_long_need) {
+    if (s.strong.Count() >= strong_need || s.strong_long.Count() >= strong_long_need) {
       level = 2;
-      window = s.strong.count() >= strong_need ? &s.strong : &s.strong_long;
-    } else if (s.weak.count() >= weak_need || s.weak_long.count() >= weak_long_need) {
+      window = s.strong.Count() >= strong_need ? &s.strong : &s.strong_long;
+    } else if (s.weak.Count() >= weak_need || s.weak_long.Count() >= weak_long_need) {
       level = 1;
-      window = s.weak.count() >= weak_need ? &s.weak : &s.weak_long;
+      window = s.weak.Count() >= weak_need ? &s.weak : &s.weak_long;
     }
     // Re-armed once it no longer stands out (the fault is over, or was never one).
-    if (level == 0 && s.recent.count() <= cfg.rearm_fraction * cfg.continuity) s.named = 0;
+    if (level == 0 && s.recent.Count() <= cfg.rearm_fraction * cfg.continuity) s.named = 0;
     if (level <= s.named) continue;
     s.named = level;
     out->push_back(d.MakeVerdict(m, *window, f, reg));
@@ -612,7 +624,7 @@ Verdict Detector::Impl::MakeVerdict(int m, const Rolling& window, const Frame& f
   // Evidence in priority order: strong signals first, then metrics that made the machine stand out
   // for most ticks, then Minder's order.
   std::vector<std::pair<int, std::pair<int, double>>> ev(s.evidence.begin(), s.evidence.end());
-  const int half = window.size() / 2;
+  const int half = window.Size() / 2;
   auto rank = [&](int metric) { return metric < 0 ? -1 : d.priority_rank[metric]; };
   auto strong = [&](int metric) { return metric < 0 || IsStrong(d.family[metric]); };
   std::sort(ev.begin(), ev.end(), [&](const auto& a, const auto& b) {
@@ -623,6 +635,7 @@ Verdict Detector::Impl::MakeVerdict(int m, const Rolling& window, const Frame& f
     return a.first < b.first;
   });
   std::vector<EvidenceItem> items;
+  items.reserve(ev.size());
   for (const auto& [metric, stat] : ev) {
     items.push_back({metric < 0 ? MetricFamily::kOther : d.family[metric], metric < 0, stat.first});
   }
@@ -659,7 +672,7 @@ Verdict Detector::Impl::MakeVerdict(int m, const Rolling& window, const Frame& f
   std::snprintf(
       head, sizeof(head),
       " stood out from its peers for %d of the last %d ticks (%s evidence, confidence %.2f): ",
-      window.count(), window.size(), s.named >= 2 ? "strong or corroborated" : "single-family",
+      window.Count(), window.Size(), s.named >= 2 ? "strong or corroborated" : "single-family",
       v.confidence);
   v.explanation = reg.machine_name(m) + head + facts;
   return v;

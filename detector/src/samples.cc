@@ -77,6 +77,14 @@ Status ParseMetricsLine(std::string_view line, Sample* s) {
                            std::to_string(f.size()));
   if (!ParseDouble(f[0], &s->time_s))
     return InvalidArgument("timestamp_s '" + std::string(f[0]) + "' is not a number");
+  // Seconds since the epoch or since the run's start: never negative, and 1e11 s is the year
+  // 5138 (epoch milliseconds, the usual mistake, are 1.7e12).
+  if (s->time_s < 0)
+    return InvalidArgument("timestamp_s " + std::string(Trim(f[0])) +
+                           " is negative (seconds since the epoch or since the run's start)");
+  if (s->time_s > 1e11)
+    return InvalidArgument("timestamp_s " + std::string(Trim(f[0])) +
+                           " is past the year 5000 (milliseconds? timestamp_s is in seconds)");
   if (Trim(f[1]).empty()) return InvalidArgument("empty machine");
   if (Trim(f[2]).empty()) return InvalidArgument("empty metric");
   s->machine = Trim(f[1]);

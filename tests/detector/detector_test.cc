@@ -45,7 +45,8 @@ TEST(DetectorTest, NamesTheMachineThatShiftsAndWhen) {
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0].root_nodes, std::vector<std::string>{"node5"});
   EXPECT_EQ(v[0].cause, "metric_outlier");
-  const double onset = v[0].onset_at_ns / 1e9, detected = v[0].detected_at_ns / 1e9;
+  const double onset = static_cast<double>(v[0].onset_at_ns) / 1e9,
+               detected = static_cast<double>(v[0].detected_at_ns) / 1e9;
   EXPECT_GE(onset, 300);
   EXPECT_LE(onset, 310);
   EXPECT_GE(detected - 300, 24);  // the continuity window had to fill
@@ -134,8 +135,10 @@ TEST(EvaluateTest, ScoresAsFormatsDefines) {
 
 // A fleet of `machines` reporting the given metrics every second around 100 with noise;
 // `tweak(machine, t, metric, value)` may change a value or drop it (NaN).
+// Times run from `origin` (seconds).
 std::vector<Verdict> RunMetrics(int machines, int seconds, const std::vector<std::string>& metrics,
-                                const std::function<double(int, int, int, double)>& tweak) {
+                                const std::function<double(int, int, int, double)>& tweak,
+                                double origin = 0) {
   Detector det{DetectorConfig{}};
   Stream stream(&det);
   std::mt19937 rng(5);
@@ -144,8 +147,7 @@ std::vector<Verdict> RunMetrics(int machines, int seconds, const std::vector<std
     for (int m = 0; m < machines; ++m) {
       for (int k = 0; k < static_cast<int>(metrics.size()); ++k) {
         const double v = tweak(m, t, k, 100 + noise(rng));
-        if (!std::isnan(v))
-          stream.Add({static_cast<double>(t), "node" + std::to_string(m), metrics[k], v});
+        if (!std::isnan(v)) stream.Add({origin + t, "node" + std::to_string(m), metrics[k], v});
       }
     }
   }
@@ -188,6 +190,30 @@ TEST(DetectorTest, CountersAreComparedAsRatesNotTotals) {
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0].root_nodes, std::vector<std::string>{"node4"});
   EXPECT_GE(v[0].detected_at_ns / 1e9, 400);
+}
+
+TEST(DetectorTest, TimesBeforeZeroAreJustEarlierTicks) {
+  // The same fleet and fault with the clock started 1,000 s before 0: the same verdict 1,000 s
+  // earlier. (A negative tick once indexed the rings at -1, and a counter's first sample was told
+  // from the others by a negative time, so no rate was ever taken.)
+  auto run = [](double origin) {
+    std::vector<double> total(12);
+    for (int m = 0; m < 12; ++m) total[m] = 1e12 * (m + 1);
+    return RunMetrics(
+        12, 700, {"node_network_transmit_bytes_total", "gpu_power_w"},
+        [&](int m, int t, int k, double x) {
+          if (k == 1) return x;
+          if (m != 4 || t < 400) total[m] += 1e6 * x;
+          return total[m];
+        },
+        origin);
+  };
+  const auto at0 = run(0), before0 = run(-1000);
+  ASSERT_EQ(at0.size(), 1u);
+  ASSERT_EQ(before0.size(), 1u);
+  EXPECT_EQ(before0[0].root_nodes, std::vector<std::string>{"node4"});
+  EXPECT_EQ(before0[0].detected_at_ns, at0[0].detected_at_ns - int64_t{1000} * 1000000000);
+  EXPECT_EQ(before0[0].onset_at_ns, at0[0].onset_at_ns - int64_t{1000} * 1000000000);
 }
 
 TEST(DetectorTest, OneMetricForAMinuteIsNotEnoughTwoFamiliesAre) {
@@ -235,7 +261,9 @@ TEST(DetectorTest, AFalseVerdictDoesNotBlindTheDetectorToTheNextFault) {
     return x;
   });
   std::vector<std::pair<std::string, double>> named;
-  for (const Verdict& x : v) named.emplace_back(x.root_nodes[0], x.detected_at_ns / 1e9);
+  named.reserve(v.size());
+  for (const Verdict& x : v)
+    named.emplace_back(x.root_nodes[0], static_cast<double>(x.detected_at_ns) / 1e9);
   ASSERT_GE(named.size(), 3u);
   auto count = [&](const std::string& node, double from, double to) {
     int n = 0;

@@ -54,6 +54,12 @@ TEST(SamplesTest, MalformedRowsNameFileAndLine) {
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
   Sample x;
   EXPECT_NE(ParseMetricsLine("1,a,b", &x).message().find("expected 4 fields"), std::string::npos);
+  // Times are seconds since the epoch or the run's start.
+  EXPECT_NE(ParseMetricsLine("-17,a,b,1", &x).message().find("timestamp_s -17 is negative"),
+            std::string::npos);
+  EXPECT_NE(ParseMetricsLine("1763700000000,a,b,1", &x).message().find("milliseconds?"),
+            std::string::npos);
+  EXPECT_TRUE(ParseMetricsLine("1763700000.5,a,b,1", &x).ok());
 }
 
 TEST(SamplesTest, LabelsAndGroups) {

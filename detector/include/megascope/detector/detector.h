@@ -148,7 +148,8 @@ class Detector final : public FrameDetector {
 };
 
 // Aligns raw samples into frames for a FrameDetector. Samples may arrive out of order by up to
-// max_lateness_s; later ones are counted in late_samples() and ignored.
+// max_lateness_s; later ones (and ones more than 1e15 ticks from 0) are counted in late_samples()
+// and ignored. Times may be negative.
 class Stream {
  public:
   Stream(FrameDetector* detector, double tick_s = 1.0, double max_lateness_s = 60);
@@ -176,7 +177,8 @@ class Stream {
   // Cumulative counters: per metric whether it is one, and per (metric, machine) the last sample.
   std::vector<int8_t> counter_;  // -1 unknown yet
   struct Last {
-    double time_s = -1, value = 0;
+    bool seen = false;
+    double time_s = 0, value = 0;
   };
   std::vector<std::vector<Last>> last_;
 };
