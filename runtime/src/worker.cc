@@ -1,4 +1,5 @@
 // One rank of a training job.
+#include <malloc.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -515,6 +516,15 @@ int RunWorker(const std::string& run_dir, int rank) {
   // A peer that dies mid-transfer must fail this rank's collective (an error, exit
   // kExitCommFailure: a victim), not kill it with SIGPIPE: the launcher would name it first.
   ::signal(SIGPIPE, SIG_IGN);
+  // Every step allocates and frees the same activations, gradients and messages. By default glibc
+  // maps blocks above its mmap threshold afresh and unmaps them on free, and hands the top of the
+  // heap back to the kernel once 128 KB of it is free: each step faulted its buffers in again
+  // (about 350 page faults a step at the tests' model size, ~10 us each on a paravirtualised VM),
+  // and the threshold moves with whatever was freed first, so the same job ran up to a third
+  // faster or slower from one process to the next. Fixed, high thresholds keep the freed memory
+  // for the next step, as a framework's caching allocator does.
+  ::mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
   auto text = tracer::ReadFile(run_dir + "/run.json");
   if (!text.ok()) {
     std::fprintf(stderr, "[worker] cannot read the run's configuration: %s\n",

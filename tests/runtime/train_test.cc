@@ -1,6 +1,7 @@
 // End-to-end training runs through the real megascope binary: real worker processes talking Gloo
 // over TCP loopback, real checkpoints on disk, real faults injected into real processes.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include <array>
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "megascope/runtime/data.h"
 #include "test_util.h"
@@ -51,6 +53,26 @@ class TrainTest : public ::testing::Test {
   TempDir dir_;
   std::string data_;
 };
+
+// Page faults of the processes this test started and waited for since the last call.
+int64_t ChildFaults() {
+  static int64_t before = 0;
+  rusage ru{};
+  ::getrusage(RUSAGE_CHILDREN, &ru);
+  return ru.ru_minflt - std::exchange(before, ru.ru_minflt);
+}
+
+TEST_F(TrainTest, AStepReusesItsMemoryInsteadOfFaultingItIn) {
+  // Steps 10..59 of a job against its first 10: what a step costs in page faults. glibc's default
+  // thresholds made every step map and fault its buffers in again (about 350 faults a step here).
+  ChildFaults();
+  ASSERT_EQ(Megascope(Args("--dp 1 --tp 1 --pp 1", "short", 10)).code, 0);
+  const int64_t short_run = ChildFaults();
+  ASSERT_EQ(Megascope(Args("--dp 1 --tp 1 --pp 1", "long", 60)).code, 0);
+  const int64_t long_run = ChildFaults();
+  EXPECT_LT((long_run - short_run) / 50, 20)
+      << "page faults: " << short_run << " in 10 steps, " << long_run << " in 60";
+}
 
 TEST_F(TrainTest, EveryLayoutComputesTheSameLosses) {
   CommandResult base = Megascope(Args("--dp 1 --tp 1 --pp 1", "base", 20));
