@@ -21,6 +21,15 @@ double Median(std::vector<double> v) {
 
 }  // namespace
 
+Result<int> RanksStoredThrough(RunDatabase& db, int attempt, int64_t step) {
+  int ranks = 0;
+  RETURN_IF_ERROR(
+      db.Scan("SELECT COUNT(DISTINCT rank) FROM spans WHERE step >= " + std::to_string(step) +
+                  (attempt >= 0 ? " AND attempt = " + std::to_string(attempt) : ""),
+              [&](const RunDatabase::Row& r) { ranks = static_cast<int>(r.Int(0)); }));
+  return ranks;
+}
+
 Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
   SlowReport rep;
   const std::string range =
@@ -171,7 +180,7 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
   struct Op {
     std::string grp;
     int64_t seq;
-    int64_t enqueued, completed;
+    int64_t enqueued, completed, bytes;
     bool p2p;
   };
   std::map<int, std::vector<Op>> ops_of;  // rank -> its ops in the window
@@ -185,12 +194,12 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
                 hi = std::max(hi, r.Int(1));
               }));
   RETURN_IF_ERROR(db.Scan(
-      "SELECT grp, seq, rank, enqueued_ns, completed_ns, op IN ('send', 'recv') FROM collectives "
-      "WHERE enqueued_ns BETWEEN " +
+      "SELECT grp, seq, rank, enqueued_ns, completed_ns, op IN ('send', 'recv'), bytes FROM "
+      "collectives WHERE enqueued_ns BETWEEN " +
           std::to_string(lo) + " AND " + std::to_string(hi) + of_attempt,
       [&](const RunDatabase::Row& r) {
         ops_of[static_cast<int>(r.Int(2))].push_back(
-            {std::string(r.Text(0)), r.Int(1), r.Int(3), r.Int(4), r.Int(5) != 0});
+            {std::string(r.Text(0)), r.Int(1), r.Int(3), r.Int(4), r.Int(6), r.Int(5) != 0});
       }));
   struct Arrival {
     int rank;
@@ -247,66 +256,104 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     rep.verdicts.push_back(std::move(v));
   }
   // 3. Slow links: once every member of a collective has arrived, it takes about as long as the
-  // same collective in the other groups of its kind -- unless it crosses a slow link. Each
-  // group's collectives are timed from their last arrival to their last completion; a group whose
-  // median is well above the fastest group of its kind is slow, and the host common to every slow
-  // group is the suspect (when two hosts are, the link between them: their self-checks decide).
+  // same collective of the other groups of its kind -- unless it crosses a slow link. A link short
+  // of bandwidth stretches a large transfer many times over and a few bytes hardly at all, so
+  // collectives are compared within a size class of their kind (sizes within 2x of the class's
+  // smallest): each group's collectives are timed from their last arrival to their last
+  // completion, and a group whose median in a class is well above the fastest group of that class
+  // is slow. The host common to every slow group is the suspect (when two hosts are, the link
+  // between them: their self-checks decide).
   struct GroupTiming {
     std::vector<double> transfer;  // s, per collective
     std::set<std::string> hosts;
   };
-  std::map<std::string, GroupTiming> timing;
+  auto kind_of = [](const std::string& grp) { return grp.substr(0, grp.find('.')); };
+  using SizeClass = std::pair<std::string, int64_t>;  // kind, smallest size of the class
+  std::map<SizeClass, std::map<std::string, GroupTiming>> timing;  // -> group -> its collectives
   {
     struct Span {
       int64_t arrive = std::numeric_limits<int64_t>::min();
       int64_t done = std::numeric_limits<int64_t>::min();
+      int64_t bytes = 0;
       int members = 0;
     };
     std::map<std::pair<std::string, int64_t>, Span> spans;
+    std::map<std::string, std::set<int64_t>> sizes;  // kind -> sizes seen
     for (const auto& [rank, ops] : ops_of) {
       for (const Op& op : ops) {
         if (op.p2p || op.completed <= 0) continue;
         Span& sp = spans[{op.grp, op.seq}];
         sp.arrive = std::max(sp.arrive, op.enqueued - meta[rank].offset);
         sp.done = std::max(sp.done, op.completed - meta[rank].offset);
+        sp.bytes = std::max(sp.bytes, op.bytes);
         ++sp.members;
-        timing[op.grp].hosts.insert(meta[rank].node);
+      }
+    }
+    for (const auto& [key, sp] : spans) sizes[kind_of(key.first)].insert(sp.bytes);
+    std::map<SizeClass, int64_t> class_of;  // (kind, size) -> smallest size of its class
+    for (const auto& [kind, of_kind] : sizes) {
+      int64_t smallest = -1;
+      for (int64_t b : of_kind) {
+        if (smallest < 0 || b > 2 * smallest) smallest = b;
+        class_of[{kind, b}] = smallest;
+      }
+    }
+    for (const auto& [rank, ops] : ops_of) {
+      for (const Op& op : ops) {
+        if (op.p2p || op.completed <= 0) continue;
+        const std::string kind = kind_of(op.grp);
+        const int64_t bytes = spans[{op.grp, op.seq}].bytes;
+        timing[{kind, class_of[{kind, bytes}]}][op.grp].hosts.insert(meta[rank].node);
       }
     }
     for (const auto& [key, sp] : spans) {
+      const std::string kind = kind_of(key.first);
       if (sp.members >= 2)
-        timing[key.first].transfer.push_back(
+        timing[{kind, class_of[{kind, sp.bytes}]}][key.first].transfer.push_back(
             static_cast<double>(std::max<int64_t>(0, sp.done - sp.arrive)) / 1e9);
     }
   }
-  std::map<std::string, double> fastest;  // group kind -> fastest median of a cross-host group
-  std::map<std::string, int> groups_of_kind;
-  auto kind_of = [](const std::string& grp) { return grp.substr(0, grp.find('.')); };
-  for (const auto& [grp, t] : timing) {
-    if (t.hosts.size() < 2 || t.transfer.empty()) continue;  // crosses no link
-    const std::string k = kind_of(grp);
-    const double med = Median(t.transfer);
-    fastest[k] = groups_of_kind[k]++ == 0 ? med : std::min(fastest[k], med);
-  }
   struct SlowGroup {
     std::string name;
-    const GroupTiming* timing;
-    double ratio, cost;
+    const GroupTiming* timing = nullptr;
+    double ratio = 0, cost = 0;  // the largest ratio over its classes; the cost summed
   };
-  std::vector<SlowGroup> slower;
-  std::vector<const GroupTiming*> fast;  // cross-host groups that are not slow
-  for (const auto& [grp, t] : timing) {
-    const std::string k = kind_of(grp);
-    if (t.hosts.size() < 2 || t.transfer.empty() || groups_of_kind[k] < 2) continue;
-    const double med = Median(t.transfer);
-    const double cost = (med - fastest[k]) * static_cast<double>(t.transfer.size()) /
-                        static_cast<double>(rep.steps);
-    if (med < o.link_ratio * fastest[k]) {
-      fast.push_back(&t);
-    } else if (cost >= o.min_cost_s) {  // below: slower, but by too little to tell from jitter
-      slower.push_back({grp, &t, med / std::max(fastest[k], 1e-9), cost});
+  std::map<std::string, SlowGroup> slow_by_group;
+  // Cross-host groups that are not slow in a class where another group is. (Where no group of a
+  // class is slow, the link does not slow collectives of that size: it tells nothing.)
+  std::vector<const GroupTiming*> fast;
+  for (const auto& [size_class, groups] : timing) {
+    double fastest = std::numeric_limits<double>::max();
+    int crossing = 0;
+    for (const auto& [grp, t] : groups) {
+      if (t.hosts.size() < 2 || t.transfer.empty()) continue;  // crosses no link
+      fastest = std::min(fastest, Median(t.transfer));
+      ++crossing;
     }
+    if (crossing < 2) continue;
+    std::vector<const GroupTiming*> fast_here;
+    bool any_slow = false;
+    for (const auto& [grp, t] : groups) {
+      if (t.hosts.size() < 2 || t.transfer.empty()) continue;
+      const double med = Median(t.transfer);
+      const double cost =
+          (med - fastest) * static_cast<double>(t.transfer.size()) / static_cast<double>(rep.steps);
+      if (med < o.link_ratio * fastest) {
+        fast_here.push_back(&t);
+      } else if (cost >= o.min_cost_s) {  // below: slower, but by too little to tell from jitter
+        any_slow = true;
+        SlowGroup& g = slow_by_group[grp];
+        g.name = grp;
+        g.timing = &t;
+        g.ratio = std::max(g.ratio, med / std::max(fastest, 1e-9));
+        g.cost += cost;
+      }
+    }
+    if (any_slow) fast.insert(fast.end(), fast_here.begin(), fast_here.end());
   }
+  std::vector<SlowGroup> slower;
+  slower.reserve(slow_by_group.size());
+  for (const auto& [grp, g] : slow_by_group) slower.push_back(g);
   // The suspects are the hosts common to the slow groups, the costliest first. A cheap slow group
   // over none of them (a healthy transfer of a millisecond stretched by a preempted rank on a busy
   // machine) is jitter beside them, not a second slow link that would empty the set.

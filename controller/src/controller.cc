@@ -639,7 +639,16 @@ struct Controller::Impl {
       Status st;
       if (HasOwnHost(in.node)) {
         const launch::Host& host = *sup.HostOf(in.node);
+        // The ranks (local processes in their hosts' namespaces) are stopped while tc and nft
+        // run: a fault due after step N lands there, not however many steps later the tools are
+        // done on a busy machine (a 12-step job once finished before they were: CI of 58dd74b).
+        std::vector<int> stopped;
+        for (int r = 0; r < opt.world; ++r) {
+          if (sup.SignalRank(r, SIGSTOP)) stopped.push_back(r);
+        }
         st = ApplyLinkFault(host, in.link, in.rate_mbps, in.loss_pct);
+        for (int r : stopped) sup.SignalRank(r, SIGCONT);
+        last_progress = Clock::now();  // no step could advance while they were stopped
         if (st.ok()) {
           net_faults[in.node] = in.seconds > 0
                                     ? Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -816,19 +825,28 @@ struct Controller::Impl {
     }
     if (opt.straggler_every > 0 && attempt_stepped &&
         last_step_done - straggler_from >= opt.straggler_every) {
-      const int64_t first = straggler_from, last = last_step_done - 1;  // steps are 0-based
-      straggler_from = last_step_done;
+      // Windows of straggler_every steps (0-based), each read once every rank's end of it is
+      // stored; a window still incomplete when the job is a whole window past it is read as it
+      // is (a rank's agent may be gone; the hang and crash paths see to that).
+      const int64_t first = straggler_from, last = first + opt.straggler_every - 1;
+      const bool anyway = last_step_done - 1 >= last + opt.straggler_every;
       analyzer::SlowOptions so;
       so.compute_ratio = opt.straggler_ratio;
       so.min_cost_s = opt.straggler_min_cost_s;
       so.min_peers = 2;  // with one peer, shared-machine noise alone can make either look slow
-      auto found = stragglers.Analyze(layout.dir(), attempt, first, last, so);
+      auto found = stragglers.Analyze(layout.dir(), attempt, first, last, opt.world, anyway, so);
+      const std::string steps =
+          "straggler analysis of steps " + std::to_string(first) + ".." + std::to_string(last);
+      if (found.ok() && !*found) return true;  // not stored yet: the next poll looks again
+      straggler_from = last + 1;
       if (!found.ok()) {
-        Log("straggler analysis of steps " + std::to_string(first) + ".." + std::to_string(last) +
-            ": " + found.status().ToString());
+        Log(steps + ": " + found.status().ToString());
         return true;
       }
-      for (const StragglerWatch::Finding& f : *found) {
+      if ((*found)->empty())
+        Log(steps + ": no straggler" +
+            (anyway ? " (read before every rank's steps were stored)" : ""));
+      for (const StragglerWatch::Finding& f : **found) {
         if (!Act("straggler", f.verdict, f.repeats)) return false;
         if (f.verdict.cause != "stage_imbalance" && !attempt_stepped) break;  // restarted
       }

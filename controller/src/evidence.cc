@@ -67,7 +67,7 @@ std::map<std::string, double> ErrorCounters(const std::string& page) {
   return out;
 }
 
-OnlineDetector::OnlineDetector(detector::DetectorConfig config)
+OnlineDetector::OnlineDetector(const detector::DetectorConfig& config)
     : det_(config), stream_(&det_, config.tick_s, 2 * config.tick_s) {}
 
 std::vector<Verdict> OnlineDetector::Add(const MetricsRound& round) {
@@ -84,13 +84,17 @@ std::vector<Verdict> OnlineDetector::Add(const MetricsRound& round) {
   return stream_.TakeVerdicts();
 }
 
-Result<std::vector<StragglerWatch::Finding>> StragglerWatch::Analyze(
-    const std::string& run_dir, int attempt, int64_t first, int64_t last,
+Result<std::optional<std::vector<StragglerWatch::Finding>>> StragglerWatch::Analyze(
+    const std::string& run_dir, int attempt, int64_t first, int64_t last, int world, bool anyway,
     analyzer::SlowOptions options) {
   options.attempt = attempt;
   options.first_step = first;
   options.last_step = last;
   ASSIGN_OR_RETURN(auto db, analyzer::RunDatabase::Open(run_dir));
+  if (!anyway) {
+    ASSIGN_OR_RETURN(const int stored, analyzer::RanksStoredThrough(*db, attempt, last));
+    if (stored < world) return std::optional<std::vector<Finding>>();
+  }
   ASSIGN_OR_RETURN(analyzer::SlowReport rep, analyzer::AnalyzeSlow(*db, options));
   std::map<std::string, int> streak;
   std::vector<Finding> out;
@@ -104,7 +108,7 @@ Result<std::vector<StragglerWatch::Finding>> StragglerWatch::Analyze(
     out.push_back({std::move(v), repeats});
   }
   streak_ = std::move(streak);  // a window that does not name it breaks the streak
-  return out;
+  return std::optional(std::move(out));
 }
 
 }  // namespace megascope::controller

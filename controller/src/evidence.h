@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,7 +31,7 @@ std::map<std::string, double> ErrorCounters(const std::string& page);
 
 class OnlineDetector {
  public:
-  explicit OnlineDetector(detector::DetectorConfig config);
+  explicit OnlineDetector(const detector::DetectorConfig& config);
   // Feeds one round; returns the verdicts it completed (data time: the samples' wall time).
   std::vector<Verdict> Add(const MetricsRound& round);
   const detector::Detector& detector() const { return det_; }
@@ -46,9 +47,12 @@ class StragglerWatch {
     Verdict verdict;
     int repeats = 1;  // analyses in a row (this one included) that named the same cause and nodes
   };
-  // Straggler analysis over steps [first, last] of `attempt`.
-  Result<std::vector<Finding>> Analyze(const std::string& run_dir, int attempt, int64_t first,
-                                       int64_t last, analyzer::SlowOptions options);
+  // Straggler analysis over steps [first, last] of `attempt`, once the spans of all `world` ranks
+  // through `last` are in the trace databases: nullopt while some are not (their agents are still
+  // storing them), unless `anyway` (a rank that stays behind: its agent may be gone).
+  Result<std::optional<std::vector<Finding>>> Analyze(const std::string& run_dir, int attempt,
+                                                      int64_t first, int64_t last, int world,
+                                                      bool anyway, analyzer::SlowOptions options);
   void Reset() { streak_.clear(); }
 
  private:

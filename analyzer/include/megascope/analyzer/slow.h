@@ -37,6 +37,10 @@ struct SlowReport {
 };
 
 Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& options = {});
+// How many ranks of `attempt` (-1: of any) have spans of step `step` or a later one in the trace.
+// The agents store what their ranks record a moment later, each at its own pace: a window of steps
+// read before every rank's end of it is stored misses the newest steps of some ranks.
+Result<int> RanksStoredThrough(RunDatabase& db, int attempt, int64_t step);
 std::string FormatSlowReport(const SlowReport& report);
 
 }  // namespace megascope::analyzer
