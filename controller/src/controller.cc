@@ -641,7 +641,7 @@ struct Controller::Impl {
         const launch::Host& host = *sup.HostOf(in.node);
         // The ranks (local processes in their hosts' namespaces) are stopped while tc and nft
         // run: a fault due after step N lands there, not however many steps later the tools are
-        // done on a busy machine (a 12-step job once finished before they were: CI of 58dd74b).
+        // done on a busy machine (CI saw a 12-step job finish before they were).
         std::vector<int> stopped;
         for (int r = 0; r < opt.world; ++r) {
           if (sup.SignalRank(r, SIGSTOP)) stopped.push_back(r);
