@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-10}
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(fuzz_dump fuzz_pytorch fuzz_pickle fuzz_metrics_csv fuzz_prometheus fuzz_run_json)
+((${#targets[@]})) || targets=(fuzz_dump fuzz_dump_stream fuzz_pytorch fuzz_pickle fuzz_metrics_csv fuzz_prometheus fuzz_run_json)
 
 if ! command -v clang++ >/dev/null 2>&1; then
   echo "[fuzz] clang++ not found (scripts/setup.sh installs it)" >&2

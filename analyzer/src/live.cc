@@ -13,20 +13,22 @@ namespace {
 using tracer::HttpGet;
 using Dumps = std::vector<std::pair<std::string, tracer::Dump>>;
 
-// One agent's ranks in one answer: every rank's dump, one a line, read as it arrives.
+// One agent's ranks in one answer: every rank's dump in the binary dump stream, read as it arrives.
 Result<Dumps> AllFromAgent(const std::string& url, int attempt, const std::string& token) {
-  std::string src = url + "/dumps";
-  if (attempt >= 0) src += "?attempt=" + std::to_string(attempt);
+  std::string src = url + "/dumps?form=binary";
+  if (attempt >= 0) src += "&attempt=" + std::to_string(attempt);
   Dumps dumps;
-  size_t line = 0;
-  RETURN_IF_ERROR(tracer::HttpGetLines(src, 60000, token, [&](std::string_view text) -> Status {
-    ++line;
-    if (text.find_first_not_of(" \t\r") == std::string_view::npos) return Status::Ok();
-    const std::string where = src + " line " + std::to_string(line);
-    ASSIGN_OR_RETURN(tracer::Dump d, tracer::ParseDump(text, where));
-    dumps.emplace_back(where, std::move(d));
+  tracer::DumpStreamReader reader(src);
+  const auto on_dump = [&](tracer::Dump d) -> Status {
+    dumps.emplace_back(src + " dump " + std::to_string(reader.dumps()), std::move(d));
     return Status::Ok();
-  }));
+  };
+  std::vector<std::string> headers;
+  if (!token.empty()) headers.push_back("Authorization: Bearer " + token);
+  RETURN_IF_ERROR(tracer::HttpRequest("GET", src, headers, 60000, [&](std::string_view data) {
+                    return reader.Feed(data, on_dump);
+                  }).status());
+  RETURN_IF_ERROR(reader.Finish());
   return dumps;
 }
 

@@ -257,8 +257,31 @@ TEST_F(AgentTest, ServesEveryRanksDumpInOneAnswerOneALine) {
   ASSERT_EQ(first.size(), 2u);
   for (const Dump& d : first) EXPECT_EQ(d.snapshot.info.attempt, 0);
   EXPECT_TRUE(read("/dumps?attempt=7").empty());
-  EXPECT_NE(HttpGet(port, "/dumps?attempt=x").find("use /dumps or /dumps?attempt="),
-            std::string::npos);
+  // The binary stream (what live analysis reads): the same dumps, in the same order.
+  for (const std::string query : {"", "attempt=0", "attempt=7"}) {
+    const std::string path = "/dumps?form=binary" + (query.empty() ? "" : "&" + query);
+    const std::string body = HttpGet(port, path);
+    DumpStreamReader reader(path);
+    std::vector<Dump> binary;
+    ASSERT_TRUE(reader
+                    .Feed(body,
+                          [&](Dump d) {
+                            binary.push_back(std::move(d));
+                            return Status::Ok();
+                          })
+                    .ok());
+    EXPECT_TRUE(reader.Finish().ok()) << path;
+    const std::vector<Dump> json = read(query.empty() ? "/dumps" : "/dumps?" + query);
+    ASSERT_EQ(binary.size(), json.size()) << path;
+    for (size_t i = 0; i < json.size(); ++i) {
+      binary[i].dumped_at_ns = json[i].dumped_at_ns;  // the two answers' own times
+      EXPECT_EQ(DumpToJson(binary[i]), DumpToJson(json[i])) << path;
+    }
+  }
+  for (const char* bad : {"/dumps?attempt=x", "/dumps?form=xml", "/dumps?attempt=1&x=2"})
+    EXPECT_NE(HttpGet(port, bad).find("use /dumps[?attempt=<attempt>][&form=json|binary]"),
+              std::string::npos)
+        << bad;
 }
 
 TEST_F(AgentTest, ExportsTheControllersRestartsAndEvictions) {

@@ -540,29 +540,48 @@ struct Agent::Impl {
         best->reader->Snapshot(), !best->dead && best->reader->WriterAlive(), WallNowNs(), {}, {}});
   }
 
-  // Every rank's dump (of `attempt`, or each rank's latest), one a line, to `sink` as each is
-  // written. The snapshots are taken together under the lock, the JSON outside it: a node's
-  // answer never holds up its drain, and no answer is held whole.
-  void AllDumps(int attempt, const std::function<void(std::string_view)>& sink) {
-    std::vector<Dump> dumps;
+  // Every rank's dump (of `attempt`, or each rank's latest) to `sink` as each is written: JSON, one
+  // a line, or the binary dump stream (its header first). Each rank's snapshot is taken under the
+  // lock and written outside it: a node's answer never holds up its drain, no answer is held whole,
+  // and one rank's snapshot at a time is held (a node of 1,000 ranks would otherwise first-touch
+  // 25 MB of them at every answer).
+  void AllDumps(int attempt, bool binary, const std::function<void(std::string_view)>& sink) {
+    std::vector<std::string> chosen;  // ring names, by rank
     {
       std::lock_guard<std::mutex> lock(mu);
-      std::map<int, const RankState*> chosen;
-      for (const auto& [name, st] : ranks) {
-        if (attempt >= 0 && st.info.attempt != attempt) continue;
-        auto [it, fresh] = chosen.emplace(st.info.rank, &st);
-        if (!fresh && st.info.attempt > it->second->info.attempt) it->second = &st;
+      std::map<int, decltype(ranks)::const_iterator> best;
+      for (auto r = ranks.cbegin(); r != ranks.cend(); ++r) {
+        if (attempt >= 0 && r->second.info.attempt != attempt) continue;
+        auto [it, fresh] = best.emplace(r->second.info.rank, r);
+        if (!fresh && r->second.info.attempt > it->second->second.info.attempt) it->second = r;
       }
-      const int64_t now = WallNowNs();
-      for (const auto& [rank, st] : chosen)
-        dumps.push_back(
-            Dump{st->reader->Snapshot(), !st->dead && st->reader->WriterAlive(), now, {}, {}});
+      chosen.reserve(best.size());
+      for (const auto& [rank, r] : best) chosen.push_back(r->first);
     }
-    std::string line;  // one buffer for every rank's
-    for (const Dump& d : dumps) {
-      line.clear();
-      AppendDumpJson(d, &line, /*one_line=*/true);
-      sink(line);
+    std::string out;  // one buffer for every rank's
+    if (binary) {
+      AppendDumpStreamHeader(&out);
+      sink(out);
+    }
+    const int64_t now = WallNowNs();
+    for (const std::string& ring : chosen) {
+      Dump d;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        auto it = ranks.find(ring);
+        if (it == ranks.end()) continue;  // its ring went away meanwhile
+        d = Dump{it->second.reader->Snapshot(),
+                 !it->second.dead && it->second.reader->WriterAlive(),
+                 now,
+                 {},
+                 {}};
+      }
+      out.clear();
+      if (binary)
+        AppendDumpFrame(d, &out);
+      else
+        AppendDumpJson(d, &out, /*one_line=*/true);
+      sink(out);
     }
   }
 
@@ -644,8 +663,8 @@ class TextHandler : public Handler {
   const char* type_;
 };
 
-// GET /dumps[?attempt=A], streamed in chunks (HTTP/1.1 chunked transfer): a node of 1,000 ranks
-// answers 70 MB, written and sent a rank at a time.
+// GET /dumps[?attempt=A][&form=json|binary], streamed in chunks (HTTP/1.1 chunked transfer): a
+// node of 1,000 ranks answers 70 MB of JSON (17 MB binary), written and sent a rank at a time.
 class DumpsHandler : public Handler {
  public:
   DumpsHandler(Agent* agent, const std::string& token) : Handler(token), agent_(agent) {}
@@ -653,23 +672,34 @@ class DumpsHandler : public Handler {
  private:
   void Serve(mg_connection* conn, const std::string& uri, const std::string& query) override {
     long attempt = -1;
+    bool binary = false;
     bool ok = uri == "/dumps";
-    if (ok && !query.empty()) {
-      char* end = nullptr;
-      ok = query.starts_with("attempt=") && query.size() > 8;
-      if (ok) attempt = std::strtol(query.c_str() + 8, &end, 10);
-      ok = ok && *end == '\0' && attempt >= 0 && attempt <= INT32_MAX;
+    for (size_t at = 0; ok && at < query.size();) {  // attempt=<n>, form=json|binary
+      size_t end = query.find('&', at);
+      if (end == std::string::npos) end = query.size();
+      const std::string p = query.substr(at, end - at);
+      at = end + 1;
+      if (p == "form=binary" || p == "form=json") {
+        binary = p == "form=binary";
+      } else if (p.starts_with("attempt=") && p.size() > 8) {
+        char* tail = nullptr;
+        attempt = std::strtol(p.c_str() + 8, &tail, 10);
+        ok = *tail == '\0' && attempt >= 0 && attempt <= INT32_MAX;
+      } else {
+        ok = false;
+      }
     }
     if (!ok) {
       Reply(conn, 404, "application/json",
-            "{\"error\":\"use /dumps or /dumps?attempt=<attempt>\"}\n");
+            "{\"error\":\"use /dumps[?attempt=<attempt>][&form=json|binary]\"}\n");
       return;
     }
     mg_printf(conn,
-              "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
-              "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
-    agent_->StreamDumps(static_cast<int>(attempt), [conn](std::string_view line) {
-      mg_send_chunk(conn, line.data(), static_cast<unsigned>(line.size()));
+              "HTTP/1.1 200 OK\r\nContent-Type: %s\r\n"
+              "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+              binary ? "application/octet-stream" : "application/x-ndjson");
+    agent_->StreamDumps(static_cast<int>(attempt), binary, [conn](std::string_view data) {
+      mg_send_chunk(conn, data.data(), static_cast<unsigned>(data.size()));
     });
     mg_send_chunk(conn, "", 0);
   }
@@ -707,8 +737,9 @@ Result<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& o) {
       [a](const std::string&) { return std::pair<int, std::string>(200, a->StateJson()); },
       "application/json", o.token));
   im->http->addHandler("/state", im->handlers.back().get());
-  // GET /dumps[?attempt=A]: every rank's dump in one answer, one a line, sent as each is written
-  // (what live hang analysis reads: one request a node instead of one a rank).
+  // GET /dumps[?attempt=A][&form=binary]: every rank's dump in one answer, one a JSON line (or the
+  // binary dump stream, what live hang analysis reads), sent as each is written: one request a
+  // node instead of one a rank.
   im->handlers.push_back(std::make_unique<DumpsHandler>(a, o.token));
   im->http->addHandler("/dumps", im->handlers.back().get());
   // GET <prefix><rank>: one rank's dump, from its ring (/dump/) or asked of it with stacks.
@@ -844,8 +875,9 @@ std::string Agent::MetricsText() {
 }
 std::string Agent::StateJson() { return impl_->State(); }
 Result<std::string> Agent::DumpJson(int rank) { return impl_->RankDump(rank); }
-void Agent::StreamDumps(int attempt, const std::function<void(std::string_view)>& sink) {
-  impl_->AllDumps(attempt, sink);
+void Agent::StreamDumps(int attempt, bool binary,
+                        const std::function<void(std::string_view)>& sink) {
+  impl_->AllDumps(attempt, binary, sink);
 }
 Result<std::string> Agent::StacksJson(int rank, std::chrono::milliseconds wait) {
   return impl_->RankStacks(rank, wait);

@@ -64,6 +64,57 @@ std::optional<Dump> ParseDumpFast(std::string_view text);
 Result<Dump> ParseDumpReference(std::string_view text, const std::string& source);
 Result<Dump> ReadDumpFile(const std::string& path);
 
+// The binary form of a stream of dumps (an agent's GET /dumps?form=binary, what live hang analysis
+// reads): what the JSON form carries, in fixed-width little-endian fields, a few times cheaper to
+// write and read than JSON at 100,000 ranks. The stream starts with kDumpStreamMagic, its version
+// (u32) and the writer's spelling of each code of its enums (op, state, dtype, phase: a count, then
+// length-prefixed FORMATS.md names), so that a reader maps codes by name and keeps a value it does
+// not know as the JSON reader does (Dump::unknown_values). Then one frame a rank: its length
+// (u32), alive (u8), dumped_at_ns, job and node (length-prefixed), rank, world_size, local_rank,
+// attempt, pid, dp, pp, tp (i32), clock_offset_ns; the heartbeat's step, phase (u8) and
+// updated_at_ns; the groups (a count; each its name, kind and runs of ranks: first, stride, count);
+// the entries (a count; each group index, seq, op, peer, bytes, dtype, state, enqueued, started,
+// completed, bytes_sent, bytes_received).
+inline constexpr std::string_view kDumpStreamMagic = "MSDUMPS\n";
+inline constexpr uint32_t kDumpStreamVersion = 1;
+void AppendDumpStreamHeader(std::string* out);
+void AppendDumpFrame(const Dump& dump, std::string* out);
+
+// Reads a dump stream as it arrives, in pieces of any size. Errors name `source` and the dump.
+class DumpStreamReader {
+ public:
+  explicit DumpStreamReader(std::string source);
+  // Hands each dump completed by `data` to `on_dump`; an error from it stops the reading.
+  Status Feed(std::string_view data, const std::function<Status(Dump)>& on_dump);
+  // Whether the stream ended where a dump ends.
+  Status Finish() const;
+  size_t dumps() const { return frames_; }
+
+ private:
+  static constexpr uint32_t kMaxFrame = 1u << 30;
+  struct Code {
+    uint8_t mine;  // this build's code for the writer's name; 255: a name it does not know
+    std::string name;
+  };
+  Status ParseHeader();
+  template <typename T>
+  bool ReadHeader(T* v);
+  template <typename E>
+  Status ReadTable(std::string_view what, std::optional<E> (*parse)(std::string_view),
+                   std::vector<Code>* table);
+  Result<Dump> ParseFrame(std::string_view frame);
+  template <typename E>
+  static E Decode(const std::vector<Code>& table, uint8_t code, const char* field, int64_t entry,
+                  Dump* d);
+
+  std::string source_;
+  std::string buffer_;
+  size_t header_at_ = 0;
+  bool header_done_ = false;
+  size_t frames_ = 0;
+  std::vector<Code> ops_, states_, dtypes_, phases_;
+};
+
 // Calls `on_signal` from its own thread each time the process receives `signo` (default
 // SIGUSR1). The signal handler only writes a byte to a pipe. One instance per process.
 class SignalDumper {

@@ -54,9 +54,10 @@ class Agent {
   std::string MetricsText();
   std::string StateJson();
   Result<std::string> DumpJson(int rank);
-  // Every rank's dump (GET /dumps[?attempt=A]), one line each, handed to `sink` as each is
-  // written; each rank's latest attempt when `attempt` < 0.
-  void StreamDumps(int attempt, const std::function<void(std::string_view line)>& sink);
+  // Every rank's dump (GET /dumps[?attempt=A][&form=binary]), one JSON line each or the binary
+  // dump stream (dump.h), handed to `sink` as each is written; each rank's latest attempt when
+  // `attempt` < 0.
+  void StreamDumps(int attempt, bool binary, const std::function<void(std::string_view)>& sink);
   // Asks a live rank for its own dump with every thread's stack (SIGUSR1; GET /stacks/<rank>) and
   // returns it once written, within `wait`. Errors: the rank is not here, is gone, or did not
   // answer in time (then /dump/<rank>, from its ring, still says what it was doing).
