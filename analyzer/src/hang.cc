@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -19,6 +20,14 @@
 
 namespace megascope::analyzer {
 namespace {
+
+// a - b, saturated: the times of a dump are whatever its writer put there (a fuzzer found an
+// overflow in the time an op had waited).
+int64_t Minus(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (!__builtin_sub_overflow(a, b, &r)) return r;
+  return b < 0 ? std::numeric_limits<int64_t>::max() : std::numeric_limits<int64_t>::min();
+}
 
 namespace fs = std::filesystem;
 using tracer::FlightEntry;
@@ -330,7 +339,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
               });
   int64_t now = 0;
   for (const Rank& R : ranks) {
-    if (R.present) now = std::max(now, R.dump->dumped_at_ns - R.offset);
+    if (R.present) now = std::max(now, Minus(R.dump->dumped_at_ns, R.offset));
   }
 
   std::vector<Wait> waits;
@@ -364,14 +373,14 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
   for (Rank& R : ranks) {
     if (!R.present || R.blocking == nullptr) continue;
     const FlightEntry& b = *R.blocking;
-    const int64_t start = (b.started_at_ns ? b.started_at_ns : b.enqueued_at_ns) - R.offset;
+    const int64_t start = Minus(b.started_at_ns ? b.started_at_ns : b.enqueued_at_ns, R.offset);
     const int64_t end = b.state == OpState::kFailed && b.completed_at_ns
-                            ? b.completed_at_ns - R.offset
-                            : R.dump->dumped_at_ns - R.offset;
+                            ? Minus(b.completed_at_ns, R.offset)
+                            : Minus(R.dump->dumped_at_ns, R.offset);
     // An op without times (rebuilt from a PyTorch dump's pg_status counters) has waited at least
     // as long as the dump says it hung; it sets no onset.
     const bool timed = b.started_at_ns != 0 || b.enqueued_at_ns != 0;
-    const double waited = timed ? static_cast<double>(end - start) / 1e9 : opt.min_wait_s;
+    const double waited = timed ? static_cast<double>(Minus(end, start)) / 1e9 : opt.min_wait_s;
     failed_seen |= b.state == OpState::kFailed;
     // Still working: open for less than the wait that makes a hang, or less than the op's own
     // timeout when that is shorter (a job with a 1-s collective timeout hangs after 1 s).
@@ -606,7 +615,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
   int64_t freshest = 0;
   for (const Rank& R : ranks) {
     if (R.present)
-      freshest = std::max(freshest, R.dump->snapshot.heartbeat.updated_at_ns - R.offset);
+      freshest = std::max(freshest, Minus(R.dump->snapshot.heartbeat.updated_at_ns, R.offset));
   }
   // Follow the edges from every waiting rank to the ranks that wait on nobody.
   std::set<int> sinks;
@@ -640,14 +649,15 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     } else if (!R.alive) {
       cause = "rank_dead";
       why[r] = "its process is gone";
-    } else if (freshest - (R.dump->snapshot.heartbeat.updated_at_ns - R.offset) >
+    } else if (Minus(freshest, Minus(R.dump->snapshot.heartbeat.updated_at_ns, R.offset)) >
                static_cast<int64_t>(opt.stale_heartbeat_s * 1e9)) {
       cause = "rank_dead";
-      why[r] = "its heartbeat is " +
-               Fmt("%.0f", static_cast<double>(
-                               freshest - (R.dump->snapshot.heartbeat.updated_at_ns - R.offset)) /
-                               1e9) +
-               " s older than its peers'";
+      why[r] =
+          "its heartbeat is " +
+          Fmt("%.0f", static_cast<double>(Minus(
+                          freshest, Minus(R.dump->snapshot.heartbeat.updated_at_ns, R.offset))) /
+                          1e9) +
+          " s older than its peers'";
     }
     // Alive, and not stuck in compute: moving a transfer whose other side is posted, on another
     // host, just not for long enough to count as a wait. Its data crawls over the link (a lossy

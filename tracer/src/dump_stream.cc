@@ -38,6 +38,37 @@ void PutTable(std::string* out, const E (&values)[N]) {
   for (E v : values) PutString(out, Name(v));
 }
 
+// What the JSON form can carry: a name that is not UTF-8 could not be written back as JSON.
+bool ValidUtf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t n = 0;
+    uint32_t cp = 0;
+    if (c >= 0xc2 && c <= 0xdf) {
+      n = 1, cp = c & 0x1fu;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      n = 2, cp = c & 0x0fu;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      n = 3, cp = c & 0x07u;
+    } else {
+      return false;
+    }
+    if (s.size() - i - 1 < n) return false;
+    for (size_t k = 1; k <= n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3fu);
+    }
+    if ((n == 2 && cp < 0x800) || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
 // Bounds-checked reading of one frame; every error says what was being read.
 class In {
  public:
@@ -236,6 +267,8 @@ Result<Dump> DumpStreamReader::ParseFrame(std::string_view frame) {
   if (!in.Get(&alive) || !in.Get(&d.dumped_at_ns)) return cut("its header");
   d.alive = alive != 0;
   if (!in.GetString(&info.job) || !in.GetString(&info.node)) return cut("job and node");
+  if (!ValidUtf8(info.job) || !ValidUtf8(info.node))
+    return InvalidArgument(where + ": its job or node name is not UTF-8");
   for (int32_t* v : {&info.rank, &info.world_size, &info.local_rank, &info.attempt, &info.pid,
                      &info.coords.dp, &info.coords.pp, &info.coords.tp}) {
     if (!in.Get(v)) return cut("the rank's identity");
@@ -259,6 +292,8 @@ Result<Dump> DumpStreamReader::ParseFrame(std::string_view frame) {
     uint32_t runs = 0;
     if (!in.GetString(&g.name) || !in.GetString(&g.kind) || !in.Get(&runs) || runs > in.Left() / 12)
       return cut("the groups");
+    if (!ValidUtf8(g.name) || !ValidUtf8(g.kind))
+      return InvalidArgument(where + ": groups[" + std::to_string(i) + "]: a name is not UTF-8");
     for (uint32_t k = 0; k < runs; ++k) {
       RankList::Run r;
       if (!in.Get(&r.first) || !in.Get(&r.stride) || !in.Get(&r.count)) return cut("the groups");
