@@ -23,11 +23,8 @@ Result<Dumps> AllFromAgent(const std::string& url, int attempt, const std::strin
     dumps.emplace_back(src + " dump " + std::to_string(reader.dumps()), std::move(d));
     return Status::Ok();
   };
-  std::vector<std::string> headers;
-  if (!token.empty()) headers.push_back("Authorization: Bearer " + token);
-  RETURN_IF_ERROR(tracer::HttpRequest("GET", src, headers, 60000, [&](std::string_view data) {
-                    return reader.Feed(data, on_dump);
-                  }).status());
+  RETURN_IF_ERROR(tracer::HttpGetStream(
+      src, 60000, token, [&](std::string_view data) { return reader.Feed(data, on_dump); }));
   RETURN_IF_ERROR(reader.Finish());
   return dumps;
 }

@@ -278,7 +278,8 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
       int members = 0;
     };
     std::map<std::pair<std::string, int64_t>, Span> spans;
-    std::map<std::string, std::set<int64_t>> sizes;  // kind -> sizes seen
+    std::map<std::string, std::set<int64_t>> sizes;      // kind -> sizes seen
+    std::map<std::string, std::set<std::string>> hosts;  // group -> its members' hosts
     for (const auto& [rank, ops] : ops_of) {
       for (const Op& op : ops) {
         if (op.p2p || op.completed <= 0) continue;
@@ -287,6 +288,7 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
         sp.done = std::max(sp.done, op.completed - meta[rank].offset);
         sp.bytes = std::max(sp.bytes, op.bytes);
         ++sp.members;
+        hosts[op.grp].insert(meta[rank].node);
       }
     }
     for (const auto& [key, sp] : spans) sizes[kind_of(key.first)].insert(sp.bytes);
@@ -298,19 +300,12 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
         class_of[{kind, b}] = smallest;
       }
     }
-    for (const auto& [rank, ops] : ops_of) {
-      for (const Op& op : ops) {
-        if (op.p2p || op.completed <= 0) continue;
-        const std::string kind = kind_of(op.grp);
-        const int64_t bytes = spans[{op.grp, op.seq}].bytes;
-        timing[{kind, class_of[{kind, bytes}]}][op.grp].hosts.insert(meta[rank].node);
-      }
-    }
     for (const auto& [key, sp] : spans) {
       const std::string kind = kind_of(key.first);
+      GroupTiming& t = timing[{kind, class_of[{kind, sp.bytes}]}][key.first];
+      if (t.hosts.empty()) t.hosts = hosts[key.first];  // the same in every class
       if (sp.members >= 2)
-        timing[{kind, class_of[{kind, sp.bytes}]}][key.first].transfer.push_back(
-            static_cast<double>(std::max<int64_t>(0, sp.done - sp.arrive)) / 1e9);
+        t.transfer.push_back(static_cast<double>(std::max<int64_t>(0, sp.done - sp.arrive)) / 1e9);
     }
   }
   struct SlowGroup {

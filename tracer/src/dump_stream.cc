@@ -95,6 +95,22 @@ class In {
   size_t at_ = 0;
 };
 
+// The header's enum table: each code's spelling mapped to this build's code (255: not known).
+// False while the buffer does not hold all of it.
+template <typename E>
+bool ReadTable(In& in, std::optional<E> (*parse)(std::string_view),
+               std::vector<DumpStreamReader::Code>* table) {
+  uint8_t n = 0;
+  if (!in.Get(&n)) return false;
+  for (uint8_t i = 0; i < n; ++i) {
+    std::string name;
+    if (!in.GetString(&name)) return false;
+    const auto e = parse(name);
+    table->push_back({e ? static_cast<uint8_t>(*e) : static_cast<uint8_t>(255), std::move(name)});
+  }
+  return true;
+}
+
 }  // namespace
 
 void AppendDumpStreamHeader(std::string* out) {
@@ -161,44 +177,18 @@ void AppendDumpFrame(const Dump& d, std::string* out) {
 
 DumpStreamReader::DumpStreamReader(std::string source) : source_(std::move(source)) {}
 
-template <typename E>
-Status DumpStreamReader::ReadTable(std::string_view what,
-                                   std::optional<E> (*parse)(std::string_view),
-                                   std::vector<Code>* table) {
-  uint8_t n = 0;
-  if (!ReadHeader(&n)) return Status(StatusCode::kUnavailable, "");
-  for (uint8_t i = 0; i < n; ++i) {
-    uint32_t len = 0;
-    if (!ReadHeader(&len)) return Status(StatusCode::kUnavailable, "");
-    if (len > 64)
-      return DataLoss(source_ + ": the stream's " + std::string(what) + " names are corrupt");
-    if (buffer_.size() - header_at_ < len) return Status(StatusCode::kUnavailable, "");
-    std::string name = buffer_.substr(header_at_, len);
-    header_at_ += len;
-    const auto e = parse(name);
-    table->push_back({e ? static_cast<uint8_t>(*e) : static_cast<uint8_t>(255), std::move(name)});
+// The header's length once all of it is in the buffer, 0 while it is not.
+Result<size_t> DumpStreamReader::ParseHeader() {
+  In in(buffer_);
+  std::string magic(kDumpStreamMagic.size(), '\0');
+  for (char& c : magic) {
+    if (!in.Get(&c)) return 0;
   }
-  return Status::Ok();
-}
-
-template <typename T>
-bool DumpStreamReader::ReadHeader(T* v) {
-  if (buffer_.size() - header_at_ < sizeof(T)) return false;
-  std::memcpy(v, buffer_.data() + header_at_, sizeof(T));
-  header_at_ += sizeof(T);
-  return true;
-}
-
-// The header, once all of it is in the buffer: kUnavailable while it is not.
-Status DumpStreamReader::ParseHeader() {
-  header_at_ = 0;
-  if (buffer_.size() < kDumpStreamMagic.size()) return Status(StatusCode::kUnavailable, "");
-  if (std::string_view(buffer_).substr(0, kDumpStreamMagic.size()) != kDumpStreamMagic)
+  if (magic != kDumpStreamMagic)
     return InvalidArgument(source_ + ": not a megascope dump stream (no '" +
                            std::string(kDumpStreamMagic.substr(0, 7)) + "' at its start)");
-  header_at_ = kDumpStreamMagic.size();
   uint32_t version = 0;
-  if (!ReadHeader(&version)) return Status(StatusCode::kUnavailable, "");
+  if (!in.Get(&version)) return 0;
   if (version != kDumpStreamVersion) {
     return InvalidArgument(source_ + ": dump stream version " + std::to_string(version) +
                            " is not supported (this build reads version " +
@@ -208,21 +198,20 @@ Status DumpStreamReader::ParseHeader() {
   states_.clear();
   dtypes_.clear();
   phases_.clear();
-  RETURN_IF_ERROR(ReadTable<OpType>("op", &ParseOpType, &ops_));
-  RETURN_IF_ERROR(ReadTable<OpState>("state", &ParseOpState, &states_));
-  RETURN_IF_ERROR(ReadTable<DType>("dtype", &ParseDType, &dtypes_));
-  RETURN_IF_ERROR(ReadTable<Phase>("phase", &ParsePhase, &phases_));
-  return Status::Ok();
+  if (!ReadTable<OpType>(in, &ParseOpType, &ops_) ||
+      !ReadTable<OpState>(in, &ParseOpState, &states_) ||
+      !ReadTable<DType>(in, &ParseDType, &dtypes_) || !ReadTable<Phase>(in, &ParsePhase, &phases_))
+    return 0;
+  return in.At();
 }
 
 Status DumpStreamReader::Feed(std::string_view data, const std::function<Status(Dump)>& on_dump) {
   buffer_.append(data);
   if (!header_done_) {
-    Status st = ParseHeader();
-    if (st.code() == StatusCode::kUnavailable) return Status::Ok();  // not all of it yet
-    RETURN_IF_ERROR(st);
+    ASSIGN_OR_RETURN(const size_t header, ParseHeader());
+    if (header == 0) return Status::Ok();  // not all of it yet
     header_done_ = true;
-    buffer_.erase(0, header_at_);
+    buffer_.erase(0, header);
   }
   size_t at = 0;
   while (buffer_.size() - at >= sizeof(uint32_t)) {

@@ -94,31 +94,11 @@ Result<std::string> HttpGet(const std::string& url, int timeout_ms, const std::s
   return HttpRequest("GET", url, {"Authorization: Bearer " + token}, timeout_ms);
 }
 
-Status HttpGetLines(const std::string& url, int timeout_ms, const std::string& token,
-                    const std::function<Status(std::string_view line)>& on_line) {
-  std::string partial;  // a line not yet complete
-  const BodySink sink = [&](std::string_view data) -> Status {
-    while (!data.empty()) {
-      const size_t nl = data.find('\n');
-      if (nl == std::string_view::npos) {
-        partial.append(data);
-        break;
-      }
-      if (partial.empty()) {
-        RETURN_IF_ERROR(on_line(data.substr(0, nl)));
-      } else {
-        partial.append(data.substr(0, nl));
-        RETURN_IF_ERROR(on_line(partial));
-        partial.clear();
-      }
-      data.remove_prefix(nl + 1);
-    }
-    return Status::Ok();
-  };
+Status HttpGetStream(const std::string& url, int timeout_ms, const std::string& token,
+                     const BodySink& sink) {
   std::vector<std::string> headers;
   if (!token.empty()) headers.push_back("Authorization: Bearer " + token);
-  RETURN_IF_ERROR(HttpRequest("GET", url, headers, timeout_ms, sink).status());
-  return partial.empty() ? Status::Ok() : on_line(partial);
+  return HttpRequest("GET", url, headers, timeout_ms, sink).status();
 }
 
 }  // namespace megascope::tracer

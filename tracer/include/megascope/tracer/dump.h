@@ -90,18 +90,14 @@ class DumpStreamReader {
   Status Finish() const;
   size_t dumps() const { return frames_; }
 
- private:
-  static constexpr uint32_t kMaxFrame = 1u << 30;
-  struct Code {
+  struct Code {    // a code of the writer's enum (the stream's header)
     uint8_t mine;  // this build's code for the writer's name; 255: a name it does not know
     std::string name;
   };
-  Status ParseHeader();
-  template <typename T>
-  bool ReadHeader(T* v);
-  template <typename E>
-  Status ReadTable(std::string_view what, std::optional<E> (*parse)(std::string_view),
-                   std::vector<Code>* table);
+
+ private:
+  static constexpr uint32_t kMaxFrame = 1u << 30;
+  Result<size_t> ParseHeader();  // the header's length; 0 while the buffer does not hold it all
   Result<Dump> ParseFrame(std::string_view frame);
   template <typename E>
   static E Decode(const std::vector<Code>& table, uint8_t code, const char* field, int64_t entry,
@@ -109,7 +105,6 @@ class DumpStreamReader {
 
   std::string source_;
   std::string buffer_;
-  size_t header_at_ = 0;
   bool header_done_ = false;
   size_t frames_ = 0;
   std::vector<Code> ops_, states_, dtypes_, phases_;

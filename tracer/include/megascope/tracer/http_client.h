@@ -26,9 +26,9 @@ Result<std::string> HttpRequest(const std::string& method, const std::string& ur
 // (agents that listen beyond loopback require the run's token).
 Result<std::string> HttpGet(const std::string& url, int timeout_ms = 5000,
                             const std::string& token = "");
-// GET, handing each line of a 200 answer to `on_line` as it arrives (the whole body is never held:
-// an agent's /dumps answer is a dump a line). An error from `on_line` stops it and is returned.
-Status HttpGetLines(const std::string& url, int timeout_ms, const std::string& token,
-                    const std::function<Status(std::string_view line)>& on_line);
+// GET, handing a 200 answer's body to `sink` piece by piece as it arrives (the whole body is
+// never held: an agent's /dumps answer is every rank's dump). An error from `sink` stops it.
+Status HttpGetStream(const std::string& url, int timeout_ms, const std::string& token,
+                     const BodySink& sink);
 
 }  // namespace megascope::tracer
