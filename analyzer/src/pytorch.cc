@@ -142,7 +142,7 @@ OpState StateOf(const json& e, std::string* raw) {
 // (same group, same p2p or collective sequence number) that never had events of their own.
 template <typename Raw>
 void PropagateCoalesced(const json& closing, int group, bool p2p, int64_t seq,
-                        const std::vector<Raw>& raw, std::vector<tracer::FlightEntry>* entries) {
+                        const std::vector<Raw>& raw, tracer::FlightEntries* entries) {
   std::string st;
   OpState state = StateOf(closing, &st);
   if (state == OpState::kUnknown) state = OpState::kEnqueued;
@@ -283,14 +283,15 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
     std::string st;
     f.state = StateOf(e, &st);
     if (f.state == OpState::kUnknown) d.unknown_values.push_back({where, "state", st});
-    f.timeout_ms = IntOf(e.value("timeout_ms", json(0)), 0);
+    f.timeout_ms = static_cast<int32_t>(
+        std::clamp<int64_t>(IntOf(e.value("timeout_ms", json(0)), 0), 0, tracer::kMaxTimeoutMs));
     f.enqueued_at_ns = Ns(e, "time_created_ns");
     f.started_at_ns = Ns(e, "time_discovered_started_ns");
     f.completed_at_ns = Ns(e, "time_discovered_completed_ns");
     latest = std::max({latest, f.enqueued_at_ns, f.started_at_ns, f.completed_at_ns});
     if (f.state != OpState::kCompleted)
       open_timeout_ms =
-          std::max(open_timeout_ms, f.timeout_ms > 0 ? f.timeout_ms : kDefaultTimeoutMs);
+          std::max(open_timeout_ms, f.timeout_ms > 0 ? int64_t{f.timeout_ms} : kDefaultTimeoutMs);
     s.entries.push_back(f);
     raw.push_back({is_p2p, raw_seq});
     // The stack that issued the op the rank is stuck at (its oldest open one): grouped across
