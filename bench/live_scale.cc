@@ -193,22 +193,23 @@ int main(int argc, char** argv) {
   std::vector<double> cpu0;
   cpu0.reserve(children.size());
   for (pid_t c : children) cpu0.push_back(CpuSeconds(c));
-  rusage self0{}, self1{};
+  rusage self0{}, loaded{}, self1{};
   ::getrusage(RUSAGE_SELF, &self0);
   t0 = std::chrono::steady_clock::now();
   auto in = analyzer::LoadFromAgents(urls, 0, "", false);
   const double load_s = Since(t0);
   if (!in.ok()) Die(in.status().ToString());
+  ::getrusage(RUSAGE_SELF, &loaded);
   t0 = std::chrono::steady_clock::now();
   auto verdicts = analyzer::AnalyzeHang(*in);
   const double analyse_s = Since(t0);
   ::getrusage(RUSAGE_SELF, &self1);
   double agents_cpu = 0;
   for (size_t i = 0; i < children.size(); ++i) agents_cpu += CpuSeconds(children[i]) - cpu0[i];
-  auto cpu = [](const rusage& r) {
-    return static_cast<double>(r.ru_utime.tv_sec + r.ru_stime.tv_sec) +
-           static_cast<double>(r.ru_utime.tv_usec + r.ru_stime.tv_usec) / 1e6;
+  auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
   };
+  auto cpu = [&](const rusage& r) { return seconds(r.ru_utime) + seconds(r.ru_stime); };
   const bool right = verdicts.size() == 1 && verdicts[0].root_ranks == std::vector<int32_t>{stuck};
 
   for (pid_t c : children) ::kill(c, SIGKILL);
@@ -218,11 +219,16 @@ int main(int argc, char** argv) {
   std::printf(
       "%6d ranks (dp=%d tp=%d pp=%d) live from %d agents of %d ranks, %d entries a rank: "
       "load %.2f s + analysis %.2f s = %.2f s (target <= 10 s); analyzer CPU %.2f s, agents' CPU "
-      "answering %.2f s; verdict %s %s rank %d: %s  (setup %.0f s)\n",
+      "answering %.2f s; verdict %s %s rank %d: %s  (setup %.0f s)\n"
+      "       analyzer: user %.2f s, system %.2f s; page faults %ld loading, %ld analysing; peak "
+      "RSS "
+      "%.2f GB\n",
       world, dp, tp, pp, nodes, per_node, kHistory, load_s, analyse_s, load_s + analyse_s,
       cpu(self1) - cpu(self0), agents_cpu, verdicts.empty() ? "none" : verdicts[0].kind.c_str(),
       verdicts.empty() ? "" : verdicts[0].cause.c_str(),
       verdicts.empty() || verdicts[0].root_ranks.empty() ? -1 : verdicts[0].root_ranks[0],
-      right ? "right" : "WRONG", setup_s);
+      right ? "right" : "WRONG", setup_s, seconds(self1.ru_utime) - seconds(self0.ru_utime),
+      seconds(self1.ru_stime) - seconds(self0.ru_stime), loaded.ru_minflt - self0.ru_minflt,
+      self1.ru_minflt - loaded.ru_minflt, static_cast<double>(self1.ru_maxrss) / (1 << 20));
   return right ? 0 : 1;
 }
