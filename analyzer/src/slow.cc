@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -9,6 +10,9 @@
 
 #include "format.h"
 #include "megascope/tracer/clock.h"
+#include "megascope/tracer/records.h"
+#include "megascope/tracer/sqlite.h"
+#include "megascope/tracer/trace_schema.h"
 
 namespace megascope::analyzer {
 namespace {
@@ -21,13 +25,67 @@ double Median(std::vector<double> v) {
 
 }  // namespace
 
-Result<int> RanksStoredThrough(RunDatabase& db, int attempt, int64_t step) {
-  int ranks = 0;
-  RETURN_IF_ERROR(
-      db.Scan("SELECT COUNT(DISTINCT rank) FROM spans WHERE step >= " + std::to_string(step) +
-                  (attempt >= 0 ? " AND attempt = " + std::to_string(attempt) : ""),
-              [&](const RunDatabase::Row& r) { ranks = static_cast<int>(r.Int(0)); }));
-  return ranks;
+struct StoredSteps::Node {
+  tracer::sql::Database db;
+  int64_t rowid[2] = {0, 0};  // the last row read of span_rows, of collective_rows
+};
+
+StoredSteps::StoredSteps(std::string run_dir) : run_dir_(std::move(run_dir)) {}
+StoredSteps::~StoredSteps() = default;
+StoredSteps::StoredSteps(StoredSteps&&) noexcept = default;
+StoredSteps& StoredSteps::operator=(StoredSteps&&) noexcept = default;
+
+Status StoredSteps::Refresh() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(run_dir_ + "/nodes", ec)) {
+    const std::string path = e.path().string() + "/trace.db";
+    auto it = nodes_.find(path);
+    if (it == nodes_.end()) {
+      if (!fs::exists(path)) continue;
+      ASSIGN_OR_RETURN(auto db,
+                       tracer::sql::Database::Open(path, tracer::sql::Database::Mode::kReadOnly,
+                                                   "[stored steps]"));
+      ASSIGN_OR_RETURN(const int64_t version, db.QueryInt("PRAGMA user_version"));
+      RETURN_IF_ERROR(tracer::CheckReadableTraceVersion(version, path));
+      ASSIGN_OR_RETURN(const int64_t tables,
+                       db.QueryInt("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND "
+                                   "name IN ('span_rows', 'collective_rows')"));
+      if (tables < 2) continue;  // its agent is creating it: read it next time
+      it = nodes_.emplace(path, std::make_unique<Node>(Node{std::move(db)})).first;
+    }
+    Node& n = *it->second;
+    // What the `spans` view holds: span rows, and collectives that completed.
+    static constexpr const char* kNewRows[2] = {
+        "SELECT attempt, rank, MAX(step), MAX(rowid) FROM span_rows WHERE rowid > ?1 "
+        "GROUP BY attempt, rank",
+        "SELECT attempt, rank, MAX(step), MAX(rowid) FROM collective_rows WHERE rowid > ?1 AND "
+        "state = ?2 AND start_after_ns IS NOT NULL GROUP BY attempt, rank"};
+    for (int t = 0; t < 2; ++t) {
+      ASSIGN_OR_RETURN(auto st, n.db.Prepare(kNewRows[t]));
+      st.Bind(1, n.rowid[t]);
+      if (t == 1) st.Bind(2, static_cast<int>(tracer::OpState::kCompleted));
+      int64_t newest = n.rowid[t];
+      for (;;) {
+        ASSIGN_OR_RETURN(const bool row, st.Step());
+        if (!row) break;
+        const std::pair<int, int> key{static_cast<int>(st.Int(0)), static_cast<int>(st.Int(1))};
+        auto [at, fresh] = last_step_.try_emplace(key, st.Int(2));
+        if (!fresh) at->second = std::max(at->second, st.Int(2));
+        newest = std::max(newest, st.Int(3));
+      }
+      n.rowid[t] = newest;
+    }
+  }
+  return Status::Ok();
+}
+
+int StoredSteps::RanksThrough(int attempt, int64_t step) const {
+  std::set<int> ranks;
+  for (const auto& [key, last] : last_step_) {
+    if ((attempt < 0 || key.first == attempt) && last >= step) ranks.insert(key.second);
+  }
+  return static_cast<int>(ranks.size());
 }
 
 Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {

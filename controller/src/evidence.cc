@@ -90,11 +90,13 @@ Result<std::optional<std::vector<StragglerWatch::Finding>>> StragglerWatch::Anal
   options.attempt = attempt;
   options.first_step = first;
   options.last_step = last;
-  ASSIGN_OR_RETURN(auto db, analyzer::RunDatabase::Open(run_dir));
   if (!anyway) {
-    ASSIGN_OR_RETURN(const int stored, analyzer::RanksStoredThrough(*db, attempt, last));
-    if (stored < world) return std::optional<std::vector<Finding>>();
+    if (!stored_ || stored_->run_dir() != run_dir) stored_.emplace(run_dir);
+    RETURN_IF_ERROR(stored_->Refresh());
+    if (stored_->RanksThrough(attempt, last) < world) return std::optional<std::vector<Finding>>();
   }
+  // Opened once the window is stored: past SQLite's attach limit this copies the run.
+  ASSIGN_OR_RETURN(auto db, analyzer::RunDatabase::Open(run_dir));
   ASSIGN_OR_RETURN(analyzer::SlowReport rep, analyzer::AnalyzeSlow(*db, options));
   std::map<std::string, int> streak;
   std::vector<Finding> out;

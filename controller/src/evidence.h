@@ -49,7 +49,8 @@ class StragglerWatch {
   };
   // Straggler analysis over steps [first, last] of `attempt`, once the spans of all `world` ranks
   // through `last` are in the trace databases: nullopt while some are not (their agents are still
-  // storing them), unless `anyway` (a rank that stays behind: its agent may be gone).
+  // storing them), unless `anyway` (a rank that stays behind: its agent may be gone). While it
+  // waits, each call reads only what was stored since the last (analyzer::StoredSteps).
   Result<std::optional<std::vector<Finding>>> Analyze(const std::string& run_dir, int attempt,
                                                       int64_t first, int64_t last, int world,
                                                       bool anyway, analyzer::SlowOptions options);
@@ -57,6 +58,7 @@ class StragglerWatch {
 
  private:
   std::map<std::string, int> streak_;  // cause|nodes -> analyses in a row
+  std::optional<analyzer::StoredSteps> stored_;
 };
 
 }  // namespace megascope::controller

@@ -190,34 +190,39 @@ TEST(SlowLinkTest, ASlowdownTooSmallToMatterIsNotReported) {
 }
 
 TEST(SlowWindowTest, AWindowIsStoredOnceEveryRanksEndOfItIs) {
-  // Four ranks stored through the last step, and a fifth whose agent has stored only steps 0..10.
+  // Four ranks stored through the last step, and a fifth whose agent stores steps 0..10, then
+  // 11..15 after the watcher has looked once: each look reads what was stored since the last.
   megascope::testing::TempDir dir;
+  StoredSteps stored(dir.path());
+  ASSERT_TRUE(stored.Refresh().ok());  // no nodes yet
+  EXPECT_EQ(stored.RanksThrough(-1, 0), 0);
   WriteRun(dir.path(), [](const std::string&, int, uint64_t) { return 1.0; });
   tracer::RankInfo late;
   late.job = "links";
   late.node = "host4";
   late.rank = 4;
   late.world_size = kRanks + 1;
-  std::vector<tracer::Record> recs;
-  for (int s = 0; s <= 10; ++s) {
-    tracer::Record rec{};
-    rec.span = {tracer::RecordType::kSpan,
-                tracer::SpanKind::kForward,
-                0,
-                -1,
-                s,
-                s * kMs,
-                (s + 1) * kMs,
-                {}};
-    recs.push_back(rec);
-  }
-  WriteRankRecords(dir.path(), late, {"forward"}, {}, recs);
-  auto db = RunDatabase::Open(dir.path());
-  ASSERT_TRUE(db.ok()) << db.status().ToString();
+  auto store_late = [&](int from, int to) {
+    std::vector<tracer::Record> recs;
+    for (int s = from; s <= to; ++s) {
+      tracer::Record rec{};
+      rec.span = {tracer::RecordType::kSpan,
+                  tracer::SpanKind::kForward,
+                  0,
+                  -1,
+                  s,
+                  s * kMs,
+                  (s + 1) * kMs,
+                  {}};
+      recs.push_back(rec);
+    }
+    WriteRankRecords(dir.path(), late, {"forward"}, {}, recs);
+  };
+  store_late(0, 10);
   auto through = [&](int attempt, int64_t step) {
-    auto n = RanksStoredThrough(**db, attempt, step);
-    EXPECT_TRUE(n.ok()) << n.status().ToString();
-    return n.ok() ? *n : -1;
+    const Status st = stored.Refresh();
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return stored.RanksThrough(attempt, step);
   };
   EXPECT_EQ(through(-1, 10), kRanks + 1);
   EXPECT_EQ(through(-1, 11), kRanks);
@@ -225,6 +230,19 @@ TEST(SlowWindowTest, AWindowIsStoredOnceEveryRanksEndOfItIs) {
   EXPECT_EQ(through(-1, kSteps), 0);
   EXPECT_EQ(through(0, 10), kRanks + 1);  // every rank here is of attempt 0
   EXPECT_EQ(through(1, 0), 0);
+  store_late(11, 15);
+  EXPECT_EQ(through(-1, 15), kRanks + 1);
+  EXPECT_EQ(through(-1, 16), kRanks);
+  // The same answers as a reader of the whole run (the `spans` view: spans and completed
+  // collectives) gives.
+  auto db = RunDatabase::Open(dir.path());
+  ASSERT_TRUE(db.ok()) << db.status().ToString();
+  for (int64_t step : {0, 10, 15, 16, kSteps - 1, kSteps}) {
+    auto t = (*db)->Query("SELECT COUNT(DISTINCT rank) FROM spans WHERE step >= " +
+                          std::to_string(step));
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_EQ(std::to_string(stored.RanksThrough(-1, step)), t->rows.at(0).at(0)) << step;
+  }
 }
 
 }  // namespace

@@ -9,6 +9,9 @@
 #pragma once
 
 #include <limits>
+#include <map>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "megascope/analyzer/query.h"
@@ -37,10 +40,33 @@ struct SlowReport {
 };
 
 Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& options = {});
-// How many ranks of `attempt` (-1: of any) have spans of step `step` or a later one in the trace.
-// The agents store what their ranks record a moment later, each at its own pace: a window of steps
-// read before every rank's end of it is stored misses the newest steps of some ranks.
-Result<int> RanksStoredThrough(RunDatabase& db, int attempt, int64_t step);
+// How far each rank's spans are stored in a run's trace databases (RUN/nodes/*/trace.db), for a
+// watcher that waits until a window of steps is stored before reading it: the agents store what
+// their ranks record a moment later, each at its own pace, and a window read before every rank's
+// end of it is stored misses the newest steps of some ranks. Each Refresh reads only the span rows
+// stored since the last one (by rowid), one node's database at a time over a connection kept
+// open, so polling costs what was stored since, not a copy of the run (as RunDatabase::Open makes
+// once a run has more nodes than SQLite attaches at once).
+class StoredSteps {
+ public:
+  explicit StoredSteps(std::string run_dir);
+  ~StoredSteps();
+  StoredSteps(StoredSteps&&) noexcept;
+  StoredSteps& operator=(StoredSteps&&) noexcept;
+  // Reads what was stored since the last call; a node whose database cannot be read is an error
+  // naming it (what was read before is kept).
+  Status Refresh();
+  // Ranks of `attempt` (-1: of any) with spans of step `step` or a later one, as of the last
+  // Refresh.
+  int RanksThrough(int attempt, int64_t step) const;
+  const std::string& run_dir() const { return run_dir_; }
+
+ private:
+  struct Node;
+  std::string run_dir_;
+  std::map<std::string, std::unique_ptr<Node>> nodes_;  // by trace.db path
+  std::map<std::pair<int, int>, int64_t> last_step_;    // (attempt, rank) -> newest stored step
+};
 std::string FormatSlowReport(const SlowReport& report);
 
 }  // namespace megascope::analyzer
