@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The sanitizer presets over a fixed subset of the unit tests, small enough for CI's budget:
 #   asan (AddressSanitizer + UBSan): the readers of foreign input and the analyses over them
-#     (pickle, PyTorch and megascope dumps, hang and slowdown analysis, the detector and its
-#     CSV/Prometheus readers) and the ring;
+#     (pickle, PyTorch and megascope dumps, the binary dump stream and the arena its entries live
+#     in, hang and slowdown analysis, the detector and its CSV/Prometheus readers) and the ring;
 #   tsan (ThreadSanitizer): the ring's lock-free claim/publish path and the tracer's threads
 #     (TSan does not model the seqlock's standalone fences: -Wno-tsan in the preset says so).
 # Tests that start the megascope binary (training, agents) stay out: under a sanitizer they would
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 presets=("$@")
 ((${#presets[@]})) || presets=(asan tsan)
 declare -A targets=(
-  [asan]="analyzer_pickle_test analyzer_slow_blame_test tracer_dump_test tracer_rank_list_test tracer_stacks_test tracer_ring_test detector_test detector_samples_test detector_scenario_test"
+  [asan]="analyzer_pickle_test analyzer_slow_blame_test tracer_dump_test tracer_dump_stream_test tracer_arena_test tracer_rank_list_test tracer_stacks_test tracer_ring_test detector_test detector_samples_test detector_scenario_test"
   [tsan]="tracer_ring_test tracer_tracer_test"
 )
 for p in "${presets[@]}"; do

@@ -97,7 +97,7 @@ TEST(DumpStreamTest, EveryDumpReadsBackAsTheJsonFormReadsIt) {
   EXPECT_EQ((*got)[0].snapshot.info.local_rank, 5);
   EXPECT_FALSE((*got)[1].alive);
   // Every dump's entries in the reader's one arena, alive after the reader is gone (read above).
-  const auto& arena = (*got)[0].snapshot.entries.get_allocator().arena();
+  const std::shared_ptr<Arena> arena = (*got)[0].snapshot.entries.get_allocator().arena();
   ASSERT_NE(arena, nullptr);
   EXPECT_EQ((*got)[1].snapshot.entries.get_allocator().arena(), arena);
   EXPECT_GE(arena->bytes_allocated(), 43 * sizeof(FlightEntry));

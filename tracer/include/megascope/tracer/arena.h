@@ -70,7 +70,8 @@ class ArenaAllocator {
     if (!arena_) std::allocator<T>().deallocate(p, n);
   }
   ArenaAllocator select_on_container_copy_construction() const { return {}; }
-  const std::shared_ptr<Arena>& arena() const { return arena_; }
+  // By value: get_allocator() returns a temporary, and a reference into it would dangle.
+  std::shared_ptr<Arena> arena() const { return arena_; }
 
   template <typename U>
   bool operator==(const ArenaAllocator<U>& other) const {
