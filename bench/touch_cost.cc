@@ -1,7 +1,8 @@
 // What holding fresh memory costs before anything is computed in it: the live hang analysis of
 // 100,000 ranks fills 2.5 GB of flight-recorder entries (25 million of 80 bytes). The same bytes,
 // written once a page, five ways side by side in one run, rounds alternating:
-//   arena      tracer::Arena (arena.h) holding one vector a rank, as the dump stream reader does
+//   arena      tracer::Arena (arena.h) holding one vector a rank (as the live hang analysis holds
+//              its index, hang.h)
 //   thp+ahead  one mmap with MADV_HUGEPAGE, then MADV_POPULATE_WRITE (Linux 5.14)
 //   populate   one mmap(MAP_POPULATE) (4-KB pages faulted in by the kernel in one call)
 //   thp        one mmap with MADV_HUGEPAGE (a 2-MB page fault as touched, where THP allows)
@@ -23,7 +24,7 @@
 #include <vector>
 
 #include "megascope/tracer/arena.h"
-#include "megascope/tracer/snapshot.h"
+#include "megascope/tracer/snapshot.h"  // the entries' size
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -31,7 +32,9 @@
 
 using megascope::tracer::Arena;
 using megascope::tracer::ArenaAllocator;
-using megascope::tracer::FlightEntries;
+using FlightEntries =
+    std::vector<megascope::tracer::FlightEntry,
+                megascope::tracer::ArenaAllocator<megascope::tracer::FlightEntry>>;
 using megascope::tracer::FlightEntry;
 
 namespace {

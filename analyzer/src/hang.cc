@@ -8,6 +8,7 @@
 #include <functional>
 #include <iterator>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -33,12 +34,17 @@ namespace fs = std::filesystem;
 using tracer::FlightEntry;
 using tracer::OpState;
 using tracer::OpType;
+using Collective = RankOps::Collective;
+using Transfer = RankOps::Transfer;
 
-bool IsOpen(const FlightEntry& e) { return e.state != OpState::kCompleted; }
+template <typename Op>  // a FlightEntry or a Collective
+bool IsOpen(const Op& e) {
+  return e.state != OpState::kCompleted;
+}
 
 // What every member of a collective must agree on: op, size and dtype -- but not the size of an
 // all-to-all, whose per-rank splits may legally differ.
-std::tuple<int, uint64_t, int> Signature(const FlightEntry& e) {
+std::tuple<int, uint64_t, int> Signature(const Collective& e) {
   return {static_cast<int>(e.op), e.op == OpType::kAlltoall ? 0 : e.bytes,
           static_cast<int>(e.dtype)};
 }
@@ -51,61 +57,62 @@ std::string OpName(const FlightEntry& e, std::string_view group) {
   return s;
 }
 
-// Everything the analysis needs of one rank, indexed. A 100,000-rank job's dumps hold tens of
-// millions of entries: the index names an entry by its position and a group by the rank's own
-// index of it (4 bytes a collective), built in one pass with a bucket sort by group.
+// Sorts [first, last) by `key` and keeps, of elements with equal keys, the last (the newest: the
+// input is in issue order). Returns the end of the kept ones.
+template <typename It, typename Key>
+It KeepNewest(It first, It last, const Key& key) {
+  auto less = [&](const auto& a, const auto& b) { return key(a) < key(b); };
+  if (!std::is_sorted(first, last, less)) std::stable_sort(first, last, less);
+  It out = first;
+  for (It i = first; i != last; ++i) {
+    if (std::next(i) == last || key(*std::next(i)) != key(*i)) *out++ = *i;
+  }
+  return out;
+}
+
+// The rank's index of its group `name` (of two of one name, the later), -1 if it has none.
+int32_t GroupOf(const RankOps& ops, const std::vector<tracer::GroupInfo>& groups,
+                std::string_view name) {
+  auto it = std::lower_bound(ops.by_name.begin(), ops.by_name.end(), name,
+                             [&](int32_t g, std::string_view n) { return groups[g].name < n; });
+  return it != ops.by_name.end() && groups[*it].name == name ? *it : -1;
+}
+
+// One rank in the analysis: its dump, the index of its ops, and where it waits. A group is named
+// by its name: ranks number their groups each in their own order.
 struct Rank {
   int id = 0;
   bool present = false, alive = false;
   const tracer::Dump* dump = nullptr;
+  const RankOps* ops = nullptr;
   std::string source;
   int64_t offset = 0;  // clock offset to rank 0
-  // The rank's groups by name (views of `dump`'s names), sorted: name -> index in its groups.
-  std::vector<std::pair<std::string_view, int32_t>> group_index;
-  std::vector<int64_t> last_coll;  // group index -> max collective seq issued (-1: none)
-  // Positions in `entries` of the collectives, by group, then by seq (of a seq recorded twice,
-  // the newest); group g's are coll[coll_start[g] .. coll_start[g + 1]).
-  std::vector<uint32_t> coll, coll_start;
-  struct Transfer {
-    int32_t group, peer;
-    int64_t seq;
-    uint32_t entry;
-  };
-  std::vector<Transfer> sends, recvs;  // sorted by (group, peer, seq)
-  std::map<std::pair<int32_t, int>, int64_t> sends_issued,
-      recvs_issued;              // (group, peer) -> count
-  std::vector<int32_t> history;  // group indices of collectives, in issue order
   const FlightEntry* blocking = nullptr;
   std::string_view blocking_group;
   int32_t blocking_index = -1;  // of blocking_group
-  size_t history_at_blocking = 0;
 
-  void Index();
   int32_t GroupOf(std::string_view name) const {
-    auto it = std::lower_bound(group_index.begin(), group_index.end(), name,
-                               [](const auto& a, std::string_view b) { return a.first < b; });
-    return it != group_index.end() && it->first == name ? it->second : -1;
+    return analyzer::GroupOf(*ops, dump->snapshot.groups, name);
   }
   // Ranks that never issued anything in a group still count as having issued nothing (-1).
   int64_t LastColl(std::string_view group) const {
     const int32_t g = GroupOf(group);
-    return g < 0 ? -1 : last_coll[g];
+    return g < 0 ? -1 : ops->last_coll[g];
   }
   // The rank's collective `seq` in `group`, and the one it issued before it in that group.
-  std::pair<const FlightEntry*, const FlightEntry*> CollAt(std::string_view group,
-                                                           int64_t seq) const {
+  std::pair<const Collective*, const Collective*> CollAt(std::string_view group,
+                                                         int64_t seq) const {
     const int32_t g = GroupOf(group);
     if (g < 0) return {nullptr, nullptr};
-    const auto& e = dump->snapshot.entries;
-    const auto first = coll.begin() + coll_start[g], last = coll.begin() + coll_start[g + 1];
-    auto it = std::lower_bound(first, last, seq, [&](uint32_t i, int64_t s) {
-      return static_cast<int64_t>(e[i].seq) < s;
-    });
-    if (it == last || static_cast<int64_t>(e[*it].seq) != seq) return {nullptr, nullptr};
-    return {&e[*it], it != first ? &e[*std::prev(it)] : nullptr};
+    const auto first = ops->colls.begin() + ops->coll_start[g],
+               last = ops->colls.begin() + ops->coll_start[g + 1];
+    auto it = std::lower_bound(first, last, seq,
+                               [](const Collective& c, int64_t s) { return c.seq < s; });
+    if (it == last || it->seq != seq) return {nullptr, nullptr};
+    return {&*it, it != first ? &*std::prev(it) : nullptr};
   }
-  const FlightEntry* Find(const std::vector<Transfer>& in, std::string_view group, int peer,
-                          int64_t seq) const {
+  const Transfer* Find(const RankOps::Array<Transfer>& in, std::string_view group, int peer,
+                       int64_t seq) const {
     const int32_t g = GroupOf(group);
     if (g < 0) return nullptr;
     const auto key = std::make_tuple(g, peer, seq);
@@ -113,12 +120,19 @@ struct Rank {
       return std::make_tuple(a.group, a.peer, a.seq) < k;
     });
     if (it == in.end() || std::make_tuple(it->group, it->peer, it->seq) != key) return nullptr;
-    return &dump->snapshot.entries[it->entry];
+    return &*it;
   }
-  int64_t Issued(const std::map<std::pair<int32_t, int>, int64_t>& m, std::string_view group,
-                 int peer) const {
-    auto it = m.find({GroupOf(group), peer});
-    return it == m.end() ? int64_t{0} : it->second;
+  // How many transfers of `in` (sends or recvs) it issued with `peer` in `group`: one past the
+  // newest seq.
+  int64_t Issued(const RankOps::Array<Transfer>& in, std::string_view group, int peer) const {
+    const int32_t g = GroupOf(group);
+    if (g < 0) return 0;
+    auto it = std::upper_bound(
+        in.begin(), in.end(), std::make_pair(g, peer),
+        [](const auto& k, const Transfer& a) { return k < std::make_pair(a.group, a.peer); });
+    if (it == in.begin() || std::prev(it)->group != g || std::prev(it)->peer != peer) return 0;
+    const int64_t newest = std::prev(it)->seq;
+    return newest < 0 ? 0 : (newest == INT64_MAX ? newest : newest + 1);
   }
 
   const std::string& GroupName(const FlightEntry& e) const {
@@ -138,9 +152,8 @@ struct Rank {
   std::string Doing(int64_t now) const {
     if (!present) return "no flight recorder";
     const auto& hb = dump->snapshot.heartbeat;
-    if (hb.updated_at_ns == 0 &&
-        !dump->snapshot.entries.empty()) {  // a recorder without heartbeats
-      const FlightEntry& e = dump->snapshot.entries.back();
+    if (hb.updated_at_ns == 0 && ops->newest) {  // a recorder without heartbeats
+      const FlightEntry& e = *ops->newest;
       return "the newest op it recorded is " + OpName(e, GroupName(e)) + ", " +
              std::string(tracer::Name(e.state));
     }
@@ -153,82 +166,6 @@ struct Rank {
   }
 };
 
-// Sorts [first, last) by `key` and keeps, of elements with equal keys, the last (the newest: the
-// input is in issue order). Returns the end of the kept ones.
-template <typename It, typename Key>
-It KeepNewest(It first, It last, const Key& key) {
-  auto less = [&](const auto& a, const auto& b) { return key(a) < key(b); };
-  if (!std::is_sorted(first, last, less)) std::stable_sort(first, last, less);
-  It out = first;
-  for (It i = first; i != last; ++i) {
-    if (std::next(i) == last || key(*std::next(i)) != key(*i)) *out++ = *i;
-  }
-  return out;
-}
-
-void Rank::Index() {
-  const auto& groups = dump->snapshot.groups;
-  const auto& entries = dump->snapshot.entries;
-  const auto n_groups = static_cast<int32_t>(groups.size());
-  // Entries name groups by position; two groups of one name are one (the later one's members).
-  group_index.reserve(groups.size());
-  for (int32_t g = 0; g < n_groups; ++g) group_index.emplace_back(groups[g].name, g);
-  group_index.erase(
-      KeepNewest(group_index.begin(), group_index.end(), [](const auto& p) { return p.first; }),
-      group_index.end());
-  std::vector<int32_t> canon(groups.size());
-  for (int32_t g = 0; g < n_groups; ++g) canon[g] = GroupOf(groups[g].name);
-
-  last_coll.assign(groups.size(), -1);
-  coll_start.assign(groups.size() + 1, 0);
-  history.reserve(entries.size());
-  for (uint32_t i = 0; i < entries.size(); ++i) {
-    const FlightEntry& e = entries[i];
-    const int32_t g = canon[e.group];
-    const auto seq = static_cast<int64_t>(e.seq);
-    if (tracer::IsP2P(e.op)) {
-      const bool send = e.op == OpType::kSend;
-      (send ? sends : recvs).push_back({g, e.peer, seq, i});
-      int64_t& c = (send ? sends_issued : recvs_issued)[{g, e.peer}];
-      c = std::max(c, seq + 1);
-    } else {
-      ++coll_start[g + 1];
-      last_coll[g] = std::max(last_coll[g], seq);
-      history.push_back(g);
-    }
-    // Entries are in issue order: the newest open op is where a rank's thread waits; behind a
-    // device queue (NCCL), the oldest open op is the one everything after it waits for.
-    if (IsOpen(e) && (blocking == nullptr || !dump->oldest_open_blocks)) {
-      blocking = &e;
-      blocking_index = g;
-      blocking_group = groups[g].name;
-      history_at_blocking = history.size();  // the collectives issued up to it
-    }
-  }
-  // Collectives bucketed by group (issue order kept within one), then by seq within a group where
-  // the recorder's order is not already that; of a seq recorded twice the newest is kept.
-  for (int32_t g = 0; g < n_groups; ++g) coll_start[g + 1] += coll_start[g];
-  coll.resize(history.size());
-  std::vector<uint32_t> next(coll_start.begin(), coll_start.end() - 1);
-  for (uint32_t i = 0; i < entries.size(); ++i) {
-    if (!tracer::IsP2P(entries[i].op)) coll[next[canon[entries[i].group]]++] = i;
-  }
-  uint32_t kept = 0;
-  for (int32_t g = 0; g < n_groups; ++g) {
-    const auto first = coll.begin() + coll_start[g];
-    const auto last = KeepNewest(first, coll.begin() + coll_start[g + 1],
-                                 [&](uint32_t i) { return static_cast<int64_t>(entries[i].seq); });
-    if (coll_start[g] != kept) std::copy(first, last, coll.begin() + kept);
-    coll_start[g] = kept;
-    kept += static_cast<uint32_t>(last - first);
-  }
-  coll_start[n_groups] = kept;
-  coll.resize(kept);
-  auto transfer_key = [](const Transfer& t) { return std::make_tuple(t.group, t.peer, t.seq); };
-  sends.erase(KeepNewest(sends.begin(), sends.end(), transfer_key), sends.end());
-  recvs.erase(KeepNewest(recvs.begin(), recvs.end(), transfer_key), recvs.end());
-}
-
 struct Wait {
   int from, to;
   std::string what;  // the op `from` is in
@@ -237,24 +174,135 @@ struct Wait {
 
 }  // namespace
 
-Result<HangInput> MakeHangInput(std::vector<std::pair<std::string, tracer::Dump>> dumps) {
-  if (dumps.empty()) return InvalidArgument("no flight-recorder dumps to analyse");
-  HangInput in;
-  std::map<std::string, std::pair<tracer::RankList, std::string>>
-      membership;  // group -> ranks, first source
-  for (auto& [source, d] : dumps) {
-    const auto& info = d.snapshot.info;
-    if (in.world_size != 0 && info.world_size != in.world_size) {
-      return InvalidArgument(source + ": world_size " + std::to_string(info.world_size) +
-                             " disagrees with " + std::to_string(in.world_size) +
-                             " in the other dumps");
+RankOps IndexOps(const tracer::Dump& dump, const std::shared_ptr<tracer::Arena>& arena) {
+  RankOps o;
+  const tracer::ArenaAllocator<void> in(arena);
+  o.colls = RankOps::Array<Collective>(in);
+  o.sends = RankOps::Array<Transfer>(in);
+  o.recvs = RankOps::Array<Transfer>(in);
+  o.history = RankOps::Array<int32_t>(in);
+  const auto& groups = dump.snapshot.groups;
+  const auto& entries = dump.snapshot.entries;
+  const auto n_groups = static_cast<int32_t>(groups.size());
+  // Entries name groups by position; two groups of one name are one (the later one's members).
+  o.by_name.resize(groups.size());
+  std::iota(o.by_name.begin(), o.by_name.end(), 0);
+  o.by_name.erase(KeepNewest(o.by_name.begin(), o.by_name.end(),
+                             [&](int32_t g) -> std::string_view { return groups[g].name; }),
+                  o.by_name.end());
+  std::vector<int32_t> canon(groups.size());
+  for (int32_t g = 0; g < n_groups; ++g) canon[g] = GroupOf(o, groups, groups[g].name);
+
+  o.last_coll.assign(groups.size(), -1);
+  o.coll_start.assign(groups.size() + 1, 0);
+  size_t n_colls = 0, n_sends = 0;
+  for (const FlightEntry& e : entries) {
+    n_colls += !tracer::IsP2P(e.op);
+    n_sends += e.op == OpType::kSend;
+  }
+  o.history.reserve(n_colls);
+  o.sends.reserve(n_sends);
+  o.recvs.reserve(entries.size() - n_colls - n_sends);
+  const FlightEntry* blocking = nullptr;
+  for (const FlightEntry& e : entries) {
+    const int32_t g = canon[e.group];
+    const auto seq = static_cast<int64_t>(e.seq);
+    if (tracer::IsP2P(e.op)) {
+      const bool send = e.op == OpType::kSend;
+      (send ? o.sends : o.recvs)
+          .push_back({g, e.peer, seq, e.bytes, send ? e.bytes_sent : e.bytes_received});
+    } else {
+      ++o.coll_start[g + 1];
+      o.last_coll[g] = std::max(o.last_coll[g], seq);
+      o.history.push_back(g);
     }
-    in.world_size = info.world_size;
-    for (const auto& g : d.snapshot.groups) {
-      auto [it, added] = membership.try_emplace(g.name, g.ranks, source);
-      if (!added && it->second.first != g.ranks) {
-        return InvalidArgument("group '" + g.name + "' has different members in " + source +
-                               " and " + it->second.second);
+    o.in_op |= e.state == OpState::kEnqueued || e.state == OpState::kStarted;
+    // Entries are in issue order: the newest open op is where a rank's thread waits; behind a
+    // device queue (NCCL), the oldest open op is the one everything after it waits for.
+    if (IsOpen(e) && (blocking == nullptr || !dump.oldest_open_blocks)) {
+      blocking = &e;
+      o.blocking_group = g;
+      o.history_at_blocking = o.history.size();  // the collectives issued up to it
+    }
+  }
+  if (blocking != nullptr) o.blocking = *blocking;
+  if (!entries.empty()) o.newest = entries.back();
+  // Collectives bucketed by group (issue order kept within one), then by seq within a group where
+  // the recorder's order is not already that; of a seq recorded twice the newest is kept.
+  for (int32_t g = 0; g < n_groups; ++g) o.coll_start[g + 1] += o.coll_start[g];
+  std::vector<uint32_t> at(n_colls);  // positions in `entries`
+  std::vector<uint32_t> next(o.coll_start.begin(), o.coll_start.end() - 1);
+  for (uint32_t i = 0; i < entries.size(); ++i) {
+    if (!tracer::IsP2P(entries[i].op)) at[next[canon[entries[i].group]]++] = i;
+  }
+  uint32_t kept = 0;
+  for (int32_t g = 0; g < n_groups; ++g) {
+    const auto first = at.begin() + o.coll_start[g];
+    const auto last = KeepNewest(first, at.begin() + o.coll_start[g + 1],
+                                 [&](uint32_t i) { return static_cast<int64_t>(entries[i].seq); });
+    if (o.coll_start[g] != kept) std::copy(first, last, at.begin() + kept);
+    o.coll_start[g] = kept;
+    kept += static_cast<uint32_t>(last - first);
+  }
+  o.coll_start[n_groups] = kept;
+  o.colls.reserve(kept);
+  for (uint32_t k = 0; k < kept; ++k) {
+    const FlightEntry& e = entries[at[k]];
+    RankOps::Collective& c = o.colls.emplace_back();
+    c.seq = static_cast<int64_t>(e.seq);
+    c.bytes = e.bytes;
+    c.op = e.op;
+    c.dtype = e.dtype;
+    c.state = e.state;
+    if (e.bytes_sent >= 0 && static_cast<uint64_t>(e.bytes_sent) == e.bytes) {
+      c.sent = RankOps::kSentAll;
+    } else if (e.bytes_sent >= 0) {
+      c.sent = static_cast<int32_t>(o.partial_sent.size());
+      o.partial_sent.push_back(e.bytes_sent);
+    }
+  }
+  auto transfer_key = [](const RankOps::Transfer& t) {
+    return std::make_tuple(t.group, t.peer, t.seq);
+  };
+  o.sends.erase(KeepNewest(o.sends.begin(), o.sends.end(), transfer_key), o.sends.end());
+  o.recvs.erase(KeepNewest(o.recvs.begin(), o.recvs.end(), transfer_key), o.recvs.end());
+  return o;
+}
+
+Status HangInputBuilder::Add(RankView view) {
+  const tracer::RankInfo& info = view.dump.snapshot.info;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in_.world_size == 0) {
+    in_.world_size = info.world_size;
+    in_.ranks.resize(in_.world_size);
+  } else if (info.world_size != in_.world_size) {
+    return InvalidArgument(view.source + ": world_size " + std::to_string(info.world_size) +
+                           " disagrees with " + std::to_string(in_.world_size) +
+                           " in the other dumps");
+  }
+  RankView& v = in_.ranks[info.rank];
+  // Of two dumps of a rank the newer is kept; of two as new, the first by source (whatever order
+  // they arrive in).
+  if (v.present && std::make_pair(-v.dump.dumped_at_ns, std::string_view(v.source)) <=
+                       std::make_pair(-view.dump.dumped_at_ns, std::string_view(view.source)))
+    return Status::Ok();
+  v = std::move(view);
+  v.present = true;
+  return Status::Ok();
+}
+
+Result<HangInput> HangInputBuilder::Finish() && {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in_.world_size == 0) return InvalidArgument("no flight-recorder dumps to analyse");
+  // group -> its members in the first rank's dump that has it, and that dump's source
+  std::map<std::string_view, std::pair<const tracer::RankList*, const std::string*>> membership;
+  for (const RankView& v : in_.ranks) {
+    if (!v.present) continue;
+    for (const auto& g : v.dump.snapshot.groups) {
+      auto [it, added] = membership.try_emplace(g.name, &g.ranks, &v.source);
+      if (!added && *it->second.first != g.ranks) {
+        return InvalidArgument("group '" + g.name + "' has different members in " + v.source +
+                               " and " + *it->second.second);
       }
     }
   }
@@ -264,29 +312,35 @@ Result<HangInput> MakeHangInput(std::vector<std::pair<std::string, tracer::Dump>
     std::string first;
   };
   std::map<std::pair<std::string, std::string>, Seen> unknown;
-  for (const auto& [source, d] : dumps) {
+  for (const RankView& v : in_.ranks) {
     std::set<std::pair<std::string, std::string>> here;
-    for (const tracer::UnknownValue& u : d.unknown_values) {
+    for (const tracer::UnknownValue& u : v.dump.unknown_values) {
       Seen& s = unknown[{u.field, u.value}];
-      if (s.first.empty()) s.first = source + ": " + u.where;
+      if (s.first.empty()) s.first = v.source + ": " + u.where;
       if (here.insert({u.field, u.value}).second) ++s.dumps;
     }
   }
   for (const auto& [key, s] : unknown) {
-    in.warnings.push_back("unknown " + key.first + " '" + key.second + "' in " +
-                          std::to_string(s.dumps) + (s.dumps == 1 ? " dump" : " dumps") +
-                          " (first: " + s.first + "): read as unknown, the analysis goes on");
+    in_.warnings.push_back("unknown " + key.first + " '" + key.second + "' in " +
+                           std::to_string(s.dumps) + (s.dumps == 1 ? " dump" : " dumps") +
+                           " (first: " + s.first + "): read as unknown, the analysis goes on");
   }
-  in.ranks.resize(in.world_size);
-  for (auto& entry : dumps) {
-    RankView& v = in.ranks[entry.second.snapshot.info.rank];
-    if (v.present && v.dump.dumped_at_ns >= entry.second.dumped_at_ns)
-      continue;  // keep the newest dump of a rank
-    v.present = true;
-    v.source = std::move(entry.first);
-    v.dump = std::move(entry.second);
+  return std::move(in_);
+}
+
+Result<HangInput> MakeHangInput(std::vector<std::pair<std::string, tracer::Dump>> dumps) {
+  std::vector<RankOps> ops(dumps.size());
+  ParallelFor(dumps.size(), std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8),
+              [&](size_t i) { ops[i] = IndexOps(dumps[i].second); });
+  HangInputBuilder builder;
+  for (size_t i = 0; i < dumps.size(); ++i) {  // in the caller's order: its first error is named
+    RankView v;
+    v.source = std::move(dumps[i].first);
+    v.dump = std::move(dumps[i].second);
+    v.ops = std::move(ops[i]);
+    RETURN_IF_ERROR(builder.Add(std::move(v)));
   }
-  return in;
+  return std::move(builder).Finish();
 }
 
 Result<HangInput> LoadDumpDirectory(const std::string& path) {
@@ -323,20 +377,23 @@ Result<HangInput> LoadDumpDirectory(const std::string& path) {
 std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
   const int n = in.world_size;
   std::vector<Rank> ranks(n);
-  // Indexed on every core: at 100,000 ranks the dumps hold 25 million entries.
-  ParallelFor(static_cast<size_t>(n), std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8),
-              [&](size_t r) {
-                Rank& R = ranks[r];
-                R.id = static_cast<int>(r);
-                const RankView& v = in.ranks[r];
-                if (!v.present) return;
-                R.present = true;
-                R.alive = v.dump.alive;
-                R.dump = &v.dump;
-                R.source = v.source;
-                R.offset = v.dump.snapshot.info.clock_offset_ns;
-                R.Index();
-              });
+  for (int r = 0; r < n; ++r) {
+    Rank& R = ranks[r];
+    R.id = r;
+    const RankView& v = in.ranks[r];
+    if (!v.present) continue;
+    R.present = true;
+    R.alive = v.dump.alive;
+    R.dump = &v.dump;
+    R.ops = &v.ops;
+    R.source = v.source;
+    R.offset = v.dump.snapshot.info.clock_offset_ns;
+    if (v.ops.blocking) {
+      R.blocking = &*v.ops.blocking;
+      R.blocking_index = v.ops.blocking_group;
+      R.blocking_group = v.dump.snapshot.groups[R.blocking_index].name;
+    }
+  }
   int64_t now = 0;
   for (const Rank& R : ranks) {
     if (R.present) now = std::max(now, Minus(R.dump->dumped_at_ns, R.offset));
@@ -351,10 +408,14 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     std::string expected, found;
   };
   std::vector<Mismatch> mismatches;
+  // A stalled link: its ends, the transfer or collective it stalled in, and what moved.
   struct Link {
     int sender, receiver;
-    const FlightEntry *send, *recv;
     std::string group;
+    int64_t seq;
+    OpType op;
+    uint64_t bytes;
+    int64_t sent, received;  // -1: unknown
   };
   std::vector<Link> links;
   std::set<int> waiting;
@@ -405,17 +466,34 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
         wait_on(p);
         continue;
       }
-      const int64_t counterpart = recv ? P.Issued(P.sends_issued, R.blocking_group, R.id)
-                                       : P.Issued(P.recvs_issued, R.blocking_group, R.id);
+      const int64_t counterpart = recv ? P.Issued(P.ops->sends, R.blocking_group, R.id)
+                                       : P.Issued(P.ops->recvs, R.blocking_group, R.id);
       if (counterpart < static_cast<int64_t>(b.seq) + 1) {
         wait_on(p);  // the peer has not reached its side of this transfer
         continue;
       }
       // Both sides posted: the bytes did not make it across.
-      const FlightEntry* oe =
-          P.Find(recv ? P.sends : P.recvs, R.blocking_group, R.id, static_cast<int64_t>(b.seq));
-      Link l{recv ? p : R.id, recv ? R.id : p, recv ? oe : &b, recv ? &b : oe,
-             std::string(R.blocking_group)};
+      const Transfer* other = P.Find(recv ? P.ops->sends : P.ops->recvs, R.blocking_group, R.id,
+                                     static_cast<int64_t>(b.seq));
+      Link l{recv ? p : R.id,
+             recv ? R.id : p,
+             std::string(R.blocking_group),
+             static_cast<int64_t>(b.seq),
+             b.op,
+             b.bytes,
+             -1,
+             -1};
+      if (recv) {
+        l.sent = other ? other->moved : -1;
+        l.received = b.bytes_received;
+      } else {
+        l.sent = b.bytes_sent;
+        if (other != nullptr) {  // the receiving side's view of the transfer
+          l.op = OpType::kRecv;
+          l.bytes = other->bytes;
+          l.received = other->moved;
+        }
+      }
       bool known = false;
       for (const Link& x : links) known |= x.sender == l.sender && x.receiver == l.receiver;
       if (!known) links.push_back(l);
@@ -434,7 +512,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
           cs.missing.push_back(m);
           continue;
         }
-        const FlightEntry* own = M.CollAt(key.first, key.second).first;
+        const Collective* own = M.CollAt(key.first, key.second).first;
         if (own == nullptr) continue;
         // Issued, but queued on its device behind an older op of its own that has not finished:
         // it cannot join this one before that one.
@@ -458,8 +536,9 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     if (cached->second.missing.empty()) {
       for (int m : cached->second.completed) {
         if (m == R.id) continue;
-        Link l{m, R.id, ranks[m].CollAt(key.first, key.second).first, &b,
-               std::string(R.blocking_group)};
+        const Collective* sent = ranks[m].CollAt(key.first, key.second).first;
+        Link l{m,    R.id,    std::string(R.blocking_group),  key.second,
+               b.op, b.bytes, ranks[m].ops->BytesSent(*sent), b.bytes_received};
         bool known = false;
         for (const Link& x : links)
           known |= (x.sender == m && x.receiver == R.id) || (x.sender == R.id && x.receiver == m);
@@ -479,7 +558,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
           departs;  // signature -> members departing from their past
       for (const auto& [sig, who] : signatures) {
         for (int m : who) {
-          const FlightEntry* prev = ranks[m].CollAt(key.first, key.second).second;
+          const Collective* prev = ranks[m].CollAt(key.first, key.second).second;
           if (prev != nullptr && Signature(*prev) != sig) ++departs[sig];
         }
       }
@@ -551,14 +630,14 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
   std::set<int> explained;
   // A stalled link between the ends `from` -> `to`, at `e` (a transfer, or a collective) in
   // `group`: the fields every link_stall verdict shares.
-  auto link_verdict = [&](int from, int to, const FlightEntry& e, std::string_view group,
+  auto link_verdict = [&](int from, int to, int64_t seq, OpType op, std::string_view group,
                           double confidence) {
     Verdict v = base("link_stall");
     v.root_ranks = {from, to};
     v.root_nodes = {node_of(from), node_of(to)};
     v.group = group;
-    v.seq = static_cast<int64_t>(e.seq);
-    v.op = tracer::IsP2P(e.op) ? "send" : std::string(tracer::Name(e.op));
+    v.seq = seq;
+    v.op = tracer::IsP2P(op) ? "send" : std::string(tracer::Name(op));
     v.waiting_ranks = waiters_of({from, to});
     v.confidence = confidence;
     return v;
@@ -587,24 +666,22 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
   }
   // 2. Stalled links: both sides posted, the data stopped.
   for (const Link& l : links) {
-    const FlightEntry* e = l.recv ? l.recv : l.send;
-    const bool p2p = tracer::IsP2P(e->op);
-    Verdict v = link_verdict(l.sender, l.receiver, *e, l.group, 0.85);
+    const bool p2p = tracer::IsP2P(l.op);
+    Verdict v = link_verdict(l.sender, l.receiver, l.seq, l.op, l.group, 0.85);
     auto bytes = [](int64_t b) { return b < 0 ? std::string("unknown") : std::to_string(b); };
-    const std::string sent = l.send ? bytes(l.send->bytes_sent) : "unknown";
-    const std::string got = l.recv ? bytes(l.recv->bytes_received) : "unknown";
+    const std::string sent = bytes(l.sent), got = bytes(l.received);
     const std::string suspect =
         " Suspect the link between " + node_of(l.sender) + " and " + node_of(l.receiver) + ".";
     v.explanation =
-        p2p ? "the transfer #" + std::to_string(e->seq) + " in " + l.group + " from " +
+        p2p ? "the transfer #" + std::to_string(l.seq) + " in " + l.group + " from " +
                   ranks[l.sender].Describe() + " to " + ranks[l.receiver].Describe() +
-                  " stalled: both sides joined, " + sent + " of " + std::to_string(e->bytes) +
+                  " stalled: both sides joined, " + sent + " of " + std::to_string(l.bytes) +
                   " bytes sent and " + got + " received." + suspect
-            : ranks[l.sender].Describe() + " completed " + v.op + " #" + std::to_string(e->seq) +
+            : ranks[l.sender].Describe() + " completed " + v.op + " #" + std::to_string(l.seq) +
                   " in " + l.group + " but " + ranks[l.receiver].Describe() +
                   " still waits in it: its data stopped on the way." + suspect;
     v.evidence.push_back("bytes_sent=" + sent + " bytes_received=" + got + " of " +
-                         std::to_string(e->bytes));
+                         std::to_string(l.bytes));
     if (!v.waiting_ranks.empty())
       v.evidence.push_back(std::to_string(v.waiting_ranks.size()) + " ranks wait behind it");
     explained.insert(l.sender);
@@ -670,8 +747,8 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
         if (p >= 0 && p < n && ranks[p].present && node_of(p) != node_of(r)) {
           const bool recv = b.op == OpType::kRecv;
           const Rank& P = ranks[p];
-          const int64_t counterpart = recv ? P.Issued(P.sends_issued, R.blocking_group, r)
-                                           : P.Issued(P.recvs_issued, R.blocking_group, r);
+          const int64_t counterpart = recv ? P.Issued(P.ops->sends, R.blocking_group, r)
+                                           : P.Issued(P.ops->recvs, R.blocking_group, r);
           if (counterpart >= static_cast<int64_t>(b.seq) + 1) peer = p;
         }
       } else {
@@ -702,8 +779,9 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     const FlightEntry& b = *R.blocking;
     const bool p2p = tracer::IsP2P(b.op);
     const bool recv = b.op == OpType::kRecv;
-    Verdict v = recv || !p2p ? link_verdict(p, r, b, R.blocking_group, 0.7)
-                             : link_verdict(r, p, b, R.blocking_group, 0.7);
+    const auto seq = static_cast<int64_t>(b.seq);
+    Verdict v = recv || !p2p ? link_verdict(p, r, seq, b.op, R.blocking_group, 0.7)
+                             : link_verdict(r, p, seq, b.op, R.blocking_group, 0.7);
     const std::string doing =
         p2p ? std::string(recv ? "receiving #" : "sending #") + std::to_string(b.seq) + " in " +
                   std::string(R.blocking_group) + (recv ? " from " : " to ") + ranks[p].Describe() +
@@ -877,9 +955,10 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       if (R.blocking == nullptr || tracer::IsP2P(R.blocking->op)) continue;
       // Training is periodic: what did this rank do one period ago at this point?
       // What it issued before its blocking op (behind a device queue, later ops follow it).
-      std::vector<int32_t> h(R.history.begin(),
-                             R.history.begin() + static_cast<std::ptrdiff_t>(std::min(
-                                                     R.history_at_blocking, R.history.size())));
+      const RankOps::Array<int32_t>& all = R.ops->history;
+      std::vector<int32_t> h(all.begin(),
+                             all.begin() + static_cast<std::ptrdiff_t>(
+                                               std::min(R.ops->history_at_blocking, all.size())));
       if (!h.empty() && h.back() == R.blocking_index) h.pop_back();
       const size_t len = h.size();
       // The period: the smallest P for which the whole recorded history repeats itself.

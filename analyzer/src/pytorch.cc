@@ -142,7 +142,7 @@ OpState StateOf(const json& e, std::string* raw) {
 // (same group, same p2p or collective sequence number) that never had events of their own.
 template <typename Raw>
 void PropagateCoalesced(const json& closing, int group, bool p2p, int64_t seq,
-                        const std::vector<Raw>& raw, tracer::FlightEntries* entries) {
+                        const std::vector<Raw>& raw, std::vector<tracer::FlightEntry>* entries) {
   std::string st;
   OpState state = StateOf(closing, &st);
   if (state == OpState::kUnknown) state = OpState::kEnqueued;

@@ -61,13 +61,8 @@ std::vector<StackGroup> GroupByStack(const HangInput& in) {
 std::string OddStackEvidence(const HangInput& in, const std::vector<StackGroup>& groups) {
   if (groups.size() < 2) return "";
   auto waits = [&](const StackGroup& g) {  // some rank of the group is inside an open op
-    for (int32_t r : g.ranks) {
-      for (const tracer::FlightEntry& e : in.ranks[r].dump.snapshot.entries) {
-        if (e.state == tracer::OpState::kEnqueued || e.state == tracer::OpState::kStarted)
-          return true;
-      }
-    }
-    return false;
+    return std::any_of(g.ranks.begin(), g.ranks.end(),
+                       [&](int32_t r) { return in.ranks[r].ops.in_op; });
   };
   const StackGroup* odd = nullptr;
   size_t waiting = 0, idle_groups = 0;

@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
+#include <thread>
 
 #include "megascope/analyzer/stacks.h"
 #include "megascope/tracer/file_util.h"
@@ -70,6 +72,19 @@ TEST_P(HangScenario, NamesTheRootAndNoOneElse) {
   ExpectVerdicts(dir, *in);
 }
 
+// The live input keeps each rank's index and drops its entries: the analysis reads nothing else.
+void DropEntries(HangInput* in) {
+  for (RankView& v : in->ranks) v.dump.snapshot.entries = {};
+}
+
+TEST_P(HangScenario, TheIndexAloneGivesTheSameVerdicts) {
+  const std::string dir = GetParam();
+  auto in = LoadDumpDirectory(dir + "/dumps");
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  DropEntries(&*in);
+  ExpectVerdicts(dir, *in);
+}
+
 std::vector<std::string> Scenarios(const char* root = MEGASCOPE_TEST_DATA "/hang") {
   std::vector<std::string> dirs;
   for (const auto& e : fs::directory_iterator(root)) {
@@ -108,6 +123,8 @@ TEST_P(PyTorchCase, NamesTheRootAndNoOneElse) {
   auto in = LoadPyTorchDumps(dir + "/dumps");
   ASSERT_TRUE(in.ok()) << in.status().ToString();
   EXPECT_TRUE(in->warnings.empty()) << in->warnings.front();
+  ExpectVerdicts(dir, *in);
+  DropEntries(&*in);
   ExpectVerdicts(dir, *in);
 }
 
@@ -547,6 +564,111 @@ TEST(HangIndexTest, TheNewestCopyOfACollectiveCountsWhateverOrderItWasRecordedIn
   EXPECT_EQ(verdicts[0].root_ranks, std::vector<int32_t>{1}) << FormatHangReport(verdicts);
   EXPECT_EQ(verdicts[0].group, "a");
   EXPECT_EQ(verdicts[0].seq, 2);
+}
+
+tracer::RankList FirstRanks(int n) {
+  tracer::RankList l;
+  l.AppendRun(0, static_cast<uint32_t>(n), 1);
+  return l;
+}
+
+// Views of one job added from many threads in any order make one input: each rank in its place,
+// of two dumps of a rank the newer, of two as new the first by source.
+TEST(HangInputBuilderTest, ViewsFromManyThreadsInAnyOrderMakeOneInput) {
+  constexpr int kWorld = 64;
+  auto view = [](int rank, int64_t dumped_at, const std::string& source) {
+    RankView v;
+    v.source = source;
+    v.dump.snapshot.info.rank = rank;
+    v.dump.snapshot.info.world_size = kWorld;
+    v.dump.snapshot.groups = {{"world", "world", FirstRanks(kWorld)}};
+    v.dump.dumped_at_ns = dumped_at;
+    tracer::FlightEntry e;
+    e.seq = static_cast<uint64_t>(dumped_at);
+    v.dump.snapshot.entries = {e};
+    v.ops = IndexOps(v.dump);
+    return v;
+  };
+  std::vector<RankView> views;
+  for (int r = 0; r < kWorld; ++r) {
+    views.push_back(view(r, 10, "b" + std::to_string(r)));
+    views.push_back(view(r, 10, "a" + std::to_string(r)));  // as new: "a" first by source
+    if (r % 2 == 0) views.push_back(view(r, 20, "c" + std::to_string(r)));  // newer
+  }
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    std::vector<RankView> order = views;
+    std::shuffle(order.begin(), order.end(), std::mt19937(seed));
+    HangInputBuilder builder;
+    std::vector<std::thread> threads;
+    threads.reserve(4);
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        for (size_t i = t; i < order.size(); i += 4) ASSERT_TRUE(builder.Add(order[i]).ok());
+      });
+    }
+    for (auto& t : threads) t.join();
+    auto in = std::move(builder).Finish();
+    ASSERT_TRUE(in.ok()) << in.status().ToString();
+    ASSERT_EQ(in->ranks.size(), static_cast<size_t>(kWorld));
+    for (int r = 0; r < kWorld; ++r) {
+      const RankView& v = in->ranks[r];
+      ASSERT_TRUE(v.present);
+      EXPECT_EQ(v.source, (r % 2 == 0 ? "c" : "a") + std::to_string(r)) << "seed " << seed;
+      EXPECT_EQ(v.ops.colls.at(0).seq, r % 2 == 0 ? 20 : 10);
+    }
+  }
+  HangInputBuilder builder;
+  ASSERT_TRUE(builder.Add(view(0, 10, "first")).ok());
+  RankView other = view(1, 10, "other");
+  other.dump.snapshot.info.world_size = kWorld * 2;
+  const Status s = builder.Add(std::move(other));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("other: world_size 128 disagrees with 64"), std::string::npos)
+      << s.ToString();
+  EXPECT_EQ(HangInputBuilder().Finish().status().code(), StatusCode::kInvalidArgument);
+}
+
+// An index built in an arena is the one built on the heap, its arrays in that arena.
+TEST(HangIndexTest, AnIndexInAnArenaIsTheSameAsOnTheHeap) {
+  tracer::Dump d;
+  d.snapshot.info.world_size = 4;
+  d.snapshot.groups = {{"tp", "tp", FirstRanks(2)}, {"pp", "pp", FirstRanks(4)}};
+  for (int i = 0; i < 300; ++i) {
+    tracer::FlightEntry e;
+    e.group = i % 3 == 0 ? 1 : 0;
+    e.op = i % 3 == 0 ? (i % 2 ? tracer::OpType::kSend : tracer::OpType::kRecv)
+                      : tracer::OpType::kAllreduce;
+    e.peer = i % 3 == 0 ? 2 : -1;
+    e.seq = static_cast<uint64_t>(i);
+    e.bytes = 1000 + i;
+    e.bytes_sent = i % 5 == 0 ? -1 : (i % 5 == 1 ? 7 : static_cast<int64_t>(e.bytes));
+    e.state = i == 299 ? tracer::OpState::kStarted : tracer::OpState::kCompleted;
+    d.snapshot.entries.push_back(e);
+  }
+  const auto arena = std::make_shared<tracer::Arena>();
+  const RankOps heap = IndexOps(d), in_arena = IndexOps(d, arena);
+  EXPECT_EQ(in_arena.colls.get_allocator().arena(), arena);
+  EXPECT_EQ(in_arena.history.get_allocator().arena(), arena);
+  EXPECT_EQ(in_arena.sends.get_allocator().arena(), arena);
+  EXPECT_EQ(heap.colls.get_allocator().arena(), nullptr);
+  ASSERT_EQ(heap.colls.size(), 200u);
+  ASSERT_EQ(in_arena.colls.size(), heap.colls.size());
+  for (size_t i = 0; i < heap.colls.size(); ++i) {
+    EXPECT_EQ(in_arena.colls[i].seq, heap.colls[i].seq);
+    EXPECT_EQ(in_arena.BytesSent(in_arena.colls[i]), heap.BytesSent(heap.colls[i]));
+    // What the entry said, whichever way it was stored.
+    const tracer::FlightEntry& e = d.snapshot.entries[heap.colls[i].seq];
+    EXPECT_EQ(heap.BytesSent(heap.colls[i]), e.bytes_sent);
+    EXPECT_EQ(heap.colls[i].bytes, e.bytes);
+  }
+  EXPECT_EQ(std::vector<int32_t>(in_arena.history.begin(), in_arena.history.end()),
+            std::vector<int32_t>(heap.history.begin(), heap.history.end()));
+  EXPECT_EQ(in_arena.sends.size(), 50u);
+  EXPECT_EQ(in_arena.recvs.size(), 50u);
+  ASSERT_TRUE(in_arena.blocking.has_value());
+  EXPECT_EQ(in_arena.blocking->seq, 299u);
+  EXPECT_TRUE(in_arena.in_op);
+  EXPECT_GE(arena->bytes_allocated(), 200 * sizeof(RankOps::Collective));
 }
 
 }  // namespace

@@ -96,11 +96,6 @@ TEST(DumpStreamTest, EveryDumpReadsBackAsTheJsonFormReadsIt) {
   EXPECT_EQ((*got)[0].snapshot.info.clock_offset_ns, -1234);
   EXPECT_EQ((*got)[0].snapshot.info.local_rank, 5);
   EXPECT_FALSE((*got)[1].alive);
-  // Every dump's entries in the reader's one arena, alive after the reader is gone (read above).
-  const std::shared_ptr<Arena> arena = (*got)[0].snapshot.entries.get_allocator().arena();
-  ASSERT_NE(arena, nullptr);
-  EXPECT_EQ((*got)[1].snapshot.entries.get_allocator().arena(), arena);
-  EXPECT_GE(arena->bytes_allocated(), 43 * sizeof(FlightEntry));
   // A fraction of the JSON: 40 entries and a 12,288-rank world in well under 4 KB.
   EXPECT_LT(s.size(), DumpToJson(dumps[0]).size() / 2);
 }

@@ -309,8 +309,7 @@ Result<Dump> DumpStreamReader::ParseFrame(std::string_view frame) {
                     std::to_string(size_t{entries} * kEntryBytes) + " bytes, the frame has " +
                     std::to_string(in.Left()));
   }
-  if (!arena_) arena_ = std::make_shared<Arena>();
-  d.snapshot.entries = FlightEntries(entries, ArenaAllocator<FlightEntry>(arena_));
+  d.snapshot.entries.resize(entries);
   for (uint32_t i = 0; i < entries; ++i) {
     FlightEntry& e = d.snapshot.entries[i];
     uint8_t op = 0, dtype = 0, state = 0;

@@ -61,6 +61,8 @@ Result<std::string> HttpRequest(const std::string& method, const std::string& ur
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &received);
   curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error);
   if (list) curl_easy_setopt(c, CURLOPT_HTTPHEADER, list.get());
+  // A stream (a node's dumps are megabytes) is handed on in 512-KB reads, not libcurl's 16 KB.
+  if (sink) curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L << 10);
   if (method == "POST") {
     curl_easy_setopt(c, CURLOPT_POST, 1L);
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, "");

@@ -1,13 +1,13 @@
-// Memory for many arrays that are filled once and freed together: the 25 million flight-recorder
-// entries of a 100,000-rank live hang analysis. Touching that much fresh memory a 4-KB page fault
-// at a time is most of the cost of holding it (bench/touch_cost on our paravirtualised build VM:
-// 2.5 GB in 9-11.5 s from the heap, 5.3-6.3 s from an Arena, most of that the VM backing memory
-// it had returned to its host; 0.16 s where it had not). An Arena hands out memory from
-// regions that double from 256 KB to 64 MB; those of 2 MB and more are backed by transparent huge
-// pages and faulted in ahead of use, 2 MB at a time (MADV_POPULATE_WRITE; plain faults where the
-// kernel lacks it), so a small arena costs no more than the heap. Nothing is returned before the
-// arena is destroyed. One thread allocates from an arena at a time; what it handed out may be used
-// and dropped from any thread.
+// Memory for many arrays that are filled once and freed together: the index of every rank's ops in
+// a 100,000-rank live hang analysis (analyzer/hang.h RankOps, 0.7 GB). Touching that much fresh
+// memory a 4-KB page fault at a time is most of the cost of holding it (bench/touch_cost on our
+// paravirtualised build VM: 2.5 GB in 9-11.5 s from the heap, 5.3-6.3 s from an Arena, most of that
+// the VM backing memory it had returned to its host; 0.16 s where it had not). An Arena hands out
+// memory from regions that double from 256 KB to 64 MB; those of 2 MB and more are backed by
+// transparent huge pages and faulted in ahead of use, 2 MB at a time (MADV_POPULATE_WRITE; plain
+// faults where the kernel lacks it), so a small arena costs no more than the heap. Nothing is
+// returned before the arena is destroyed. One thread allocates from an arena at a time; what it
+// handed out may be used and dropped from any thread.
 #pragma once
 
 #include <cstddef>

@@ -108,9 +108,6 @@ class DumpStreamReader {
   bool header_done_ = false;
   size_t frames_ = 0;
   std::vector<Code> ops_, states_, dtypes_, phases_;
-  // Every dump's entries, together: a 100,000-rank stream's 25 million of them faulted in as huge
-  // pages ahead of use (arena.h). Shared with the dumps it handed out, it lives as long as they do.
-  std::shared_ptr<Arena> arena_;
 };
 
 // Calls `on_signal` from its own thread each time the process receives `signo` (default

@@ -7,7 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "megascope/tracer/arena.h"
 #include "megascope/tracer/rank_list.h"
 #include "megascope/tracer/records.h"
 
@@ -62,16 +61,13 @@ struct FlightEntry {
 static_assert(sizeof(FlightEntry) == 80);
 inline constexpr int32_t kMaxTimeoutMs = INT32_MAX;  // 24.8 days
 
-// A rank's entries; the live hang analysis' stream reader puts every rank's into one Arena.
-using FlightEntries = std::vector<FlightEntry, ArenaAllocator<FlightEntry>>;
-
 struct RankSnapshot {
   RankInfo info;
   HeartbeatState heartbeat;
   std::vector<GroupInfo> groups;
-  FlightEntries entries;       // oldest first
-  uint64_t records_total = 0;  // records offered to the ring (written + dropped)
-  uint64_t dropped_total = 0;  // records dropped because the ring was full
+  std::vector<FlightEntry> entries;  // oldest first
+  uint64_t records_total = 0;        // records offered to the ring (written + dropped)
+  uint64_t dropped_total = 0;        // records dropped because the ring was full
 };
 
 }  // namespace megascope::tracer
