@@ -242,7 +242,8 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     bool p2p;
   };
   std::map<int, std::vector<Op>> ops_of;  // rank -> its ops in the window
-  // Only the window's ops: those enqueued while its steps ran (collectives carry no step).
+  // Only the window's ops: those enqueued while its steps ran (a collective's `step` is the step it
+  // completed in: an asynchronous send issued in one step may complete in the next).
   int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
   RETURN_IF_ERROR(
       db.Scan("SELECT MIN(start_ns), MAX(end_ns) FROM spans WHERE " + range + of_attempt,
