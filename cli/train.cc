@@ -50,7 +50,11 @@ po::options_description TrainingOptions(runtime::TrainConfig* c_ptr) {
                                             "checkpoint to disk every K steps (0: never)")(
       "shm-dir", po::value(&c.shm_dir)->default_value("/dev/shm"),
       "where rank rings (and memory snapshots) live")(
-      "no-trace", "turn spans and the flight recorder off (to measure what tracing costs)");
+      "no-trace", "turn spans and the flight recorder off (to measure what tracing costs)")(
+      "trace-alternate", po::value(&c.trace_alternate)->default_value(0),
+      "N > 0: tracing on and off in alternating blocks of N steps (on, off, off, on, ...); each "
+      "rank writes every step's wall and CPU time to RUN_DIR/ranks/R/step_costs.csv (what "
+      "tracing costs, side by side in one run)");
   return opts;
 }
 

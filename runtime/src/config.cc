@@ -72,6 +72,8 @@ std::string TrainConfig::Validate() const {
     return "per-replica batch " + std::to_string(global_batch / layout.dp) +
            " is not divisible by " + std::to_string(microbatches) + " microbatches";
   }
+  if (trace_alternate < 0) return "--trace-alternate must be 0 (off) or a number of steps";
+  if (trace_alternate > 0 && !trace) return "--trace-alternate and --no-trace exclude each other";
   for (const Fault& f : faults) {
     if (f.rank >= world)
       return "fault rank " + std::to_string(f.rank) + " is outside world size " +
@@ -119,6 +121,7 @@ std::string TrainConfig::ToJson() const {
                 {"checkpoint_every", checkpoint_every},
                 {"timeout_ms", timeout_ms},
                 {"trace", trace},
+                {"trace_alternate", trace_alternate},
                 {"memory_snapshots", memory_snapshots}};
   if (resume_set)
     j["resume"] = {{"step", resume.step}, {"source", resume.source}, {"files", resume.files}};
@@ -210,6 +213,9 @@ Result<TrainConfig> TrainConfig::FromJson(const std::string& text, const std::st
   ASSIGN_OR_RETURN(c.timeout_ms, t.IntIn("timeout_ms", 1, kMaxInt));
   if (t.Has("trace")) {
     ASSIGN_OR_RETURN(c.trace, t.Bool("trace"));
+  }
+  if (t.Has("trace_alternate")) {
+    ASSIGN_OR_RETURN(c.trace_alternate, t.IntIn("trace_alternate", 0, kMaxInt));
   }
   if (t.Has("memory_snapshots")) {
     ASSIGN_OR_RETURN(c.memory_snapshots, t.Bool("memory_snapshots"));

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -63,8 +64,19 @@ class Worker {
       return kExitSetup;
     }
     for (int64_t step = start_step_; step < cfg_.steps; ++step) {
-      st = Step(step);
+      if (cfg_.trace_alternate > 0) {
+        const StepCost c = MeasuredStep(step, &st);
+        step_costs_ += std::to_string(step) + "," + (c.traced ? "1," : "0,") +
+                       std::to_string(c.wall_ns) + "," + std::to_string(c.cpu_ns) + "\n";
+      } else {
+        st = Step(step);
+      }
       if (!st.ok()) return Fail(step, st);
+    }
+    if (cfg_.trace_alternate > 0) {
+      st = tracer::WriteFileAtomic(layout_.step_costs(rank_),
+                                   "step,traced,wall_ns,cpu_ns\n" + step_costs_);
+      if (!st.ok()) return Fail(cfg_.steps - 1, st);
     }
     if (ckpt_thread_.joinable()) ckpt_thread_.join();
     if (mem_thread_.joinable()) mem_thread_.join();
@@ -158,6 +170,31 @@ class Worker {
            {"ts_ns", tracer::WallNowNs()}});
     }
     return Status::Ok();
+  }
+
+  // --trace-alternate: blocks of N steps traced and untraced in the order on, off, off, on (each
+  // pair of blocks has one of each, and which comes first alternates, so a drift in the machine's
+  // speed cancels); the step's wall time and the process's CPU time (every thread: training,
+  // prefetch, heartbeat, Gloo's).
+  struct StepCost {
+    bool traced;
+    int64_t wall_ns, cpu_ns;
+  };
+  StepCost MeasuredStep(int64_t step, Status* st) {
+    const int64_t block = step / cfg_.trace_alternate;
+    const bool traced = (block % 2 == 0) != ((block / 2) % 2 == 1);
+    tracer_->set_enabled(traced);
+    auto cpu_now = [] {
+      timespec t{};
+      clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+      return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+    };
+    const int64_t c0 = cpu_now();
+    const auto w0 = std::chrono::steady_clock::now();
+    *st = Step(step);
+    const auto w1 = std::chrono::steady_clock::now();
+    return {traced, std::chrono::duration_cast<std::chrono::nanoseconds>(w1 - w0).count(),
+            cpu_now() - c0};
   }
 
   int Fail(int64_t step, const Status& st) {
@@ -499,6 +536,7 @@ class Worker {
   TokenFile data_;
   std::map<std::string, tracer::NameId> names_;
   std::string dump_path_;
+  std::string step_costs_;  // --trace-alternate: the CSV rows so far
   int64_t start_step_ = 0;
   bool fault_announced_ = false;
   double last_unslowed_s_ = 0;  // the previous step's time without an injected slowdown

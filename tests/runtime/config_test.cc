@@ -23,6 +23,11 @@ TEST(RunJsonTest, AWrittenRunJsonReadsBackToTheSameText) {
   auto again = TrainConfig::FromJson(c->ToJson(), "again");
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(again->ToJson(), c->ToJson());
+  c->trace_alternate = 3;  // written only by bench runs; an older run.json has no such field
+  auto alternate = TrainConfig::FromJson(c->ToJson(), "alternate");
+  ASSERT_TRUE(alternate.ok()) << alternate.status().ToString();
+  EXPECT_EQ(alternate->trace_alternate, 3);
+  EXPECT_EQ(again->trace_alternate, 0);
 }
 
 // Agents on hosts of their own (--hosts, --slurm) are written and read at their own address.

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "megascope/runtime/data.h"
+#include "sqlite_util.h"
 #include "test_util.h"
 
 namespace megascope::runtime {
@@ -215,6 +216,35 @@ TEST_F(TrainTest, AStalledSendLeavesPartialProgressInTheFlightRecorder) {
   EXPECT_TRUE(partial_send) << s.dump(1);
 }
 
+TEST_F(TrainTest, TraceAlternateTracesEveryOtherPairOfBlocksAndWritesEachStepsCost) {
+  // Blocks of 2 steps, on, off, off, on: steps 0, 1, 6 and 7 traced.
+  CommandResult r = Megascope(Args("--dp 2", "alt", 8) + " --trace-alternate 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream in(dir_.path() + "/alt/ranks/" + std::to_string(rank) + "/step_costs.csv");
+    std::string line;
+    ASSERT_TRUE(std::getline(in, line));
+    EXPECT_EQ(line, "step,traced,wall_ns,cpu_ns");
+    std::string traced;
+    for (int step = 0; std::getline(in, line); ++step) {
+      long long s = -1, wall = 0, cpu = 0;
+      int t = -1;
+      ASSERT_EQ(std::sscanf(line.c_str(), "%lld,%d,%lld,%lld", &s, &t, &wall, &cpu), 4) << line;
+      EXPECT_EQ(s, step);
+      EXPECT_GT(wall, 0) << line;
+      EXPECT_GT(cpu, 0) << line;
+      traced += std::to_string(t);
+    }
+    EXPECT_EQ(traced, "11000011") << "rank " << rank;
+  }
+  // What the agent stored: forward spans of the traced steps only (bit s set for step s).
+  const std::vector<int64_t> steps =
+      megascope::testing::FirstRow(dir_.path() + "/alt/nodes/node0/trace.db",
+                                   "SELECT SUM(1 << step), COUNT(*) FROM (SELECT DISTINCT step "
+                                   "FROM spans WHERE name = 'forward')");
+  EXPECT_EQ(steps, (std::vector<int64_t>{1 + 2 + 64 + 128, 4}));
+}
+
 TEST_F(TrainTest, BadConfigurationIsRefusedBeforeAnyWorkerStarts) {
   struct Case {
     std::string args, message;
@@ -225,6 +255,7 @@ TEST_F(TrainTest, BadConfigurationIsRefusedBeforeAnyWorkerStarts) {
       {"--dp 2 --nodes 3", "--nodes must be between 1 and the world size 2"},
       {"--fault crash:rank=9,step=1", "fault rank 9 is outside world size 1"},
       {"--fault explode:rank=0", "kind must be crash, hang, stall-send or slow"},
+      {"--no-trace --trace-alternate 2", "--trace-alternate and --no-trace exclude each other"},
   };
   for (const Case& c : cases) {
     CommandResult r = Megascope(Args(c.args, "bad", 2));

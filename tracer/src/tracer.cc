@@ -76,7 +76,9 @@ SharedFlightEntry* Tracer::Local(OpHandle h) {
 }
 
 OpHandle Tracer::Enqueue(GroupId group, OpType op, uint64_t bytes, DType dtype, int32_t peer) {
-  if (!enabled_ || group >= num_groups_.load(std::memory_order_acquire)) return 0;
+  if (!enabled_.load(std::memory_order_relaxed) ||
+      group >= num_groups_.load(std::memory_order_acquire))
+    return 0;
   GroupState& g = *groups_[group];
   uint64_t seq;
   if (IsP2P(op)) {
@@ -177,7 +179,7 @@ void Tracer::Touch() {
 }
 
 void Tracer::RecordMetric(NameId name, double value) {
-  if (!enabled_) return;
+  if (!enabled_.load(std::memory_order_relaxed)) return;
   if (Record* r = ring_->Claim()) {
     r->metric.type = RecordType::kMetric;
     r->metric.name = name;

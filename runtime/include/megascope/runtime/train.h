@@ -52,7 +52,11 @@ struct TrainConfig {
   int checkpoint_every = 0;  // 0: only on request
   int timeout_ms = 30000;    // collective timeout
   std::vector<Fault> faults;
-  bool trace = true;   // false: spans and flight recorder off (to measure their cost)
+  bool trace = true;  // false: spans and flight recorder off (to measure their cost)
+  // > 0: tracing on and off in alternating blocks of this many steps (on, off, off, on, ...), and
+  // each rank writes every step's wall and CPU time to RunLayout::step_costs: what tracing costs,
+  // measured side by side in one run (bench/tracing_cost.sh).
+  int trace_alternate = 0;
   bool agents = true;  // start one megascope agent per simulated node
   std::vector<std::pair<std::string, int>>
       agent_ports;  // node -> HTTP port, filled by the launcher

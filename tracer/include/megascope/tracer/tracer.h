@@ -53,7 +53,7 @@ class Tracer {
   }
   void RecordSpan(SpanKind kind, NameId name, int64_t step, int32_t microbatch, int64_t start_ticks,
                   int64_t end_ticks) {
-    if (!enabled_) return;
+    if (!enabled_.load(std::memory_order_relaxed)) return;
     Record* r = ring_->Claim();
     if (r == nullptr) return;
     r->span.type = RecordType::kSpan;
@@ -119,8 +119,9 @@ class Tracer {
 
   RingWriter& ring() { return *ring_; }
   // Tracing off: spans, flight-recorder entries and metrics are skipped (the heartbeat still
-  // beats). For measuring what tracing costs; not for production.
-  void set_enabled(bool on) { enabled_ = on; }
+  // beats; an op enqueued while on still completes). For measuring what tracing costs; not for
+  // production. May be switched while other threads record (the bench alternates it by step).
+  void set_enabled(bool on) { enabled_.store(on, std::memory_order_relaxed); }
   Clock& clock() { return *clock_; }
 
  private:
@@ -141,7 +142,7 @@ class Tracer {
 
   std::shared_ptr<Clock> clock_;
   bool tsc_ = false;  // clock_ is a TscClock
-  bool enabled_ = true;
+  std::atomic<bool> enabled_{true};
   std::unique_ptr<RingWriter> ring_;
   std::mutex groups_mu_;
   std::unique_ptr<std::unique_ptr<GroupState>[]> groups_;  // max_groups slots; append-only

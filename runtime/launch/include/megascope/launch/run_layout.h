@@ -29,6 +29,8 @@ class RunLayout {
   std::string agent_port(const std::string& node) const { return node_dir(node) + "/agent.port"; }
   std::string rank_dir(int rank) const { return dir_ + "/ranks/" + std::to_string(rank); }
   std::string worker_log(int rank) const { return rank_dir(rank) + "/worker.log"; }
+  // Written only with --trace-alternate: step,traced,wall_ns,cpu_ns per step of this rank.
+  std::string step_costs(int rank) const { return rank_dir(rank) + "/step_costs.csv"; }
   std::string dumps(int attempt) const {
     return dir_ + "/dumps/attempt_" + std::to_string(attempt);
   }
