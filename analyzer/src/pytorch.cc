@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -158,7 +159,41 @@ void PropagateCoalesced(const json& closing, int group, bool p2p, int64_t seq,
   }
 }
 
-Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hint) {
+// The first recorder's dump (PyTorch 2.2's NCCLTraceBuffer::dump, before the dump had a version):
+// a bare list of entries {pg_id, seq_id, profiling_name, time_created_us, input_sizes,
+// output_sizes, state, retired, frames}; no pg_config, rank or timeout. Rewritten as the later
+// form. Only the default group (pg_id 0, the first process group every rank makes) has known
+// members, the world; a subgroup's pg_id counts the groups each rank itself made (a rank outside a
+// new_group makes none), so the same id may mean different groups on different ranks, and its
+// entries are left out as unknown.
+json FromFirstRecorder(const json& list, int world) {
+  json ranks = json::array();
+  for (int r = 0; r < world; ++r) ranks.push_back(r);
+  json out = {{"pg_config", {{"0", {{"name", "0"}, {"desc", "default_pg"}, {"ranks", ranks}}}}},
+              {"entries", json::array()}};
+  for (const auto& e : list) {
+    if (!e.is_object()) continue;
+    json x = e;
+    if (e.contains("time_created_us")) {  // saturated: the value is whatever the file holds
+      const int64_t us = IntOf(e["time_created_us"], 0);
+      constexpr int64_t kMax = std::numeric_limits<int64_t>::max() / 1000;
+      x["time_created_ns"] = std::clamp(us, -kMax, kMax) * 1000;
+    }
+    out["entries"].push_back(std::move(x));
+  }
+  return out;
+}
+
+Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hint, int world_hint,
+                             bool first_form = false) {
+  if (j.is_array()) {
+    if (rank_hint < 0)
+      return InvalidArgument(file +
+                             ": a first-recorder dump (a bare list of entries) says no rank, and "
+                             "no digits end the file name");
+    return Convert(FromFirstRecorder(j, std::max(world_hint, rank_hint + 1)), file, rank_hint, -1,
+                   /*first_form=*/true);
+  }
   tracer::Dump d;
   auto& s = d.snapshot;
   if (!j.is_object() || !j.contains("pg_config") ||
@@ -227,8 +262,11 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
     }
     auto git = group_of.find(pg);
     if (git == group_of.end()) {  // its members are unknown: the entry cannot be placed
-      d.unknown_values.push_back(
-          {"entries[" + std::to_string(id) + "]", "process group (not in pg_config)", pg});
+      d.unknown_values.push_back({"entries[" + std::to_string(id) + "]",
+                                  first_form ? "process group (a first-recorder dump names only "
+                                               "the default group's members)"
+                                             : "process group (not in pg_config)",
+                                  pg});
       ++id;
       continue;
     }
@@ -356,7 +394,7 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
 }  // namespace
 
 Result<tracer::Dump> ParsePyTorchDump(std::string_view text, const std::string& source,
-                                      int rank_hint) {
+                                      int rank_hint, int world_hint) {
   json j;
   if (LooksLikePickle(text)) {  // what TORCH_NCCL_DUMP_ON_TIMEOUT writes
     auto p = ReadPickle(text);
@@ -368,7 +406,7 @@ Result<tracer::Dump> ParsePyTorchDump(std::string_view text, const std::string& 
       return InvalidArgument(source + ": neither JSON nor a pickle (PyTorch's two dump forms)");
   }
   try {
-    return Convert(j, source, rank_hint);
+    return Convert(j, source, rank_hint, world_hint);
   } catch (const std::exception& e) {  // a field of an unexpected type or range
     return InvalidArgument(source + ": not a readable PyTorch Flight Recorder dump (" + e.what() +
                            ")");
@@ -387,13 +425,19 @@ Result<HangInput> LoadPyTorchDumps(const std::string& dir) {
   // A file that is not a readable dump (a log beside them, a truncated write) is left out with a
   // warning; its rank then reads as missing, which the analysis handles.
   std::vector<std::string> skipped;
-  for (const auto& f : files) {
-    auto text = tracer::ReadFile(f);
+  auto rank_in_name = [](const std::string& f) {
     std::smatch m;
     const std::string name = fs::path(f).filename().string();
-    int hint = -1;
-    if (std::regex_search(name, m, kTrailingRank) && m[1].length() < 9) hint = std::stoi(m[1]);
-    auto d = text.ok() ? ParsePyTorchDump(*text, f, hint) : Result<tracer::Dump>(text.status());
+    return std::regex_search(name, m, kTrailingRank) && m[1].length() < 9 ? std::stoi(m[1]) : -1;
+  };
+  // The world as the files' names count it: what a dump that does not say its world is read with.
+  int world_hint = 0;
+  for (const auto& f : files) world_hint = std::max(world_hint, rank_in_name(f) + 1);
+  for (const auto& f : files) {
+    auto text = tracer::ReadFile(f);
+    const int hint = rank_in_name(f);
+    auto d = text.ok() ? ParsePyTorchDump(*text, f, hint, world_hint)
+                       : Result<tracer::Dump>(text.status());
     if (!d.ok()) {
       skipped.push_back(d.status().message());
       continue;

@@ -187,7 +187,7 @@ def as_json(d):
     return json.dumps(j)
 
 
-def write_case(name, origin, dumps, expected, form="pickle"):
+def write_case(name, origin, dumps, expected, form="pickle", warnings=None):
     d = os.path.join(HERE, name)
     os.makedirs(os.path.join(d, "dumps"), exist_ok=True)
     for f in os.listdir(os.path.join(d, "dumps")):
@@ -201,7 +201,10 @@ def write_case(name, origin, dumps, expected, form="pickle"):
         else:
             open(path + ".json", "w").write(as_json(x))
     with open(os.path.join(d, "expected.json"), "w") as f:
-        json.dump({"origin": origin, "form": form, "verdicts": expected}, f, indent=1)
+        case = {"origin": origin, "form": form, "verdicts": expected}
+        if warnings:
+            case["warnings"] = warnings  # a part of each warning the reader must give, in order
+        json.dump(case, f, indent=1)
         f.write("\n")
 
 
@@ -358,6 +361,33 @@ def main():
                "(tools/flight_recorder reports it as a mismatch of collective_seq_id across groups); the "
                "departing rank is the minority", dumps,
                [{"cause": "order_mismatch", "root_ranks": [3], "waiting_ranks": [0, 1, 2]}])
+
+    # 11. The first recorder (PyTorch 2.2's NCCLTraceBuffer::dump, before the dump had a version):
+    #     a bare list of entries with pg_id, seq_id, time_created_us and no pg_config, rank or
+    #     timeout. Without timing no start event is recorded, so an open op stays "scheduled".
+    #     Rank 2 never issues the world's 5th all-reduce. Ranks 0 and 1 also made a subgroup
+    #     (pg_id 1 on them; rank 2 and 3 made none): its entries cannot be placed and are left out.
+    dumps = {}
+    for r in range(4):
+        ents = []
+        for k in range(5 if r != 2 else 4):
+            state = "scheduled" if k == 4 else "completed"
+            ents.append({"pg_id": 0, "seq_id": k + 1, "profiling_name": "nccl:all_reduce",
+                         "time_created_us": T0 // 1000 + k * 10_000, "input_sizes": [[1024]],
+                         "output_sizes": [[1024]], "state": state, "retired": state == "completed",
+                         "frames": frames})
+        if r < 2:
+            ents.insert(1, {"pg_id": 1, "seq_id": 1, "profiling_name": "nccl:broadcast",
+                            "time_created_us": T0 // 1000 + 5_000, "input_sizes": [[16]],
+                            "output_sizes": [[16]], "state": "completed", "retired": True,
+                            "frames": []})
+        dumps[r] = ents
+    write_case("first_recorder_bare_list", "the first recorder's dump() in c10d TraceUtils.h "
+               "(pytorch#110960, PyTorch 2.2; the version tag came with pytorch#118046): "
+               "pickle_str of a list of entry dicts", dumps,
+               [{"cause": "rank_not_joined", "root_ranks": [2], "waiting_ranks": [0, 1, 3]}],
+               warnings=["process group (a first-recorder dump names only the default group's "
+                         "members) '1' in 2 dumps"])
 
 
 if __name__ == "__main__":

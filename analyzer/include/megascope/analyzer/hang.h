@@ -105,8 +105,10 @@ Result<HangInput> LoadDumpDirectory(const std::string& dir);
 // a top-level "rank" field or the digits ending the file name), converted to megascope dumps.
 Result<HangInput> LoadPyTorchDumps(const std::string& dir);
 // One PyTorch dump's JSON text as a megascope dump (`rank_hint` when the text has no "rank").
+// `world_hint`: the job's size where the dump does not say (the first recorder's form, a bare
+// list of entries, has no pg_config: its default group is taken as ranks 0..world_hint-1).
 Result<tracer::Dump> ParsePyTorchDump(std::string_view text, const std::string& source,
-                                      int rank_hint = -1);
+                                      int rank_hint = -1, int world_hint = -1);
 // Builds the input from parsed dumps (checks membership agrees across ranks), indexing each.
 Result<HangInput> MakeHangInput(std::vector<std::pair<std::string, tracer::Dump>> dumps);
 
