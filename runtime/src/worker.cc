@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -76,7 +75,10 @@ class Worker {
     if (cfg_.trace_alternate > 0) {
       st = tracer::WriteFileAtomic(layout_.step_costs(rank_),
                                    "step,traced,wall_ns,cpu_ns\n" + step_costs_);
-      if (!st.ok()) return Fail(cfg_.steps - 1, st);
+      if (!st.ok()) {  // the training itself went well: no flight-recorder dump, no comm failure
+        std::fprintf(stderr, "[worker] rank %d: %s\n", rank_, st.ToString().c_str());
+        return kExitSetup;
+      }
     }
     if (ckpt_thread_.joinable()) ckpt_thread_.join();
     if (mem_thread_.joinable()) mem_thread_.join();
@@ -185,9 +187,8 @@ class Worker {
     const bool traced = (block % 2 == 0) != ((block / 2) % 2 == 1);
     tracer_->set_enabled(traced);
     auto cpu_now = [] {
-      timespec t{};
-      clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-      return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+      const launch::CpuTime t = launch::SelfCpuTime();
+      return static_cast<int64_t>((t.user_s + t.system_s) * 1e9);
     };
     const int64_t c0 = cpu_now();
     const auto w0 = std::chrono::steady_clock::now();
