@@ -383,9 +383,12 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
   // Written when the watchdog fired: the file's time, unless the file was copied since (its time
   // is then far past the point where every open op had timed out, which is when PyTorch dumps).
   d.dumped_at_ns = std::max(latest, mtime);
-  const int64_t timed_out = latest + open_timeout_ms * 1'000'000;
-  if (open_timeout_ms > 0 && latest > 0 && mtime > timed_out + 600'000'000'000LL)
-    d.dumped_at_ns = timed_out;
+  // Overflow-checked: the times are whatever the file holds (a fuzzer found latest near INT64_MAX).
+  int64_t timed_out = 0, copied_after = 0;
+  const bool fits = !__builtin_mul_overflow(open_timeout_ms, int64_t{1'000'000}, &timed_out) &&
+                    !__builtin_add_overflow(latest, timed_out, &timed_out) &&
+                    !__builtin_add_overflow(timed_out, int64_t{600'000'000'000}, &copied_after);
+  if (fits && open_timeout_ms > 0 && latest > 0 && mtime > copied_after) d.dumped_at_ns = timed_out;
   d.alive = true;
   d.oldest_open_blocks = true;  // NCCL runs the queued ops in order
   return d;
