@@ -15,22 +15,28 @@
 #     the long run; the agent's CPU per step; and the agent's share of one core at the demo's load
 #     (scripts/demo.sh: 3 nodes of 2 ranks, one agent each), alone on the machine: its extra CPU
 #     over the extra wall time of an 80-step run against a 20-step run;
-#     Each round gives one traced/untraced ratio per measure; the mean ratio and its 95 %
-#     confidence interval (Student's t over the rounds) are reported, with the agent's CPU per step
-#     and as a share of one core;
+#     Each round gives one traced and one untraced figure per measure; the cost is their mean
+#     paired difference over the untraced mean, with its 95 % confidence interval (Student's t
+#     over the rounds), reported with the agent's CPU per step and as a share of one core;
 #  5. in one run per layout, tracing on and off in alternating blocks of steps (train
 #     --trace-alternate: on, off, off, on, ..., each block about 0.3 s), every step's wall
 #     time and each rank's CPU time as the rank measured it: pairs of adjacent blocks, one
-#     traced and one not, each giving a traced/untraced ratio a few hundred milliseconds apart, so
-#     the machine's drift (up to 30 % from one minute to the next here) cancels where two whole
-#     jobs side by side (4.) cannot resolve 1 %. The agent runs throughout and drains every 50 ms;
-#     its own cost is 3. and 4.;
+#     traced and one not, a few hundred milliseconds apart, so the machine's drift (up to 30 %
+#     from one minute to the next here) cancels where two whole jobs side by side (4.) cannot
+#     resolve 1 %. The cost is the mean paired difference over the untraced mean, not the mean of
+#     per-pair ratios: a ratio's noisy denominator biases that upwards (E[1/x] > 1/E[x]), by
+#     +1 to +2.5 % at (2,2,2)'s 4-step blocks (22 % noise a step), more than the target. An A/A
+#     control checks the estimator: the adjacent untraced blocks between two pairs (off | off),
+#     compared the same way, must come out equal. The agent runs throughout and drains every
+#     50 ms; its own cost is 3. and 4.;
 #  6. trace volume: trace.db bytes per rank per step of a native run, and per table (dbstat).
 # The model is the demo's (2 layers, width 64); STEPS defaults to 5, ROUNDS to 6, SCALE (of 5.'s
-# pairs, 23 minutes at 1) to 1.
+# pairs, 45 minutes at 1) to 1.
 # Usage: bench/tracing_cost.sh [STEPS] [ROUNDS] [SCALE]   (results: bench/results/tracing_cost.txt)
 #        NATIVE_ONLY=1 skips the callgrind part (a quick look; results not written);
-#        ALTERNATE_ONLY=1 runs only 5. and 6. (results: bench/results/tracing_cost_one_run.txt).
+#        ALTERNATE_ONLY=1 runs only 5. and 6. (results: bench/results/tracing_cost_one_run.txt);
+#        LAYOUTS="211" (any of 111 211 222) restricts 5. to those layouts, for more pairs of one at a
+#        larger SCALE (results then in tracing_cost_one_run_211.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-5}
@@ -47,7 +53,7 @@ $bin prepare-data tests/data/text/notes_on_training.txt -o "$work/data.bin" >/de
 model="--layers 2 --width 64 --heads 4 --seq 32 --batch 8 --microbatches 2"
 out=bench/results/tracing_cost.txt
 {
-  echo "# command: ${ALTERNATE_ONLY:+ALTERNATE_ONLY=1 }bench/tracing_cost.sh $steps $rounds $scale"
+  echo "# command: ${ALTERNATE_ONLY:+ALTERNATE_ONLY=1 }${LAYOUTS:+LAYOUTS=\"$LAYOUTS\" }bench/tracing_cost.sh $steps $rounds $scale"
   echo "# date: $(date -u +%FT%TZ)  host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
   echo "# model: $model; $steps steps; instructions by valgrind --tool=callgrind (valgrind $(valgrind --version | cut -d- -f2))"
   for layout in "1 1 1" "2 1 1" "2 2 2"; do
@@ -115,10 +121,11 @@ out=bench/results/tracing_cost.txt
   # block lasts about 0.3 s (the agent drains every 50 ms, so what it does for a traced block
   # falls mostly in that block); the first pair of blocks is warm-up. Pairs per layout: at
   # (1,1,1) the noise is the machine's drift (successive steps correlate), at (2,1,1) and (2,2,2)
-  # each step's own (~20 % of a step, uncorrelated): 300, 400 and 1,500 pairs at SCALE 1
-  # (3, 4 and 16 minutes here) resolve about +-0.2, +-0.5 and +-0.8 %.
-  for spec in "1 1 1 30 300" "2 1 1 30 400" "2 2 2 4 1500"; do
+  # each step's own (~20 % of a step, uncorrelated): 300, 2,400 and 1,500 pairs at SCALE 1
+  # (3, 25 and 16 minutes here) resolve about +-0.4, +-0.3 and +-0.8 % of the wall step.
+  for spec in "1 1 1 30 300" "2 1 1 30 2400" "2 2 2 4 1500"; do
     set -- $spec
+    [[ " ${LAYOUTS:-111 211 222} " == *" $1$2$3 "* ]] || continue
     pairs=$(python3 -c "print(max(2, round($5 * $scale)))")
     d=$work/alternate-$1$2$3
     "$bin" train --dp "$1" --tp "$2" --pp "$3" --data "$work/data.bin" --run-dir "$d" \
@@ -250,6 +257,18 @@ def mean_ci(xs):
     return m, t * statistics.stdev(xs) / len(xs) ** 0.5
 
 
+def paired(on, off):
+    """Cost of `on` over `off` from paired samples: the mean paired difference over the mean of
+    `off`, and its 95 % confidence interval. Not the mean of the per-pair ratios: a ratio's noisy
+    denominator (E[1/x] > 1/E[x]) biases it upwards by about the squared relative noise of one
+    sample even when the two do not differ -- +1 % at (2,2,2)'s 4-step blocks, twice the target
+    (the A/A control below shows it)."""
+    import statistics
+    m, h = mean_ci([a - b for a, b in zip(on, off)])
+    base = statistics.mean(off)
+    return 1 + m / base, h / base
+
+
 CPU = re.compile(r"cpu ([\d.]+) s user, ([\d.]+) s system")
 
 
@@ -274,13 +293,13 @@ if native:
     import json
     rounds = sorted({k[0] for k in native})
     print(f"\nnative, {len(rounds)} rounds (traced and untraced side by side; CPU: long run minus 20-step run,"
-          f" per step): mean traced/untraced ratio and its 95 % confidence interval")
+          f" per step): traced/untraced (mean paired difference over the untraced mean) and its 95 % confidence interval")
     print("layout    worker CPU per rank-step (ms)       ratio            wall step (ms)          ratio"
           "            agent CPU per step (ms)")
     rows_out = []
     for layout in ["1,1,1", "2,1,1", "2,2,2"]:
         ranks = eval(layout.replace(",", "*"))
-        cpu_r, wall_r, cpu_t, cpu_u, wall_t, wall_u, ag_step, ag_share = [], [], [], [], [], [], [], []
+        cpu_t, cpu_u, wall_t, wall_u, ag_step, ag_share = [], [], [], [], [], []
         for r in rounds:
             vals = {}
             for mode in ("trace", "no-trace"):
@@ -297,11 +316,9 @@ if native:
                             f"{vals['no-trace'][2] * 1e3:.2f} ms CPU per step (traced vs untraced)")
             cpu_t.append(vals["trace"][0]); cpu_u.append(vals["no-trace"][0])
             wall_t.append(vals["trace"][1]); wall_u.append(vals["no-trace"][1])
-            cpu_r.append(vals["trace"][0] / vals["no-trace"][0])
-            wall_r.append(vals["trace"][1] / vals["no-trace"][1])
             ag_step.append(vals["trace"][2]); ag_share.append(vals["trace"][3])
-        cr, crh = mean_ci(cpu_r)
-        wr, wrh = mean_ci(wall_r)
+        cr, crh = paired(cpu_t, cpu_u)
+        wr, wrh = paired(wall_t, wall_u)
         ast, asth = mean_ci(ag_step)
         ash, ashh = mean_ci(ag_share)
         summary[layout] = (cr, crh, wr, wrh, ash, ashh)
@@ -315,7 +332,9 @@ if native:
 
 def alternating(block, d):
     """Pairs of adjacent blocks (one traced, one not) of a --trace-alternate run: per pair, the
-    mean worker CPU per rank-step and the mean wall step (over the ranks), traced and untraced."""
+    mean worker CPU per rank-step and the mean wall step (over the ranks), traced and untraced.
+    Also the A/A control: the adjacent untraced blocks between two pairs (on, off | off, on),
+    which the same estimator must find equal."""
     import statistics
     steps = {}  # step -> [traced, CPU summed over ranks, wall summed over ranks, ranks]
     for f in glob.glob(f"{d}/ranks/*/step_costs.csv"):
@@ -334,15 +353,23 @@ def alternating(block, d):
             b[1].append(c / n)
             b[2].append(w / n)
     pairs = []
+    m = statistics.mean
     for p in range(1, max(blocks) // 2 + 1):
         a, b = blocks.get(2 * p), blocks.get(2 * p + 1)
         if not a or not b or len(a[1]) != block or len(b[1]) != block:
             continue
         on, off = (a, b) if a[0] else (b, a)
         assert on[0] == 1 and off[0] == 0, f"block pair {p} is not one traced and one untraced"
-        m = statistics.mean
         pairs.append((m(on[1]), m(off[1]), m(on[2]), m(off[2])))
-    return ranks, pairs
+    control = []
+    for p in range(1, max(blocks) // 2 + 1):
+        a, b = blocks.get(2 * p + 1), blocks.get(2 * p + 2)
+        if not a or not b or len(a[1]) != block or len(b[1]) != block or a[0] or b[0]:
+            continue
+        if p % 4 < 2:  # which of the two stands for "traced" alternates, as it does in the pairs
+            a, b = b, a
+        control.append((m(a[1]), m(b[1]), m(a[2]), m(b[2])))
+    return ranks, pairs, control
 
 
 def drops_in(d):
@@ -355,21 +382,31 @@ def drops_in(d):
 
 if alternate:
     print("\nin one run, tracing on and off in alternating blocks of steps (on, off, off, on, ...):"
-          " per pair of blocks, traced/untraced; mean ratio and its 95 % confidence interval")
+          " per pair of blocks, traced/untraced (mean paired difference over the untraced mean) and its 95 %"
+          " confidence interval;\n then the A/A control: the same estimator over adjacent untraced blocks, which"
+          " must include x1 (with the mean of per-pair ratios instead, biased by the noise, in brackets)")
     print("layout   block  pairs  worker CPU per rank-step (ms)   ratio                wall step (ms)"
           "          ratio                records dropped")
     for layout in ["1,1,1", "2,1,1", "2,2,2"]:
         if layout not in alternate:
             continue
         block, d = alternate[layout]
-        ranks, pairs = alternating(block, d)
-        cr, crh = mean_ci([p[0] / p[1] for p in pairs])
-        wr, wrh = mean_ci([p[2] / p[3] for p in pairs])
+        ranks, pairs, control = alternating(block, d)
+        col = lambda ps, i: [p[i] for p in ps]
+        cr, crh = paired(col(pairs, 0), col(pairs, 1))
+        wr, wrh = paired(col(pairs, 2), col(pairs, 3))
         m = lambda i: sum(p[i] for p in pairs) / len(pairs) / 1e6
         summary["alt " + layout] = (cr, crh, wr, wrh)
         print(f"({layout})  {block:5d}  {len(pairs):5d}  traced {m(0):6.3f} untraced {m(1):6.3f}   "
               f"x{cr:.4f} +- {crh:.4f}   traced {m(2):6.2f} untraced {m(3):6.2f}   "
               f"x{wr:.4f} +- {wrh:.4f}   {drops_in(d)}")
+        ac, ach = paired(col(control, 0), col(control, 1))
+        aw, awh = paired(col(control, 2), col(control, 3))
+        bc, bch = mean_ci([p[0] / p[1] for p in control])
+        bw, bwh = mean_ci([p[2] / p[3] for p in control])
+        summary["aa " + layout] = (ac, ach, aw, awh)
+        print(f"  A/A control  {len(control):5d}  untraced vs untraced blocks: CPU x{ac:.4f} +- {ach:.4f} "
+              f"[x{bc:.4f} +- {bch:.4f}]   wall x{aw:.4f} +- {awh:.4f} [x{bw:.4f} +- {bwh:.4f}]")
 
 if demo:
     shares = []
@@ -417,6 +454,10 @@ for layout in ["1,1,1", "2,1,1", "2,2,2"]:
     if "alt " + layout in summary:
         cr, crh, wr, wrh = summary["alt " + layout]
         print(f"({layout})  in one run: worker CPU time {pct(cr, crh)}   wall step {pct(wr, wrh)}")
+        ac, ach, aw, awh = summary["aa " + layout]
+        sane = "includes" if abs(ac - 1) <= ach and abs(aw - 1) <= awh else "DOES NOT include"
+        print(f"({layout})  A/A control {sane} 0: CPU {100 * (ac - 1):+.2f} +- {100 * ach:.2f} %, "
+              f"wall {100 * (aw - 1):+.2f} +- {100 * awh:.2f} %")
     if layout not in summary:
         continue
     cr, crh, wr, wrh, ash, ashh = summary[layout]
@@ -427,7 +468,7 @@ if "volume" in summary:
     print(f"trace volume {summary['volume']:,.0f} bytes per rank per step (target <= 2,048)")
 PY
 if [ -n "${ALTERNATE_ONLY:-}" ]; then
-  { grep '^#' "$work/raw.txt"; cat "$out.body"; } >"${out%.txt}_one_run.txt"
+  { grep '^#' "$work/raw.txt"; cat "$out.body"; } >"${out%.txt}_one_run${LAYOUTS:+_${LAYOUTS// /_}}.txt"
 elif [ -z "${NATIVE_ONLY:-}" ]; then
   { grep '^#' "$work/raw.txt"; cat "$out.body"; } >"$out"
 fi

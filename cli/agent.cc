@@ -51,6 +51,7 @@ int RunAgent(const Args& args) {
   if (const char* root = std::getenv("MEGASCOPE_PROC_ROOT"); root != nullptr && *root != '\0')
     o.proc_root = root;
   std::string token_file;
+  std::string drain_priority(tracer::agent::Name(o.drain_priority));
   po::options_description opts("Options");
   opts.add_options()("help,h", "show this help")(
       "node", po::value(&o.node)->required(),
@@ -65,6 +66,12 @@ int RunAgent(const Args& args) {
       "shm-dir", po::value(&o.shm_dir)->default_value(o.shm_dir), "where rank rings live")(
       "max-db-mb", po::value(&o.max_db_mb)->default_value(0),
       "cap trace.db at this many MiB (0: no cap)")(
+      "drain-priority", po::value(&drain_priority)->default_value(drain_priority),
+      "CPU scheduling policy of the drain: batch (SCHED_BATCH: an equal share of the CPU, but "
+      "never preempting a running rank when it wakes up), idle (SCHED_IDLE: only cores no rank "
+      "wants; where the ranks keep every core busy, trace.db and the straggler watch fall behind "
+      "and full rings count drops) or normal. HTTP requests are served at the normal policy "
+      "either way")(
       "token-file", po::value(&token_file),
       "require \"Authorization: Bearer <token>\" on every request, the token read from this file "
       "(a launch gives its agents RUN_DIR/control.token when they listen beyond loopback)")(
@@ -78,6 +85,12 @@ int RunAgent(const Args& args) {
     return *rc;
   }
   if (o.sample_interval_s <= 0) return Fail("agent", "--sample-interval must be positive", 2);
+  if (auto p = tracer::agent::ParseDrainPriority(drain_priority)) {
+    o.drain_priority = *p;
+  } else {
+    return Fail("agent",
+                "--drain-priority '" + drain_priority + "': expected idle, batch or normal", 2);
+  }
   if (!token_file.empty()) {
     auto token = tracer::ReadToken(token_file);
     if (!token.ok()) return Fail("agent", token.status().message(), 2);

@@ -50,6 +50,11 @@ TEST(CliTest, UsageErrorsExitWithTwo) {
   CliRun range = Megascope("trace-demo --ranks 3");
   EXPECT_EQ(range.code, 2);
   EXPECT_NE(range.out.find("--ranks must be"), std::string::npos);
+  CliRun priority = Megascope("agent --node n0 --run-dir /nonexistent --drain-priority fast");
+  EXPECT_EQ(priority.code, 2);
+  EXPECT_NE(priority.out.find("--drain-priority 'fast': expected idle, batch or normal"),
+            std::string::npos)
+      << priority.out;
 }
 
 TEST(CliTest, TraceDemoAccountsForEveryRecordAndDumpsTheStuckRank) {

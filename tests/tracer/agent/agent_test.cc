@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -473,6 +475,61 @@ TEST_F(AgentTest, StateIsServedWhileTheAgentDrains) {
   EXPECT_GE(last, static_cast<uint64_t>(kTotal)) << "after " << reads << " reads";
   EXPECT_EQ((*agent)->rows_written(),
             static_cast<uint64_t>(Count(Db(), "SELECT COUNT(*) FROM spans")));
+}
+
+// The scheduling policy (sched(7)) of every thread of this process but `except`, from
+// /proc/self/task/<tid>/stat's 41st field.
+std::map<pid_t, int> PoliciesOfOtherThreads(pid_t except) {
+  std::map<pid_t, int> out;
+  for (const auto& task : fs::directory_iterator("/proc/self/task")) {
+    const pid_t tid = std::stoi(task.path().filename().string());
+    if (tid == except) continue;
+    std::ifstream in(task.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::istringstream fields(stat.substr(stat.rfind(')') + 2));  // field 3 onwards
+    std::string f;
+    for (int i = 3; i <= 41 && fields >> f; ++i) {
+    }
+    out[tid] = std::stoi(f);
+  }
+  return out;
+}
+
+// The drain runs at its own scheduling policy, the HTTP threads at the normal one, and an idle
+// drain still writes everything.
+TEST_F(AgentTest, TheDrainRunsAtItsOwnPriorityAndHttpAtTheNormalOne) {
+  for (const auto& [priority, policy] :
+       {std::pair{DrainPriority::kIdle, SCHED_IDLE}, std::pair{DrainPriority::kBatch, SCHED_BATCH},
+        std::pair{DrainPriority::kNormal, SCHED_OTHER}}) {
+    SCOPED_TRACE(std::string(Name(priority)));
+    EXPECT_EQ(ParseDrainPriority(Name(priority)), priority);
+    for (const auto& dir : {shm_.path(), run_.path()})
+      for (const auto& e : fs::directory_iterator(dir)) fs::remove_all(e);
+    auto t = Tracer::Create(Ring(0));
+    ASSERT_TRUE(t.ok());
+    const NameId name = *(*t)->InternName("forward");
+    for (int i = 0; i < 100; ++i) (*t)->RecordSpan(SpanKind::kForward, name, i, 0, 1, 2);
+    AgentOptions o = Options();
+    o.drain_priority = priority;
+    auto agent = Agent::Create(o);
+    ASSERT_TRUE(agent.ok());
+    std::atomic<pid_t> drain_tid{0};
+    int drain_policy = -1;
+    std::thread runner([&] {
+      drain_tid = ::gettid();
+      (*agent)->Run();
+      drain_policy = ::sched_getscheduler(0);
+    });
+    while ((*agent)->rows_written() < 100) std::this_thread::yield();
+    const auto state = nlohmann::json::parse(HttpGet((*agent)->port(), "/state"));
+    EXPECT_EQ(state["rows_written"], 100);
+    for (const auto& [tid, p] : PoliciesOfOtherThreads(drain_tid))
+      EXPECT_EQ(p, SCHED_OTHER) << "thread " << tid;
+    (*agent)->Stop();
+    runner.join();
+    EXPECT_EQ(drain_policy, policy);
+  }
+  EXPECT_FALSE(ParseDrainPriority("fast").has_value());
 }
 
 TEST_F(AgentTest, AFullDatabaseIsCountedAndLosesNothingAlreadyInTheRing) {

@@ -8,13 +8,16 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -811,7 +814,37 @@ Result<size_t> Agent::Poll(bool sample) {
   return impl_->Drain(sample);
 }
 
+namespace {
+
+constexpr std::string_view kDrainPriorityNames[] = {"normal", "batch", "idle"};
+
+// Gives the calling thread `p`'s scheduling policy (sched(7)); a failure leaves the drain at the
+// normal policy and says so.
+void ApplyDrainPriority(const std::string& node, DrainPriority p) {
+  const int policy = p == DrainPriority::kIdle    ? SCHED_IDLE
+                     : p == DrainPriority::kBatch ? SCHED_BATCH
+                                                  : SCHED_OTHER;
+  const sched_param param{};
+  if (::sched_setscheduler(0, policy, &param) != 0)
+    Log(node, "cannot give the drain the " + std::string(Name(p)) +
+                  " scheduling policy: " + std::strerror(errno) + " (it stays as it was)");
+}
+
+}  // namespace
+
+std::string_view Name(DrainPriority p) {
+  const auto i = static_cast<size_t>(p);
+  return i < std::size(kDrainPriorityNames) ? kDrainPriorityNames[i] : "unknown";
+}
+
+std::optional<DrainPriority> ParseDrainPriority(std::string_view s) {
+  for (size_t i = 0; i < std::size(kDrainPriorityNames); ++i)
+    if (s == kDrainPriorityNames[i]) return static_cast<DrainPriority>(i);
+  return std::nullopt;
+}
+
 void Agent::Run() {
+  ApplyDrainPriority(impl_->opt.node, impl_->opt.drain_priority);
   auto next_sample = std::chrono::steady_clock::now();
   while (!stop_) {
     const auto now = std::chrono::steady_clock::now();

@@ -10,8 +10,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -20,6 +22,22 @@
 #include "megascope/tracer/trace_store.h"
 
 namespace megascope::tracer::agent {
+
+// The CPU scheduling policy of the agent's drain (the thread that calls Run()). Spelled "normal",
+// "batch", "idle" (megascope agent --drain-priority).
+//  kNormal: SCHED_OTHER, competing with the ranks as an equal;
+//  kBatch:  SCHED_BATCH (the default), the same share of the CPU, but a drain that wakes up never
+//           preempts a running rank (a preempted rank delays every peer waiting on it);
+//  kIdle:   SCHED_IDLE, runs only on a core no rank wants. Where the ranks keep every core busy
+//           the drain stalls: the trace database (and the straggler watch that reads it) falls
+//           behind by as much as the whole run, and the rings count drops once full (training
+//           never waits for it). For nodes with cores to spare.
+// HTTP threads (/state, /dumps, /stacks) keep the normal policy, so they answer promptly. Linux
+// lets an unprivileged thread lower its policy but not raise it back (CAP_SYS_NICE or
+// RLIMIT_NICE): Run() sets it once, for good.
+enum class DrainPriority : uint8_t { kNormal = 0, kBatch, kIdle };
+std::string_view Name(DrainPriority p);
+std::optional<DrainPriority> ParseDrainPriority(std::string_view s);
 
 struct AgentOptions {
   std::string node = "node0";
@@ -34,7 +52,8 @@ struct AgentOptions {
   double sample_interval_s = 1.0;
   size_t batch_records = 65536;  // records per drain pass (one transaction over every ring)
   int64_t max_db_mb = 0;  // cap on trace.db; 0: none (past it, writes fail as on a full disk)
-  WriteHook write_hook;   // the store's fault seam (trace_store.h); tests only
+  DrainPriority drain_priority = DrainPriority::kBatch;
+  WriteHook write_hook;  // the store's fault seam (trace_store.h); tests only
 };
 
 class Agent {
@@ -43,7 +62,8 @@ class Agent {
   static Result<std::unique_ptr<Agent>> Create(const AgentOptions& options);
   ~Agent();
 
-  // Drains, samples and checks ranks until Stop(); a final drain happens before it returns.
+  // Drains, samples and checks ranks until Stop(); a final drain happens before it returns. The
+  // calling thread takes (and keeps) options.drain_priority's scheduling policy.
   void Run();
   void Stop() { stop_ = true; }
   // One cycle: discover rings, drain each (one transaction per ring batch), detect dead ranks,
