@@ -818,8 +818,8 @@ namespace {
 
 constexpr std::string_view kDrainPriorityNames[] = {"normal", "batch", "idle"};
 
-// Gives the calling thread `p`'s scheduling policy (sched(7)); a failure leaves the drain at the
-// normal policy and says so.
+// Gives the calling thread `p`'s scheduling policy (sched(7)); a failure leaves the drain's policy
+// as it was and says so.
 void ApplyDrainPriority(const std::string& node, DrainPriority p) {
   const int policy = p == DrainPriority::kIdle    ? SCHED_IDLE
                      : p == DrainPriority::kBatch ? SCHED_BATCH
