@@ -34,9 +34,7 @@
 # pairs, 90 minutes at 1) to 1.
 # Usage: bench/tracing_cost.sh [STEPS] [ROUNDS] [SCALE]   (results: bench/results/tracing_cost.txt)
 #        NATIVE_ONLY=1 skips the callgrind part (a quick look; results not written);
-#        ALTERNATE_ONLY=1 runs only 5. and 6. (results: bench/results/tracing_cost_one_run.txt);
-#        LAYOUTS="211" (any of 111 211 222) restricts 5. to those layouts, for more pairs of one at a
-#        larger SCALE (results then in tracing_cost_one_run_211.txt).
+#        ALTERNATE_ONLY=1 runs only 5. and 6. (results: bench/results/tracing_cost_one_run.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-5}
@@ -53,7 +51,7 @@ $bin prepare-data tests/data/text/notes_on_training.txt -o "$work/data.bin" >/de
 model="--layers 2 --width 64 --heads 4 --seq 32 --batch 8 --microbatches 2"
 out=bench/results/tracing_cost.txt
 {
-  echo "# command: ${ALTERNATE_ONLY:+ALTERNATE_ONLY=1 }${LAYOUTS:+LAYOUTS=\"$LAYOUTS\" }bench/tracing_cost.sh $steps $rounds $scale"
+  echo "# command: ${ALTERNATE_ONLY:+ALTERNATE_ONLY=1 }bench/tracing_cost.sh $steps $rounds $scale"
   echo "# date: $(date -u +%FT%TZ)  host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
   echo "# model: $model; $steps steps; instructions by valgrind --tool=callgrind (valgrind $(valgrind --version | cut -d- -f2))"
   for layout in "1 1 1" "2 1 1" "2 2 2"; do
@@ -125,7 +123,6 @@ out=bench/results/tracing_cost.txt
   # (3, 33 and 50 minutes here) resolve about +-0.4, +-0.3 and +-0.4 % of the wall step.
   for spec in "1 1 1 30 300" "2 1 1 30 3200" "2 2 2 4 4500"; do
     set -- $spec
-    [[ " ${LAYOUTS:-111 211 222} " == *" $1$2$3 "* ]] || continue
     pairs=$(python3 -c "print(max(2, round($5 * $scale)))")
     d=$work/alternate-$1$2$3
     "$bin" train --dp "$1" --tp "$2" --pp "$3" --data "$work/data.bin" --run-dir "$d" \
@@ -352,19 +349,20 @@ def alternating(block, d):
             b = blocks.setdefault(s // block, [t, [], []])
             b[1].append(c / n)
             b[2].append(w / n)
-    pairs = []
     m = statistics.mean
+    full = lambda k: blocks.get(k) if len(blocks.get(k, [0, []])[1]) == block else None
+    pairs = []
     for p in range(1, max(blocks) // 2 + 1):
-        a, b = blocks.get(2 * p), blocks.get(2 * p + 1)
-        if not a or not b or len(a[1]) != block or len(b[1]) != block:
+        a, b = full(2 * p), full(2 * p + 1)
+        if not a or not b:
             continue
         on, off = (a, b) if a[0] else (b, a)
         assert on[0] == 1 and off[0] == 0, f"block pair {p} is not one traced and one untraced"
         pairs.append((m(on[1]), m(off[1]), m(on[2]), m(off[2])))
     control = []
     for p in range(1, max(blocks) // 2 + 1):
-        a, b = blocks.get(2 * p + 1), blocks.get(2 * p + 2)
-        if not a or not b or len(a[1]) != block or len(b[1]) != block or a[0] or b[0]:
+        a, b = full(2 * p + 1), full(2 * p + 2)
+        if not a or not b or a[0] or b[0]:
             continue
         if p % 4 < 2:  # which of the two stands for "traced" alternates, as it does in the pairs
             a, b = b, a
@@ -468,7 +466,7 @@ if "volume" in summary:
     print(f"trace volume {summary['volume']:,.0f} bytes per rank per step (target <= 2,048)")
 PY
 if [ -n "${ALTERNATE_ONLY:-}" ]; then
-  { grep '^#' "$work/raw.txt"; cat "$out.body"; } >"${out%.txt}_one_run${LAYOUTS:+_${LAYOUTS// /_}}.txt"
+  { grep '^#' "$work/raw.txt"; cat "$out.body"; } >"${out%.txt}_one_run.txt"
 elif [ -z "${NATIVE_ONLY:-}" ]; then
   { grep '^#' "$work/raw.txt"; cat "$out.body"; } >"$out"
 fi

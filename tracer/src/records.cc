@@ -2,22 +2,10 @@
 
 #include <array>
 
+#include "megascope/tracer/enum_names.h"
+
 namespace megascope::tracer {
 namespace {
-
-template <typename E, size_t N>
-std::optional<E> ParseFrom(const std::array<std::string_view, N>& names, std::string_view s) {
-  for (size_t i = 0; i < N; ++i) {
-    if (names[i] == s) return static_cast<E>(i);
-  }
-  return std::nullopt;
-}
-
-template <typename E, size_t N>
-std::string_view NameFrom(const std::array<std::string_view, N>& names, E e) {
-  auto i = static_cast<size_t>(e);
-  return i < N ? names[i] : std::string_view("unknown");
-}
 
 constexpr std::array<std::string_view, 8> kSpanKinds = {
     "forward", "backward", "optimizer", "data", "checkpoint", "comm", "compute", "other"};

@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -29,6 +30,7 @@
 
 #include "megascope/tracer/agent/host_metrics.h"
 #include "megascope/tracer/dump.h"
+#include "megascope/tracer/enum_names.h"
 #include "megascope/tracer/file_util.h"
 #include "megascope/tracer/metric_names.h"
 #include "megascope/tracer/ring.h"
@@ -816,14 +818,14 @@ Result<size_t> Agent::Poll(bool sample) {
 
 namespace {
 
-constexpr std::string_view kDrainPriorityNames[] = {"normal", "batch", "idle"};
+constexpr std::array<std::string_view, 3> kDrainPriorityNames = {"normal", "batch", "idle"};
 
 // Gives the calling thread `p`'s scheduling policy (sched(7)); a failure leaves the drain's policy
 // as it was and says so.
 void ApplyDrainPriority(const std::string& node, DrainPriority p) {
-  const int policy = p == DrainPriority::kIdle    ? SCHED_IDLE
-                     : p == DrainPriority::kBatch ? SCHED_BATCH
-                                                  : SCHED_OTHER;
+  constexpr std::array<int, kDrainPriorityNames.size()> kPolicies = {SCHED_OTHER, SCHED_BATCH,
+                                                                     SCHED_IDLE};
+  const int policy = kPolicies.at(static_cast<size_t>(p));
   const sched_param param{};
   if (::sched_setscheduler(0, policy, &param) != 0)
     Log(node, "cannot give the drain the " + std::string(Name(p)) +
@@ -832,15 +834,10 @@ void ApplyDrainPriority(const std::string& node, DrainPriority p) {
 
 }  // namespace
 
-std::string_view Name(DrainPriority p) {
-  const auto i = static_cast<size_t>(p);
-  return i < std::size(kDrainPriorityNames) ? kDrainPriorityNames[i] : "unknown";
-}
+std::string_view Name(DrainPriority p) { return NameFrom(kDrainPriorityNames, p); }
 
 std::optional<DrainPriority> ParseDrainPriority(std::string_view s) {
-  for (size_t i = 0; i < std::size(kDrainPriorityNames); ++i)
-    if (s == kDrainPriorityNames[i]) return static_cast<DrainPriority>(i);
-  return std::nullopt;
+  return ParseFrom<DrainPriority>(kDrainPriorityNames, s);
 }
 
 void Agent::Run() {
