@@ -31,7 +31,7 @@
 #     50 ms; its own cost is 3. and 4.;
 #  6. trace volume: trace.db bytes per rank per step of a native run, and per table (dbstat).
 # The model is the demo's (2 layers, width 64); STEPS defaults to 5, ROUNDS to 6, SCALE (of 5.'s
-# pairs, 90 minutes at 1) to 1.
+# pairs, 95 minutes at 1) to 1.
 # Usage: bench/tracing_cost.sh [STEPS] [ROUNDS] [SCALE]   (results: bench/results/tracing_cost.txt)
 #        NATIVE_ONLY=1 skips the callgrind part (a quick look; results not written);
 #        ALTERNATE_ONLY=1 runs only 5. and 6. (results: bench/results/tracing_cost_one_run.txt).
@@ -119,9 +119,10 @@ out=bench/results/tracing_cost.txt
   # block lasts about 0.3 s (the agent drains every 50 ms, so what it does for a traced block
   # falls mostly in that block); the first pair of blocks is warm-up. Pairs per layout: at
   # (1,1,1) the noise is the machine's drift (successive steps correlate), at (2,1,1) and (2,2,2)
-  # each step's own (~20 % of a step, uncorrelated): 300, 3,200 and 4,500 pairs at SCALE 1
-  # (3, 33 and 50 minutes here) resolve about +-0.4, +-0.3 and +-0.4 % of the wall step.
-  for spec in "1 1 1 30 300" "2 1 1 30 3200" "2 2 2 4 4500"; do
+  # each step's own (~20 % of a step, uncorrelated): 900, 3,200 and 4,500 pairs at SCALE 1
+  # (9, 33 and 50 minutes here) resolve about +-0.2, +-0.3 and +-0.4 % of the wall step (a run
+  # at SCALE 0.5 measured +-0.34 % with 150 pairs, +-0.39 % with 1,600 and +-0.51 % with 2,250).
+  for spec in "1 1 1 30 900" "2 1 1 30 3200" "2 2 2 4 4500"; do
     set -- $spec
     pairs=$(python3 -c "print(max(2, round($5 * $scale)))")
     d=$work/alternate-$1$2$3
