@@ -8,14 +8,14 @@ namespace {
 
 int64_t Ns(const ClockCalibration& c, int64_t ticks) { return ticks == 0 ? 0 : c.ToNs(ticks); }
 
-// "INSERT INTO t VALUES(?,..),(?,..),..." with `rows` rows of `cols` columns: one statement step
-// per many rows is most of what makes ingest fast.
-std::string MultiRowInsert(const char* table, int cols, int rows) {
+// "<verb> INTO t VALUES(?,..),(?,..),..." with `rows` rows of `cols` columns.
+std::string MultiRowInsert(std::string_view verb, std::string_view table, size_t cols,
+                           size_t rows) {
   std::string row = "(";
-  for (int c = 0; c < cols; ++c) row += c ? ",?" : "?";
+  for (size_t c = 0; c < cols; ++c) row += c ? ",?" : "?";
   row += ")";
-  std::string sql = std::string("INSERT INTO ") + table + " VALUES";
-  for (int r = 0; r < rows; ++r) sql += (r ? "," : "") + row;
+  std::string sql = std::string(verb) + " INTO " + std::string(table) + " VALUES";
+  for (size_t r = 0; r < rows; ++r) sql += (r ? "," : "") + row;
   return sql;
 }
 
@@ -44,18 +44,23 @@ Result<std::unique_ptr<TraceStore>> TraceStore::Open(const std::string& path, in
     RETURN_IF_ERROR(s->db_.Exec("PRAGMA max_page_count=" +
                                 std::to_string(std::max<int64_t>(1, max_bytes / 4096))));
   }
-  const std::string span_multi_sql = MultiRowInsert("span_rows", 8, kSpanRowsPerInsert);
+  struct {
+    TraceStore::BatchInsert* batch;
+    std::string_view verb, table;
+    int cols;
+  } batches[] = {
+      {&s->spans_, "INSERT", "span_rows", 8},
+      {&s->collectives_, "INSERT", "collective_rows", 13},
+      {&s->heartbeats_, "INSERT", "heartbeat_rows", 5},
+      {&s->metrics_, "INSERT", "metrics", 4},
+      {&s->drops_, "INSERT", "drops", 3},
+      {&s->cursors_, "INSERT OR REPLACE", "ring_cursors", 3},
+  };
+  for (auto& b : batches) RETURN_IF_ERROR(b.batch->Prepare(s->db_, b.verb, b.table, b.cols));
   struct {
     sql::Statement* stmt;
     std::string_view sql;
   } stmts[] = {
-      {&s->span_, "INSERT INTO span_rows VALUES(?,?,?,?,?,?,?,?)"},
-      {&s->span_multi_, span_multi_sql},
-      {&s->coll_, "INSERT INTO collective_rows VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)"},
-      {&s->hb_, "INSERT INTO heartbeat_rows VALUES(?,?,?,?,?)"},
-      {&s->metric_, "INSERT INTO metrics VALUES(?,?,?,?)"},
-      {&s->drop_, "INSERT INTO drops VALUES(?,?,?)"},
-      {&s->cursor_, "INSERT OR REPLACE INTO ring_cursors VALUES(?,?,?)"},
       {&s->rank_, "INSERT OR REPLACE INTO ranks VALUES(?,?,?,?,?,?,?,?,?)"},
       {&s->get_cursor_, "SELECT lane, tail FROM ring_cursors WHERE ring = ? ORDER BY lane"},
       {&s->group_get_, "SELECT id FROM group_names WHERE name = ?"},
@@ -85,132 +90,161 @@ Result<int64_t> TraceStore::GroupId(const std::string& name) {
   return id;
 }
 
+Status TraceStore::BatchInsert::Prepare(const sql::Database& db, std::string_view verb,
+                                        std::string_view table, int cols) {
+  table_ = table;
+  cols_ = static_cast<size_t>(cols);
+  by_log2_rows_.clear();
+  for (size_t rows = 1; rows <= kMaxRows; rows *= 2) {
+    auto st = db.Prepare(MultiRowInsert(verb, table, cols_, rows), /*persistent=*/true);
+    if (!st.ok()) return db.Error("cannot prepare the insert into " + std::string(table));
+    by_log2_rows_.push_back(std::move(*st));
+  }
+  cells_.reserve(kMaxRows * cols_);
+  return Status::Ok();
+}
+
+Status TraceStore::BatchInsert::Add(std::initializer_list<Cell> row) {
+  if (row.size() != cols_)
+    return InvalidArgument("a row of " + std::to_string(row.size()) + " values for a table of " +
+                           std::to_string(cols_) + " columns");
+  cells_.insert(cells_.end(), row.begin(), row.end());
+  return pending_rows() == kMaxRows ? Flush() : Status::Ok();
+}
+
+Status TraceStore::BatchInsert::Flush() {
+  const size_t rows = pending_rows();
+  size_t done = 0;
+  while (done < rows) {
+    size_t k = by_log2_rows_.size() - 1;
+    while ((size_t{1} << k) > rows - done) --k;
+    sql::Statement& st = by_log2_rows_[k];
+    const size_t first = done * cols_, n = (size_t{1} << k) * cols_;
+    for (size_t i = 0; i < n; ++i) {
+      const Cell& c = cells_[first + i];
+      const int param = static_cast<int>(i) + 1;
+      switch (c.type) {
+        case Cell::Type::kNull:
+          st.BindNull(param);
+          break;
+        case Cell::Type::kInt:
+          st.Bind(param, c.i);
+          break;
+        case Cell::Type::kReal:
+          st.Bind(param, c.d);
+          break;
+        case Cell::Type::kText:
+          st.Bind(param, c.s);
+          break;
+      }
+    }
+    if (Status s = st.Run(); !s.ok()) {
+      cells_.clear();
+      return s;
+    }
+    done += size_t{1} << k;
+  }
+  cells_.clear();
+  return Status::Ok();
+}
+
 Status TraceStore::Write(std::span<const RingRows> rings, std::span<const MetricRow> metrics,
                          std::span<const DropRow> drops) {
+  using Cell = BatchInsert::Cell;
+  BatchInsert* const batches[] = {&spans_,   &collectives_, &heartbeats_,
+                                  &metrics_, &drops_,       &cursors_};
+  texts_.clear();
   RETURN_IF_ERROR(db_.Exec("BEGIN"));
-  auto fail = [&](const char* what) {
+  auto fail = [&](std::string_view what) {
     Status st = db_.Error(what);
     (void)db_.Exec("ROLLBACK");
+    for (BatchInsert* b : batches) b->Clear();
     group_ids_.clear();  // ids added in the rolled-back transaction are gone
     return st;
   };
   static const std::string kUnknown = "?";
-  struct SpanRow {
-    int64_t step;
-    int32_t microbatch;
-    SpanKind kind;
-    const std::string* name;
-    int64_t start_ns, dur_ns;
+  auto ns_or_null = [](const ClockCalibration& cal, int64_t ticks, int64_t minus) {
+    return ticks == 0 ? Cell() : Cell(Ns(cal, ticks) - minus);
   };
-  SpanRow spans[kSpanRowsPerInsert];
-  int pending_spans = 0;
-  // Binds the pending spans into `st` (the multi-row statement when full, else row by row).
-  auto flush_spans = [&](sql::Statement& st, int rank, int attempt) {
-    const int per_step = &st == &span_multi_ ? kSpanRowsPerInsert : 1;
-    for (int first = 0; first < pending_spans; first += per_step) {
-      for (int k = 0; k < per_step; ++k) {
-        const SpanRow& row = spans[first + k];
-        const int b = k * 8;
-        st.Bind(b + 1, rank).Bind(b + 2, attempt).Bind(b + 3, row.step);
-        if (row.microbatch < 0)
-          st.BindNull(b + 4);
-        else
-          st.Bind(b + 4, row.microbatch);
-        st.Bind(b + 5, static_cast<int>(row.kind))
-            .Bind(b + 6, *row.name)
-            .Bind(b + 7, row.start_ns)
-            .Bind(b + 8, row.dur_ns);
-      }
-      if (!st.Run().ok()) return false;
-    }
-    pending_spans = 0;
-    return true;
-  };
+  std::vector<int64_t> group_of_index;  // this ring's group index -> group_names id (-1: not yet)
   for (const RingRows& rr : rings) {
     const int rank = rr.info->rank, attempt = rr.info->attempt;
+    group_of_index.assign(rr.groups->size(), -1);
     for (const Record& r : rr.records) {
       switch (r.type) {
         case RecordType::kSpan: {
           const SpanRecord& sp = r.span;
           const std::string& name = sp.name < rr.names->size() ? (*rr.names)[sp.name] : kUnknown;
           const int64_t start = Ns(rr.calibration, sp.start_ticks);
-          spans[pending_spans++] = {sp.step, sp.microbatch,
-                                    sp.kind, &name,
-                                    start,   Ns(rr.calibration, sp.end_ticks) - start};
-          if (pending_spans == kSpanRowsPerInsert) {
-            if (!flush_spans(span_multi_, rank, attempt)) return fail("cannot insert spans");
-          }
+          if (!spans_
+                   .Add({rank, attempt, sp.step, sp.microbatch < 0 ? Cell() : Cell(sp.microbatch),
+                         static_cast<int>(sp.kind), name, start,
+                         Ns(rr.calibration, sp.end_ticks) - start})
+                   .ok())
+            return fail("cannot insert spans");
           break;
         }
         case RecordType::kCollective: {
           const CollectiveRecord& c = r.collective;
-          const std::string& grp =
-              c.group < rr.groups->size() ? (*rr.groups)[c.group].name : kUnknown;
-          auto group = GroupId(grp);
-          if (!group.ok()) return fail("cannot record a group name");
+          const bool known = c.group < rr.groups->size();
+          int64_t group = known ? group_of_index[c.group] : -1;
+          if (group < 0) {
+            auto id = GroupId(known ? (*rr.groups)[c.group].name : kUnknown);
+            if (!id.ok()) return fail("cannot record a group name");
+            group = *id;
+            if (known) group_of_index[c.group] = group;
+          }
           const int64_t enqueued = Ns(rr.calibration, c.enqueued_ticks);
-          coll_.Bind(1, rank)
-              .Bind(2, attempt)
-              .Bind(3, static_cast<int64_t>(c.step))
-              .Bind(4, *group);
-          coll_.Bind(5, static_cast<int64_t>(c.seq)).Bind(6, static_cast<int>(c.op));
-          if (c.peer < 0)
-            coll_.BindNull(7);
-          else
-            coll_.Bind(7, c.peer);
-          coll_.Bind(8, static_cast<int64_t>(c.bytes))
-              .Bind(9, static_cast<int>(c.dtype))
-              .Bind(10, static_cast<int>(c.state))
-              .Bind(11, enqueued);
-          if (c.started_ticks == 0)
-            coll_.BindNull(12);
-          else
-            coll_.Bind(12, Ns(rr.calibration, c.started_ticks) - enqueued);
-          coll_.Bind(13, Ns(rr.calibration, c.completed_ticks) - enqueued);
-          if (!coll_.Run().ok()) return fail("cannot insert a collective");
+          if (!collectives_
+                   .Add({rank, attempt, static_cast<int64_t>(c.step), group,
+                         static_cast<int64_t>(c.seq), static_cast<int>(c.op),
+                         c.peer < 0 ? Cell() : Cell(c.peer), static_cast<int64_t>(c.bytes),
+                         static_cast<int>(c.dtype), static_cast<int>(c.state), enqueued,
+                         ns_or_null(rr.calibration, c.started_ticks, enqueued),
+                         Ns(rr.calibration, c.completed_ticks) - enqueued})
+                   .ok())
+            return fail("cannot insert a collective");
           break;
         }
         case RecordType::kHeartbeat: {
           const HeartbeatRecord& h = r.heartbeat;
-          hb_.Bind(1, rank)
-              .Bind(2, attempt)
-              .Bind(3, Ns(rr.calibration, h.ticks))
-              .Bind(4, h.step)
-              .Bind(5, static_cast<int>(h.phase));
-          if (!hb_.Run().ok()) return fail("cannot insert a heartbeat");
+          if (!heartbeats_
+                   .Add({rank, attempt, Ns(rr.calibration, h.ticks), h.step,
+                         static_cast<int>(h.phase)})
+                   .ok())
+            return fail("cannot insert a heartbeat");
           break;
         }
         case RecordType::kMetric: {
           const MetricRecord& m = r.metric;
-          const std::string name = "rank" + std::to_string(rank) + "." +
-                                   (m.name < rr.names->size() ? (*rr.names)[m.name] : kUnknown);
-          metric_.Bind(1, rr.info->node)
-              .Bind(2, Ns(rr.calibration, m.ticks))
-              .Bind(3, name)
-              .Bind(4, m.value);
-          if (!metric_.Run().ok()) return fail("cannot insert a metric");
+          const std::string& name =
+              texts_.emplace_back("rank" + std::to_string(rank) + "." +
+                                  (m.name < rr.names->size() ? (*rr.names)[m.name] : kUnknown));
+          if (!metrics_.Add({rr.info->node, Ns(rr.calibration, m.ticks), name, m.value}).ok())
+            return fail("cannot insert a metric");
           break;
         }
         default:
           break;
       }
     }
-    if (!flush_spans(span_, rank, attempt))
-      return fail("cannot insert spans");  // the tail, row by row
     for (size_t lane = 0; lane < rr.lane_tails.size(); ++lane) {
-      cursor_.Bind(1, rr.ring)
-          .Bind(2, static_cast<int>(lane))
-          .Bind(3, static_cast<int64_t>(rr.lane_tails[lane]));
-      if (!cursor_.Run().ok()) return fail("cannot record a ring cursor");
+      if (!cursors_
+               .Add({rr.ring, static_cast<int>(lane), static_cast<int64_t>(rr.lane_tails[lane])})
+               .ok())
+        return fail("cannot record a ring cursor");
     }
   }
   for (const MetricRow& m : metrics) {
-    metric_.Bind(1, m.node).Bind(2, m.ts_ns).Bind(3, m.name).Bind(4, m.value);
-    if (!metric_.Run().ok()) return fail("cannot insert a metric");
+    if (!metrics_.Add({m.node, m.ts_ns, m.name, m.value}).ok())
+      return fail("cannot insert a metric");
   }
   for (const DropRow& d : drops) {
-    drop_.Bind(1, d.rank).Bind(2, d.ts_ns).Bind(3, d.dropped_records);
-    if (!drop_.Run().ok()) return fail("cannot insert a drop count");
+    if (!drops_.Add({d.rank, d.ts_ns, d.dropped_records}).ok())
+      return fail("cannot insert a drop count");
+  }
+  for (BatchInsert* b : batches) {
+    if (!b->Flush().ok()) return fail("cannot insert into " + b->table());
   }
   if (hook_) hook_(WritePoint::kBeforeCommit);
   if (!db_.Exec("COMMIT").ok()) return fail("cannot commit");

@@ -70,6 +70,7 @@ struct Agent::Impl {
   std::atomic<uint64_t> rows{0}, db_errors{0};
   int64_t last_snapshot_ns = 0;
   static constexpr int64_t kSnapshotPeriodNs = 1'000'000'000;
+  static constexpr uint32_t kUnknownGroup = 0x10000;  // past any uint16_t group index
   std::vector<Record> arena;  // the records of one drain pass (batch_records), allocated once
   std::chrono::steady_clock::time_point last_discovery{};
 
@@ -88,7 +89,8 @@ struct Agent::Impl {
     double compute_in_step = 0, comm_in_step = 0;  // since the rank's last finished step
     Histogram* step_duration = nullptr;
     Counter *compute = nullptr, *comm = nullptr, *records = nullptr, *dropped = nullptr;
-    std::map<std::string, Histogram*> coll;  // op|group_kind
+    // By group index << 8 | op: no string built per record. Groups of one kind share a series.
+    std::map<uint32_t, Histogram*> coll;
   };
   std::map<std::string, RankState> ranks;  // by ring file name
 
@@ -238,14 +240,14 @@ struct Agent::Impl {
           compute += secs;
       } else if (r.type == RecordType::kCollective) {
         const CollectiveRecord& c = r.collective;
-        const std::string kind =
-            c.group < st.snap.groups.size() ? st.snap.groups[c.group].kind : "unknown";
-        const std::string key = std::string(Name(c.op)) + "|" + kind;
+        const bool known = c.group < st.snap.groups.size();
+        const uint32_t key =
+            (known ? uint32_t{c.group} : kUnknownGroup) << 8 | static_cast<uint32_t>(c.op);
         auto it = st.coll.find(key);
         if (it == st.coll.end()) {
           auto labels = Labels(st.info);
           labels["op"] = std::string(Name(c.op));
-          labels["group_kind"] = kind;
+          labels["group_kind"] = known ? st.snap.groups[c.group].kind : "unknown";
           it = st.coll.emplace(key, &f_coll->Add(labels, kCollBuckets)).first;
         }
         it->second->Observe(

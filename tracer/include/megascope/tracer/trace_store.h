@@ -4,10 +4,13 @@
 // agent resumes exactly where the database is: no row lost, none written twice.
 #pragma once
 
+#include <deque>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -75,12 +78,52 @@ class TraceStore {
   // The id of group `name` in group_names, added in the current transaction when new.
   Result<int64_t> GroupId(const std::string& name);
 
+  // The rows of one table, inserted many to a statement (INSERT ... VALUES (..),(..),...): a
+  // statement's step (starting SQLite's VM, halting it, resetting it) costs more than the small row
+  // it inserts, so a writer that steps once per row spends most of its time there. Rows wait here
+  // until Flush() (or until kMaxRows are pending) and go out in statements of 64, 32, ..., 1 rows.
+  class BatchInsert {
+   public:
+    // One value of a row: NULL (the default), an integer, a real or text (which must outlive the
+    // next Flush()).
+    struct Cell {
+      enum class Type : uint8_t { kNull, kInt, kReal, kText };
+      Cell() = default;
+      Cell(int64_t v) : type(Type::kInt), i(v) {}            // NOLINT(google-explicit-constructor)
+      Cell(int v) : type(Type::kInt), i(v) {}                // NOLINT(google-explicit-constructor)
+      Cell(double v) : type(Type::kReal), d(v) {}            // NOLINT(google-explicit-constructor)
+      Cell(std::string_view v) : type(Type::kText), s(v) {}  // NOLINT(google-explicit-constructor)
+      Cell(const std::string& v)
+          : type(Type::kText), s(v) {}  // NOLINT(google-explicit-constructor)
+      Type type = Type::kNull;
+      int64_t i = 0;
+      double d = 0;
+      std::string_view s;
+    };
+    static constexpr int kMaxRows = 64;
+    // `verb`: "INSERT" or "INSERT OR REPLACE".
+    Status Prepare(const sql::Database& db, std::string_view verb, std::string_view table,
+                   int cols);
+    // Adds a row of exactly the table's columns; flushes when kMaxRows are pending.
+    Status Add(std::initializer_list<Cell> row);
+    Status Flush();
+    void Clear() { cells_.clear(); }
+    size_t pending_rows() const { return cols_ == 0 ? 0 : cells_.size() / cols_; }
+    const std::string& table() const { return table_; }
+
+   private:
+    std::string table_;
+    size_t cols_ = 0;
+    std::vector<sql::Statement> by_log2_rows_;  // [k] inserts 2^k rows
+    std::vector<Cell> cells_;
+  };
+
   std::string path_;
   WriteHook hook_;
   sql::Database db_;
-  static constexpr int kSpanRowsPerInsert = 64;
-  sql::Statement span_, span_multi_, coll_, hb_, metric_, drop_, cursor_, rank_, get_cursor_,
-      group_get_, group_add_;
+  BatchInsert spans_, collectives_, heartbeats_, metrics_, drops_, cursors_;
+  std::deque<std::string> texts_;  // text made up for the rows of the current Write
+  sql::Statement rank_, get_cursor_, group_get_, group_add_;
   std::unordered_map<std::string, int64_t> group_ids_;  // a cache of group_names
 };
 

@@ -1,0 +1,167 @@
+#include "megascope/tracer/trace_store.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "megascope/tracer/sqlite.h"
+#include "test_util.h"
+
+namespace megascope::tracer {
+namespace {
+
+using megascope::testing::TempDir;
+
+// Record i of a batch: a span, a collective, a heartbeat or a metric in turn, each carrying i
+// (and, every other one, the NULLs its table allows: no microbatch, no peer, never started).
+Record Numbered(int i) {
+  Record r{};
+  switch (i % 4) {
+    case 0:
+      r.span = {RecordType::kSpan, SpanKind::kForward, 0, i % 8 ? 1 : -1, i,
+                1000 + i,          2000 + 3 * i,       {}};
+      break;
+    case 1:
+      r.collective.type = RecordType::kCollective;
+      r.collective.op = OpType::kAllreduce;
+      r.collective.state = OpState::kCompleted;
+      r.collective.group = static_cast<uint16_t>(i % 2);
+      r.collective.peer = i % 8 == 1 ? -1 : i;
+      r.collective.seq = static_cast<uint64_t>(i);
+      r.collective.bytes = 64u * static_cast<uint64_t>(i);
+      r.collective.step = i;
+      r.collective.enqueued_ticks = 5000 + i;
+      r.collective.started_ticks = i % 8 == 1 ? 0 : 5001 + i;
+      r.collective.completed_ticks = 5010 + 2 * i;
+      break;
+    case 2:
+      r.heartbeat.type = RecordType::kHeartbeat;
+      r.heartbeat.phase = Phase::kBackward;
+      r.heartbeat.step = i;
+      r.heartbeat.ticks = 7000 + i;
+      break;
+    default:
+      r.metric.type = RecordType::kMetric;
+      r.metric.name = 1;
+      r.metric.ticks = 9000 + i;
+      r.metric.value = 0.5 * i;
+      break;
+  }
+  return r;
+}
+
+class TraceStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    info_.node = "n0";
+    info_.rank = 3;
+    info_.attempt = 1;
+  }
+  RingRows Rows(const std::vector<Record>& records) const {
+    RingRows rows;
+    rows.info = &info_;
+    rows.names = &names_;
+    rows.groups = &groups_;
+    rows.records = records;
+    rows.ring = "ring3";
+    rows.lane_tails = {records.size()};
+    return rows;
+  }
+  // One column of every row of `sql`, NULL read as "null", in rowid order.
+  std::vector<std::string> Column(const std::string& sql) const {
+    auto db = sql::Database::Open(path_, sql::Database::Mode::kReadOnly);
+    EXPECT_TRUE(db.ok()) << db.status().ToString();
+    std::vector<std::string> out;
+    if (!db.ok()) return out;
+    auto st = db->Prepare(sql);
+    EXPECT_TRUE(st.ok()) << st.status().ToString();
+    if (!st.ok()) return out;
+    while (true) {
+      auto row = st->Step();
+      if (!row.ok() || !*row) break;
+      std::string line;
+      for (int c = 0; c < st->columns(); ++c)
+        line += (c ? "|" : "") + (st->IsNull(c) ? std::string("null") : std::string(st->Text(c)));
+      out.push_back(line);
+    }
+    return out;
+  }
+
+  TempDir dir_;
+  std::string path_ = dir_.path() + "/trace.db";
+  RankInfo info_;
+  std::vector<std::string> names_ = {"fwd", "loss"};
+  std::vector<GroupInfo> groups_ = {{"dp.0", "dp", {}}, {"tp.0", "tp", {}}};
+};
+
+// Rows go out many to a statement (64, 32, ..., 1): whatever a batch's size, every row arrives
+// once, in order, with its NULLs, and each batch's cursor is the last.
+TEST_F(TraceStoreTest, EveryRowOfABatchArrivesOnceInOrderWhateverItsSize) {
+  auto store = TraceStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  std::vector<std::string> spans, colls, hbs, metrics;
+  int next = 0;
+  for (int size : {0, 1, 3, 63, 64, 65, 127, 128, 129, 255, 300, 1000}) {
+    std::vector<Record> batch;
+    batch.reserve(static_cast<size_t>(size));
+    for (int k = 0; k < size; ++k, ++next) {
+      batch.push_back(Numbered(next));
+      const std::string i = std::to_string(next);
+      switch (next % 4) {
+        case 0:
+          spans.push_back("3|1|" + i + "|" + (next % 8 ? "1" : "null") + "|forward|fwd|" +
+                          std::to_string(1000 + next) + "|" + std::to_string(2000 + 3 * next));
+          break;
+        case 1:
+          colls.push_back(std::string(next % 2 ? "tp.0" : "dp.0") + "|" + i + "|" +
+                          (next % 8 == 1 ? "null" : i) + "|" + std::to_string(64 * next) + "|" +
+                          std::to_string(5000 + next) + "|" +
+                          (next % 8 == 1 ? "null" : std::to_string(5001 + next)) + "|" +
+                          std::to_string(5010 + 2 * next));
+          break;
+        case 2:
+          hbs.push_back("3|1|" + std::to_string(7000 + next) + "|" + i + "|backward");
+          break;
+        default:
+          metrics.push_back("n0|" + std::to_string(9000 + next) + "|rank3.loss|" + i);
+          break;
+      }
+    }
+    const RingRows rows = Rows(batch);
+    ASSERT_TRUE((*store)->Write({&rows, 1}, {}, {}).ok()) << "a batch of " << size;
+    auto cursors = (*store)->Cursors("ring3");
+    ASSERT_TRUE(cursors.ok());
+    EXPECT_EQ(*cursors, std::vector<uint64_t>{static_cast<uint64_t>(size)}) << size;
+  }
+  EXPECT_EQ(Column("SELECT rank, attempt, step, microbatch, kind, name, start_ns, end_ns FROM spans"
+                   " WHERE kind != 'comm' ORDER BY rowid"),
+            spans);
+  EXPECT_EQ(Column("SELECT grp, seq, peer, bytes, enqueued_ns, started_ns, completed_ns "
+                   "FROM collectives"),
+            colls);
+  EXPECT_EQ(Column("SELECT * FROM heartbeats"), hbs);
+  EXPECT_EQ(Column("SELECT node, ts_ns, name, CAST(2 * value AS INTEGER) FROM metrics"), metrics);
+}
+
+// A write that fails part-way leaves nothing of its rows behind: neither in the database nor
+// waiting in the store for the next write.
+TEST_F(TraceStoreTest, AFailedWriteLeavesNoRowsBehindForTheNext) {
+  auto store = TraceStore::Open(path_, /*max_bytes=*/int64_t{64} * 4096);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  std::vector<Record> big;
+  big.reserve(20000);
+  for (int i = 0; i < 20000; ++i) big.push_back(Numbered(i));
+  const RingRows too_many = Rows(big);
+  EXPECT_FALSE((*store)->Write({&too_many, 1}, {}, {}).ok()) << "the cap should have been hit";
+  const std::vector<Record> one = {Numbered(1)};
+  const RingRows small = Rows(one);
+  ASSERT_TRUE((*store)->Write({&small, 1}, {}, {}).ok());
+  EXPECT_EQ(Column("SELECT count(*) FROM collective_rows"), std::vector<std::string>{"1"});
+  EXPECT_EQ(Column("SELECT count(*) FROM span_rows"), std::vector<std::string>{"0"});
+  EXPECT_EQ(Column("SELECT count(*) FROM heartbeat_rows"), std::vector<std::string>{"0"});
+  EXPECT_EQ(Column("SELECT count(*) FROM metrics"), std::vector<std::string>{"0"});
+}
+
+}  // namespace
+}  // namespace megascope::tracer
