@@ -417,7 +417,9 @@ struct Agent::Impl {
     remove(f_tokens, st.tokens);
     remove(f_hb_age, st.hb_age);
     remove(f_step_duration, st.step_duration);
-    for (auto& [key, h] : st.coll) remove(f_coll, h);
+    std::set<Histogram*> colls;  // groups of one kind share a series: remove it once
+    for (auto& [key, h] : st.coll) colls.insert(h);
+    for (Histogram* h : colls) remove(f_coll, h);
     st.coll.clear();
     st.step = st.step_seconds = st.step_compute = st.step_comm = st.tokens = st.hb_age = nullptr;
     st.step_duration = nullptr;
