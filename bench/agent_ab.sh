@@ -66,6 +66,8 @@ cpu_of() {  # the agent's CPU seconds, as it reported them when it stopped
 } >"$work/raw.txt"
 python3 - "$work/raw.txt" <<'PY' | tee bench/results/agent_ab.txt
 import statistics, sys
+sys.path.insert(0, "bench")
+from paired_stats import paired
 lines = open(sys.argv[1]).read().splitlines()
 for l in lines:
     if l.startswith("#"):
@@ -82,13 +84,10 @@ rounds = sorted(per["new"])
 print("round  agent CPU per traced step (ms): new      old")
 for r in rounds:
     print(f"{r:5d}  {per['new'][r]:36.3f} {per['old'][r]:8.3f}")
-d = [per["new"][r] - per["old"][r] for r in rounds]
-mo = statistics.mean(per["old"][r] for r in rounds)
-t = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26}.get(len(d), 2.0)
-h = t * statistics.stdev(d) / len(d) ** 0.5 if len(d) > 1 else float("nan")
-print(f"new/old: x{1 + statistics.mean(d) / mo:.3f} +- {h / mo:.3f} (mean paired difference over the old mean,"
-      f" 95 % CI over {len(d)} rounds); new {statistics.mean(per['new'][r] for r in rounds):.3f} ms,"
-      f" old {mo:.3f} ms per step")
+ratio, half = paired([per["new"][r] for r in rounds], [per["old"][r] for r in rounds])
+mean = lambda which: statistics.mean(per[which][r] for r in rounds)
+print(f"new/old: x{ratio:.3f} +- {half:.3f} (mean paired difference over the old mean, 95 % CI over"
+      f" {len(rounds)} rounds); new {mean('new'):.3f} ms, old {mean('old'):.3f} ms per step")
 for which in ("new", "old"):
     if 20 in cg[which] and 120 in cg[which]:
         print(f"agent instructions per traced step, {which}: {(cg[which][120] - cg[which][20]) / 100:,.0f}"

@@ -139,6 +139,8 @@ out=bench/results/tracing_cost.txt
 } >"$work/raw.txt"
 python3 - "$work/raw.txt" "$steps" <<'PY' | tee "$out.body"
 import glob, os, re, sqlite3, subprocess, sys
+sys.path.insert(0, "bench")
+from paired_stats import mean_ci, paired
 raw, steps = sys.argv[1], int(sys.argv[2])
 
 def profiles(d):
@@ -240,32 +242,6 @@ top("2,2,2", "trace", "rank", "megascope::tracer::", 10,
     "rank 0 at (2,2,2), traced: megascope::tracer functions, inclusive instructions per step", r"--rank 0\b")
 top("2,2,2", "trace", "agent", "", 14,
     "the agent at (2,2,2), traced: functions by inclusive instructions per step")
-
-T95 = [0, 12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14]
-
-
-def mean_ci(xs):
-    """Mean and half-width of its 95 % confidence interval (Student's t)."""
-    import statistics
-    m = statistics.mean(xs)
-    if len(xs) < 2:
-        return m, float("nan")
-    df = len(xs) - 1
-    t = T95[df] if df < len(T95) else 1.96 + 2.4 / df  # within 0.01 of Student's t past 14
-    return m, t * statistics.stdev(xs) / len(xs) ** 0.5
-
-
-def paired(on, off):
-    """Cost of `on` over `off` from paired samples: the mean paired difference over the mean of
-    `off`, and its 95 % confidence interval. Not the mean of the per-pair ratios: a ratio's noisy
-    denominator (E[1/x] > 1/E[x]) biases it upwards by about the squared relative noise of one
-    sample even when the two do not differ -- +1 % at (2,2,2)'s 4-step blocks, twice the target
-    (the A/A control below shows it)."""
-    import statistics
-    m, h = mean_ci([a - b for a, b in zip(on, off)])
-    base = statistics.mean(off)
-    return 1 + m / base, h / base
-
 
 CPU = re.compile(r"cpu ([\d.]+) s user, ([\d.]+) s system")
 

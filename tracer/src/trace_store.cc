@@ -163,9 +163,6 @@ Status TraceStore::Write(std::span<const RingRows> rings, std::span<const Metric
     return st;
   };
   static const std::string kUnknown = "?";
-  auto ns_or_null = [](const ClockCalibration& cal, int64_t ticks, int64_t minus) {
-    return ticks == 0 ? Cell() : Cell(Ns(cal, ticks) - minus);
-  };
   std::vector<int64_t> group_of_index;  // this ring's group index -> group_names id (-1: not yet)
   for (const RingRows& rr : rings) {
     const int rank = rr.info->rank, attempt = rr.info->attempt;
@@ -200,7 +197,9 @@ Status TraceStore::Write(std::span<const RingRows> rings, std::span<const Metric
                          static_cast<int64_t>(c.seq), static_cast<int>(c.op),
                          c.peer < 0 ? Cell() : Cell(c.peer), static_cast<int64_t>(c.bytes),
                          static_cast<int>(c.dtype), static_cast<int>(c.state), enqueued,
-                         ns_or_null(rr.calibration, c.started_ticks, enqueued),
+                         c.started_ticks == 0
+                             ? Cell()
+                             : Cell(Ns(rr.calibration, c.started_ticks) - enqueued),
                          Ns(rr.calibration, c.completed_ticks) - enqueued})
                    .ok())
             return fail("cannot insert a collective");
