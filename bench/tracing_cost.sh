@@ -19,16 +19,16 @@
 #     paired difference over the untraced mean, with its 95 % confidence interval (Student's t
 #     over the rounds), reported with the agent's CPU per step and as a share of one core;
 #  5. in one run per layout, tracing on and off in alternating blocks of steps (train
-#     --trace-alternate: on, off, off, on, ..., each block about 0.3 s), every step's wall
+#     --trace-alternate: on, off, off, on, ..., each block about 1 s), every step's wall
 #     time and each rank's CPU time as the rank measured it: pairs of adjacent blocks, one
-#     traced and one not, a few hundred milliseconds apart, so the machine's drift (up to 30 %
+#     traced and one not, a second or two apart, so the machine's drift (up to 30 %
 #     from one minute to the next here) cancels where two whole jobs side by side (4.) cannot
 #     resolve 1 %. The cost is the mean paired difference over the untraced mean, not the mean of
 #     per-pair ratios: a ratio's noisy denominator biases that upwards (E[1/x] > 1/E[x]), by
 #     +1 to +2.5 % at (2,2,2)'s 4-step blocks (22 % noise a step), more than the target. An A/A
 #     control checks the estimator: the adjacent untraced blocks between two pairs (off | off),
 #     compared the same way, must come out equal. The agent runs throughout and drains every
-#     50 ms; its own cost is 3. and 4.;
+#     200 ms (its default); its own cost is 3. and 4.;
 #  6. trace volume: trace.db bytes per rank per step of a native run, and per table (dbstat).
 # The model is the demo's (2 layers, width 64); STEPS defaults to 5, ROUNDS to 6, SCALE (of 5.'s
 # pairs, 95 minutes at 1) to 1.
@@ -116,13 +116,15 @@ out=bench/results/tracing_cost.txt
   done
   # In one run: tracing on and off in alternating blocks of steps (train --trace-alternate: on,
   # off, off, on, ...), every step's wall time and each rank's CPU time written by the rank. A
-  # block lasts about 0.3 s (the agent drains every 50 ms, so what it does for a traced block
-  # falls mostly in that block); the first pair of blocks is warm-up. Pairs per layout: at
+  # block lasts about 1 s: the agent drains every 200 ms, so what it does for a traced block
+  # falls mostly in that block (what spills into a following untraced block, on average 0.1 s of
+  # records after half the traced blocks, is about 5 % of the agent's traced work, counted
+  # against the untraced side); the first pair of blocks is warm-up. Pairs per layout: at
   # (1,1,1) the noise is the machine's drift (successive steps correlate), at (2,1,1) and (2,2,2)
-  # each step's own (~20 % of a step, uncorrelated): 900, 3,200 and 4,500 pairs at SCALE 1
-  # (9, 33 and 50 minutes here) resolve about +-0.2, +-0.3 and +-0.4 % of the wall step (a run
-  # at SCALE 0.5 measured +-0.34 % with 150 pairs, +-0.39 % with 1,600 and +-0.51 % with 2,250).
-  for spec in "1 1 1 30 900" "2 1 1 30 3200" "2 2 2 4 4500"; do
+  # each step's own (~20 % of a step, uncorrelated): 270, 960 and 1,500 pairs at SCALE 1 (the
+  # steps of 900, 3,200 and 4,500 pairs of 0.3-s blocks, which took 9, 33 and 50 minutes here
+  # and resolved about +-0.2, +-0.3 and +-0.4 % of the wall step at SCALE 1.3).
+  for spec in "1 1 1 100 270" "2 1 1 100 960" "2 2 2 12 1500"; do
     set -- $spec
     pairs=$(python3 -c "print(max(2, round($5 * $scale)))")
     d=$work/alternate-$1$2$3

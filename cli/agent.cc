@@ -63,6 +63,9 @@ int RunAgent(const Args& args) {
       "HTTP address for /metrics, /state, /dump/<rank> (port 0: any free)")(
       "sample-interval", po::value(&o.sample_interval_s)->default_value(1.0),
       "seconds between host metric samples")(
+      "drain-interval", po::value(&o.drain_interval_s)->default_value(o.drain_interval_s, "0.2"),
+      "seconds between drain passes into trace.db (a pass reading half a batch or more goes "
+      "again at once): shorter shows rows sooner, longer writes fewer transactions")(
       "shm-dir", po::value(&o.shm_dir)->default_value(o.shm_dir), "where rank rings live")(
       "max-db-mb", po::value(&o.max_db_mb)->default_value(0),
       "cap trace.db at this many MiB (0: no cap)")(
@@ -85,6 +88,8 @@ int RunAgent(const Args& args) {
     return *rc;
   }
   if (o.sample_interval_s <= 0) return Fail("agent", "--sample-interval must be positive", 2);
+  if (!(o.drain_interval_s > 0 && o.drain_interval_s <= 60))
+    return Fail("agent", "--drain-interval must be above 0 and at most 60 seconds", 2);
   if (auto p = tracer::agent::ParseDrainPriority(drain_priority)) {
     o.drain_priority = *p;
   } else {

@@ -55,6 +55,14 @@ TEST(CliTest, UsageErrorsExitWithTwo) {
   EXPECT_NE(priority.out.find("--drain-priority 'fast': expected idle, batch or normal"),
             std::string::npos)
       << priority.out;
+  for (const char* interval : {"0", "-1", "61"}) {
+    CliRun drain = Megascope(
+        std::string("agent --node n0 --run-dir /nonexistent --drain-interval ") + interval);
+    EXPECT_EQ(drain.code, 2) << interval;
+    EXPECT_NE(drain.out.find("--drain-interval must be above 0 and at most 60 seconds"),
+              std::string::npos)
+        << drain.out;
+  }
 }
 
 TEST(CliTest, TraceDemoAccountsForEveryRecordAndDumpsTheStuckRank) {

@@ -477,6 +477,28 @@ TEST_F(AgentTest, StateIsServedWhileTheAgentDrains) {
             static_cast<uint64_t>(Count(Db(), "SELECT COUNT(*) FROM spans")));
 }
 
+// Stop() ends the wait between passes at once, however long the drain interval, and the final
+// drain still writes what came in during the wait (without the wake-up, Run() would sleep out
+// the hour and the test would time out).
+TEST_F(AgentTest, StopEndsTheWaitBetweenPassesAndTheFinalDrainWritesWhatCameIn) {
+  auto t = Tracer::Create(Ring(0));
+  ASSERT_TRUE(t.ok());
+  const NameId name = *(*t)->InternName("forward");
+  for (int i = 0; i < 100; ++i) (*t)->RecordSpan(SpanKind::kForward, name, i, 0, 1, 2);
+  AgentOptions o = Options();
+  o.drain_interval_s = 3600;
+  auto agent = Agent::Create(o);
+  ASSERT_TRUE(agent.ok());
+  std::thread runner([&] { (*agent)->Run(); });
+  while ((*agent)->rows_written() < 100) std::this_thread::yield();  // the first pass: at once
+  for (int i = 100; i < 250; ++i) (*t)->RecordSpan(SpanKind::kForward, name, i, 0, 1, 2);
+  EXPECT_EQ((*agent)->rows_written(), 100u);  // waiting out the interval
+  (*agent)->Stop();
+  runner.join();
+  EXPECT_EQ((*agent)->rows_written(), 250u);
+  EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM spans"), 250);
+}
+
 // The scheduling policy (sched(7)) of every thread of this process but `except`, from
 // /proc/self/task/<tid>/stat's 41st field.
 std::map<pid_t, int> PoliciesOfOtherThreads(pid_t except) {

@@ -3,6 +3,7 @@
 #include <CivetServer.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
@@ -10,6 +11,7 @@
 #include <prometheus/text_serializer.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -17,6 +19,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -73,6 +76,11 @@ struct Agent::Impl {
   static constexpr uint32_t kUnknownGroup = 0x10000;  // past any uint16_t group index
   std::vector<Record> arena;  // the records of one drain pass (batch_records), allocated once
   std::chrono::steady_clock::time_point last_discovery{};
+  int wake_fd = -1;  // an eventfd: Stop() writes it to end Run()'s wait between passes
+
+  ~Impl() {
+    if (wake_fd >= 0) ::close(wake_fd);
+  }
 
   struct RankState {
     std::string ring;
@@ -723,6 +731,9 @@ Result<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& o) {
   if (o.run_dir.empty()) return InvalidArgument("the agent needs a run directory");
   auto impl = std::make_unique<Impl>();
   impl->opt = o;
+  impl->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (impl->wake_fd < 0)
+    return Internal(std::string("cannot create the agent's eventfd: ") + std::strerror(errno));
   impl->host = HostSampler(o.proc_root);
   impl->nvml = Nvml::Load();
   ASSIGN_OR_RETURN(impl->store, TraceStore::Open(o.run_dir + "/nodes/" + o.node + "/trace.db",
@@ -844,6 +855,12 @@ std::optional<DrainPriority> ParseDrainPriority(std::string_view s) {
   return ParseFrom<DrainPriority>(kDrainPriorityNames, s);
 }
 
+void Agent::Stop() {
+  stop_ = true;
+  const uint64_t one = 1;
+  (void)!::write(impl_->wake_fd, &one, sizeof(one));
+}
+
 void Agent::Run() {
   ApplyDrainPriority(impl_->opt.node, impl_->opt.drain_priority);
   auto next_sample = std::chrono::steady_clock::now();
@@ -854,8 +871,9 @@ void Agent::Run() {
       next_sample = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                               std::chrono::duration<double>(impl_->opt.sample_interval_s));
     auto n = Poll(sample);
-    if (!n.ok() || *n < impl_->opt.batch_records / 2)
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (n.ok() && *n >= impl_->opt.batch_records / 2) continue;  // more waiting: no pause
+    pollfd wake{impl_->wake_fd, POLLIN, 0};
+    (void)::poll(&wake, 1, static_cast<int>(std::lround(impl_->opt.drain_interval_s * 1000)));
   }
   for (int i = 0; i < 100; ++i) {  // final drain; the first pass also checks for dead ranks
     auto n = Poll(i == 0);
