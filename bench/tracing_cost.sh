@@ -199,8 +199,10 @@ for layout in ["1,1,1", "2,1,1", "2,2,2"] if runs else []:
     print(f"({layout})  {n:5d}  {a:15,.0f}  {b:17,.0f}  {100 * (a / b - 1):+10.2f} %  {ag:12,.0f}  {au:14,.0f}")
     instructions[layout] = a / b - 1
 if runs:
-    print("(the agent samples /proc on a wall-clock period: under valgrind a step lasts ~50x longer, so its")
-    print(" sampling share per step is inflated; its drain and SQLite work follow the records)")
+    print("(the agent samples /proc and drains on wall-clock periods while under valgrind a step lasts ~50x")
+    print(" longer: per step, its sampling share is inflated and its per-transaction share (each pass's WAL")
+    print(" page rewrites, its natively largest cost) shrunk; its per-row work follows the records. The native")
+    print(" rounds below give its real CPU per step)")
 
 
 def functions(f):
