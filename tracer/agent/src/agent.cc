@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -863,6 +864,9 @@ void Agent::Stop() {
 
 void Agent::Run() {
   ApplyDrainPriority(impl_->opt.node, impl_->opt.drain_priority);
+  // At least 1 ms: an interval under half a millisecond must not become a busy loop.
+  const int wait_ms =
+      static_cast<int>(std::max<long>(1, std::lround(impl_->opt.drain_interval_s * 1000)));
   auto next_sample = std::chrono::steady_clock::now();
   while (!stop_) {
     const auto now = std::chrono::steady_clock::now();
@@ -873,7 +877,7 @@ void Agent::Run() {
     auto n = Poll(sample);
     if (n.ok() && *n >= impl_->opt.batch_records / 2) continue;  // more waiting: no pause
     pollfd wake{impl_->wake_fd, POLLIN, 0};
-    (void)::poll(&wake, 1, static_cast<int>(std::lround(impl_->opt.drain_interval_s * 1000)));
+    (void)::poll(&wake, 1, wait_ms);
   }
   for (int i = 0; i < 100; ++i) {  // final drain; the first pass also checks for dead ranks
     auto n = Poll(i == 0);
