@@ -1,8 +1,10 @@
 // End to end: `megascope launch` over real processes (agents, ranks, Gloo over TCP), each fault
 // injected into the real processes. After every recovery the losses continue those of an
 // uninterrupted run and no trace row is written twice.
+#include <algorithm>
 #include <map>
 #include <regex>
+#include <vector>
 
 #include "launch_fixture.h"
 
@@ -241,17 +243,39 @@ TEST_F(LaunchTest, ASlowedNodeIsNamedByTheStragglerPathEvictedAndTheJobResumes) 
     if (e.attempt > 0) resumed_from = e.detail.value("step", int64_t{0});
   ASSERT_GT(resumed_from, 12) << r.out;
   std::map<int, int> outlined;  // rank -> outlined cells over steps (10, resumed_from]
-  const std::regex cell("class=\"cell( slow)?\" data-rank=\"(\\d+)\" data-step=\"(\\d+)\"");
+  std::map<int, std::vector<double>> ratios;  // rank -> its cells' compute over its peers' median
+  const std::regex cell(
+      "class=\"cell( slow)?\" data-rank=\"(\\d+)\" data-step=\"(\\d+)\"[^>]*><title>[^<]*, "
+      "([0-9.]+)x its peers<");
   for (auto it = std::sregex_iterator(dom.out.begin(), dom.out.end(), cell);
        it != std::sregex_iterator(); ++it) {
     const int64_t step = std::stoll((*it)[3]);
-    if (step > 10 && step <= resumed_from) outlined[std::stoi((*it)[2])] += (*it)[1].matched;
+    if (step <= 10 || step > resumed_from) continue;
+    const int rank = std::stoi((*it)[2]);
+    outlined[rank] += (*it)[1].matched;
+    ratios[rank].push_back(std::stod((*it)[4]));
   }
-  // At least a third: the fault lands a step or two after step 10 on a loaded machine, and a 1.5x
-  // step is not outlined every time when the two cores are shared (CI saw 15 of 32).
+  // At least a third: a 1.5x step is not outlined every time when the two cores are shared: the
+  // burn that slows rank 2 takes a core from its peers' compute too (CI saw 15 of 32).
   const int window = static_cast<int>(resumed_from - 10);
   EXPECT_GE(outlined[2], window / 3) << "the slowed rank's steps are outlined";
-  for (int r : {0, 1, 3}) EXPECT_LT(outlined[r], outlined[2]) << "rank " << r;
+  // Against its peers, by the median of each row's ratios: a count of outlines ties when a peer
+  // has a few noisy steps in a short window (CI saw 3 and 3), a median does not move for them.
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    const auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
+    std::nth_element(v.begin(), mid, v.end());
+    return *mid;
+  };
+  std::string seen;  // for a failure's message
+  for (const auto& [r, v] : ratios) {
+    seen += " rank " + std::to_string(r) + ": " + std::to_string(outlined[r]) + " outlined, x" +
+            std::to_string(median(v)) + ";";
+  }
+  ASSERT_EQ(ratios[2].size(), static_cast<size_t>(window)) << seen;
+  for (int r : {0, 1, 3})
+    EXPECT_LT(median(ratios[r]), median(ratios[2]))
+        << "rank " << r << ", steps 11.." << resumed_from << seen;
   EXPECT_NE(dom.out.find("row-suspect\">rank 2 "), std::string::npos)
       << "the named rank's row is marked";
   EXPECT_NE(dom.out.find("id=\"events\""), std::string::npos);
