@@ -712,7 +712,7 @@ struct Controller::Impl {
     std::vector<launch::RankExit> failures;
     std::string manual_node;
     std::vector<Verdict> verdicts;  // detector, straggler: the verdict that opened the incident
-    int repeats = 1;                // ... and how many analyses in a row named it
+    Streak streak;                  // ... and how many analyses in a row named it
   };
   static bool Online(const Trigger& t) { return t.cause == "detector" || t.cause == "straggler"; }
 
@@ -769,26 +769,27 @@ struct Controller::Impl {
     return verdicts;
   }
 
-  void RecordDecision(const Verdict& v, const Decision& d, int repeats = 1) {
+  void RecordDecision(const Verdict& v, const Decision& d, Streak streak = {}) {
     Record(EventKind::kDecision, d.nodes.empty() ? "" : d.nodes[0],
            v.root_ranks.empty() ? -1 : v.root_ranks[0],
            {{"action", Name(d.action)},
             {"reason", d.reason},
-            {"repeats", repeats},
+            {"repeats", streak.repeats},
+            {"repeats_by_compute", streak.by_compute},
             {"nodes", d.nodes},
             {"verdict", json::parse(VerdictToJson(v))}});
   }
 
   // An online verdict (detector, straggler): recorded with the policy's decision; an alert is
   // reported once per attempt, anything more opens an incident. False: the controller paused.
-  bool Act(const std::string& source, const Verdict& v, int repeats) {
+  bool Act(const std::string& source, const Verdict& v, Streak streak) {
     bool in_job = v.root_nodes.empty();
     for (const std::string& n : v.root_nodes)
       in_job |= std::find(active.begin(), active.end(), n) != active.end();
     if (!in_job) return true;  // an evicted node's silence, or a node that left meanwhile
     bool passed_before = false;
     for (const std::string& n : v.root_nodes) passed_before |= cleared.count(n + "|" + v.cause) > 0;
-    const Decision d = Decide(v, repeats, opt.policy, passed_before);
+    const Decision d = Decide(v, streak, opt.policy, passed_before);
     std::string key = std::string(Name(d.action)) + "|" + v.kind + "|" + v.cause;
     for (const std::string& n : v.root_nodes) key += "|" + n;
     if (d.action == Action::kAlert && !alerted.insert(key).second) return true;
@@ -798,10 +799,10 @@ struct Controller::Impl {
     if (d.action == Action::kAlert || d.action == Action::kRestartInPlace) {
       Record(EventKind::kVerdict, v.root_nodes.empty() ? "" : v.root_nodes[0],
              v.root_ranks.empty() ? -1 : v.root_ranks[0], json::parse(VerdictToJson(v)));
-      RecordDecision(v, d, repeats);
+      RecordDecision(v, d, streak);
       return true;
     }  // an incident records the verdict and the decision after its trigger
-    Trigger t{source, v.kind + " " + v.cause + " on " + Join(v.root_nodes), {}, "", {v}, repeats};
+    Trigger t{source, v.kind + " " + v.cause + " on " + Join(v.root_nodes), {}, "", {v}, streak};
     return Incident(std::move(t));
   }
 
@@ -820,7 +821,7 @@ struct Controller::Impl {
           ParseMetricsRound(pages, static_cast<double>(tracer::WallNowNs()) / 1e9);
       for (const std::string& e : round.errors) Log("metrics: " + e);
       for (const Verdict& v : online->Add(round)) {
-        if (!Act("detector", v, 1)) return false;
+        if (!Act("detector", v, {})) return false;
       }
     }
     if (opt.straggler_every > 0 && attempt_stepped &&
@@ -847,7 +848,7 @@ struct Controller::Impl {
         Log(steps + ": no straggler" +
             (anyway ? " (read before every rank's steps were stored)" : ""));
       for (const StragglerWatch::Finding& f : **found) {
-        if (!Act("straggler", f.verdict, f.repeats)) return false;
+        if (!Act("straggler", f.verdict, f.streak)) return false;
         if (f.verdict.cause != "stage_imbalance" && !attempt_stepped) break;  // restarted
       }
     }
@@ -950,8 +951,9 @@ struct Controller::Impl {
     for (const Verdict& v : verdicts) {
       const json vj = json::parse(VerdictToJson(v));
       restart_cause = v.cause;
-      const Decision d = Decide(v, Online(t) ? t.repeats : 1, opt.policy);
-      RecordDecision(v, d, Online(t) ? t.repeats : 1);
+      const Streak streak = Online(t) ? t.streak : Streak{};
+      const Decision d = Decide(v, streak, opt.policy);
+      RecordDecision(v, d, streak);
       if (d.action == Action::kEvict) {
         for (const std::string& n : d.nodes) to_evict.emplace_back(n, vj);
       } else if (d.action == Action::kSelfCheck) {
@@ -1161,7 +1163,7 @@ struct Controller::Impl {
           Log("evict " + c.node + " ignored: not a node of the job (" + Join(active) + ")");
           continue;
         }
-        if (!Incident({"manual", "evict requested for " + c.node, {}, c.node, {}, 1}))
+        if (!Incident({"manual", "evict requested for " + c.node, {}, c.node, {}, Streak{}}))
           return kLaunchPaused;
       }
       FireControllerInjections();
@@ -1188,7 +1190,7 @@ struct Controller::Impl {
                        failures,
                        "",
                        {},
-                       1}))
+                       Streak{}}))
           return kLaunchPaused;
         continue;
       }
@@ -1201,7 +1203,7 @@ struct Controller::Impl {
       if (!Watch()) return kLaunchPaused;
       std::string why;
       if (Stalled(&why)) {
-        if (!Incident({"hang", why, {}, "", {}, 1})) return kLaunchPaused;
+        if (!Incident({"hang", why, {}, "", {}, Streak{}})) return kLaunchPaused;
       }
     }
   }

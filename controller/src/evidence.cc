@@ -98,18 +98,14 @@ Result<std::optional<std::vector<StragglerWatch::Finding>>> StragglerWatch::Anal
   // Opened once the window is stored: past SQLite's attach limit this copies the run.
   ASSIGN_OR_RETURN(auto db, analyzer::RunDatabase::Open(run_dir));
   ASSIGN_OR_RETURN(analyzer::SlowReport rep, analyzer::AnalyzeSlow(*db, options));
-  std::map<std::string, int> streak;
-  std::vector<Finding> out;
+  std::vector<Verdict> slow;
   for (Verdict& v : rep.verdicts) {
-    if (v.kind != "slow") continue;
-    std::string key = v.cause;
-    for (const std::string& n : v.root_nodes) key += "|" + n;
-    auto it = streak_.find(key);
-    const int repeats = (it == streak_.end() ? 0 : it->second) + 1;
-    streak[key] = repeats;
-    out.push_back({std::move(v), repeats});
+    if (v.kind == "slow") slow.push_back(std::move(v));
   }
-  streak_ = std::move(streak);  // a window that does not name it breaks the streak
+  const std::vector<Streak> streaks = streaks_.Next(slow);
+  std::vector<Finding> out;
+  out.reserve(slow.size());
+  for (size_t i = 0; i < slow.size(); ++i) out.push_back({std::move(slow[i]), streaks[i]});
   return std::optional(std::move(out));
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "megascope/analyzer/slow.h"
+#include "megascope/controller/policy.h"
 #include "megascope/detector/detector.h"
 #include "megascope/tracer/status.h"
 #include "megascope/tracer/verdict.h"
@@ -45,7 +46,9 @@ class StragglerWatch {
  public:
   struct Finding {
     Verdict verdict;
-    int repeats = 1;  // analyses in a row (this one included) that named the same cause and nodes
+    // Analyses in a row (this one included) that named the same cause and nodes, a compute or
+    // comm straggler counting as one cause (policy.h's Streak).
+    Streak streak;
   };
   // Straggler analysis over steps [first, last] of `attempt`, once the spans of all `world` ranks
   // through `last` are in the trace databases: nullopt while some are not (their agents are still
@@ -54,10 +57,10 @@ class StragglerWatch {
   Result<std::optional<std::vector<Finding>>> Analyze(const std::string& run_dir, int attempt,
                                                       int64_t first, int64_t last, int world,
                                                       bool anyway, analyzer::SlowOptions options);
-  void Reset() { streak_.clear(); }
+  void Reset() { streaks_.Reset(); }
 
  private:
-  std::map<std::string, int> streak_;  // cause|nodes -> analyses in a row
+  StragglerStreaks streaks_;
   std::optional<analyzer::StoredSteps> stored_;
 };
 

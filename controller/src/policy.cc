@@ -1,6 +1,7 @@
 #include "megascope/controller/policy.h"
 
 #include <cstdio>
+#include <utility>
 
 namespace megascope::controller {
 
@@ -32,14 +33,14 @@ Cause ParseCause(std::string_view c) {
 
 namespace {
 
-Decision DecideFresh(const Verdict& v, int repeats, const PolicyOptions& o) {
+Decision DecideFresh(const Verdict& v, Streak streak, const PolicyOptions& o) {
   char conf[96];
   std::snprintf(conf, sizeof(conf), "confidence %.2f (acting at %.2f)", v.confidence,
                 o.check_confidence);
   const bool confident = v.confidence >= o.check_confidence;
-  const bool persistent = repeats >= o.straggler_windows;
-  const std::string held =
-      std::to_string(repeats) + " of " + std::to_string(o.straggler_windows) + " analyses in a row";
+  const bool persistent = streak.repeats >= o.straggler_windows;
+  const std::string held = std::to_string(streak.repeats) + " of " +
+                           std::to_string(o.straggler_windows) + " analyses in a row";
   Decision d;
   d.nodes = v.root_nodes;
   const Cause cause = ParseCause(v.cause);
@@ -62,14 +63,19 @@ Decision DecideFresh(const Verdict& v, int repeats, const PolicyOptions& o) {
         d.reason = "every replica of the stage is slow: a model or layout imbalance, not a machine";
       } else if (cause == Cause::kComputeStraggler || cause == Cause::kCommStraggler ||
                  cause == Cause::kLinkSlow) {
-        const bool compute = cause == Cause::kComputeStraggler;
+        const bool compute = cause == Cause::kComputeStraggler ||
+                             (cause == Cause::kCommStraggler && streak.by_compute > 0);
         if (!confident) {
           d.reason = std::string("straggler below the acting confidence: ") + conf;
         } else if (!persistent) {
           d.reason = "straggler seen in " + held + ": waiting for it to persist";
         } else {
           d.action = compute ? Action::kEvict : Action::kSelfCheck;
-          d.reason = compute ? "a persistent compute straggler (" + held + ", " + conf +
+          const std::string by =
+              cause == Cause::kComputeStraggler
+                  ? ""
+                  : ", " + std::to_string(streak.by_compute) + " of them by its compute";
+          d.reason = compute ? "a persistent compute straggler (" + held + by + ", " + conf +
                                    "): its own step measurements convict it"
                              : std::string(cause == Cause::kLinkSlow
                                                ? "a persistently slow link ("
@@ -116,8 +122,31 @@ std::string_view Name(Action a) {
   return "alert";
 }
 
-Decision Decide(const Verdict& v, int repeats, const PolicyOptions& o, bool passed_before) {
-  Decision d = DecideFresh(v, repeats, o);
+std::vector<Streak> StragglerStreaks::Next(const std::vector<Verdict>& verdicts) {
+  // One analysis may name a node twice (two of its ranks, one by compute and one by lateness):
+  // that is one more analysis in its streak.
+  std::vector<std::string> keys;
+  std::map<std::string, Streak> next;
+  for (const Verdict& v : verdicts) {
+    const Cause cause = ParseCause(v.cause);
+    const bool by_compute = cause == Cause::kComputeStraggler;
+    std::string key = by_compute || cause == Cause::kCommStraggler ? "straggler" : v.cause;
+    for (const std::string& n : v.root_nodes) key += "|" + n;
+    const auto it = streaks_.find(key);
+    const Streak last = it == streaks_.end() ? Streak{0, 0} : it->second;
+    const auto at = next.try_emplace(key, Streak{last.repeats + 1, last.by_compute}).first;
+    if (by_compute) at->second.by_compute = last.by_compute + 1;
+    keys.push_back(std::move(key));
+  }
+  std::vector<Streak> out;
+  out.reserve(keys.size());
+  for (const std::string& key : keys) out.push_back(next.at(key));
+  streaks_ = std::move(next);
+  return out;
+}
+
+Decision Decide(const Verdict& v, Streak streak, const PolicyOptions& o, bool passed_before) {
+  Decision d = DecideFresh(v, streak, o);
   if (passed_before && d.action == Action::kSelfCheck &&
       ParseVerdictKind(v.kind) != VerdictKind::kHang) {
     d.action = Action::kAlert;

@@ -211,11 +211,16 @@ TEST_F(LaunchTest, ASlowedNodeIsNamedByTheStragglerPathEvictedAndTheJobResumes) 
   EXPECT_TRUE(named) << r.out;
   ASSERT_EQ(Of(ev, "eviction").size(), 1u) << r.out;  // the machine, not its group, nor a peer
   EXPECT_EQ(Of(ev, "eviction")[0].node, "node2");
-  EXPECT_EQ(Of(ev, "eviction")[0].detail["reason"], "compute_straggler");
+  // Named by its compute, or by its lateness in a streak its compute began: on two shared cores
+  // its compute excess falls short of the bar in some windows (CI saw compute, comm, comm), and a
+  // bandwidth self-check passes it (policy.h's Streak).
+  const std::string reason = Of(ev, "eviction")[0].detail["reason"];
+  EXPECT_TRUE(reason == "compute_straggler" || reason == "comm_straggler") << reason;
   bool decided = false;
   for (const Event& e : Of(ev, "decision"))
-    decided |= e.detail["action"] == "evict" && e.node == "node2";
-  EXPECT_TRUE(decided);
+    decided |= e.detail["action"] == "evict" && e.node == "node2" &&
+               e.detail.value("repeats_by_compute", 0) >= 1;
+  EXPECT_TRUE(decided) << r.out;
   EXPECT_FALSE(Of(ev, "resumed").empty());
   EXPECT_EQ(Of(ev, "job_finished").at(0).detail["steps"], 60);
 

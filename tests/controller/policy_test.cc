@@ -44,7 +44,7 @@ TEST(PolicyTest, TheTable) {
       {"gremlins", "x", 1.0, 9, Action::kAlert},
   };
   for (const Row& r : rows) {
-    const Decision d = Decide(V(r.kind, r.cause, r.confidence), r.repeats);
+    const Decision d = Decide(V(r.kind, r.cause, r.confidence), {r.repeats});
     EXPECT_EQ(d.action, r.want) << r.kind << "/" << r.cause << " conf " << r.confidence << " x"
                                 << r.repeats << ": got " << Name(d.action) << " (" << d.reason
                                 << ")";
@@ -54,36 +54,79 @@ TEST(PolicyTest, TheTable) {
 
 // The reason a person reads says what the evidence is: a slow link is not a straggling rank.
 TEST(PolicyTest, TheReasonNamesASlowLinkAsALink) {
-  EXPECT_NE(Decide(V("slow", "link_slow", 0.7), 2).reason.find("slow link"), std::string::npos);
-  EXPECT_NE(Decide(V("slow", "comm_straggler", 0.7), 2).reason.find("communication straggler"),
+  EXPECT_NE(Decide(V("slow", "link_slow", 0.7), {2}).reason.find("slow link"), std::string::npos);
+  EXPECT_NE(Decide(V("slow", "comm_straggler", 0.7), {2}).reason.find("communication straggler"),
             std::string::npos);
 }
 
 TEST(PolicyTest, ActsOnTheNamedMachineNeverItsGroup) {
   Verdict v = V("slow", "compute_straggler", 0.9, {"node3"});
   v.root_ranks = {6};
-  const Decision d = Decide(v, 2);
+  const Decision d = Decide(v, {2});
   EXPECT_EQ(d.action, Action::kEvict);
   EXPECT_EQ(d.nodes, std::vector<std::string>{"node3"});
-  EXPECT_TRUE(Decide(V("hang", "op_mismatch"), 1).nodes.empty());
+  EXPECT_TRUE(Decide(V("hang", "op_mismatch"), {1}).nodes.empty());
 }
 
 TEST(PolicyTest, ASuspectThatPassedItsSelfCheckStaysForTheSameEvidence) {
-  EXPECT_EQ(Decide(V("slow", "comm_straggler"), 3, {}, /*passed_before=*/true).action,
+  EXPECT_EQ(Decide(V("slow", "comm_straggler"), {3}, {}, /*passed_before=*/true).action,
             Action::kAlert);
-  EXPECT_EQ(Decide(V("faulty_machine", "x", 0.9), 1, {}, true).action, Action::kAlert);
+  EXPECT_EQ(Decide(V("faulty_machine", "x", 0.9), {1}, {}, true).action, Action::kAlert);
   // A hang is a new fault whatever happened before; a compute straggler is convicted by its steps.
-  EXPECT_EQ(Decide(V("hang", "link_stall"), 1, {}, true).action, Action::kSelfCheck);
-  EXPECT_EQ(Decide(V("slow", "compute_straggler"), 2, {}, true).action, Action::kEvict);
+  EXPECT_EQ(Decide(V("hang", "link_stall"), {1}, {}, true).action, Action::kSelfCheck);
+  EXPECT_EQ(Decide(V("slow", "compute_straggler"), {2}, {}, true).action, Action::kEvict);
+}
+
+// A rank that computes longer also arrives last: a window in which its compute excess fell short
+// names it a comm straggler, and the streak goes on. Convicted once by its compute, it is evicted
+// (a bandwidth self-check would pass it); a comm straggler alone is still self-checked.
+TEST(PolicyTest, ComputeAndCommStragglersOfOneNodeMakeOneStreak) {
+  StragglerStreaks streaks;
+  std::vector<Streak> s = streaks.Next({V("slow", "compute_straggler", 0.9, {"node2"}),
+                                        V("slow", "comm_straggler", 0.7, {"node0"})});
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].repeats, 1);
+  EXPECT_EQ(s[0].by_compute, 1);
+  EXPECT_EQ(s[1].by_compute, 0);
+  const Verdict comm2 = V("slow", "comm_straggler", 0.7, {"node2"});
+  s = streaks.Next({comm2, V("slow", "link_slow", 0.7, {"node0"})});
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].repeats, 2);
+  EXPECT_EQ(s[0].by_compute, 1);
+  const Decision d = Decide(comm2, s[0]);
+  EXPECT_EQ(d.action, Action::kEvict) << d.reason;
+  EXPECT_NE(d.reason.find("1 of them by its compute"), std::string::npos) << d.reason;
+  EXPECT_EQ(s[1].repeats, 1);  // node0's slow link is not its comm straggling
+  // Passed a bandwidth self-check before: its compute still convicts it.
+  EXPECT_EQ(Decide(comm2, s[0], {}, /*passed_before=*/true).action, Action::kEvict);
+
+  s = streaks.Next({comm2});  // node2 a third time, by comm
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].repeats, 3);
+  streaks.Next({});  // a window that names nobody ends every streak
+  s = streaks.Next({comm2});
+  EXPECT_EQ(s[0].repeats, 1);
+  EXPECT_EQ(s[0].by_compute, 0);
+  s = streaks.Next({comm2});
+  EXPECT_EQ(Decide(comm2, s[0]).action, Action::kSelfCheck);  // comm only: the bandwidth decides
+  streaks.Reset();
+  EXPECT_EQ(streaks.Next({comm2})[0].repeats, 1);
+  // Two ranks of node2 in one analysis, one late and one slow: one more analysis, by compute.
+  s = streaks.Next({comm2, V("slow", "compute_straggler", 0.9, {"node2"})});
+  ASSERT_EQ(s.size(), 2u);
+  for (const Streak& one : s) {
+    EXPECT_EQ(one.repeats, 2);
+    EXPECT_EQ(one.by_compute, 1);
+  }
 }
 
 TEST(PolicyTest, OptionsMoveTheThresholds) {
   PolicyOptions o;
   o.check_confidence = 0.95;
   o.straggler_windows = 3;
-  EXPECT_EQ(Decide(V("faulty_machine", "x", 0.9), 1, o).action, Action::kAlert);
-  EXPECT_EQ(Decide(V("slow", "compute_straggler", 0.99), 2, o).action, Action::kAlert);
-  EXPECT_EQ(Decide(V("slow", "compute_straggler", 0.99), 3, o).action, Action::kEvict);
+  EXPECT_EQ(Decide(V("faulty_machine", "x", 0.9), {1}, o).action, Action::kAlert);
+  EXPECT_EQ(Decide(V("slow", "compute_straggler", 0.99), {2}, o).action, Action::kAlert);
+  EXPECT_EQ(Decide(V("slow", "compute_straggler", 0.99), {3}, o).action, Action::kEvict);
 }
 
 TEST(PolicyTest, SpellingsRoundTrip) {

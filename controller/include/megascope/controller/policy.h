@@ -9,7 +9,10 @@
 //        unknown
 //   slow compute_straggler                evict when it held in `straggler_windows` analyses in a
 //                                         row with confidence >= check_confidence; else alert
-//   slow comm_straggler | link_slow       self-check (the bandwidth test decides), same persistence
+//   slow comm_straggler                   the same, when one of the analyses in a row named the
+//                                         node by its compute; else self-check (the bandwidth
+//                                         test decides), same persistence
+//   slow link_slow                        self-check, same persistence
 //   slow stage_imbalance                  alert only: every replica of the stage is slow; evicting
 //                                         a machine cannot help
 //   faulty_machine                        self-check the suspect at confidence >= check_confidence
@@ -21,6 +24,7 @@
 // it never becomes one), and the controller evicts the machine, never its pipeline group.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -62,10 +66,32 @@ struct Decision {
   std::string reason;              // why, in words (logged and recorded)
 };
 
-// `repeats`: how many analyses in a row (this one included) named the same cause and node.
+// What the analyses in a row said of the verdict's nodes. A rank that computes longer than its
+// peers also arrives last at their collectives: in a window where its compute excess falls short
+// of the analyzer's bar in too many steps, the same slow rank is named a comm_straggler instead.
+// So compute and comm stragglers of the same nodes make one streak, and a streak in which the
+// rank's own compute convicted it once is a compute straggler's; a bandwidth self-check cannot
+// confirm that (on shared cores its GEMM still passes at 1.5x slower).
+struct Streak {
+  int repeats = 1;     // analyses in a row (this one included) that named the nodes
+  int by_compute = 0;  // ... of which named them compute_straggler
+};
+
+// The streaks of successive straggler analyses (the controller's online watch): Next() takes one
+// analysis's slow verdicts and returns each one's streak, in order. A suspect that an analysis
+// does not name loses its streak.
+class StragglerStreaks {
+ public:
+  std::vector<Streak> Next(const std::vector<Verdict>& verdicts);
+  void Reset() { streaks_.clear(); }
+
+ private:
+  std::map<std::string, Streak> streaks_;  // cause (compute or comm: "straggler") | nodes
+};
+
 // `passed_before`: the suspect already passed a self-check for this cause in this run; it stays,
 // and the verdict is an alert (a self-check that passed once is not re-run for the same evidence).
-Decision Decide(const Verdict& v, int repeats, const PolicyOptions& options = {},
+Decision Decide(const Verdict& v, Streak streak, const PolicyOptions& options = {},
                 bool passed_before = false);
 
 }  // namespace megascope::controller
