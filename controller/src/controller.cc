@@ -499,13 +499,12 @@ struct Controller::Impl {
       const std::string event = line.value("event", "");
       const int line_attempt = line.value("attempt", attempt);
       if (event == "fault") {
-        for (Injection& in : opt.injections) {
-          if (!in.fired && IsWorkerFault(in.kind) &&
-              std::string(Name(in.kind)) == line.value("kind", "") &&
-              in.planned_rank == line.value("rank", -2) && line_attempt == attempt) {
-            in.fired = true;
-          }
-        }
+        Injection* in =
+            line_attempt == attempt
+                ? FiredInjection(opt.injections, line.value("kind", ""), line.value("rank", -2),
+                                 line.value("step", int64_t{-1}))
+                : nullptr;
+        if (in != nullptr) in->fired = true;
         Log("fault fired: " + line.value("kind", std::string()) + " on rank " +
             std::to_string(line.value("rank", -1)) + " (" + line.value("node", std::string()) +
             ") at step " + std::to_string(line.value("step", 0)));

@@ -168,4 +168,16 @@ Result<Injection> ParseInjection(const std::string& spec) {
   return in;
 }
 
+Injection* FiredInjection(std::vector<Injection>& injections, std::string_view kind, int rank,
+                          int64_t step) {
+  Injection* best = nullptr;
+  for (Injection& in : injections) {
+    if (in.fired || !IsWorkerFault(in.kind) || Name(in.kind) != kind || in.planned_rank != rank ||
+        in.at_step > step)
+      continue;
+    if (best == nullptr || in.at_step > best->at_step) best = &in;
+  }
+  return best;
+}
+
 }  // namespace megascope::controller

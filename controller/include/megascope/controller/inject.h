@@ -26,6 +26,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "megascope/tracer/status.h"
 
@@ -70,5 +71,13 @@ struct Injection {
 
 // Parses one --inject value; errors say what is wrong with it.
 Result<Injection> ParseInjection(const std::string& spec);
+
+// The injection a worker's announcement that a fault fired (its kind, rank and step) is about:
+// the unfired worker fault of that kind planned for that rank whose step is the latest at or
+// before `step` (a slow fault fires at the first step it reaches, later than its own when the
+// attempt resumed past it; two crashes of one rank are two injections, each fired on its own);
+// nullptr when none is.
+Injection* FiredInjection(std::vector<Injection>& injections, std::string_view kind, int rank,
+                          int64_t step);
 
 }  // namespace megascope::controller
