@@ -1,10 +1,12 @@
 // `megascope analyze hang`: the rank at the root of a hang, from flight-recorder dumps.
 #include <cstdio>
+#include <optional>
 #include <sstream>
 
 #include "command.h"
 #include "megascope/analyzer/hang.h"
 #include "megascope/analyzer/live.h"
+#include "megascope/analyzer/pytorch.h"
 #include "megascope/analyzer/slow.h"
 #include "megascope/analyzer/stacks.h"
 #include "megascope/tracer/file_util.h"
@@ -86,13 +88,23 @@ int RunAnalyze(const Args& args) {
     if (!t.ok()) return Fail("analyze", t.status().message(), 2);
     token = *t;
   }
-  auto in = !urls.empty()      ? analyzer::LoadFromAgents(urls, -1, token, stacks)
-            : !pytorch.empty() ? analyzer::LoadPyTorchDumps(pytorch)
-                               : analyzer::LoadDumpDirectory(source);
-  if (!in.ok()) return Fail("analyze", in.status().message());
+  // PyTorch's dumps are read with PyTorch's semantics (analyzer/pytorch.h), the rest as ours.
+  std::optional<analyzer::PyTorchInput> torch_in;
+  if (!pytorch.empty()) {
+    auto t = analyzer::LoadPyTorch(pytorch);
+    if (!t.ok()) return Fail("analyze", t.status().message());
+    torch_in = std::move(*t);
+  }
+  Result<analyzer::HangInput> loaded = analyzer::HangInput{};
+  if (!torch_in)
+    loaded = !urls.empty() ? analyzer::LoadFromAgents(urls, -1, token, stacks)
+                           : analyzer::LoadDumpDirectory(source);
+  if (!loaded.ok()) return Fail("analyze", loaded.status().message());
+  const analyzer::HangInput* in = torch_in ? &torch_in->hang : &*loaded;
   for (const std::string& w : in->warnings)
     std::fprintf(stderr, "megascope analyze: warning: %s\n", w.c_str());
-  const auto verdicts = analyzer::AnalyzeHang(*in, ho);
+  const auto verdicts =
+      torch_in ? analyzer::AnalyzePyTorch(*torch_in, ho) : analyzer::AnalyzeHang(*in, ho);
   if (json) {
     for (const Verdict& v : verdicts) std::printf("%s\n", VerdictToJson(v).c_str());
   } else {

@@ -1,6 +1,7 @@
 #include "megascope/analyzer/hang.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -17,6 +18,7 @@
 
 #include "format.h"
 #include "megascope/analyzer/stacks.h"
+#include "megascope/tracer/enum_names.h"
 #include "parallel.h"
 
 namespace megascope::analyzer {
@@ -172,7 +174,60 @@ struct Wait {
   double seconds;
 };
 
+// megascope's rule for the members of a collective: op, size and dtype must agree (an op or dtype
+// this build does not know, from a newer writer, is no evidence). The largest agreeing set is the
+// norm and everyone outside it departs; of two sets as large, the one whose members took another
+// path than their own previous op in the group departs (one rank against one).
+MemberComparison CompareSignatures(const std::vector<Rank>& ranks, std::string_view group,
+                                   int64_t seq, const std::vector<int>& members) {
+  using Sig = std::tuple<int, uint64_t, int>;
+  std::map<Sig, std::vector<int>> by_sig;
+  for (int m : members) {
+    const Collective* own = ranks[m].CollAt(group, seq).first;
+    if (own != nullptr && own->op != OpType::kUnknown && own->dtype != tracer::DType::kUnknown)
+      by_sig[Signature(*own)].push_back(m);
+  }
+  MemberComparison out;
+  if (by_sig.size() < 2) return out;
+  std::map<Sig, int> departs;  // signature -> its members that depart from their own past
+  for (const auto& [sig, who] : by_sig) {
+    for (int m : who) {
+      const Collective* prev = ranks[m].CollAt(group, seq).second;
+      if (prev != nullptr && Signature(*prev) != sig) ++departs[sig];
+    }
+  }
+  auto norm = std::max_element(by_sig.begin(), by_sig.end(), [&](const auto& a, const auto& c) {
+    if (a.second.size() != c.second.size()) return a.second.size() < c.second.size();
+    return departs[a.first] > departs[c.first];
+  });
+  auto text = [](const Sig& s) {
+    return std::string(tracer::Name(static_cast<OpType>(std::get<0>(s)))) + " of " +
+           std::to_string(std::get<1>(s)) + " bytes " +
+           std::string(tracer::Name(static_cast<tracer::DType>(std::get<2>(s))));
+  };
+  out.expected = text(norm->first);
+  for (const auto& [sig, who] : by_sig) {
+    if (sig == norm->first) continue;
+    if (out.odd.empty()) {
+      out.found = text(sig);
+      out.kind = std::get<0>(sig) != std::get<0>(norm->first)   ? MismatchKind::kType
+                 : std::get<1>(sig) != std::get<1>(norm->first) ? MismatchKind::kSize
+                                                                : MismatchKind::kDtype;
+    }
+    out.odd.insert(out.odd.end(), who.begin(), who.end());
+  }
+  std::sort(out.odd.begin(), out.odd.end());
+  return out;
+}
+
 }  // namespace
+
+std::string_view Name(MismatchKind k) {
+  static constexpr std::array<std::string_view, 4> kNames = {
+      "COLLECTIVE_TYPE_MISMATCH", "SIZE_OR_SYNTAX_MISMATCH", "COLLECTIVE_DTYPE_MISMATCH",
+      "COLLECTIVE_STATE_MISMATCH"};
+  return tracer::NameFrom(kNames, k);
+}
 
 RankOps IndexOps(const tracer::Dump& dump, const std::shared_ptr<tracer::Arena>& arena) {
   RankOps o;
@@ -404,8 +459,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
   struct Mismatch {
     std::string group;
     int64_t seq;
-    std::vector<int> ranks;  // the odd ones out
-    std::string expected, found;
+    MemberComparison how;
   };
   std::vector<Mismatch> mismatches;
   // A stalled link: its ends, the transfer or collective it stalled in, and what moved.
@@ -419,15 +473,64 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
   };
   std::vector<Link> links;
   std::set<int> waiting;
+  // Members that issued an op their peers' devices started, while theirs never did: a device
+  // stuck in something else (with timing on, PyTorch's `started` of a kernel that began).
+  std::set<int> not_started;
   struct CollectiveState {
-    std::vector<int> missing;    // members that have not issued it
-    std::vector<int> behind;     // members that issued it behind an older open op of their own
-    std::vector<int> completed;  // members for whom it completed
-    std::map<std::tuple<int, uint64_t, int>, std::vector<int>>
-        signatures;  // (op, bytes, dtype) -> members
-    bool examined = false;
+    std::vector<int> missing;      // members that have not issued it
+    std::vector<int> behind;       // members that issued it behind an older open op of their own
+    std::vector<int> completed;    // members for whom it completed
+    std::vector<int> not_started;  // members whose device never started it while others' did
+    MemberComparison comparison;   // how the members that issued it compare
+    bool reported = false;         // its mismatch is in `mismatches`
   };
   std::map<std::pair<std::string_view, int64_t>, CollectiveState> collectives;
+  const auto compare = [&](std::string_view group, int64_t seq, const std::vector<int>& members) {
+    return opt.matcher ? opt.matcher(group, seq, members)
+                       : CompareSignatures(ranks, group, seq, members);
+  };
+  // Who has and has not issued `key`'s collective, of `members`, and how those that did compare.
+  // Every member waiting in the same (group, seq) shares the answer, so it is worked out once.
+  auto state_of = [&](const std::pair<std::string_view, int64_t>& key,
+                      const tracer::RankList& members) -> const CollectiveState& {
+    auto cached = collectives.find(key);
+    if (cached != collectives.end()) return cached->second;
+    CollectiveState cs;
+    std::vector<int> issued, enqueued;
+    int started = 0;
+    for (int m : members) {
+      if (m < 0 || m >= n) continue;
+      const Rank& M = ranks[m];
+      if (!M.present || M.LastColl(key.first) < key.second) {
+        cs.missing.push_back(m);
+        continue;
+      }
+      const Collective* own = M.CollAt(key.first, key.second).first;
+      if (own == nullptr) continue;
+      issued.push_back(m);
+      // Issued, but queued on its device behind an older op of its own that has not finished:
+      // it cannot join this one before that one.
+      if (M.dump->oldest_open_blocks && M.blocking != nullptr &&
+          (M.blocking_group != key.first || M.blocking->seq != static_cast<uint64_t>(key.second)) &&
+          IsOpen(*own))
+        cs.behind.push_back(m);
+      // Finished on a member while others still wait in it: the others' data from that member
+      // stopped on the way (a collective's stalled link).
+      if (own->state == OpState::kCompleted) cs.completed.push_back(m);
+      // Behind a device queue, `started` says the device began the op (PyTorch with timing on).
+      if (M.dump->oldest_open_blocks && own->state == OpState::kEnqueued) enqueued.push_back(m);
+      started += own->state == OpState::kStarted;
+    }
+    cs.comparison = compare(key.first, key.second, issued);
+    if (cs.missing.empty() && cs.completed.empty() && started > 0 &&
+        cs.comparison.states_compared && cs.comparison.odd.empty()) {
+      for (int m : enqueued) {  // not behind an older op of its own: its device is elsewhere
+        if (std::find(cs.behind.begin(), cs.behind.end(), m) == cs.behind.end())
+          cs.not_started.push_back(m);
+      }
+    }
+    return collectives.emplace(key, std::move(cs)).first->second;
+  };
   int64_t onset = 0;
   bool failed_seen = false;
 
@@ -443,12 +546,28 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     const bool timed = b.started_at_ns != 0 || b.enqueued_at_ns != 0;
     const double waited = timed ? static_cast<double>(Minus(end, start)) / 1e9 : opt.min_wait_s;
     failed_seen |= b.state == OpState::kFailed;
+    const tracer::RankList& members = R.dump->snapshot.groups[R.blocking_index].ranks;
+    const bool p2p = tracer::IsP2P(b.op);
     // Still working: open for less than the wait that makes a hang, or less than the op's own
-    // timeout when that is shorter (a job with a 1-s collective timeout hangs after 1 s).
+    // timeout when that is shorter (a job with a 1-s collective timeout hangs after 1 s) --
+    // unless it waits on a rank that is gone without a dump.
     const double min_wait = b.timeout_ms > 0
                                 ? std::min(opt.min_wait_s, static_cast<double>(b.timeout_ms) / 1e3)
                                 : opt.min_wait_s;
-    if (b.state != OpState::kFailed && waited < min_wait) continue;
+    if (b.state != OpState::kFailed && waited < min_wait) {
+      bool on_absent = false;
+      if (opt.absent_is_gone && p2p) {
+        on_absent = b.peer >= 0 && b.peer < n && !ranks[b.peer].present;
+      } else if (opt.absent_is_gone) {
+        for (int m : members) on_absent |= m >= 0 && m < n && !ranks[m].present;
+      }
+      if (!on_absent) continue;
+    }
+    const auto key = std::make_pair(R.blocking_group, static_cast<int64_t>(b.seq));
+    const CollectiveState* cs = p2p ? nullptr : &state_of(key, members);
+    // Completed by a member, in a collective whose members' states its writer does not compare:
+    // the op moves.
+    if (cs != nullptr && !cs->comparison.states_compared && !cs->completed.empty()) continue;
     waiting.insert(R.id);
     if (timed) onset = onset == 0 ? start : std::min(onset, start);
     const std::string what = OpName(b, R.blocking_group);
@@ -456,8 +575,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       edges[R.id].insert(m);
       waits.push_back({R.id, m, what, waited});
     };
-    const tracer::RankList& members = R.dump->snapshot.groups[R.blocking_index].ranks;
-    if (tracer::IsP2P(b.op)) {
+    if (p2p) {
       const int p = b.peer;
       if (p < 0 || p >= n) continue;
       const Rank& P = ranks[p];
@@ -499,42 +617,15 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       if (!known) links.push_back(l);
       continue;
     }
-    // A collective: who has not issued this sequence number, and who issued something else. Every
-    // member waiting in the same (group, seq) shares the answer, so it is worked out once.
-    const auto key = std::make_pair(R.blocking_group, static_cast<int64_t>(b.seq));
-    auto cached = collectives.find(key);
-    if (cached == collectives.end()) {
-      CollectiveState cs;
-      for (int m : members) {
-        if (m < 0 || m >= n) continue;
-        const Rank& M = ranks[m];
-        if (!M.present || M.LastColl(R.blocking_group) < static_cast<int64_t>(b.seq)) {
-          cs.missing.push_back(m);
-          continue;
-        }
-        const Collective* own = M.CollAt(key.first, key.second).first;
-        if (own == nullptr) continue;
-        // Issued, but queued on its device behind an older op of its own that has not finished:
-        // it cannot join this one before that one.
-        if (M.dump->oldest_open_blocks && M.blocking != nullptr &&
-            (M.blocking_group != R.blocking_group ||
-             M.blocking->seq != static_cast<uint64_t>(b.seq)) &&
-            IsOpen(*own))
-          cs.behind.push_back(m);
-        // Finished on a member while others still wait in it: the others' data from that member
-        // stopped on the way (a collective's stalled link).
-        if (own->state == OpState::kCompleted) cs.completed.push_back(m);
-        // An op or dtype this build does not know (a newer writer) is no evidence of a mismatch.
-        if (own->op != OpType::kUnknown && own->dtype != tracer::DType::kUnknown)
-          cs.signatures[Signature(*own)].push_back(m);
-      }
-      cached = collectives.emplace(key, std::move(cs)).first;
-    }
-    for (int m : cached->second.missing) {
+    // A collective: who has not issued this sequence number, and who issued something else.
+    for (int m : cs->missing) {
       if (m != R.id) wait_on(m);
     }
-    if (cached->second.missing.empty()) {
-      for (int m : cached->second.completed) {
+    // Members that issued something else explain the wait; a completed member beside them is no
+    // stalled link, nor is one whose writer does not compare states.
+    const bool matched = cs->comparison.odd.empty();
+    if (cs->missing.empty() && matched && cs->comparison.states_compared) {
+      for (int m : cs->completed) {
         if (m == R.id) continue;
         const Collective* sent = ranks[m].CollAt(key.first, key.second).first;
         Link l{m,    R.id,    std::string(R.blocking_group),  key.second,
@@ -545,43 +636,16 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
         if (!known) links.push_back(l);
       }
     }
-    for (int m : cached->second.behind) {
+    for (int m : cs->behind) {
       if (m != R.id) wait_on(m);
     }
-    if (cached->second.examined) continue;
-    cached->second.examined = true;
-    const auto& signatures = cached->second.signatures;
-    if (signatures.size() > 1) {
-      // Who departs: a rank whose op here differs from its own previous op in this group (it took
-      // another code path); failing that, the minority.
-      std::map<std::tuple<int, uint64_t, int>, int>
-          departs;  // signature -> members departing from their past
-      for (const auto& [sig, who] : signatures) {
-        for (int m : who) {
-          const Collective* prev = ranks[m].CollAt(key.first, key.second).second;
-          if (prev != nullptr && Signature(*prev) != sig) ++departs[sig];
-        }
-      }
-      auto majority =
-          std::max_element(signatures.begin(), signatures.end(), [&](const auto& a, const auto& c) {
-            if (departs[a.first] != departs[c.first]) return departs[a.first] > departs[c.first];
-            return a.second.size() < c.second.size();
-          });
-      auto sig_text = [](const std::tuple<int, uint64_t, int>& s) {
-        return std::string(tracer::Name(static_cast<OpType>(std::get<0>(s)))) + " of " +
-               std::to_string(std::get<1>(s)) + " bytes " +
-               std::string(tracer::Name(static_cast<tracer::DType>(std::get<2>(s))));
-      };
-      for (const auto& [sig, who] : signatures) {
-        if (sig == majority->first) continue;
-        bool known = false;
-        for (const Mismatch& x : mismatches)
-          known |= x.group == R.blocking_group && x.seq == static_cast<int64_t>(b.seq);
-        if (!known)
-          mismatches.push_back({std::string(R.blocking_group), static_cast<int64_t>(b.seq), who,
-                                sig_text(majority->first), sig_text(sig)});
-      }
+    for (int m : cs->not_started) {
+      not_started.insert(m);
+      if (m != R.id) wait_on(m);
     }
+    if (matched || cs->reported) continue;
+    collectives[key].reported = true;
+    mismatches.push_back({std::string(R.blocking_group), key.second, cs->comparison});
   }
 
   std::vector<Verdict> out;
@@ -643,31 +707,47 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     return v;
   };
 
-  // 1. Different ops at the same sequence number.
+  // 1. Different ops at the same sequence number: the odd ones out, and everyone stuck in it.
   for (const Mismatch& m : mismatches) {
     Verdict v = base("op_mismatch");
-    std::set<int> roots(m.ranks.begin(), m.ranks.end());
-    for (int r : m.ranks) {
+    const std::vector<int>& odd = m.how.odd;
+    std::set<int> roots(odd.begin(), odd.end());
+    for (int r : odd) {
       v.root_ranks.push_back(r);
       v.root_nodes.push_back(node_of(r));
       explained.insert(r);
     }
     v.group = m.group;
     v.seq = m.seq;
-    v.op = m.found.substr(0, m.found.find(' '));
-    v.waiting_ranks = waiters_of(roots);
+    const Collective* found = ranks[odd[0]].CollAt(m.group, m.seq).first;
+    v.op = found != nullptr ? std::string(tracer::Name(found->op)) : "";
+    std::set<int> behind;
+    for (int w : waiters_of(roots)) behind.insert(w);
+    for (int r : waiting) {
+      if (!roots.count(r) && ranks[r].blocking_group == m.group &&
+          static_cast<int64_t>(ranks[r].blocking->seq) == m.seq)
+        behind.insert(r);
+    }
+    v.waiting_ranks.assign(behind.begin(), behind.end());
+    v.mismatch = std::string(Name(m.how.kind));
     v.confidence = 0.95;
-    v.explanation = ranks[m.ranks[0]].Describe() + " issued " + m.found + " as #" +
-                    std::to_string(m.seq) + " in " + m.group + " where its peers issued " +
-                    m.expected + "; it took another code path.";
+    std::string who;
+    for (size_t i = 0; i < odd.size() && i < 4; ++i)
+      who += (i ? (i + 1 == odd.size() ? " and " : ", ") : "") + ranks[odd[i]].Describe();
+    if (odd.size() > 4) who += " and " + std::to_string(odd.size() - 4) + " more";
+    v.explanation = who + " issued " + m.how.found + " as #" + std::to_string(m.seq) + " in " +
+                    m.group + " where " + (odd.size() == 1 ? "its" : "their") + " peers issued " +
+                    m.how.expected + " (" + std::string(Name(m.how.kind)) +
+                    "): a different code path.";
     v.evidence.push_back("group " + m.group + " seq " + std::to_string(m.seq) + ": expected " +
-                         m.expected + ", found " + m.found);
+                         m.how.expected + ", found " + m.how.found);
     out.push_back(std::move(v));
   }
   // 2. Stalled links: both sides posted, the data stopped.
   for (const Link& l : links) {
     const bool p2p = tracer::IsP2P(l.op);
     Verdict v = link_verdict(l.sender, l.receiver, l.seq, l.op, l.group, 0.85);
+    if (!p2p) v.mismatch = std::string(Name(MismatchKind::kState));  // completed on one, not both
     auto bytes = [](int64_t b) { return b < 0 ? std::string("unknown") : std::to_string(b); };
     const std::string sent = bytes(l.sent), got = bytes(l.received);
     const std::string suspect =
@@ -716,8 +796,9 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
   std::vector<std::pair<int, int>> crawling;  // (rank, peer): a transfer moving too slowly
   std::map<int, std::string> why;
   for (int r : sinks) {
-    // Explained already, or itself stuck in an op every peer joined (a link or an unknown case).
-    if (explained.count(r) || waiting.count(r)) continue;
+    // Explained already, or itself stuck in an op every peer joined (a link or an unknown case)
+    // -- unless its device never started what its peers' devices did.
+    if (explained.count(r) || (waiting.count(r) && !not_started.count(r))) continue;
     const Rank& R = ranks[r];
     std::string cause = "rank_not_joined";
     if (!R.present) {
@@ -739,7 +820,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     // Alive, and not stuck in compute: moving a transfer whose other side is posted, on another
     // host, just not for long enough to count as a wait. Its data crawls over the link (a lossy
     // link retransmitting, a link far below its rate): the link is the root, not the rank.
-    if (cause == "rank_not_joined" && R.blocking != nullptr) {
+    if (cause == "rank_not_joined" && R.blocking != nullptr && !not_started.count(r)) {
       const FlightEntry& b = *R.blocking;
       int peer = -1;  // the other side, on another host, that has posted its part
       if (tracer::IsP2P(b.op)) {
@@ -862,6 +943,12 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       if (!text.empty()) text += " ";
       if (cause == "rank_dead") {
         text += R.Describe() + " is dead: " + why[r] + (R.present ? "; " + R.Doing(now) : "") + ".";
+      } else if (not_started.count(r)) {
+        text += R.Describe() + " issued " + OpName(*R.blocking, R.blocking_group) +
+                " but its device never started it, while its peers' devices did: the device is "
+                "stuck in work of its own before it; " +
+                R.Doing(now) + ".";
+        v.mismatch = std::string(Name(MismatchKind::kState));
       } else {
         text += R.Describe() + " is alive but never issued " + awaited + "; " + R.Doing(now) + ".";
       }
@@ -1084,8 +1171,10 @@ std::string FormatHangReport(const std::vector<Verdict>& verdicts) {
     out += "  " + v.explanation + "\n";
     if (!v.waiting_ranks.empty())
       out += "  ranks waiting behind it: " + std::to_string(v.waiting_ranks.size()) + "\n";
+    if (!v.mismatch.empty()) out += "  mismatch: " + v.mismatch + "\n";
     for (const std::string& e : v.evidence) {
       if (e.rfind("stacks: ", 0) == 0) out += "  " + e + "\n";
+      if (e.rfind("pytorch: ", 0) == 0) out += "  " + e.substr(9) + "\n";  // as PyTorch says it
     }
   }
   return out;

@@ -1,5 +1,7 @@
 // PyTorch Flight Recorder import: its JSON dumps become megascope dumps, so PyTorch users get
 // root causes from the same analysis (NOTES.md lists the field names).
+#include "megascope/analyzer/pytorch.h"
+
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -54,15 +56,19 @@ std::vector<int32_t> ParseRanks(const json& v) {
 // c10's ScalarType names as the recorder writes them; others (float8 kinds, complex) read as
 // unknown and are reported.
 DType DTypeOf(const std::string& s) {
-  if (s == "Float") return DType::kF32;
-  if (s == "BFloat16") return DType::kBf16;
-  if (s == "Half") return DType::kF16;
-  if (s == "Double") return DType::kF64;
-  if (s == "Int" || s == "Int32") return DType::kI32;
-  if (s == "Long" || s == "Int64") return DType::kI64;
-  if (s == "Byte" || s == "Bool" || s == "Char") return DType::kU8;
-  if (s == "Short") return DType::kU16;
-  return DType::kUnknown;
+  // c10::toString(ScalarType) as the recorder writes it, and torch's Python names (float32), which
+  // PyTorch's own analysis tests write.
+  static const std::map<std::string, DType> kNames = {
+      {"Float", DType::kF32},     {"float32", DType::kF32},   {"float", DType::kF32},
+      {"BFloat16", DType::kBf16}, {"bfloat16", DType::kBf16}, {"Half", DType::kF16},
+      {"float16", DType::kF16},   {"Double", DType::kF64},    {"float64", DType::kF64},
+      {"Int", DType::kI32},       {"Int32", DType::kI32},     {"int32", DType::kI32},
+      {"Long", DType::kI64},      {"Int64", DType::kI64},     {"int64", DType::kI64},
+      {"Byte", DType::kU8},       {"Bool", DType::kU8},       {"Char", DType::kU8},
+      {"uint8", DType::kU8},      {"bool", DType::kU8},       {"int8", DType::kU8},
+      {"Short", DType::kU16},     {"int16", DType::kU16}};
+  auto it = kNames.find(s);
+  return it == kNames.end() ? DType::kUnknown : it->second;
 }
 
 // An integer however the recorder wrote it (an integer, a float, a string); `fallback` when it is
@@ -86,41 +92,81 @@ int64_t IntOf(const json& v, int64_t fallback) {
   return fallback;
 }
 
-// "nccl:all_reduce" -> allreduce; "nccl:send 0->1" / "nccl:recv 1<-0" carry the peer, as a rank
-// local to the op's group (its index in the group's sorted ranks, as ProcessGroupNCCL numbers
-// them and tools/flight_recorder maps them back).
-bool OpOf(const std::string& name, OpType* op, int* peer) {
-  std::string n = name.substr(name.find(':') == std::string::npos ? 0 : name.find(':') + 1);
-  *peer = -1;
+// A profiling name's backend and type: "nccl:all_reduce" -> "nccl", "allreduce"; "nccl:send 0->1"
+// -> "send". Types are compared without case or underscores, so a backend that spells them
+// "AllReduce" or "allreduce" reads as PyTorch's "all_reduce". Any backend is read (gloo, xccl,
+// nccl2, ones not yet known): only the type says what the op is.
+void SplitName(const std::string& name, std::string* backend, std::string* type) {
+  const size_t colon = name.find(':');
+  *backend = colon == std::string::npos ? "" : name.substr(0, colon);
+  const std::string rest = colon == std::string::npos ? name : name.substr(colon + 1);
+  type->clear();
+  for (unsigned char c : rest.substr(0, rest.find(' '))) {
+    if (c != '_') *type += static_cast<char>(std::tolower(c));
+  }
+}
+
+// The types PyTorch's recorder writes (types.py COLLECTIVES and P2P, and the closing "coalesced"
+// entry), as SplitName spells them; any other is kept as an op of unknown kind and reported once.
+bool KnownType(const std::string& type) {
+  static const std::set<std::string> kKnown = {"broadcast",
+                                               "broadcastoop",
+                                               "reduce",
+                                               "reduceoop",
+                                               "allgather",
+                                               "allgathersingle",
+                                               "allgatherv",
+                                               "allreduce",
+                                               "allgatherbase",
+                                               "allgatherintotensorcoalesced",
+                                               "reducescatter",
+                                               "reducescattersingle",
+                                               "reducescatterv",
+                                               "reducescattertensorcoalesced",
+                                               "reducescatterbase",
+                                               "gather",
+                                               "scatter",
+                                               "alltoall",
+                                               "alltoallsingle",
+                                               "alltoallvsingle",
+                                               "allreducebarrier",
+                                               "barrier",
+                                               "split",
+                                               "newwindow",
+                                               "allreducecoalesced",
+                                               "allgathercoalesced",
+                                               "reducescattercoalesced",
+                                               "coalesced",
+                                               "send",
+                                               "recv"};
+  return kKnown.count(type) > 0;
+}
+
+// A type as megascope's op. gather and scatter have no megascope op name (FORMATS.md): unknown,
+// ordered by seq, never compared by the generic rule.
+OpType OpOfType(const std::string& n) {
+  if (n == "send") return OpType::kSend;
+  if (n == "recv") return OpType::kRecv;
+  if (n.find("alltoall") != std::string::npos) return OpType::kAlltoall;
+  if (n.find("reducescatter") != std::string::npos) return OpType::kReduceScatter;
+  if (n.find("allgather") != std::string::npos) return OpType::kAllgather;
+  if (n.find("gather") != std::string::npos || n.find("scatter") != std::string::npos)
+    return OpType::kUnknown;
+  if (n.find("allreduce") != std::string::npos) return OpType::kAllreduce;
+  if (n.find("broadcast") != std::string::npos) return OpType::kBroadcast;
+  if (n.find("barrier") != std::string::npos) return OpType::kBarrier;
+  if (n.find("reduce") != std::string::npos) return OpType::kReduce;
+  return OpType::kUnknown;
+}
+
+// "send 0->1" / "recv 1<-0": the peer, as a rank local to the op's group (its index in the
+// group's sorted ranks, as ProcessGroupNCCL numbers them and tools/flight_recorder maps them back);
+// -1 if the name has none.
+int PeerOf(const std::string& name) {
   static const std::regex kP2P(R"((send|recv)\s+(\d+)\s*(->|<-)\s*(\d+))");
   std::smatch m;
-  if (std::regex_search(n, m, kP2P)) {
-    *op = m[1] == "send" ? OpType::kSend : OpType::kRecv;
-    if (m[4].length() > 8) return false;
-    *peer = std::stoi(m[4]);  // send self->dst, recv self<-src
-    return true;
-  }
-  n = n.substr(0, n.find(' '));
-  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (n.find("all_to_all") != std::string::npos || n.find("alltoall") != std::string::npos)
-    *op = OpType::kAlltoall;
-  else if (n.find("reduce_scatter") != std::string::npos)
-    *op = OpType::kReduceScatter;
-  else if (n.find("all_gather") != std::string::npos || n.find("allgather") != std::string::npos)
-    *op = OpType::kAllgather;
-  else if (n.find("gather") != std::string::npos || n.find("scatter") != std::string::npos)
-    *op = OpType::kUnknown;  // no megascope op name (FORMATS.md): ordered by seq, never compared
-  else if (n.find("all_reduce") != std::string::npos || n.find("allreduce") != std::string::npos)
-    *op = OpType::kAllreduce;
-  else if (n.find("broadcast") != std::string::npos)
-    *op = OpType::kBroadcast;
-  else if (n.find("barrier") != std::string::npos)
-    *op = OpType::kBarrier;
-  else if (n.find("reduce") != std::string::npos)
-    *op = OpType::kReduce;
-  else
-    return false;
-  return true;
+  if (!std::regex_search(name, m, kP2P) || m[4].length() > 8) return -1;
+  return std::stoi(m[4]);  // send self->dst, recv self<-src
 }
 
 int64_t Ns(const json& e, const char* key) {
@@ -137,26 +183,6 @@ OpState StateOf(const json& e, std::string* raw) {
   if (*raw == "started") return OpState::kStarted;
   if (*raw == "scheduled") return OpState::kEnqueued;
   return OpState::kUnknown;
-}
-
-// The closing entry of a coalesced block gives its state and times to the members before it
-// (same group, same p2p or collective sequence number) that never had events of their own.
-template <typename Raw>
-void PropagateCoalesced(const json& closing, int group, bool p2p, int64_t seq,
-                        const std::vector<Raw>& raw, std::vector<tracer::FlightEntry>* entries) {
-  std::string st;
-  OpState state = StateOf(closing, &st);
-  if (state == OpState::kUnknown) state = OpState::kEnqueued;
-  for (size_t k = entries->size(); k-- > 0;) {
-    tracer::FlightEntry& m = (*entries)[k];
-    if (m.group != group || raw[k].p2p != p2p || raw[k].seq != seq) {
-      if (m.group == group) break;  // the block is contiguous within its group
-      continue;
-    }
-    if (m.state == OpState::kEnqueued) m.state = state;
-    if (m.started_at_ns == 0) m.started_at_ns = Ns(closing, "time_discovered_started_ns");
-    if (m.completed_at_ns == 0) m.completed_at_ns = Ns(closing, "time_discovered_completed_ns");
-  }
 }
 
 // The first recorder's dump (PyTorch 2.2's NCCLTraceBuffer::dump, before the dump had a version):
@@ -184,8 +210,80 @@ json FromFirstRecorder(const json& list, int world) {
   return out;
 }
 
-Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hint, int world_hint,
-                             bool first_form = false) {
+// A dump converted: the megascope dump, and what PyTorch recorded of each collective (keyed by
+// the dump's group index, as group names may still change: LoadPyTorch makes them unique).
+struct Converted {
+  tracer::Dump dump;
+  PyTorchRank rank;
+  std::vector<std::pair<std::pair<int, int64_t>, PyTorchOp>> collectives;  // (group, seq) -> op
+  std::vector<std::pair<size_t, PyTorchOp>> transfers;  // index in dump's entries -> op
+};
+
+std::vector<std::vector<int64_t>> SizesOf(const json& e, const char* key) {
+  std::vector<std::vector<int64_t>> out;
+  auto it = e.find(key);
+  if (it == e.end() || !it->is_array()) return out;
+  for (const auto& t : *it) {
+    std::vector<int64_t> dims;
+    if (t.is_array()) {
+      for (const auto& d : t) dims.push_back(IntOf(d, 0));
+    }
+    out.push_back(std::move(dims));
+  }
+  return out;
+}
+
+std::vector<std::string> StringsOf(const json& e, const char* key) {
+  std::vector<std::string> out;
+  auto it = e.find(key);
+  if (it == e.end()) return out;
+  if (it->is_string()) return {it->get<std::string>()};  // a writer that wrote one dtype bare
+  if (!it->is_array()) return out;
+  for (const auto& x : *it) out.push_back(x.is_string() ? x.get<std::string>() : x.dump());
+  return out;
+}
+
+// What PyTorch recorded of entry `e`.
+PyTorchOp OpRecord(const json& e, const std::string& profiling) {
+  PyTorchOp op;
+  op.profiling_name = profiling;
+  SplitName(profiling, &op.backend, &op.type);
+  op.input_sizes = SizesOf(e, "input_sizes");
+  op.output_sizes = SizesOf(e, "output_sizes");
+  op.input_dtypes = StringsOf(e, "input_dtypes");
+  op.output_dtypes = StringsOf(e, "output_dtypes");
+  if (e.contains("state") && e["state"].is_string()) op.state = e["state"].get<std::string>();
+  op.record_id = IntOf(e.value("record_id", json(-1)), -1);
+  op.collective_seq_id = IntOf(
+      e.contains("collective_seq_id") ? e["collective_seq_id"] : e.value("seq_id", json(-1)), -1);
+  op.p2p_seq_id = IntOf(e.value("p2p_seq_id", json(-1)), -1);
+  if (e.contains("frames") && e["frames"].is_array()) {
+    for (const auto& fr : e["frames"]) {
+      if (!fr.is_object()) continue;
+      auto text = [&](const char* k) {
+        return fr.contains(k) && fr[k].is_string() ? fr[k].get<std::string>() : std::string("?");
+      };
+      op.frames.push_back(text("name") + " at " + text("filename") + ":" +
+                          std::to_string(IntOf(fr.value("line", json(0)), 0)));
+      if (op.frames.size() >= 32) break;
+    }
+  }
+  return op;
+}
+
+// Elements of every tensor of `sizes` (an empty shape is a scalar: one element).
+uint64_t Elements(const std::vector<std::vector<int64_t>>& sizes) {
+  uint64_t total = 0;
+  for (const auto& dims : sizes) {
+    uint64_t n = 1;
+    for (int64_t d : dims) n *= static_cast<uint64_t>(std::clamp<int64_t>(d, 0, 1LL << 40));
+    total += n;
+  }
+  return total;
+}
+
+Result<Converted> Convert(const json& j, const std::string& file, int rank_hint, int world_hint,
+                          bool first_form = false) {
   if (j.is_array()) {
     if (rank_hint < 0)
       return InvalidArgument(file +
@@ -194,7 +292,8 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
     return Convert(FromFirstRecorder(j, std::max(world_hint, rank_hint + 1)), file, rank_hint, -1,
                    /*first_form=*/true);
   }
-  tracer::Dump d;
+  Converted out;
+  tracer::Dump& d = out.dump;
   auto& s = d.snapshot;
   if (!j.is_object() || !j.contains("pg_config") ||
       (!j.contains("entries") && !j.contains("pg_status"))) {
@@ -202,14 +301,15 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
         file +
         ": not a PyTorch Flight Recorder dump (needs 'pg_config', and 'entries' or 'pg_status')");
   }
-  // Versions 1.x (PyTorch 2.2-2.3) and 2.x (2.4 on) share the fields read here; a new major
-  // version may change their meaning.
+  // Versions 1.x (PyTorch 2.2-2.3) and 2.x (2.4 on, 2.10 in PyTorch 2.9) share the fields read
+  // here; a new major version may change their meaning.
   if (j.contains("version")) {
     const std::string v =
         j["version"].is_string() ? j["version"].get<std::string>() : j["version"].dump();
     if (v.empty() || (v[0] != '1' && v[0] != '2') || (v.size() > 1 && v[1] != '.'))
       return InvalidArgument(file + ": Flight Recorder format version " + v +
                              " is not one this reader knows (1.x and 2.x)");
+    out.rank.version = v;
   }
   const int64_t rank64 = j.contains("rank") ? IntOf(j["rank"], -1) : rank_hint;
   if (rank64 >= (1 << 24))
@@ -230,6 +330,7 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
     tracer::GroupInfo g;
     g.name = pg.value("name", key);
     g.kind = pg.value("desc", "pg");
+    out.rank.pg_desc[g.name] = g.kind;
     if (g.kind.size() > 7) g.kind = g.kind.substr(0, 7);
     const std::vector<int32_t> ranks = ParseRanks(pg.value("ranks", json::array()));
     g.ranks.assign(ranks.begin(), ranks.end());
@@ -238,17 +339,21 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
     s.groups.push_back(std::move(g));
   }
   s.info.world_size = world;
-  std::map<std::tuple<int, int, int>, uint64_t> p2p_seq;  // (group, peer, send?) -> next
-  // Coalesced ops: the members are recorded without events (forever "scheduled") and the closing
-  // "nccl:coalesced" entry, of the same group and sequence number, carries their state.
+  // Per converted entry: whether it is p2p and the sequence number PyTorch gave it.
   struct Raw {
     bool p2p;
     int64_t seq;
+    bool closed;  // a collective block whose closing entry has come
   };
-  std::vector<Raw> raw;  // per converted entry
+  std::vector<Raw> raw;
+  std::map<std::tuple<int, int, int>, uint64_t> p2p_seq;  // (group, peer, send?) -> next
+  // The collective block each group is in: its index in s.entries and out.collectives.
+  std::map<int, std::pair<size_t, size_t>> open_block;
   int64_t latest = 0;
   int64_t open_timeout_ms = 0;  // the longest timeout of the ops still open
-  uint64_t id = 0;
+  uint64_t id = 0;              // entries read
+  uint64_t issued = 0;          // entries kept
+  bool first_entry = true;
   const json no_entries = json::array();
   const json& entries = j.contains("entries") ? j["entries"] : no_entries;
   for (const auto& e : entries) {
@@ -260,93 +365,150 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
       pg = e["pg_id"].is_string() ? e["pg_id"].get<std::string>()
                                   : std::to_string(IntOf(e["pg_id"], -1));
     }
+    const std::string where = "entries[" + std::to_string(id) + "]";
+    ++id;
+    if (first_entry) {  // a ring that dropped its oldest entries starts past record 0
+      out.rank.wrapped = IntOf(e.value("record_id", json(0)), 0) > 0;
+      first_entry = false;
+    }
     auto git = group_of.find(pg);
     if (git == group_of.end()) {  // its members are unknown: the entry cannot be placed
-      d.unknown_values.push_back({"entries[" + std::to_string(id) + "]",
+      d.unknown_values.push_back({where,
                                   first_form ? "process group (a first-recorder dump names only "
                                                "the default group's members)"
                                              : "process group (not in pg_config)",
                                   pg});
-      ++id;
       continue;
     }
-    tracer::FlightEntry f;
-    f.id = ++id;
-    f.group = git->second;
-    const std::string where = "entries[" + std::to_string(id - 1) + "]";
+    const int group = git->second;
     const std::string profiling = e.value("profiling_name", "");
+    PyTorchOp rec = OpRecord(e, profiling);
     const bool is_p2p = e.contains("is_p2p") && e["is_p2p"].is_boolean()
                             ? e["is_p2p"].get<bool>()
-                            : profiling.find("send") != std::string::npos ||
-                                  profiling.find("recv") != std::string::npos;
-    const int64_t raw_seq =
-        IntOf(is_p2p ? e.value("p2p_seq_id", json(-1))
-                     : e.value("collective_seq_id", e.value("seq_id", json(-1))),
-              -1);
-    if (profiling.size() >= 9 && profiling.compare(profiling.size() - 9, 9, "coalesced") == 0 &&
-        profiling.find("_coalesced") == std::string::npos) {
-      PropagateCoalesced(e, f.group, is_p2p, raw_seq, raw, &s.entries);
-      continue;
+                            : rec.type == "send" || rec.type == "recv";
+    const int64_t raw_seq = is_p2p ? rec.p2p_seq_id : rec.collective_seq_id;
+    std::string st;
+    OpState state = StateOf(e, &st);
+    if (state == OpState::kUnknown) d.unknown_values.push_back({where, "state", st});
+    const int64_t created = Ns(e, "time_created_ns"), started = Ns(e, "time_discovered_started_ns"),
+                  completed = Ns(e, "time_discovered_completed_ns");
+    latest = std::max({latest, created, started, completed});
+    const auto timeout_ms = static_cast<int32_t>(
+        std::clamp<int64_t>(IntOf(e.value("timeout_ms", json(0)), 0), 0, tracer::kMaxTimeoutMs));
+
+    if (IsCoalescedClosing(rec.type)) {
+      // A coalesced block ends: its members (before it, same group, same p2p or collective
+      // sequence number; utils.py find_coalesced_group_with_non_p2p) take its state and times.
+      if (state == OpState::kUnknown) state = OpState::kEnqueued;
+      if (is_p2p) {
+        for (size_t k = s.entries.size(); k-- > 0;) {
+          tracer::FlightEntry& m = s.entries[k];
+          if (m.group != group || !raw[k].p2p || raw[k].seq != raw_seq) {
+            if (m.group == group) break;  // the block is contiguous within its group
+            continue;
+          }
+          if (m.state == OpState::kEnqueued) m.state = state;
+          if (m.started_at_ns == 0) m.started_at_ns = started;
+          if (m.completed_at_ns == 0) m.completed_at_ns = completed;
+        }
+        continue;
+      }
+      auto ob = open_block.find(group);
+      if (ob != open_block.end() && raw[ob->second.first].seq == raw_seq &&
+          !raw[ob->second.first].closed) {
+        tracer::FlightEntry& b = s.entries[ob->second.first];
+        b.state = state;
+        b.started_at_ns = started;
+        b.completed_at_ns = completed;
+        if (timeout_ms > 0) b.timeout_ms = timeout_ms;
+        raw[ob->second.first].closed = true;
+        PyTorchOp& block = out.collectives[ob->second.second].second;
+        if (block.members.empty()) {  // the block's first member was recorded as an op
+          PyTorchOp first = std::move(block);
+          block = PyTorchOp{};
+          block.members.push_back(std::move(first));
+        }
+        std::vector<PyTorchOp> members = std::move(block.members);
+        block = std::move(rec);
+        block.members = std::move(members);
+        continue;
+      }
+      // A closing entry whose members are gone (the ring dropped them): an op of its own.
     }
+    tracer::FlightEntry f;
+    f.group = group;
+    const OpType op = OpOfType(rec.type);
+    if (!KnownType(rec.type) && op == OpType::kUnknown)
+      d.unknown_values.push_back({where, "op", profiling});
     int peer = -1;
-    if (!OpOf(profiling, &f.op, &peer)) continue;  // not a communication op
-    if (peer >= 0) {
-      std::vector<int32_t> sorted = s.groups[f.group].ranks.ToVector();
+    if (op == OpType::kSend || op == OpType::kRecv) {
+      const int local = PeerOf(profiling);
+      std::vector<int32_t> sorted = s.groups[group].ranks.ToVector();
       std::sort(sorted.begin(), sorted.end());
-      if (!sorted.empty() && peer >= static_cast<int>(sorted.size())) {
+      if (local < 0 || (!sorted.empty() && local >= static_cast<int>(sorted.size()))) {
         d.unknown_values.push_back({where, "profiling_name peer", profiling});
         continue;
       }
-      f.peer = sorted.empty() ? peer : sorted[peer];
+      peer = sorted.empty() ? local : sorted[local];
     }
-    if (tracer::IsP2P(f.op)) {
-      f.seq = p2p_seq[{f.group, peer, f.op == OpType::kSend}]++;
-    } else {
-      // collective_seq_id since 2.3's recorder; "seq_id" in the 1.x schema.
-      f.seq = static_cast<uint64_t>(IntOf(
-          e.contains("collective_seq_id") ? e["collective_seq_id"] : e.value("seq_id", json(0)),
-          0));
-    }
-    const std::string dt = e.contains("input_dtypes") && !e["input_dtypes"].empty()
-                               ? e["input_dtypes"][0].get<std::string>()
-                               : "Float";
+    const std::string dt = rec.input_dtypes.empty() ? "Float" : rec.input_dtypes[0];
     f.dtype = DTypeOf(dt);
     if (f.dtype == DType::kUnknown) d.unknown_values.push_back({where, "input_dtypes", dt});
-    uint64_t elems = 1;
-    if (e.contains("input_sizes") && !e["input_sizes"].empty()) {
-      for (const auto& d : e["input_sizes"][0])
-        elems *= static_cast<uint64_t>(std::max<int64_t>(0, IntOf(d, 0)));
-    }
-    f.bytes = elems * tracer::DTypeSize(f.dtype);
-    std::string st;
-    f.state = StateOf(e, &st);
-    if (f.state == OpState::kUnknown) d.unknown_values.push_back({where, "state", st});
-    f.timeout_ms = static_cast<int32_t>(
-        std::clamp<int64_t>(IntOf(e.value("timeout_ms", json(0)), 0), 0, tracer::kMaxTimeoutMs));
-    f.enqueued_at_ns = Ns(e, "time_created_ns");
-    f.started_at_ns = Ns(e, "time_discovered_started_ns");
-    f.completed_at_ns = Ns(e, "time_discovered_completed_ns");
-    latest = std::max({latest, f.enqueued_at_ns, f.started_at_ns, f.completed_at_ns});
-    if (f.state != OpState::kCompleted)
+    f.bytes = Elements(rec.input_sizes.empty() ? std::vector<std::vector<int64_t>>{{}}
+                                               : rec.input_sizes) *
+              tracer::DTypeSize(f.dtype);
+    f.state = state;
+    f.timeout_ms = timeout_ms;
+    f.enqueued_at_ns = created;
+    f.started_at_ns = started;
+    f.completed_at_ns = completed;
+    if (state != OpState::kCompleted)
       open_timeout_ms =
-          std::max(open_timeout_ms, f.timeout_ms > 0 ? int64_t{f.timeout_ms} : kDefaultTimeoutMs);
-    s.entries.push_back(f);
-    raw.push_back({is_p2p, raw_seq});
+          std::max(open_timeout_ms, timeout_ms > 0 ? int64_t{timeout_ms} : kDefaultTimeoutMs);
     // The stack that issued the op the rank is stuck at (its oldest open one): grouped across
     // ranks like our own dumps' stacks (analyzer/stacks.h).
-    if (d.stacks.empty() && f.state != OpState::kCompleted && e.contains("frames") &&
-        e["frames"].is_array()) {
-      tracer::ThreadStack t{s.info.pid, "issued its oldest open op", {}};
-      for (const auto& fr : e["frames"]) {
-        if (!fr.is_object()) continue;
-        auto text = [&](const char* k) {
-          return fr.contains(k) && fr[k].is_string() ? fr[k].get<std::string>() : std::string("?");
-        };
-        t.frames.push_back(text("name") + " at " + text("filename") + ":" +
-                           std::to_string(IntOf(fr.value("line", json(0)), 0)));
-      }
-      if (!t.frames.empty()) d.stacks.push_back(std::move(t));
+    if (d.stacks.empty() && state != OpState::kCompleted && !rec.frames.empty())
+      d.stacks.push_back({s.info.pid, "issued its oldest open op", rec.frames});
+    if (is_p2p || op == OpType::kSend || op == OpType::kRecv) {
+      f.op = op == OpType::kSend || op == OpType::kRecv ? op : OpType::kUnknown;
+      f.peer = peer;
+      if (!tracer::IsP2P(f.op)) continue;  // a p2p entry of no known direction: cannot be matched
+      f.seq = p2p_seq[{group, peer, f.op == OpType::kSend}]++;
+      f.id = ++issued;
+      out.transfers.emplace_back(s.entries.size(), std::move(rec));
+      s.entries.push_back(f);
+      raw.push_back({true, raw_seq, false});
+      continue;
     }
+    // A collective. Members of one coalesced block share its sequence number (ProcessGroupNCCL
+    // bumps it once a block): they become one op, whose state the closing entry gives.
+    auto ob = open_block.find(group);
+    if (ob != open_block.end() && raw[ob->second.first].seq == raw_seq && raw_seq >= 0 &&
+        !raw[ob->second.first].closed) {
+      tracer::FlightEntry& b = s.entries[ob->second.first];
+      if (b.op != op) b.op = OpType::kUnknown;  // a block of mixed ops
+      b.bytes += f.bytes;
+      PyTorchOp& block = out.collectives[ob->second.second].second;
+      if (block.members.empty()) {
+        PyTorchOp first = std::move(block);
+        block = PyTorchOp{};
+        block.type = "coalesced";  // until its closing entry names it
+        block.profiling_name = first.backend + (first.backend.empty() ? "" : ":") + "coalesced";
+        block.backend = first.backend;
+        block.collective_seq_id = first.collective_seq_id;
+        block.members.push_back(std::move(first));
+      }
+      block.members.push_back(std::move(rec));
+      continue;
+    }
+    f.op = op;
+    f.seq = static_cast<uint64_t>(std::max<int64_t>(raw_seq, 0));
+    f.id = ++issued;
+    open_block[group] = {s.entries.size(), out.collectives.size()};
+    s.entries.push_back(f);
+    raw.push_back({false, raw_seq, IsCoalescedClosing(rec.type)});
+    out.collectives.emplace_back(std::make_pair(group, static_cast<int64_t>(f.seq)),
+                                 std::move(rec));
   }
   if (!j.contains("entries")) {
     // A dump without collectives (includeCollectives=False): each group's pg_status counters are
@@ -364,7 +526,7 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
       const int64_t done = IntOf(st.value("last_completed_collective", json(-1)), -1);
       for (int64_t seq = std::max<int64_t>(done, 1); seq <= enq && seq <= done + 64; ++seq) {
         tracer::FlightEntry f;
-        f.id = ++id;
+        f.id = ++issued;
         f.group = git->second;
         f.seq = static_cast<uint64_t>(seq);
         f.op = OpType::kUnknown;
@@ -391,13 +553,11 @@ Result<tracer::Dump> Convert(const json& j, const std::string& file, int rank_hi
   if (fits && open_timeout_ms > 0 && latest > 0 && mtime > copied_after) d.dumped_at_ns = timed_out;
   d.alive = true;
   d.oldest_open_blocks = true;  // NCCL runs the queued ops in order
-  return d;
+  return out;
 }
 
-}  // namespace
-
-Result<tracer::Dump> ParsePyTorchDump(std::string_view text, const std::string& source,
-                                      int rank_hint, int world_hint) {
+Result<Converted> ParseConverted(std::string_view text, const std::string& source, int rank_hint,
+                                 int world_hint) {
   json j;
   if (LooksLikePickle(text)) {  // what TORCH_NCCL_DUMP_ON_TIMEOUT writes
     auto p = ReadPickle(text);
@@ -416,9 +576,63 @@ Result<tracer::Dump> ParsePyTorchDump(std::string_view text, const std::string& 
   }
 }
 
-Result<HangInput> LoadPyTorchDumps(const std::string& dir) {
+// Where a ring dropped its oldest entries, a rank cannot count its transfers with a peer from the
+// first one, and two ranks' counts no longer meet (utils.py align_trace_from_beginning aligns
+// collectives by record id for the same reason). Both sides' transfers of a pair complete in the
+// same order, so each pair's are numbered from where they stop completing: the first open one on
+// either side gets the same number, the larger of the two sides' counts of completed ones before
+// it (so that the oldest one either ring still holds is #0).
+void NumberTransfersFromTheirFirstOpen(const std::vector<tracer::Dump*>& dumps) {
+  using Pair = std::tuple<std::string, int32_t, int32_t>;  // group, sender, receiver
+  struct Run {
+    Pair pair;
+    std::vector<tracer::FlightEntry*> ops;
+    size_t first_open = 0;
+  };
+  std::vector<Run> runs;
+  std::map<Pair, size_t> base;
+  for (tracer::Dump* d : dumps) {
+    const int32_t self = d->snapshot.info.rank;
+    std::map<std::tuple<int32_t, int32_t, bool>, std::vector<tracer::FlightEntry*>> mine;
+    for (tracer::FlightEntry& e : d->snapshot.entries) {
+      if (tracer::IsP2P(e.op)) mine[{e.group, e.peer, e.op == OpType::kSend}].push_back(&e);
+    }
+    for (auto& [key, ops] : mine) {
+      const auto& [group, peer, send] = key;
+      Run run{{d->snapshot.groups[group].name, send ? self : peer, send ? peer : self},
+              std::move(ops),
+              0};
+      while (run.first_open < run.ops.size() &&
+             run.ops[run.first_open]->state == OpState::kCompleted)
+        ++run.first_open;
+      base[run.pair] = std::max(base[run.pair], run.first_open);
+      runs.push_back(std::move(run));
+    }
+  }
+  for (Run& run : runs) {
+    for (size_t i = 0; i < run.ops.size(); ++i)
+      run.ops[i]->seq = base[run.pair] + i - run.first_open;
+  }
+}
+
+}  // namespace
+
+// ProcessGroupNCCL::endCoalescing records the closing entry with the block's events after its
+// members, which have none; types.py Op.match compares it by type only. The *_coalesced names of
+// single ops (allreduce_coalesced, all_gather_into_tensor_coalesced,
+// reduce_scatter_tensor_coalesced) are ops, not closings.
+bool IsCoalescedClosing(std::string_view type) {
+  return type == "coalesced" || type == "allgathercoalesced" || type == "reducescattercoalesced";
+}
+
+Result<tracer::Dump> ParsePyTorchDump(std::string_view text, const std::string& source,
+                                      int rank_hint, int world_hint) {
+  ASSIGN_OR_RETURN(Converted c, ParseConverted(text, source, rank_hint, world_hint));
+  return std::move(c.dump);
+}
+
+Result<PyTorchInput> LoadPyTorch(const std::string& dir) {
   if (!fs::is_directory(dir)) return NotFound(dir + " is not a directory");
-  std::vector<std::pair<std::string, tracer::Dump>> dumps;
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(dir)) {
     if (e.is_regular_file()) files.push_back(e.path().string());
@@ -436,38 +650,73 @@ Result<HangInput> LoadPyTorchDumps(const std::string& dir) {
   // The world as the files' names count it: what a dump that does not say its world is read with.
   int world_hint = 0;
   for (const auto& f : files) world_hint = std::max(world_hint, rank_in_name(f) + 1);
+  std::vector<std::pair<std::string, Converted>> read;
   for (const auto& f : files) {
     auto text = tracer::ReadFile(f);
-    const int hint = rank_in_name(f);
-    auto d = text.ok() ? ParsePyTorchDump(*text, f, hint, world_hint)
-                       : Result<tracer::Dump>(text.status());
-    if (!d.ok()) {
-      skipped.push_back(d.status().message());
+    auto c = text.ok() ? ParseConverted(*text, f, rank_in_name(f), world_hint)
+                       : Result<Converted>(text.status());
+    if (!c.ok()) {
+      skipped.push_back(c.status().message());
       continue;
     }
-    dumps.emplace_back(f, std::move(*d));
+    read.emplace_back(f, std::move(*c));
   }
-  if (dumps.empty() && !skipped.empty())
+  if (read.empty() && !skipped.empty())
     return InvalidArgument("no readable PyTorch Flight Recorder dump in " + dir + ": " +
                            skipped.front());
-  if (dumps.empty()) return NotFound("no PyTorch Flight Recorder dumps in " + dir);
+  if (read.empty()) return NotFound("no PyTorch Flight Recorder dumps in " + dir);
   // A group name is local to a rank: split_group and DeviceMesh give different groups of ranks
   // the same name. Where one name means different members, the members become part of its name.
   std::map<std::string, std::set<std::vector<int32_t>>> members;
-  for (const auto& [f, d] : dumps) {
-    for (const auto& g : d.snapshot.groups) members[g.name].insert(g.ranks.ToVector());
+  for (const auto& [f, c] : read) {
+    for (const auto& g : c.dump.snapshot.groups) members[g.name].insert(g.ranks.ToVector());
   }
-  for (auto& [f, d] : dumps) {
-    for (auto& g : d.snapshot.groups) {
+  bool wrapped = false;
+  for (auto& [f, c] : read) {
+    wrapped |= c.rank.wrapped;
+    for (auto& g : c.dump.snapshot.groups) {
       if (members[g.name].size() < 2) continue;
       std::string list;
       for (int32_t r : g.ranks) list += (list.empty() ? "" : ",") + std::to_string(r);
-      g.name += "[" + list + "]";
+      const std::string renamed = g.name + "[" + list + "]";
+      if (auto it = c.rank.pg_desc.find(g.name); it != c.rank.pg_desc.end())
+        c.rank.pg_desc[renamed] = it->second;
+      g.name = renamed;
     }
   }
-  ASSIGN_OR_RETURN(HangInput in, MakeHangInput(std::move(dumps)));
-  for (const std::string& why : skipped) in.warnings.push_back("left out: " + why);
+  if (wrapped) {
+    std::vector<tracer::Dump*> all;
+    all.reserve(read.size());
+    for (auto& [f, c] : read) all.push_back(&c.dump);
+    NumberTransfersFromTheirFirstOpen(all);
+  }
+  std::vector<std::pair<std::string, tracer::Dump>> dumps;
+  std::vector<std::pair<int, PyTorchRank>> extra;
+  for (auto& [f, c] : read) {
+    const auto& groups = c.dump.snapshot.groups;
+    for (auto& [key, op] : c.collectives)
+      c.rank.collectives[{groups[key.first].name, key.second}] = std::move(op);
+    for (auto& [at, op] : c.transfers) {
+      const tracer::FlightEntry& e = c.dump.snapshot.entries[at];
+      c.rank.transfers[{groups[e.group].name, e.peer, e.op == OpType::kSend,
+                        static_cast<int64_t>(e.seq)}] = std::move(op);
+    }
+    extra.emplace_back(c.dump.snapshot.info.rank, std::move(c.rank));
+    dumps.emplace_back(f, std::move(c.dump));
+  }
+  PyTorchInput in;
+  ASSIGN_OR_RETURN(in.hang, MakeHangInput(std::move(dumps)));
+  for (const std::string& why : skipped) in.hang.warnings.push_back("left out: " + why);
+  in.ranks.resize(in.hang.ranks.size());
+  for (auto& [r, x] : extra) {
+    if (r >= 0 && r < static_cast<int>(in.ranks.size())) in.ranks[r] = std::move(x);
+  }
   return in;
+}
+
+Result<HangInput> LoadPyTorchDumps(const std::string& dir) {
+  ASSIGN_OR_RETURN(PyTorchInput in, LoadPyTorch(dir));
+  return std::move(in.hang);
 }
 
 }  // namespace megascope::analyzer

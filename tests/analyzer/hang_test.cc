@@ -8,11 +8,13 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <thread>
 
+#include "megascope/analyzer/pytorch.h"
 #include "megascope/analyzer/stacks.h"
 #include "megascope/tracer/file_util.h"
 #include "test_util.h"
@@ -29,8 +31,10 @@ using Outcome =
 
 class HangScenario : public ::testing::TestWithParam<std::string> {};
 
-// The verdicts of `in` against <dir>/expected.json: the same set of (kind, cause, root ranks).
-void ExpectVerdicts(const std::string& dir, const HangInput& in) {
+// The verdicts `analyze` gives against <dir>/expected.json: the same set of (kind, cause, root
+// ranks); where a case says, who waits and what mismatched.
+void ExpectVerdicts(const std::string& dir,
+                    const std::function<std::vector<Verdict>(const HangOptions&)>& analyze) {
   std::ifstream f(dir + "/expected.json");
   auto expected = nlohmann::json::parse(f);
   Outcome want, got;
@@ -40,7 +44,7 @@ void ExpectVerdicts(const std::string& dir, const HangInput& in) {
   }
   HangOptions options;  // a case recorded from a job with short thresholds says its own
   options.min_wait_s = expected.value("min_wait_s", options.min_wait_s);
-  const auto verdicts = AnalyzeHang(in, options);
+  const auto verdicts = analyze(options);
   std::string text;
   for (const Verdict& v : verdicts) {
     got.insert({v.kind, v.cause, v.root_ranks});
@@ -48,6 +52,10 @@ void ExpectVerdicts(const std::string& dir, const HangInput& in) {
       if (e.contains("waiting_ranks") &&
           e["root_ranks"].get<std::vector<int32_t>>() == v.root_ranks) {
         EXPECT_EQ(v.waiting_ranks, e["waiting_ranks"].get<std::vector<int32_t>>());
+      }
+      if (e.contains("mismatch") && e["root_ranks"].get<std::vector<int32_t>>() == v.root_ranks &&
+          e.value("cause", "") == v.cause) {
+        EXPECT_EQ(v.mismatch, e["mismatch"].get<std::string>()) << VerdictToJson(v);
       }
     }
     text += VerdictToJson(v) + "\n";
@@ -63,6 +71,10 @@ void ExpectVerdicts(const std::string& dir, const HangInput& in) {
     }
   }
   EXPECT_EQ(got, want) << text;
+}
+
+void ExpectVerdicts(const std::string& dir, const HangInput& in) {
+  ExpectVerdicts(dir, [&](const HangOptions& o) { return AnalyzeHang(in, o); });
 }
 
 TEST_P(HangScenario, NamesTheRootAndNoOneElse) {
@@ -120,19 +132,19 @@ class PyTorchCase : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PyTorchCase, NamesTheRootAndNoOneElse) {
   const std::string dir = GetParam();
-  auto in = LoadPyTorchDumps(dir + "/dumps");
+  auto in = LoadPyTorch(dir + "/dumps");
   ASSERT_TRUE(in.ok()) << in.status().ToString();
   // What the case expects to be warned of (each a part of one warning), and nothing else.
   std::ifstream f(dir + "/expected.json");
   const auto expected = nlohmann::json::parse(f);
   const auto warned = expected.value("warnings", std::vector<std::string>{});
-  ASSERT_EQ(in->warnings.size(), warned.size())
-      << (in->warnings.empty() ? std::string("no warning") : in->warnings.front());
+  ASSERT_EQ(in->hang.warnings.size(), warned.size())
+      << (in->hang.warnings.empty() ? std::string("no warning") : in->hang.warnings.front());
   for (size_t k = 0; k < warned.size(); ++k)
-    EXPECT_NE(in->warnings[k].find(warned[k]), std::string::npos) << in->warnings[k];
-  ExpectVerdicts(dir, *in);
-  DropEntries(&*in);
-  ExpectVerdicts(dir, *in);
+    EXPECT_NE(in->hang.warnings[k].find(warned[k]), std::string::npos) << in->hang.warnings[k];
+  ExpectVerdicts(dir, [&](const HangOptions& o) { return AnalyzePyTorch(*in, o); });
+  DropEntries(&in->hang);
+  ExpectVerdicts(dir, [&](const HangOptions& o) { return AnalyzePyTorch(*in, o); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Data, PyTorchCase,
@@ -428,6 +440,148 @@ TEST(PyTorchImportTest, AnUnknownFormatVersionIsRefusedWithTheVersion) {
       << d.status().message();
   j["version"] = "2.11";  // a newer minor version: read
   EXPECT_TRUE(ParsePyTorchDump(j.dump(), "rank_0.json").ok());
+}
+
+// PyTorch's own matching rules (torch/distributed/flight_recorder/components/types.py Op.match),
+// held to the cases of PyTorch's test_fr_analysis.py test_match_one_event and test_all_events.
+PyTorchOp Event(const std::string& name, std::vector<std::vector<int64_t>> inputs,
+                std::vector<std::vector<int64_t>> outputs,
+                const std::string& out_dtype = "float32") {
+  nlohmann::json e = {{"profiling_name", "nccl:" + name},
+                      {"input_sizes", inputs},
+                      {"output_sizes", outputs},
+                      {"input_dtypes", "float32"},  // test_fr_analysis writes dtypes bare
+                      {"output_dtypes", out_dtype},
+                      {"collective_seq_id", 1},
+                      {"process_group", {"0", "default_pg"}},
+                      {"state", "scheduled"}};
+  nlohmann::json trace = {
+      {"version", "2.10"},
+      {"pg_config", {{"0", {{"name", "0"}, {"desc", "d"}, {"ranks", "[0, 1]"}}}}},
+      {"rank", 0},
+      {"entries", {e}}};
+  TempDir dir;
+  std::ofstream(dir.path() + "/rank_0") << trace.dump();
+  auto in = LoadPyTorch(dir.path());
+  EXPECT_TRUE(in.ok()) << in.status().ToString();
+  return in.ok() && !in->ranks[0].collectives.empty() ? in->ranks[0].collectives.begin()->second
+                                                      : PyTorchOp{};
+}
+
+TEST(PyTorchMatchTest, FollowsPyTorchsOpMatchInItsOrder) {
+  const auto e1 = Event("all_reduce", {{4, 4}}, {{4, 4}});
+  EXPECT_EQ(MatchPyTorchOps(e1, e1, 2), std::nullopt);
+  EXPECT_EQ(MatchPyTorchOps(e1, Event("all_gather", {{4, 4}}, {{4, 4}}), 2), MismatchKind::kType);
+  // all_to_all's sizes may differ per rank (PyTorch: UNDECIDED, then totals): no mismatch here.
+  EXPECT_EQ(MatchPyTorchOps(Event("all_to_all", {{4, 4}}, {{4, 4}}),
+                            Event("all_to_all", {{8, 4}}, {{2, 4}}), 2),
+            std::nullopt);
+  EXPECT_EQ(MatchPyTorchOps(e1, Event("all_reduce", {{5, 4}}, {{4, 4}}), 2), MismatchKind::kSize);
+  EXPECT_EQ(MatchPyTorchOps(e1, Event("all_reduce", {{4, 4}}, {{5, 4}}), 2), MismatchKind::kSize);
+  const auto e7 = Event("all_reduce", {{4, 4}}, {{5, 4}});  // input against the other's output
+  EXPECT_EQ(MatchPyTorchOps(e7, e7, 2), MismatchKind::kSize);
+  EXPECT_EQ(MatchPyTorchOps(Event("all_reduce", {{4, 4}}, {{4, 4}}, "float16"),
+                            Event("all_reduce", {{4, 4}}, {{4, 4}}), 2),
+            MismatchKind::kDtype);
+  // gather: the root's outputs against a non-root's empty ones match.
+  const auto e11 = Event("gather", {{4, 4}}, {{4, 4}, {4, 4}});
+  EXPECT_EQ(MatchPyTorchOps(e11, Event("gather", {{4, 4}}, {{}}, ""), 2), std::nullopt);
+  EXPECT_EQ(MatchPyTorchOps(e11, Event("gather", {{4, 4}}, {{4, 4}}, ""), 2), std::nullopt);
+  // Every collective against itself, with all_gather's output and reduce_scatter's input the
+  // group's size times the other side (test_all_events).
+  EXPECT_EQ(MatchPyTorchOps(Event("all_gather", {{4, 4}}, {{32}}),
+                            Event("all_gather", {{4, 4}}, {{32}}), 2),
+            std::nullopt);
+  EXPECT_EQ(MatchPyTorchOps(Event("all_gather", {{4, 4}}, {{16}}),
+                            Event("all_gather", {{4, 4}}, {{16}}), 2),
+            MismatchKind::kSize);
+  EXPECT_EQ(MatchPyTorchOps(Event("reduce_scatter", {{4, 4}}, {{8}}),
+                            Event("reduce_scatter", {{4, 4}}, {{8}}), 2),
+            std::nullopt);
+  for (const char* name : {"broadcast", "_broadcast_oop", "reduce", "barrier", "scatter",
+                           "allreduce_coalesced", "all_reduce_barrier"}) {
+    const auto op = Event(name, {{4, 4}}, {{4, 4}});
+    EXPECT_EQ(MatchPyTorchOps(op, op, 2), std::nullopt) << name;
+  }
+  // A backend's own spelling reads as PyTorch's type.
+  EXPECT_EQ(Event("AllReduce", {{4, 4}}, {{4, 4}}).type, e1.type);
+}
+
+// A dump written on an NCCL error seconds after a peer exited, long before any timeout: the
+// three live ranks wait 3 s in all-reduce #2; rank 1 left no dump. PyTorch dumps from every live
+// rank, so the rank without one is gone -- though its peers have waited only 3 s.
+TEST(PyTorchImportTest, AnErrorDumpSecondsAfterAPeerExitedNamesThePeer) {
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  TempDir dir;
+  for (int r : {0, 2, 3}) {
+    nlohmann::json done = PyTorchEntry(0, 1, "completed", true);
+    nlohmann::json open = PyTorchEntry(1, 2, "scheduled", false);
+    done["time_created_ns"] = now - 4'000'000'000LL;
+    open["time_created_ns"] = now - 3'000'000'000LL;
+    nlohmann::json j = PyTorchTrace(r, {done, open});
+    j["pg_config"]["0"]["ranks"] = "[0, 1, 2, 3]";
+    std::ofstream(dir.path() + "/rank_" + std::to_string(r)) << j.dump();
+  }
+  auto in = LoadPyTorch(dir.path());
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  const auto v = AnalyzePyTorch(*in);
+  ASSERT_EQ(v.size(), 1u) << VerdictToJson(v[0]);
+  EXPECT_EQ(v[0].cause, "rank_dead");
+  EXPECT_EQ(v[0].root_ranks, std::vector<int32_t>{1});
+  EXPECT_EQ(v[0].waiting_ranks, (std::vector<int32_t>{0, 2, 3}));
+  // Our own dumps come from an agent that writes a dead rank's dump itself: there, 3 s is work in
+  // progress.
+  EXPECT_EQ(AnalyzeHang(in->hang).front().kind, "healthy");
+}
+
+// What a verdict shows a PyTorch user: the op's profiling name, process group and description,
+// collective_seq_id, sizes and state per rank, the stack that issued it, the backend.
+TEST(PyTorchImportTest, AVerdictShowsTheOpsAsPyTorchRecordedThem) {
+  const std::string dir = MEGASCOPE_TEST_DATA "/pytorch/op_mismatch_one_of_eight/dumps";
+  auto in = LoadPyTorch(dir);
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  const auto v = AnalyzePyTorch(*in);
+  ASSERT_EQ(v.size(), 1u);
+  std::string evidence;
+  for (const std::string& e : v[0].evidence) evidence += e + "\n";
+  for (const char* want :
+       {"pytorch: rank 6: nccl:all_reduce input_sizes [[1024]] output_sizes [[1024]] Float, "
+        "collective_seq_id 4 in process group 0 (default_pg), record_id 3, state scheduled",
+        "pytorch: rank 0: nccl:broadcast input_sizes [[1024]]", "pytorch: backend nccl",
+        "pytorch: rank 6 issued it from all_reduce at torch/distributed/distributed_c10d.py"}) {
+    EXPECT_NE(evidence.find(want), std::string::npos) << want << "\nin\n" << evidence;
+  }
+  EXPECT_EQ(v[0].mismatch, "COLLECTIVE_TYPE_MISMATCH");
+  auto cli = RunCommand(std::string(MEGASCOPE_BIN) + " analyze hang --pytorch " + dir);
+  EXPECT_EQ(cli.code, 0);
+  for (const char* want : {"mismatch: COLLECTIVE_TYPE_MISMATCH", "rank 6: nccl:all_reduce",
+                           "process group 0 (default_pg)", "backend nccl, dump version 2.10"}) {
+    EXPECT_NE(cli.out.find(want), std::string::npos) << want << "\nin\n" << cli.out;
+  }
+}
+
+TEST(PyTorchImportTest, AnUnknownOpIsKeptInItsPlaceAndReportedOnce) {
+  // Rank 0's second entry is an op this reader has never seen; it still takes sequence number 2,
+  // so rank 1, which stopped at #1, is the one that has not joined.
+  TempDir dir;
+  nlohmann::json odd = PyTorchEntry(1, 2, "scheduled", false);
+  odd["profiling_name"] = "nccl:all_shuffle";
+  odd["time_created_ns"] = 1724779239936775119LL - 1'000'000'000'000LL;
+  std::ofstream(dir.path() + "/rank_0")
+      << PyTorchTrace(0, {PyTorchEntry(0, 1, "completed", true), odd}).dump();
+  std::ofstream(dir.path() + "/rank_1")
+      << PyTorchTrace(1, {PyTorchEntry(0, 1, "completed", true)}).dump();
+  auto in = LoadPyTorch(dir.path());
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  ASSERT_EQ(in->hang.warnings.size(), 1u);
+  EXPECT_NE(in->hang.warnings[0].find("unknown op 'nccl:all_shuffle'"), std::string::npos)
+      << in->hang.warnings[0];
+  const auto v = AnalyzePyTorch(*in);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].cause, "rank_not_joined");
+  EXPECT_EQ(v[0].root_ranks, std::vector<int32_t>{1});
 }
 
 class HangBadInput : public ::testing::Test {

@@ -23,6 +23,7 @@ std::string VerdictToJson(const Verdict& v) {
   j["confidence"] = v.confidence;
   j["explanation"] = v.explanation;
   j["evidence"] = v.evidence;
+  if (!v.mismatch.empty()) j["mismatch"] = v.mismatch;  // added in version 1: only when known
   return j.dump();
 }
 

@@ -127,8 +127,17 @@ class JitPickler:
 
 
 def entry(record_id, pg, seq, name, state, p2p_seq=0, sizes=((1024,),), dtype="Float",
-          frames=None, timeout_ms=600000, is_p2p=False, t=0):
-    """One entry as getCollectiveTrace writes it (Python values; pg is (name, desc))."""
+          frames=None, timeout_ms=600000, is_p2p=False, t=0, out_sizes=None, timing=None,
+          events=True):
+    """One entry as getCollectiveTrace writes it (Python values; pg is (name, desc)).
+
+    timing: None keeps the old cases' times; False writes no start time (no start event without
+    TORCH_NCCL_ENABLE_TIMING), True also a duration for a completed op. events=False: a member of a
+    coalesced block, recorded with no events (forever "scheduled", no times)."""
+    out_sizes = sizes if out_sizes is None else out_sizes
+    if not events:
+        state = "scheduled"
+    started = None if state == "scheduled" or timing is False else T0 + t + 1000
     e = {
         "record_id": record_id,
         "pg_id": int(pg[0]) if pg[0].isdigit() else 0,
@@ -142,26 +151,28 @@ def entry(record_id, pg, seq, name, state, p2p_seq=0, sizes=((1024,),), dtype="F
         "time_created_ns": T0 + t,
         "input_sizes": [list(s) for s in sizes],
         "input_dtypes": [dtype] * len(sizes),
-        "output_sizes": [list(s) for s in sizes],
-        "output_dtypes": [dtype] * len(sizes),
+        "output_sizes": [list(s) for s in out_sizes],
+        "output_dtypes": [dtype] * len(out_sizes),
         "state": state,
-        "time_discovered_started_ns": T0 + t + 1000 if state != "scheduled" else None,
+        "time_discovered_started_ns": started,
         "time_discovered_completed_ns": T0 + t + 2000 if state == "completed" else None,
         "retired": state == "completed",
         "timeout_ms": timeout_ms,
         "is_p2p": is_p2p,
     }
+    if timing and state == "completed":
+        e["duration_ms"] = 0.75
     if frames is not None:
         e["frames"] = frames
     return e
 
 
-def dump(groups, entries, pg_status=None, version="2.10"):
+def dump(groups, entries, pg_status=None, version="2.10", comm_lib_version="2.21.5"):
     """dump_dict: groups maps name -> (desc, ranks)."""
     d = {
         "version": version,
         "pg_config": {n: {"name": n, "desc": desc, "ranks": str(list(r))} for n, (desc, r) in groups.items()},
-        "comm_lib_version": "2.21.5",
+        "comm_lib_version": comm_lib_version,
         "pg_status": pg_status or {},
         "entries": entries,
     }
@@ -388,6 +399,203 @@ def main():
                [{"cause": "rank_not_joined", "root_ranks": [2], "waiting_ranks": [0, 1, 3]}],
                warnings=["process group (a first-recorder dump names only the default group's "
                          "members) '1' in 2 dumps"])
+
+
+    # ---- PyTorch's own semantics (torch/distributed/flight_recorder/components/utils.py and
+    # types.py; ProcessGroupNCCL start/endCoalescing; test_fr_analysis.py's build_db cases) ----
+
+    def block(record, pg, seq, members, closing_state, t, closing="nccl:coalesced", timing=False):
+        """A coalesced block as ProcessGroupNCCL records it: each member op with no events (forever
+        "scheduled", no times), then the closing entry that carries the block's events; all share
+        the group's collective_seq_id (bumped once, by the block's first op)."""
+        out = [entry(record + i, pg, seq, name, "scheduled", sizes=sz, out_sizes=osz, t=t + i,
+                     events=False) for i, (name, sz, osz) in enumerate(members)]
+        out.append(entry(record + len(members), pg, seq, closing, closing_state, sizes=(), t=t + 50,
+                         timing=timing))
+        return out
+
+    # 12. A healthy job dumped mid-run (a periodic _dump_nccl_trace, not a timeout): coalesced
+    #     broadcasts every step (dist._coalescing_manager around two broadcasts, the
+    #     test_c10d_nccl coalescing tests). The newest block had completed on ranks 0 and 1 and
+    #     not yet on 2 and 3 when each dumped. PyTorch matches a closing entry by type only.
+    bcasts = [("nccl:broadcast", ((256, 4),), ((256, 4),)), ("nccl:broadcast", ((64,),), ((64,),))]
+    dumps = {}
+    for r in range(4):
+        ents, rec, seq = [], 0, 0
+        for step in range(3):
+            seq += 1
+            ents.append(entry(rec, WORLD, seq, "nccl:all_reduce", "completed", t=step * 10_000_000,
+                              timing=False))
+            rec += 1
+            seq += 1
+            last = step == 2 and r >= 2
+            ents += block(rec, WORLD, seq, bcasts, "scheduled" if last else "completed",
+                          t=step * 10_000_000 + 1_000_000)
+            rec += len(bcasts) + 1
+        dumps[r] = dump(world(4), ents)
+    write_case("coalesced_broadcasts_healthy_periodic_dump", "ProcessGroupNCCL records a coalesced "
+               "block's members without events and the closing 'nccl:coalesced' entry with them; "
+               "types.py Op.match compares the closing entry by type only, so a block completed on "
+               "some ranks and in flight on others is matched (test_fr_analysis build_db case 3)",
+               dumps, [{"kind": "healthy", "cause": None, "root_ranks": []}], form="json")
+
+    # 13. A rank whose coalescing block was empty recorded nothing and consumed no sequence
+    #     number (ProcessGroupNCCL bumps seqCollective_ at a block's first op; endCoalescing with
+    #     nothing coalesced returns): its next op, an all_reduce, has the number the others' block
+    #     of broadcasts has. The op mismatch is on that rank.
+    dumps = {}
+    for r in range(4):
+        ents = allreduces(r, 2)
+        if r != 3:
+            ents += block(2, WORLD, 3, bcasts, "scheduled", t=30_000_000)
+        else:
+            ents.append(entry(2, WORLD, 3, "nccl:all_reduce", "scheduled", t=30_000_000))
+        dumps[r] = dump(world(4), ents)
+    write_case("coalesced_block_empty_on_one_rank", "test_fr_analysis build_db case 6 (an empty "
+               "coalesced call on one rank); startCoalescing/collective bump the sequence number at "
+               "the block's first op", dumps,
+               [{"cause": "op_mismatch", "root_ranks": [3], "waiting_ranks": [0, 1, 2],
+                 "mismatch": "COLLECTIVE_TYPE_MISMATCH"}])
+
+    # 14. all_gather_into_tensor where rank 2 passes a smaller input than its peers (an uneven
+    #     all-gather): SIZE_OR_SYNTAX_MISMATCH on rank 2 (types.py Op.match: input sizes, then
+    #     output numel = input numel x group size).
+    dumps = {}
+    for r in range(4):
+        ents = allreduces(r, 2)
+        rows = 6 if r == 2 else 8
+        ents.append(entry(2, WORLD, 3, "nccl:_all_gather_base", "scheduled", sizes=((rows, 4),),
+                          out_sizes=((rows * 4, 4),), t=30_000_000))
+        dumps[r] = dump(world(4), ents)
+    write_case("all_gather_size_mismatch", "types.py Op.match SIZE_OR_SYNTAX_MISMATCH "
+               "(test_fr_analysis test_match_one_event e5/e6); the culprit is the rank outside the "
+               "largest matching set", dumps,
+               [{"cause": "op_mismatch", "root_ranks": [2], "waiting_ranks": [0, 1, 3],
+                 "mismatch": "SIZE_OR_SYNTAX_MISMATCH"}], form="json")
+
+    # 15. An uneven all_gather, which ProcessGroupNCCL runs as one _broadcast_oop per rank's chunk
+    #     in a block closed by ALLGATHER_coalesced (the test_c10d_nccl uneven all-gather test:
+    #     member i has input_sizes [[i + 1, 2]]). Rank 1 believes chunk 3 has 5 rows.
+    dumps = {}
+    for r in range(4):
+        ents = allreduces(r, 2)
+        members = [("nccl:_broadcast_oop", ((5 if (r == 1 and i == 3) else i + 1, 2),),
+                    ((5 if (r == 1 and i == 3) else i + 1, 2),)) for i in range(4)]
+        ents += block(2, WORLD, 3, members, "scheduled", t=30_000_000,
+                      closing="nccl:ALLGATHER_coalesced")
+        dumps[r] = dump(world(4), ents)
+    write_case("uneven_all_gather_coalesced_size_mismatch", "test_fr_analysis build_db case 4 "
+               "(mis-matched uneven all-gather: _broadcast_oop members closed by "
+               "ALLGATHER_coalesced, one member's sizes differ)", dumps,
+               [{"cause": "op_mismatch", "root_ranks": [1], "mismatch": "SIZE_OR_SYNTAX_MISMATCH"}])
+
+    # 16. One of 8 ranks takes another branch: its 7 peers broadcast (a new op for them after a
+    #     run of all-reduces), rank 6 all-reduces again. The one rank is named, not the seven.
+    dumps = {}
+    for r in range(8):
+        ents = allreduces(r, 3)
+        ents.append(entry(3, WORLD, 4, "nccl:all_reduce" if r == 6 else "nccl:broadcast",
+                          "scheduled", t=40_000_000,
+                          frames=frames if r == 6 else [
+                              {"name": "broadcast", "filename": "torch/distributed/distributed_c10d.py",
+                               "line": 2608},
+                              {"name": "save_checkpoint", "filename": "/job/train.py", "line": 131}]))
+        dumps[r] = dump(world(8), ents)
+    write_case("op_mismatch_one_of_eight", "COLLECTIVE_TYPE_MISMATCH in an 8-rank job; the "
+               "minority is the culprit even where the majority changed op", dumps,
+               [{"cause": "op_mismatch", "root_ranks": [6], "waiting_ranks": [0, 1, 2, 3, 4, 5, 7],
+                 "mismatch": "COLLECTIVE_TYPE_MISMATCH"}])
+
+    # 17. An NCCL error 3 s after rank 1 exited, long before the 10-minute timeout: the three
+    #     live ranks dump (TORCH_NCCL_DUMP_ON_TIMEOUT dumps on errors too); rank 1 wrote nothing.
+    dumps = {}
+    for r in (0, 2, 3):
+        ents = allreduces(r, 4, last_state="scheduled")
+        dumps[r] = dump(world(4), ents, {"0": {"last_enqueued_collective": 4,
+                                               "last_started_collective": 3,
+                                               "last_completed_collective": 3}})
+    write_case("nccl_error_peer_exited", "a dump on an NCCL error (ProcessGroupNCCL watchdog, "
+               "remote error after a peer's exit): a rank with no dump is gone", dumps,
+               [{"cause": "rank_dead", "root_ranks": [1], "waiting_ranks": [0, 2, 3]}])
+
+    # 18. TORCH_NCCL_ENABLE_TIMING: start events are recorded, so an op whose kernel began is
+    #     "started" and a completed one has a duration. Rank 2's GPU is stuck in a kernel of its
+    #     own: its all_reduce #5 is still "scheduled" while its peers' started.
+    dumps = {}
+    for r in range(4):
+        ents = [entry(k, WORLD, k + 1, "nccl:all_reduce", "completed", t=k * 10_000_000,
+                      timing=True) for k in range(4)]
+        ents.append(entry(4, WORLD, 5, "nccl:all_reduce", "scheduled" if r == 2 else "started",
+                          t=40_000_000, timing=True))
+        dumps[r] = dump(world(4), ents)
+    write_case("timing_kernel_never_started", "with timing on, FlightRecorder::update_state marks "
+               "an entry started when its start event completes; a member whose kernel never "
+               "started (COLLECTIVE_STATE_MISMATCH: scheduled vs started) is where the job stops",
+               dumps, [{"cause": "rank_not_joined", "root_ranks": [2], "waiting_ranks": [0, 1, 3],
+                        "mismatch": "COLLECTIVE_STATE_MISMATCH"}], form="json")
+
+    # 19. Wrapped rings with pipeline p2p (TORCH_NCCL_TRACE_BUFFER_SIZE=12): stage 0 (ranks 0, 2)
+    #     records 4 ops a step, stage 1 (ranks 1, 3) 3, so the rings dropped different numbers of
+    #     each pair's transfers. Step 8: rank 1 never posts its recv; rank 0's send waits for it,
+    #     rank 3's dp all-reduce waits for it, rank 2's dp all-reduce waits behind rank 0.
+    pp = {0: ("1", "pp"), 1: ("1", "pp"), 2: ("2", "pp"), 3: ("2", "pp")}
+    dp = {0: ("3", "dp"), 2: ("3", "dp"), 1: ("4", "dp"), 3: ("4", "dp")}
+    ring = 12
+    dumps = {}
+    for r in range(4):
+        groups = {"0": ("default_pg", range(4)), pp[r][0]: ("pp", [0, 1] if r in (0, 1) else [2, 3]),
+                  dp[r][0]: ("dp", [0, 2] if r in (0, 2) else [1, 3])}
+        ents, rec, p2p, coll = [], 0, 0, 0
+        for step in range(1, 9):
+            t = step * 100_000_000
+            stuck = step == 8
+            if r in (0, 2):
+                coll += 1
+                ents.append(entry(rec, dp[r], coll, "nccl:broadcast", "completed", t=t)); rec += 1
+                p2p += 1
+                send_state = "scheduled" if (stuck and r == 0) else "completed"
+                ents.append(entry(rec, pp[r], 0, "nccl:send 0->1", send_state, p2p_seq=p2p,
+                                  is_p2p=True, t=t + 1000)); rec += 1
+                p2p += 1
+                ents.append(entry(rec, pp[r], 0, "nccl:recv 0<-1",
+                                  "scheduled" if (stuck and r == 0) else "completed", p2p_seq=p2p,
+                                  is_p2p=True, t=t + 2000)); rec += 1
+                coll += 1
+                ents.append(entry(rec, dp[r], coll, "nccl:all_reduce",
+                                  "scheduled" if stuck else "completed", t=t + 3000)); rec += 1
+            elif not (stuck and r == 1):
+                p2p += 1
+                ents.append(entry(rec, pp[r], 0, "nccl:recv 1<-0", "completed", p2p_seq=p2p,
+                                  is_p2p=True, t=t + 1500)); rec += 1
+                p2p += 1
+                ents.append(entry(rec, pp[r], 0, "nccl:send 1->0", "completed", p2p_seq=p2p,
+                                  is_p2p=True, t=t + 1800)); rec += 1
+                coll += 1
+                ents.append(entry(rec, dp[r], coll, "nccl:all_reduce",
+                                  "scheduled" if stuck else "completed", t=t + 3000)); rec += 1
+        dumps[r] = dump(groups, ents[-ring:])
+    write_case("wrapped_rings_pipeline_rank_not_joined", "FlightRecorder keeps the newest "
+               "TORCH_NCCL_TRACE_BUFFER_SIZE entries (record_id keeps counting); utils.py "
+               "align_trace_from_beginning: wrapped rings start at different records, so p2p "
+               "transfers cannot be counted from each ring's start", dumps,
+               [{"cause": "rank_not_joined", "root_ranks": [1], "waiting_ranks": [0, 2, 3]}])
+
+    # 20. Gloo's recorder (PyTorch >= 2.8) and a backend this reader has not seen ("nccl2",
+    #     spelling its types in CamelCase): read, not refused, prefixes kept. Rank 0 never issues
+    #     the 4th all-reduce.
+    for backend, name, case in (("gloo", "all_reduce", "gloo_rank_not_joined"),
+                                ("nccl2", "AllReduce", "unknown_backend_rank_not_joined")):
+        dumps = {}
+        for r in range(4):
+            ents = [entry(k, WORLD, k + 1, f"{backend}:{name}", "completed", t=k * 10_000_000,
+                          timing=False) for k in range(3 if r == 0 else 4)]
+            if r != 0:
+                ents[-1] = entry(3, WORLD, 4, f"{backend}:{name}", "scheduled", t=30_000_000)
+            dumps[r] = dump(world(4), ents, comm_lib_version="" if backend == "gloo" else "2.29.1")
+        write_case(case, f"ProcessGroup{backend.capitalize()} entries named '{backend}:{name}'; "
+                   "types.py Op accepts backend prefixes beyond nccl", dumps,
+                   [{"cause": "rank_not_joined", "root_ranks": [0], "waiting_ranks": [1, 2, 3]}],
+                   form="json")
 
 
 if __name__ == "__main__":

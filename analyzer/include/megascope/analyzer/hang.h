@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,11 +24,39 @@
 
 namespace megascope::analyzer {
 
+// What differs between the members of one collective, spelled as PyTorch's Flight Recorder
+// analysis names it (torch/distributed/flight_recorder/components/types.py, MatchState).
+enum class MismatchKind : uint8_t { kType = 0, kSize, kDtype, kState };
+std::string_view Name(MismatchKind k);
+
+// How the members of one collective (a group and sequence number) compare.
+struct MemberComparison {
+  std::vector<int> odd;  // the ranks whose op departs from the others' (empty: they agree)
+  MismatchKind kind = MismatchKind::kType;
+  std::string expected, found;  // what the others issued, what the odd ones issued (readable)
+  // False where the writer's own rules do not compare the members' states (PyTorch matches a
+  // coalesced block's closing entry by type only): a member that completed the op then shows it
+  // moving, not a stalled link, and the members still in it are not waiting.
+  bool states_compared = true;
+};
+// Compares what `members` (each issued `seq` in `group`) issued there. Called from AnalyzeHang's
+// thread, once per collective someone waits in.
+using MemberMatcher = std::function<MemberComparison(std::string_view group, int64_t seq,
+                                                     const std::vector<int>& members)>;
+
 struct HangOptions {
   // An op open for less than this is work in progress, not a hang.
   double min_wait_s = 10;
   // A heartbeat this much older than its freshest peers' marks the rank dead.
   double stale_heartbeat_s = 60;
+  // A rank without a dump is gone, so an op that waits on one is a hang however young it is. True
+  // for writers that dump from every live rank on a timeout or an error (PyTorch's recorder after
+  // an NCCL error, seconds after a peer exited); our own agent writes a dead rank's dump itself.
+  bool absent_is_gone = false;
+  // Compares the members of a collective; unset: megascope's rule (op, size and dtype must agree;
+  // the ranks outside the largest agreeing set depart, ties broken by who departs from its own
+  // previous op in the group).
+  MemberMatcher matcher;
 };
 
 // What the analysis reads of one rank's flight recorder, indexed once from its dump's entries. A

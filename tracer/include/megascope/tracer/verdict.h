@@ -22,6 +22,9 @@ struct Verdict {
   double confidence = 0;
   std::string explanation;
   std::vector<std::string> evidence;  // short human-readable facts
+  // What differs between the members of the collective a hang is at, as PyTorch's Flight Recorder
+  // analysis names it (COLLECTIVE_TYPE_MISMATCH, SIZE_OR_SYNTAX_MISMATCH, ...); empty: null.
+  std::string mismatch;
 };
 
 // One line of JSON, no trailing newline.

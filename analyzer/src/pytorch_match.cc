@@ -1,0 +1,288 @@
+// PyTorch's Flight Recorder analysis rules over the ops a PyTorch dump recorded: how two members
+// of a collective compare (torch/distributed/flight_recorder/components/types.py, Op.match), who
+// departs from a collective's members, and the evidence a PyTorch user recognises.
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <set>
+#include <string>
+#include <tuple>
+
+#include "megascope/analyzer/pytorch.h"
+
+namespace megascope::analyzer {
+namespace {
+
+using Sizes = std::vector<std::vector<int64_t>>;
+
+// The elements of the first tensor of `sizes` (math.prod(sizes[0]) in types.py), 0 if none.
+int64_t FirstNumel(const Sizes& sizes) {
+  if (sizes.empty()) return 0;
+  return std::accumulate(sizes[0].begin(), sizes[0].end(), int64_t{1},
+                         [](int64_t a, int64_t d) { return a * std::max<int64_t>(d, 0); });
+}
+
+// Op.match between two single entries (types as SplitName spells them: all_to_all is "alltoall"),
+// in PyTorch's order of checks: type; input sizes (not for
+// all_to_all or scatter, whose per-rank inputs legally differ); output sizes (not for all_to_all or
+// gather); an all-reduce's input against the other's output; an all-gather's output against
+// input x group size, a reduce-scatter's input against output x group size; then dtypes
+// (Op.dtype_mismatch). A closing entry of a coalesced block is compared by type only. States are
+// not compared here: a state difference is the hang analysis's evidence, not a mismatch of ops.
+std::optional<MismatchKind> MatchOne(const PyTorchOp& a, const PyTorchOp& b, size_t pg_size) {
+  if (a.type != b.type) return MismatchKind::kType;
+  if (IsCoalescedClosing(a.type)) return std::nullopt;
+  const std::string& t = a.type;
+  // A side with no tensors recorded (a recorder that wrote no sizes) is not compared.
+  auto differ = [](const Sizes& x, const Sizes& y) { return !x.empty() && !y.empty() && x != y; };
+  if (t != "alltoall" && t != "scatter" && differ(a.input_sizes, b.input_sizes))
+    return MismatchKind::kSize;
+  if (t != "alltoall" && t != "gather" && differ(a.output_sizes, b.output_sizes))
+    return MismatchKind::kSize;
+  if ((t == "allreduce" || t == "allreducecoalesced") && differ(a.input_sizes, b.output_sizes))
+    return MismatchKind::kSize;
+  const auto size = static_cast<int64_t>(pg_size);
+  const bool sized = !a.input_sizes.empty() && !a.output_sizes.empty() && !b.input_sizes.empty() &&
+                     !b.output_sizes.empty();
+  if (sized && (t == "allgather" || t == "allgatherbase" || t == "allgatherintotensorcoalesced") &&
+      FirstNumel(b.output_sizes) != FirstNumel(a.input_sizes) * size)
+    return MismatchKind::kSize;
+  if (sized &&
+      (t == "reducescatter" || t == "reducescatterbase" || t == "reducescattertensorcoalesced") &&
+      FirstNumel(b.input_sizes) != FirstNumel(a.output_sizes) * size)
+    return MismatchKind::kSize;
+  // Each dtype comparison only where both sides have a tensor with dimensions.
+  auto set = [](const std::vector<std::string>& v) {
+    return std::set<std::string>(v.begin(), v.end());
+  };
+  auto has = [](const Sizes& s) { return !s.empty() && !s[0].empty(); };
+  const bool in_vs_out = t != "scatter" && t != "gather" && t != "broadcast" &&
+                         set(a.input_dtypes) != set(a.output_dtypes) && has(a.input_sizes) &&
+                         has(a.output_sizes);
+  const bool in_vs_in = t != "scatter" && t != "broadcast" &&
+                        set(a.input_dtypes) != set(b.input_dtypes) && has(a.input_sizes) &&
+                        has(b.input_sizes);
+  const bool out_vs_out = t != "gather" && set(a.output_dtypes) != set(b.output_dtypes) &&
+                          has(a.output_sizes) && has(b.output_sizes);
+  if (in_vs_out || in_vs_in || out_vs_out) return MismatchKind::kDtype;
+  return std::nullopt;
+}
+
+std::string Shapes(const Sizes& sizes) {
+  std::string s = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    s += i ? ", [" : "[";
+    for (size_t k = 0; k < sizes[i].size(); ++k) s += (k ? ", " : "") + std::to_string(sizes[i][k]);
+    s += "]";
+  }
+  return s + "]";
+}
+
+const PyTorchOp* OpAt(const PyTorchInput& in, int rank, std::string_view group, int64_t seq) {
+  if (rank < 0 || rank >= static_cast<int>(in.ranks.size())) return nullptr;
+  const auto& c = in.ranks[rank].collectives;
+  auto it = c.find({std::string(group), seq});
+  return it == c.end() ? nullptr : &it->second;
+}
+
+// The members' ops at (group, seq) in classes of ops that match one another (each against its
+// class's first op, as PyTorch compares each rank's entry against one reference), the norm being
+// the largest class; of two as large, the one fewer of whose members changed type since their
+// previous op in the group (the others took another path), then the one with the lowest rank.
+MemberComparison Compare(const PyTorchInput& in, std::string_view group, int64_t seq,
+                         const std::vector<int>& members) {
+  MemberComparison out;
+  std::vector<std::pair<int, const PyTorchOp*>> ops;
+  for (int m : members) {
+    if (const PyTorchOp* op = OpAt(in, m, group, seq)) ops.emplace_back(m, op);
+  }
+  for (const auto& [m, op] : ops) {
+    if (!op->members.empty() || IsCoalescedClosing(op->type)) out.states_compared = false;
+  }
+  if (ops.size() < 2) return out;
+  size_t pg_size = ops.size();
+  if (const RankView& v = in.hang.ranks[ops[0].first]; v.present) {
+    for (const auto& g : v.dump.snapshot.groups) {
+      if (g.name == group) pg_size = g.ranks.size();
+    }
+  }
+  struct Class {
+    const PyTorchOp* rep;
+    std::vector<int> who;
+    int departs = 0;
+  };
+  std::vector<Class> classes;
+  // The same record on two ranks is one class even where PyTorch's rule fails an op against
+  // itself (an all_reduce whose output differs from its input, on every rank: nobody departs).
+  auto same = [](const PyTorchOp& a, const PyTorchOp& b) {
+    auto key = [](const PyTorchOp& o) {
+      return std::tie(o.type, o.input_sizes, o.output_sizes, o.input_dtypes, o.output_dtypes);
+    };
+    if (key(a) != key(b) || a.members.size() != b.members.size()) return false;
+    for (size_t i = 0; i < a.members.size(); ++i) {
+      if (key(a.members[i]) != key(b.members[i])) return false;
+    }
+    return true;
+  };
+  for (const auto& member : ops) {
+    const int m = member.first;
+    const PyTorchOp* op = member.second;
+    auto c = std::find_if(classes.begin(), classes.end(), [&](const Class& k) {
+      return same(*k.rep, *op) || !MatchPyTorchOps(*k.rep, *op, pg_size).has_value();
+    });
+    if (c == classes.end()) c = classes.insert(classes.end(), Class{op, {}, 0});
+    c->who.push_back(m);
+    const PyTorchOp* prev = OpAt(in, m, group, seq - 1);
+    c->departs += prev != nullptr && prev->type != op->type;
+  }
+  if (classes.size() < 2) return out;
+  auto norm = std::min_element(classes.begin(), classes.end(), [](const Class& a, const Class& b) {
+    if (a.who.size() != b.who.size()) return a.who.size() > b.who.size();
+    if (a.departs != b.departs) return a.departs < b.departs;
+    return a.who.front() < b.who.front();
+  });
+  for (const Class& c : classes) {
+    if (&c == &*norm) continue;
+    if (out.odd.empty()) {
+      out.kind = *MatchPyTorchOps(*norm->rep, *c.rep, pg_size);
+      out.found = FormatPyTorchOp(*c.rep);
+      out.expected = FormatPyTorchOp(*norm->rep);
+      // In a block, the first member that differs says it best.
+      const auto& a = norm->rep->members;
+      const auto& b = c.rep->members;
+      for (size_t i = 0; i < a.size() && i < b.size() && a.size() == b.size(); ++i) {
+        if (!MatchOne(a[i], b[i], pg_size)) continue;
+        const std::string at = " (op " + std::to_string(i + 1) + " of " + std::to_string(a.size()) +
+                               " in " + c.rep->profiling_name + ")";
+        out.found = FormatPyTorchOp(b[i]) + at;
+        out.expected = FormatPyTorchOp(a[i]);
+        break;
+      }
+    }
+    out.odd.insert(out.odd.end(), c.who.begin(), c.who.end());
+  }
+  std::sort(out.odd.begin(), out.odd.end());
+  return out;
+}
+
+// Evidence lines for a verdict at (group, seq): each shown rank's op as PyTorch recorded it, and
+// the stack that issued a root's op.
+void AddEvidence(const PyTorchInput& in, Verdict* v) {
+  if (v->group.empty() || v->seq < 0) return;
+  std::string desc;
+  for (int r : v->root_ranks) {
+    if (r >= 0 && r < static_cast<int>(in.ranks.size())) {
+      auto it = in.ranks[r].pg_desc.find(v->group);
+      if (it != in.ranks[r].pg_desc.end()) desc = it->second;
+    }
+  }
+  const std::string pg = "process group " + v->group + (desc.empty() ? "" : " (" + desc + ")");
+  std::vector<int> show(v->root_ranks.begin(), v->root_ranks.end());
+  for (int w : v->waiting_ranks) {
+    if (show.size() >= 8) break;
+    show.push_back(w);
+  }
+  bool any = false;
+  // A transfer's op on `r` with one of the shown ranks, at the verdict's number.
+  auto transfer = [&](int r) -> const PyTorchOp* {
+    if (r < 0 || r >= static_cast<int>(in.ranks.size())) return nullptr;
+    for (int peer : show) {
+      for (bool send : {true, false}) {
+        auto it = in.ranks[r].transfers.find({v->group, peer, send, v->seq});
+        if (it != in.ranks[r].transfers.end()) return &it->second;
+      }
+    }
+    return nullptr;
+  };
+  for (int r : show) {
+    if (const PyTorchOp* t = transfer(r)) {
+      any = true;
+      v->evidence.push_back("pytorch: rank " + std::to_string(r) + ": " + FormatPyTorchOp(*t) +
+                            ", p2p_seq_id " + std::to_string(t->p2p_seq_id) + " in " + pg +
+                            ", record_id " + std::to_string(t->record_id) + ", state " +
+                            (t->state.empty() ? "unknown" : t->state));
+      continue;
+    }
+    const PyTorchOp* op = OpAt(in, r, v->group, v->seq);
+    if (op == nullptr) {
+      if (r >= 0 && r < static_cast<int>(in.ranks.size()) && in.hang.ranks[r].present &&
+          in.ranks[r].pg_desc.count(v->group) > 0)  // a member that has not issued it
+        v->evidence.push_back("pytorch: rank " + std::to_string(r) + " recorded no op #" +
+                              std::to_string(v->seq) + " in " + pg);
+      continue;
+    }
+    any = true;
+    v->evidence.push_back("pytorch: rank " + std::to_string(r) + ": " + FormatPyTorchOp(*op) +
+                          ", collective_seq_id " + std::to_string(op->collective_seq_id) + " in " +
+                          pg + ", record_id " + std::to_string(op->record_id) + ", state " +
+                          (op->state.empty() ? "unknown" : op->state));
+  }
+  for (int r : show) {
+    const PyTorchOp* op = transfer(r);
+    if (op == nullptr) op = OpAt(in, r, v->group, v->seq);
+    if (op == nullptr || op->frames.empty()) continue;
+    if (std::find(v->root_ranks.begin(), v->root_ranks.end(), r) == v->root_ranks.end() &&
+        r != show.front())
+      continue;  // the roots' stacks, or the first waiter's where a root recorded nothing
+    std::string stack;
+    for (size_t i = 0; i < op->frames.size() && i < 6; ++i)
+      stack += (i ? " <- " : "") + op->frames[i];
+    v->evidence.push_back("pytorch: rank " + std::to_string(r) + " issued it from " + stack);
+  }
+  if (any) {
+    for (int r : show) {
+      const PyTorchOp* op = transfer(r);
+      if (op == nullptr) op = OpAt(in, r, v->group, v->seq);
+      if (op == nullptr || op->backend.empty()) continue;
+      v->evidence.push_back(
+          "pytorch: backend " + op->backend +
+          (in.ranks[r].version.empty() ? "" : ", dump version " + in.ranks[r].version));
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+std::string FormatPyTorchOp(const PyTorchOp& op) {
+  std::string s = op.profiling_name.empty() ? "(unnamed op)" : op.profiling_name;
+  if (!op.members.empty()) {  // a block: each member's name and input sizes
+    s += " of " + std::to_string(op.members.size()) + " ops (";
+    for (size_t i = 0; i < op.members.size() && i < 8; ++i) {
+      const PyTorchOp& m = op.members[i];
+      s += (i ? ", " : "") + m.profiling_name.substr(m.profiling_name.find(':') + 1) + " " +
+           Shapes(m.input_sizes);
+    }
+    return s + (op.members.size() > 8 ? ", ...)" : ")");
+  }
+  s += " input_sizes " + Shapes(op.input_sizes) + " output_sizes " + Shapes(op.output_sizes);
+  if (!op.input_dtypes.empty()) s += " " + op.input_dtypes[0];
+  return s;
+}
+
+std::optional<MismatchKind> MatchPyTorchOps(const PyTorchOp& expected, const PyTorchOp& found,
+                                            size_t pg_size) {
+  if (auto k = MatchOne(expected, found, pg_size)) return k;
+  // A coalesced block: its members one by one, in order (utils.py
+  // match_coalesced_groups_with_non_p2p checks each member as a collective of its own).
+  if (expected.members.size() != found.members.size()) return MismatchKind::kSize;
+  for (size_t i = 0; i < expected.members.size(); ++i) {
+    if (auto k = MatchOne(expected.members[i], found.members[i], pg_size)) return k;
+  }
+  return std::nullopt;
+}
+
+std::vector<Verdict> AnalyzePyTorch(const PyTorchInput& in, HangOptions options) {
+  // PyTorch dumps from every live rank on a timeout or an NCCL error: a rank without one is gone.
+  options.absent_is_gone = true;
+  options.matcher = [&in](std::string_view group, int64_t seq, const std::vector<int>& members) {
+    return Compare(in, group, seq, members);
+  };
+  std::vector<Verdict> verdicts = AnalyzeHang(in.hang, options);
+  for (Verdict& v : verdicts) {
+    if (v.kind == "hang") AddEvidence(in, &v);
+  }
+  return verdicts;
+}
+
+}  // namespace megascope::analyzer
