@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cmath>
 #include <filesystem>
@@ -102,7 +103,7 @@ void SplitName(const std::string& name, std::string* backend, std::string* type)
   const std::string rest = colon == std::string::npos ? name : name.substr(colon + 1);
   type->clear();
   for (unsigned char c : rest.substr(0, rest.find(' '))) {
-    if (c != '_') *type += static_cast<char>(std::tolower(c));
+    if (std::isalnum(c)) *type += static_cast<char>(std::tolower(c));  // "nccl2::AllReduce" too
   }
 }
 
@@ -550,7 +551,10 @@ Result<Converted> Convert(const json& j, const std::string& file, int rank_hint,
   const bool fits = !__builtin_mul_overflow(open_timeout_ms, int64_t{1'000'000}, &timed_out) &&
                     !__builtin_add_overflow(latest, timed_out, &timed_out) &&
                     !__builtin_add_overflow(timed_out, int64_t{600'000'000'000}, &copied_after);
-  if (fits && open_timeout_ms > 0 && latest > 0 && mtime > copied_after) d.dumped_at_ns = timed_out;
+  if (fits && open_timeout_ms > 0 && latest > 0 && mtime > copied_after) {
+    d.dumped_at_ns = timed_out;
+    out.rank.dated_by_timeout = true;
+  }
   d.alive = true;
   d.oldest_open_blocks = true;  // NCCL runs the queued ops in order
   return out;

@@ -279,6 +279,29 @@ std::vector<Verdict> AnalyzePyTorch(const PyTorchInput& in, HangOptions options)
     return Compare(in, group, seq, members);
   };
   std::vector<Verdict> verdicts = AnalyzeHang(in.hang, options);
+  // Every member joined every open op and their ops match: PyTorch's analysis finds no error
+  // (utils.py error_analysis: "No errors found for this collective entry"). Whether that is a hang
+  // rests on how long the ops were open; where the files were copied since, nothing says it, and
+  // a dump taken mid-run (_dump_nccl_trace on a healthy job) looks just so.
+  if (verdicts.size() == 1 && verdicts[0].cause == "unknown") {
+    bool dated = true;
+    for (int r : verdicts[0].waiting_ranks) {
+      dated &= r >= 0 && r < static_cast<int>(in.ranks.size()) && in.ranks[r].dated_by_timeout;
+    }
+    if (dated) {
+      Verdict v;
+      v.kind = "healthy";
+      v.detected_at_ns = verdicts[0].detected_at_ns;
+      v.confidence = 0.6;
+      v.explanation =
+          "every member of every open op joined it and their ops match (PyTorch's "
+          "analysis finds no error); the dumps were copied since they were written, "
+          "so how long those ops had been open is not known, and a dump taken mid-run "
+          "looks the same.";
+      v.evidence = std::move(verdicts[0].evidence);
+      return {v};
+    }
+  }
   for (Verdict& v : verdicts) {
     if (v.kind == "hang") AddEvidence(in, &v);
   }

@@ -597,6 +597,20 @@ def main():
                    [{"cause": "rank_not_joined", "root_ranks": [0], "waiting_ranks": [1, 2, 3]}],
                    form="json")
 
+    # 21. A healthy job dumped mid-run with timing on: every rank's newest all-reduce is in flight
+    #     (its kernel started everywhere), nothing else open. PyTorch's analysis finds every
+    #     member joined and matching; the copied files do not say how long it had been open.
+    dumps = {}
+    for r in range(4):
+        ents = [entry(k, WORLD, k + 1, "nccl:all_reduce", "completed", t=k * 10_000_000,
+                      timing=True) for k in range(5)]
+        ents.append(entry(5, WORLD, 6, "nccl:all_reduce", "started", t=50_000_000, timing=True))
+        dumps[r] = dump(world(4), ents)
+    write_case("healthy_dumped_mid_run_in_flight", "_dump_nccl_trace on a healthy job with "
+               "TORCH_NCCL_ENABLE_TIMING: the op in flight is started on every rank; utils.py "
+               "error_analysis finds no error", dumps,
+               [{"kind": "healthy", "cause": None, "root_ranks": []}])
+
 
 if __name__ == "__main__":
     main()

@@ -41,6 +41,9 @@ struct PyTorchRank {
   // (group, peer, is a send, seq as the hang analysis numbers it) -> op
   std::map<std::tuple<std::string, int32_t, bool, int64_t>, PyTorchOp> transfers;
   bool wrapped = false;  // its ring had dropped older entries (the first record_id is not 0)
+  // The file was copied after the dump (its time is past every open op's timeout): the dump is
+  // dated as if written when its open ops timed out, which is when PyTorch dumps on its own.
+  bool dated_by_timeout = false;
 };
 
 struct PyTorchInput {
