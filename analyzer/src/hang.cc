@@ -265,7 +265,7 @@ RankOps IndexOps(const tracer::Dump& dump, const std::shared_ptr<tracer::Arena>&
     if (tracer::IsP2P(e.op)) {
       const bool send = e.op == OpType::kSend;
       (send ? o.sends : o.recvs)
-          .push_back({g, e.peer, seq, e.bytes, send ? e.bytes_sent : e.bytes_received});
+          .push_back({g, e.peer, seq, e.bytes, send ? e.bytes_sent : e.bytes_received, IsOpen(e)});
     } else {
       ++o.coll_start[g + 1];
       o.last_coll[g] = std::max(o.last_coll[g], seq);
@@ -590,9 +590,18 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
         wait_on(p);  // the peer has not reached its side of this transfer
         continue;
       }
-      // Both sides posted: the bytes did not make it across.
       const Transfer* other = P.Find(recv ? P.ops->sends : P.ops->recvs, R.blocking_group, R.id,
                                      static_cast<int64_t>(b.seq));
+      // Posted but open, queued on the peer's device behind an older op of its own that has not
+      // finished: the peer cannot reach it before that one.
+      const bool peer_at_it = P.blocking != nullptr && tracer::IsP2P(P.blocking->op) &&
+                              P.blocking->peer == R.id && P.blocking_group == R.blocking_group &&
+                              P.blocking->seq == b.seq;
+      if (P.dump->oldest_open_blocks && other != nullptr && other->open && !peer_at_it) {
+        wait_on(p);
+        continue;
+      }
+      // Both sides posted: the bytes did not make it across.
       Link l{recv ? p : R.id,
              recv ? R.id : p,
              std::string(R.blocking_group),

@@ -562,6 +562,28 @@ TEST(PyTorchImportTest, AVerdictShowsTheOpsAsPyTorchRecordedThem) {
   }
 }
 
+// A second, independent source of dumps: jobs simulated through a model of ProcessGroupNCCL and
+// its recorder (tests/data/pytorch/simulate.py: dp/tp/pp layouts, coalesced blocks, pipeline
+// transfers, rings that wrap, timing on and off, the CPU queueing ahead of the device), one fault
+// each. What each case must be named comes from the fault the simulator injected, never from an
+// analysis.
+TEST(PyTorchSimulatedJobsTest, EveryInjectedFaultIsNamedAndEveryHealthyJobIsHealthy) {
+  TempDir dir;
+  constexpr int kJobs = 90;
+  const auto gen = RunCommand("python3 " MEGASCOPE_TEST_DATA "/pytorch/simulate.py " + dir.path() +
+                              " --seeds " + std::to_string(kJobs));
+  ASSERT_EQ(gen.code, 0) << gen.out;
+  int checked = 0;
+  for (const std::string& job : Scenarios(dir.path().c_str())) {
+    SCOPED_TRACE(job);
+    auto in = LoadPyTorch(job + "/dumps");
+    ASSERT_TRUE(in.ok()) << in.status().ToString();
+    ExpectVerdicts(job, [&](const HangOptions& o) { return AnalyzePyTorch(*in, o); });
+    ++checked;
+  }
+  EXPECT_EQ(checked, kJobs);
+}
+
 TEST(PyTorchImportTest, AnUnknownOpIsKeptInItsPlaceAndReportedOnce) {
   // Rank 0's second entry is an op this reader has never seen; it still takes sequence number 2,
   // so rank 1, which stopped at #1, is the one that has not joined.

@@ -82,6 +82,7 @@ struct RankOps {
     int64_t seq = 0;
     uint64_t bytes = 0;
     int64_t moved = -1;  // bytes_sent of a send, bytes_received of a recv; -1 unknown
+    bool open = false;   // not completed
   };
 
   std::vector<int32_t> by_name;    // group indices sorted by name, one a name
