@@ -156,6 +156,8 @@ int RunLaunch(const Args& args) {
     if (hosts.empty()) return Fail("launch", "--iface needs --hosts or --slurm", 2);
     for (launch::Host& h : hosts) h.bind_iface = iface;
   }
+  // The layout before the nodes it names (an injection's node among them).
+  if (std::string err = c.Validate(); !err.empty()) return Fail("launch", err, 2);
   for (int k = 0; k < c.nodes + spares; ++k) {
     const std::string name = hosts.empty() ? "node" + std::to_string(k) : hosts[k].name;
     (k < c.nodes ? co.nodes : co.spares).push_back(name);

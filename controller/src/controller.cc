@@ -73,8 +73,10 @@ struct Command {
 // The control endpoint: POST /stop and POST /evict?node=N with "Authorization: Bearer <token>".
 class ControlHandler : public CivetHandler {
  public:
-  ControlHandler(std::string token, std::mutex* mu, std::deque<Command>* queue)
-      : token_(std::move(token)), mu_(mu), queue_(queue) {}
+  // `nodes`: the job's nodes as the controller last saw them, guarded by `mu` like `queue`.
+  ControlHandler(std::string token, std::mutex* mu, std::deque<Command>* queue,
+                 const std::vector<std::string>* nodes)
+      : token_(std::move(token)), mu_(mu), queue_(queue), nodes_(nodes) {}
   bool handlePost(CivetServer*, mg_connection* conn) override {
     const mg_request_info* ri = mg_get_request_info(conn);
     const char* auth = mg_get_header(conn, "Authorization");
@@ -100,6 +102,12 @@ class ControlHandler : public CivetHandler {
     }
     {
       std::lock_guard<std::mutex> lock(*mu_);
+      if (!c.node.empty() && std::find(nodes_->begin(), nodes_->end(), c.node) == nodes_->end()) {
+        std::string list;
+        for (const std::string& n : *nodes_) list += (list.empty() ? "" : ", ") + n;
+        Reply(conn, 404, "no node " + c.node + " in the job (its nodes: " + list + ")");
+        return true;
+      }
       queue_->push_back(c);
     }
     Reply(conn, 200, "accepted: " + c.what + (c.node.empty() ? "" : " " + c.node));
@@ -116,6 +124,7 @@ class ControlHandler : public CivetHandler {
   std::string token_;
   std::mutex* mu_;
   std::deque<Command>* queue_;
+  const std::vector<std::string>* nodes_;
 };
 
 // The self-check's rendezvous and collective timeout.
@@ -137,7 +146,8 @@ struct Controller::Impl {
   std::unique_ptr<CivetServer> http;
   std::unique_ptr<ControlHandler> handler;
   std::mutex mu;
-  std::deque<Command> commands;  // GUARDED_BY(mu)
+  std::deque<Command> commands;          // GUARDED_BY(mu)
+  std::vector<std::string> nodes_known;  // GUARDED_BY(mu): `active` as of the last tick
 
   int attempt = 0;
   std::vector<std::string> active;  // node of each slot
@@ -238,7 +248,11 @@ struct Controller::Impl {
       fs::rename(tmp, layout.token(), ec);
       if (ec) return IoError("cannot write " + layout.token() + ": " + ec.message());
     }
-    handler = std::make_unique<ControlHandler>(token, &mu, &commands);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      nodes_known = opt.nodes;  // until the first tick
+    }
+    handler = std::make_unique<ControlHandler>(token, &mu, &commands, &nodes_known);
     const std::vector<std::string> civet = {
         "listening_ports", (opt.allow_remote ? "0.0.0.0:0" : "127.0.0.1:0"), "num_threads", "2"};
     try {
@@ -1151,6 +1165,7 @@ struct Controller::Impl {
       {
         std::lock_guard<std::mutex> lock(mu);
         todo.swap(commands);
+        nodes_known = active;
       }
       for (const Command& c : todo) {
         if (c.what == "stop") {

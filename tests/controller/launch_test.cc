@@ -174,7 +174,11 @@ TEST_F(LaunchTest, ManualEvictAndStopNeedTheRunsToken) {
   EXPECT_NE(wrong.out.find("403"), std::string::npos) << wrong.out;
   EXPECT_EQ(fs::status(Run() + "/control.token").permissions() & fs::perms::all,
             fs::perms::owner_read | fs::perms::owner_write);
-  // With it: evict, then stop.
+  // With it: a node the job does not have is refused, with the ones it has; then evict, stop.
+  CommandResult none = RunCommand(std::string(MEGASCOPE_BIN) + " evict node99 --run-dir " + Run());
+  EXPECT_EQ(none.code, 1) << none.out;
+  EXPECT_NE(none.out.find("no node node99 in the job (its nodes: node0, node1)"), std::string::npos)
+      << none.out;
   CommandResult evict = RunCommand(std::string(MEGASCOPE_BIN) + " evict node1 --run-dir " + Run());
   ASSERT_EQ(evict.code, 0) << evict.out;
   bool resumed = false;
