@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -69,6 +70,29 @@ struct Command {
   std::string what;  // stop, evict
   std::string node;
 };
+
+// The last non-empty line of a worker's log (what it said before it ended), "" if none.
+std::string LastLogLine(const std::string& path) {
+  const std::string text = tracer::ReadFile(path).value_or("");
+  size_t end = text.find_last_not_of("\n \t");
+  if (end == std::string::npos) return "";
+  const size_t begin = text.rfind('\n', end);
+  return text.substr(begin == std::string::npos ? 0 : begin + 1,
+                     end - (begin == std::string::npos ? 0 : begin + 1) + 1);
+}
+
+// `s` with every run of digits as one '#': two failures that differ only in a rank, a pid or a
+// node's number read the same.
+std::string MaskDigits(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (std::isdigit(static_cast<unsigned char>(c)) == 0)
+      out += c;
+    else if (out.empty() || out.back() != '#')
+      out += '#';
+  }
+  return out;
+}
 
 // The control endpoint: POST /stop and POST /evict?node=N with "Authorization: Bearer <token>".
 class ControlHandler : public CivetHandler {
@@ -163,6 +187,14 @@ struct Controller::Impl {
   int64_t last_step_done = 0;  // completed steps of the job so far (the newest step line)
   bool attempt_stepped = false;
   int fruitless_attempts = 0;  // consecutive attempts that ended before their first step
+  // The last crash blamed on a machine: how it failed, at what step, and the node evicted for it.
+  // The same failure at the same step on the node that replaced it is the job's, not a machine's.
+  struct Failure {
+    std::string how;  // exit and last log line, digits masked
+    int64_t step = -1;
+    std::string evicted;
+  };
+  Failure last_failure;
   std::vector<double> step_times;
   std::map<int, int64_t> hb_steps;
   Clock::time_point last_progress;
@@ -729,13 +761,51 @@ struct Controller::Impl {
   };
   static bool Online(const Trigger& t) { return t.cause == "detector" || t.cause == "straggler"; }
 
+  // A verdict of the job's own error: nothing is evicted for it (policy.h).
+  Verdict JobError(const std::string& cause, int rank, const std::string& node,
+                   const std::string& explanation, const launch::RankExit& origin) {
+    Verdict v;
+    v.kind = "job_error";
+    v.cause = cause;
+    v.root_ranks = {rank};
+    v.root_nodes = {node};
+    v.detected_at_ns = tracer::WallNowNs();
+    v.confidence = 1.0;
+    v.explanation = explanation;
+    v.evidence = {"exit: " + origin.status.Describe(), "log: " + layout.worker_log(rank)};
+    return v;
+  }
+
   std::vector<Verdict> Diagnose(Trigger& t) {
     std::vector<Verdict> verdicts;
     analyzer::HangOptions ho;
     ho.min_wait_s = std::min(10.0, HangThreshold() / 2);
     if (t.cause == "crash") {
       launch::RankExit origin = sup.FindOrigin(t.failures, std::chrono::seconds(2), nullptr);
+      const std::string log_line = LastLogLine(layout.worker_log(origin.rank));
+      const std::string node = sup.NodeOfRank(origin.rank);
+      if (origin.status.exited() && origin.status.code() == launch::kExitJobError) {
+        verdicts.push_back(JobError("bad_input", origin.rank, node,
+                                    "rank " + std::to_string(origin.rank) + " (" + node +
+                                        ") could not start the job: " + log_line,
+                                    origin));
+        return verdicts;
+      }
+      // Failed as before, at the same step, on the node that replaced the one evicted for it.
+      const std::string how = MaskDigits(origin.status.Describe() + ": " + log_line);
+      if (!last_failure.evicted.empty() && how == last_failure.how &&
+          last_step_done == last_failure.step && node != last_failure.evicted) {
+        verdicts.push_back(
+            JobError("repeated_failure", origin.rank, node,
+                     "rank " + std::to_string(origin.rank) + " failed on " + node + " at step " +
+                         std::to_string(last_step_done) + " as it did on " + last_failure.evicted +
+                         ", evicted for it: the failure follows the job, not the machine (" +
+                         origin.status.Describe() + ": " + log_line + ")",
+                     origin));
+        return verdicts;
+      }
       if (!(origin.status.exited() && origin.status.code() == launch::kExitCommFailure)) {
+        last_failure = {how, last_step_done, node};
         Verdict v;
         v.kind = "hang";
         v.cause = "rank_dead";
@@ -967,6 +1037,11 @@ struct Controller::Impl {
       const Streak streak = Online(t) ? t.streak : Streak{};
       const Decision d = Decide(v, streak, opt.policy);
       RecordDecision(v, d, streak);
+      if (d.action == Action::kStop) {
+        Pause("the job's own error, not a machine's: " + v.explanation + " (" + d.reason +
+              "; log: " + layout.worker_log(v.root_ranks.empty() ? 0 : v.root_ranks[0]) + ")");
+        return false;
+      }
       if (d.action == Action::kEvict) {
         for (const std::string& n : d.nodes) to_evict.emplace_back(n, vj);
       } else if (d.action == Action::kSelfCheck) {

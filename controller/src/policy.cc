@@ -9,6 +9,7 @@ VerdictKind ParseVerdictKind(std::string_view k) {
   if (k == "hang") return VerdictKind::kHang;
   if (k == "slow") return VerdictKind::kSlow;
   if (k == "faulty_machine") return VerdictKind::kFaultyMachine;
+  if (k == "job_error") return VerdictKind::kJobError;
   if (k == "healthy") return VerdictKind::kHealthy;
   return VerdictKind::kOther;
 }
@@ -95,6 +96,12 @@ Decision DecideFresh(const Verdict& v, Streak streak, const PolicyOptions& o) {
         d.reason = std::string("the detector's evidence is weak: ") + conf;
       }
       return d;
+    case VerdictKind::kJobError:
+      d.action = Action::kStop;
+      d.reason = "the job's own error (" + v.cause +
+                 "): every machine would fail the same way; nothing is evicted";
+      d.nodes.clear();
+      return d;
     case VerdictKind::kHealthy:
       d.reason = "healthy";
       d.nodes.clear();
@@ -118,6 +125,8 @@ std::string_view Name(Action a) {
       return "self_check";
     case Action::kEvict:
       return "evict";
+    case Action::kStop:
+      return "stop";
   }
   return "alert";
 }

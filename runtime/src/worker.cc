@@ -60,7 +60,12 @@ class Worker {
     Status st = Setup();
     if (!st.ok()) {
       std::fprintf(stderr, "[worker] rank %d: setup failed: %s\n", rank_, st.ToString().c_str());
-      return kExitSetup;
+      // Bad input (the data file not a token file, or cut short; the config) or a name held by a
+      // live process (another launch with this job name): no machine could do better.
+      const bool job = st.code() == StatusCode::kInvalidArgument ||
+                       st.code() == StatusCode::kDataLoss ||
+                       st.code() == StatusCode::kAlreadyExists;
+      return job ? kExitJobError : kExitSetup;
     }
     for (int64_t step = start_step_; step < cfg_.steps; ++step) {
       if (cfg_.trace_alternate > 0) {

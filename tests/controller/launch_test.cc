@@ -137,6 +137,46 @@ TEST_F(LaunchTest, NoSpareLeftPausesWithAClearMessageInsteadOfLooping) {
   EXPECT_EQ(Of(ev, "restart").size(), 1u);  // the start only
 }
 
+// A data file that is not a token file fails every rank on every machine: the job's own error.
+// The launch stops saying which file and why, and evicts nothing (it evicted two healthy nodes
+// and then paused for want of spares, never naming the file).
+TEST_F(LaunchTest, TheJobsOwnBadDataStopsItWithTheFileNamedAndNothingEvicted) {
+  const std::string bad = dir_->path() + "/not-tokens.txt";
+  {
+    std::ofstream text(bad);
+    for (int i = 0; i < 100; ++i) text << "plain text, line " << i << ", not a token file\n";
+  }
+  std::string cmd = LaunchCmd(std::string(kDp2) + " --spares 2", "");
+  cmd.replace(cmd.find(data_), data_.size(), bad);
+  CommandResult r = RunCommand(cmd);
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("the job's own error"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(bad + " is not a token file"), std::string::npos) << r.out;
+  const auto ev = Events();
+  EXPECT_TRUE(Of(ev, "eviction").empty());
+  ASSERT_EQ(Of(ev, "verdict").size(), 1u);
+  EXPECT_EQ(Of(ev, "verdict")[0].detail["kind"], "job_error");
+  EXPECT_EQ(Of(ev, "verdict")[0].detail["cause"], "bad_input");
+  ASSERT_FALSE(Of(ev, "decision").empty());
+  EXPECT_EQ(Of(ev, "decision")[0].detail["action"], "stop");
+}
+
+// A failure that follows the job: rank 1 crashes at step 4 on node1, which is evicted; on the
+// spare that replaced it, rank 1 crashes at step 4 again, the same way. That is the job's code,
+// not a machine: the launch stops there instead of evicting the spare too.
+TEST_F(LaunchTest, TheSameFailureAtTheSameStepOnAFreshNodeIsTheJobsAndEvictsNoMore) {
+  CommandResult r = Launch(std::string(kDp2) + " --spares 2",
+                           "--inject crash:rank=1,at=4 --inject crash:rank=1,at=4");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("the failure follows the job, not the machine"), std::string::npos) << r.out;
+  const auto ev = Events();
+  ASSERT_EQ(Of(ev, "eviction").size(), 1u) << r.out;
+  EXPECT_EQ(Of(ev, "eviction")[0].node, "node1");
+  ASSERT_FALSE(Of(ev, "verdict").empty());
+  EXPECT_EQ(Of(ev, "verdict").back().detail["kind"], "job_error");
+  EXPECT_EQ(Of(ev, "verdict").back().detail["cause"], "repeated_failure");
+}
+
 TEST_F(LaunchTest, TwoFaultsInARowEvictTwiceThenTheSafetyValvePauses) {
   CommandResult r = Launch(std::string(kDp2) + " --spares 3 --max-evictions 2",
                            "--inject crash:node=node1,at=3 --inject crash:node=node0,at=6 --inject "

@@ -40,6 +40,8 @@ TEST(PolicyTest, TheTable) {
       {"slow", "a_cause_from_2030", 1.0, 10, Action::kAlert},
       {"faulty_machine", "node_network_receive_errors_total", 0.95, 1, Action::kSelfCheck},
       {"faulty_machine", "node_memory_used_bytes", 0.5, 1, Action::kAlert},
+      {"job_error", "bad_input", 1.0, 1, Action::kStop},  // no machine would do better
+      {"job_error", "repeated_failure", 0.1, 1, Action::kStop},
       {"healthy", "", 1.0, 1, Action::kAlert},
       {"gremlins", "x", 1.0, 9, Action::kAlert},
   };

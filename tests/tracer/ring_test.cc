@@ -288,6 +288,23 @@ TEST_F(RingTest, StaleRingOfDeadProcessIsReplaced) {
   EXPECT_EQ(w->Snapshot().records_total, 0u);
 }
 
+// A writer that exited but was not reaped (a zombie: the rank of a launch killed with SIGKILL,
+// whose parent is gone or busy) still has a /proc entry with its start time; it holds nothing.
+TEST_F(RingTest, StaleRingOfAZombieIsReplaced) {
+  RingOptions o = Options(8);
+  auto writer = Process::Fork([&] {
+    auto w = RingWriter::Create(o, clock_);
+    ::_exit(w.ok() ? 0 : 1);  // leaves its ring behind
+    return 1;
+  });
+  ASSERT_TRUE(writer.ok());
+  siginfo_t info{};  // until it has exited, without reaping it
+  ASSERT_EQ(::waitid(P_PID, static_cast<id_t>((*writer)->pid()), &info, WEXITED | WNOWAIT), 0);
+  auto w = RingWriter::Create(o, clock_);
+  EXPECT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_TRUE((*writer)->Wait().success());
+}
+
 TEST_F(RingTest, BadOptionsAreRefusedClearly) {
   RingOptions o = Options(12);
   auto a = RingWriter::Create(o, clock_);

@@ -94,6 +94,9 @@ uint64_t ProcessStartTime(int pid) {
   // The command name (field 2) may hold spaces; fields after the last ')' are plain.
   size_t at = stat.rfind(')');
   if (at == std::string_view::npos) return 0;
+  // Field 3, the state: a zombie (exited, not yet reaped by its parent -- a killed launch's
+  // ranks) or a dead task holds nothing, though its /proc entry is still there.
+  if (at + 2 < stat.size() && (stat[at + 2] == 'Z' || stat[at + 2] == 'X')) return 0;
   // Fields 3..22: starttime is field 22, i.e. the 20th after ')'.
   for (int field = 3; field <= 22; ++field) {
     at = stat.find_first_not_of(' ', stat.find(' ', at));

@@ -18,6 +18,11 @@
 //   faulty_machine                        self-check the suspect at confidence >= check_confidence
 //                                         (it stays when it passes: the verdict is not confirmed);
 //                                         alert below
+//   job_error                             stop: the job's own input or code failed (a data file,
+//                                         the config, a job name in use, a failure that followed
+//                                         the job to a fresh node): every machine would fail the
+//                                         same way, so nothing is evicted and a person is told
+//                                         what failed and where
 //   healthy, anything unknown             alert only (an unknown kind is reported, never acted on)
 //
 // The detector's verdicts already need their continuity window (a single excursion shorter than
@@ -35,7 +40,7 @@
 namespace megascope::controller {
 
 // FORMATS.md section 2's kinds and causes.
-enum class VerdictKind { kHang, kSlow, kFaultyMachine, kHealthy, kOther };
+enum class VerdictKind { kHang, kSlow, kFaultyMachine, kJobError, kHealthy, kOther };
 enum class Cause {
   kRankDead,
   kRankNotJoined,
@@ -52,8 +57,8 @@ enum class Cause {
 VerdictKind ParseVerdictKind(std::string_view kind);
 Cause ParseCause(std::string_view cause);
 
-enum class Action { kAlert, kRestartInPlace, kSelfCheck, kEvict };
-std::string_view Name(Action a);  // alert, restart_in_place, self_check, evict
+enum class Action { kAlert, kRestartInPlace, kSelfCheck, kEvict, kStop };
+std::string_view Name(Action a);  // alert, restart_in_place, self_check, evict, stop
 
 struct PolicyOptions {
   double check_confidence = 0.6;  // below: alert only

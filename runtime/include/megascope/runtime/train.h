@@ -76,6 +76,7 @@ struct TrainConfig {
 };
 
 using launch::kExitCommFailure;
+using launch::kExitJobError;
 using launch::kExitOk;
 using launch::kExitSetup;
 

@@ -27,6 +27,9 @@ namespace megascope::launch {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitCommFailure = 3;  // a collective failed because a peer is gone or stuck
 inline constexpr int kExitSetup = 4;
+// The job's own input is wrong (a data file, the config, its job name held by a live process):
+// the same on any machine.
+inline constexpr int kExitJobError = 5;
 
 // Where a node's collectives bind (the worker's Gloo device): an address, or else the address of
 // an interface (a cluster's training network); 127.0.0.1 when neither is set.
