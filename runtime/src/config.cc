@@ -13,8 +13,10 @@ Result<Fault> ParseFault(const std::string& spec) {
   const auto colon = spec.find(':');
   Fault f;
   f.kind = spec.substr(0, colon);
-  if (f.kind != "crash" && f.kind != "hang" && f.kind != "stall-send" && f.kind != "slow") {
-    return InvalidArgument("fault '" + spec + "': kind must be crash, hang, stall-send or slow");
+  if (f.kind != "crash" && f.kind != "hang" && f.kind != "stall-send" && f.kind != "slow" &&
+      f.kind != "slow-checkpoint") {
+    return InvalidArgument("fault '" + spec +
+                           "': kind must be crash, hang, stall-send, slow or slow-checkpoint");
   }
   if (colon == std::string::npos)
     return InvalidArgument("fault '" + spec + "' needs rank=R,step=S");
@@ -41,6 +43,8 @@ Result<Fault> ParseFault(const std::string& spec) {
   if (f.rank < 0) return InvalidArgument("fault '" + spec + "' needs rank=R");
   if (f.kind == "slow" && f.seconds <= 0 && f.factor <= 1)
     return InvalidArgument("fault '" + spec + "' needs seconds=X > 0 or factor=F > 1");
+  if (f.kind == "slow-checkpoint" && f.seconds <= 0)
+    return InvalidArgument("fault '" + spec + "' needs seconds=X > 0");
   return f;
 }
 

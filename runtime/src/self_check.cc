@@ -1,9 +1,13 @@
 #include "megascope/runtime/self_check.h"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <string_view>
 #include <vector>
 
 #include "megascope/kernels/cpu.h"
@@ -36,7 +40,30 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+constexpr std::string_view kSelfCheckJob = "selfcheck-";
+
 }  // namespace
+
+int RemoveStaleSelfCheckRings(const std::string& dir) {
+  // "megascope.selfcheck-": the rings' names up to the pid (RingFilePrefix ends in a '.').
+  std::string prefix = tracer::RingFilePrefix(std::string(kSelfCheckJob));
+  prefix.pop_back();
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string digits =
+        name.substr(prefix.size(), name.find('.', prefix.size()) - prefix.size());
+    if (digits.empty() || digits.size() > 9 ||
+        digits.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    const pid_t pid = std::stoi(digits);
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+    removed += ::unlink(e.path().c_str()) == 0 ? 1 : 0;
+  }
+  return removed;
+}
 
 Result<SelfCheckResult> RunSelfCheck(const SelfCheckOptions& o) {
   if (o.rank < 0 || o.rank >= o.world)
@@ -46,7 +73,8 @@ Result<SelfCheckResult> RunSelfCheck(const SelfCheckOptions& o) {
   SelfCheckResult out;
   // GEMM: 256^3 single precision, repeated for gemm_seconds.
   constexpr int kN = 256;
-  std::vector<float> a(kN * kN, 0.5f), b(kN * kN, 0.25f), c(kN * kN);
+  constexpr size_t kElems = static_cast<size_t>(kN) * kN;
+  std::vector<float> a(kElems, 0.5f), b(kElems, 0.25f), c(kElems);
   int64_t reps = 0;
   const auto g0 = Clock::now();
   while (Seconds(g0, Clock::now()) < o.gemm_seconds) {
@@ -64,7 +92,8 @@ Result<SelfCheckResult> RunSelfCheck(const SelfCheckOptions& o) {
   Layout layout{o.world, 1, 1};
   tracer::RingOptions ro;
   ro.dir = "/dev/shm";
-  ro.job = "selfcheck-" + std::to_string(::getpid());
+  RemoveStaleSelfCheckRings(ro.dir);
+  ro.job = std::string(kSelfCheckJob) + std::to_string(::getpid());
   ro.node = "selfcheck";
   ro.rank = o.rank;
   ro.world_size = o.world;

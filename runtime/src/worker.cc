@@ -1,11 +1,13 @@
 // One rank of a training job.
 #include <malloc.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -44,6 +46,33 @@ void BurnSeconds(double seconds) {
   }
 }
 
+// A stop (SIGTERM from the launcher: a person's stop, or peers gone) lets the state writes in
+// flight finish, as a user stopping a job expects of its newest checkpoint: RunWorker's stop thread
+// waits for this count to reach zero (bounded by the launcher's grace) before the process exits.
+std::atomic<int> g_writes_in_flight{0};
+std::atomic<bool> g_stop_requested{false};
+int g_stop_fd = -1;  // an eventfd the SIGTERM handler wakes the stop thread with
+
+extern "C" void OnStopSignal(int) {  // async-signal-safe: a lock-free store and a write(2)
+  g_stop_requested.store(true);
+  const uint64_t one = 1;
+  [[maybe_unused]] const ssize_t n = ::write(g_stop_fd, &one, sizeof(one));
+}
+
+// Waits, at most 4 s (inside the launcher's 5-s grace), for the state writes in flight to end.
+void WaitForWritesInFlight() {
+  for (int i = 0; i < 400 && g_writes_in_flight.load() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
+// Held by a background write from before its thread starts until it ends.
+class WriteInFlight {
+ public:
+  WriteInFlight() { g_writes_in_flight.fetch_add(1); }
+  WriteInFlight(const WriteInFlight&) = delete;
+  WriteInFlight& operator=(const WriteInFlight&) = delete;
+  ~WriteInFlight() { g_writes_in_flight.fetch_sub(1); }
+};
+
 class Worker {
  public:
   Worker(TrainConfig cfg, int rank) : cfg_(std::move(cfg)), rank_(rank), layout_(cfg_.run_dir) {}
@@ -68,6 +97,10 @@ class Worker {
       return job ? kExitJobError : kExitSetup;
     }
     for (int64_t step = start_step_; step < cfg_.steps; ++step) {
+      if (g_stop_requested.load()) {  // no new work once asked to stop; the writes finish
+        if (ckpt_thread_.joinable()) ckpt_thread_.join();
+        return kExitStopped;
+      }
       if (cfg_.trace_alternate > 0) {
         const StepCost c = MeasuredStep(step, &st);
         step_costs_ += std::to_string(step) + "," + (c.traced ? "1," : "0,") +
@@ -210,7 +243,9 @@ class Worker {
     std::fprintf(stderr, "[worker] rank %d: flight recorder dumped to %s%s\n", rank_,
                  dump_path_.c_str(), d.ok() ? "" : (" (failed: " + d.ToString() + ")").c_str());
     std::fflush(stderr);
-    _exit(kExitCommFailure);  // peers are gone or stuck: do not wait for anything on the way out
+    // Peers are gone or stuck: wait for nothing on the way out but this rank's own state writes.
+    WaitForWritesInFlight();
+    _exit(g_stop_requested.load() ? kExitStopped : kExitCommFailure);  // stopped: its peers too
   }
 
   // The fault of `kind` aimed at this rank for `step`; its first firing is announced on the
@@ -465,8 +500,13 @@ class Worker {
     if (ckpt_thread_.joinable()) ckpt_thread_.join();  // one write in flight at a time
     // Snapshot in memory now; write in the background while training goes on.
     auto snap = Snapshot(step);
-    ckpt_thread_ = std::thread([this, snap, step] {
+    auto busy = std::make_shared<WriteInFlight>();
+    ckpt_thread_ = std::thread([this, snap, step, busy] {
       const std::string dir = layout_.checkpoint(step);
+      for (const Fault& f : cfg_.faults) {  // a slow filesystem
+        if (f.kind == "slow-checkpoint" && f.rank == rank_ && step >= f.step)
+          std::this_thread::sleep_for(std::chrono::duration<double>(f.seconds));
+      }
       const std::string shard = dir + "/rank_" + std::to_string(rank_) + ".bin";
       if (Status st = launch::WriteShard(shard, *snap, /*sync=*/true); !st.ok()) {
         std::fprintf(stderr, "[checkpoint] rank %d: step %lld not saved: %s\n", rank_,
@@ -515,7 +555,8 @@ class Worker {
     const auto it = std::find(nodes.begin(), nodes.end(), me);
     const std::string buddy = nodes[static_cast<size_t>((it - nodes.begin() + 1) % nodes.size())];
     if (buddy != me) dirs.push_back(launch::NodeMemoryDir(cfg_.shm_dir, cfg_.job, buddy));
-    mem_thread_ = std::thread([this, snap, step, dirs] {
+    auto busy = std::make_shared<WriteInFlight>();
+    mem_thread_ = std::thread([this, snap, step, dirs, busy] {
       for (const std::string& dir : dirs) {
         if (Status st = launch::WriteShard(dir + "/" + launch::MemoryShardName(rank_, step), *snap,
                                            /*sync=*/false);
@@ -560,6 +601,22 @@ int RunWorker(const std::string& run_dir, int rank) {
   // A peer that dies mid-transfer must fail this rank's collective (an error, exit
   // kExitCommFailure: a victim), not kill it with SIGPIPE: the launcher would name it first.
   ::signal(SIGPIPE, SIG_IGN);
+  // SIGTERM (whichever thread it lands on: OpenBLAS's start before us) stops new steps and wakes
+  // a thread that lets the checkpoint and snapshot writes in flight finish, then exits.
+  g_stop_fd = ::eventfd(0, EFD_CLOEXEC);
+  if (g_stop_fd >= 0) {
+    struct sigaction sa {};
+    sa.sa_handler = &OnStopSignal;
+    ::sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGTERM, &sa, nullptr);
+    std::thread([] {
+      uint64_t v = 0;
+      while (::read(g_stop_fd, &v, sizeof(v)) < 0 && errno == EINTR) {
+      }
+      WaitForWritesInFlight();
+      ::_exit(kExitStopped);
+    }).detach();
+  }
   // Every step allocates and frees the same activations, gradients and messages. By default glibc
   // maps blocks above its mmap threshold afresh and unmaps them on free, and hands the top of the
   // heap back to the kernel once 128 KB of it is free: each step faulted its buffers in again

@@ -27,6 +27,11 @@ struct SelfCheckResult {
   double allreduce_gbps = 0;
 };
 
+// Removes the rings of self-checks that left them in `dir` when they were killed
+// (megascope.selfcheck-<pid>.*, their process gone): shared memory is RAM on a node. Returns
+// how many it removed. RunSelfCheck calls it on /dev/shm before it makes its own.
+int RemoveStaleSelfCheckRings(const std::string& dir);
+
 Result<SelfCheckResult> RunSelfCheck(const SelfCheckOptions& options);
 
 }  // namespace megascope::runtime

@@ -18,7 +18,9 @@ namespace megascope::runtime {
 
 // --fault KIND:rank=R,step=S[,seconds=X]
 struct Fault {
-  std::string kind;  // crash, hang, stall-send, slow
+  // crash, hang, stall-send, slow; slow-checkpoint: the rank's disk checkpoint writes take
+  // `seconds` longer (a slow filesystem), from `step` on
+  std::string kind;
   int rank = -1;
   int64_t step = 0;
   double seconds = 0;
@@ -79,6 +81,7 @@ using launch::kExitCommFailure;
 using launch::kExitJobError;
 using launch::kExitOk;
 using launch::kExitSetup;
+using launch::kExitStopped;
 
 // Runs rank `rank` of the job in RUN_DIR/run.json; returns the process exit code.
 int RunWorker(const std::string& run_dir, int rank);
