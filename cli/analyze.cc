@@ -12,6 +12,16 @@
 #include "megascope/tracer/file_util.h"
 
 namespace megascope::cli {
+namespace {
+
+// "3 s", "1.5 s", "0.25 s": a threshold as a person reads it (not 0.29999999999999999).
+std::string Seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g s", s);
+  return buf;
+}
+
+}  // namespace
 
 int RunAnalyze(const Args& args) {
   std::string what, source, agents, pytorch, steps;
@@ -95,6 +105,24 @@ int RunAnalyze(const Args& args) {
     if (!t.ok()) return Fail("analyze", t.status().message());
     torch_in = std::move(*t);
   }
+  // Dumps an incident collected are re-analysed as it decided, unless thresholds are given.
+  std::string thresholds_from = "defaults";
+  if (!source.empty()) {
+    auto incident = analyzer::ReadIncidentThresholds(source);
+    if (!incident.ok()) return Fail("analyze", incident.status().message());
+    if (*incident) {
+      if (vm["min-wait"].defaulted()) ho.min_wait_s = (*incident)->options.min_wait_s;
+      if (vm["stale-heartbeat"].defaulted())
+        ho.stale_heartbeat_s = (*incident)->options.stale_heartbeat_s;
+      thresholds_from = "the incident (" + (*incident)->trigger + ") that collected these dumps, " +
+                        (*incident)->source;
+    }
+  }
+  if (!vm["min-wait"].defaulted() || !vm["stale-heartbeat"].defaulted())
+    thresholds_from = "the command line";
+  const std::string thresholds = "thresholds: a wait counts after " + Seconds(ho.min_wait_s) +
+                                 ", a heartbeat is stale " + Seconds(ho.stale_heartbeat_s) +
+                                 " behind its peers' (from " + thresholds_from + ")";
   Result<analyzer::HangInput> loaded = analyzer::HangInput{};
   if (!torch_in)
     loaded = !urls.empty() ? analyzer::LoadFromAgents(urls, -1, token, stacks)
@@ -103,12 +131,14 @@ int RunAnalyze(const Args& args) {
   const analyzer::HangInput* in = torch_in ? &torch_in->hang : &*loaded;
   for (const std::string& w : in->warnings)
     std::fprintf(stderr, "megascope analyze: warning: %s\n", w.c_str());
-  const auto verdicts =
+  auto verdicts =
       torch_in ? analyzer::AnalyzePyTorch(*torch_in, ho) : analyzer::AnalyzeHang(*in, ho);
+  for (Verdict& v : verdicts) v.evidence.push_back(thresholds);  // what decided it
   if (json) {
     for (const Verdict& v : verdicts) std::printf("%s\n", VerdictToJson(v).c_str());
   } else {
     std::printf("%s", analyzer::FormatHangReport(verdicts).c_str());
+    std::printf("%s\n", thresholds.c_str());
     std::printf("%s", analyzer::FormatStackGroups(analyzer::GroupByStack(*in)).c_str());
   }
   return 0;

@@ -9,6 +9,7 @@
 #include <functional>
 #include <iterator>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -19,6 +20,7 @@
 #include "format.h"
 #include "megascope/analyzer/stacks.h"
 #include "megascope/tracer/enum_names.h"
+#include "megascope/tracer/file_util.h"
 #include "parallel.h"
 
 namespace megascope::analyzer {
@@ -398,22 +400,68 @@ Result<HangInput> MakeHangInput(std::vector<std::pair<std::string, tracer::Dump>
   return std::move(builder).Finish();
 }
 
-Result<HangInput> LoadDumpDirectory(const std::string& path) {
+namespace {
+
+// `path` itself, or for a run directory its newest dumps/attempt_*.
+Result<std::string> DumpDirectoryOf(const std::string& path) {
   if (!fs::is_directory(path)) return NotFound(path + " is not a directory");
-  std::string dir = path;
-  if (fs::is_directory(path + "/dumps")) {  // a run directory: its newest attempt
-    int best = -1;
-    for (const auto& e : fs::directory_iterator(path + "/dumps")) {
-      const std::string n = e.path().filename().string();
-      if (n.rfind("attempt_", 0) == 0) best = std::max(best, std::atoi(n.c_str() + 8));
-    }
-    if (best < 0) return NotFound(path + "/dumps holds no attempt_* directory");
-    dir = path + "/dumps/attempt_" + std::to_string(best);
+  if (!fs::is_directory(path + "/dumps")) return path;
+  int best = -1;
+  for (const auto& e : fs::directory_iterator(path + "/dumps")) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("attempt_", 0) == 0) best = std::max(best, std::atoi(n.c_str() + 8));
   }
+  if (best < 0) return NotFound(path + "/dumps holds no attempt_* directory");
+  return path + "/dumps/attempt_" + std::to_string(best);
+}
+
+}  // namespace
+
+Result<std::optional<IncidentThresholds>> ReadIncidentThresholds(const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string dir, DumpDirectoryOf(path));
+  const std::string file = dir + "/" + kIncidentFile;
+  if (!fs::exists(file)) return std::optional<IncidentThresholds>();
+  ASSIGN_OR_RETURN(const std::string text, tracer::ReadFile(file));
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || j.value("format", "") != "megascope-incident")
+    return InvalidArgument(file + ": not a megascope incident file");
+  if (!j.contains("version") || !j["version"].is_number_integer() || j["version"] != 1)
+    return InvalidArgument(file + ": incident file version " +
+                           (j.contains("version") ? j["version"].dump() : "(none)") +
+                           " is not one this build knows (1)");
+  IncidentThresholds t;
+  t.source = file;
+  t.trigger = j.value("trigger", "");
+  auto seconds = [&](const char* key, double fallback) {
+    return j.contains(key) && j[key].is_number() && j[key].get<double>() > 0 ? j[key].get<double>()
+                                                                             : fallback;
+  };
+  t.options.min_wait_s = seconds("min_wait_s", t.options.min_wait_s);
+  t.options.stale_heartbeat_s = seconds("stale_heartbeat_s", t.options.stale_heartbeat_s);
+  return std::optional<IncidentThresholds>(std::move(t));
+}
+
+Status WriteIncidentThresholds(const std::string& dir, const std::string& trigger,
+                               const std::string& detail, int attempt, const HangOptions& options) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const nlohmann::ordered_json j = {{"format", "megascope-incident"},
+                                    {"version", 1},
+                                    {"trigger", trigger},
+                                    {"detail", detail},
+                                    {"attempt", attempt},
+                                    {"min_wait_s", options.min_wait_s},
+                                    {"stale_heartbeat_s", options.stale_heartbeat_s}};
+  return tracer::WriteFileAtomic(dir + "/" + kIncidentFile, j.dump(1) + "\n");
+}
+
+Result<HangInput> LoadDumpDirectory(const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string dir, DumpDirectoryOf(path));
   std::vector<std::pair<std::string, tracer::Dump>> dumps;
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().extension() == ".json") files.push_back(e.path().string());
+    if (e.path().extension() == ".json" && e.path().filename() != kIncidentFile)
+      files.push_back(e.path().string());
   }
   std::sort(files.begin(), files.end());
   if (files.empty()) return NotFound("no flight-recorder dumps (*.json) in " + dir);

@@ -776,10 +776,17 @@ struct Controller::Impl {
     return v;
   }
 
-  std::vector<Verdict> Diagnose(Trigger& t) {
-    std::vector<Verdict> verdicts;
+  // The thresholds an incident's hang analysis decides with: a wait counts from half the hang
+  // trigger's threshold (at most the analyzer's 10 s).
+  analyzer::HangOptions IncidentHangOptions() const {
     analyzer::HangOptions ho;
     ho.min_wait_s = std::min(10.0, HangThreshold() / 2);
+    return ho;
+  }
+
+  std::vector<Verdict> Diagnose(Trigger& t) {
+    std::vector<Verdict> verdicts;
+    const analyzer::HangOptions ho = IncidentHangOptions();
     if (t.cause == "crash") {
       launch::RankExit origin = sup.FindOrigin(t.failures, std::chrono::seconds(2), nullptr);
       const std::string log_line = LastLogLine(layout.worker_log(origin.rank));
@@ -1022,6 +1029,14 @@ struct Controller::Impl {
     // A job that is still running has no hang to explain: its flight recorders are not needed.
     const std::vector<int> no_dump =
         Online(t) ? std::vector<int>{} : sup.CollectDumps(std::chrono::seconds(3));
+    // Beside the dumps, why they were taken: `megascope analyze hang` on them decides as this
+    // incident did (FORMATS: the run directory).
+    if (!Online(t)) {
+      if (Status st = analyzer::WriteIncidentThresholds(layout.dumps(attempt), t.cause, t.detail,
+                                                        attempt, IncidentHangOptions());
+          !st.ok())
+        Log("warning: " + st.message());
+    }
     sup.StopRanks();
     Record(EventKind::kStopped, "", -1,
            {{"seconds", Since(stop0)}, {"ranks_without_dump", no_dump}});

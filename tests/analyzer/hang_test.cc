@@ -125,6 +125,35 @@ TEST(HangScenarioCount, AtLeastFifteenCoveringEveryCause) {
   }
 }
 
+// What an incident writes beside its dumps: read back as the thresholds it decided with, never
+// read as a dump; a newer version is refused with the file named.
+TEST(IncidentThresholdsTest, RoundTripAndNotADump) {
+  TempDir dir;
+  fs::copy(MEGASCOPE_TEST_DATA "/hang/not_joined_2x2x2/dumps", dir.path(),
+           fs::copy_options::recursive);
+  auto none = ReadIncidentThresholds(dir.path());
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_FALSE(none->has_value());
+  HangOptions o;
+  o.min_wait_s = 1.5;
+  o.stale_heartbeat_s = 7;
+  ASSERT_TRUE(WriteIncidentThresholds(dir.path(), "hang", "no step for 3 s", 0, o).ok());
+  auto read = ReadIncidentThresholds(dir.path());
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  ASSERT_TRUE(read->has_value());
+  EXPECT_EQ((*read)->options.min_wait_s, 1.5);
+  EXPECT_EQ((*read)->options.stale_heartbeat_s, 7);
+  EXPECT_EQ((*read)->trigger, "hang");
+  EXPECT_TRUE(LoadDumpDirectory(dir.path()).ok());  // incident.json is not taken for a dump
+  std::ofstream(dir.path() + "/" + kIncidentFile)
+      << R"({"format": "megascope-incident", "version": 2})";
+  auto newer = ReadIncidentThresholds(dir.path());
+  ASSERT_FALSE(newer.ok());
+  EXPECT_NE(newer.status().message().find("version 2 is not one this build knows"),
+            std::string::npos)
+      << newer.status().message();
+}
+
 // PyTorch's Flight Recorder as PyTorch writes it (tests/data/pytorch/<case>/: dumps in the pickle
 // form of TORCH_NCCL_DUMP_ON_TIMEOUT or the JSON form, made by tests/data/pytorch/generate.py from
 // c10d's writer and tools/flight_recorder's semantics; each expected.json says where it is from).

@@ -46,6 +46,16 @@ TEST_F(LaunchTest, AHangInComputeIsNamedFromTheLiveAgentsAndItsNodeEvicted) {
   EXPECT_EQ(Of(ev, "eviction")[0].node, "node1");
   ExpectLossesContinue(kDp2);
   ExpectNoDuplicateRows();
+  // Re-analysed offline, the dumps the incident collected give its verdict: they carry the
+  // thresholds it decided with (with the analyzer's 10-s default the 3-s hang read healthy).
+  CommandResult again =
+      RunCommand(std::string(MEGASCOPE_BIN) + " analyze hang " + Run() + "/dumps/attempt_0 --json");
+  ASSERT_EQ(again.code, 0) << again.out;
+  const auto offline = nlohmann::json::parse(again.out.substr(0, again.out.find('\n')));
+  EXPECT_EQ(offline["cause"], "rank_not_joined") << again.out;
+  EXPECT_EQ(offline["root_nodes"], nlohmann::json::array({"node1"}));
+  EXPECT_NE(again.out.find("thresholds: a wait counts after"), std::string::npos);
+  EXPECT_NE(again.out.find("from the incident (hang)"), std::string::npos) << again.out;
 }
 
 TEST_F(LaunchTest, AStalledSendSelfChecksBothEndsAndRestartsInPlaceWhenBothPass) {

@@ -128,8 +128,26 @@ struct HangInput {
 };
 
 // Reads every *.json dump of `dir` (a directory of dumps, or a run directory: its newest
-// dumps/attempt_*). Errors name the file.
+// dumps/attempt_*). Errors name the file. The directory's incident.json (kIncidentFile) is not a
+// dump: it says why the dumps were taken.
 Result<HangInput> LoadDumpDirectory(const std::string& dir);
+
+// What `megascope launch` writes beside the dumps it collects for an incident
+// ({"format": "megascope-incident", "version": 1, "trigger", "detail", "attempt",
+// "min_wait_s", "stale_heartbeat_s"}), so that a re-analysis decides with the thresholds the
+// incident was decided with.
+inline constexpr const char* kIncidentFile = "incident.json";
+struct IncidentThresholds {
+  HangOptions options;
+  std::string source;   // the incident file read
+  std::string trigger;  // what started the incident (crash, hang, ...)
+};
+// The incident file of `dir` (a dump directory, or a run directory's newest dumps/attempt_*), if
+// there is one; an error if it is there but unreadable or of a newer version.
+Result<std::optional<IncidentThresholds>> ReadIncidentThresholds(const std::string& dir);
+// Writes `dir`/incident.json for an incident decided with `options`.
+Status WriteIncidentThresholds(const std::string& dir, const std::string& trigger,
+                               const std::string& detail, int attempt, const HangOptions& options);
 // Reads PyTorch Flight Recorder dumps (the JSON form: version, pg_config, entries with
 // collective_seq_id, profiling_name, state, ...) from `dir`, one file per rank (the rank comes from
 // a top-level "rank" field or the digits ending the file name), converted to megascope dumps.
