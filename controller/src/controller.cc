@@ -1166,39 +1166,56 @@ struct Controller::Impl {
 
   // ------------------------------------------------------------------ run
 
+  // Start-up ended by Ctrl-C or SIGTERM (before any step): says so and stops what it started.
+  int StartInterrupted(const std::string& during) {
+    Log("interrupted during start-up (" + during + "): stopping every process");
+    sup.StopRanks();
+    sup.StopAgents();
+    ClearNetFaults();
+    return kLaunchStopped;
+  }
+  // A start-up phase's failure: the interruption, where there was one (its processes saw it too).
+  int StartFailed(const std::string& during, const std::string& error) {
+    if (g_interrupted) return StartInterrupted(during);
+    std::fprintf(stderr, "megascope launch: %s\n", error.c_str());
+    sup.StopAgents();
+    return kLaunchFailed;
+  }
+
   int Run() {
-    if (Status st = Setup(); !st.ok()) {
-      std::fprintf(stderr, "megascope launch: %s\n", st.ToString().c_str());
-      return kLaunchFailed;
-    }
+    // From the first moment: an interruption during start-up (the baseline self-check takes
+    // seconds) is said and cleaned up like one during training.
+    struct sigaction sa {
+    }, old_int{}, old_term{};
+    sa.sa_handler = &OnInterrupt;
+    ::sigaction(SIGINT, &sa, &old_int);
+    ::sigaction(SIGTERM, &sa, &old_term);
+    const int rc = RunInterruptible();
+    ::sigaction(SIGINT, &old_int, nullptr);
+    ::sigaction(SIGTERM, &old_term, nullptr);
+    return rc;
+  }
+
+  int RunInterruptible() {
+    if (Status st = Setup(); !st.ok()) return StartFailed("setup", st.ToString());
     for (const std::string& node : active) {
-      if (auto port = sup.StartAgent(node); !port.ok()) {
-        std::fprintf(stderr, "megascope launch: %s\n", port.status().message().c_str());
-        return kLaunchFailed;
-      }
+      if (g_interrupted) return StartInterrupted("starting the agents");
+      if (auto port = sup.StartAgent(node); !port.ok())
+        return StartFailed("starting the agents", port.status().message());
     }
-    if (Status st = Baseline(); !st.ok()) {
-      std::fprintf(stderr, "megascope launch: %s\n", st.ToString().c_str());
-      return kLaunchFailed;
-    }
+    if (g_interrupted) return StartInterrupted("starting the agents");
+    if (Status st = Baseline(); !st.ok())
+      return StartFailed("the baseline self-check", st.ToString());
+    if (g_interrupted) return StartInterrupted("the baseline self-check");
     Log(std::to_string(opt.world) + " ranks on " + Join(active) +
         (spares.empty() ? "" : "; spares " + Join({spares.begin(), spares.end()})) +
         "; control: megascope evict NODE --run-dir " + layout.dir() +
         " | megascope stop --run-dir " + layout.dir());
     Record(EventKind::kRestart, "", -1,
            {{"cause", "start"}, {"nodes", active}, {"resume_step", 0}, {"source", "none"}});
-    if (Status st = StartAttempt(nullptr); !st.ok()) {
-      std::fprintf(stderr, "megascope launch: %s\n", st.ToString().c_str());
-      return kLaunchFailed;
-    }
-    struct sigaction sa {
-    }, old_int{}, old_term{};
-    sa.sa_handler = &OnInterrupt;
-    ::sigaction(SIGINT, &sa, &old_int);
-    ::sigaction(SIGTERM, &sa, &old_term);
+    if (Status st = StartAttempt(nullptr); !st.ok())
+      return StartFailed("starting the ranks", st.ToString());
     int rc = Loop();
-    ::sigaction(SIGINT, &old_int, nullptr);
-    ::sigaction(SIGTERM, &old_term, nullptr);
     sup.StopRanks();
     sup.StopAgents();
     ClearNetFaults();

@@ -249,6 +249,26 @@ TEST_F(LaunchTest, ManualEvictAndStopNeedTheRunsToken) {
   EXPECT_EQ(Of(ev, "job_finished").at(0).detail["status"], "stopped");
 }
 
+// Ctrl-C while the launch is still starting (its baseline self-check, slowed 16x on node0, takes
+// seconds): it says it was interrupted and where, and exits 130 (it died of the signal, silent).
+TEST_F(LaunchTest, AnInterruptDuringStartUpIsSaidAndStopsCleanly) {
+  auto launch = launch::Process::Spawn(
+      {{"/bin/sh", "-c",
+        "exec " + LaunchCmd(std::string(kDp2), "--inject degrade:node=node0,factor=16")},
+       dir_->path() + "/interrupted.log"});
+  ASSERT_TRUE(launch.ok());
+  for (int i = 0; i < 3000 && !fs::exists(Run() + "/controller.json") && (*launch)->running(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(fs::exists(Run() + "/controller.json"));
+  ASSERT_TRUE((*launch)->Signal(SIGINT));
+  auto end = (*launch)->WaitFor(std::chrono::seconds(60));
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->code(), 130);
+  std::ifstream log(dir_->path() + "/interrupted.log");
+  const std::string out((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(out.find("interrupted during start-up"), std::string::npos) << out;
+}
+
 // --- Faults that do not stop the job: the detector and the straggler analysis online ---------
 
 const char* kDp4 = "--dp 4 --nodes 4";
