@@ -350,6 +350,7 @@ Result<Converted> Convert(const json& j, const std::string& file, int rank_hint,
   std::map<std::tuple<int, int, int>, uint64_t> p2p_seq;  // (group, peer, send?) -> next
   // The collective block each group is in: its index in s.entries and out.collectives.
   std::map<int, std::pair<size_t, size_t>> open_block;
+  std::map<int, bool> last_was_p2p;  // group -> its newest entry so far was a send or recv
   int64_t latest = 0;
   int64_t open_timeout_ms = 0;  // the longest timeout of the ops still open
   uint64_t id = 0;              // entries read
@@ -384,9 +385,12 @@ Result<Converted> Convert(const json& j, const std::string& file, int rank_hint,
     const int group = git->second;
     const std::string profiling = e.value("profiling_name", "");
     PyTorchOp rec = OpRecord(e, profiling);
+    // Recorders before 2.5 write no is_p2p: a send or recv is, and so is the closing entry of a
+    // block of them (batch_isend_irecv), which follows one in its group.
+    const bool closes_transfers = IsCoalescedClosing(rec.type) && last_was_p2p[group];
     const bool is_p2p = e.contains("is_p2p") && e["is_p2p"].is_boolean()
                             ? e["is_p2p"].get<bool>()
-                            : rec.type == "send" || rec.type == "recv";
+                            : rec.type == "send" || rec.type == "recv" || closes_transfers;
     const int64_t raw_seq = is_p2p ? rec.p2p_seq_id : rec.collective_seq_id;
     std::string st;
     OpState state = StateOf(e, &st);
@@ -479,6 +483,7 @@ Result<Converted> Convert(const json& j, const std::string& file, int rank_hint,
       out.transfers.emplace_back(s.entries.size(), std::move(rec));
       s.entries.push_back(f);
       raw.push_back({true, raw_seq, false});
+      last_was_p2p[group] = true;
       continue;
     }
     // A collective. Members of one coalesced block share its sequence number (ProcessGroupNCCL
@@ -508,6 +513,7 @@ Result<Converted> Convert(const json& j, const std::string& file, int rank_hint,
     open_block[group] = {s.entries.size(), out.collectives.size()};
     s.entries.push_back(f);
     raw.push_back({false, raw_seq, IsCoalescedClosing(rec.type)});
+    last_was_p2p[group] = false;
     out.collectives.emplace_back(std::make_pair(group, static_cast<int64_t>(f.seq)),
                                  std::move(rec));
   }

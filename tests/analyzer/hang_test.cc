@@ -613,6 +613,36 @@ TEST(PyTorchSimulatedJobsTest, EveryInjectedFaultIsNamedAndEveryHealthyJobIsHeal
   EXPECT_EQ(checked, kJobs);
 }
 
+// A recorder from before is_p2p (PyTorch 2.3-2.4): a batch_isend_irecv block of two transfers,
+// recorded without events, closed by "nccl:coalesced" (completed), then an all-reduce. The closing
+// entry follows transfers, so it closes them: the transfers completed, the job is healthy (read
+// as a collective, it left them "scheduled" forever: a stalled link).
+TEST(PyTorchImportTest, ALegacyBatchOfTransfersTakesItsClosingState) {
+  TempDir dir;
+  for (int r : {0, 1}) {
+    auto op = [&](int record, const std::string& name, const char* state, int p2p_seq) {
+      nlohmann::json e = PyTorchEntry(record, 1, state, std::string(state) == "completed");
+      e.erase("is_p2p");
+      e["profiling_name"] = name;
+      e["p2p_seq_id"] = p2p_seq;
+      e["time_created_ns"] = 1724779239936775119LL - 1'000'000'000'000LL;
+      return e;
+    };
+    const std::string me = std::to_string(r), peer = std::to_string(1 - r);
+    nlohmann::json j = PyTorchTrace(
+        r, {op(0, "nccl:send " + me + "->" + peer, "scheduled", 1),
+            op(1, "nccl:recv " + me + "<-" + peer, "scheduled", 1),
+            op(2, "nccl:coalesced", "completed", 1), PyTorchEntry(3, 1, "completed", true)});
+    j["pg_config"]["0"]["ranks"] = "[0, 1]";
+    std::ofstream(dir.path() + "/rank_" + me) << j.dump();
+  }
+  auto in = LoadPyTorch(dir.path());
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  const auto v = AnalyzePyTorch(*in);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, "healthy") << VerdictToJson(v[0]);
+}
+
 TEST(PyTorchImportTest, AnUnknownOpIsKeptInItsPlaceAndReportedOnce) {
   // Rank 0's second entry is an op this reader has never seen; it still takes sequence number 2,
   // so rank 1, which stopped at #1, is the one that has not joined.
