@@ -16,6 +16,7 @@
 
 #include "megascope/analyzer/pytorch.h"
 #include "megascope/analyzer/stacks.h"
+#include "megascope/tracer/clock.h"
 #include "megascope/tracer/file_util.h"
 #include "test_util.h"
 
@@ -540,9 +541,7 @@ TEST(PyTorchMatchTest, FollowsPyTorchsOpMatchInItsOrder) {
 // three live ranks wait 3 s in all-reduce #2; rank 1 left no dump. PyTorch dumps from every live
 // rank, so the rank without one is gone -- though its peers have waited only 3 s.
 TEST(PyTorchImportTest, AnErrorDumpSecondsAfterAPeerExitedNamesThePeer) {
-  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
+  const int64_t now = tracer::WallNowNs();
   TempDir dir;
   for (int r : {0, 2, 3}) {
     nlohmann::json done = PyTorchEntry(0, 1, "completed", true);
