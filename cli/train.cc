@@ -48,8 +48,13 @@ po::options_description TrainingOptions(runtime::TrainConfig* c_ptr) {
       "global gradient-norm clip (0: off)")("checkpoint-every",
                                             po::value(&c.checkpoint_every)->default_value(0),
                                             "checkpoint to disk every K steps (0: never)")(
-      "shm-dir", po::value(&c.shm_dir)->default_value("/dev/shm"),
-      "where rank rings (and memory snapshots) live")(
+      "device", po::value(&c.device)->default_value("cpu"),
+      "compute backend: cpu, or cuda (a build with the cuda preset; every rank computes on one "
+      "GPU and communicates through Gloo from pinned host buffers)")(
+      "cuda-device", po::value(&c.cuda_device)->default_value(0),
+      "the CUDA device ordinal the ranks use")("shm-dir",
+                                               po::value(&c.shm_dir)->default_value("/dev/shm"),
+                                               "where rank rings (and memory snapshots) live")(
       "no-trace", "turn spans and the flight recorder off (to measure what tracing costs)")(
       "trace-alternate", po::value(&c.trace_alternate)->default_value(0),
       "N > 0: tracing on and off in alternating blocks of N steps (on, off, off, on, ...); each "

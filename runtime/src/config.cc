@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "megascope/kernels/kernels.h"
 #include "megascope/runtime/train.h"
 #include "megascope/tracer/json_fields.h"
 
@@ -76,6 +77,12 @@ std::string TrainConfig::Validate() const {
     return "per-replica batch " + std::to_string(global_batch / layout.dp) +
            " is not divisible by " + std::to_string(microbatches) + " microbatches";
   }
+  if (kernels::Backend b; !kernels::ParseBackend(device, &b))
+    return "--device must be cpu or cuda, not '" + device + "'";
+  if (device == "cuda" && !kernels::CudaCompiledIn())
+    return "--device cuda: this megascope was built without CUDA (build it with the cuda preset: "
+           "cmake --preset cuda && cmake --build --preset cuda)";
+  if (cuda_device < 0) return "--cuda-device must be a device ordinal (0, 1, ...)";
   if (trace_alternate < 0) return "--trace-alternate must be 0 (off) or a number of steps";
   if (trace_alternate > 0 && !trace) return "--trace-alternate and --no-trace exclude each other";
   for (const Fault& f : faults) {
@@ -124,6 +131,8 @@ std::string TrainConfig::ToJson() const {
                 {"weight_decay", weight_decay},
                 {"checkpoint_every", checkpoint_every},
                 {"timeout_ms", timeout_ms},
+                {"device", device},
+                {"cuda_device", cuda_device},
                 {"trace", trace},
                 {"trace_alternate", trace_alternate},
                 {"memory_snapshots", memory_snapshots}};
@@ -215,6 +224,15 @@ Result<TrainConfig> TrainConfig::FromJson(const std::string& text, const std::st
   c.weight_decay = static_cast<float>(weight_decay);
   ASSIGN_OR_RETURN(c.checkpoint_every, t.IntIn("checkpoint_every", 0, kMaxInt));
   ASSIGN_OR_RETURN(c.timeout_ms, t.IntIn("timeout_ms", 1, kMaxInt));
+  if (t.Has("device")) {  // absent before the CUDA backend: cpu
+    ASSIGN_OR_RETURN(c.device, t.Str("device"));
+    if (kernels::Backend b; !kernels::ParseBackend(c.device, &b))
+      return InvalidArgument(source + ": train.device: '" + c.device +
+                             "' is not a device this megascope knows (cpu, cuda)");
+  }
+  if (t.Has("cuda_device")) {
+    ASSIGN_OR_RETURN(c.cuda_device, t.IntIn("cuda_device", 0, kMaxInt));
+  }
   if (t.Has("trace")) {
     ASSIGN_OR_RETURN(c.trace, t.Bool("trace"));
   }

@@ -5,11 +5,7 @@
 #include <functional>
 #include <random>
 
-#include "megascope/kernels/cpu.h"
-
 namespace megascope::runtime {
-
-using kernels::Gemm;
 
 std::string ModelConfig::Validate(const Layout& l) const {
   if (layers < 1 || heads < 1 || width < 1 || seq < 1 || vocab < 2)
@@ -30,29 +26,19 @@ std::string ModelConfig::Validate(const Layout& l) const {
   return "";
 }
 
+using Buf = kernels::Buffer<float>;
+
 struct GptStage::Saved {
   int n = 0;  // rows: batch * seq
-  std::vector<int32_t> tokens, targets;
+  kernels::Buffer<int32_t> tokens, targets;
   struct Layer {
-    std::vector<float> x, ln1, ln1_mean, ln1_rstd, qkv, att, ao, x2, ln2, ln2_mean, ln2_rstd, fc, g;
+    Buf x, ln1, ln1_mean, ln1_rstd, qkv, att, ao, x2, ln2, ln2_mean, ln2_rstd, fc, g;
   };
   std::vector<Layer> layers;
-  std::vector<float> xf, lnf, lnf_mean, lnf_rstd, logits, max, sumexp;
+  Buf xf, lnf, lnf_mean, lnf_rstd, logits, max, sumexp;
 };
 
 namespace {
-
-void AddBias(float* x, const float* b, int n, int c) {
-  for (int i = 0; i < n; ++i) {
-    for (int j = 0; j < c; ++j) x[static_cast<size_t>(i) * c + j] += b[j];
-  }
-}
-
-void ColumnSum(const float* x, int n, int c, float* out) {
-  for (int i = 0; i < n; ++i) {
-    for (int j = 0; j < c; ++j) out[j] += x[static_cast<size_t>(i) * c + j];
-  }
-}
 
 // A global tensor [rows, cols], N(0, std) (or `fill` when std == 0), seeded by its name.
 std::vector<float> GlobalTensor(uint64_t seed, const std::string& name, size_t rows, size_t cols,
@@ -78,8 +64,13 @@ void CopyColumns(const std::vector<float>& g, size_t rows, size_t cols,
 
 }  // namespace
 
-GptStage::GptStage(const ModelConfig& cfg, const Layout& layout, int rank, Communicator* comm)
-    : cfg_(cfg), layout_(layout), comm_(comm) {
+GptStage::GptStage(const ModelConfig& cfg, const Layout& layout, int rank, Communicator* comm,
+                   kernels::Kernels* k)
+    : cfg_(cfg),
+      layout_(layout),
+      comm_(comm),
+      own_kernels_(k == nullptr ? kernels::CreateCpuKernels() : nullptr),
+      k_(k == nullptr ? own_kernels_.get() : k) {
   const tracer::Coords c = layout.CoordsOf(rank);
   stage_ = c.pp;
   tp_rank_ = c.tp;
@@ -117,17 +108,45 @@ GptStage::GptStage(const ModelConfig& cfg, const Layout& layout, int rank, Commu
   }
   // The head's copy of the tied embedding on the last stage is not counted twice in the norm.
   if (last() && !first()) tensors_.front().unique = false;
-  grads_.assign(params_.size(), 0.0f);
-  InitParams();
+  params_ = New(count_);
+  grads_ = New(count_);
+  const std::vector<float> init = InitParams();
+  k_->Upload(params_.data(), init.data(), init.size() * sizeof(float));
 }
 
 GptStage::~GptStage() = default;
 
 size_t GptStage::Add(const std::string& name, size_t size, bool decay, bool replicated_over_tp) {
-  const size_t off = params_.size();
-  params_.resize(off + size);
+  const size_t off = count_;
+  count_ += size;
   tensors_.push_back({name, off, size, decay, !replicated_over_tp || tp_rank_ == 0});
   return off;
+}
+
+std::vector<float> GptStage::HostParams() const {
+  std::vector<float> h(count_);
+  k_->Download(h.data(), params_.data(), count_ * sizeof(float));
+  return h;
+}
+
+std::vector<float> GptStage::HostGrads() const {
+  std::vector<float> h(count_);
+  k_->Download(h.data(), grads_.data(), count_ * sizeof(float));
+  return h;
+}
+
+void GptStage::ZeroGrads() { k_->Fill(grads_.data(), count_, 0.0f); }
+
+Buf GptStage::Clone(const Buf& b) {
+  Buf c = New(b.size());
+  k_->Copy(c.data(), b.data(), b.bytes());
+  return c;
+}
+
+Status GptStage::Check() const {
+  const std::string e = k_->error();
+  if (e.empty()) return Status::Ok();
+  return Internal(std::string(kernels::BackendName(k_->backend())) + " backend: " + e);
 }
 
 const ParamTensor* GptStage::Find(const std::string& name) const {
@@ -137,7 +156,10 @@ const ParamTensor* GptStage::Find(const std::string& name) const {
   return nullptr;
 }
 
-void GptStage::InitParams() {
+// The stage's share of the global tensors, on the host, laid out as the flat parameters.
+std::vector<float> GptStage::InitParams() const {
+  std::vector<float> host(count_, 0.0f);
+  auto P = [&host](size_t off) { return host.data() + off; };
   const size_t C = cfg_.width, H = cfg_.heads, D = d_, F = 4 * C, tp = layout_.tp;
   const size_t hd_local = hl_ * D, f_local = F / tp;
   const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg_.layers));
@@ -169,115 +191,113 @@ void GptStage::InitParams() {
     std::memcpy(P(o.w2), w2.data() + tp_rank_ * f_local * C, f_local * C * sizeof(float));
   }
   if (last()) std::fill(P(lnfg_), P(lnfg_) + C, 1.0f);
+  return host;
 }
 
 Status GptStage::Forward(int mb, int batch, const int32_t* tokens, const float* in,
                          const int32_t* targets, float* out, double* loss_sum) {
   auto saved = std::make_unique<Saved>();
   Saved& sv = *saved;
+  kernels::Kernels& k = *k_;
   const int C = cfg_.width, T = cfg_.seq, n = batch * T, Q = 3 * hl_ * d_, HD = hl_ * d_;
   const int F = 4 * C / layout_.tp;
+  const size_t nc = static_cast<size_t>(n) * C;
   sv.n = n;
-  std::vector<float> x(static_cast<size_t>(n) * C);
+  auto upload_ids = [&](const int32_t* host) {
+    kernels::Buffer<int32_t> ids(k_, n);
+    k.Upload(ids.data(), host, ids.bytes());
+    return ids;
+  };
+  Buf x = New(nc);
   if (first()) {
-    sv.tokens.assign(tokens, tokens + n);
-    kernels::EmbeddingForward(tokens, n, T, P(wte_), tp_rank_ * vl_, vl_, nullptr, C, x.data());
-    if (layout_.tp > 1)
-      RETURN_IF_ERROR(comm_->AllReduce(tp_group_, x.data(), x.size(), ReduceOp::kSum));
-    for (int i = 0; i < n; ++i) {
-      for (int j = 0; j < C; ++j) x[static_cast<size_t>(i) * C + j] += P(wpe_)[(i % T) * C + j];
-    }
+    sv.tokens = upload_ids(tokens);
+    k.EmbeddingForward(sv.tokens.data(), n, T, P(wte_), tp_rank_ * vl_, vl_, nullptr, C, x.data());
+    if (layout_.tp > 1) RETURN_IF_ERROR(comm_->AllReduce(tp_group_, x.data(), nc, ReduceOp::kSum));
+    k.AddPositions(x.data(), P(wpe_), n, T, C);
   } else {
-    std::memcpy(x.data(), in, x.size() * sizeof(float));
+    k.Copy(x.data(), in, x.bytes());
   }
   for (const LayerOffsets& o : layer_) {
     Saved::Layer L;
-    L.x = x;
-    L.ln1.resize(x.size());
-    L.ln1_mean.resize(n);
-    L.ln1_rstd.resize(n);
-    kernels::LayerNormForward(x.data(), P(o.ln1g), P(o.ln1b), n, C, L.ln1.data(), L.ln1_mean.data(),
-                              L.ln1_rstd.data());
-    L.qkv.resize(static_cast<size_t>(n) * Q);
-    Gemm(false, false, n, Q, C, 1, L.ln1.data(), P(o.wqkv), 0, L.qkv.data());
-    AddBias(L.qkv.data(), P(o.bqkv), n, Q);
-    L.att.resize(static_cast<size_t>(batch) * hl_ * T * T);
-    L.ao.resize(static_cast<size_t>(n) * HD);
-    kernels::AttentionForward(L.qkv.data(), batch, T, hl_, d_, L.ao.data(), L.att.data());
-    std::vector<float> partial(x.size());
-    Gemm(false, false, n, C, HD, 1, L.ao.data(), P(o.wo), 0, partial.data());
-    auto mlp = [&](const std::vector<float>& in_ln, std::vector<float>* acc) {
-      L.fc.resize(static_cast<size_t>(n) * F);
-      Gemm(false, false, n, F, C, 1, in_ln.data(), P(o.w1), 0, L.fc.data());
-      AddBias(L.fc.data(), P(o.b1), n, F);
-      L.g.resize(L.fc.size());
-      kernels::GeluForward(L.fc.data(), L.fc.size(), L.g.data());
-      Gemm(false, false, n, C, F, 1, L.g.data(), P(o.w2), 1, acc->data());
+    L.x = Clone(x);
+    L.ln1 = New(nc);
+    L.ln1_mean = New(n);
+    L.ln1_rstd = New(n);
+    k.LayerNormForward(x.data(), P(o.ln1g), P(o.ln1b), n, C, L.ln1.data(), L.ln1_mean.data(),
+                       L.ln1_rstd.data());
+    L.qkv = New(static_cast<size_t>(n) * Q);
+    k.Gemm(false, false, n, Q, C, 1, L.ln1.data(), P(o.wqkv), 0, L.qkv.data());
+    k.AddBias(L.qkv.data(), P(o.bqkv), n, Q);
+    L.att = New(static_cast<size_t>(batch) * hl_ * T * T);
+    L.ao = New(static_cast<size_t>(n) * HD);
+    k.AttentionForward(L.qkv.data(), batch, T, hl_, d_, L.ao.data(), L.att.data());
+    Buf partial = New(nc);
+    k.Gemm(false, false, n, C, HD, 1, L.ao.data(), P(o.wo), 0, partial.data());
+    auto mlp = [&](const Buf& in_ln, Buf* acc) {
+      L.fc = New(static_cast<size_t>(n) * F);
+      k.Gemm(false, false, n, F, C, 1, in_ln.data(), P(o.w1), 0, L.fc.data());
+      k.AddBias(L.fc.data(), P(o.b1), n, F);
+      L.g = New(L.fc.size());
+      k.GeluForward(L.fc.data(), L.fc.size(), L.g.data());
+      k.Gemm(false, false, n, C, F, 1, L.g.data(), P(o.w2), 1, acc->data());
     };
     if (cfg_.parallel_block) {
       mlp(L.ln1, &partial);  // y = x + Attn(LN(x)) + MLP(LN(x)): one all-reduce for both
       if (layout_.tp > 1)
-        RETURN_IF_ERROR(
-            comm_->AllReduce(tp_group_, partial.data(), partial.size(), ReduceOp::kSum));
-      for (size_t i = 0; i < x.size(); ++i) x[i] += partial[i];
-      AddBias(x.data(), P(o.bo), n, C);
-      AddBias(x.data(), P(o.b2), n, C);
+        RETURN_IF_ERROR(comm_->AllReduce(tp_group_, partial.data(), nc, ReduceOp::kSum));
+      k.Add(x.data(), partial.data(), nc);
+      k.AddBias(x.data(), P(o.bo), n, C);
+      k.AddBias(x.data(), P(o.b2), n, C);
     } else {
       if (layout_.tp > 1)
-        RETURN_IF_ERROR(
-            comm_->AllReduce(tp_group_, partial.data(), partial.size(), ReduceOp::kSum));
-      for (size_t i = 0; i < x.size(); ++i) x[i] += partial[i];
-      AddBias(x.data(), P(o.bo), n, C);
-      L.x2 = x;
-      L.ln2.resize(x.size());
-      L.ln2_mean.resize(n);
-      L.ln2_rstd.resize(n);
-      kernels::LayerNormForward(x.data(), P(o.ln2g), P(o.ln2b), n, C, L.ln2.data(),
-                                L.ln2_mean.data(), L.ln2_rstd.data());
-      std::vector<float> p2(x.size(), 0.0f);
+        RETURN_IF_ERROR(comm_->AllReduce(tp_group_, partial.data(), nc, ReduceOp::kSum));
+      k.Add(x.data(), partial.data(), nc);
+      k.AddBias(x.data(), P(o.bo), n, C);
+      L.x2 = Clone(x);
+      L.ln2 = New(nc);
+      L.ln2_mean = New(n);
+      L.ln2_rstd = New(n);
+      k.LayerNormForward(x.data(), P(o.ln2g), P(o.ln2b), n, C, L.ln2.data(), L.ln2_mean.data(),
+                         L.ln2_rstd.data());
+      Buf p2 = New(nc);
       mlp(L.ln2, &p2);
       if (layout_.tp > 1)
-        RETURN_IF_ERROR(comm_->AllReduce(tp_group_, p2.data(), p2.size(), ReduceOp::kSum));
-      for (size_t i = 0; i < x.size(); ++i) x[i] += p2[i];
-      AddBias(x.data(), P(o.b2), n, C);
+        RETURN_IF_ERROR(comm_->AllReduce(tp_group_, p2.data(), nc, ReduceOp::kSum));
+      k.Add(x.data(), p2.data(), nc);
+      k.AddBias(x.data(), P(o.b2), n, C);
     }
     sv.layers.push_back(std::move(L));
   }
   if (!last()) {
-    std::memcpy(out, x.data(), x.size() * sizeof(float));
+    k.Copy(out, x.data(), x.bytes());
     saved_[mb] = std::move(saved);
-    return Status::Ok();
+    return Check();
   }
   // Head: final LN, vocab-parallel logits and cross-entropy.
-  sv.xf = x;
-  sv.targets.assign(targets, targets + n);
-  sv.lnf.resize(x.size());
-  sv.lnf_mean.resize(n);
-  sv.lnf_rstd.resize(n);
-  kernels::LayerNormForward(x.data(), P(lnfg_), P(lnfb_), n, C, sv.lnf.data(), sv.lnf_mean.data(),
-                            sv.lnf_rstd.data());
-  sv.logits.resize(static_cast<size_t>(n) * vl_);
-  Gemm(false, true, n, vl_, C, 1, sv.lnf.data(), P(wte_), 0, sv.logits.data());
-  sv.max.resize(n);
-  sv.sumexp.resize(n);
-  kernels::RowMaxSumExp(sv.logits.data(), n, vl_, sv.max.data(), sv.sumexp.data());
-  std::vector<float> target_logit(n, 0.0f);
-  const int v0 = tp_rank_ * vl_;
-  for (int i = 0; i < n; ++i) {
-    const int col = targets[i] - v0;
-    if (col >= 0 && col < vl_) target_logit[i] = sv.logits[static_cast<size_t>(i) * vl_ + col];
-  }
+  sv.targets = upload_ids(targets);
+  sv.lnf = New(nc);
+  sv.lnf_mean = New(n);
+  sv.lnf_rstd = New(n);
+  k.LayerNormForward(x.data(), P(lnfg_), P(lnfb_), n, C, sv.lnf.data(), sv.lnf_mean.data(),
+                     sv.lnf_rstd.data());
+  sv.xf = std::move(x);
+  sv.logits = New(static_cast<size_t>(n) * vl_);
+  k.Gemm(false, true, n, vl_, C, 1, sv.lnf.data(), P(wte_), 0, sv.logits.data());
+  sv.max = New(n);
+  sv.sumexp = New(n);
+  k.RowMaxSumExp(sv.logits.data(), n, vl_, sv.max.data(), sv.sumexp.data());
+  Buf target_logit = New(n);
+  k.TargetLogits(sv.logits.data(), sv.targets.data(), n, vl_, tp_rank_ * vl_, target_logit.data());
   if (layout_.tp > 1) {
-    std::vector<float> gmax = sv.max;
+    Buf gmax = Clone(sv.max);
     RETURN_IF_ERROR(comm_->AllReduce(tp_group_, gmax.data(), n, ReduceOp::kMax));
-    for (int i = 0; i < n; ++i) sv.sumexp[i] *= std::exp(sv.max[i] - gmax[i]);
-    sv.max = gmax;
+    k.RescaleSumExp(sv.sumexp.data(), sv.max.data(), gmax.data(), n);
     RETURN_IF_ERROR(comm_->AllReduce(tp_group_, sv.sumexp.data(), n, ReduceOp::kSum));
     RETURN_IF_ERROR(comm_->AllReduce(tp_group_, target_logit.data(), n, ReduceOp::kSum));
   }
-  for (int i = 0; i < n; ++i) *loss_sum += std::log(sv.sumexp[i]) + sv.max[i] - target_logit[i];
+  k.AddLoss(sv.sumexp.data(), sv.max.data(), target_logit.data(), n, loss_sum);
   saved_[mb] = std::move(saved);
-  return Status::Ok();
+  return Check();
 }
 
 Status GptStage::Backward(int mb, const float* dout, float* din, float loss_scale) {
@@ -287,75 +307,74 @@ Status GptStage::Backward(int mb, const float* dout, float* din, float loss_scal
   std::unique_ptr<Saved> saved = std::move(it->second);
   saved_.erase(it);
   Saved& sv = *saved;
+  kernels::Kernels& k = *k_;
   const int C = cfg_.width, T = cfg_.seq, n = sv.n, batch = n / T, Q = 3 * hl_ * d_, HD = hl_ * d_;
   const int F = 4 * C / layout_.tp;
-  std::vector<float> dx(static_cast<size_t>(n) * C, 0.0f);
+  const size_t nc = static_cast<size_t>(n) * C;
+  Buf dx = New(nc);
   if (last()) {
-    std::vector<float> dlogits(sv.logits.size(), 0.0f);
-    kernels::CrossEntropyBackward(sv.logits.data(), sv.targets.data(), sv.max.data(),
-                                  sv.sumexp.data(), n, vl_, tp_rank_ * vl_, loss_scale,
-                                  dlogits.data());
-    std::vector<float> dlnf(dx.size());
-    Gemm(false, false, n, C, vl_, 1, dlogits.data(), P(wte_), 0, dlnf.data());
-    Gemm(true, false, vl_, C, n, 1, dlogits.data(), sv.lnf.data(), 1, G(wte_));
+    Buf dlogits = New(sv.logits.size());
+    k.CrossEntropyBackward(sv.logits.data(), sv.targets.data(), sv.max.data(), sv.sumexp.data(), n,
+                           vl_, tp_rank_ * vl_, loss_scale, dlogits.data());
+    Buf dlnf = New(nc);
+    k.Gemm(false, false, n, C, vl_, 1, dlogits.data(), P(wte_), 0, dlnf.data());
+    k.Gemm(true, false, vl_, C, n, 1, dlogits.data(), sv.lnf.data(), 1, G(wte_));
     if (layout_.tp > 1)
-      RETURN_IF_ERROR(comm_->AllReduce(tp_group_, dlnf.data(), dlnf.size(), ReduceOp::kSum));
-    kernels::LayerNormBackward(dlnf.data(), sv.xf.data(), P(lnfg_), sv.lnf_mean.data(),
-                               sv.lnf_rstd.data(), n, C, dx.data(), G(lnfg_), G(lnfb_));
+      RETURN_IF_ERROR(comm_->AllReduce(tp_group_, dlnf.data(), nc, ReduceOp::kSum));
+    k.LayerNormBackward(dlnf.data(), sv.xf.data(), P(lnfg_), sv.lnf_mean.data(), sv.lnf_rstd.data(),
+                        n, C, dx.data(), G(lnfg_), G(lnfb_));
   } else {
-    std::memcpy(dx.data(), dout, dx.size() * sizeof(float));
+    k.Copy(dx.data(), dout, dx.bytes());
   }
   for (int li = static_cast<int>(layer_.size()) - 1; li >= 0; --li) {
     const LayerOffsets& o = layer_[li];
     Saved::Layer& L = sv.layers[li];
-    // MLP backward from d(mlp output) `dm`; returns the partial d(LN input of the MLP).
-    auto mlp_back = [&](const std::vector<float>& dm, const std::vector<float>& in_ln,
-                        std::vector<float>* dln) {
-      ColumnSum(dm.data(), n, C, G(o.b2));
-      std::vector<float> dg(L.g.size()), dfc(L.fc.size(), 0.0f);
-      Gemm(false, true, n, F, C, 1, dm.data(), P(o.w2), 0, dg.data());
-      Gemm(true, false, F, C, n, 1, L.g.data(), dm.data(), 1, G(o.w2));
-      kernels::GeluBackward(dg.data(), L.fc.data(), L.fc.size(), dfc.data());
-      ColumnSum(dfc.data(), n, F, G(o.b1));
-      Gemm(true, false, C, F, n, 1, in_ln.data(), dfc.data(), 1, G(o.w1));
-      Gemm(false, true, n, C, F, 1, dfc.data(), P(o.w1), 1, dln->data());
+    // MLP backward from d(mlp output) `dm`; adds the partial d(LN input of the MLP) to *dln.
+    auto mlp_back = [&](const Buf& dm, const Buf& in_ln, Buf* dln) {
+      k.ColumnSum(dm.data(), n, C, G(o.b2));
+      Buf dg = New(L.g.size()), dfc = New(L.fc.size());
+      k.Gemm(false, true, n, F, C, 1, dm.data(), P(o.w2), 0, dg.data());
+      k.Gemm(true, false, F, C, n, 1, L.g.data(), dm.data(), 1, G(o.w2));
+      k.GeluBackward(dg.data(), L.fc.data(), L.fc.size(), dfc.data());
+      k.ColumnSum(dfc.data(), n, F, G(o.b1));
+      k.Gemm(true, false, C, F, n, 1, in_ln.data(), dfc.data(), 1, G(o.w1));
+      k.Gemm(false, true, n, C, F, 1, dfc.data(), P(o.w1), 1, dln->data());
     };
-    auto attn_back = [&](const std::vector<float>& da, std::vector<float>* dln) {
-      ColumnSum(da.data(), n, C, G(o.bo));
-      std::vector<float> dao(L.ao.size()), dqkv(L.qkv.size(), 0.0f);
-      Gemm(false, true, n, HD, C, 1, da.data(), P(o.wo), 0, dao.data());
-      Gemm(true, false, HD, C, n, 1, L.ao.data(), da.data(), 1, G(o.wo));
-      kernels::AttentionBackward(dao.data(), L.qkv.data(), L.att.data(), batch, T, hl_, d_,
-                                 dqkv.data());
-      ColumnSum(dqkv.data(), n, Q, G(o.bqkv));
-      Gemm(true, false, C, Q, n, 1, L.ln1.data(), dqkv.data(), 1, G(o.wqkv));
-      Gemm(false, true, n, C, Q, 1, dqkv.data(), P(o.wqkv), 1, dln->data());
+    auto attn_back = [&](const Buf& da, Buf* dln) {
+      k.ColumnSum(da.data(), n, C, G(o.bo));
+      Buf dao = New(L.ao.size()), dqkv = New(L.qkv.size());
+      k.Gemm(false, true, n, HD, C, 1, da.data(), P(o.wo), 0, dao.data());
+      k.Gemm(true, false, HD, C, n, 1, L.ao.data(), da.data(), 1, G(o.wo));
+      k.AttentionBackward(dao.data(), L.qkv.data(), L.att.data(), batch, T, hl_, d_, dqkv.data());
+      k.ColumnSum(dqkv.data(), n, Q, G(o.bqkv));
+      k.Gemm(true, false, C, Q, n, 1, L.ln1.data(), dqkv.data(), 1, G(o.wqkv));
+      k.Gemm(false, true, n, C, Q, 1, dqkv.data(), P(o.wqkv), 1, dln->data());
     };
-    std::vector<float> dln1(dx.size(), 0.0f);
+    Buf dln1 = New(nc);
     if (cfg_.parallel_block) {
       mlp_back(dx, L.ln1, &dln1);
       attn_back(dx, &dln1);
     } else {
-      std::vector<float> dln2(dx.size(), 0.0f);
+      Buf dln2 = New(nc);
       mlp_back(dx, L.ln2, &dln2);
       if (layout_.tp > 1)
-        RETURN_IF_ERROR(comm_->AllReduce(tp_group_, dln2.data(), dln2.size(), ReduceOp::kSum));
-      kernels::LayerNormBackward(dln2.data(), L.x2.data(), P(o.ln2g), L.ln2_mean.data(),
-                                 L.ln2_rstd.data(), n, C, dx.data(), G(o.ln2g), G(o.ln2b));
+        RETURN_IF_ERROR(comm_->AllReduce(tp_group_, dln2.data(), nc, ReduceOp::kSum));
+      k.LayerNormBackward(dln2.data(), L.x2.data(), P(o.ln2g), L.ln2_mean.data(), L.ln2_rstd.data(),
+                          n, C, dx.data(), G(o.ln2g), G(o.ln2b));
       attn_back(dx, &dln1);
     }
     if (layout_.tp > 1)
-      RETURN_IF_ERROR(comm_->AllReduce(tp_group_, dln1.data(), dln1.size(), ReduceOp::kSum));
-    kernels::LayerNormBackward(dln1.data(), L.x.data(), P(o.ln1g), L.ln1_mean.data(),
-                               L.ln1_rstd.data(), n, C, dx.data(), G(o.ln1g), G(o.ln1b));
+      RETURN_IF_ERROR(comm_->AllReduce(tp_group_, dln1.data(), nc, ReduceOp::kSum));
+    k.LayerNormBackward(dln1.data(), L.x.data(), P(o.ln1g), L.ln1_mean.data(), L.ln1_rstd.data(), n,
+                        C, dx.data(), G(o.ln1g), G(o.ln1b));
   }
   if (first()) {
-    kernels::EmbeddingBackward(sv.tokens.data(), n, T, dx.data(), tp_rank_ * vl_, vl_, C, G(wte_),
-                               G(wpe_));
+    k.EmbeddingBackward(sv.tokens.data(), n, T, dx.data(), tp_rank_ * vl_, vl_, C, G(wte_),
+                        G(wpe_));
   } else {
-    std::memcpy(din, dx.data(), dx.size() * sizeof(float));
+    k.Copy(din, dx.data(), dx.bytes());
   }
-  return Status::Ok();
+  return Check();
 }
 
 }  // namespace megascope::runtime

@@ -166,12 +166,23 @@ class Worker {
     GlooOptions go;
     go.rendezvous_dir = layout_.rendezvous(cfg_.attempt);
     go.timeout = std::chrono::milliseconds(cfg_.timeout_ms);
+    kernels::Backend backend = kernels::Backend::kCpu;
+    (void)kernels::ParseBackend(cfg_.device, &backend);  // validated with the config
+    std::string why;
+    kernels_ = kernels::CreateKernels(backend, cfg_.cuda_device, &why);
+    if (kernels_ == nullptr)  // this machine cannot run the job's backend: not the job's fault
+      return FailedPrecondition("--device " + cfg_.device + ": " + why);
+    if (backend != kernels::Backend::kCpu) {
+      std::fprintf(stderr, "[worker] rank %d: computing on %s\n", rank_,
+                   kernels_->device_name().c_str());
+    }
     const auto t_rdzv = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(comm_, CreateGlooCommunicator(rank_, l, go, tracer_.get()));
+    comm_ = StageThroughHost(std::move(comm_), kernels_.get());
     const auto t_load = std::chrono::steady_clock::now();
-    model_ = std::make_unique<GptStage>(cfg_.model, l, rank_, comm_.get());
-    m_.assign(model_->params().size(), 0.0f);
-    v_.assign(model_->params().size(), 0.0f);
+    model_ = std::make_unique<GptStage>(cfg_.model, l, rank_, comm_.get(), kernels_.get());
+    m_ = kernels::Buffer<float>(kernels_.get(), model_->count());
+    v_ = kernels::Buffer<float>(kernels_.get(), model_->count());
     ASSIGN_OR_RETURN(data_, TokenFile::Open(cfg_.data));
     if (data_.max_token() >= cfg_.model.vocab) {
       return InvalidArgument(cfg_.data + " holds token " + std::to_string(data_.max_token()) +
@@ -189,9 +200,15 @@ class Worker {
       if (static_cast<int>(resume.files.size()) != l.world())
         return InvalidArgument("run.json: resume lists no shard for every rank");
       ASSIGN_OR_RETURN(std::string bytes, launch::ReadShard(resume.files[rank_]));
-      RETURN_IF_ERROR(launch::DecodeShard(bytes, resume.files[rank_], resume.step, rank_,
-                                          model_->params().size(),
-                                          {model_->params().data(), m_.data(), v_.data()}));
+      const size_t n = model_->count();
+      std::vector<float> p(n), m(n), v(n);
+      RETURN_IF_ERROR(launch::DecodeShard(bytes, resume.files[rank_], resume.step, rank_, n,
+                                          {p.data(), m.data(), v.data()}));
+      kernels_->Upload(model_->params(), p.data(), n * sizeof(float));
+      kernels_->Upload(m_.data(), m.data(), n * sizeof(float));
+      kernels_->Upload(v_.data(), v.data(), n * sizeof(float));
+      if (std::string e = kernels_->Synchronize(); !e.empty())
+        return Internal("loading " + resume.files[rank_] + " onto the device: " + e);
       start_step_ = resume.step;
       std::fprintf(stderr, "[worker] rank %d: resumed after step %lld from %s (%s)\n", rank_,
                    static_cast<long long>(resume.step), resume.source.c_str(),
@@ -307,7 +324,8 @@ class Worker {
     if (FaultAt("stall-send", step)) comm_->ArmSendStall();
 
     double loss_sum = 0;
-    std::vector<float> buf_in(act), buf_out(act), grad_in(act), grad_out(act);
+    kernels::Buffer<float> buf_in(kernels_.get(), act), buf_out(kernels_.get(), act),
+        grad_in(kernels_.get(), act), grad_out(kernels_.get(), act);
     auto forward = [&](int k) -> Status {
       tracer_->SetPhase(step, Phase::kForward);
       if (stage > 0)
@@ -439,24 +457,26 @@ class Worker {
 
   Result<float> SyncAndUpdate(int64_t step) {
     const Layout& l = cfg_.layout;
-    std::vector<float>& g = model_->grads();
-    std::vector<float>& p = model_->params();
+    kernels::Kernels& k = *kernels_;
+    float* g = model_->grads();
+    float* p = model_->params();
+    const size_t count = model_->count();
     if (const int emb = comm_->Find("emb"); emb >= 0) {  // the tied embedding lives on two stages
       const ParamTensor* wte = model_->Find("wte");
-      RETURN_IF_ERROR(comm_->AllReduce(emb, g.data() + wte->offset, wte->size, ReduceOp::kSum));
+      RETURN_IF_ERROR(comm_->AllReduce(emb, g + wte->offset, wte->size, ReduceOp::kSum));
     }
     if (l.dp > 1) {  // bucketed data-parallel gradient all-reduce
       constexpr size_t kBucket = 1 << 18;
-      for (size_t off = 0; off < g.size(); off += kBucket) {
-        RETURN_IF_ERROR(comm_->AllReduce(comm_->Find("dp"), g.data() + off,
-                                         std::min(kBucket, g.size() - off), ReduceOp::kSum));
+      for (size_t off = 0; off < count; off += kBucket) {
+        RETURN_IF_ERROR(comm_->AllReduce(comm_->Find("dp"), g + off, std::min(kBucket, count - off),
+                                         ReduceOp::kSum));
       }
     }
-    float sumsq = 0;
+    std::vector<std::pair<size_t, size_t>> counted;
     for (const ParamTensor& t : model_->tensors()) {
-      if (!t.unique) continue;
-      for (size_t i = 0; i < t.size; ++i) sumsq += g[t.offset + i] * g[t.offset + i];
+      if (t.unique) counted.emplace_back(t.offset, t.size);
     }
+    float sumsq = k.SumSquares(g, counted);
     if (l.tp * l.pp > 1)
       RETURN_IF_ERROR(comm_->AllReduce(comm_->Find("mp"), &sumsq, 1, ReduceOp::kSum));
     const float norm = std::sqrt(sumsq);
@@ -464,14 +484,13 @@ class Worker {
     kernels::AdamW opt;
     opt.lr = LearningRate(step);
     opt.weight_decay = cfg_.weight_decay;
+    if (clip != 1.0f) k.Scale(g, count, clip);
     for (const ParamTensor& t : model_->tensors()) {
-      if (clip != 1.0f) {
-        for (size_t i = 0; i < t.size; ++i) g[t.offset + i] *= clip;
-      }
-      kernels::AdamWUpdate(p.data() + t.offset, g.data() + t.offset, m_.data() + t.offset,
-                           v_.data() + t.offset, t.size, opt, step + 1, t.decay);
+      k.AdamWUpdate(p + t.offset, g + t.offset, m_.data() + t.offset, v_.data() + t.offset, t.size,
+                    opt, step + 1, t.decay);
     }
-    std::fill(g.begin(), g.end(), 0.0f);
+    model_->ZeroGrads();
+    if (std::string e = k.error(); !e.empty()) return Internal("optimizer step: " + e);
     return norm;
   }
 
@@ -491,15 +510,26 @@ class Worker {
   // ------------------------------------------------------------- checkpoints
 
   std::shared_ptr<std::string> Snapshot(int64_t step) {
-    const size_t n = model_->params().size();
+    // The state comes to the host first (on CPU, a copy); the write runs from there.
+    const size_t n = model_->count();
+    std::vector<float> p(n), m(n), v(n);
+    kernels_->Download(p.data(), model_->params(), n * sizeof(float));
+    kernels_->Download(m.data(), m_.data(), n * sizeof(float));
+    kernels_->Download(v.data(), v_.data(), n * sizeof(float));
+    if (std::string e = kernels_->error(); !e.empty()) {  // never a shard of what was not read
+      std::fprintf(stderr, "[checkpoint] rank %d: step %lld not saved: %s\n", rank_,
+                   static_cast<long long>(step), e.c_str());
+      return nullptr;
+    }
     return std::make_shared<std::string>(
-        launch::EncodeShard(step, rank_, n, {model_->params().data(), m_.data(), v_.data()}));
+        launch::EncodeShard(step, rank_, n, {p.data(), m.data(), v.data()}));
   }
 
   void SaveCheckpointAsync(int64_t step) {
     if (ckpt_thread_.joinable()) ckpt_thread_.join();  // one write in flight at a time
     // Snapshot in memory now; write in the background while training goes on.
     auto snap = Snapshot(step);
+    if (snap == nullptr) return;
     auto busy = std::make_shared<WriteInFlight>();
     ckpt_thread_ = std::thread([this, snap, step, busy] {
       const std::string dir = layout_.checkpoint(step);
@@ -549,6 +579,7 @@ class Worker {
   void SnapshotToMemoryAsync(int64_t step) {
     if (mem_thread_.joinable()) mem_thread_.join();
     auto snap = Snapshot(step);
+    if (snap == nullptr) return;
     const std::vector<std::string> nodes = cfg_.NodeNames();
     const std::string me = cfg_.NodeOf(rank_);
     std::vector<std::string> dirs = {launch::NodeMemoryDir(cfg_.shm_dir, cfg_.job, me)};
@@ -577,9 +608,10 @@ class Worker {
   tracer::Coords coords_;
   std::unique_ptr<tracer::Tracer> tracer_;
   std::unique_ptr<tracer::SignalDumper> dumper_;
+  std::unique_ptr<kernels::Kernels> kernels_;  // outlives everything that holds its memory
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<GptStage> model_;
-  std::vector<float> m_, v_;
+  kernels::Buffer<float> m_, v_;  // AdamW's moments
   TokenFile data_;
   std::map<std::string, tracer::NameId> names_;
   std::string dump_path_;

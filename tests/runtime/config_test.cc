@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "megascope/kernels/kernels.h"
 #include "megascope/runtime/train.h"
 #include "megascope/tracer/file_util.h"
 
@@ -28,6 +29,34 @@ TEST(RunJsonTest, AWrittenRunJsonReadsBackToTheSameText) {
   ASSERT_TRUE(alternate.ok()) << alternate.status().ToString();
   EXPECT_EQ(alternate->trace_alternate, 3);
   EXPECT_EQ(again->trace_alternate, 0);
+}
+
+// The compute backend: written and read back; a run.json from before it computes on the CPU; a
+// device nobody knows is refused by name; CUDA on a build without it is refused before any worker
+// starts, saying how to build it.
+TEST(RunJsonTest, TheDeviceIsKeptAndCheckedBeforeAnyWorkerStarts) {
+  auto c = TrainConfig::FromJson(Seed("demo_222.json"), "demo_222.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->device, "cpu");  // the seed predates the field
+  c->device = "cuda";
+  c->cuda_device = 1;
+  auto again = TrainConfig::FromJson(c->ToJson(), "again");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->device, "cuda");
+  EXPECT_EQ(again->cuda_device, 1);
+  std::string text = c->ToJson();
+  text.replace(text.find("\"cuda\""), 6, "\"tpu\"");
+  auto refused = TrainConfig::FromJson(text, "run.json");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("run.json: train.device: 'tpu'"), std::string::npos)
+      << refused.status().message();
+  if (!kernels::CudaCompiledIn()) {
+    const std::string why = c->Validate();
+    EXPECT_NE(why.find("built without CUDA"), std::string::npos) << why;
+    EXPECT_NE(why.find("cuda preset"), std::string::npos) << why;
+  }
+  c->device = "gpu";
+  EXPECT_NE(c->Validate().find("--device must be cpu or cuda"), std::string::npos);
 }
 
 // Agents on hosts of their own (--hosts, --slurm) are written and read at their own address.

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "megascope/kernels/kernels.h"
 #include "megascope/runtime/layout.h"
 #include "megascope/tracer/status.h"
 #include "megascope/tracer/tracer.h"
@@ -45,6 +46,13 @@ struct GlooOptions {
   std::string rendezvous_dir;  // FileStore directory shared by all ranks of the attempt
   std::chrono::milliseconds timeout{30000};
 };
+
+// A communicator over host memory (Gloo) for a backend whose data lives on a device: every op on
+// device memory is copied through pinned host buffers (device -> host, the op, host -> device);
+// host memory (a scalar on the stack) goes straight through. On the CPU backend, `inner` itself.
+// DESIGN.md section 3: how several ranks share the one GPU of a lent machine.
+std::unique_ptr<Communicator> StageThroughHost(std::unique_ptr<Communicator> inner,
+                                               kernels::Kernels* k);
 
 Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(int rank, const Layout& layout,
                                                              const GlooOptions& options,

@@ -3,7 +3,9 @@
 // QKV and first MLP GEMM, row-parallel output projections, heads split across tp ranks,
 // vocab-parallel embedding and cross-entropy. Parameters are initialised from global tensors seeded
 // by name, so every layout starts from the same model. Forward/Backward handle one microbatch each
-// and keep its activations until its backward.
+// and keep its activations until its backward. Compute goes through a kernels::Kernels backend
+// (CPU or CUDA); parameters, gradients, activations and the stage's inputs and outputs live in the
+// backend's memory, tokens and targets on the host.
 #pragma once
 
 #include <map>
@@ -11,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "megascope/kernels/kernels.h"
 #include "megascope/runtime/comm.h"
 #include "megascope/runtime/layout.h"
 
@@ -37,7 +40,9 @@ struct ParamTensor {
 
 class GptStage {
  public:
-  GptStage(const ModelConfig& cfg, const Layout& layout, int rank, Communicator* comm);
+  // `kernels`: the backend, which must outlive the stage; nullptr: a CPU backend of its own.
+  GptStage(const ModelConfig& cfg, const Layout& layout, int rank, Communicator* comm,
+           kernels::Kernels* kernels = nullptr);
   ~GptStage();
 
   // First stage: tokens [B*T]; other stages: `in` [B*T, C] from the previous stage. Last stage:
@@ -48,8 +53,14 @@ class GptStage {
   // stages: dout [B*T, C]. Non-first stages fill `din` [B*T, C]. Gradients accumulate.
   Status Backward(int mb, const float* dout, float* din, float loss_scale);
 
-  std::vector<float>& params() { return params_; }
-  std::vector<float>& grads() { return grads_; }
+  // Flat parameters and gradients in the backend's memory (`count()` floats each).
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  size_t count() const { return count_; }
+  std::vector<float> HostParams() const;
+  std::vector<float> HostGrads() const;
+  void ZeroGrads();
+  kernels::Kernels* kernels() { return k_; }
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
   const ParamTensor* Find(const std::string& name) const;
   bool first() const { return stage_ == 0; }
@@ -61,7 +72,11 @@ class GptStage {
   size_t Add(const std::string& name, size_t size, bool decay, bool replicated_over_tp);
   float* P(size_t off) { return params_.data() + off; }
   float* G(size_t off) { return grads_.data() + off; }
-  void InitParams();
+  kernels::Buffer<float> New(size_t n) { return kernels::Buffer<float>(k_, n); }
+  kernels::Buffer<float> Clone(const kernels::Buffer<float>& b);
+  // The backend's first error as a Status (after the phase's work is issued).
+  Status Check() const;
+  std::vector<float> InitParams() const;
 
   ModelConfig cfg_;
   Layout layout_;
@@ -70,7 +85,10 @@ class GptStage {
   int hl_, d_, vl_;  // local heads, head size, local vocab rows
   Communicator* comm_;
   int tp_group_;
-  std::vector<float> params_, grads_;
+  std::unique_ptr<kernels::Kernels> own_kernels_;
+  kernels::Kernels* k_;
+  size_t count_ = 0;
+  kernels::Buffer<float> params_, grads_;
   std::vector<ParamTensor> tensors_;
   struct LayerOffsets {
     size_t ln1g, ln1b, wqkv, bqkv, wo, bo, ln2g, ln2b, w1, b1, w2, b2;
