@@ -31,7 +31,7 @@ echo "[test] fuzzing every reader of foreign input for 10 s each (scripts/fuzz.s
 scripts/fuzz.sh 10
 
 if command -v nvcc >/dev/null 2>&1; then
-  echo "[test] nvcc found: compiling the cuda preset (no GPU tests here)"
-  cmake --preset cuda -DMEGASCOPE_WERROR="$werror" -DMEGASCOPE_BUILD_TESTS=OFF -DMEGASCOPE_BUILD_BENCH=OFF >/dev/null
-  cmake --build --preset cuda
+  echo "[test] nvcc found: compiling the cuda preset and its gpu tests (run on a GPU machine only: scripts/gpu-check.sh)"
+  cmake --preset cuda -DMEGASCOPE_WERROR="$werror" -DMEGASCOPE_BUILD_TESTS=ON -DMEGASCOPE_BUILD_BENCH=OFF >/dev/null
+  cmake --build --preset cuda --target megascope megascope_gpu_tests
 fi
