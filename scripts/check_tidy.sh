@@ -12,10 +12,10 @@ if ! git rev-parse -q --verify "$base^{commit}" >/dev/null; then
   echo "[tidy] no commit $base to compare with: nothing to check"
   exit 0
 fi
-# CUDA-only sources (*/cuda/*, tests/*/cuda_test.cc) are not in the dev build's compile database;
+# CUDA-only sources (*/cuda/*, tests/*/cuda_*test.cc) are not in the dev build's compile database;
 # the cuda preset compiles them with -Werror instead.
 mapfile -t files < <(git diff --name-only --diff-filter=ACMR "$base" -- '*.cc' |
-  grep -v -E '^tests/fuzz/|/cuda/|cuda_test\.cc$' || true)
+  grep -v -E '^tests/fuzz/|/cuda/|/cuda_[a-z_]*test\.cc$' || true)
 if ((${#files[@]} == 0)); then
   echo "[tidy] no C++ source changed since $base"
   exit 0

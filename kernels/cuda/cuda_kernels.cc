@@ -63,6 +63,7 @@ class CudaKernels final : public Kernels {
 
   Backend backend() const override { return Backend::kCuda; }
   std::string device_name() const override { return name_; }
+  void* stream() const override { return stream_; }
 
   void* Allocate(size_t bytes) override {
     void* p = nullptr;

@@ -27,6 +27,7 @@
 #include "megascope/runtime/train.h"
 #include "megascope/tracer/dump.h"
 #include "megascope/tracer/file_util.h"
+#include "megascope/tracer/span_timer.h"
 #include "megascope/tracer/tracer.h"
 
 namespace megascope::runtime {
@@ -120,6 +121,7 @@ class Worker {
     }
     if (ckpt_thread_.joinable()) ckpt_thread_.join();
     if (mem_thread_.joinable()) mem_thread_.join();
+    timer_->Flush();
     tracer_->SetPhase(cfg_.steps, Phase::kDone);
     stop_ = true;
     if (beat_.joinable()) beat_.join();
@@ -176,6 +178,13 @@ class Worker {
       std::fprintf(stderr, "[worker] rank %d: computing on %s\n", rank_,
                    kernels_->device_name().c_str());
     }
+    if (backend == kernels::Backend::kCuda) {  // compute spans say when the device did the work
+      timer_ = tracer::CreateCudaSpanTimer(tracer_.get(), kernels_->stream(), 4096, &why);
+      if (timer_ == nullptr)
+        std::fprintf(stderr, "[worker] rank %d: CUDA-event timing unavailable (%s): host clock\n",
+                     rank_, why.c_str());
+    }
+    if (timer_ == nullptr) timer_ = tracer::CreateHostSpanTimer(tracer_.get());
     const auto t_rdzv = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(comm_, CreateGlooCommunicator(rank_, l, go, tracer_.get()));
     comm_ = StageThroughHost(std::move(comm_), kernels_.get());
@@ -332,7 +341,7 @@ class Worker {
         RETURN_IF_ERROR(comm_->Recv(PpGroup(), PeerStage(stage - 1), buf_in.data(), act));
       if (k == 0 && FaultAt("hang", step)) Hang(step);
       {
-        tracer::Tracer::Scope span(tracer_.get(), SpanKind::kForward, names_["forward"], step, k);
+        tracer::SpanTimer::Scope span(timer_.get(), SpanKind::kForward, names_["forward"], step, k);
         RETURN_IF_ERROR(model_->Forward(k, static_cast<int>(mb_size), inputs[k].data(),
                                         buf_in.data(), targets[k].data(), buf_out.data(),
                                         &loss_sum));
@@ -347,7 +356,8 @@ class Worker {
       if (stage < P - 1)
         RETURN_IF_ERROR(comm_->Recv(PpGroup(), PeerStage(stage + 1), grad_in.data(), act));
       {
-        tracer::Tracer::Scope span(tracer_.get(), SpanKind::kBackward, names_["backward"], step, k);
+        tracer::SpanTimer::Scope span(timer_.get(), SpanKind::kBackward, names_["backward"], step,
+                                      k);
         RETURN_IF_ERROR(model_->Backward(k, grad_in.data(), grad_out.data(), scale));
       }
       if (stage > 0)
@@ -367,7 +377,7 @@ class Worker {
     tracer_->SetPhase(step, Phase::kOptimizer);
     float grad_norm = 0;
     {
-      tracer::Tracer::Scope span(tracer_.get(), SpanKind::kOptimizer, names_["optimizer"], step);
+      tracer::SpanTimer::Scope span(timer_.get(), SpanKind::kOptimizer, names_["optimizer"], step);
       ASSIGN_OR_RETURN(grad_norm, SyncAndUpdate(step));
     }
     // The loss: summed over microbatches on the last stage, then over data-parallel replicas.
@@ -609,6 +619,7 @@ class Worker {
   std::unique_ptr<tracer::Tracer> tracer_;
   std::unique_ptr<tracer::SignalDumper> dumper_;
   std::unique_ptr<kernels::Kernels> kernels_;  // outlives everything that holds its memory
+  std::unique_ptr<tracer::SpanTimer> timer_;   // compute spans: host clock or CUDA events
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<GptStage> model_;
   kernels::Buffer<float> m_, v_;  // AdamW's moments

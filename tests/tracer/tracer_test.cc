@@ -4,6 +4,7 @@
 
 #include <thread>
 
+#include "megascope/tracer/span_timer.h"
 #include "test_util.h"
 
 namespace megascope::tracer {
@@ -186,6 +187,33 @@ TEST_F(TracerTest, KeepsTheLastNEntriesInOrder) {
   for (size_t i = 0; i < s.entries.size(); ++i) {
     EXPECT_EQ(s.entries[i].id, 745 + i);
     EXPECT_EQ(s.entries[i].seq, 744 + i);
+  }
+}
+
+// The host span timer is the CPU backend's SpanTimer: a span exactly as Tracer::Scope records it;
+// without CUDA, asking for event timing says why instead of timing nothing.
+TEST_F(TracerTest, TheHostSpanTimerRecordsAsAScopeDoes) {
+  auto reader = RingReader::Attach(tracer_->ring().path(), RingReader::Mode::kConsume);
+  ASSERT_TRUE(reader.ok());
+  NameId fwd = *tracer_->InternName("forward");
+  auto timer = CreateHostSpanTimer(tracer_.get());
+  clock_->Set(9000);
+  {
+    SpanTimer::Scope span(timer.get(), SpanKind::kBackward, fwd, 4, 1);
+    clock_->Advance(300);
+  }
+  timer->Flush();
+  std::vector<Record> out(4);
+  ASSERT_EQ((*reader)->Drain(out), 1u);
+  EXPECT_EQ(out[0].span.kind, SpanKind::kBackward);
+  EXPECT_EQ(out[0].span.step, 4);
+  EXPECT_EQ(out[0].span.microbatch, 1);
+  EXPECT_EQ(out[0].span.end_ticks - out[0].span.start_ticks, 300);
+  std::string why;
+  int stream_stand_in = 0;
+  auto cuda = CreateCudaSpanTimer(tracer_.get(), &stream_stand_in, 16, &why);
+  if (cuda == nullptr) {
+    EXPECT_FALSE(why.empty());
   }
 }
 

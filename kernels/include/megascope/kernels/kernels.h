@@ -32,6 +32,8 @@ class Kernels {
   virtual Backend backend() const = 0;
   // What runs the work, for logs and reports: "cpu (OpenBLAS, 1 thread)", "NVIDIA H100 ... sm_90".
   virtual std::string device_name() const = 0;
+  // The stream the work runs on in order (a cudaStream_t), for timing it; nullptr on CPU.
+  virtual void* stream() const { return nullptr; }
 
   // ---- memory
   virtual void* Allocate(size_t bytes) = 0;  // zero-filled; nullptr (and the error set) on failure
