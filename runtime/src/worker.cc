@@ -174,10 +174,6 @@ class Worker {
     kernels_ = kernels::CreateKernels(backend, cfg_.cuda_device, &why);
     if (kernels_ == nullptr)  // this machine cannot run the job's backend: not the job's fault
       return FailedPrecondition("--device " + cfg_.device + ": " + why);
-    if (backend != kernels::Backend::kCpu) {
-      std::fprintf(stderr, "[worker] rank %d: computing on %s\n", rank_,
-                   kernels_->device_name().c_str());
-    }
     if (backend == kernels::Backend::kCuda) {  // compute spans say when the device did the work
       timer_ = tracer::CreateCudaSpanTimer(tracer_.get(), kernels_->stream(), 4096, &why);
       if (timer_ == nullptr)
@@ -185,6 +181,10 @@ class Worker {
                      rank_, why.c_str());
     }
     if (timer_ == nullptr) timer_ = tracer::CreateHostSpanTimer(tracer_.get());
+    if (backend != kernels::Backend::kCpu) {
+      std::fprintf(stderr, "[worker] rank %d: computing on %s; compute spans timed by %s\n", rank_,
+                   kernels_->device_name().c_str(), timer_->name().c_str());
+    }
     const auto t_rdzv = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(comm_, CreateGlooCommunicator(rank_, l, go, tracer_.get()));
     comm_ = StageThroughHost(std::move(comm_), kernels_.get());

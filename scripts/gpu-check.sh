@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# The GPU runtime's check, in two halves, because the GPU machines lent to us are bare (CUDA,
+# PyTorch, CMake; none of megascope's apt dependencies, and nothing can be fetched there):
+#
+#   scripts/gpu-check.sh pack
+#       Here (any machine with nvcc): builds the cuda preset (sm_90: H100/H200) with the gpu
+#       tests, and packs the megascope binary, the gpu test binaries and every shared library they
+#       need that is not glibc's or CUDA's into .gpu/megascope-gpu.tar.xz (about 15 MB; .gpu/ is
+#       ignored by git: carry it to the GPU machine).
+#   scripts/gpu-check.sh run [OUT_DIR]
+#       There, from the repository root (8 minutes at most on an H100): unpacks .gpu/, then
+#         1. the gpu tests (every CUDA kernel against its CPU reference, a whole GPT stage on both
+#            backends, CUDA-event span timing);
+#         2. a (1,1,1) run of 20 steps on CUDA whose losses match the CPU run of the same model
+#            step by step within bf16 tolerance (3 %);
+#         3. a (2,2,2) job of 8 processes on the one GPU (CUDA compute, Gloo through pinned host
+#            buffers) under `megascope launch` with a hang injected: named, evicted, recovered;
+#            its trace.db holds compute spans timed by CUDA events and its timeline draws them;
+#         4. NVML's GPU metrics in an agent's /metrics while a CUDA job trains;
+#         5. bench/train_gpu.sh: MFU at ~124M, ~350M and ~1B parameters, tracing on vs off.
+#       Everything is written to bench/results/gpu_check_<device>.txt (and copied to OUT_DIR);
+#       exits 1 if any check failed, naming it.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+pack=.gpu/megascope-gpu.tar.xz
+
+if [[ ${1:-} == pack ]]; then
+  set -e
+  command -v nvcc >/dev/null || { echo "gpu-check pack: nvcc is not on the PATH" >&2; exit 1; }
+  cmake --preset cuda -DMEGASCOPE_BUILD_TESTS=ON -DMEGASCOPE_BUILD_BENCH=OFF >/dev/null
+  cmake --build --preset cuda --target megascope megascope_gpu_tests
+  stage=$(mktemp -d)
+  trap 'rm -rf "$stage"' EXIT
+  mkdir -p "$stage/bin" "$stage/lib" .gpu
+  grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
+  bins=(build/cuda/cli/megascope build/cuda/tests/kernels/kernels_cuda_test
+        build/cuda/tests/tracer/tracer_cuda_timer_test)
+  for b in "${bins[@]}"; do
+    cp "$b" "$stage/bin/" && strip "$stage/bin/$(basename "$b")"
+  done
+  # Shared libraries outside glibc and the CUDA toolkit (the GPU machine has both).
+  for b in "${bins[@]}"; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
+    grep -v -E '/(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libgcc_s|libstdc\+\+)\.so|/usr/local/cuda|libcuda\.so|libnvidia' |
+    while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+  git rev-parse --short HEAD >"$stage/commit"
+  tar -C "$stage" -cJf "$pack" .
+  echo "gpu-check pack: $pack ($(du -h "$pack" | cut -f1)), commit $(cat "$stage/commit"); carry .gpu and run: scripts/gpu-check.sh run \$OUT"
+  exit 0
+fi
+
+if [[ ${1:-} != run ]]; then
+  sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+
+outdir=${2:-}
+[[ -f $pack ]] || { echo "gpu-check run: no $pack (run 'scripts/gpu-check.sh pack' where nvcc is, and carry .gpu)" >&2; exit 1; }
+root=$(mktemp -d /tmp/megascope-gpu.XXXX)
+python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$pack" "$root" || exit 1
+export LD_LIBRARY_PATH="$root/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
+bin=$root/bin/megascope
+# cuBLASLt comes from the machine's CUDA toolkit, or else from PyTorch's wheels.
+if ldd "$bin" | grep -q 'libcublasLt.*not found'; then
+  lt=$(find /usr/local /opt /usr/lib -name 'libcublasLt.so.13*' 2>/dev/null | head -1)
+  [[ -n $lt ]] && export LD_LIBRARY_PATH="$(dirname "$lt"):$LD_LIBRARY_PATH"
+fi
+if ldd "$bin" | grep -q 'not found'; then
+  echo "gpu-check run: libraries missing for $bin:" >&2
+  ldd "$bin" | grep 'not found' >&2
+  exit 1
+fi
+device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+[[ -n $device ]] || { echo "gpu-check run: nvidia-smi names no GPU here" >&2; exit 1; }
+tag=$(echo "$device" | tr -c 'A-Za-z0-9\n' '_' | sed 's/__*/_/g; s/_$//')
+report=bench/results/gpu_check_${tag}.txt
+work=$root/work
+mkdir -p "$work" bench/results
+failed=()
+say() { echo "$*" | tee -a "$report"; }
+check() {  # check NAME STATUS DETAIL
+  if [[ $2 == 0 ]]; then say "PASS  $1: $3"; else say "FAIL  $1: $3"; failed+=("$1"); fi
+}
+start=$(date +%s)
+: >"$report"
+say "# scripts/gpu-check.sh run: megascope $(cat "$root/commit") (built with the cuda preset elsewhere and carried)"
+say "# device: $device; driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1); $(nproc) cores; $(date -u +%FT%TZ)"
+
+# 1. gpu tests
+for t in kernels_cuda_test tracer_cuda_timer_test; do
+  timeout 180 "$root/bin/$t" --gtest_brief=1 >"$work/$t.log" 2>&1
+  rc=$?
+  check "$t" $rc "$(grep -E '^\[  (PASSED|FAILED)' "$work/$t.log" | tr '\n' ' ')"
+  [[ $rc == 0 ]] || grep -E 'Failure|error|Expected|Which is|worst' "$work/$t.log" | head -20 | tee -a "$report"
+done
+
+# 2. CUDA vs CPU losses, (1,1,1), 20 steps
+"$bin" prepare-data tests/data/text/notes_on_training.txt -o "$work/data.bin" >/dev/null
+model=(--layers 4 --width 256 --heads 4 --seq 128 --batch 8 --microbatches 2 --steps 20 --lr 1e-3)
+for dev in cpu cuda; do
+  timeout 300 "$bin" train --device $dev --no-agents --data "$work/data.bin" --run-dir "$work/parity_$dev" \
+    --job "parity$dev" "${model[@]}" >"$work/parity_$dev.log" 2>&1
+  echo "$?" >"$work/parity_$dev.rc"
+done
+detail=$(python3 - "$work/parity_cpu/progress.jsonl" "$work/parity_cuda/progress.jsonl" <<'PY'
+import json, sys
+def losses(p):
+    try:
+        return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
+    except OSError:
+        return []
+cpu, gpu = losses(sys.argv[1]), losses(sys.argv[2])
+if len(cpu) != 20 or len(gpu) != 20:
+    print(f"steps: cpu {len(cpu)}, cuda {len(gpu)} (want 20 each)"); sys.exit(1)
+rel = [abs(g - c) / abs(c) for c, g in zip(cpu, gpu)]
+worst = max(range(20), key=lambda i: rel[i])
+print(f"20 steps; loss cpu {cpu[0]:.4f} -> {cpu[-1]:.4f}, cuda {gpu[0]:.4f} -> {gpu[-1]:.4f}; "
+      f"worst step {worst + 1}: {rel[worst] * 100:.2f} % apart (tolerance 3 %)")
+sys.exit(0 if rel[worst] <= 0.03 else 1)
+PY
+)
+check "cuda-vs-cpu losses" $? "$detail"
+grep -h "computing on\|timed by" "$work/parity_cuda/ranks/0/worker.log" 2>/dev/null | head -2 | tee -a "$report"
+
+# 3. (2,2,2) on one GPU under launch, a hang injected at step 8
+timeout 420 "$bin" launch --device cuda --nodes 2 --spares 1 --dp 2 --tp 2 --pp 2 --data "$work/data.bin" \
+  --run-dir "$work/launch" --job gpulaunch --layers 4 --width 256 --heads 4 --seq 128 --batch 8 \
+  --microbatches 2 --steps 24 --checkpoint-every 4 --inject hang:node=node1,at=8 >"$work/launch.log" 2>&1
+rc=$?
+"$bin" report "$work/launch" >"$work/report.txt" 2>&1
+named=$(grep -c -i "hang" "$work/report.txt")
+evicted=$(grep -c "node1" "$work/report.txt")
+last=$(grep -o '"step":[0-9]*' "$work/launch/progress.jsonl" 2>/dev/null | tail -1 | cut -d: -f2)
+[[ $rc == 0 && $named -gt 0 && $evicted -gt 0 && ${last:-0} == 24 ]]
+check "(2,2,2) hang on one GPU" $? "launch exit $rc; report names a hang ($named lines) and node1 ($evicted lines); last step ${last:-none} of 24"
+[[ $rc == 0 ]] || tail -15 "$work/launch.log" | tee -a "$report"
+sed -n '1,12p' "$work/report.txt" | sed 's/^/    /' | tee -a "$report"
+spans=$(python3 - "$work/launch" <<'PY'
+import glob, sqlite3, sys
+n = 0
+for db in glob.glob(sys.argv[1] + "/nodes/*/trace.db"):
+    c = sqlite3.connect(db)
+    n += c.execute("SELECT count(*) FROM span_rows WHERE kind IN (0, 1)").fetchone()[0]
+print(n)
+PY
+)
+"$bin" timeline "$work/launch" --steps 2:4 -o "$work/timeline.json" >/dev/null 2>&1
+tl=$(grep -o '"ph": *"X"' "$work/timeline.json" 2>/dev/null | wc -l)
+timed=$(grep -l "CUDA events" "$work"/launch/ranks/*/worker.log 2>/dev/null | wc -l)
+[[ ${spans:-0} -gt 0 && $tl -gt 0 && $timed -gt 0 ]]
+check "CUDA-event spans" $? "trace.db: ${spans:-0} forward/backward spans; timeline of steps 2-4: $tl complete events; $timed worker logs say CUDA events time them"
+
+# 4. NVML metrics from an agent while a CUDA job trains
+"$bin" train --device cuda --data "$work/data.bin" --run-dir "$work/nvml" --job gpunvml --layers 4 \
+  --width 256 --heads 4 --seq 128 --batch 8 --microbatches 2 --steps 400 >"$work/nvml.log" 2>&1 &
+job=$!
+found=""
+for _ in $(seq 60); do
+  url=$(grep -o 'http://127.0.0.1:[0-9]*/metrics' "$work/nvml.log" | head -1)
+  if [[ -n $url ]]; then
+    found=$(python3 -c "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode())" "$url" 2>/dev/null |
+      grep -E '^megascope_gpu_(utilization_ratio|power_watts|temperature_celsius)' | head -3)
+    [[ -n $found ]] && break
+  fi
+  sleep 1
+done
+kill -INT $job 2>/dev/null; wait $job 2>/dev/null
+[[ -n $found ]]
+check "NVML in /metrics" $? "$(echo "$found" | tr '\n' ';')"
+
+# 5. MFU and the cost of tracing
+if bench/train_gpu.sh "$bin" "$work/data.bin" "$work/train_gpu.txt"; then bench_rc=0; else bench_rc=1; fi
+sed 's/^/    /' "$work/train_gpu.txt" | tee -a "$report"
+check "bench/train_gpu.sh" $bench_rc "MFU and tracing cost above"
+
+say "# $(( $(date +%s) - start )) s on $device"
+if [[ -n $outdir ]]; then
+  mkdir -p "$outdir"
+  cp "$report" "$outdir/"
+  tar -C "$work" -czf "$outdir/gpu_check_logs.tar.gz" --exclude='*.bin' --exclude='trace.db*' . 2>/dev/null
+fi
+if ((${#failed[@]})); then
+  say "gpu-check: FAILED: ${failed[*]}"
+  exit 1
+fi
+say "gpu-check: every check passed"
