@@ -520,19 +520,24 @@ class Worker {
   // ------------------------------------------------------------- checkpoints
 
   std::shared_ptr<std::string> Snapshot(int64_t step) {
-    // The state comes to the host first (on CPU, a copy); the write runs from there.
+    // Device state comes to the host first; host memory (the CPU backend) is encoded in place.
     const size_t n = model_->count();
-    std::vector<float> p(n), m(n), v(n);
-    kernels_->Download(p.data(), model_->params(), n * sizeof(float));
-    kernels_->Download(m.data(), m_.data(), n * sizeof(float));
-    kernels_->Download(v.data(), v_.data(), n * sizeof(float));
+    std::vector<float> copies[3];
+    auto host = [&](const float* x, int i) {
+      if (!kernels_->IsDevicePointer(x)) return x;
+      copies[i].resize(n);
+      kernels_->Download(copies[i].data(), x, n * sizeof(float));
+      return static_cast<const float*>(copies[i].data());
+    };
+    const float* p = host(model_->params(), 0);
+    const float* m = host(m_.data(), 1);
+    const float* v = host(v_.data(), 2);
     if (std::string e = kernels_->error(); !e.empty()) {  // never a shard of what was not read
       std::fprintf(stderr, "[checkpoint] rank %d: step %lld not saved: %s\n", rank_,
                    static_cast<long long>(step), e.c_str());
       return nullptr;
     }
-    return std::make_shared<std::string>(
-        launch::EncodeShard(step, rank_, n, {p.data(), m.data(), v.data()}));
+    return std::make_shared<std::string>(launch::EncodeShard(step, rank_, n, {p, m, v}));
   }
 
   void SaveCheckpointAsync(int64_t step) {
