@@ -7,19 +7,6 @@
 
 namespace megascope::kernels {
 
-const char* BackendName(Backend b) { return b == Backend::kCuda ? "cuda" : "cpu"; }
-
-bool ParseBackend(const std::string& name, Backend* out) {
-  if (name == "cpu") {
-    *out = Backend::kCpu;
-  } else if (name == "cuda") {
-    *out = Backend::kCuda;
-  } else {
-    return false;
-  }
-  return true;
-}
-
 namespace {
 
 class CpuKernels final : public Kernels {

@@ -19,10 +19,7 @@ class HostStagedCommunicator final : public Communicator {
   const std::vector<GroupSpec>& groups() const override { return inner_->groups(); }
 
   Status AllReduce(int group, float* data, size_t n, ReduceOp op) override {
-    if (!k_->IsDevicePointer(data)) return inner_->AllReduce(group, data, n, op);
-    ASSIGN_OR_RETURN(float* h, ToHost(0, data, n));
-    RETURN_IF_ERROR(inner_->AllReduce(group, h, n, op));
-    return ToDevice(data, h, n);
+    return InPlace(data, n, [&](float* d) { return inner_->AllReduce(group, d, n, op); });
   }
   Status AllGather(int group, const float* in, size_t n, float* out) override {
     if (!k_->IsDevicePointer(in)) return inner_->AllGather(group, in, n, out);
@@ -33,10 +30,7 @@ class HostStagedCommunicator final : public Communicator {
     return ToDevice(out, h_out, total);
   }
   Status Broadcast(int group, float* data, size_t n, int root_index) override {
-    if (!k_->IsDevicePointer(data)) return inner_->Broadcast(group, data, n, root_index);
-    ASSIGN_OR_RETURN(float* h, ToHost(0, data, n));
-    RETURN_IF_ERROR(inner_->Broadcast(group, h, n, root_index));
-    return ToDevice(data, h, n);
+    return InPlace(data, n, [&](float* d) { return inner_->Broadcast(group, d, n, root_index); });
   }
   Status ReduceScatter(int group, const float* in, size_t n, float* out) override {
     if (!k_->IsDevicePointer(in)) return inner_->ReduceScatter(group, in, n, out);
@@ -85,6 +79,14 @@ class HostStagedCommunicator final : public Communicator {
     k_->Download(h, device, n * sizeof(float));  // waits for the work that produced it
     if (std::string e = k_->error(); !e.empty()) return Internal("device -> host: " + e);
     return h;
+  }
+  // An op that reads and writes `data` in place, run on its staged copy when it is device memory.
+  template <typename Op>
+  Status InPlace(float* data, size_t n, Op&& op) {
+    if (!k_->IsDevicePointer(data)) return op(data);
+    ASSIGN_OR_RETURN(float* h, ToHost(0, data, n));
+    RETURN_IF_ERROR(op(h));
+    return ToDevice(data, h, n);
   }
   // Waits for the copy: the staging buffer is written by the next op's transport.
   Status ToDevice(float* device, const float* h, size_t n) {

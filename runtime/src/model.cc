@@ -208,6 +208,13 @@ Status GptStage::Forward(int mb, int batch, const int32_t* tokens, const float* 
     k.Upload(ids.data(), host, ids.bytes());
     return ids;
   };
+  // Layer norm of x with gamma/beta at those offsets, keeping what its backward needs.
+  auto norm = [&](const Buf& in, size_t g, size_t b, Buf* out, Buf* mean, Buf* rstd) {
+    *out = New(nc);
+    *mean = New(n);
+    *rstd = New(n);
+    k.LayerNormForward(in.data(), P(g), P(b), n, C, out->data(), mean->data(), rstd->data());
+  };
   Buf x = New(nc);
   if (first()) {
     sv.tokens = upload_ids(tokens);
@@ -220,11 +227,7 @@ Status GptStage::Forward(int mb, int batch, const int32_t* tokens, const float* 
   for (const LayerOffsets& o : layer_) {
     Saved::Layer L;
     L.x = Clone(x);
-    L.ln1 = New(nc);
-    L.ln1_mean = New(n);
-    L.ln1_rstd = New(n);
-    k.LayerNormForward(x.data(), P(o.ln1g), P(o.ln1b), n, C, L.ln1.data(), L.ln1_mean.data(),
-                       L.ln1_rstd.data());
+    norm(x, o.ln1g, o.ln1b, &L.ln1, &L.ln1_mean, &L.ln1_rstd);
     L.qkv = New(static_cast<size_t>(n) * Q);
     k.Gemm(false, false, n, Q, C, 1, L.ln1.data(), P(o.wqkv), 0, L.qkv.data());
     k.AddBias(L.qkv.data(), P(o.bqkv), n, Q);
@@ -254,11 +257,7 @@ Status GptStage::Forward(int mb, int batch, const int32_t* tokens, const float* 
       k.Add(x.data(), partial.data(), nc);
       k.AddBias(x.data(), P(o.bo), n, C);
       L.x2 = Clone(x);
-      L.ln2 = New(nc);
-      L.ln2_mean = New(n);
-      L.ln2_rstd = New(n);
-      k.LayerNormForward(x.data(), P(o.ln2g), P(o.ln2b), n, C, L.ln2.data(), L.ln2_mean.data(),
-                         L.ln2_rstd.data());
+      norm(x, o.ln2g, o.ln2b, &L.ln2, &L.ln2_mean, &L.ln2_rstd);
       Buf p2 = New(nc);
       mlp(L.ln2, &p2);
       if (layout_.tp > 1)
@@ -275,11 +274,7 @@ Status GptStage::Forward(int mb, int batch, const int32_t* tokens, const float* 
   }
   // Head: final LN, vocab-parallel logits and cross-entropy.
   sv.targets = upload_ids(targets);
-  sv.lnf = New(nc);
-  sv.lnf_mean = New(n);
-  sv.lnf_rstd = New(n);
-  k.LayerNormForward(x.data(), P(lnfg_), P(lnfb_), n, C, sv.lnf.data(), sv.lnf_mean.data(),
-                     sv.lnf_rstd.data());
+  norm(x, lnfg_, lnfb_, &sv.lnf, &sv.lnf_mean, &sv.lnf_rstd);
   sv.xf = std::move(x);
   sv.logits = New(static_cast<size_t>(n) * vl_);
   k.Gemm(false, true, n, vl_, C, 1, sv.lnf.data(), P(wte_), 0, sv.logits.data());
