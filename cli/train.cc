@@ -49,12 +49,16 @@ po::options_description TrainingOptions(runtime::TrainConfig* c_ptr) {
                                             po::value(&c.checkpoint_every)->default_value(0),
                                             "checkpoint to disk every K steps (0: never)")(
       "device", po::value(&c.device)->default_value("cpu"),
-      "compute backend: cpu, or cuda (a build with the cuda preset; every rank computes on one "
-      "GPU and communicates through Gloo from pinned host buffers)")(
+      "compute backend: cpu, or cuda (a build with the cuda preset; see --comm for how ranks "
+      "share GPUs)")(
       "cuda-device", po::value(&c.cuda_device)->default_value(0),
-      "the CUDA device ordinal the ranks use")("shm-dir",
-                                               po::value(&c.shm_dir)->default_value("/dev/shm"),
-                                               "where rank rings (and memory snapshots) live")(
+      "the CUDA device ordinal the ranks use (with --comm nccl: the first; rank r of a node uses "
+      "this + its local rank)")(
+      "comm", po::value(&c.comm)->default_value("gloo"),
+      "transport: gloo (host memory; on cuda through pinned host buffers, so every rank may share "
+      "one GPU), or nccl (device memory; --device cuda, one GPU per rank)")(
+      "shm-dir", po::value(&c.shm_dir)->default_value("/dev/shm"),
+      "where rank rings (and memory snapshots) live")(
       "no-trace", "turn spans and the flight recorder off (to measure what tracing costs)")(
       "trace-alternate", po::value(&c.trace_alternate)->default_value(0),
       "N > 0: tracing on and off in alternating blocks of N steps (on, off, off, on, ...); each "

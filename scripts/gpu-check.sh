@@ -10,9 +10,11 @@
 #   scripts/gpu-check.sh run [OUT_DIR]
 #       There, from the repository root (8 minutes at most on an H100): unpacks .gpu/, then
 #         1. the gpu tests (every CUDA kernel against its CPU reference, a whole GPT stage on both
-#            backends, CUDA-event span timing);
+#            backends, CUDA-event span timing, the NCCL transport: stream-ordered ops, "started on
+#            the device" from the watchdog, a hung op aborted at its deadline, the rebuild);
 #         2. a (1,1,1) run of 20 steps on CUDA whose losses match the CPU run of the same model
-#            step by step within bf16 tolerance (3 %);
+#            step by step within bf16 tolerance (3 %), and the same run over NCCL (--comm nccl)
+#            with the same losses as over Gloo;
 #         3. a (2,2,2) job of 8 processes on the one GPU (CUDA compute, Gloo through pinned host
 #            buffers) under `megascope launch` with a hang injected: named, evicted, recovered;
 #            its trace.db holds compute spans timed by CUDA events and its timeline draws them;
@@ -34,7 +36,7 @@ if [[ ${1:-} == pack ]]; then
   mkdir -p "$stage/bin" "$stage/lib" .gpu
   grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
   bins=(build/cuda/cli/megascope build/cuda/tests/kernels/kernels_cuda_test
-        build/cuda/tests/tracer/tracer_cuda_timer_test)
+        build/cuda/tests/tracer/tracer_cuda_timer_test build/cuda/tests/runtime/runtime_nccl_test)
   for b in "${bins[@]}"; do
     cp "$b" "$stage/bin/" && strip "$stage/bin/$(basename "$b")"
   done
@@ -86,7 +88,7 @@ say "# scripts/gpu-check.sh run: megascope $(cat "$root/commit") (built with the
 say "# device: $device; driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1); $(nproc) cores; $(date -u +%FT%TZ)"
 
 # 1. gpu tests
-for t in kernels_cuda_test tracer_cuda_timer_test; do
+for t in kernels_cuda_test tracer_cuda_timer_test runtime_nccl_test; do
   timeout 180 "$root/bin/$t" --gtest_brief=1 >"$work/$t.log" 2>&1
   rc=$?
   check "$t" $rc "$(grep -E '^\[  (PASSED|FAILED)' "$work/$t.log" | tr '\n' ' ')"
@@ -96,8 +98,10 @@ done
 # 2. CUDA vs CPU losses, (1,1,1), 20 steps
 "$bin" prepare-data tests/data/text/notes_on_training.txt -o "$work/data.bin" >/dev/null
 model=(--layers 4 --width 256 --heads 4 --seq 128 --batch 8 --microbatches 2 --steps 20 --lr 1e-3)
-for dev in cpu cuda; do
-  timeout 300 "$bin" train --device $dev --no-agents --data "$work/data.bin" --run-dir "$work/parity_$dev" \
+for dev in cpu cuda nccl; do
+  flags=(--device "$dev")
+  [[ $dev == nccl ]] && flags=(--device cuda --comm nccl)
+  timeout 300 "$bin" train "${flags[@]}" --no-agents --data "$work/data.bin" --run-dir "$work/parity_$dev" \
     --job "parity$dev" "${model[@]}" >"$work/parity_$dev.log" 2>&1
   echo "$?" >"$work/parity_$dev.rc"
 done
@@ -119,6 +123,22 @@ sys.exit(0 if rel[worst] <= 0.03 else 1)
 PY
 )
 check "cuda-vs-cpu losses" $? "$detail"
+detail=$(python3 - "$work/parity_cuda/progress.jsonl" "$work/parity_nccl/progress.jsonl" <<'PY'
+import json, sys
+def losses(p):
+    try:
+        return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
+    except OSError:
+        return []
+gloo, nccl = losses(sys.argv[1]), losses(sys.argv[2])
+if len(gloo) != 20 or len(nccl) != 20:
+    print(f"steps: gloo {len(gloo)}, nccl {len(nccl)} (want 20 each)"); sys.exit(1)
+worst = max(abs(a - b) / abs(a) for a, b in zip(gloo, nccl))
+print(f"20 steps over NCCL; worst step {worst * 100:.5f} % from the run over Gloo (tolerance 0.001 %)")
+sys.exit(0 if worst <= 1e-5 else 1)
+PY
+)
+check "nccl-vs-gloo losses" $? "$detail"
 grep -h "computing on\|timed by" "$work/parity_cuda/ranks/0/worker.log" 2>/dev/null | head -2 | tee -a "$report"
 
 # 3. (2,2,2) on one GPU under launch, a hang injected at step 8

@@ -1,3 +1,4 @@
+// Gloo over TCP: the host transport. Rendezvous through a FileStore in the run directory.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -8,46 +9,101 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <thread>
+#include <mutex>
 #include <utility>
 
-#include "megascope/launch/link_seam.h"
 #include "megascope/launch/supervisor.h"
 #include "megascope/runtime/comm.h"
 
 namespace megascope::runtime {
 
-int Communicator::Find(const std::string& kind) const {
-  const auto& g = groups();
-  for (size_t i = 0; i < g.size(); ++i) {
-    if (g[i].kind == kind) return static_cast<int>(i);
-  }
-  return -1;
-}
-
 namespace {
-
-using tracer::DType;
-using tracer::OpHandle;
-using tracer::OpType;
 
 // P2P slots live above Gloo's own collective slot prefixes (0x01-0x08 in the top byte).
 constexpr uint64_t kP2PSlotPrefix = uint64_t{0x40} << 56;
-constexpr int kSendChunks = 4;
+// A send or receive moves in this many chunks: its progress bytes say how far it got.
+constexpr int kChunks = 4;
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+float Bf16ToFloat(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+uint16_t FloatToBf16(float f) {  // round to nearest even (NaN stays NaN)
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+void Bf16Sum(void* c, const void* a, const void* b, size_t n) {
+  auto* out = static_cast<uint16_t*>(c);
+  const auto *x = static_cast<const uint16_t*>(a), *y = static_cast<const uint16_t*>(b);
+  for (size_t i = 0; i < n; ++i) out[i] = FloatToBf16(Bf16ToFloat(x[i]) + Bf16ToFloat(y[i]));
+}
+void Bf16Max(void* c, const void* a, const void* b, size_t n) {
+  auto* out = static_cast<uint16_t*>(c);
+  const auto *x = static_cast<const uint16_t*>(a), *y = static_cast<const uint16_t*>(b);
+  for (size_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(x[i]) >= Bf16ToFloat(y[i]) ? x[i] : y[i];
+}
+
+// The reduction for `dtype`, or null when Gloo cannot reduce it here.
+ReduceFn ReduceFor(DType dtype, ReduceOp op) {
+  const bool sum = op == ReduceOp::kSum;
+  switch (dtype) {
+    case DType::kF32:
+      return sum ? static_cast<ReduceFn>(&gloo::sum<float>)
+                 : static_cast<ReduceFn>(&gloo::max<float>);
+    case DType::kF64:
+      return sum ? static_cast<ReduceFn>(&gloo::sum<double>)
+                 : static_cast<ReduceFn>(&gloo::max<double>);
+    case DType::kBf16:
+      return sum ? &Bf16Sum : &Bf16Max;
+    default:
+      return nullptr;
+  }
+}
+
+class GlooCommunicator;
+
+// A send or receive in flight: Wait waits for its chunks, reporting the bytes moved.
+class P2PWork final : public Work {
+ public:
+  P2PWork(GlooCommunicator* c, bool send, std::string what, std::shared_ptr<OpObserver> obs,
+          size_t bytes)
+      : c_(c), send_(send), what_(std::move(what)), obs_(std::move(obs)), bytes_(bytes) {}
+  ~P2PWork() override;
+  Status Wait() override;
+  Status WaitChunks();
+
+  std::vector<uint8_t> copy;  // a send's own copy of its data
+  std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+  int posted = 0;  // chunks handed to Gloo
+  int done = 0;    // chunks waited for
+
+ private:
+  GlooCommunicator* c_;
+  bool send_;
+  std::string what_;
+  std::shared_ptr<OpObserver> obs_;
+  size_t bytes_;
+};
 
 class GlooCommunicator final : public Communicator {
  public:
   const std::vector<GroupSpec>& groups() const override { return groups_; }
 
-  Status Init(int rank, const Layout& layout, const GlooOptions& o, tracer::Tracer* t) {
+  Status Init(int rank, const Layout& layout, const GlooOptions& o) {
     rank_ = rank;
     opts_ = o;
-    tracer_ = t;
     groups_ = layout.GroupsOf(rank);
     std::error_code ec;
     std::filesystem::create_directories(o.rendezvous_dir, ec);
@@ -76,161 +132,197 @@ class GlooCommunicator final : public Communicator {
         ctx->setTimeout(o.timeout);
         ctx->connectFullMesh(prefix, device_);
         contexts_.push_back(ctx);
-        ASSIGN_OR_RETURN(tracer::GroupId id, t->RegisterGroup(g.name, g.kind, g.ranks));
-        group_ids_.push_back(id);
         send_seq_.emplace_back(g.ranks.size(), 0);
         recv_seq_.emplace_back(g.ranks.size(), 0);
       }
     } catch (const std::exception& e) {
       return Status(StatusCode::kUnavailable, std::string("[gloo] rendezvous failed: ") + e.what());
     }
-    ASSIGN_OR_RETURN(link_name_, t->InternName("link"));
     return Status::Ok();
   }
 
-  Status AllReduce(int g, float* data, size_t n, ReduceOp op) override {
-    return Traced(g, OpType::kAllreduce, n * 4, -1, [&](OpHandle) {
-      gloo::AllreduceOptions opts(contexts_[g]);
-      opts.setOutput(data, n);
-      opts.setReduceFunction(op == ReduceOp::kSum ? static_cast<ReduceFn>(&gloo::sum<float>)
-                                                  : static_cast<ReduceFn>(&gloo::max<float>));
-      opts.setTimeout(opts_.timeout);
-      gloo::allreduce(opts);
-    });
-  }
-
-  Status AllGather(int g, const float* in, size_t n, float* out) override {
-    return Traced(g, OpType::kAllgather, n * 4, -1, [&](OpHandle) {
-      gloo::AllgatherOptions opts(contexts_[g]);
-      opts.setInput(const_cast<float*>(in), n);
-      opts.setOutput(out, n * groups_[g].ranks.size());
-      opts.setTimeout(opts_.timeout);
-      gloo::allgather(opts);
-    });
-  }
-
-  Status Broadcast(int g, float* data, size_t n, int root_index) override {
-    return Traced(g, OpType::kBroadcast, n * 4, -1, [&](OpHandle) {
-      gloo::BroadcastOptions opts(contexts_[g]);
-      if (contexts_[g]->rank == root_index) opts.setInput(data, n);
-      opts.setOutput(data, n);
-      opts.setRoot(root_index);
-      opts.setTimeout(opts_.timeout);
-      gloo::broadcast(opts);
-    });
-  }
-
-  Status ReduceScatter(int g, const float* in, size_t n, float* out) override {
-    // Gloo 0.5 has no options-style reduce-scatter (NOTES.md): all-reduce, keep our slice.
-    const size_t size = groups_[g].ranks.size(), slice = n / size;
-    std::vector<float> tmp(in, in + n);
-    return Traced(g, OpType::kReduceScatter, n * 4, -1, [&](OpHandle) {
-      gloo::AllreduceOptions opts(contexts_[g]);
-      opts.setOutput(tmp.data(), n);
-      opts.setReduceFunction(static_cast<ReduceFn>(&gloo::sum<float>));
-      opts.setTimeout(opts_.timeout);
-      gloo::allreduce(opts);
-      std::memcpy(out, tmp.data() + contexts_[g]->rank * slice, slice * sizeof(float));
-    });
-  }
-
-  Status Barrier(int g) override {
-    return Traced(g, OpType::kBarrier, 0, -1, [&](OpHandle) {
-      gloo::BarrierOptions opts(contexts_[g]);
-      opts.setTimeout(opts_.timeout);
-      gloo::barrier(opts);
-    });
-  }
-
-  Status Send(int g, int peer, const float* data, size_t n) override {
-    const int dst = groups_[g].IndexOf(peer);
-    if (dst < 0)
-      return InvalidArgument("rank " + std::to_string(peer) + " is not in group " +
-                             groups_[g].name);
-    const uint64_t seq = send_seq_[g][dst]++;
-    HoldForLink(n * 4);
-    PendingSend p;
-    p.data.assign(data, data + n);
-    p.group = g;
-    p.bytes = n * 4;
-    p.handle = tracer_->Enqueue(group_ids_[g], OpType::kSend, p.bytes, DType::kF32, peer);
-    tracer_->Start(p.handle);
-    const bool stall = std::exchange(stall_next_send_, false);
+  std::unique_ptr<Work> Post(const CommOp& op, std::shared_ptr<OpObserver> obs) override {
+    if (op.group < 0 || op.group >= static_cast<int>(groups_.size()))
+      return DoneWork(InvalidArgument("[gloo] no group " + std::to_string(op.group)));
+    if (aborted_.load()) return DoneWork(AbortedStatus(op));
+    if (op.type == OpType::kSend || op.type == OpType::kRecv) return PostP2P(op, obs);
+    if (obs != nullptr) obs->Started();  // a collective runs here, now
+    Status st;
     try {
-      p.buffer = contexts_[g]->createUnboundBuffer(p.data.data(), p.bytes);
-      const size_t chunk = (p.bytes + kSendChunks - 1) / kSendChunks;
-      for (int c = 0; c < kSendChunks; ++c) {
-        const size_t off = c * chunk, len = off >= p.bytes ? 0 : std::min(chunk, p.bytes - off);
-        p.buffer->send(dst, Slot(rank_, peer, seq, c), off, len);
-        if (stall) {  // the link dies after the first chunk: the op stays started, forever
-          p.buffer->waitSend(opts_.timeout);
-          tracer_->Progress(p.handle, static_cast<int64_t>(len), 0);
-          for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-        }
-      }
+      st = RunCollective(op);
     } catch (const std::exception& e) {
-      tracer_->Fail(p.handle);
-      return Status(StatusCode::kUnavailable, "[gloo] send to rank " + std::to_string(peer) +
-                                                  " in " + groups_[g].name +
-                                                  " failed: " + e.what());
+      st = aborted_.load()
+               ? AbortedStatus(op)
+               : Status(StatusCode::kUnavailable, "[gloo] " + What(op) + " failed: " + e.what());
     }
-    pending_.push_back(std::move(p));
-    return Status::Ok();
+    if (obs != nullptr) {
+      const auto bytes = static_cast<int64_t>(op.bytes());
+      if (st.ok()) obs->Moved(bytes, bytes);
+      obs->Finished(st.ok());
+    }
+    return DoneWork(std::move(st));
   }
 
-  Status Recv(int g, int peer, float* data, size_t n) override {
-    const int src = groups_[g].IndexOf(peer);
-    if (src < 0)
-      return InvalidArgument("rank " + std::to_string(peer) + " is not in group " +
-                             groups_[g].name);
-    const uint64_t seq = recv_seq_[g][src]++;
-    const size_t bytes = n * 4;
-    return Traced(g, OpType::kRecv, bytes, peer, [&](OpHandle h) {
-      auto buf = contexts_[g]->createUnboundBuffer(data, bytes);
-      const size_t chunk = (bytes + kSendChunks - 1) / kSendChunks;
-      size_t got = 0;
-      for (int c = 0; c < kSendChunks; ++c) {
-        const size_t off = c * chunk, len = off >= bytes ? 0 : std::min(chunk, bytes - off);
-        buf->recv(src, Slot(peer, rank_, seq, c), off, len);
-        if (!buf->waitRecv(opts_.timeout)) throw std::runtime_error("recv timed out");
-        got += len;
-        tracer_->Progress(h, -1, static_cast<int64_t>(got));
+  void Abort() override {
+    aborted_.store(true);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (P2PWork* w : live_) {
+        if (w->buffer == nullptr) continue;
+        w->buffer->abortWaitSend();
+        w->buffer->abortWaitRecv();
       }
-    });
-  }
-
-  Status WaitSends() override {
-    Status result;
-    for (PendingSend& p : pending_) {
+    }
+    abort_cv_.notify_all();
+    for (auto& ctx : contexts_) {
       try {
-        for (int c = 0; c < kSendChunks; ++c) {
-          if (!p.buffer->waitSend(opts_.timeout)) throw std::runtime_error("send timed out");
-        }
-        tracer_->Progress(p.handle, static_cast<int64_t>(p.bytes), -1);
-        tracer_->Complete(p.handle);  // the collective record is also its comm span
-      } catch (const std::exception& e) {
-        tracer_->Fail(p.handle);
-        if (result.ok()) {
-          result = Status(StatusCode::kUnavailable,
-                          "[gloo] send in " + groups_[p.group].name + " failed: " + e.what());
-        }
+        ctx->closeConnections();
+      } catch (const std::exception&) {  // closing is best effort: the ops fail either way
       }
     }
-    pending_.clear();
-    return result;
   }
 
-  void set_step(int64_t step) override { step_ = step; }
-  void ArmSendStall() override { stall_next_send_ = true; }
+  std::chrono::milliseconds Timeout() const { return opts_.timeout; }
+  bool IsAborted() const { return aborted_.load(); }
+  void Forget(P2PWork* w) {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_.erase(std::remove(live_.begin(), live_.end(), w), live_.end());
+  }
+  Status AbortedStatus(const CommOp& op) const {
+    return Status(StatusCode::kAborted, "[gloo] " + What(op) + " aborted");
+  }
 
  private:
-  struct PendingSend {
-    std::vector<float> data;
-    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
-    OpHandle handle = 0;
-    int group = 0;
-    size_t bytes = 0;
-  };
+  std::string What(const CommOp& op) const {
+    std::string w(tracer::Name(op.type));
+    if (tracer::IsP2P(op.type))
+      w += (op.type == OpType::kSend ? " to rank " : " from rank ") + std::to_string(op.peer);
+    return w + " in " + groups_[op.group].name;
+  }
+
+  // Runs a collective to its end (Gloo's collectives are blocking).
+  Status RunCollective(const CommOp& op) {
+    const auto& ctx = contexts_[op.group];
+    const size_t size = groups_[op.group].ranks.size(), esize = tracer::DTypeSize(op.dtype);
+    auto* out = static_cast<uint8_t*>(op.out);
+    switch (op.type) {
+      case OpType::kAllreduce:
+      case OpType::kReduceScatter: {
+        const ReduceFn fn = ReduceFor(op.dtype, op.reduce);
+        if (fn == nullptr)
+          return InvalidArgument("[gloo] cannot reduce " + std::string(tracer::Name(op.dtype)));
+        // Gloo 0.5 has no options-style reduce-scatter (NOTES.md): all-reduce, keep our slice.
+        std::vector<uint8_t> tmp;
+        uint8_t* data = out;
+        if (op.type == OpType::kReduceScatter) {
+          if (op.count % size != 0)
+            return InvalidArgument("[gloo] reduce_scatter of " + std::to_string(op.count) +
+                                   " elements over " + std::to_string(size) + " ranks");
+          const auto* in = static_cast<const uint8_t*>(op.in);
+          tmp.assign(in, in + op.bytes());
+          data = tmp.data();
+        }
+        gloo::AllreduceOptions o(ctx);
+        if (esize == 2) {  // Gloo sizes elements by type; the reduction knows what they are
+          o.setOutput(reinterpret_cast<uint16_t*>(data), op.count);
+        } else if (esize == 4) {
+          o.setOutput(reinterpret_cast<float*>(data), op.count);
+        } else {
+          o.setOutput(reinterpret_cast<double*>(data), op.count);
+        }
+        o.setReduceFunction(fn);
+        o.setTimeout(opts_.timeout);
+        gloo::allreduce(o);
+        if (op.type == OpType::kReduceScatter) {
+          const size_t slice = op.bytes() / size;
+          std::memcpy(out, tmp.data() + ctx->rank * slice, slice);
+        }
+        return Status::Ok();
+      }
+      case OpType::kAllgather: {
+        gloo::AllgatherOptions o(ctx);
+        o.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(op.in)), op.bytes());
+        o.setOutput(out, op.bytes() * size);
+        o.setTimeout(opts_.timeout);
+        gloo::allgather(o);
+        return Status::Ok();
+      }
+      case OpType::kBroadcast: {
+        gloo::BroadcastOptions o(ctx);
+        if (ctx->rank == op.root) o.setInput(out, op.bytes());
+        o.setOutput(out, op.bytes());
+        o.setRoot(op.root);
+        o.setTimeout(opts_.timeout);
+        gloo::broadcast(o);
+        return Status::Ok();
+      }
+      case OpType::kBarrier: {
+        gloo::BarrierOptions o(ctx);
+        o.setTimeout(opts_.timeout);
+        gloo::barrier(o);
+        return Status::Ok();
+      }
+      default:
+        return InvalidArgument("[gloo] no " + std::string(tracer::Name(op.type)) + " here");
+    }
+  }
+
+  std::unique_ptr<Work> PostP2P(const CommOp& op, const std::shared_ptr<OpObserver>& obs) {
+    const bool send = op.type == OpType::kSend;
+    const int g = op.group, index = groups_[g].IndexOf(op.peer);
+    if (index < 0)
+      return DoneWork(InvalidArgument("rank " + std::to_string(op.peer) + " is not in group " +
+                                      groups_[g].name));
+    const uint64_t seq = (send ? send_seq_ : recv_seq_)[g][index]++;
+    const size_t bytes = op.bytes();
+    if (obs != nullptr) obs->Started();
+    auto w = std::make_unique<P2PWork>(this, send, What(op), obs, bytes);
+    const bool stall = send && opts_.faults != nullptr && opts_.faults->TakeSendStall();
+    try {
+      uint8_t* data = static_cast<uint8_t*>(op.out);
+      if (send) {
+        const auto* in = static_cast<const uint8_t*>(op.in);
+        w->copy.assign(in, in + bytes);
+        data = w->copy.data();
+      }
+      w->buffer = contexts_[g]->createUnboundBuffer(data, bytes);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        live_.push_back(w.get());
+      }
+      const size_t chunk = (bytes + kChunks - 1) / kChunks;
+      for (int c = 0; c < kChunks; ++c) {
+        const size_t off = c * chunk, len = off >= bytes ? 0 : std::min(chunk, bytes - off);
+        const uint64_t slot = send ? Slot(rank_, op.peer, seq, c) : Slot(op.peer, rank_, seq, c);
+        if (send) {
+          w->buffer->send(index, slot, off, len);
+        } else {
+          w->buffer->recv(index, slot, off, len);
+        }
+        ++w->posted;
+        if (stall) return StallAfterFirstChunk(op, obs, *w, len);
+      }
+    } catch (const std::exception& e) {
+      if (obs != nullptr) obs->Finished(false);
+      return DoneWork(
+          Status(StatusCode::kUnavailable, "[gloo] " + What(op) + " failed: " + e.what()));
+    }
+    return w;
+  }
+
+  // The fault seam's dead link: the first chunk leaves, then nothing, until an abort.
+  std::unique_ptr<Work> StallAfterFirstChunk(const CommOp& op,
+                                             const std::shared_ptr<OpObserver>& obs, P2PWork& w,
+                                             size_t len) {
+    w.buffer->waitSend(opts_.timeout);
+    ++w.done;
+    if (obs != nullptr) obs->Moved(static_cast<int64_t>(len), 0);
+    std::unique_lock<std::mutex> lock(mu_);
+    abort_cv_.wait(lock, [&] { return aborted_.load(); });
+    lock.unlock();
+    if (obs != nullptr) obs->Finished(false);
+    return DoneWork(AbortedStatus(op));
+  }
 
   static uint64_t Slot(int src, int dst, uint64_t seq, int chunk) {
     return kP2PSlotPrefix | (static_cast<uint64_t>(src & 0xfff) << 44) |
@@ -238,56 +330,52 @@ class GlooCommunicator final : public Communicator {
            static_cast<uint64_t>(chunk);
   }
 
-  // The link fault seam (launch/link_seam.h): this rank's data leaves late, in a comm span of its
-  // own ("link"), so the time shows as network time and not as compute.
-  void HoldForLink(size_t bytes) {
-    const auto delay = link_.DelayFor(bytes);
-    if (delay.count() <= 0) return;
-    const int64_t start = tracer_->Ticks();
-    std::this_thread::sleep_for(delay);
-    tracer_->RecordSpan(tracer::SpanKind::kComm, link_name_, step_, -1, start, tracer_->Ticks());
-  }
-
-  template <typename F>
-  Status Traced(int g, OpType op, size_t bytes, int peer, F&& body) {
-    if (op != OpType::kRecv) HoldForLink(bytes);
-    OpHandle h = tracer_->Enqueue(group_ids_[g], op, bytes, DType::kF32, peer);
-    tracer_->Start(h);
-    try {
-      body(h);
-    } catch (const std::exception& e) {
-      tracer_->Fail(h);
-      return Status(StatusCode::kUnavailable, "[gloo] " + std::string(tracer::Name(op)) + " in " +
-                                                  groups_[g].name + " failed: " + e.what());
-    }
-    tracer_->Progress(h, static_cast<int64_t>(bytes), static_cast<int64_t>(bytes));
-    tracer_->Complete(h);  // the collective record is also its comm span (trace_schema.h)
-    return Status::Ok();
-  }
-
   int rank_ = 0;
   GlooOptions opts_;
-  tracer::Tracer* tracer_ = nullptr;
   std::vector<GroupSpec> groups_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::unique_ptr<gloo::rendezvous::FileStore> store_;
   std::vector<std::shared_ptr<gloo::Context>> contexts_;
-  std::vector<tracer::GroupId> group_ids_;
-  tracer::NameId link_name_{};
   std::vector<std::vector<uint64_t>> send_seq_, recv_seq_;
-  std::vector<PendingSend> pending_;
-  bool stall_next_send_ = false;
-  launch::LinkSeam link_;  // MEGASCOPE_LINK_SEAM: a slowed link, when injected
-  int64_t step_ = 0;
+  std::atomic<bool> aborted_{false};
+  std::mutex mu_;  // guards live_; abort_cv_ waits on it
+  std::condition_variable abort_cv_;
+  std::vector<P2PWork*> live_;  // sends and receives not yet destroyed (Abort interrupts them)
 };
+
+P2PWork::~P2PWork() { c_->Forget(this); }
+
+Status P2PWork::Wait() {
+  Status s = WaitChunks();
+  if (obs_ != nullptr) obs_->Finished(s.ok());
+  return s;
+}
+
+Status P2PWork::WaitChunks() {
+  const std::string failed = "[gloo] " + what_ + " failed: ";
+  const size_t chunk = (bytes_ + kChunks - 1) / kChunks;
+  try {
+    for (; done < posted; ++done) {
+      if (c_->IsAborted()) return Status(StatusCode::kAborted, "[gloo] " + what_ + " aborted");
+      const bool ok = send_ ? buffer->waitSend(c_->Timeout()) : buffer->waitRecv(c_->Timeout());
+      if (!ok) return Status(StatusCode::kAborted, "[gloo] " + what_ + " aborted");
+      if (!send_ && obs_ != nullptr)
+        obs_->Moved(-1, static_cast<int64_t>(std::min(bytes_, (done + 1) * chunk)));
+    }
+  } catch (const std::exception& e) {
+    if (c_->IsAborted()) return Status(StatusCode::kAborted, "[gloo] " + what_ + " aborted");
+    return Status(StatusCode::kUnavailable, failed + e.what());
+  }
+  if (send_ && obs_ != nullptr) obs_->Moved(static_cast<int64_t>(bytes_), -1);
+  return Status::Ok();
+}
 
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(int rank, const Layout& layout,
-                                                             const GlooOptions& options,
-                                                             tracer::Tracer* tracer) {
+                                                             const GlooOptions& options) {
   auto c = std::make_unique<GlooCommunicator>();
-  RETURN_IF_ERROR(c->Init(rank, layout, options, tracer));
+  RETURN_IF_ERROR(c->Init(rank, layout, options));
   return std::unique_ptr<Communicator>(std::move(c));
 }
 

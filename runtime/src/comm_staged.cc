@@ -17,80 +17,70 @@ class HostStagedCommunicator final : public Communicator {
   }
 
   const std::vector<GroupSpec>& groups() const override { return inner_->groups(); }
+  void Abort() override { inner_->Abort(); }
+  Status Rebuild(int generation) override { return inner_->Rebuild(generation); }
 
-  Status AllReduce(int group, float* data, size_t n, ReduceOp op) override {
-    return InPlace(data, n, [&](float* d) { return inner_->AllReduce(group, d, n, op); });
+  std::unique_ptr<Work> Post(const CommOp& op, std::shared_ptr<OpObserver> obs) override {
+    const bool on_device = k_->IsDevicePointer(op.in != nullptr ? op.in : op.out);
+    if (!on_device || op.type == OpType::kBarrier) return inner_->Post(op, std::move(obs));
+    if (op.type == OpType::kSend) {  // the transport sends a copy: the staging is free again
+      Result<void*> h = ToHost(0, op.in, op.bytes());
+      if (!h.ok()) return DoneWork(h.status());
+      CommOp staged = op;
+      staged.in = *h;
+      return inner_->Post(staged, std::move(obs));
+    }
+    return DoneWork(RunStaged(op, obs));
   }
-  Status AllGather(int group, const float* in, size_t n, float* out) override {
-    if (!k_->IsDevicePointer(in)) return inner_->AllGather(group, in, n, out);
-    const size_t total = n * inner_->groups()[group].ranks.size();
-    ASSIGN_OR_RETURN(float* h_in, ToHost(0, in, n));
-    ASSIGN_OR_RETURN(float* h_out, Stage(1, total));
-    RETURN_IF_ERROR(inner_->AllGather(group, h_in, n, h_out));
-    return ToDevice(out, h_out, total);
-  }
-  Status Broadcast(int group, float* data, size_t n, int root_index) override {
-    return InPlace(data, n, [&](float* d) { return inner_->Broadcast(group, d, n, root_index); });
-  }
-  Status ReduceScatter(int group, const float* in, size_t n, float* out) override {
-    if (!k_->IsDevicePointer(in)) return inner_->ReduceScatter(group, in, n, out);
-    const size_t part = n / inner_->groups()[group].ranks.size();
-    ASSIGN_OR_RETURN(float* h_in, ToHost(0, in, n));
-    ASSIGN_OR_RETURN(float* h_out, Stage(1, part));
-    RETURN_IF_ERROR(inner_->ReduceScatter(group, h_in, n, h_out));
-    return ToDevice(out, h_out, part);
-  }
-  Status Barrier(int group) override { return inner_->Barrier(group); }
-  Status Send(int group, int peer, const float* data, size_t n) override {
-    if (!k_->IsDevicePointer(data)) return inner_->Send(group, peer, data, n);
-    ASSIGN_OR_RETURN(float* h, ToHost(0, data, n));
-    return inner_->Send(group, peer, h, n);  // sends a copy: the staging is free again
-  }
-  Status Recv(int group, int peer, float* data, size_t n) override {
-    if (!k_->IsDevicePointer(data)) return inner_->Recv(group, peer, data, n);
-    ASSIGN_OR_RETURN(float* h, Stage(0, n));
-    RETURN_IF_ERROR(inner_->Recv(group, peer, h, n));
-    return ToDevice(data, h, n);
-  }
-  Status WaitSends() override { return inner_->WaitSends(); }
-  void set_step(int64_t step) override { inner_->set_step(step); }
-  void ArmSendStall() override { inner_->ArmSendStall(); }
 
  private:
   struct Staging {
-    float* p = nullptr;
-    size_t n = 0;
+    void* p = nullptr;
+    size_t bytes = 0;
   };
-  // Pinned buffer `i` of at least n floats (grown, never shrunk).
-  Result<float*> Stage(int i, size_t n) {
+
+  // Everything but a send: its input downloaded, the op run on host memory, its output uploaded.
+  Status RunStaged(const CommOp& op, std::shared_ptr<OpObserver> obs) {
+    const size_t size = inner_->groups()[op.group].ranks.size();
+    size_t out_bytes = op.bytes();  // allreduce, broadcast, recv
+    if (op.type == OpType::kAllgather) out_bytes = op.bytes() * size;
+    if (op.type == OpType::kReduceScatter) out_bytes = op.bytes() / size;
+    const bool in_place = op.type == OpType::kAllreduce || op.type == OpType::kBroadcast;
+    CommOp staged = op;
+    if (op.type == OpType::kRecv) {
+      ASSIGN_OR_RETURN(staged.out, Stage(0, out_bytes));
+    } else if (in_place) {
+      ASSIGN_OR_RETURN(staged.out, ToHost(0, op.out, out_bytes));
+      staged.in = staged.out;
+    } else {
+      ASSIGN_OR_RETURN(staged.in, ToHost(0, op.in, op.bytes()));
+      ASSIGN_OR_RETURN(staged.out, Stage(1, out_bytes));
+    }
+    RETURN_IF_ERROR(inner_->Post(staged, std::move(obs))->Wait());
+    return ToDevice(op.out, staged.out, out_bytes);
+  }
+  // Pinned buffer `i` of at least `bytes` (grown, never shrunk).
+  Result<void*> Stage(int i, size_t bytes) {
     Staging& s = staging_[i];
-    if (n > s.n) {
+    if (bytes > s.bytes) {
       if (s.p != nullptr) k_->FreeHost(s.p);
-      s.p = static_cast<float*>(k_->AllocateHost(n * sizeof(float)));
-      s.n = s.p != nullptr ? n : 0;
+      s.p = k_->AllocateHost(bytes);
+      s.bytes = s.p != nullptr ? bytes : 0;
       if (s.p == nullptr)
-        return Internal("pinned staging buffer of " + std::to_string(n) +
-                        " floats: " + k_->error());
+        return Internal("pinned staging buffer of " + std::to_string(bytes) +
+                        " bytes: " + k_->error());
     }
     return s.p;
   }
-  Result<float*> ToHost(int i, const float* device, size_t n) {
-    ASSIGN_OR_RETURN(float* h, Stage(i, n));
-    k_->Download(h, device, n * sizeof(float));  // waits for the work that produced it
+  Result<void*> ToHost(int i, const void* device, size_t bytes) {
+    ASSIGN_OR_RETURN(void* h, Stage(i, bytes));
+    k_->Download(h, device, bytes);  // waits for the work that produced it
     if (std::string e = k_->error(); !e.empty()) return Internal("device -> host: " + e);
     return h;
   }
-  // An op that reads and writes `data` in place, run on its staged copy when it is device memory.
-  template <typename Op>
-  Status InPlace(float* data, size_t n, Op&& op) {
-    if (!k_->IsDevicePointer(data)) return op(data);
-    ASSIGN_OR_RETURN(float* h, ToHost(0, data, n));
-    RETURN_IF_ERROR(op(h));
-    return ToDevice(data, h, n);
-  }
   // Waits for the copy: the staging buffer is written by the next op's transport.
-  Status ToDevice(float* device, const float* h, size_t n) {
-    k_->Upload(device, h, n * sizeof(float));
+  Status ToDevice(void* device, const void* h, size_t bytes) {
+    k_->Upload(device, h, bytes);
     if (std::string e = k_->Synchronize(); !e.empty()) return Internal("host -> device: " + e);
     return Status::Ok();
   }
@@ -99,7 +89,6 @@ class HostStagedCommunicator final : public Communicator {
   kernels::Kernels* k_;
   Staging staging_[2];
 };
-
 }  // namespace
 
 std::unique_ptr<Communicator> StageThroughHost(std::unique_ptr<Communicator> inner,

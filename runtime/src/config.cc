@@ -83,6 +83,13 @@ std::string TrainConfig::Validate() const {
     return "--device cuda: this megascope was built without CUDA (build it with the cuda preset: "
            "cmake --preset cuda && cmake --build --preset cuda)";
   if (cuda_device < 0) return "--cuda-device must be a device ordinal (0, 1, ...)";
+  if (comm != "gloo" && comm != "nccl") return "--comm must be gloo or nccl, not '" + comm + "'";
+  if (comm == "nccl" && device != "cuda")
+    return "--comm nccl needs --device cuda (NCCL moves device memory)";
+  for (const Fault& f : faults) {
+    if (f.kind == "stall-send" && comm == "nccl")
+      return "--fault stall-send stalls a Gloo send: it needs --comm gloo";
+  }
   if (trace_alternate < 0) return "--trace-alternate must be 0 (off) or a number of steps";
   if (trace_alternate > 0 && !trace) return "--trace-alternate and --no-trace exclude each other";
   for (const Fault& f : faults) {
@@ -133,6 +140,7 @@ std::string TrainConfig::ToJson() const {
                 {"timeout_ms", timeout_ms},
                 {"device", device},
                 {"cuda_device", cuda_device},
+                {"comm", comm},
                 {"trace", trace},
                 {"trace_alternate", trace_alternate},
                 {"memory_snapshots", memory_snapshots}};
@@ -232,6 +240,12 @@ Result<TrainConfig> TrainConfig::FromJson(const std::string& text, const std::st
   }
   if (t.Has("cuda_device")) {
     ASSIGN_OR_RETURN(c.cuda_device, t.IntIn("cuda_device", 0, kMaxInt));
+  }
+  if (t.Has("comm")) {  // absent before NCCL: gloo
+    ASSIGN_OR_RETURN(c.comm, t.Str("comm"));
+    if (c.comm != "gloo" && c.comm != "nccl")
+      return InvalidArgument(source + ": train.comm: '" + c.comm +
+                             "' is not a transport this megascope knows (gloo, nccl)");
   }
   if (t.Has("trace")) {
     ASSIGN_OR_RETURN(c.trace, t.Bool("trace"));

@@ -171,7 +171,8 @@ class Worker {
     kernels::Backend backend = kernels::Backend::kCpu;
     (void)kernels::ParseBackend(cfg_.device, &backend);  // validated with the config
     std::string why;
-    kernels_ = kernels::CreateKernels(backend, cfg_.cuda_device, &why);
+    const int ordinal = cfg_.cuda_device + (cfg_.comm == "nccl" ? cfg_.LocalRankOf(rank_) : 0);
+    kernels_ = kernels::CreateKernels(backend, ordinal, &why);
     if (kernels_ == nullptr)  // this machine cannot run the job's backend: not the job's fault
       return FailedPrecondition("--device " + cfg_.device + ": " + why);
     if (backend == kernels::Backend::kCuda) {  // compute spans say when the device did the work
@@ -186,8 +187,7 @@ class Worker {
                    kernels_->device_name().c_str(), timer_->name().c_str());
     }
     const auto t_rdzv = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(comm_, CreateGlooCommunicator(rank_, l, go, tracer_.get()));
-    comm_ = StageThroughHost(std::move(comm_), kernels_.get());
+    ASSIGN_OR_RETURN(comm_, Connect(go));
     const auto t_load = std::chrono::steady_clock::now();
     model_ = std::make_unique<GptStage>(cfg_.model, l, rank_, comm_.get(), kernels_.get());
     m_ = kernels::Buffer<float>(kernels_.get(), model_->count());
@@ -294,12 +294,33 @@ class Worker {
     }
     return nullptr;
   }
+  // The communicator stack, chosen here and nowhere else (comm.h): a transport, every op traced,
+  // the link seam outermost (a held link makes the rank late to the op, not the op slow).
+  Result<std::unique_ptr<Communicator>> Connect(const GlooOptions& go) {
+    faults_ = std::make_unique<CommFaults>(tracer_.get());
+    std::unique_ptr<Communicator> transport;
+    if (cfg_.comm == "nccl") {
+      NcclOptions no;
+      no.rendezvous_dir = go.rendezvous_dir;
+      no.timeout = go.timeout;
+      no.stream = kernels_->stream();
+      ASSIGN_OR_RETURN(transport, CreateNcclCommunicator(rank_, cfg_.layout, no));
+    } else {
+      GlooOptions o = go;
+      o.faults = faults_.get();
+      ASSIGN_OR_RETURN(transport, CreateGlooCommunicator(rank_, cfg_.layout, o));
+      transport = StageThroughHost(std::move(transport), kernels_.get());
+    }
+    ASSIGN_OR_RETURN(auto traced, TraceCommunicator(std::move(transport), tracer_.get()));
+    return DelayLinks(std::move(traced), faults_.get());
+  }
+
   int ReportingRank() const { return cfg_.layout.RankOf({0, cfg_.layout.pp - 1, 0}); }
 
   Status Step(int64_t step) {
     const auto t0 = std::chrono::steady_clock::now();
     const Layout& l = cfg_.layout;
-    comm_->set_step(step);
+    faults_->set_step(step);
     const int m = cfg_.microbatches, stage = coords_.pp, P = l.pp;
     const int64_t local = cfg_.global_batch / l.dp, mb_size = local / m;
     const int T = cfg_.model.seq, C = cfg_.model.width;
@@ -330,7 +351,7 @@ class Worker {
       burned = f->seconds + (f->factor > 1 ? (f->factor - 1) * last_unslowed_s_ : 0);
       BurnSeconds(burned);
     }
-    if (FaultAt("stall-send", step)) comm_->ArmSendStall();
+    if (FaultAt("stall-send", step)) faults_->ArmSendStall();
 
     double loss_sum = 0;
     kernels::Buffer<float> buf_in(kernels_.get(), act), buf_out(kernels_.get(), act),
@@ -625,6 +646,7 @@ class Worker {
   std::unique_ptr<tracer::SignalDumper> dumper_;
   std::unique_ptr<kernels::Kernels> kernels_;  // outlives everything that holds its memory
   std::unique_ptr<tracer::SpanTimer> timer_;   // compute spans: host clock or CUDA events
+  std::unique_ptr<CommFaults> faults_;         // outlives comm_, which obeys it
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<GptStage> model_;
   kernels::Buffer<float> m_, v_;  // AdamW's moments

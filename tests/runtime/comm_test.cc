@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cstring>
+#include <latch>
 #include <numeric>
 #include <thread>
 
@@ -38,7 +40,9 @@ void RunRanks(const Layout& layout, const TempDir& dir, const std::string& job,
       ASSERT_TRUE(t.ok()) << t.status().ToString();
       GlooOptions o = opts;
       o.rendezvous_dir = dir.path() + "/rdzv";
-      auto c = CreateGlooCommunicator(r, layout, o, t->get());
+      auto g = CreateGlooCommunicator(r, layout, o);
+      ASSERT_TRUE(g.ok()) << g.status().ToString();
+      auto c = TraceCommunicator(std::move(*g), t->get());
       ASSERT_TRUE(c.ok()) << c.status().ToString();
       body(r, **c, **t);
     });
@@ -132,6 +136,131 @@ TEST(GlooCommTest, ADeadPeerFailsTheOpAndTheFlightRecorderSaysSo) {
         EXPECT_EQ(t.Snapshot().entries.back().state, tracer::OpState::kFailed);
       },
       opts);
+}
+
+// bf16 is the top half of an fp32: exact for these small values.
+uint16_t Bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+TEST(GlooCommTest, EachDtypeReducesAsItselfAndTheRecordSaysWhichItWas) {
+  TempDir dir;
+  Layout layout{2, 1, 1};
+  RunRanks(layout, dir, "dtypes", [&](int r, Communicator& c, tracer::Tracer& t) {
+    const int dp = c.Find("dp");
+    std::vector<uint16_t> h = {Bf16(1.5f), Bf16(static_cast<float>(r)), Bf16(-2.0f)};
+    CommOp sum{OpType::kAllreduce, dp, h.data(), h.data(), h.size(), DType::kBf16};
+    ASSERT_TRUE(c.Run(sum).ok());
+    EXPECT_EQ(h, (std::vector<uint16_t>{Bf16(3.0f), Bf16(1.0f), Bf16(-4.0f)}));
+    EXPECT_EQ(t.Snapshot().entries.back().dtype, DType::kBf16);
+    EXPECT_EQ(t.Snapshot().entries.back().bytes, 6u);
+    std::vector<uint16_t> m = {Bf16(static_cast<float>(r) - 0.5f)};
+    CommOp max{OpType::kAllreduce, dp, m.data(), m.data(), 1, DType::kBf16, ReduceOp::kMax};
+    ASSERT_TRUE(c.Run(max).ok());
+    EXPECT_EQ(m[0], Bf16(0.5f));
+    std::vector<double> d = {0.1 * (r + 1)};  // 0.1 + 0.2 as doubles, not floats
+    ASSERT_TRUE(c.Run({OpType::kAllreduce, dp, d.data(), d.data(), 1, DType::kF64}).ok());
+    EXPECT_EQ(d[0], 0.1 + 0.2);
+    std::vector<uint8_t> bytes = {static_cast<uint8_t>(r + 7)}, both(2);  // a byte move: any type
+    ASSERT_TRUE(c.Run({OpType::kAllgather, dp, bytes.data(), both.data(), 1, DType::kU8}).ok());
+    EXPECT_EQ(both, (std::vector<uint8_t>{7, 8}));
+    std::vector<int32_t> ints = {1};
+    Status refused = c.Run({OpType::kAllreduce, dp, ints.data(), ints.data(), 1, DType::kI32});
+    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.ToString();
+    EXPECT_NE(refused.message().find("cannot reduce i32"), std::string::npos) << refused.ToString();
+    EXPECT_EQ(t.Snapshot().entries.back().state, tracer::OpState::kFailed);
+  });
+}
+
+TEST(GlooCommTest, AbortEndsAReceiveInFlightAndEveryLaterOp) {
+  TempDir dir;
+  Layout layout{2, 1, 1};
+  GlooOptions opts;
+  opts.timeout = std::chrono::milliseconds(120000);  // only Abort can end the receive in time
+  std::latch done(2);  // rank 1 keeps its connections open until rank 0 has seen the abort
+  RunRanks(
+      layout, dir, "abort",
+      [&](int r, Communicator& c, tracer::Tracer& t) {
+        const int dp = c.Find("dp");
+        if (r == 1) {
+          done.arrive_and_wait();
+          return;
+        }
+        std::vector<float> in(64);
+        CommOp recv{OpType::kRecv, dp, nullptr, in.data(), in.size()};
+        recv.peer = 1;  // which never sends
+        std::unique_ptr<Work> w = c.Post(recv, nullptr);
+        std::thread watchdog([&] { c.Abort(); });
+        Status st = w->Wait();
+        watchdog.join();
+        EXPECT_EQ(st.code(), StatusCode::kAborted) << st.ToString();
+        EXPECT_NE(st.message().find("recv from rank 1 in dp.0.0 aborted"), std::string::npos)
+            << st.ToString();
+        EXPECT_EQ(t.Snapshot().entries.back().op, tracer::OpType::kRecv);
+        EXPECT_EQ(t.Snapshot().entries.back().state, tracer::OpState::kFailed);
+        Status later = c.Barrier(dp);
+        EXPECT_EQ(later.code(), StatusCode::kAborted) << later.ToString();
+        EXPECT_EQ(c.Rebuild(1).code(), StatusCode::kFailedPrecondition);
+        done.arrive_and_wait();
+      },
+      opts);
+}
+
+// The tracing decorator over a transport that is not Gloo: what the transport reports, and only
+// that, is in the flight recorder, from whichever thread reports it.
+class ScriptedTransport final : public Communicator {
+ public:
+  ScriptedTransport() { groups_.push_back({"tp.0.0", "tp", {0, 1}}); }
+  const std::vector<GroupSpec>& groups() const override { return groups_; }
+  std::unique_ptr<Work> Post(const CommOp& op, std::shared_ptr<OpObserver> obs) override {
+    if (op.type == OpType::kBarrier) return DoneWork(Internal("refused"));  // says nothing
+    obs->Started();
+    if (op.type == OpType::kAllreduce) {  // over by the time Post returns
+      obs->Moved(static_cast<int64_t>(op.bytes()), static_cast<int64_t>(op.bytes()));
+      obs->Finished(true);
+    } else {  // stream-ordered: the end is reported later, by someone else
+      later_ = std::move(obs);
+    }
+    return DoneWork(Status::Ok());
+  }
+  void Abort() override {}
+  std::shared_ptr<OpObserver> later_;
+
+ private:
+  std::vector<GroupSpec> groups_;
+};
+
+TEST(TraceCommunicatorTest, TheRecordFollowsWhatAnyTransportReports) {
+  TempDir dir;
+  tracer::RingOptions ro;
+  ro.dir = dir.path();
+  ro.job = "decorator";
+  ro.world_size = 2;
+  ro.lane_capacity = 64;
+  auto t = tracer::Tracer::Create(ro);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  auto owned = std::make_unique<ScriptedTransport>();
+  ScriptedTransport* transport = owned.get();
+  auto c = TraceCommunicator(std::move(owned), t->get());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<float> x(8);
+  ASSERT_TRUE((*c)->AllReduce(0, x.data(), x.size(), ReduceOp::kSum).ok());
+  ASSERT_TRUE((*c)->Send(0, 1, x.data(), 4).ok());
+  ASSERT_TRUE((*c)->WaitSends().ok());
+  tracer::RankSnapshot s = (*t)->Snapshot();
+  ASSERT_EQ(s.entries.size(), 2u);
+  EXPECT_EQ(s.entries[0].state, tracer::OpState::kCompleted);
+  EXPECT_EQ(s.entries[0].bytes_received, 32);
+  EXPECT_EQ(s.entries[1].state, tracer::OpState::kStarted);  // waited for, not yet over
+  EXPECT_EQ(s.entries[1].peer, 1);
+  std::thread([&] { transport->later_->Finished(false); }).join();  // a watchdog's verdict
+  EXPECT_EQ((*t)->Snapshot().entries[1].state, tracer::OpState::kFailed);
+  EXPECT_FALSE((*c)->Barrier(0).ok());
+  EXPECT_EQ((*t)->Snapshot().entries.back().op, tracer::OpType::kBarrier);
+  EXPECT_EQ((*t)->Snapshot().entries.back().state, tracer::OpState::kFailed);
+  EXPECT_EQ((*t)->Snapshot().entries.back().started_at_ns, 0);  // it never started
 }
 
 }  // namespace

@@ -59,6 +59,27 @@ TEST(RunJsonTest, TheDeviceIsKeptAndCheckedBeforeAnyWorkerStarts) {
   EXPECT_NE(c->Validate().find("--device must be cpu or cuda"), std::string::npos);
 }
 
+TEST(RunJsonTest, TheTransportIsKeptAndNcclNeedsTheDevice) {
+  auto c = TrainConfig::FromJson(Seed("demo_222.json"), "demo_222.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->comm, "gloo");  // the seed predates the field
+  c->device = "cuda";
+  c->comm = "nccl";
+  auto again = TrainConfig::FromJson(c->ToJson(), "again");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->comm, "nccl");
+  std::string text = c->ToJson();
+  text.replace(text.find("\"nccl\""), 6, "\"mpi\"");
+  auto refused = TrainConfig::FromJson(text, "run.json");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("run.json: train.comm: 'mpi'"), std::string::npos)
+      << refused.status().message();
+  c->device = "cpu";
+  EXPECT_NE(c->Validate().find("--comm nccl needs --device cuda"), std::string::npos);
+  c->comm = "ucx";
+  EXPECT_NE(c->Validate().find("--comm must be gloo or nccl"), std::string::npos);
+}
+
 // Agents on hosts of their own (--hosts, --slurm) are written and read at their own address.
 TEST(RunJsonTest, AnAgentOnItsOwnHostIsListedAtItsAddress) {
   auto c = TrainConfig::FromJson(Seed("demo_222.json"), "demo_222.json");

@@ -101,17 +101,9 @@ TEST(ModelTpTest, TensorParallelBlockGradientsEqualTheSingleRankOnes) {
   threads.reserve(2);
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
-      tracer::RingOptions ro;
-      ro.dir = dir.path();
-      ro.job = "modeltp";
-      ro.rank = r;
-      ro.world_size = 2;
-      ro.lane_capacity = 1024;
-      auto t = tracer::Tracer::Create(ro);
-      ASSERT_TRUE(t.ok());
       GlooOptions go;
       go.rendezvous_dir = dir.path() + "/rdzv";
-      auto comm = CreateGlooCommunicator(r, layout, go, t->get());
+      auto comm = CreateGlooCommunicator(r, layout, go);
       ASSERT_TRUE(comm.ok()) << comm.status().ToString();
       GptStage s(cfg, layout, r, comm->get());
       ASSERT_TRUE(

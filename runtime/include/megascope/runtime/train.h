@@ -53,10 +53,13 @@ struct TrainConfig {
   float weight_decay = 0.1f;
   int checkpoint_every = 0;  // 0: only on request
   int timeout_ms = 30000;    // collective timeout
-  // The compute backend: "cpu", or "cuda" (every rank on CUDA device `cuda_device`, communicating
-  // through Gloo from pinned host buffers).
+  // The compute backend: "cpu", or "cuda" (every rank on CUDA device `cuda_device`; with NCCL,
+  // on `cuda_device` + its local rank, one GPU each).
   std::string device = "cpu";
   int cuda_device = 0;
+  // The transport: "gloo" (host memory; device data through pinned host buffers, so any number of
+  // ranks can share one GPU), or "nccl" (device memory, --device cuda, one GPU per rank).
+  std::string comm = "gloo";
   std::vector<Fault> faults;
   bool trace = true;  // false: spans and flight recorder off (to measure their cost)
   // > 0: tracing on and off in alternating blocks of this many steps (on, off, off, on, ...), and
