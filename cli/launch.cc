@@ -90,7 +90,7 @@ int RunLaunch(const Args& args) {
       "verdicts of the detector and straggler analysis below this confidence only alert")(
       "inject", po::value(&injects)->composing(),
       "inject a fault into the real processes (repeatable): "
-      "crash|hang|stall-send:node=N|rank=R,at=STEP; "
+      "crash|hang|freeze|stall-send:node=N|rank=R,at=STEP; "
       "slow:node=N|rank=R|pp=S,at=STEP,seconds=X|factor=F; "
       "metric:node=N,what=nic-errors|memory,at=STEP|SECONDSs[,seconds=D]; "
       "link:node=N,kind=slow[,rate=MBPS]|loss[,loss=PCT]|down,at=STEP|SECONDSs[,seconds=D] "

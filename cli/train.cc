@@ -78,7 +78,8 @@ int RunTrain(const Args& args) {
       "attempt", po::value(&c.attempt)->default_value(0), "attempt number (restarts bump it)")(
       "no-agents", "do not start a megascope agent per node")(
       "fault", po::value(&faults)->composing(),
-      "inject a fault: KIND:rank=R,step=S[,seconds=X] with KIND crash, hang, stall-send, slow or "
+      "inject a fault: KIND:rank=R,step=S[,seconds=X] with KIND crash, hang, freeze (SIGSTOP), "
+      "stall-send, slow or "
       "slow-checkpoint (its disk checkpoints from step S take X s longer) (repeatable)");
   po::variables_map vm;
   if (auto rc = ParseArgs(

@@ -800,8 +800,26 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
                          m.how.expected + ", found " + m.how.found);
     out.push_back(std::move(v));
   }
+  // A rank whose process exists but whose heartbeat stopped while its peers' beat on is frozen
+  // (SIGSTOP, uninterruptible sleep, a stuck driver call): its transfers stop because it does, so
+  // it is a root itself (step 3), never one end of a stalled link.
+  int64_t freshest = 0;
+  for (const Rank& R : ranks) {
+    if (R.present)
+      freshest = std::max(freshest, Minus(R.dump->snapshot.heartbeat.updated_at_ns, R.offset));
+  }
+  auto heartbeat_lag = [&](int r) {
+    return Minus(freshest, Minus(ranks[r].dump->snapshot.heartbeat.updated_at_ns, ranks[r].offset));
+  };
+  std::set<int> frozen;
+  for (int r = 0; r < n; ++r) {
+    if (ranks[r].present && ranks[r].alive &&
+        heartbeat_lag(r) > static_cast<int64_t>(opt.stale_heartbeat_s * 1e9))
+      frozen.insert(r);
+  }
   // 2. Stalled links: both sides posted, the data stopped.
   for (const Link& l : links) {
+    if (frozen.count(l.sender) || frozen.count(l.receiver)) continue;
     const bool p2p = tracer::IsP2P(l.op);
     Verdict v = link_verdict(l.sender, l.receiver, l.seq, l.op, l.group, 0.85);
     if (!p2p) v.mismatch = std::string(Name(MismatchKind::kState));  // completed on one, not both
@@ -825,12 +843,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     explained.insert(l.receiver);
     out.push_back(std::move(v));
   }
-  // 3. The ranks at the end of the wait-for edges.
-  int64_t freshest = 0;
-  for (const Rank& R : ranks) {
-    if (R.present)
-      freshest = std::max(freshest, Minus(R.dump->snapshot.heartbeat.updated_at_ns, R.offset));
-  }
+  // 3. The ranks at the end of the wait-for edges, and the frozen ones wherever they wait.
   // Follow the edges from every waiting rank to the ranks that wait on nobody.
   std::set<int> sinks;
   {
@@ -849,13 +862,15 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       for (int m : it->second) todo.push_back(m);
     }
   }
+  sinks.insert(frozen.begin(), frozen.end());
   std::map<std::string, std::vector<int>> by_cause;
   std::vector<std::pair<int, int>> crawling;  // (rank, peer): a transfer moving too slowly
   std::map<int, std::string> why;
   for (int r : sinks) {
     // Explained already, or itself stuck in an op every peer joined (a link or an unknown case)
     // -- unless its device never started what its peers' devices did.
-    if (explained.count(r) || (waiting.count(r) && !not_started.count(r))) continue;
+    if (explained.count(r) || (waiting.count(r) && !not_started.count(r) && !frozen.count(r)))
+      continue;
     const Rank& R = ranks[r];
     std::string cause = "rank_not_joined";
     if (!R.present) {
@@ -864,15 +879,11 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     } else if (!R.alive) {
       cause = "rank_dead";
       why[r] = "its process is gone";
-    } else if (Minus(freshest, Minus(R.dump->snapshot.heartbeat.updated_at_ns, R.offset)) >
-               static_cast<int64_t>(opt.stale_heartbeat_s * 1e9)) {
+    } else if (frozen.count(r)) {
       cause = "rank_dead";
-      why[r] =
-          "its heartbeat is " +
-          Fmt("%.0f", static_cast<double>(Minus(
-                          freshest, Minus(R.dump->snapshot.heartbeat.updated_at_ns, R.offset))) /
-                          1e9) +
-          " s older than its peers'";
+      why[r] = "its process exists but is frozen: its heartbeat is " +
+               Fmt("%.0f", static_cast<double>(heartbeat_lag(r)) / 1e9) +
+               " s older than its peers'";
     }
     // Alive, and not stuck in compute: moving a transfer whose other side is posted, on another
     // host, just not for long enough to count as a wait. Its data crawls over the link (a lossy

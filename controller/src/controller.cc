@@ -777,10 +777,13 @@ struct Controller::Impl {
   }
 
   // The thresholds an incident's hang analysis decides with: a wait counts from half the hang
-  // trigger's threshold (at most the analyzer's 10 s).
+  // trigger's threshold (at most the analyzer's 10 s); so does a heartbeat's silence (at least
+  // 2 s: a worker beats every 100 ms from a thread of its own, so a rank whose heartbeat is that
+  // far behind its peers' while its process exists is frozen, not slow).
   analyzer::HangOptions IncidentHangOptions() const {
     analyzer::HangOptions ho;
     ho.min_wait_s = std::min(10.0, HangThreshold() / 2);
+    ho.stale_heartbeat_s = std::clamp(HangThreshold() / 2, 2.0, ho.stale_heartbeat_s);
     return ho;
   }
 

@@ -6,9 +6,10 @@
 namespace megascope::controller {
 namespace {
 
-constexpr std::array<std::pair<FaultKind, std::string_view>, 9> kKinds = {{
+constexpr std::array<std::pair<FaultKind, std::string_view>, 10> kKinds = {{
     {FaultKind::kCrash, "crash"},
     {FaultKind::kHang, "hang"},
+    {FaultKind::kFreeze, "freeze"},
     {FaultKind::kStallSend, "stall-send"},
     {FaultKind::kSlow, "slow"},
     {FaultKind::kKillAgent, "kill-agent"},
@@ -41,8 +42,8 @@ std::string_view Name(FaultKind kind) {
 }
 
 bool IsWorkerFault(FaultKind k) {
-  return k == FaultKind::kCrash || k == FaultKind::kHang || k == FaultKind::kStallSend ||
-         k == FaultKind::kSlow;
+  return k == FaultKind::kCrash || k == FaultKind::kHang || k == FaultKind::kFreeze ||
+         k == FaultKind::kStallSend || k == FaultKind::kSlow;
 }
 
 Result<Injection> ParseInjection(const std::string& spec) {

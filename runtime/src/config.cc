@@ -14,10 +14,11 @@ Result<Fault> ParseFault(const std::string& spec) {
   const auto colon = spec.find(':');
   Fault f;
   f.kind = spec.substr(0, colon);
-  if (f.kind != "crash" && f.kind != "hang" && f.kind != "stall-send" && f.kind != "slow" &&
-      f.kind != "slow-checkpoint") {
-    return InvalidArgument("fault '" + spec +
-                           "': kind must be crash, hang, stall-send, slow or slow-checkpoint");
+  if (f.kind != "crash" && f.kind != "hang" && f.kind != "freeze" && f.kind != "stall-send" &&
+      f.kind != "slow" && f.kind != "slow-checkpoint") {
+    return InvalidArgument(
+        "fault '" + spec +
+        "': kind must be crash, hang, freeze, stall-send, slow or slow-checkpoint");
   }
   if (colon == std::string::npos)
     return InvalidArgument("fault '" + spec + "' needs rank=R,step=S");

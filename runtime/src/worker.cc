@@ -369,6 +369,7 @@ class Worker {
       }
       if (stage < P - 1)
         RETURN_IF_ERROR(comm_->Send(PpGroup(), PeerStage(stage + 1), buf_out.data(), act));
+      if (k == 0 && FaultAt("freeze", step)) Freeze(step);
       return Status::Ok();
     };
     const float scale = 1.0f / static_cast<float>(cfg_.global_batch * T);
@@ -472,6 +473,17 @@ class Worker {
     std::fflush(stderr);
     tracer::Tracer::Scope span(tracer_.get(), SpanKind::kCompute, names_["fault"], step);
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+
+  // The whole process stops, heartbeat thread included (what uninterruptible sleep or a stuck
+  // driver call looks like from outside), its send to the next stage just posted.
+  void Freeze(int64_t step) {
+    std::fprintf(stderr,
+                 "[worker] rank %d: injected freeze at step %lld (SIGSTOP: every thread, the "
+                 "heartbeat's too)\n",
+                 rank_, static_cast<long long>(step));
+    std::fflush(stderr);
+    ::raise(SIGSTOP);
   }
 
   int PpGroup() const { return comm_->Find("pp"); }

@@ -76,6 +76,25 @@ TEST_F(LaunchTest, AStalledSendSelfChecksBothEndsAndRestartsInPlaceWhenBothPass)
   ExpectNoDuplicateRows();
 }
 
+// A rank stopped whole (SIGSTOP: its heartbeat too) just after posting its send is no stalled link:
+// its process exists, its heartbeat fell behind its peers', and its node is evicted.
+TEST_F(LaunchTest, AFrozenRankIsNamedAsItsOwnRootNotAStalledLinkAndItsNodeEvicted) {
+  const std::string pp2 = "--pp 2 --nodes 2";
+  CommandResult r = Launch(pp2, "--spares 1 --inject freeze:rank=0,at=5");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto ev = Events();
+  ASSERT_GE(Of(ev, "verdict").size(), 1u);
+  EXPECT_EQ(Of(ev, "verdict")[0].detail["cause"], "rank_dead") << Of(ev, "verdict")[0].detail;
+  EXPECT_EQ(Of(ev, "verdict")[0].detail["root_ranks"], nlohmann::json::array({0}));
+  EXPECT_NE(Of(ev, "verdict")[0].detail["explanation"].get<std::string>().find("frozen"),
+            std::string::npos)
+      << Of(ev, "verdict")[0].detail;
+  ASSERT_EQ(Of(ev, "eviction").size(), 1u);
+  EXPECT_EQ(Of(ev, "eviction")[0].node, "node0");
+  ExpectLossesContinue(pp2);
+  ExpectNoDuplicateRows();
+}
+
 TEST_F(LaunchTest, ADeadAgentIsRestartedWithoutEvictionAndNoRowIsLostOrDuplicated) {
   CommandResult r = Launch(kDp2, "--inject kill-agent:node=node0,at=4");
   ASSERT_EQ(r.code, 0) << r.out;

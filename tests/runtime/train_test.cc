@@ -287,7 +287,8 @@ TEST_F(TrainTest, BadConfigurationIsRefusedBeforeAnyWorkerStarts) {
       {"--dp 3", "global batch 4 is not divisible by dp"},
       {"--dp 2 --nodes 3", "--nodes must be between 1 and the world size 2"},
       {"--fault crash:rank=9,step=1", "fault rank 9 is outside world size 1"},
-      {"--fault explode:rank=0", "kind must be crash, hang, stall-send, slow or slow-checkpoint"},
+      {"--fault explode:rank=0",
+       "kind must be crash, hang, freeze, stall-send, slow or slow-checkpoint"},
       {"--no-trace --trace-alternate 2", "--trace-alternate and --no-trace exclude each other"},
   };
   for (const Case& c : cases) {

@@ -201,6 +201,12 @@ def main():
     scenario("op_mismatch_op_4x2x1", j4, [{"cause": "op_mismatch", "root_ranks": [3]}],
              mutate={(3, index_of(j4, 3, 1, "allreduce", "tp", 1)): {"op": "allgather"}})
     scenario("link_stall_2x2x2", j, [{"cause": "link_stall", "root_ranks": [2, 6]}], stall=(2, 6, 1))
+    # A frozen rank (SIGSTOP: its process exists, its heartbeat stopped) mid-transfer: the transfer
+    # stops because the rank does; the rank is the root, not the link.
+    scenario("frozen_sender_2x2x2", j, [{"cause": "rank_dead", "root_ranks": [2]}], stall=(2, 6, 1),
+             stale={2})
+    scenario("frozen_receiver_2x2x2", j, [{"cause": "rank_dead", "root_ranks": [6]}], stall=(2, 6, 1),
+             stale={6})
     j114 = Job(1, 1, 4)
     scenario("link_stall_pipeline_1x1x4", j114, [{"cause": "link_stall", "root_ranks": [1, 2]}], stall=(1, 2, 2))
     scenario("two_roots_4x2x1", j4, [{"cause": "rank_not_joined", "root_ranks": [1]}, {"cause": "rank_dead", "root_ranks": [6]}],

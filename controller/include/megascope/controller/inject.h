@@ -35,6 +35,7 @@ namespace megascope::controller {
 enum class FaultKind {
   kCrash,
   kHang,
+  kFreeze,  // the rank's process stops (SIGSTOP), heartbeat included
   kStallSend,
   kSlow,
   kKillAgent,
