@@ -3,45 +3,32 @@
 # bench/results/<name>.txt.   Usage: bench/run.sh tracer|comm
 set -euo pipefail
 cd "$(dirname "$0")/.."
-name=${1:?usage: bench/run.sh tracer}
+name=${1:?usage: bench/run.sh tracer|comm}
+
+# google_bench NAME TARGET SUMMARY: the target's 9 repetitions (aggregates), then SUMMARY's
+# reading of their JSON, into bench/results/TARGET.txt.
+google_bench() {
+  local name=$1 target=$2 summary=$3
+  cmake --build --preset release --target "$target" >/dev/null
+  local out=bench/results/$target.txt json
+  json=$(mktemp)
+  local cmd="build/release/bench/$target --benchmark_repetitions=9 --benchmark_report_aggregates_only=true"
+  {
+    echo "# command: bench/run.sh $name  ->  $cmd"
+    echo "# date: $(date -u +%FT%TZ)  host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
+    $cmd --benchmark_out="$json" --benchmark_out_format=json 2>&1
+    python3 "$summary" "$json"
+  } | tee "$out"
+  rm -f "$json"
+}
+
+case $name in
+  tracer | comm) ;;
+  *) echo "unknown benchmark '$name' (known: tracer, comm)" >&2; exit 2 ;;
+esac
 scripts/setup.sh
 cmake --preset release >/dev/null
 case $name in
-  tracer)
-    cmake --build --preset release --target tracer_bench >/dev/null
-    out=bench/results/tracer_bench.txt
-    json=$(mktemp)
-    cmd="build/release/bench/tracer_bench --benchmark_repetitions=9 --benchmark_report_aggregates_only=true"
-    {
-      echo "# command: bench/run.sh tracer  ->  $cmd"
-      echo "# date: $(date -u +%FT%TZ)  host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
-      $cmd --benchmark_out="$json" --benchmark_out_format=json 2>&1
-      python3 bench/summarize_tracer.py "$json"
-    } | tee "$out"
-    rm -f "$json"
-    ;;
-  comm)
-    cmake --build --preset release --target comm_bench >/dev/null
-    out=bench/results/comm_bench.txt
-    json=$(mktemp)
-    cmd="build/release/bench/comm_bench --benchmark_repetitions=9 --benchmark_report_aggregates_only=true"
-    {
-      echo "# command: bench/run.sh comm  ->  $cmd"
-      echo "# date: $(date -u +%FT%TZ)  host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
-      $cmd --benchmark_out="$json" --benchmark_out_format=json 2>&1
-      python3 - "$json" <<'PY'
-import json, sys
-rows = {}
-for b in json.load(open(sys.argv[1]))["benchmarks"]:
-    if b.get("aggregate_name") == "median":
-        rows[b["label"]] = b["real_time"]
-print("\nsummary (medians of 9 repetitions, ns per blocking all-reduce of one float):")
-for t in ("instant", "gloo"):
-    u, tr = rows[t + " untraced"], rows[t + " traced"]
-    print(f"  {t:8s} untraced {u:8.1f}   traced {tr:8.1f}   host cost of tracing an op {tr - u:7.1f} ns")
-PY
-    } | tee "$out"
-    rm -f "$json"
-    ;;
-  *) echo "unknown benchmark '$name' (known: tracer, comm)" >&2; exit 2 ;;
+  tracer) google_bench tracer tracer_bench bench/summarize_tracer.py ;;
+  comm) google_bench comm comm_bench bench/summarize_comm.py ;;
 esac
