@@ -230,12 +230,7 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
-  std::string What(const CommOp& op) const {
-    std::string w(tracer::Name(op.type));
-    if (tracer::IsP2P(op.type))
-      w += (op.type == OpType::kSend ? " to rank " : " from rank ") + std::to_string(op.peer);
-    return w + " in " + groups_[op.group].name;
-  }
+  std::string What(const CommOp& op) const { return Describe(op, groups_[op.group]); }
 
   static bool OnDevice(const void* p) {
     cudaPointerAttributes a{};

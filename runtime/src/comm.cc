@@ -25,6 +25,13 @@ std::unique_ptr<Work> DoneWork(Status status) {
   return std::make_unique<FinishedWork>(std::move(status));
 }
 
+std::string Describe(const CommOp& op, const GroupSpec& group) {
+  std::string w(tracer::Name(op.type));
+  if (tracer::IsP2P(op.type))
+    w += (op.type == OpType::kSend ? " to rank " : " from rank ") + std::to_string(op.peer);
+  return w + " in " + group.name;
+}
+
 int Communicator::Find(const std::string& kind) const {
   const auto& g = groups();
   for (size_t i = 0; i < g.size(); ++i) {

@@ -193,12 +193,7 @@ class GlooCommunicator final : public Communicator {
   }
 
  private:
-  std::string What(const CommOp& op) const {
-    std::string w(tracer::Name(op.type));
-    if (tracer::IsP2P(op.type))
-      w += (op.type == OpType::kSend ? " to rank " : " from rank ") + std::to_string(op.peer);
-    return w + " in " + groups_[op.group].name;
-  }
+  std::string What(const CommOp& op) const { return Describe(op, groups_[op.group]); }
 
   // Runs a collective to its end (Gloo's collectives are blocking).
   Status RunCollective(const CommOp& op) {

@@ -65,6 +65,9 @@ class OpObserver {
   virtual void Finished(bool ok) = 0;
 };
 
+// What an op is, in errors of every transport: "send to rank 3 in pp.0.1", "allreduce in dp.0.0".
+std::string Describe(const CommOp& op, const GroupSpec& group);
+
 // An op in flight. Wait() blocks until the op's result may be used, or fails; call it once. On a
 // host transport that is when the op is over; on a device transport (NCCL) when it is ordered
 // before any later work on the compute stream: the watchdog reports its end, and an op that fails
