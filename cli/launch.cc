@@ -52,6 +52,11 @@ int RunLaunch(const Args& args) {
       "min-bandwidth-ratio",
       po::value(&co.min_bandwidth_ratio)->default_value(co.min_bandwidth_ratio),
       "self-check: all-reduce bandwidth needed, as a share of a healthy pair's")(
+      "min-free-mb", po::value<double>(),
+      "megabytes the run directory's filesystem must keep free: under it the job pauses (the ranks "
+      "stop, their newest state stays in memory) and resumes by itself once space is back; a "
+      "launch does not start under it. Default: two checkpoints of this job plus 64. 0: pause "
+      "only when the filesystem is full or a write fails")(
       "no-memory-snapshots",
       "keep no every-step state in host memory (restart from disk checkpoints only)")(
       "allow-remote", "agents and the control endpoint listen on every address, not only loopback")(
@@ -108,6 +113,15 @@ int RunLaunch(const Args& args) {
   c.memory_snapshots = vm.count("no-memory-snapshots") == 0;
   co.allow_remote = vm.count("allow-remote") > 0;
   if (spares < 0) return Fail("launch", "--spares must be >= 0", 2);
+  if (vm.count("min-free-mb")) {
+    const double mb = vm["min-free-mb"].as<double>();
+    if (!(mb >= 0)) return Fail("launch", "--min-free-mb must be >= 0", 2);
+    co.min_free_bytes = static_cast<uint64_t>(mb * 1e6);
+  } else {  // a checkpoint: every rank's parameters and two moments in fp32, per replica
+    co.min_free_bytes = 2 * static_cast<uint64_t>(c.model.ParameterCount()) * 12 *
+                            static_cast<uint64_t>(c.layout.dp) +
+                        64000000;
+  }
   if (co.tick_s <= 0 || co.hang_after_s <= 0 || co.max_evictions < 0) {
     return Fail("launch", "--tick and --hang-after must be positive, --max-evictions >= 0", 2);
   }
@@ -186,7 +200,8 @@ int RunLaunch(const Args& args) {
       return Fail("launch", "--inject '" + spec + "': rank outside the world", 2);
     co.injections.push_back(*in);
   }
-  if (Status st = runtime::PrepareRunDirectory(c); !st.ok()) return Fail("launch", st.message(), 2);
+  if (Status st = runtime::PrepareRunDirectory(c, /*keep_progress=*/true); !st.ok())
+    return Fail("launch", st.message(), 2);
   auto exe = launch::SelfExe();
   if (!exe.ok()) return Fail("launch", exe.status().message());
   co.supervisor.self_exe = *exe;
@@ -213,9 +228,8 @@ int RunLaunch(const Args& args) {
       run.faults.push_back({f.kind, f.rank, f.step, f.seconds, f.factor});
     return tracer::WriteFileAtomic(launch::RunLayout(run.run_dir).run_json(), run.ToJson());
   };
-  // Leftovers of an earlier launch under this job name would be taken for this one's state.
-  std::error_code ec;
-  std::filesystem::remove_all(launch::MemoryRoot(c.shm_dir, c.job), ec);
+  // The controller adopts the state an unfinished launch in this run directory left in memory, and
+  // drops any other under this job name.
   controller::Controller ctl(std::move(co));
   return ctl.Run();
 }

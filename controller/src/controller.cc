@@ -27,6 +27,7 @@
 #include "megascope/analyzer/query.h"
 #include "megascope/analyzer/timeline.h"
 #include "megascope/controller/control_db.h"
+#include "megascope/controller/disk_guard.h"
 #include "megascope/controller/report.h"
 #include "megascope/launch/link_seam.h"
 #include "megascope/launch/progress.h"
@@ -187,6 +188,7 @@ struct Controller::Impl {
   int64_t last_step_done = 0;  // completed steps of the job so far (the newest step line)
   bool attempt_stepped = false;
   int fruitless_attempts = 0;  // consecutive attempts that ended before their first step
+  bool adopted = false;        // this launch took over an unfinished run of the run directory
   // The last crash blamed on a machine: how it failed, at what step, and the node evicted for it.
   // The same failure at the same step on the node that replaced it is the job's, not a machine's.
   struct Failure {
@@ -204,6 +206,13 @@ struct Controller::Impl {
   std::vector<int32_t> incident_ranks;  // its verdicts' root ranks  // for "resumed": the open
                                         // incident's trigger time
   launch::ProgressReader progress;
+  int64_t missing_steps = 0;  // step lines of an attempt that never reached the progress stream
+
+  // The run directory's space, and what could not be written to it yet.
+  DiskGuard disk;
+  std::deque<Event> unrecorded;  // control.db events not written yet (a full disk)
+  bool record_failing = false;
+  std::vector<std::string> unwritten;  // files the launch could not write (reports)
 
   // Online evidence (faults that do not stop the job).
   std::unique_ptr<OnlineDetector> online;
@@ -234,7 +243,8 @@ struct Controller::Impl {
       : opt(std::move(o)),
         sup(opt.supervisor),
         layout(opt.supervisor.run_dir),
-        progress(layout.progress()) {
+        progress(layout.progress()),
+        disk(layout.dir(), opt.min_free_bytes, opt.free_space) {
     if (opt.detector_tick_s > 0) {
       detector::DetectorConfig dc;
       dc.tick_s = opt.detector_tick_s;
@@ -257,8 +267,27 @@ struct Controller::Impl {
     e.node = node;
     e.rank = rank;
     e.detail = std::move(detail);
-    if (Status st = db->Record(e); !st.ok())
-      std::fprintf(stderr, "[launch] %s\n", st.ToString().c_str());
+    unrecorded.push_back(std::move(e));
+    FlushRecords();
+  }
+  // Writes the events kept in memory, in order. One that cannot be written (a full disk) stays,
+  // with every later one, for the next try, and tells the disk guard; false then.
+  bool FlushRecords() {
+    while (!unrecorded.empty()) {
+      if (Status st = db->Record(unrecorded.front()); !st.ok()) {
+        if (!record_failing) {
+          Log("cannot record in control.db: " + st.ToString() +
+              " (the events stay in memory and are written when it can be)");
+        }
+        record_failing = true;
+        disk.NoteFailedWrite(st.message());
+        return false;
+      }
+      unrecorded.pop_front();
+    }
+    if (record_failing) Log("control.db is written again, with the events kept meanwhile");
+    record_failing = false;
+    return true;
   }
 
   // ------------------------------------------------------------------ setup
@@ -266,7 +295,12 @@ struct Controller::Impl {
   Status Setup() {
     std::error_code ec;
     fs::create_directories(layout.dir(), ec);
+    if (std::string why; disk.Short(&why)) {
+      return FailedPrecondition(why + ": a job must not start where its checkpoints and records " +
+                                "cannot be kept (free space, or lower --min-free-mb)");
+    }
     ASSIGN_OR_RETURN(db, ControlDb::Open(layout.control_db()));
+    progress.SkipExisting();  // an earlier launch's lines are history, not this launch's progress
     const std::string token = RandomToken();
     if (!opt.supervisor.agent_token_file.empty()) agent_token = token;
     {
@@ -331,7 +365,69 @@ struct Controller::Impl {
     }
     active = opt.nodes;
     spares.assign(opt.spares.begin(), opt.spares.end());
+    return AdoptEarlierRun();
+  }
+
+  // A run directory holds the record of every launch in it. When the last one did not finish
+  // (its controller was killed, a person stopped it, it paused), this launch adopts it: attempt
+  // numbers go on after its last (trace rows and rendezvous stay apart), its evictions stand (the
+  // nodes it evicted stay out, the spares it took in stay in) and the first attempt resumes from
+  // its newest state (the memory snapshots it left, else a disk checkpoint). Otherwise state in
+  // memory under this job name is an earlier launch's and is dropped.
+  Status AdoptEarlierRun() {
+    ASSIGN_OR_RETURN(std::vector<Event> events, db->Events());
+    std::vector<std::string> nodes, gone;
+    bool finished = false;
+    for (const Event& e : events) {
+      attempt = std::max(attempt, e.attempt + 1);
+      if (e.kind == EventKind::kRestart && e.detail.contains("nodes")) {
+        nodes = e.detail["nodes"].get<std::vector<std::string>>();
+        finished = false;
+      } else if (e.kind == EventKind::kEviction && !e.node.empty()) {
+        gone.push_back(e.node);
+      } else if (e.kind == EventKind::kJobFinished) {
+        finished = e.detail.value("status", "") == "finished";
+      }
+    }
+    std::error_code ec;
+    if (events.empty() || finished || nodes.empty()) {
+      fs::remove_all(launch::MemoryRoot(opt.supervisor.shm_dir, opt.supervisor.job), ec);
+      if (!events.empty())
+        Log("the run directory holds a finished run: this launch starts at attempt " +
+            std::to_string(attempt));
+      return Status::Ok();
+    }
+    std::set<std::string> known(opt.nodes.begin(), opt.nodes.end());
+    known.insert(opt.spares.begin(), opt.spares.end());
+    for (const std::string& n : nodes) {
+      if (!known.count(n) || nodes.size() != opt.nodes.size()) {
+        return FailedPrecondition(
+            "the run directory's last launch (attempt " + std::to_string(attempt - 1) +
+            ") ran on " + Join(nodes) + ", which this launch's --nodes/--spares do not cover: " +
+            "relaunch with the same node options, or use a new run directory");
+      }
+    }
+    active = nodes;
+    spares.clear();
+    for (const std::string& n : opt.spares) {
+      if (std::find(active.begin(), active.end(), n) == active.end() &&
+          std::find(gone.begin(), gone.end(), n) == gone.end())
+        spares.push_back(n);
+    }
+    for (const std::string& n : gone) {
+      if (std::find(active.begin(), active.end(), n) == active.end()) evicted[n] = Clock::now();
+    }
+    adopted = true;
+    Log("adopting the unfinished run in " + layout.dir() + ": attempt " + std::to_string(attempt) +
+        " on " + Join(active) + (gone.empty() ? "" : " (evicted before: " + Join(gone) + ")") +
+        ", resuming from its newest state");
     return Status::Ok();
+  }
+  std::vector<std::string> MemoryDirs() const {
+    std::vector<std::string> memory;
+    for (const std::string& n : active)
+      memory.push_back(launch::NodeMemoryDir(opt.supervisor.shm_dir, opt.supervisor.job, n));
+    return memory;
   }
 
   // -------------------------------------------------------------- self-check
@@ -567,7 +663,10 @@ struct Controller::Impl {
       } else if (event.empty() && line.contains("step")) {
         std::printf("%s\n", launch::FormatStepLine(line, opt.steps).c_str());
         std::fflush(stdout);
-        last_step_done = line.value("step", last_step_done);
+        const int64_t step = line.value("step", last_step_done);
+        if (line_attempt == attempt && attempt_stepped && step > last_step_done + 1)
+          missing_steps += step - last_step_done - 1;
+        last_step_done = step;
         step_times.push_back(line.value("step_time_s", 0.0));
         last_progress = Clock::now();
         if (line_attempt == attempt && !attempt_stepped) {
@@ -1104,10 +1203,13 @@ struct Controller::Impl {
       return false;
     }
     CorruptIfInjected();
-    std::vector<std::string> memory;
-    for (const std::string& n : active)
-      memory.push_back(launch::NodeMemoryDir(opt.supervisor.shm_dir, opt.supervisor.job, n));
-    launch::ResumePoint resume = launch::FindResumePoint(layout, memory, opt.world);
+    return Restart(restart_cause, lost);
+  }
+
+  // Starts the next attempt on the active nodes from the newest state (a memory snapshot, else a
+  // disk checkpoint); `lost`: the steps done before the stop. False when the controller paused.
+  bool Restart(const std::string& restart_cause, int64_t lost) {
+    launch::ResumePoint resume = launch::FindResumePoint(layout, MemoryDirs(), opt.world);
     if (!resume.log.empty()) std::printf("%s", resume.log.c_str());
     ++attempt;
     const int64_t resume_step = std::max<int64_t>(resume.step, 0);
@@ -1133,9 +1235,7 @@ struct Controller::Impl {
     for (Injection& in : opt.injections) {
       if (in.fired || in.kind != FaultKind::kCorruptCheckpoint) continue;
       in.fired = true;
-      std::vector<std::string> memory;
-      for (const std::string& n : active)
-        memory.push_back(launch::NodeMemoryDir(opt.supervisor.shm_dir, opt.supervisor.job, n));
+      const std::vector<std::string> memory = MemoryDirs();
       std::vector<std::string> victims;
       const launch::ResumePoint mem = launch::FindMemorySnapshot(memory, opt.world);
       if (mem.step >= 0) {
@@ -1165,6 +1265,80 @@ struct Controller::Impl {
     std::string s;
     for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
     return s;
+  }
+
+  // --------------------------------------------------------------- disk space
+
+  // Takes a stop request out of the control queue (other commands wait for the job to run).
+  bool StopRequested() {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = std::find_if(commands.begin(), commands.end(),
+                           [](const Command& c) { return c.what == "stop"; });
+    if (it == commands.end()) return false;
+    commands.erase(it);
+    return true;
+  }
+
+  // The run directory is short of space: the ranks stop (their newest state stays in the memory
+  // snapshots, which are not on that disk), nothing is judged or evicted, and once space is back
+  // and control.db takes its events again, training resumes in place from that state. A pause
+  // for space waits as long as it must. The launch's exit code when it ends here (a person
+  // stopped it, or the restart paused), else nullopt.
+  std::optional<int> WaitForSpace(const std::string& why) {
+    Log("PAUSED: " + why);
+    Log("the ranks stop now and keep their newest state in memory; training resumes by itself "
+        "once space is back ('megascope stop --run-dir " +
+        layout.dir() + "' ends it)");
+    incident_start_ns = tracer::WallNowNs();
+    Record(EventKind::kPaused, "", -1,
+           {{"reason", why}, {"cause", "disk_full"}, {"resumes_by_itself", true}});
+    sup.StopRanks();
+    PumpProgress();  // the steps done before the stop
+    const int64_t lost = last_step_done;
+    const auto tick = std::chrono::duration<double>(opt.tick_s);
+    for (std::string still;;) {
+      if (!disk.Short(&still) && FlushRecords()) break;
+      std::this_thread::sleep_for(tick);
+      if (g_interrupted || StopRequested()) {
+        Log(std::string(g_interrupted ? "interrupted" : "stop requested") +
+            " while paused for space: stopping");
+        return kLaunchStopped;
+      }
+    }
+    auto free = opt.free_space(layout.dir());
+    Log("space is back" + (free.ok() ? " (" + FormatMegabytes(*free) + " free)" : std::string()) +
+        ": resuming");
+    if (!Restart("disk_full", lost)) return kLaunchPaused;
+    return std::nullopt;
+  }
+
+  // What the run could not keep: lines missing from the progress stream, events not in control.db,
+  // files not written. Empty: nothing was lost.
+  std::string LostRecords() {
+    std::vector<std::string> lost;
+    const int64_t lines = progress.damaged() + (progress.unterminated() > 0 ? 1 : 0);
+    if (lines > 0 || missing_steps > 0) {
+      lost.push_back(layout.progress() + ": " + std::to_string(missing_steps) + " step line(s) " +
+                     "missing, " + std::to_string(lines) + " damaged");
+    }
+    if (!unrecorded.empty())
+      lost.push_back(layout.control_db() + ": " + std::to_string(unrecorded.size()) + " event(s)");
+    for (const std::string& f : unwritten) lost.push_back(f);
+    std::string s;
+    for (const std::string& l : lost) s += (s.empty() ? "" : "; ") + l;
+    return s;
+  }
+
+  // Writes one of the launch's own files; a failure is said and counted as lost.
+  void WriteOwnFile(const std::string& path, const Result<std::string>& text,
+                    const std::string& said) {
+    Status st = text.ok() ? tracer::WriteFileAtomic(path, *text) : text.status();
+    if (st.ok()) {
+      Log(said);
+      return;
+    }
+    Log("cannot write " + path + ": " + st.ToString());
+    unwritten.push_back(path);
   }
 
   // ------------------------------------------------------------------ run
@@ -1214,29 +1388,46 @@ struct Controller::Impl {
         (spares.empty() ? "" : "; spares " + Join({spares.begin(), spares.end()})) +
         "; control: megascope evict NODE --run-dir " + layout.dir() +
         " | megascope stop --run-dir " + layout.dir());
+    launch::ResumePoint resume;  // a fresh run: from scratch, or the newest disk checkpoint
+    if (adopted) {
+      resume = launch::FindResumePoint(layout, MemoryDirs(), opt.world);
+      if (!resume.log.empty()) std::printf("%s", resume.log.c_str());
+      last_step_done = std::max<int64_t>(resume.step, 0);
+      Log("adopted: resuming after step " + std::to_string(last_step_done) + " (" + resume.source +
+          ")");
+    }
     Record(EventKind::kRestart, "", -1,
-           {{"cause", "start"}, {"nodes", active}, {"resume_step", 0}, {"source", "none"}});
-    if (Status st = StartAttempt(nullptr); !st.ok())
+           {{"cause", adopted ? "adopted" : "start"},
+            {"nodes", active},
+            {"resume_step", std::max<int64_t>(resume.step, 0)},
+            {"source", resume.source}});
+    if (Status st = StartAttempt(adopted ? &resume : nullptr); !st.ok())
       return StartFailed("starting the ranks", st.ToString());
     int rc = Loop();
     sup.StopRanks();
     sup.StopAgents();
     ClearNetFaults();
+    PumpProgress();
     if (rc == kLaunchFinished || rc == kLaunchPaused || rc == kLaunchStopped) {
+      const std::string lost = LostRecords();
       Record(EventKind::kJobFinished, "", -1,
              {{"status", rc == kLaunchFinished ? "finished"
                          : rc == kLaunchPaused ? "paused"
                                                : "stopped"},
               {"steps", last_step_done},
-              {"wall_s", Since(launch_start)}});
+              {"wall_s", Since(launch_start)},
+              {"records_lost", lost}});
     }
-    auto report = BuildReport(layout.dir());
-    if (report.ok() && tracer::WriteFileAtomic(layout.report_md(), *report).ok())
-      Log("report: " + layout.report_md());
+    WriteOwnFile(layout.report_md(), BuildReport(layout.dir()), "report: " + layout.report_md());
     WriteTimeline();  // before the HTML report, which links it
-    auto page = BuildHtmlReport(layout.dir());
-    if (page.ok() && tracer::WriteFileAtomic(layout.dir() + "/report.html", *page).ok())
-      Log("report: " + layout.dir() + "/report.html (megascope report --html)");
+    WriteOwnFile(layout.dir() + "/report.html", BuildHtmlReport(layout.dir()),
+                 "report: " + layout.dir() + "/report.html (megascope report --html)");
+    if (const std::string lost = LostRecords(); !lost.empty()) {
+      std::fprintf(stderr,
+                   "megascope launch: the run could not keep all its records (a full disk?): %s\n",
+                   lost.c_str());
+      if (rc == kLaunchFinished) rc = kLaunchIncomplete;
+    }
     if (rc == kLaunchFinished) {  // the state in memory is only needed to resume
       std::error_code ec;
       fs::remove_all(launch::MemoryRoot(opt.supervisor.shm_dir, opt.supervisor.job), ec);
@@ -1256,9 +1447,9 @@ struct Controller::Impl {
     auto db = analyzer::RunDatabase::Open(layout.dir());
     if (!db.ok()) return;
     auto j = analyzer::TimelineJson(**db, o);
-    if (j.ok() &&
-        tracer::WriteFileAtomic(layout.timeline_html(), analyzer::TimelineHtml(*j, o)).ok()) {
-      Log("timeline: " + layout.timeline_html());
+    if (j.ok()) {
+      WriteOwnFile(layout.timeline_html(), analyzer::TimelineHtml(*j, o),
+                   "timeline: " + layout.timeline_html());
     }
   }
 
@@ -1271,6 +1462,10 @@ struct Controller::Impl {
         return kLaunchStopped;
       }
       PumpProgress();
+      if (std::string why; disk.Short(&why)) {
+        if (auto rc = WaitForSpace(why)) return *rc;
+        continue;
+      }
       std::deque<Command> todo;
       {
         std::lock_guard<std::mutex> lock(mu);
@@ -1320,8 +1515,14 @@ struct Controller::Impl {
       }
       if (finished_ranks == opt.world) {
         PumpProgress();
-        Log("done: " + std::to_string(last_step_done) + " steps in " +
+        if (last_step_done < opt.steps) {  // the ranks ran them; their lines never arrived
+          missing_steps += opt.steps - last_step_done;
+          Log("every rank finished, but the progress stream stops at step " +
+              std::to_string(last_step_done) + " of " + std::to_string(opt.steps));
+        }
+        Log("done: " + std::to_string(opt.steps) + " steps in " +
             std::to_string(static_cast<int>(Since(launch_start))) + " s");
+        last_step_done = opt.steps;
         return kLaunchFinished;
       }
       if (!Watch()) return kLaunchPaused;

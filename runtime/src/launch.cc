@@ -24,7 +24,7 @@ void OnInterrupt(int) { g_interrupted = 1; }
 
 }  // namespace
 
-Status PrepareRunDirectory(const TrainConfig& cfg) {
+Status PrepareRunDirectory(const TrainConfig& cfg, bool keep_progress) {
   if (std::string err = cfg.Validate(); !err.empty()) return InvalidArgument(err);
   if (!fs::exists(cfg.data)) {
     return InvalidArgument("data file " + cfg.data +
@@ -38,7 +38,7 @@ Status PrepareRunDirectory(const TrainConfig& cfg) {
                            (ec ? ": " + ec.message() : ""));
   }
   fs::remove(probe);
-  fs::remove(launch::RunLayout(cfg.run_dir).progress(), ec);
+  if (!keep_progress) fs::remove(launch::RunLayout(cfg.run_dir).progress(), ec);
   return Status::Ok();
 }
 

@@ -116,6 +116,13 @@ GptStage::GptStage(const ModelConfig& cfg, const Layout& layout, int rank, Commu
 
 GptStage::~GptStage() = default;
 
+int64_t ModelConfig::ParameterCount() const {
+  const int64_t c = width, f = 4 * int64_t{width};
+  // ln1 (2c), qkv (3c^2 + 3c), proj (c^2 + c), ln2 (2c), fc (cf + f), fc2 (fc + c)
+  const int64_t per_layer = 2 * c + 3 * c * c + 3 * c + c * c + c + 2 * c + c * f + f + f * c + c;
+  return int64_t{vocab} * c + int64_t{seq} * c + layers * per_layer + 2 * c;
+}
+
 size_t GptStage::Add(const std::string& name, size_t size, bool decay, bool replicated_over_tp) {
   const size_t off = count_;
   count_ += size;

@@ -225,15 +225,13 @@ class Worker {
     }
     if (rank_ == ReportingRank()) {
       const auto now = std::chrono::steady_clock::now();
-      launch::AppendProgress(
-          layout_.progress(),
-          {{"event", "ready"},
-           {"attempt", cfg_.attempt},
-           {"step", start_step_},
-           {"source", resume.source},
-           {"rendezvous_s", std::chrono::duration<double>(t_load - t_rdzv).count()},
-           {"load_s", std::chrono::duration<double>(now - t_load).count()},
-           {"ts_ns", tracer::WallNowNs()}});
+      AppendProgress({{"event", "ready"},
+                      {"attempt", cfg_.attempt},
+                      {"step", start_step_},
+                      {"source", resume.source},
+                      {"rendezvous_s", std::chrono::duration<double>(t_load - t_rdzv).count()},
+                      {"load_s", std::chrono::duration<double>(now - t_load).count()},
+                      {"ts_ns", tracer::WallNowNs()}});
     }
     return Status::Ok();
   }
@@ -281,13 +279,13 @@ class Worker {
       if (f.kind == kind && f.rank == rank_ && (kind == "slow" ? step >= f.step : step == f.step)) {
         if (!fault_announced_) {
           fault_announced_ = true;
-          launch::AppendProgress(layout_.progress(), {{"event", "fault"},
-                                                      {"kind", f.kind},
-                                                      {"rank", rank_},
-                                                      {"node", cfg_.NodeOf(rank_)},
-                                                      {"step", step},
-                                                      {"attempt", cfg_.attempt},
-                                                      {"ts_ns", tracer::WallNowNs()}});
+          AppendProgress({{"event", "fault"},
+                          {"kind", f.kind},
+                          {"rank", rank_},
+                          {"node", cfg_.NodeOf(rank_)},
+                          {"step", step},
+                          {"attempt", cfg_.attempt},
+                          {"ts_ns", tracer::WallNowNs()}});
         }
         return &f;
       }
@@ -539,15 +537,26 @@ class Worker {
 
   void Report(int64_t step, double loss, double secs, float grad_norm, double snapshot_s) {
     const double tokens = static_cast<double>(cfg_.global_batch) * cfg_.model.seq;
-    launch::AppendProgress(layout_.progress(), {{"step", step + 1},
-                                                {"loss", loss},
-                                                {"tokens_per_s", tokens / secs},
-                                                {"step_time_s", secs},
-                                                {"lr", LearningRate(step)},
-                                                {"grad_norm", grad_norm},
-                                                {"snapshot_s", snapshot_s},
-                                                {"attempt", cfg_.attempt},
-                                                {"ts_ns", tracer::WallNowNs()}});
+    AppendProgress({{"step", step + 1},
+                    {"loss", loss},
+                    {"tokens_per_s", tokens / secs},
+                    {"step_time_s", secs},
+                    {"lr", LearningRate(step)},
+                    {"grad_norm", grad_norm},
+                    {"snapshot_s", snapshot_s},
+                    {"attempt", cfg_.attempt},
+                    {"ts_ns", tracer::WallNowNs()}});
+  }
+
+  // A line of the progress stream. A failed write is said once (on stderr, which may sit on the
+  // same full disk: the controller also watches the space and pauses the job) until one succeeds.
+  void AppendProgress(const nlohmann::json& line) {
+    const Status st = launch::AppendProgress(layout_.progress(), line);
+    if (!st.ok() && !progress_failing_) {
+      std::fprintf(stderr, "[progress] rank %d: %s (the line is lost)\n", rank_,
+                   st.ToString().c_str());
+    }
+    progress_failing_ = !st.ok();
   }
 
   // ------------------------------------------------------------- checkpoints
@@ -668,7 +677,8 @@ class Worker {
   std::string step_costs_;  // --trace-alternate: the CSV rows so far
   int64_t start_step_ = 0;
   bool fault_announced_ = false;
-  double last_unslowed_s_ = 0;  // the previous step's time without an injected slowdown
+  bool progress_failing_ = false;  // the last progress line could not be written
+  double last_unslowed_s_ = 0;     // the previous step's time without an injected slowdown
   launch::RunLayout layout_;
   std::atomic<bool> stop_{false};
   std::thread beat_, ckpt_thread_, mem_thread_;

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include "megascope/controller/control_db.h"
+#include "megascope/controller/disk_guard.h"
 #include "megascope/controller/inject.h"
 #include "test_util.h"
 
@@ -125,6 +126,59 @@ TEST(ControlDbTest, EventKindsRoundTripTheirSpellings) {
   }
   EXPECT_EQ(Name(EventKind::kFaultInjected), "fault_injected");
   EXPECT_FALSE(ParseEventKind("meltdown").has_value());
+}
+
+// The disk guard over a scripted probe: the free space it is told, in order.
+struct ScriptedSpace {
+  std::vector<Result<uint64_t>> free;
+  size_t next = 0;
+  Result<uint64_t> operator()(const std::string&) {
+    return free.at(std::min(next++, free.size() - 1));
+  }
+};
+
+TEST(DiskGuardTest, ShortUnderTheFloorAndSaysWhereHowMuchAndWhatIsNeeded) {
+  auto space = std::make_shared<ScriptedSpace>();
+  space->free = {uint64_t{50'000'000}, uint64_t{11'500'000}, uint64_t{12'000'000}};
+  DiskGuard g("/runs/a", 12'000'000, [space](const std::string& p) { return (*space)(p); });
+  std::string why;
+  EXPECT_FALSE(g.Short(&why)) << why;
+  EXPECT_TRUE(g.Short(&why));
+  EXPECT_EQ(why,
+            "the run directory's filesystem (/runs/a) has 11.5 MB free, 12.0 MB needed "
+            "(--min-free-mb)");
+  EXPECT_FALSE(g.Short(&why)) << "the floor is free again: " << why;
+}
+
+TEST(DiskGuardTest, AFailedWriteIsShortUntilSpaceIsBackEvenWithoutAFloor) {
+  auto space = std::make_shared<ScriptedSpace>();
+  space->free = {uint64_t{4096}, uint64_t{4096}, uint64_t{0}, uint64_t{2'000'000}};
+  DiskGuard g("/runs/b", 0, [space](const std::string& p) { return (*space)(p); });
+  std::string why;
+  EXPECT_FALSE(g.Short(&why)) << "no floor, not full, no failed write";
+  g.NoteFailedWrite("a write failed on /runs/b/control.db: database or disk is full");
+  EXPECT_TRUE(g.Short(&why)) << "one free block is not space back after a failed write";
+  EXPECT_NE(why.find("control.db: database or disk is full"), std::string::npos) << why;
+  EXPECT_TRUE(g.Short(&why));
+  EXPECT_NE(why.find("(/runs/b) is full"), std::string::npos) << why;
+  EXPECT_FALSE(g.Short(&why)) << why;
+  EXPECT_FALSE(g.Short(&why)) << "the failed write is forgotten once space was back";
+}
+
+TEST(DiskGuardTest, AProbeThatFailsNeverStopsTheJob) {
+  DiskGuard g("/runs/c", 12'000'000,
+              [](const std::string&) -> Result<uint64_t> { return IoError("statvfs: EIO"); });
+  std::string why;
+  EXPECT_FALSE(g.Short(&why));
+  EXPECT_EQ(why, "statvfs: EIO");
+}
+
+TEST(DiskGuardTest, ReadsTheRealFreeSpace) {
+  auto free = FreeBytes("/");
+  ASSERT_TRUE(free.ok()) << free.status().ToString();
+  auto missing = FreeBytes("/nonexistent-dir");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("/nonexistent-dir"), std::string::npos);
 }
 
 }  // namespace

@@ -1,7 +1,16 @@
 // End to end: `megascope launch` over real processes (agents, ranks, Gloo over TCP), each fault
 // injected into the real processes. After every recovery the losses continue those of an
 // uninterrupted run and no trace row is written twice.
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <vector>
@@ -91,6 +100,147 @@ TEST_F(LaunchTest, AFrozenRankIsNamedAsItsOwnRootNotAStalledLinkAndItsNodeEvicte
       << Of(ev, "verdict")[0].detail;
   ASSERT_EQ(Of(ev, "eviction").size(), 1u);
   EXPECT_EQ(Of(ev, "eviction")[0].node, "node0");
+  ExpectLossesContinue(pp2);
+  ExpectNoDuplicateRows();
+}
+
+// A real small filesystem: a tmpfs mounted on the run directory in a mount namespace of this test
+// process (the launch and its ranks inherit it), filled by the test while the job runs and freed
+// once the launch says it paused.
+TEST_F(LaunchTest, AFullDiskPausesTheJobUntilSpaceIsBackAndLosesNoStep) {
+  const std::string pp2 = "--pp 2 --nodes 2";
+  Reference(pp2);  // outside the small filesystem
+  fs::create_directories(Run());
+  if (::unshare(CLONE_NEWNS) != 0 ||
+      ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+      ::mount("tmpfs", Run().c_str(), "tmpfs", 0, "size=48m") != 0) {
+    GTEST_SKIP() << "cannot mount a small filesystem here (" << std::strerror(errno)
+                 << "): needs root or CAP_SYS_ADMIN";
+  }
+  const std::string log = dir_->path() + "/full_disk.log";
+  // Rank 0 is slowed (0.2 s a step) so the job is still running when the disk fills; no
+  // straggler or detector: the slowdown is the test's, not a fault to act on.
+  auto launch = launch::Process::Spawn(
+      {{"/bin/sh", "-c",
+        "exec " + LaunchCmd(pp2,
+                            "--min-free-mb 12 --straggler-every 0 --detector-tick 0 "
+                            "--inject slow:rank=0,at=1,seconds=0.2")},
+       log});
+  ASSERT_TRUE(launch.ok()) << launch.status().ToString();
+  auto until = [&](const std::function<bool()>& done) {  // polls the real processes' output
+    for (int i = 0; i < 600 && !done(); ++i) {
+      if ((*launch)->Poll()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return done();
+  };
+  ASSERT_TRUE(until([&] { return !Losses(Run()).empty() && Losses(Run()).rbegin()->first >= 2; }))
+      << "waiting for step 2\n"
+      << ReadLog(log);
+  struct statvfs sv {};
+  ASSERT_EQ(::statvfs(Run().c_str(), &sv), 0);
+  const off_t fill = static_cast<off_t>(sv.f_bavail * sv.f_frsize) - (4 << 20);  // 4 MB left
+  const std::string filler = Run() + "/filler";
+  const int fd = ::open(filler.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::posix_fallocate(fd, 0, fill), 0);
+  ::close(fd);
+  ASSERT_TRUE(until([&] { return ReadLog(log).find("PAUSED") != std::string::npos; }))
+      << "waiting for the pause\n"
+      << ReadLog(log);
+  const int64_t paused_at = Losses(Run()).rbegin()->first;
+  EXPECT_LT(paused_at, kSteps) << "the job must not run to its end on a disk under its floor";
+  fs::remove(filler);
+  auto exit = (*launch)->WaitFor(std::chrono::seconds(120));
+  ASSERT_TRUE(exit.has_value()) << ReadLog(log);
+  EXPECT_TRUE(exit->success()) << exit->Describe() << "\n" << ReadLog(log);
+  const std::string out = ReadLog(log);
+  EXPECT_NE(out.find("MB free, 12.0 MB needed"), std::string::npos)
+      << "the pause says how much is free and needed\n"
+      << out;
+  EXPECT_NE(out.find("space is back"), std::string::npos) << out;
+
+  const auto ev = Events();
+  ASSERT_EQ(Of(ev, "paused").size(), 1u);
+  EXPECT_EQ(Of(ev, "paused")[0].detail["cause"], "disk_full");
+  ASSERT_EQ(Of(ev, "restart").size(), 2u);  // the start, and the resume once space was back
+  const Event resume = Of(ev, "restart")[1];
+  EXPECT_EQ(resume.detail["cause"], "disk_full");
+  EXPECT_EQ(resume.detail["source"], "memory") << resume.detail;
+  EXPECT_LE(resume.detail["steps_lost"].get<int64_t>(), 1) << resume.detail;
+  EXPECT_TRUE(Of(ev, "eviction").empty()) << "a full disk is no machine's fault";
+  EXPECT_TRUE(Of(ev, "trigger").empty()) << "nothing to diagnose: the controller paused the job";
+  ASSERT_EQ(Of(ev, "job_finished").size(), 1u);
+  EXPECT_EQ(Of(ev, "job_finished")[0].detail["records_lost"], "");
+  ExpectLossesContinue(pp2);
+  ::umount2(Run().c_str(), MNT_DETACH);
+}
+
+// Processes whose command line names `text` (the run directory), but this one.
+int ProcessesNaming(const std::string& text) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename();
+    if (pid.find_first_not_of("0123456789") != std::string::npos || pid == std::to_string(getpid()))
+      continue;
+    std::ifstream in(e.path() / "cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ifstream stat(e.path() / "stat");
+    std::string s((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t paren = s.rfind(')');
+    const bool zombie = paren != std::string::npos && paren + 2 < s.size() && s[paren + 2] == 'Z';
+    if (!zombie && cmd.find(text) != std::string::npos) ++n;
+  }
+  return n;
+}
+
+// A controller is a process that can die. Killed with SIGKILL mid-run (after it evicted a node),
+// its ranks and agents stop with it, and a second launch on the same run directory adopts the
+// run: the eviction stands (the spare stays in, the evicted node out), attempt numbers go on, it
+// resumes from the newest state the first one left in memory, and the losses continue those of
+// an uninterrupted run.
+TEST_F(LaunchTest, ARelaunchAfterTheControllerIsKilledAdoptsTheRunAndLosesAtMostOneStep) {
+  const std::string pp2 = "--pp 2 --nodes 2";
+  Reference(pp2);
+  const std::string opts = "--spares 1 --straggler-every 0 --detector-tick 0";
+  const std::string log = dir_->path() + "/killed_controller.log";
+  // Rank 1 is slowed from step 4 of the attempt after the crash (0.2 s a step): the job is still
+  // running when the test kills its controller.
+  auto first = launch::Process::Spawn(
+      {{"/bin/sh", "-c",
+        "exec " + LaunchCmd(pp2, opts + " --inject crash:rank=0,at=2 --inject "
+                                        "slow:rank=1,at=4,seconds=0.2")},
+       log});
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  bool ready = false;
+  for (int i = 0; i < 600 && !ready && !(*first)->Poll(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const auto losses = Losses(Run());
+    ready = !Of(Events(), "eviction").empty() && !losses.empty() && losses.rbegin()->first >= 5;
+  }
+  ASSERT_TRUE(ready) << ReadLog(log);
+  ASSERT_EQ(::kill((*first)->pid(), SIGKILL), 0);
+  const int64_t killed_at = Losses(Run()).rbegin()->first;
+  ASSERT_TRUE((*first)->WaitFor(std::chrono::seconds(10)).has_value());
+  int left = 0;
+  for (int i = 0; i < 200 && (left = ProcessesNaming(Run())) > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(left, 0) << "the killed controller's ranks and agents must stop with it";
+
+  CommandResult r = Launch(pp2, opts);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("adopting the unfinished run"), std::string::npos) << r.out;
+  const auto ev = Events();
+  ASSERT_EQ(Of(ev, "eviction").size(), 1u) << "the relaunch evicts nothing more";
+  EXPECT_EQ(Of(ev, "eviction")[0].node, "node0");
+  const auto restarts = Of(ev, "restart");
+  ASSERT_EQ(restarts.size(), 3u);  // the start, the crash's restart, the adoption
+  const Event& adopted = restarts[2];
+  EXPECT_EQ(adopted.detail["cause"], "adopted");
+  EXPECT_EQ(adopted.detail["nodes"], nlohmann::json::array({"node2", "node1"})) << adopted.detail;
+  EXPECT_EQ(adopted.detail["source"], "memory") << adopted.detail;
+  EXPECT_GE(adopted.detail["resume_step"].get<int64_t>(), killed_at - 1) << adopted.detail;
+  EXPECT_GT(adopted.attempt, restarts[1].attempt) << "attempt numbers go on";
   ExpectLossesContinue(pp2);
   ExpectNoDuplicateRows();
 }

@@ -12,6 +12,7 @@
 
 #include "megascope/launch/link_seam.h"
 #include "megascope/launch/process.h"
+#include "megascope/launch/progress.h"
 #include "megascope/launch/slurm.h"
 #include "megascope/launch/state_files.h"
 #include "megascope/launch/supervisor.h"
@@ -244,6 +245,39 @@ TEST(LinkSeamTest, AMalformedFaultIsRefusedWithTheFieldAndLeavesTheLinkHealthy) 
   const std::string path = dir.path() + "/link";
   std::ofstream(path) << "rate_mbps=fast\n";
   EXPECT_EQ(LinkSeam(path).DelayFor(1 << 20).count(), 0);
+}
+
+// Progress lines lost to a full disk: a line cut short leaves a fragment; the writer's next line
+// starts on a fresh line, so the fragment is one damaged line and the next record survives.
+TEST(ProgressTest, ATornLineIsCountedAndTheNextRecordSurvivesIt) {
+  TempDir dir;
+  const std::string path = dir.path() + "/progress.jsonl";
+  ProgressReader reader(path);
+  ASSERT_TRUE(AppendProgress(path, {{"step", 1}}).ok());
+  {
+    std::ofstream torn(path, std::ios::app);
+    torn << "{\"step\": 2, \"lo";  // what a write cut short by ENOSPC leaves
+  }
+  EXPECT_EQ(reader.Poll().size(), 1u);
+  EXPECT_GT(reader.unterminated(), 0u) << "a fragment without its newline is still pending";
+  {
+    std::ofstream next(path, std::ios::app);
+    next << "\n{\"step\": 3}\n";  // the writer's next line, on a fresh line
+  }
+  const auto lines = reader.Poll();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["step"], 3);
+  EXPECT_EQ(reader.damaged(), 1);
+  EXPECT_EQ(reader.unterminated(), 0u);
+}
+
+TEST(ProgressTest, AFailedAppendSaysWhereAndWhy) {
+  const Status st = AppendProgress("/dev/full", {{"step", 1}});
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("/dev/full"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("No space left on device"), std::string::npos) << st.message();
+  const Status missing = AppendProgress("/nonexistent-dir/progress.jsonl", {{"step", 1}});
+  EXPECT_NE(missing.message().find("/nonexistent-dir/progress.jsonl"), std::string::npos);
 }
 
 }  // namespace

@@ -147,5 +147,15 @@ TEST(ModelTpTest, TensorParallelBlockGradientsEqualTheSingleRankOnes) {
   }
 }
 
+TEST(ModelConfigTest, ParameterCountIsWhatASingleStageAllocates) {
+  for (bool parallel : {false, true}) {
+    ModelConfig cfg = Small(parallel);
+    cfg.vocab = 300;
+    cfg.layers = 3;
+    GptStage s(cfg, Layout{}, 0, nullptr);
+    EXPECT_EQ(cfg.ParameterCount(), static_cast<int64_t>(s.count())) << "parallel " << parallel;
+  }
+}
+
 }  // namespace
 }  // namespace megascope::runtime

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "megascope/controller/disk_guard.h"
 #include "megascope/controller/inject.h"
 #include "megascope/controller/policy.h"
 #include "megascope/launch/state_files.h"
@@ -78,6 +79,11 @@ struct ControllerOptions {
   double straggler_min_cost_s = 0.005;  // ... costing the job at least this much per step
   PolicyOptions policy;
   bool allow_remote = false;  // the control endpoint binds 0.0.0.0 instead of 127.0.0.1
+  // The run directory must keep this much free (disk_guard.h): under it the job pauses until
+  // space is back; a launch does not start under it. 0: pause only when it is full or a write
+  // fails.
+  uint64_t min_free_bytes = uint64_t{64} << 20;
+  DiskGuard::Probe free_space = FreeBytes;  // the seam the disk guard reads
   // Writes RUN_DIR/run.json for an attempt (the launcher owns its schema).
   std::function<Status(const AttemptPlan&)> write_run_json;
 };
@@ -86,6 +92,9 @@ struct ControllerOptions {
 inline constexpr int kLaunchFinished = 0;
 inline constexpr int kLaunchFailed = 1;
 inline constexpr int kLaunchPaused = 3;
+// Every step ran, but records were lost (a full disk): progress lines, control.db events or the
+// launch's reports; the launch says which.
+inline constexpr int kLaunchIncomplete = 4;
 inline constexpr int kLaunchStopped = 130;
 
 class Controller {

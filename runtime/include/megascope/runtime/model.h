@@ -29,6 +29,8 @@ struct ModelConfig {
   uint64_t seed = 1234;
   // Empty when valid; otherwise what is wrong with this model on this layout.
   std::string Validate(const Layout& layout) const;
+  // The whole model's parameters (the embedding tied with the classifier counted once).
+  int64_t ParameterCount() const;
 };
 
 struct ParamTensor {

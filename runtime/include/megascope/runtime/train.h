@@ -93,8 +93,9 @@ using launch::kExitStopped;
 // Runs rank `rank` of the job in RUN_DIR/run.json; returns the process exit code.
 int RunWorker(const std::string& run_dir, int rank);
 
-// Validates the configuration and the data file, creates the run directory and clears progress.
-Status PrepareRunDirectory(const TrainConfig& config);
+// Validates the configuration and the data file, creates the run directory and clears progress
+// (unless keep_progress: a launch keeps the run's history and reads on after it).
+Status PrepareRunDirectory(const TrainConfig& config, bool keep_progress = false);
 
 // Starts the job: validates, writes run.json, spawns `self_exe worker` per rank, streams progress
 // to stdout; returns 0 when every worker finished, 1 when one failed (named, with its log tail).

@@ -3,29 +3,44 @@
 // come from the rank that reports; event lines {"event": "fault" | "resumed", ...} from any rank
 // (each line is one short O_APPEND write, so lines never interleave). ProgressReader follows the
 // file as it grows and never returns a line still being written.
+//
+// A write that fails (a full disk) loses its line; one cut short leaves a torn fragment. The reader
+// counts both kinds of damage it sees (`damaged`), so the launcher can say records were lost.
 #pragma once
 
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "megascope/tracer/status.h"
 
 namespace megascope::launch {
 
 class ProgressReader {
  public:
   explicit ProgressReader(std::string path) : path_(std::move(path)) {}
-  // Complete lines appended since the last call (lines that are not JSON are skipped).
+  // Complete lines appended since the last call (lines that are not JSON are skipped and counted).
   std::vector<nlohmann::json> Poll();
+  // Skips what the file holds now (an earlier launch's lines): Poll returns what comes after.
+  void SkipExisting();
+  // Lines seen so far that were not JSON (torn by a failed write, or foreign).
+  int64_t damaged() const { return damaged_; }
+  // Bytes after the last newline: a line still being written, or torn when its writer is gone.
+  size_t unterminated() const { return partial_.size(); }
 
  private:
   std::string path_;
   std::ifstream in_;
   std::string partial_;
+  int64_t damaged_ = 0;
 };
 
-// Appends one line to the progress stream in a single write.
-void AppendProgress(const std::string& path, const nlohmann::json& line);
+// Appends one line to the progress stream in a single write. On failure (the path, why) the line
+// is lost; after a write cut short, the next line starts on a fresh line so the fragment stays
+// one damaged line instead of spoiling the next record.
+Status AppendProgress(const std::string& path, const nlohmann::json& line);
 
 // "step   12/40 | loss 2.5123 | ..." for a step line.
 std::string FormatStepLine(const nlohmann::json& line, long long steps);
