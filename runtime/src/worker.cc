@@ -54,7 +54,10 @@ std::atomic<int> g_writes_in_flight{0};
 std::atomic<bool> g_stop_requested{false};
 int g_stop_fd = -1;  // an eventfd the SIGTERM handler wakes the stop thread with
 
-extern "C" void OnStopSignal(int) {  // async-signal-safe: a lock-free store and a write(2)
+std::atomic<bool> g_orphaned{false};  // the stop is the launcher's death (SIGHUP), not a stop
+
+extern "C" void OnStopSignal(int sig) {  // async-signal-safe: lock-free stores and a write(2)
+  if (sig == SIGHUP) g_orphaned.store(true);
   g_stop_requested.store(true);
   const uint64_t one = 1;
   [[maybe_unused]] const ssize_t n = ::write(g_stop_fd, &one, sizeof(one));
@@ -73,6 +76,50 @@ class WriteInFlight {
   WriteInFlight& operator=(const WriteInFlight&) = delete;
   ~WriteInFlight() { g_writes_in_flight.fetch_sub(1); }
 };
+
+// Where a rank keeps its state in host memory: its own node's area, then its buddy node's (the
+// next node of the job).
+std::vector<std::string> MemoryDirsOf(const TrainConfig& cfg, int rank) {
+  const std::vector<std::string> nodes = cfg.NodeNames();
+  const std::string me = cfg.NodeOf(rank);
+  std::vector<std::string> dirs = {launch::NodeMemoryDir(cfg.shm_dir, cfg.job, me)};
+  const auto it = std::find(nodes.begin(), nodes.end(), me);
+  const std::string buddy = nodes[static_cast<size_t>((it - nodes.begin() + 1) % nodes.size())];
+  if (buddy != me) dirs.push_back(launch::NodeMemoryDir(cfg.shm_dir, cfg.job, buddy));
+  return dirs;
+}
+
+// A rank whose launcher is gone (killed: the kernel sends the parent-death signal, SIGHUP) leaves
+// nothing in host memory, which is RAM on a real node and which no one would restart from: its
+// snapshots become disk checkpoints (a relaunch adopts the run from them) and their files go.
+struct OrphanState {
+  launch::RunLayout layout;
+  std::vector<std::string> memory_dirs;
+  std::string memory_root;
+  // This rank's trace ring (its agent, stopped too, keeps reading what it has mapped).
+  std::string ring;
+  int rank = 0, world = 1;
+};
+std::atomic<const OrphanState*> g_orphan{nullptr};  // set once the configuration is read
+std::atomic<bool> g_training_over{false};           // the training thread wrote its last state
+
+void MoveStateOutOfMemoryIfOrphaned() {
+  const OrphanState* o = g_orphan.load();
+  if (o == nullptr || !g_orphaned.load()) return;  // a stop from a live launcher: it resumes
+  // The step in flight ends (its peers stop too, so a collective fails fast) and snapshots its
+  // state; a rank stuck for good is not waited for past 10 s.
+  for (int i = 0; i < 1000 && !g_training_over.load(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  WaitForWritesInFlight();
+  auto log =
+      launch::PersistMemoryShards(o->layout, o->memory_dirs, o->memory_root, o->rank, o->world);
+  std::error_code ec;
+  std::filesystem::remove(o->ring, ec);
+  std::fprintf(stderr, "[worker] rank %d: the launcher is gone; %s", o->rank,
+               log.ok()
+                   ? log->c_str()
+                   : ("its state stays in host memory: " + log.status().ToString() + "\n").c_str());
+}
 
 class Worker {
  public:
@@ -602,29 +649,10 @@ class Worker {
       }
       if (rank_ != 0) return;
       // Rank 0 writes the manifest last, once every shard is on disk.
-      nlohmann::ordered_json files = nlohmann::ordered_json::array();
-      for (int r = 0; r < cfg_.layout.world(); ++r) {
-        const std::string f = dir + "/rank_" + std::to_string(r) + ".bin.sum";
-        for (int i = 0; i < 1200 && !fs::exists(f) && !stop_; ++i)
-          std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        if (!fs::exists(f)) {
-          std::fprintf(stderr, "[checkpoint] step %lld incomplete: no shard from rank %d\n",
-                       static_cast<long long>(step), r);
-          return;
-        }
-        files.push_back({{"rank", r},
-                         {"file", "rank_" + std::to_string(r) + ".bin"},
-                         {"fnv1a64", std::stoull(tracer::ReadFile(f).value_or(""))}});
-      }
-      nlohmann::ordered_json man = {{"format", "megascope-checkpoint"},
-                                    {"version", 1},
-                                    {"step", step},
-                                    {"world", cfg_.layout.world()},
-                                    {"shards", files}};
-      Status st = tracer::WriteFileAtomic(dir + "/manifest.json", man.dump(1) + "\n");
-      if (!st.ok())
-        std::fprintf(stderr, "[checkpoint] manifest of step %lld: %s\n",
-                     static_cast<long long>(step), st.ToString().c_str());
+      if (Status st =
+              launch::WriteCheckpointManifest(layout_, step, cfg_.layout.world(), 60000, &stop_);
+          !st.ok())
+        std::fprintf(stderr, "[checkpoint] %s\n", st.message().c_str());
     });
   }
 
@@ -637,12 +665,7 @@ class Worker {
     if (mem_thread_.joinable()) mem_thread_.join();
     auto snap = Snapshot(step);
     if (snap == nullptr) return;
-    const std::vector<std::string> nodes = cfg_.NodeNames();
-    const std::string me = cfg_.NodeOf(rank_);
-    std::vector<std::string> dirs = {launch::NodeMemoryDir(cfg_.shm_dir, cfg_.job, me)};
-    const auto it = std::find(nodes.begin(), nodes.end(), me);
-    const std::string buddy = nodes[static_cast<size_t>((it - nodes.begin() + 1) % nodes.size())];
-    if (buddy != me) dirs.push_back(launch::NodeMemoryDir(cfg_.shm_dir, cfg_.job, buddy));
+    const std::vector<std::string> dirs = MemoryDirsOf(cfg_, rank_);
     auto busy = std::make_shared<WriteInFlight>();
     mem_thread_ = std::thread([this, snap, step, dirs, busy] {
       for (const std::string& dir : dirs) {
@@ -701,11 +724,13 @@ int RunWorker(const std::string& run_dir, int rank) {
     sa.sa_handler = &OnStopSignal;
     ::sigemptyset(&sa.sa_mask);
     ::sigaction(SIGTERM, &sa, nullptr);
+    ::sigaction(SIGHUP, &sa, nullptr);  // the launcher died (the parent-death signal)
     std::thread([] {
       uint64_t v = 0;
       while (::read(g_stop_fd, &v, sizeof(v)) < 0 && errno == EINTR) {
       }
       WaitForWritesInFlight();
+      MoveStateOutOfMemoryIfOrphaned();
       ::_exit(kExitStopped);
     }).detach();
   }
@@ -734,8 +759,24 @@ int RunWorker(const std::string& run_dir, int rank) {
     std::fprintf(stderr, "[worker] rank %d is outside world size %d\n", rank, cfg->layout.world());
     return kExitSetup;
   }
-  Worker w(std::move(cfg).value(), rank);
-  return w.Run();
+  static OrphanState orphan{launch::RunLayout(run_dir),
+                            MemoryDirsOf(*cfg, rank),
+                            launch::MemoryRoot(cfg->shm_dir, cfg->job),
+                            cfg->shm_dir + "/" + tracer::RingFileName(cfg->job, cfg->attempt, rank),
+                            rank,
+                            cfg->layout.world()};
+  g_orphan.store(&orphan);
+  int rc = 0;
+  {
+    Worker w(std::move(cfg).value(), rank);
+    rc = w.Run();
+  }
+  g_training_over.store(true);
+  // Stopped: the stop thread ends the process once the state writes are done (and, orphaned, the
+  // state is out of memory); a step that failed because its peers stopped first must not cut
+  // that short.
+  while (g_stop_requested.load() && g_stop_fd >= 0) ::pause();
+  return rc;
 }
 
 }  // namespace megascope::runtime

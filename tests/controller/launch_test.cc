@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "launch_fixture.h"
+#include "megascope/tracer/ring.h"
 
 namespace megascope::controller {
 namespace {
@@ -195,10 +196,11 @@ int ProcessesNaming(const std::string& text) {
 }
 
 // A controller is a process that can die. Killed with SIGKILL mid-run (after it evicted a node),
-// its ranks and agents stop with it, and a second launch on the same run directory adopts the
+// its ranks and agents stop with it, the ranks moving their newest state from host memory (RAM
+// on a real node) to disk checkpoints, and a second launch on the same run directory adopts the
 // run: the eviction stands (the spare stays in, the evicted node out), attempt numbers go on, it
-// resumes from the newest state the first one left in memory, and the losses continue those of
-// an uninterrupted run.
+// resumes from that state at most a step back, and the losses continue those of an uninterrupted
+// run.
 TEST_F(LaunchTest, ARelaunchAfterTheControllerIsKilledAdoptsTheRunAndLosesAtMostOneStep) {
   const std::string pp2 = "--pp 2 --nodes 2";
   Reference(pp2);
@@ -223,9 +225,15 @@ TEST_F(LaunchTest, ARelaunchAfterTheControllerIsKilledAdoptsTheRunAndLosesAtMost
   const int64_t killed_at = Losses(Run()).rbegin()->first;
   ASSERT_TRUE((*first)->WaitFor(std::chrono::seconds(10)).has_value());
   int left = 0;
-  for (int i = 0; i < 200 && (left = ProcessesNaming(Run())) > 0; ++i)
+  for (int i = 0; i < 300 && (left = ProcessesNaming(Run())) > 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(left, 0) << "the killed controller's ranks and agents must stop with it";
+  EXPECT_FALSE(fs::exists(launch::MemoryRoot("/dev/shm", Job())))
+      << "the orphaned ranks leave nothing in host memory";
+  for (int rank : {0, 1}) {  // the rings of the attempt that was running (the crash's restart)
+    const std::string ring = "/dev/shm/" + tracer::RingFileName(Job(), 1, rank);
+    EXPECT_FALSE(fs::exists(ring)) << ring << ": a trace ring left in host memory";
+  }
 
   CommandResult r = Launch(pp2, opts);
   ASSERT_EQ(r.code, 0) << r.out;
@@ -238,7 +246,8 @@ TEST_F(LaunchTest, ARelaunchAfterTheControllerIsKilledAdoptsTheRunAndLosesAtMost
   const Event& adopted = restarts[2];
   EXPECT_EQ(adopted.detail["cause"], "adopted");
   EXPECT_EQ(adopted.detail["nodes"], nlohmann::json::array({"node2", "node1"})) << adopted.detail;
-  EXPECT_EQ(adopted.detail["source"], "memory") << adopted.detail;
+  EXPECT_EQ(adopted.detail["source"], "disk")
+      << "moved there by the orphaned ranks" << adopted.detail;
   EXPECT_GE(adopted.detail["resume_step"].get<int64_t>(), killed_at - 1) << adopted.detail;
   EXPECT_GT(adopted.attempt, restarts[1].attempt) << "attempt numbers go on";
   ExpectLossesContinue(pp2);

@@ -192,6 +192,40 @@ TEST(StateFilesTest, ResumesFromTheNewestStepEveryRankHasOnALiveNode) {
                    .ok());  // wrong model
 }
 
+// A rank whose launcher died moves its state from host memory to disk: each rank its own shards
+// of the two newest steps, rank 0 (last here) the manifest of the newest step both saved. Then the
+// memory areas are empty and gone, and the disk checkpoint is where a relaunch resumes.
+TEST(StateFilesTest, AnOrphanedRanksMemoryStateMovesToADiskCheckpoint) {
+  TempDir dir;
+  const std::string root = dir.path() + "/mem", n0 = root + "/node0", n1 = root + "/node1";
+  for (int step : {3, 4, 5}) {  // rank 0 on node0 (buddy node1), rank 1 on node1 (buddy node0)
+    for (const std::string& n : {n0, n1})
+      WriteMemoryShard(n, 0, step, static_cast<float>(10 + step));
+    if (step < 5)  // rank 1 stopped a step behind
+      for (const std::string& n : {n1, n0})
+        WriteMemoryShard(n, 1, step, static_cast<float>(20 + step));
+  }
+  RunLayout layout(dir.path() + "/run");
+  auto one = PersistMemoryShards(layout, {n1, n0}, root, 1, 2, 100);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_NE(one->find("steps 3, 4 now on disk"), std::string::npos) << *one;
+  EXPECT_TRUE(fs::exists(n0)) << "rank 0's files are still there";
+  auto zero = PersistMemoryShards(layout, {n0, n1}, root, 0, 2, 100);
+  ASSERT_TRUE(zero.ok()) << zero.status().ToString();
+  EXPECT_NE(zero->find("steps 4, 5 now on disk"), std::string::npos) << *zero;
+  EXPECT_NE(zero->find("step 5 incomplete: no shard from rank 1"), std::string::npos) << *zero;
+  EXPECT_FALSE(fs::exists(root)) << "nothing left in host memory";
+  const ResumePoint p = FindResumePoint(layout, {n0, n1}, 2);
+  EXPECT_EQ(p.step, 4);
+  EXPECT_EQ(p.source, "disk");
+  ASSERT_EQ(p.files.size(), 2u);
+  auto bytes = ReadShard(p.files[1]);
+  ASSERT_TRUE(bytes.ok());
+  std::vector<float> x(4), y(4), z(4);
+  ASSERT_TRUE(DecodeShard(*bytes, p.files[1], 4, 1, 4, {x.data(), y.data(), z.data()}).ok());
+  EXPECT_EQ(x[0], 24);
+}
+
 TEST(StateFilesTest, ACorruptShardFallsBackToAnotherCopyOrAnOlderStep) {
   TempDir dir;
   const std::string n0 = dir.path() + "/node0", n1 = dir.path() + "/node1";

@@ -36,11 +36,11 @@ Result<int> OpenLog(const std::string& path, bool append) {
 }
 
 // In the child, between fork and exec/body: only async-signal-safe calls.
-void EnterChild(int log_fd, pid_t parent) {
+void EnterChild(int log_fd, pid_t parent, int parent_death_signal) {
   ::setpgid(0, 0);
   // A launcher that dies (even by SIGKILL) takes its children along: no orphaned agents or ranks.
-  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-  if (::getppid() != parent) ::_exit(128 + SIGTERM);
+  ::prctl(PR_SET_PDEATHSIG, parent_death_signal);
+  if (::getppid() != parent) ::_exit(128 + parent_death_signal);
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -54,7 +54,7 @@ void EnterChild(int log_fd, pid_t parent) {
 
 // Forks; the child enters its own group and runs `child` (which must not return normally). The
 // parent gets the pid; `log_fd` is closed in the parent either way.
-Result<pid_t> ForkChild(int log_fd, const std::function<void()>& child) {
+Result<pid_t> ForkChild(int log_fd, int parent_death_signal, const std::function<void()>& child) {
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
@@ -63,7 +63,7 @@ Result<pid_t> ForkChild(int log_fd, const std::function<void()>& child) {
     return ErrnoError("fork", err);
   }
   if (pid == 0) {
-    EnterChild(log_fd, parent);
+    EnterChild(log_fd, parent, parent_death_signal);
     child();
     ::_exit(127);
   }
@@ -130,7 +130,7 @@ Result<std::unique_ptr<Process>> Process::Spawn(const ProcessSpec& spec) {
   argv.push_back(nullptr);
   for (const std::string& e : env_strings) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
-  ASSIGN_OR_RETURN(pid_t pid, ForkChild(fd, [&] {
+  ASSIGN_OR_RETURN(pid_t pid, ForkChild(fd, spec.parent_death_signal, [&] {
                      if (ns_fd >= 0 && ::setns(ns_fd, CLONE_NEWNET) != 0) {
                        static const char kNs[] = "megascope: cannot enter network namespace\n";
                        (void)!::write(2, kNs, sizeof(kNs) - 1);
@@ -146,7 +146,7 @@ Result<std::unique_ptr<Process>> Process::Spawn(const ProcessSpec& spec) {
 Result<std::unique_ptr<Process>> Process::Fork(const std::function<int()>& body,
                                                const std::string& log_path) {
   ASSIGN_OR_RETURN(int fd, OpenLog(log_path, false));
-  ASSIGN_OR_RETURN(pid_t pid, ForkChild(fd, [&] { ::_exit(body()); }));
+  ASSIGN_OR_RETURN(pid_t pid, ForkChild(fd, SIGTERM, [&] { ::_exit(body()); }));
   return std::unique_ptr<Process>(new Process(pid, log_path));
 }
 

@@ -1,12 +1,17 @@
 #include "megascope/launch/state_files.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "megascope/tracer/dump.h"
 #include "megascope/tracer/file_util.h"
@@ -217,6 +222,101 @@ ResumePoint FindResumePoint(const RunLayout& layout,
   ResumePoint& best = mem.step >= disk.step && mem.step >= 0 ? mem : disk;
   best.log = mem.log + disk.log;
   return best;
+}
+
+Status WriteCheckpointManifest(const RunLayout& layout, int64_t step, int world, int wait_ms,
+                               const std::atomic<bool>* stop) {
+  const std::string dir = layout.checkpoint(step);
+  nlohmann::ordered_json files = nlohmann::ordered_json::array();
+  std::error_code ec;
+  for (int r = 0; r < world; ++r) {
+    const std::string f = dir + "/rank_" + std::to_string(r) + ".bin.sum";
+    for (int waited = 0; waited < wait_ms && !fs::exists(f, ec) && !(stop && stop->load());
+         waited += 50)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!fs::exists(f, ec)) {
+      return NotFound("checkpoint step " + std::to_string(step) +
+                      " incomplete: no shard from rank " + std::to_string(r));
+    }
+    const std::string sum = tracer::ReadFile(f).value_or("");
+    uint64_t value = 0;
+    if (std::sscanf(sum.c_str(), "%" SCNu64, &value) != 1)
+      return DataLoss(f + " holds no checksum");
+    files.push_back(
+        {{"rank", r}, {"file", "rank_" + std::to_string(r) + ".bin"}, {"fnv1a64", value}});
+  }
+  nlohmann::ordered_json man = {{"format", "megascope-checkpoint"},
+                                {"version", 1},
+                                {"step", step},
+                                {"world", world},
+                                {"shards", files}};
+  return tracer::WriteFileAtomic(dir + "/manifest.json", man.dump(1) + "\n");
+}
+
+Result<std::string> PersistMemoryShards(const RunLayout& layout,
+                                        const std::vector<std::string>& node_memory_dirs,
+                                        const std::string& memory_root, int rank, int world,
+                                        int manifest_wait_ms) {
+  std::map<int64_t, std::vector<std::string>> mine;  // step -> this rank's copies
+  std::error_code ec;
+  for (const std::string& dir : node_memory_dirs) {
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      int r = -1;
+      long long step = -1;
+      char tail[8] = {};
+      if (std::sscanf(name.c_str(), "rank_%d.step_%lld.%3s", &r, &step, tail) == 3 && r == rank &&
+          name == MemoryShardName(rank, step))
+        mine[step].push_back(e.path().string());
+    }
+  }
+  std::string log;
+  Status first_error;
+  std::vector<int64_t> saved;
+  // The two newest steps: ranks stopped a step apart still share one.
+  int64_t from = mine.size() > 2 ? std::prev(mine.end(), 2)->first : INT64_MIN;
+  for (const auto& [step, copies] : mine) {
+    if (step < from) continue;
+    if (fs::exists(layout.checkpoint(step) + "/manifest.json", ec)) continue;  // on disk already
+    for (const std::string& path : copies) {
+      auto bytes = ReadShard(path);
+      if (!bytes.ok()) continue;
+      const std::string shard = layout.checkpoint(step) + "/rank_" + std::to_string(rank) + ".bin";
+      if (Status st = WriteShard(shard, *bytes, /*sync=*/true); !st.ok()) {
+        if (first_error.ok()) first_error = st;
+        break;
+      }
+      saved.push_back(step);
+      break;
+    }
+  }
+  if (!first_error.ok()) return first_error;  // the memory copies stay: they are the only ones
+  if (rank == 0) {                            // the newest step every rank saved is enough
+    for (auto it = saved.rbegin(); it != saved.rend(); ++it) {
+      Status st = WriteCheckpointManifest(layout, *it, world, manifest_wait_ms);
+      if (st.ok()) break;
+      log += "[checkpoint] " + st.message() + "\n";
+    }
+  }
+  for (const auto& [step, copies] : mine) {
+    for (const std::string& path : copies) {
+      fs::remove(path, ec);
+      fs::remove(path + ".sum", ec);
+    }
+  }
+  for (const std::string& dir : node_memory_dirs) {
+    for (fs::path d = dir; d.string().size() >= memory_root.size() &&
+                           d.string().compare(0, memory_root.size(), memory_root) == 0;
+         d = d.parent_path()) {
+      if (!fs::remove(d, ec)) break;  // not empty (a peer's files), or gone
+    }
+  }
+  std::string steps;
+  for (int64_t s : saved) steps += (steps.empty() ? "" : ", ") + std::to_string(s);
+  log += "moved rank " + std::to_string(rank) + "'s state out of host memory: " +
+         (saved.empty() ? std::string("nothing to move") : "steps " + steps + " now on disk") +
+         "\n";
+  return log;
 }
 
 }  // namespace megascope::launch

@@ -236,6 +236,9 @@ Status Supervisor::StartRanks(int attempt, const std::vector<std::string>& nodes
                     {opt_.self_exe, "worker", "--run-dir", dir_abs, "--rank", std::to_string(r)},
                     layout_.worker_log(r));
     spec.append_log = attempt > 0;  // the log of a rank spans its attempts
+    // A rank tells its launcher's death (SIGHUP: it moves its state out of host memory, which no
+    // one would restart from) from a stop (SIGTERM). srun relays only a stop.
+    if (spec.argv[0] == opt_.self_exe) spec.parent_death_signal = SIGHUP;
     auto p = Process::Spawn(spec);
     if (!p.ok()) {
       StopRanks();

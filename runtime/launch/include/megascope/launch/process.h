@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <csignal>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -54,6 +55,9 @@ struct ProcessSpec {
   std::vector<std::pair<std::string, std::string>>
       env;            // added to (or replacing in) the environment
   std::string netns;  // run in this network namespace (ip netns: /run/netns/NAME); "" : ours
+  // Sent to the child when the launcher dies, even by SIGKILL (prctl PDEATHSIG): no orphaned
+  // agents or ranks. A child that must tell "my launcher is gone" from a stop asks for its own.
+  int parent_death_signal = SIGTERM;
 };
 
 class Process {

@@ -8,6 +8,7 @@
 // disk checkpoint; a corrupt or partial one is skipped with the reason logged.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -42,6 +43,22 @@ struct ResumePoint {
 ResumePoint FindDiskCheckpoint(const RunLayout& layout, int world);
 // The newest step every rank has a valid shard of in the memory areas of `nodes`.
 ResumePoint FindMemorySnapshot(const std::vector<std::string>& node_memory_dirs, int world);
+// Rank 0's last word on a disk checkpoint: once every rank's shard of `step` is in its directory
+// (waiting for them up to `wait_ms`, and not after *stop turns true), manifest.json lists them
+// with their checksums. Until then the checkpoint is partial and never loaded.
+Status WriteCheckpointManifest(const RunLayout& layout, int64_t step, int world, int wait_ms,
+                               const std::atomic<bool>* stop = nullptr);
+
+// A rank whose launcher is gone (no one will restart from memory) moves its state out of host
+// memory: each valid shard of `rank` of the two newest steps in `node_memory_dirs` becomes its
+// shard of the disk checkpoint of that step (rank 0 then writes the manifest of the newest step
+// every rank saved), and its memory files are removed,
+// with any directory left empty up to the job's memory root. Returns what it did, for the log.
+Result<std::string> PersistMemoryShards(const RunLayout& layout,
+                                        const std::vector<std::string>& node_memory_dirs,
+                                        const std::string& memory_root, int rank, int world,
+                                        int manifest_wait_ms = 5000);
+
 // The newer of the two (memory wins a tie: it is already in host memory).
 ResumePoint FindResumePoint(const RunLayout& layout,
                             const std::vector<std::string>& node_memory_dirs, int world);
