@@ -123,7 +123,9 @@ int RunSelfCheckCommand(const Args& args) {
       "world", po::value(&o.world)->default_value(2), "processes in the check")(
       "gemm-seconds", po::value(&o.gemm_seconds)->default_value(o.gemm_seconds),
       "how long to run GEMMs")("timeout", po::value(&o.timeout_ms)->default_value(o.timeout_ms),
-                               "rendezvous/collective timeout in milliseconds");
+                               "rendezvous/collective timeout in milliseconds")(
+      "connect-timeout", po::value(&o.connect_timeout_ms)->default_value(o.connect_timeout_ms),
+      "milliseconds to connect to the neighbour: past it the link is dead and the check fails");
   po::variables_map vm;
   if (auto rc = ParseArgs("self-check", "megascope self-check --dir DIR --rank R [--world 2]", args,
                           opts, {}, &vm))

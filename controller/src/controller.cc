@@ -432,15 +432,19 @@ struct Controller::Impl {
 
   // -------------------------------------------------------------- self-check
 
-  // Runs the self-check pair (a, b); returns the figures of a and b (b's only when b != a).
-  std::pair<SelfCheckFigures, SelfCheckFigures> SelfCheckPair(const std::string& a,
-                                                              const std::string& b) {
+  // A self-check pair in flight: its two processes, and the one deadline for both (a rank whose
+  // link is dead can block in connect() past its own rendezvous timeout).
+  struct PairCheck {
+    std::vector<std::unique_ptr<launch::Process>> procs;
+    Clock::time_point deadline;
+    std::string error;  // the pair could not start
+  };
+  PairCheck StartPair(const std::string& a, const std::string& b) {
     const std::string dir = layout.self_check_dir("check_" + std::to_string(checks++));
     std::error_code ec;
     fs::remove_all(dir, ec);
     fs::create_directories(dir + "/store", ec);
-    std::vector<std::unique_ptr<launch::Process>> procs;
-    std::pair<SelfCheckFigures, SelfCheckFigures> out;
+    PairCheck c;
     const std::string nodes[2] = {a, b};
     for (int r = 0; r < 2; ++r) {
       auto p = launch::Process::Spawn(
@@ -449,25 +453,32 @@ struct Controller::Impl {
                            std::to_string(r), "--timeout", std::to_string(kSelfCheckTimeoutMs)},
                           dir + "/rank_" + std::to_string(r) + ".log"));
       if (!p.ok()) {
-        out.first.error = p.status().ToString();
-        return out;
+        c.error = p.status().ToString();
+        return c;
       }
-      procs.push_back(std::move(p).value());
+      c.procs.push_back(std::move(p).value());
     }
-    // One deadline for the pair: a rank whose link is dead can block in connect() past its own
-    // rendezvous timeout.
-    const auto deadline = Clock::now() + std::chrono::milliseconds(3 * kSelfCheckTimeoutMs);
-    for (int r = 0; r < 2; ++r) {
+    c.deadline = Clock::now() + std::chrono::milliseconds(3 * kSelfCheckTimeoutMs);
+    return c;
+  }
+  // Waits for a pair; the figures of its first and second node.
+  std::pair<SelfCheckFigures, SelfCheckFigures> FinishPair(PairCheck& c) {
+    std::pair<SelfCheckFigures, SelfCheckFigures> out;
+    if (!c.error.empty()) {
+      out.first.error = c.error;
+      return out;
+    }
+    for (size_t r = 0; r < c.procs.size(); ++r) {
       SelfCheckFigures& f = r == 0 ? out.first : out.second;
-      auto e = procs[r]->WaitFor(std::chrono::duration_cast<std::chrono::milliseconds>(
-          std::max(Clock::duration::zero(), deadline - Clock::now())));
+      auto e = c.procs[r]->WaitFor(std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::max(Clock::duration::zero(), c.deadline - Clock::now())));
       if (!e) {
-        procs[r]->Stop(std::chrono::milliseconds(0));
+        c.procs[r]->Stop(std::chrono::milliseconds(0));
         f.error =
             "self-check did not finish in " + std::to_string(3 * kSelfCheckTimeoutMs / 1000) + " s";
         continue;
       }
-      const std::string text = tracer::ReadFile(procs[r]->log_path()).value_or("");
+      const std::string text = tracer::ReadFile(c.procs[r]->log_path()).value_or("");
       const auto brace = text.rfind('{');
       json j = json::parse(brace == std::string::npos ? "" : text.substr(brace), nullptr, false);
       if (!e->success() || j.is_discarded()) {
@@ -479,6 +490,12 @@ struct Controller::Impl {
       f.allreduce_gbps = j.value("allreduce_gbps", 0.0);
     }
     return out;
+  }
+  // Runs the self-check pair (a, b); returns the figures of a and b (b's only when b != a).
+  std::pair<SelfCheckFigures, SelfCheckFigures> SelfCheckPair(const std::string& a,
+                                                              const std::string& b) {
+    PairCheck c = StartPair(a, b);
+    return FinishPair(c);
   }
 
   // Self-checks `node` with a healthy `partner`; records and returns whether it passed.
@@ -493,10 +510,32 @@ struct Controller::Impl {
   // Self-checks `node` with a healthy `partner`: GEMM and all-reduce against the healthy figures,
   // and the node's error counters must not rise meanwhile (as a GPU diagnostic watches XIDs while
   // it runs). Records and returns whether it passed.
+  struct NodeCheck {
+    std::string node, partner, why;
+  };
   bool SelfCheck(const std::string& node, const std::string& partner, const std::string& why) {
+    return SelfCheckAll({{node, partner, why}}).at(0);
+  }
+  // Several at once (both ends of a stalled link): each pair runs beside the others, so a dead
+  // end's check costs no more than its own, not its peer's too.
+  std::vector<bool> SelfCheckAll(const std::vector<NodeCheck>& todo) {
     const auto t0 = Clock::now();
-    const std::map<std::string, double> errors_before = NodeErrorCounters(node);
-    SelfCheckFigures f = SelfCheckPair(node, partner).first;
+    std::vector<std::map<std::string, double>> errors_before;
+    std::vector<PairCheck> running;
+    for (const NodeCheck& c : todo) {
+      errors_before.push_back(NodeErrorCounters(c.node));
+      running.push_back(StartPair(c.node, c.partner));
+    }
+    std::vector<bool> passed;
+    for (size_t i = 0; i < todo.size(); ++i)
+      passed.push_back(Judge(todo[i], FinishPair(running[i]).first, errors_before[i], t0));
+    return passed;
+  }
+  bool Judge(const NodeCheck& c, const SelfCheckFigures& f,
+             const std::map<std::string, double>& errors_before, Clock::time_point t0) {
+    const std::string& node = c.node;
+    const std::string& partner = c.partner;
+    const std::string& why = c.why;
     std::string errors_rose;
     if (!errors_before.empty()) {
       // The agent samples its host every second: watch at least two samples.
@@ -1163,15 +1202,21 @@ struct Controller::Impl {
         for (const std::string& n : d.nodes) to_evict.emplace_back(n, vj);
       } else if (d.action == Action::kSelfCheck) {
         std::set<std::string> suspects(d.nodes.begin(), d.nodes.end());
+        std::vector<NodeCheck> todo;
         for (const std::string& n : suspects) {
           const std::string partner = HealthyPartner(suspects);
           // Several verdicts of one incident often name the same node (both directions of a
           // stalled link): it is checked once.
           if (checked_now.count(n)) continue;
-          const bool passed = SelfCheck(n, partner.empty() ? n : partner,
-                                        v.kind == "faulty_machine" ? "suspect of the detector"
-                                        : v.cause == "link_stall"  ? "end of a stalled link"
-                                                                   : "suspect: " + v.cause);
+          todo.push_back({n, partner.empty() ? n : partner,
+                          v.kind == "faulty_machine" ? "suspect of the detector"
+                          : v.cause == "link_stall"  ? "end of a stalled link"
+                                                     : "suspect: " + v.cause});
+        }
+        const std::vector<bool> results = SelfCheckAll(todo);  // every suspect at once
+        for (size_t i = 0; i < todo.size(); ++i) {
+          const std::string& n = todo[i].node;
+          const bool passed = results[i];
           checked_now[n] = passed;
           Record(EventKind::kDecision, n, -1,
                  {{"action", passed ? "keep" : "evict"},

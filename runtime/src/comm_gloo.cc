@@ -129,8 +129,9 @@ class GlooCommunicator final : public Communicator {
         gloo::rendezvous::PrefixStore prefix(g.name, *store_);
         auto ctx = std::make_shared<gloo::rendezvous::Context>(g.IndexOf(rank),
                                                                static_cast<int>(g.ranks.size()));
-        ctx->setTimeout(o.timeout);
+        ctx->setTimeout(o.connect_timeout.count() > 0 ? o.connect_timeout : o.timeout);
         ctx->connectFullMesh(prefix, device_);
+        ctx->setTimeout(o.timeout);
         contexts_.push_back(ctx);
         send_seq_.emplace_back(g.ranks.size(), 0);
         recv_seq_.emplace_back(g.ranks.size(), 0);

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -97,6 +98,7 @@ Result<SelfCheckResult> RunSelfCheck(const SelfCheckOptions& o) {
   GlooOptions go;
   go.rendezvous_dir = o.dir;
   go.timeout = std::chrono::milliseconds(o.timeout_ms);
+  go.connect_timeout = std::chrono::milliseconds(std::min(o.connect_timeout_ms, o.timeout_ms));
   go.faults = &faults;
   auto transport = CreateGlooCommunicator(o.rank, layout, go);
   if (!transport.ok()) return transport.status();

@@ -138,6 +138,9 @@ class CommFaults {
 struct GlooOptions {
   std::string rendezvous_dir;  // FileStore directory shared by all ranks of the attempt
   std::chrono::milliseconds timeout{30000};
+  // How long connecting to the peers may take (0: `timeout`): a probe fails fast on a dead link
+  // without shortening its ops' timeout.
+  std::chrono::milliseconds connect_timeout{0};
   CommFaults* faults = nullptr;  // the stalled send; none: runs clean
 };
 

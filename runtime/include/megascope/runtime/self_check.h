@@ -20,6 +20,9 @@ struct SelfCheckOptions {
   size_t allreduce_bytes = 4 << 20;
   int allreduce_iters = 8;
   int timeout_ms = 15000;
+  // Connecting to the neighbour: both run their GEMMs for the same time first, so a link that
+  // cannot connect within this is dead, and the check fails now instead of at timeout_ms.
+  int connect_timeout_ms = 3000;
 };
 
 struct SelfCheckResult {
