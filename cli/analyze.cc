@@ -73,6 +73,7 @@ int RunAnalyze(const Args& args) {
     }
     auto db = analyzer::RunDatabase::Open(source);
     if (!db.ok()) return Fail("analyze", db.status().message());
+    Warn("analyze", (*db)->warnings());
     auto rep = analyzer::AnalyzeSlow(**db, so);
     if (!rep.ok()) return Fail("analyze", rep.status().message());
     if (json) {
@@ -133,7 +134,10 @@ int RunAnalyze(const Args& args) {
     std::fprintf(stderr, "megascope analyze: warning: %s\n", w.c_str());
   auto verdicts =
       torch_in ? analyzer::AnalyzePyTorch(*torch_in, ho) : analyzer::AnalyzeHang(*in, ho);
-  for (Verdict& v : verdicts) v.evidence.push_back(thresholds);  // what decided it
+  for (Verdict& v : verdicts) {
+    v.evidence.push_back(thresholds);  // what decided it
+    for (const std::string& w : in->warnings) v.evidence.push_back("input: " + w);
+  }
   if (json) {
     for (const Verdict& v : verdicts) std::printf("%s\n", VerdictToJson(v).c_str());
   } else {

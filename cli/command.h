@@ -29,6 +29,8 @@ std::optional<int> ParseArgs(const char* name, const char* usage, const Args& ar
 
 // Prints "megascope <name>: <message>" to stderr and returns `code`.
 int Fail(const char* name, const std::string& message, int code = 1);
+// Prints "megascope <name>: warning: <line>" for each line, on stderr.
+void Warn(const char* name, const std::vector<std::string>& lines);
 
 int RunTraceDemo(const Args& args);
 int RunDetect(const Args& args);

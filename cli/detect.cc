@@ -164,6 +164,9 @@ int RunDetect(const Args& args) {
   }
   stream.Flush();
   print(stream.TakeVerdicts());
+  if (rows == 0) {
+    return Fail("detect", metrics + " has a header but no sample: no machine to judge");
+  }
   if (stream.late_samples() > 0) {
     std::fprintf(
         stderr,

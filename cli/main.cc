@@ -78,6 +78,11 @@ std::optional<int> ParseArgs(const char* name, const char* usage, const Args& ar
   return std::nullopt;
 }
 
+void Warn(const char* name, const std::vector<std::string>& lines) {
+  for (const std::string& l : lines)
+    std::fprintf(stderr, "megascope %s: warning: %s\n", name, l.c_str());
+}
+
 int Fail(const char* name, const std::string& message, int code) {
   std::fprintf(stderr, "megascope %s: %s\n", name, message.c_str());
   return code;

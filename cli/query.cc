@@ -39,6 +39,7 @@ int RunQuery(const Args& args) {
     return Fail("query", "give one question (steps, stragglers, waits, at TIME) or --sql", 2);
   auto db = analyzer::RunDatabase::Open(run_dir);
   if (!db.ok()) return Fail("query", db.status().message());
+  Warn("query", (*db)->warnings());
   if (question == "steps") {
     sql = analyzer::StepsSql();
   } else if (question == "stragglers") {
@@ -92,6 +93,7 @@ int RunMetrics(const Args& args) {
   if (action != "export") return Fail("metrics", "unknown action '" + action + "' (export)", 2);
   auto db = analyzer::RunDatabase::Open(run_dir);
   if (!db.ok()) return Fail("metrics", db.status().message());
+  Warn("metrics", (*db)->warnings());
   // Node samples as they are; per-rank training metrics ("rank<r>.<name>") averaged per node and
   // second.
   auto t = (*db)->Query(

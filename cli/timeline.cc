@@ -52,6 +52,7 @@ int RunTimeline(const Args& args) {
   o.title = "megascope timeline of " + run_dir;
   auto db = analyzer::RunDatabase::Open(run_dir);
   if (!db.ok()) return Fail("timeline", db.status().message());
+  Warn("timeline", (*db)->warnings());
   analyzer::TimelineStats stats;
   auto json = analyzer::TimelineJson(**db, o, &stats);
   if (!json.ok()) return Fail("timeline", json.status().message());

@@ -470,11 +470,27 @@ Result<HangInput> LoadDumpDirectory(const std::string& path) {
   ParallelFor(files.size(), std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8),
               [&](size_t i) { read[i] = tracer::ReadDumpFile(files[i]); });
   dumps.reserve(files.size());
+  // A bad file (cut short, malformed, not JSON) is named and skipped: its rank counts as one that
+  // left no dump, and the others are analysed. A dump of another format or a newer version is an
+  // error (another reader or a newer megascope reads it), and so is a directory with none readable.
+  std::vector<std::string> skipped;
   for (size_t i = 0; i < files.size(); ++i) {
-    if (!read[i]->ok()) return read[i]->status();  // the first bad file in name order
+    if (!read[i]->ok() && read[i]->status().code() == StatusCode::kFailedPrecondition)
+      return read[i]->status();
+    if (!read[i]->ok()) {
+      skipped.push_back(read[i]->status().message() + ": skipped, its rank counts as one that " +
+                        "left no dump");
+      continue;
+    }
     dumps.emplace_back(std::move(files[i]), std::move(*read[i]).value());
   }
-  return MakeHangInput(std::move(dumps));
+  if (dumps.empty()) {
+    return read.front()->status().WithContext("no dump of " + dir + " could be read (" +
+                                              std::to_string(files.size()) + " file(s))");
+  }
+  ASSIGN_OR_RETURN(HangInput in, MakeHangInput(std::move(dumps)));
+  in.warnings.insert(in.warnings.begin(), skipped.begin(), skipped.end());
+  return in;
 }
 
 std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {

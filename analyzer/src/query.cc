@@ -38,25 +38,34 @@ Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_di
   tracer::sql::Database& db = r->db_;
   const int limit = db.attach_limit();
   const bool copy = static_cast<int>(files.size()) > limit;
-  if (copy) {  // more nodes than SQLite attaches at once: gather into memory batch by batch
-    for (std::string_view t : kTraceTables) {
-      RETURN_IF_ERROR(db.Exec("ATTACH " + Quote("file:" + files[0] + "?mode=ro") + " AS probe"));
-      RETURN_IF_ERROR(db.Exec("CREATE TABLE main." + std::string(t) + " AS SELECT * FROM probe." +
-                              std::string(t) + " WHERE 0"));
-      RETURN_IF_ERROR(db.Exec("DETACH probe"));
-    }
-  }
+  bool created = false;  // copy: the tables in memory, shaped after the first readable node's
   std::vector<std::string> parts[std::size(kTraceTables)];
   for (size_t i = 0; i < files.size(); ++i) {
     const std::string alias = "n" + std::to_string(i % static_cast<size_t>(limit));
-    Status st = db.Exec("ATTACH " + Quote("file:" + files[i] + "?mode=ro") + " AS " + alias);
-    if (!st.ok()) return InvalidArgument("cannot open " + files[i] + ": " + st.message());
+    // A node database that cannot be read (corrupt, cut short, not ours) is named and skipped:
+    // the other nodes are still answered for. A newer schema is an error.
+    auto skip = [&](const std::string& why) {
+      r->warnings_.push_back(files[i] + ": " + why + ": skipped, its node's rows are missing");
+      (void)db.Exec("DETACH " + alias);
+    };
+    if (!db.Exec("ATTACH " + Quote("file:" + files[i] + "?mode=ro") + " AS " + alias).ok()) {
+      skip("cannot be opened (" + db.LastMessage() + ")");
+      continue;
+    }
     auto version = db.QueryInt("PRAGMA " + alias + ".user_version");
     auto probe = db.Prepare("SELECT COUNT(*) FROM " + alias + ".spans");
     if (!version.ok() || !probe.ok()) {
-      return InvalidArgument(files[i] + " is not a megascope trace database: " + db.LastMessage());
+      skip("not a readable megascope trace database (" + db.LastMessage() + ")");
+      continue;
     }
     RETURN_IF_ERROR(tracer::CheckReadableTraceVersion(*version, files[i]));
+    if (copy && !created) {
+      for (std::string_view t : kTraceTables) {
+        RETURN_IF_ERROR(db.Exec("CREATE TABLE main." + std::string(t) + " AS SELECT * FROM " +
+                                alias + "." + std::string(t) + " WHERE 0"));
+      }
+      created = true;
+    }
     for (size_t t = 0; t < std::size(kTraceTables); ++t) {
       const std::string table(kTraceTables[t]);
       if (copy) {
@@ -68,6 +77,11 @@ Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_di
     }
     if (copy) RETURN_IF_ERROR(db.Exec("DETACH " + alias));
   }
+  if (static_cast<int>(r->warnings_.size()) == r->nodes_) {
+    return DataLoss("no trace database under " + run_dir +
+                    "/nodes could be read: " + r->warnings_.front());
+  }
+  r->nodes_ -= static_cast<int>(r->warnings_.size());
   if (!copy) {
     for (size_t t = 0; t < std::size(kTraceTables); ++t) {
       std::string view = "CREATE TEMP VIEW " + std::string(kTraceTables[t]) + " AS ";

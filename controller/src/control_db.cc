@@ -49,7 +49,12 @@ Result<std::unique_ptr<ControlDb>> ControlDb::Open(const std::string& path, bool
   std::unique_ptr<ControlDb> db(new ControlDb());
   ASSIGN_OR_RETURN(db->db_, tracer::sql::Database::Open(
                                 path, read_only ? Mode::kReadOnly : Mode::kReadWrite, "[control]"));
-  if (!read_only) {
+  if (read_only) {  // a corrupt or foreign file is said as such, not as a query's error
+    if (!db->db_.Prepare("SELECT COUNT(*) FROM events").ok()) {
+      return DataLoss(path + " is not a readable megascope control database (" +
+                      db->db_.LastMessage() + ")");
+    }
+  } else {
     RETURN_IF_ERROR(db->db_.Exec(
         "PRAGMA journal_mode=WAL;"
         "CREATE TABLE IF NOT EXISTS events(ts_ns INTEGER, attempt INTEGER, kind TEXT, node TEXT, "

@@ -97,9 +97,13 @@ Status ParseMetricsLine(std::string_view line, Sample* s) {
 Result<std::unique_ptr<MetricsCsvReader>> MetricsCsvReader::Open(const std::string& path) {
   auto r = std::make_unique<MetricsCsvReader>();
   r->path_ = path;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return InvalidArgument(path + " is a directory, not a metrics CSV " +
+                           "(timestamp_s,machine,metric,value): name the file");
+  }
   r->in_.open(path);
   if (!r->in_) return NotFound("cannot open metrics file " + path);
-  std::error_code ec;
   r->size_ = static_cast<int64_t>(std::filesystem::file_size(path, ec));
   if (!std::getline(r->in_, r->buf_))
     return InvalidArgument(path + " is empty (a header line is required)");

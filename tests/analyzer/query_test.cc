@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "megascope/runtime/data.h"
+#include "megascope/tracer/file_util.h"
 #include "megascope/tracer/trace_store.h"
 #include "test_util.h"
 
@@ -163,6 +164,43 @@ TEST(RunDatabaseTest, MoreNodesThanSqliteAttachesAtOnce) {
   EXPECT_EQ(t->rows[0][1], std::to_string(kNodes));
   EXPECT_EQ((*db)->Query("SELECT COUNT(*) FROM ranks")->rows[0][0], std::to_string(kNodes));
   EXPECT_FALSE((*db)->Query("DELETE FROM ranks").ok());
+}
+
+// One node's trace.db that cannot be read (here cut short) is named and skipped: every other
+// node is still answered for, attached (3 nodes) or copied in batches (14 nodes). Only when no
+// node can be read is it an error.
+TEST(RunDatabaseTest, AnUnreadableNodeDatabaseIsSkippedWithAWarning) {
+  for (int nodes : {3, 14}) {
+    megascope::testing::TempDir dir;
+    for (int n = 0; n < nodes; ++n) {
+      auto store =
+          tracer::TraceStore::Open(dir.path() + "/nodes/node" + std::to_string(n) + "/trace.db");
+      ASSERT_TRUE(store.ok()) << store.status().ToString();
+      std::vector<tracer::MetricRow> m = {
+          {"node" + std::to_string(n), 1, "node_cpu_utilization_ratio", 0.5}};
+      ASSERT_TRUE((*store)->Write({}, m, {}).ok());
+    }
+    const std::string bad = dir.path() + "/nodes/node1/trace.db";
+    const std::string bytes = tracer::ReadFile(bad).value();
+    std::ofstream(bad, std::ios::trunc | std::ios::binary) << bytes.substr(0, 2000);
+    auto db = RunDatabase::Open(dir.path());
+    ASSERT_TRUE(db.ok()) << db.status().ToString();
+    EXPECT_EQ((*db)->nodes(), nodes - 1);
+    ASSERT_EQ((*db)->warnings().size(), 1u);
+    EXPECT_NE((*db)->warnings()[0].find(bad + ": "), std::string::npos) << (*db)->warnings()[0];
+    EXPECT_NE((*db)->warnings()[0].find("skipped"), std::string::npos);
+    EXPECT_EQ((*db)->warnings()[0].find(":memory:"), std::string::npos) << (*db)->warnings()[0];
+    auto t = (*db)->Query("SELECT COUNT(DISTINCT node) FROM metrics WHERE node != 'node1'");
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_EQ(t->rows[0][0], std::to_string(nodes - 1)) << nodes << " nodes";
+  }
+  megascope::testing::TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/nodes/node0");
+  std::ofstream(dir.path() + "/nodes/node0/trace.db") << "not a database";
+  auto none = RunDatabase::Open(dir.path());
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("no trace database under"), std::string::npos)
+      << none.status().message();
 }
 
 // A trace.db of schema version 1 (the FORMATS tables stored as such, before the compact rows)

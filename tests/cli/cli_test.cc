@@ -5,6 +5,7 @@
 #include <array>
 #include <cctype>
 #include <cstdio>
+#include <fstream>
 #include <iterator>
 #include <sstream>
 #include <string>
@@ -137,6 +138,17 @@ TEST(CliTest, DetectRejectsBadInputClearly) {
   EXPECT_NE(missing.out.find("cannot open metrics file"), std::string::npos);
   CliRun noflag = Megascope("detect");
   EXPECT_EQ(noflag.code, 2);
+  const std::string header_only = dir.path() + "/header.csv";
+  std::ofstream(header_only) << "timestamp_s,machine,metric,value\n";
+  CliRun empty = Megascope("detect --metrics " + header_only);
+  EXPECT_EQ(empty.code, 1) << "nothing to judge is not a success";
+  EXPECT_NE(empty.out.find("header.csv has a header but no sample"), std::string::npos)
+      << empty.out;
+  CliRun directory = Megascope("detect --metrics " + dir.path());
+  EXPECT_EQ(directory.code, 1);
+  EXPECT_NE(directory.out.find(dir.path() + " is a directory, not a metrics CSV"),
+            std::string::npos)
+      << directory.out;
   CliRun badtype = Megascope("fleet-sim --fault-types meteor -o " + dir.path());
   EXPECT_EQ(badtype.code, 2);
   EXPECT_NE(badtype.out.find("unknown fault type 'meteor'"), std::string::npos);

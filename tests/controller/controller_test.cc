@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <fstream>
+
 #include "megascope/controller/control_db.h"
 #include "megascope/controller/disk_guard.h"
 #include "megascope/controller/inject.h"
@@ -114,6 +116,16 @@ TEST(ControlDbTest, RecordsEventsInOrderAndIsPrivate) {
   ASSERT_EQ(by->size(), 1u);
   EXPECT_EQ((*by)[0], std::make_pair(std::string("rank_dead"), int64_t{1}));
   EXPECT_FALSE(ControlDb::Open(dir.path() + "/missing.db", true).ok());
+}
+
+TEST(ControlDbTest, AFileThatIsNotAControlDatabaseIsSaidAsSuch) {
+  megascope::testing::TempDir dir;
+  const std::string path = dir.path() + "/control.db";
+  std::ofstream(path) << "garbage garbage garbage";
+  auto db = ControlDb::Open(path, /*read_only=*/true);
+  ASSERT_FALSE(db.ok());
+  EXPECT_EQ(db.status().message(),
+            path + " is not a readable megascope control database (file is not a database)");
 }
 
 TEST(ControlDbTest, EventKindsRoundTripTheirSpellings) {

@@ -118,14 +118,14 @@ Result<Dump> ParseDumpJson(const json& j, const std::string& src) {
   Fields top(j, src);
   ASSIGN_OR_RETURN(std::string format, top.Str("format"));
   if (format != kDumpFormat) {
-    return InvalidArgument(src + ": format is '" + format + "', expected '" +
-                           std::string(kDumpFormat) + "'");
+    return FailedPrecondition(src + ": format is '" + format + "', expected '" +
+                              std::string(kDumpFormat) + "'");
   }
   ASSIGN_OR_RETURN(int64_t version, top.Int("version"));
   if (version != kDumpVersion) {
-    return InvalidArgument(src + ": dump version " + std::to_string(version) +
-                           " is not supported (this build reads version " +
-                           std::to_string(kDumpVersion) + ")");
+    return FailedPrecondition(src + ": dump version " + std::to_string(version) +
+                              " is not supported (this build reads version " +
+                              std::to_string(kDumpVersion) + ")");
   }
   Dump d;
   RankInfo& info = d.snapshot.info;

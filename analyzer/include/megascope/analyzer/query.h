@@ -24,7 +24,8 @@ struct Table {
 class RunDatabase {
  public:
   // Attaches every node database of `run_dir` read-only (in batches beyond SQLite's attach
-  // limit, copying into memory).
+  // limit, copying into memory). One that cannot be read is skipped (warnings()); none readable,
+  // or a newer schema, is an error.
   static Result<std::unique_ptr<RunDatabase>> Open(const std::string& run_dir);
   ~RunDatabase();
   // One read-only statement; errors name what SQLite said.
@@ -33,12 +34,15 @@ class RunDatabase {
   using Row = tracer::sql::Statement;
   // Streams the rows of a read-only statement through `fn` (for large results).
   Status Scan(const std::string& sql, const std::function<void(const Row&)>& fn);
-  int nodes() const { return nodes_; }
+  int nodes() const { return nodes_; }  // the node databases read
+  // One line per node database that could not be read and was skipped (callers print them).
+  const std::vector<std::string>& warnings() const { return warnings_; }
 
  private:
   RunDatabase() = default;
   tracer::sql::Database db_;
   int nodes_ = 0;
+  std::vector<std::string> warnings_;
 };
 
 // The canned questions, as SQL over the unified views.
