@@ -3,6 +3,7 @@
 #pragma once
 
 #include <boost/program_options.hpp>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,6 +30,15 @@ std::optional<int> ParseArgs(const char* name, const char* usage, const Args& ar
 
 // Prints "megascope <name>: <message>" to stderr and returns `code`.
 int Fail(const char* name, const std::string& message, int code = 1);
+
+// A floating-point option whose default reads as a person writes it in --help ("0.3"), not as
+// program_options prints a double ("0.29999999999999999").
+template <typename T>
+po::typed_value<T>* Decimal(T* v, T def) {
+  char shown[32];
+  std::snprintf(shown, sizeof(shown), "%g", static_cast<double>(def));
+  return po::value(v)->default_value(def, shown);
+}
 // Prints "megascope <name>: warning: <line>" for each line, on stderr.
 void Warn(const char* name, const std::vector<std::string>& lines);
 

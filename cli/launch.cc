@@ -32,25 +32,23 @@ int RunLaunch(const Args& args) {
                      "spare nodes standing by (self-checked before they join)")(
       "timeout", po::value(&c.timeout_ms)->default_value(120000),
       "collective timeout in milliseconds (above --hang-after: the controller acts first)")(
-      "tick", po::value(&co.tick_s)->default_value(co.tick_s), "seconds between controller ticks")(
-      "hang-after", po::value(&co.hang_after_s)->default_value(co.hang_after_s),
+      "tick", Decimal(&co.tick_s, co.tick_s), "seconds between controller ticks")(
+      "hang-after", Decimal(&co.hang_after_s, co.hang_after_s),
       "a hang: no rank's step advances for this many seconds (or --hang-factor median step times, "
-      "if longer)")("hang-factor", po::value(&co.hang_factor)->default_value(co.hang_factor),
-                    "see --hang-after")(
-      "startup-grace", po::value(&co.startup_grace_s)->default_value(co.startup_grace_s),
-      "seconds an attempt may take to its first step")(
-      "op-timeout", po::value(&co.op_timeout_s)->default_value(co.op_timeout_s),
-      "an op open this many seconds is a hang")(
+      "if longer)")("hang-factor", Decimal(&co.hang_factor, co.hang_factor), "see --hang-after")(
+      "startup-grace", Decimal(&co.startup_grace_s, co.startup_grace_s),
+      "seconds an attempt may take to its first step")("op-timeout",
+                                                       Decimal(&co.op_timeout_s, co.op_timeout_s),
+                                                       "an op open this many seconds is a hang")(
       "max-evictions", po::value(&co.max_evictions)->default_value(co.max_evictions),
       "evictions allowed per --eviction-window before pausing for a person")(
-      "eviction-window", po::value(&co.eviction_window_s)->default_value(co.eviction_window_s),
-      "seconds")("readmit-after", po::value(&co.readmit_after_s)->default_value(co.readmit_after_s),
-                 "seconds after which an evicted node may stand by again (it must pass the "
-                 "self-check); 0: never")(
-      "min-gemm-ratio", po::value(&co.min_gemm_ratio)->default_value(co.min_gemm_ratio),
+      "eviction-window", Decimal(&co.eviction_window_s, co.eviction_window_s), "seconds")(
+      "readmit-after", Decimal(&co.readmit_after_s, co.readmit_after_s),
+      "seconds after which an evicted node may stand by again (it must pass the "
+      "self-check); 0: never")(
+      "min-gemm-ratio", Decimal(&co.min_gemm_ratio, co.min_gemm_ratio),
       "self-check: GEMM throughput needed, as a share of a healthy node's")(
-      "min-bandwidth-ratio",
-      po::value(&co.min_bandwidth_ratio)->default_value(co.min_bandwidth_ratio),
+      "min-bandwidth-ratio", Decimal(&co.min_bandwidth_ratio, co.min_bandwidth_ratio),
       "self-check: all-reduce bandwidth needed, as a share of a healthy pair's")(
       "min-free-mb", po::value<double>(),
       "megabytes the run directory's filesystem must keep free: under it the job pauses (the ranks "
@@ -73,7 +71,7 @@ int RunLaunch(const Args& args) {
       "iface", po::value(&iface),
       "with --hosts or --slurm: ranks bind this interface's address on their host (the training "
       "network, e.g. eth0 or ib0) instead of the host's listed or Slurm address")(
-      "detector-tick", po::value(&co.detector_tick_s)->default_value(co.detector_tick_s),
+      "detector-tick", Decimal(&co.detector_tick_s, co.detector_tick_s),
       "seconds between detector ticks over the agents' /metrics (0: no detector)")(
       "detector-warmup",
       po::value(&co.detector_warmup_ticks)->default_value(co.detector_warmup_ticks),
@@ -82,16 +80,14 @@ int RunLaunch(const Args& args) {
       "nodes of the same pipeline stages needed before the detector judges them")(
       "straggler-every", po::value(&co.straggler_every)->default_value(co.straggler_every),
       "run the straggler analysis over every this many steps (0: never)")(
-      "straggler-ratio", po::value(&co.straggler_ratio)->default_value(co.straggler_ratio),
+      "straggler-ratio", Decimal(&co.straggler_ratio, co.straggler_ratio),
       "a rank computing this many times its peers' median is slow in that step")(
-      "straggler-min-cost",
-      po::value(&co.straggler_min_cost_s)->default_value(co.straggler_min_cost_s),
+      "straggler-min-cost", Decimal(&co.straggler_min_cost_s, co.straggler_min_cost_s),
       "seconds per step a straggler must cost the job")(
       "straggler-windows",
       po::value(&co.policy.straggler_windows)->default_value(co.policy.straggler_windows),
       "straggler analyses in a row naming a node before the policy acts")(
-      "act-confidence",
-      po::value(&co.policy.check_confidence)->default_value(co.policy.check_confidence),
+      "act-confidence", Decimal(&co.policy.check_confidence, co.policy.check_confidence),
       "verdicts of the detector and straggler analysis below this confidence only alert")(
       "inject", po::value(&injects)->composing(),
       "inject a fault into the real processes (repeatable): "

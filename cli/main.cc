@@ -71,6 +71,21 @@ std::optional<int> ParseArgs(const char* name, const char* usage, const Args& ar
       return 0;
     }
     po::notify(*vm);
+  } catch (const po::required_option& e) {
+    // A missing positional argument is named as the usage line names it, not as the internal
+    // option behind it ('--what').
+    const std::string option = e.get_option_name();
+    const std::string bare = option.rfind("--", 0) == 0 ? option.substr(2) : option;
+    for (unsigned i = 0; i < positional.max_total_count() && i < 8; ++i) {
+      if (positional.name_for_position(i) == bare) {
+        std::fprintf(
+            stderr, "megascope %s: an argument is missing\nUsage: %s\nTry 'megascope %s --help'.\n",
+            name, usage, name);
+        return 2;
+      }
+    }
+    std::fprintf(stderr, "megascope %s: %s\nTry 'megascope %s --help'.\n", name, e.what(), name);
+    return 2;
   } catch (const po::error& e) {
     std::fprintf(stderr, "megascope %s: %s\nTry 'megascope %s --help'.\n", name, e.what(), name);
     return 2;
@@ -97,6 +112,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string cmd = argv[1];
+  if (cmd == "help" && argc > 2) {  // megascope help COMMAND: that command's --help
+    for (const Command& c : kCommands) {
+      if (argv[2] == std::string(c.name)) return c.run(Args{"--help"});
+    }
+    std::fprintf(stderr,
+                 "megascope: no command '%s' to help with\nRun 'megascope --help' for the list of "
+                 "commands.\n",
+                 argv[2]);
+    return 2;
+  }
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     PrintHelp(stdout);
     return 0;

@@ -39,10 +39,9 @@ po::options_description TrainingOptions(runtime::TrainConfig* c_ptr) {
       "batch", po::value(&c.global_batch)->default_value(8), "global batch in sequences")(
       "microbatches", po::value(&c.microbatches)->default_value(2),
       "microbatches per replica and step")("steps", po::value(&c.steps)->default_value(20),
-                                           "training steps")(
-      "lr", po::value(&c.lr)->default_value(1e-3f), "peak learning rate")(
-      "min-lr", po::value(&c.min_lr)->default_value(1e-4f),
-      "final learning rate of the cosine schedule")(
+                                           "training steps")("lr", Decimal(&c.lr, 1e-3f),
+                                                             "peak learning rate")(
+      "min-lr", Decimal(&c.min_lr, 1e-4f), "final learning rate of the cosine schedule")(
       "warmup", po::value(&c.warmup)->default_value(5), "warm-up steps")(
       "grad-clip", po::value(&c.grad_clip)->default_value(1.0f),
       "global gradient-norm clip (0: off)")("checkpoint-every",
@@ -121,9 +120,9 @@ int RunSelfCheckCommand(const Args& args) {
       "rendezvous directory shared with the neighbour (fresh per check)")(
       "rank", po::value(&o.rank)->default_value(0), "0 or 1")(
       "world", po::value(&o.world)->default_value(2), "processes in the check")(
-      "gemm-seconds", po::value(&o.gemm_seconds)->default_value(o.gemm_seconds),
-      "how long to run GEMMs")("timeout", po::value(&o.timeout_ms)->default_value(o.timeout_ms),
-                               "rendezvous/collective timeout in milliseconds")(
+      "gemm-seconds", Decimal(&o.gemm_seconds, o.gemm_seconds), "how long to run GEMMs")(
+      "timeout", po::value(&o.timeout_ms)->default_value(o.timeout_ms),
+      "rendezvous/collective timeout in milliseconds")(
       "connect-timeout", po::value(&o.connect_timeout_ms)->default_value(o.connect_timeout_ms),
       "milliseconds to connect to the neighbour: past it the link is dead and the check fails");
   po::variables_map vm;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <regex>
 #include <sstream>
 #include <string>
 
@@ -122,6 +123,26 @@ TEST(CliTest, FleetSimThenDetectScoresAgainstLabels) {
   EXPECT_NE(det.out.find("\"format\":\"megascope-detector-score\""), std::string::npos);
   EXPECT_NE(det.out.find("\"recall\":1.0"), std::string::npos) << det.out;
   EXPECT_NE(det.out.find("\"false_positives\":0"), std::string::npos) << det.out;
+}
+
+// What a person reads: a missing argument named as the usage names it (not the internal
+// '--what'), help for one command, and defaults as written (0.3, not 0.29999999999999999).
+TEST(CliTest, ErrorsAndHelpSpeakTheUsersWords) {
+  CliRun missing = Megascope("analyze");
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_NE(missing.out.find("an argument is missing"), std::string::npos) << missing.out;
+  EXPECT_NE(missing.out.find("Usage: megascope analyze hang"), std::string::npos) << missing.out;
+  EXPECT_EQ(missing.out.find("--what"), std::string::npos) << missing.out;
+  CliRun help = Megascope("help query");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("Usage: megascope query RUN_DIR"), std::string::npos) << help.out;
+  EXPECT_EQ(Megascope("help nosuchcommand").code, 2);
+  CliRun launch = Megascope("launch --help");
+  EXPECT_NE(launch.out.find("--min-bandwidth-ratio arg (=0.3)"), std::string::npos) << launch.out;
+  EXPECT_NE(launch.out.find("--lr arg (=0.001)"), std::string::npos) << launch.out;
+  EXPECT_FALSE(std::regex_search(launch.out, std::regex(R"(=\d*\.\d{6,})")))
+      << "a default printed to the last bit:\n"
+      << launch.out;
 }
 
 TEST(CliTest, DetectRejectsBadInputClearly) {
