@@ -96,7 +96,10 @@ int RunLaunch(const Args& args) {
       "metric:node=N,what=nic-errors|memory,at=STEP|SECONDSs[,seconds=D]; "
       "link:node=N,kind=slow[,rate=MBPS]|loss[,loss=PCT]|down,at=STEP|SECONDSs[,seconds=D] "
       "(loss and down need --hosts); "
-      "kill-agent:node=N,at=STEP|SECONDSs; corrupt-checkpoint; degrade:node=N[,factor=F]");
+      "kill-agent:node=N,at=STEP|SECONDSs; corrupt-checkpoint; degrade:node=N[,factor=F]. A fault "
+      "of "
+      "a rank aimed at node=N with ',persist' fires again in every attempt until the node is "
+      "evicted (a machine that stays broken)");
   opts.add(loop);
   po::variables_map vm;
   if (auto rc = ParseArgs("launch",

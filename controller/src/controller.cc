@@ -636,7 +636,10 @@ struct Controller::Impl {
       plan.resume = *resume;
     }
     for (Injection& in : opt.injections) {
-      if (!IsWorkerFault(in.kind) || in.fired) continue;
+      if (!IsWorkerFault(in.kind) || (in.fired && !in.persist)) continue;
+      in.fired = false;  // persistent: the node is still broken in this attempt
+      int64_t at = in.at_step;
+      if (in.persist && resume != nullptr) at = std::max(at, resume->step);
       std::vector<int> ranks;
       if (in.kind == FaultKind::kSlow && in.rank < 0) {  // every rank of the node or the stage
         for (int r = 0; r < opt.world; ++r) {
@@ -650,8 +653,7 @@ struct Controller::Impl {
       for (int rank : ranks) {
         if (rank < 0 || rank >= opt.world) continue;  // its node is not in the job (any more)
         if (in.planned_rank < 0 || rank < in.planned_rank) in.planned_rank = rank;
-        plan.faults.push_back(
-            {std::string(Name(in.kind)), rank, in.at_step, in.seconds, in.factor});
+        plan.faults.push_back({std::string(Name(in.kind)), rank, at, in.seconds, in.factor});
       }
     }
     for (const std::string& node : active) {
@@ -929,7 +931,8 @@ struct Controller::Impl {
     std::vector<Verdict> verdicts;
     const analyzer::HangOptions ho = IncidentHangOptions();
     if (t.cause == "crash") {
-      launch::RankExit origin = sup.FindOrigin(t.failures, std::chrono::seconds(2), nullptr);
+      std::vector<launch::RankExit> others;
+      launch::RankExit origin = sup.FindOrigin(t.failures, std::chrono::seconds(2), &others);
       const std::string log_line = LastLogLine(layout.worker_log(origin.rank));
       const std::string node = sup.NodeOfRank(origin.rank);
       if (origin.status.exited() && origin.status.code() == launch::kExitJobError) {
@@ -966,6 +969,22 @@ struct Controller::Impl {
         v.evidence = {"exit: " + origin.status.Describe(),
                       "log: " + layout.worker_log(origin.rank)};
         verdicts.push_back(v);
+        // Another rank that died of its own failure at the same time, on another node, is a
+        // second root: both machines are acted on in this incident.
+        std::set<std::string> named = {v.root_nodes[0]};
+        for (const launch::RankExit& o : others) {
+          const bool own = !o.status.success() &&
+                           !(o.status.exited() && o.status.code() == launch::kExitCommFailure);
+          const std::string o_node = sup.NodeOfRank(o.rank);
+          if (!own || !named.insert(o_node).second) continue;
+          Verdict w = v;
+          w.root_ranks = {o.rank};
+          w.root_nodes = {o_node};
+          w.explanation = "rank " + std::to_string(o.rank) + " (" + o_node + ") " +
+                          o.status.Describe() + " too, at the same time";
+          w.evidence = {"exit: " + o.status.Describe(), "log: " + layout.worker_log(o.rank)};
+          verdicts.push_back(w);
+        }
         return verdicts;
       }
       // Every failure was a peer's timeout: the cause is in the flight recorders.

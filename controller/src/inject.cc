@@ -114,9 +114,12 @@ Result<Injection> ParseInjection(const std::string& spec) {
         in.seconds = std::stod(value, &used);
       } else if (key == "factor") {
         in.factor = std::stod(value, &used);
+      } else if (key == "persist" && eq == std::string::npos) {
+        in.persist = true;
       } else {
-        return InvalidArgument("--inject '" + spec + "': unknown field '" + key +
-                               "' (node, rank, pp, at, seconds, factor, what, kind, rate, loss)");
+        return InvalidArgument(
+            "--inject '" + spec + "': unknown field '" + key +
+            "' (node, rank, pp, at, seconds, factor, what, kind, rate, loss, persist)");
       }
       if (used != value.size()) throw std::invalid_argument(value);
     } catch (const std::exception&) {
@@ -129,6 +132,11 @@ Result<Injection> ParseInjection(const std::string& spec) {
     return InvalidArgument("--inject '" + spec + "': kind=, rate= and loss= belong to link faults");
   if (in.pp >= 0 && in.kind != FaultKind::kSlow)
     return InvalidArgument("--inject '" + spec + "': pp=S targets only slow");
+  if (in.persist && (!IsWorkerFault(in.kind) || in.node.empty())) {
+    return InvalidArgument("--inject '" + spec +
+                           "': persist (the node stays broken until evicted) needs a fault of a " +
+                           "rank (crash, hang, freeze, stall-send, slow) aimed at node=N");
+  }
   if (IsWorkerFault(in.kind)) {
     if (!targeted)
       return InvalidArgument("--inject '" + spec + "' needs node=N or rank=R" +

@@ -69,14 +69,40 @@ TEST(InjectTest, AFiringUsesUpOnlyItsOwnInjection) {
   EXPECT_EQ(FiredInjection(in, "hang", 0, 40), nullptr);
 }
 
+TEST(InjectTest, APersistentFaultIsAMachineThatStaysBroken) {
+  auto once = ParseInjection("hang:node=node1,at=3");
+  auto stays = ParseInjection("hang:node=node1,at=3,persist");
+  ASSERT_TRUE(once.ok() && stays.ok()) << stays.status().ToString();
+  EXPECT_FALSE(once->persist);
+  EXPECT_TRUE(stays->persist);
+  EXPECT_EQ(stays->node, "node1");
+  EXPECT_EQ(stays->at_step, 3);
+  EXPECT_NE(ParseInjection("crash:rank=1,at=3,persist").status().message().find("node=N"),
+            std::string::npos);
+}
+
 TEST(InjectTest, RefusesWhatCannotBeCarriedOut) {
-  for (const char* bad :
-       {"boom:node=n", "crash:at=3", "crash:node=n", "slow:rank=1,at=2", "kill-agent:at=4",
-        "crash:node=n,at=x", "crash:node=n,at=3,color=red", "degrade:node=n,factor=0.5",
-        "crash:rank=1x,at=3", "link:kind=slow,at=3", "link:node=n,kind=slow",
-        "link:node=n,rate=-1,at=3", "crash:node=n,at=3,rate=5", "link:node=n,what=memory,at=3",
-        "link:node=n,kind=loss,loss=120,at=3", "link:node=n,kind=down,rate=5,at=3",
-        "link:node=n,kind=slow,loss=5,at=3", "crash:node=n,at=3,loss=5"}) {
+  for (const char* bad : {"boom:node=n",
+                          "crash:at=3",
+                          "crash:node=n",
+                          "slow:rank=1,at=2",
+                          "kill-agent:at=4",
+                          "crash:node=n,at=x",
+                          "crash:node=n,at=3,color=red",
+                          "degrade:node=n,factor=0.5",
+                          "crash:rank=1x,at=3",
+                          "link:kind=slow,at=3",
+                          "link:node=n,kind=slow",
+                          "link:node=n,rate=-1,at=3",
+                          "crash:node=n,at=3,rate=5",
+                          "link:node=n,what=memory,at=3",
+                          "link:node=n,kind=loss,loss=120,at=3",
+                          "link:node=n,kind=down,rate=5,at=3",
+                          "link:node=n,kind=slow,loss=5,at=3",
+                          "crash:node=n,at=3,loss=5",
+                          "crash:rank=1,at=3,persist",
+                          "link:node=n,kind=down,at=3,persist",
+                          "crash:node=n,at=3,persist=no"}) {
     EXPECT_FALSE(ParseInjection(bad).ok()) << bad;
   }
   EXPECT_NE(ParseInjection("boom").status().message().find("one of crash, hang"),

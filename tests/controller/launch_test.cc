@@ -13,6 +13,7 @@
 #include <iterator>
 #include <map>
 #include <regex>
+#include <set>
 #include <vector>
 
 #include "launch_fixture.h"
@@ -252,6 +253,22 @@ TEST_F(LaunchTest, ARelaunchAfterTheControllerIsKilledAdoptsTheRunAndLosesAtMost
   EXPECT_GT(adopted.attempt, restarts[1].attempt) << "attempt numbers go on";
   ExpectLossesContinue(pp2);
   ExpectNoDuplicateRows();
+}
+
+// Two machines that stay broken: the ranks of node0 and node1 (data-parallel replicas) both crash
+// at step 3 of every attempt they are in. With one-shot faults only the first was acted on and the
+// second vanished with the restart; persistent, both nodes are evicted (in one incident when both
+// exits are seen together, else the second in the next attempt) and the job ends on the spares.
+TEST_F(LaunchTest, TwoPersistentFaultsAtTheSameStepEvictBothNodes) {
+  CommandResult r = Launch(kDp2,
+                           "--spares 2 --inject crash:node=node0,at=3,persist --inject "
+                           "crash:node=node1,at=3,persist");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto ev = Events();
+  std::set<std::string> evicted;
+  for (const Event& e : Of(ev, "eviction")) evicted.insert(e.node);
+  EXPECT_EQ(evicted, (std::set<std::string>{"node0", "node1"})) << r.out;
+  ExpectLossesContinue(kDp2);
 }
 
 TEST_F(LaunchTest, ADeadAgentIsRestartedWithoutEvictionAndNoRowIsLostOrDuplicated) {

@@ -20,6 +20,9 @@
 //                                      restart
 //   degrade                            node=N runs slowed by factor=F (default 3): its self-check
 //   fails
+// A fault of a rank aimed at node=N fires once; with `persist` the node stays broken: the fault
+// fires again in every attempt the node is part of (from at=STEP, or the attempt's first step if
+// it resumes later), until the node is evicted, as a real broken machine would.
 #pragma once
 
 #include <cstdint>
@@ -66,6 +69,7 @@ struct Injection {
   LinkFaultKind link = LinkFaultKind::kSlow;
   double rate_mbps = 0;  // link slow: the shaped rate
   double loss_pct = 0;   // link loss: packets dropped each way
+  bool persist = false;  // fires again in every attempt while its node is in the job
   bool fired = false;
   int planned_rank = -1;  // the rank it was given to in the current attempt
 };
