@@ -1,16 +1,22 @@
 // Agent ingest: rows per second from rank rings into trace.db on one core (target >= 1 M rows/s).
-// 8 rings of 1 M records each (spans, with a collective every 8th record), drained by Agent::Poll.
+// 8 rings of 1 M records each (spans, with a collective every 8th record), drained by Agent::Poll;
+// then retention (TraceStore::Prune) drops the older half of the spans, its cost per row beside
+// ingest's.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <vector>
 
 #include "megascope/tracer/agent/agent.h"
+#include "megascope/tracer/sqlite.h"
+#include "megascope/tracer/trace_store.h"
 #include "megascope/tracer/tracer.h"
 
 using namespace megascope::tracer;
 
-int main(int argc, char** argv) {
+namespace {
+
+int Run(int argc, char** argv) {
   const int rings = 8, per_ring = argc > 1 ? std::atoi(argv[1]) : 1 << 20;
   const std::string shm = "/dev/shm/megascope-bench-" + std::to_string(::getpid());
   const std::string run = "/tmp/megascope-bench-" + std::to_string(::getpid());
@@ -66,10 +72,59 @@ int main(int argc, char** argv) {
   std::printf(
       "agent ingest: %zu rows from %d rings in %.2f s wall (%.2f s CPU): %.2f M rows/s wall, %.2f "
       "M rows/s per CPU second (target >= 1 M rows/s)\n",
-      rows, rings, wall, cpu, rows / wall / 1e6, rows / cpu / 1e6);
+      rows, rings, wall, cpu, static_cast<double>(rows) / wall / 1e6,
+      static_cast<double>(rows) / cpu / 1e6);
   a->reset();
+  // Retention over the same file: drop the older half of the spans (rolled up per step first),
+  // and compare its cost per row with ingest's, measured above in the same run.
+  {
+    auto store = TraceStore::Open(run + "/nodes/node0/trace.db");
+    if (!store.ok()) {
+      std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
+      return 1;
+    }
+    int64_t cutoff = 0;  // the start of the middle span row: half the spans are older
+    {
+      auto db = sql::Database::Open(run + "/nodes/node0/trace.db", sql::Database::Mode::kReadOnly);
+      auto mid = db.ok() ? db->QueryInt(
+                               "SELECT start_ns FROM span_rows ORDER BY rowid LIMIT 1 "
+                               "OFFSET (SELECT COUNT(*) / 2 FROM span_rows)")
+                         : megascope::Result<int64_t>(db.status());
+      if (!mid.ok()) {
+        std::fprintf(stderr, "%s\n", mid.status().ToString().c_str());
+        return 1;
+      }
+      cutoff = *mid;
+    }
+    const auto p0 = std::chrono::steady_clock::now();
+    const clock_t pc0 = std::clock();
+    auto dropped = (*store)->Prune(cutoff);
+    const double pwall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count();
+    const double pcpu = static_cast<double>(std::clock() - pc0) / CLOCKS_PER_SEC;
+    if (!dropped.ok()) {
+      std::fprintf(stderr, "%s\n", dropped.status().ToString().c_str());
+      return 1;
+    }
+    std::printf(
+        "retention: %lld rows dropped (rolled up per step first) in %.2f s wall (%.2f s CPU): "
+        "%.2f M rows/s per CPU second, %.2f x ingest's CPU cost per row\n",
+        static_cast<long long>(*dropped), pwall, pcpu, static_cast<double>(*dropped) / pcpu / 1e6,
+        (pcpu / static_cast<double>(*dropped)) / (cpu / static_cast<double>(rows)));
+  }
   tracers.clear();
   std::filesystem::remove_all(shm);
   std::filesystem::remove_all(run);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "agent_ingest: %s\n", e.what());
+    return 1;
+  }
 }

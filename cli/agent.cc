@@ -69,6 +69,10 @@ int RunAgent(const Args& args) {
       "shm-dir", po::value(&o.shm_dir)->default_value(o.shm_dir), "where rank rings live")(
       "max-db-mb", po::value(&o.max_db_mb)->default_value(0),
       "cap trace.db at this many MiB (0: no cap)")(
+      "retain-hours", Decimal(&o.retain_hours, o.retain_hours),
+      "trace.db keeps this many hours of rows: older spans and collectives are summed per step "
+      "into step_rollups, then dropped with older heartbeats and metrics, once a minute (0: keep "
+      "everything)")(
       "drain-priority", po::value(&drain_priority)->default_value(drain_priority),
       "CPU scheduling policy of the drain: batch (SCHED_BATCH: an equal share of the CPU, but "
       "never preempting a running rank when it wakes up), idle (SCHED_IDLE: only cores no rank "
@@ -88,6 +92,8 @@ int RunAgent(const Args& args) {
     return *rc;
   }
   if (o.sample_interval_s <= 0) return Fail("agent", "--sample-interval must be positive", 2);
+  if (!(o.retain_hours >= 0))
+    return Fail("agent", "--retain-hours must be >= 0 (0: keep everything)", 2);
   if (!(o.drain_interval_s > 0 && o.drain_interval_s <= 60))
     return Fail("agent", "--drain-interval must be above 0 and at most 60 seconds", 2);
   if (auto p = tracer::agent::ParseDrainPriority(drain_priority)) {

@@ -144,6 +144,45 @@ TEST_F(TraceStoreTest, EveryRowOfABatchArrivesOnceInOrderWhateverItsSize) {
   EXPECT_EQ(Column("SELECT node, ts_ns, name, CAST(2 * value AS INTEGER) FROM metrics"), metrics);
 }
 
+// Retention keeps a time window: rows older than the cutoff go, summed per step into step_rollups
+// first (spans by kind, collectives by op with their bytes); newer rows and other tables stay.
+TEST_F(TraceStoreTest, RetentionDropsTheOldestRowsAndKeepsTheirPerStepRollups) {
+  auto store = TraceStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  std::vector<Record> all;
+  all.reserve(1000);
+  for (int i = 0; i < 1000; ++i) all.push_back(Numbered(i));
+  for (size_t from = 0; from < all.size(); from += 100) {  // in arrival order, as the agent writes
+    const std::vector<Record> batch(all.begin() + static_cast<long>(from),
+                                    all.begin() + static_cast<long>(from + 100));
+    const RingRows rows = Rows(batch);
+    ASSERT_TRUE((*store)->Write({&rows, 1}, {}, {}).ok());
+  }
+  // Spans start at 1000 + i (i = 0, 4, ...): those before 1500 are the 125 of i < 500.
+  auto dropped = (*store)->Prune(1500);
+  ASSERT_TRUE(dropped.ok()) << dropped.status().ToString();
+  EXPECT_EQ(*dropped, 125);
+  EXPECT_EQ(Column("SELECT MIN(start_ns), COUNT(*) FROM spans WHERE kind = 'forward'"),
+            std::vector<std::string>{"1500|125"});
+  // Their durations (1000 + 2i) summed: 125 * 1000 + 2 * (0 + 4 + ... + 496).
+  EXPECT_EQ(Column("SELECT SUM(count), SUM(total_ns), MIN(first_ns) FROM step_rollups "
+                   "WHERE what = 'forward'"),
+            std::vector<std::string>{"125|187000|1000"});
+  EXPECT_EQ(Column("SELECT COUNT(*) FROM collectives"), std::vector<std::string>{"250"});
+  // Collectives are enqueued at 5000 + i: before 5500, the 125 of i < 500 (and every span left).
+  dropped = (*store)->Prune(5500);
+  ASSERT_TRUE(dropped.ok()) << dropped.status().ToString();
+  EXPECT_EQ(*dropped, 250);
+  EXPECT_EQ(Column("SELECT SUM(count), SUM(bytes) FROM step_rollups WHERE what = 'comm:allreduce'"),
+            std::vector<std::string>{"125|1992000"});
+  EXPECT_EQ(Column("SELECT COUNT(*), MIN(enqueued_ns) FROM collectives"),
+            (std::vector<std::string>{"125|5501"}));
+  EXPECT_EQ(Column("SELECT COUNT(*) FROM heartbeats"), std::vector<std::string>{"250"});
+  EXPECT_EQ(Column("SELECT COUNT(*) FROM metrics"), std::vector<std::string>{"250"});
+  EXPECT_EQ(Column("SELECT SUM(count) FROM step_rollups WHERE what = 'forward'"),
+            std::vector<std::string>{"250"});
+}
+
 // A write that fails part-way leaves nothing of its rows behind: neither in the database nor
 // waiting in the store for the next write.
 TEST_F(TraceStoreTest, AFailedWriteLeavesNoRowsBehindForTheNext) {

@@ -34,6 +34,8 @@ CREATE TABLE IF NOT EXISTS heartbeat_rows(rank INTEGER, attempt INTEGER, ts_ns I
 CREATE TABLE IF NOT EXISTS metrics(node TEXT, ts_ns INTEGER, name TEXT, value REAL);
 CREATE TABLE IF NOT EXISTS drops(rank INTEGER, ts_ns INTEGER, dropped_records INTEGER);
 CREATE TABLE IF NOT EXISTS ring_cursors(ring TEXT, lane INTEGER, tail INTEGER, PRIMARY KEY(ring, lane));
+CREATE TABLE IF NOT EXISTS step_rollups(rank INTEGER, attempt INTEGER, step INTEGER, what TEXT, count INTEGER,
+                                        total_ns INTEGER, bytes INTEGER, first_ns INTEGER, last_ns INTEGER);
 -- No indexes: ingest speed comes first; queries over a node's file scan.
 CREATE VIEW IF NOT EXISTS collectives AS
   SELECT c.rank, c.attempt, g.name AS grp, c.seq, )sql" +
@@ -57,6 +59,19 @@ CREATE VIEW IF NOT EXISTS heartbeats AS
   SELECT rank, attempt, ts_ns, step, )sql" +
          Spelling<Phase>("phase") + R"sql( AS phase FROM heartbeat_rows;
 )sql";
+}
+
+std::string TraceRollupSql(int64_t spans_before, int64_t collectives_before) {
+  return "INSERT INTO step_rollups SELECT rank, attempt, step, " + Spelling<SpanKind>("kind") +
+         ", COUNT(*), SUM(dur_ns), NULL, MIN(start_ns), MAX(start_ns + dur_ns) FROM span_rows "
+         "WHERE rowid < " +
+         std::to_string(spans_before) +
+         " GROUP BY rank, attempt, step, kind;"
+         "INSERT INTO step_rollups SELECT rank, attempt, step, 'comm:' || " +
+         Spelling<OpType>("op") +
+         ", COUNT(*), SUM(end_after_ns), SUM(bytes), MIN(enqueued_ns), "
+         "MAX(enqueued_ns + end_after_ns) FROM collective_rows WHERE rowid < " +
+         std::to_string(collectives_before) + " GROUP BY rank, attempt, step, op;";
 }
 
 Status CheckReadableTraceVersion(int64_t version, const std::string& path) {

@@ -251,6 +251,38 @@ Status TraceStore::Write(std::span<const RingRows> rings, std::span<const Metric
   return Status::Ok();
 }
 
+Result<int64_t> TraceStore::Prune(int64_t before_ns) {
+  const std::string cutoff = std::to_string(before_ns);
+  // The rowid of a table's first row at or after the cutoff (past its last row when none is).
+  auto boundary = [&](const char* table, const char* time) {
+    return db_.QueryInt(std::string("SELECT COALESCE((SELECT rowid FROM ") + table + " WHERE " +
+                        time + " >= " + cutoff + " ORDER BY rowid LIMIT 1), (SELECT " +
+                        "COALESCE(MAX(rowid), 0) + 1 FROM " + table + "))");
+  };
+  ASSIGN_OR_RETURN(const int64_t spans, boundary("span_rows", "start_ns"));
+  ASSIGN_OR_RETURN(const int64_t colls, boundary("collective_rows", "enqueued_ns"));
+  ASSIGN_OR_RETURN(const int64_t beats, boundary("heartbeat_rows", "ts_ns"));
+  ASSIGN_OR_RETURN(const int64_t metrics, boundary("metrics", "ts_ns"));
+  ASSIGN_OR_RETURN(const int64_t drops, boundary("drops", "ts_ns"));
+  RETURN_IF_ERROR(db_.Exec("BEGIN"));
+  Status st = db_.Exec(TraceRollupSql(spans, colls));
+  Result<int64_t> before = db_.QueryInt("SELECT total_changes()");
+  if (st.ok() && !before.ok()) st = before.status();
+  if (st.ok())
+    st = db_.Exec("DELETE FROM span_rows WHERE rowid < " + std::to_string(spans) +
+                  "; DELETE FROM collective_rows WHERE rowid < " + std::to_string(colls) +
+                  "; DELETE FROM heartbeat_rows WHERE rowid < " + std::to_string(beats) +
+                  "; DELETE FROM metrics WHERE rowid < " + std::to_string(metrics) +
+                  "; DELETE FROM drops WHERE rowid < " + std::to_string(drops) + ";");
+  if (st.ok()) st = db_.Exec("COMMIT");
+  if (!st.ok()) {
+    (void)db_.Exec("ROLLBACK");
+    return st.WithContext("retention on " + path_);
+  }
+  ASSIGN_OR_RETURN(const int64_t after, db_.QueryInt("SELECT total_changes()"));
+  return after - *before;
+}
+
 Status TraceStore::UpsertRank(const RankInfo& i) {
   rank_.Bind(1, i.rank)
       .Bind(2, i.node)

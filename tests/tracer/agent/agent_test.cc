@@ -19,8 +19,11 @@
 
 #include "megascope/launch/process.h"
 #include "megascope/tracer/agent/host_metrics.h"
+#include "megascope/tracer/clock.h"
 #include "megascope/tracer/dump.h"
 #include "megascope/tracer/http_client.h"
+#include "megascope/tracer/sqlite.h"
+#include "megascope/tracer/trace_store.h"
 #include "megascope/tracer/tracer.h"
 #include "sqlite_util.h"
 #include "test_util.h"
@@ -128,6 +131,31 @@ TEST_F(AgentTest, WritesEveryRecordExactlyOnceWithTheSchema) {
       Count(Db(),
             "SELECT COUNT(*) FROM spans WHERE end_ns < start_ns OR start_ns < 1600000000000000000"),
       0);
+}
+
+// An always-on agent keeps a window of rows: one older than --retain-hours goes (summed into
+// step_rollups first), a newer one stays.
+TEST_F(AgentTest, AnAlwaysOnAgentKeepsItsRetentionWindow) {
+  ASSERT_TRUE(TraceStore::Open(Db()).ok());
+  const int64_t now = WallNowNs(), hour = int64_t{3600} * 1000000000;
+  {
+    auto db = sql::Database::Open(Db(), sql::Database::Mode::kReadWrite);
+    ASSERT_TRUE(db.ok());
+    const std::string fwd = std::to_string(static_cast<int>(SpanKind::kForward));
+    ASSERT_TRUE(db->Exec("INSERT INTO span_rows VALUES(0, 0, 1, NULL, " + fwd + ", 'forward', " +
+                         std::to_string(now - 3 * hour) + ", 1000), (0, 0, 2, NULL, " + fwd +
+                         ", 'forward', " + std::to_string(now - 60000000000) + ", 1000)")
+                    .ok());
+  }
+  AgentOptions o = Options();
+  o.retain_hours = 1;
+  auto agent = Agent::Create(o);
+  ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+  ASSERT_TRUE((*agent)->Poll(false).ok());
+  EXPECT_EQ(Count(Db(), "SELECT COUNT(*) FROM spans WHERE kind = 'forward'"), 1);
+  EXPECT_EQ(Count(Db(), "SELECT step FROM spans WHERE kind = 'forward'"), 2) << "the newer stays";
+  EXPECT_EQ(Count(Db(), "SELECT SUM(count) FROM step_rollups WHERE step = 1 AND what = 'forward'"),
+            1);
 }
 
 // The detector's per-rank training inputs: compute and comm wait of the rank's last finished step,

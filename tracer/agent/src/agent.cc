@@ -77,6 +77,8 @@ struct Agent::Impl {
   static constexpr uint32_t kUnknownGroup = 0x10000;  // past any uint16_t group index
   std::vector<Record> arena;  // the records of one drain pass (batch_records), allocated once
   std::chrono::steady_clock::time_point last_discovery{};
+  // The last retention pass (none yet: the first Poll prunes what an earlier agent left).
+  std::chrono::steady_clock::time_point last_prune{};
   int wake_fd = -1;  // an eventfd: Stop() writes it to end Run()'s wait between passes
 
   ~Impl() {
@@ -828,6 +830,15 @@ Result<size_t> Agent::Poll(bool sample) {
   if (now - impl_->last_discovery > std::chrono::milliseconds(500) || impl_->ranks.empty()) {
     impl_->last_discovery = now;
     impl_->Discover();
+  }
+  const AgentOptions& o = impl_->opt;
+  if (o.retain_hours > 0 &&
+      now - impl_->last_prune > std::chrono::duration<double>(o.retain_every_s)) {
+    impl_->last_prune = now;
+    const auto window_ns = static_cast<int64_t>(o.retain_hours * 3600e9);
+    auto dropped = impl_->store->Prune(WallNowNs() - window_ns);
+    if (!dropped.ok())
+      Log(o.node, "retention: " + dropped.status().message() + " (tried again later)");
   }
   return impl_->Drain(sample);
 }

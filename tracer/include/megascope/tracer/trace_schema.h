@@ -13,6 +13,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -28,6 +29,12 @@ inline constexpr std::array<std::string_view, 6> kTraceTables = {
 
 // CREATE statements of the stored tables and the views (idempotent: IF NOT EXISTS).
 std::string TraceSchemaSql();
+
+// Retention keeps a time window of rows; what it drops of spans and collectives is first summed
+// per (rank, attempt, step) into step_rollups(rank, attempt, step, what, count, total_ns, bytes,
+// first_ns, last_ns), `what` being a span kind or 'comm:<op>' (a step pruned in two passes has two
+// rows: sum them). The INSERTs for the rows before the given rowids.
+std::string TraceRollupSql(int64_t spans_before, int64_t collectives_before);
 
 // Whether a trace.db of `version` (PRAGMA user_version) can be read by this build: versions 1
 // (tables stored as documented) and 2 can; a newer one is refused with a clear error.

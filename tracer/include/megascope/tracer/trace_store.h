@@ -67,6 +67,12 @@ class TraceStore {
   Status Write(std::span<const RingRows> rings, std::span<const MetricRow> metrics,
                std::span<const DropRow> drops);
   Status UpsertRank(const RankInfo& info);
+  // Retention: drops the rows older than `before_ns` (wall clock) from spans, collectives,
+  // heartbeats, metrics and drops, summing the spans and collectives into step_rollups first, in
+  // one transaction. Rows arrive about in time order, so a table's old rows are those before its
+  // first row at or after the cutoff: the newest are never dropped, and the cost is that of the
+  // rows dropped, not of the table. Returns the rows dropped.
+  Result<int64_t> Prune(int64_t before_ns);
   // The consumed-through position per lane of `ring` (empty if never seen).
   Result<std::vector<uint64_t>> Cursors(const std::string& ring);
   const std::string& path() const { return path_; }

@@ -57,6 +57,10 @@ struct AgentOptions {
   // on those rewrites. Rows reach trace.db this much later; the rings hold seconds of records.
   double drain_interval_s = 0.2;
   int64_t max_db_mb = 0;  // cap on trace.db; 0: none (past it, writes fail as on a full disk)
+  // Retention: trace.db keeps this many hours of rows (older ones are summed per step into
+  // step_rollups, then dropped, every retain_every_s); 0: keeps everything.
+  double retain_hours = 24;
+  double retain_every_s = 60;
   DrainPriority drain_priority = DrainPriority::kBatch;
   WriteHook write_hook;  // the store's fault seam (trace_store.h); tests only
 };
