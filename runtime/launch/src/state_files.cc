@@ -109,6 +109,17 @@ std::string MemoryShardName(int rank, int64_t step) {
   return "rank_" + std::to_string(rank) + ".step_" + std::to_string(step) + ".bin";
 }
 
+namespace {
+// The rank and step of a memory shard's file name (MemoryShardName's, exactly: not its .sum).
+bool ParseMemoryShardName(const std::string& name, int* rank, int64_t* step) {
+  long long s = -1;
+  if (std::sscanf(name.c_str(), "rank_%d.step_%lld", rank, &s) != 2 || *rank < 0 || s < 0)
+    return false;
+  *step = s;
+  return name == MemoryShardName(*rank, *step);
+}
+}  // namespace
+
 ResumePoint FindDiskCheckpoint(const RunLayout& layout, int world) {
   ResumePoint out;
   std::vector<int64_t> steps;
@@ -171,15 +182,10 @@ ResumePoint FindMemorySnapshot(const std::vector<std::string>& node_memory_dirs,
   std::error_code ec;
   for (const std::string& dir : node_memory_dirs) {
     for (const auto& e : fs::directory_iterator(dir, ec)) {
-      const std::string name = e.path().filename().string();
       int rank = -1;
-      long long step = -1;
-      char tail[8] = {};
-      if (std::sscanf(name.c_str(), "rank_%d.step_%lld.%3s", &rank, &step, tail) == 3 &&
-          std::string(tail) == "bin" && name.size() > 4 &&
-          name.compare(name.size() - 4, 4, ".bin") == 0 && rank >= 0 && rank < world) {
+      int64_t step = -1;
+      if (ParseMemoryShardName(e.path().filename().string(), &rank, &step) && rank < world)
         found[step][rank].push_back(e.path().string());
-      }
     }
   }
   for (auto& [step, ranks] : found) {
@@ -261,12 +267,9 @@ Result<std::string> PersistMemoryShards(const RunLayout& layout,
   std::error_code ec;
   for (const std::string& dir : node_memory_dirs) {
     for (const auto& e : fs::directory_iterator(dir, ec)) {
-      const std::string name = e.path().filename().string();
       int r = -1;
-      long long step = -1;
-      char tail[8] = {};
-      if (std::sscanf(name.c_str(), "rank_%d.step_%lld.%3s", &r, &step, tail) == 3 && r == rank &&
-          name == MemoryShardName(rank, step))
+      int64_t step = -1;
+      if (ParseMemoryShardName(e.path().filename().string(), &r, &step) && r == rank)
         mine[step].push_back(e.path().string());
     }
   }
