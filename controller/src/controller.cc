@@ -695,6 +695,9 @@ struct Controller::Impl {
                {{"kind", line.value("kind", "")}, {"step", line.value("step", 0)}},
                line.value("ts_ns", int64_t{0}));
       } else if (event == "ready" && line_attempt == attempt) {
+        // Where the attempt starts: a launch in a run directory with a checkpoint (an earlier
+        // launch's) starts past step 0, and the steps before are not missing from the stream.
+        last_step_done = std::max(last_step_done, line.value("step", int64_t{0}));
         Record(EventKind::kCheckpointLoaded, "", -1,
                {{"step", line.value("step", 0)},
                 {"source", line.value("source", "none")},

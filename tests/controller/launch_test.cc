@@ -255,6 +255,24 @@ TEST_F(LaunchTest, ARelaunchAfterTheControllerIsKilledAdoptsTheRunAndLosesAtMost
   ExpectNoDuplicateRows();
 }
 
+// Launching again in the run directory of a finished run: its attempts go on (no number reused),
+// the ranks start from its last checkpoint with nothing left to do, and that is a success, not
+// records lost.
+TEST_F(LaunchTest, ALaunchInTheDirectoryOfAFinishedRunStartsAfterItAndSucceeds) {
+  const std::string pp2 = "--pp 2 --nodes 2";
+  ASSERT_EQ(Launch(pp2, "--checkpoint-every 6").code, 0);
+  CommandResult again = Launch(pp2, "--checkpoint-every 6");
+  EXPECT_EQ(again.code, 0) << again.out;
+  EXPECT_NE(again.out.find("holds a finished run: this launch starts at attempt 1"),
+            std::string::npos)
+      << again.out;
+  const auto restarts = Of(Events(), "restart");
+  ASSERT_EQ(restarts.size(), 2u);
+  EXPECT_EQ(restarts[1].attempt, 1);
+  EXPECT_EQ(restarts[1].detail["cause"], "start");
+  ExpectLossesContinue(pp2);
+}
+
 // Two machines that stay broken: the ranks of node0 and node1 (data-parallel replicas) both crash
 // at step 3 of every attempt they are in. With one-shot faults only the first was acted on and the
 // second vanished with the restart; persistent, both nodes are evicted (in one incident when both
