@@ -399,13 +399,13 @@ struct Controller::Impl {
     }
     std::set<std::string> known(opt.nodes.begin(), opt.nodes.end());
     known.insert(opt.spares.begin(), opt.spares.end());
-    for (const std::string& n : nodes) {
-      if (!known.count(n) || nodes.size() != opt.nodes.size()) {
-        return FailedPrecondition(
-            "the run directory's last launch (attempt " + std::to_string(attempt - 1) +
-            ") ran on " + Join(nodes) + ", which this launch's --nodes/--spares do not cover: " +
-            "relaunch with the same node options, or use a new run directory");
-      }
+    if (nodes.size() != opt.nodes.size() ||
+        !std::all_of(nodes.begin(), nodes.end(),
+                     [&](const std::string& n) { return known.count(n) > 0; })) {
+      return FailedPrecondition("the run directory's last launch (attempt " +
+                                std::to_string(attempt - 1) + ") ran on " + Join(nodes) +
+                                ", which this launch's --nodes/--spares do not cover: " +
+                                "relaunch with the same node options, or use a new run directory");
     }
     active = nodes;
     spares.clear();

@@ -116,6 +116,14 @@ class LaunchTest : public ::testing::Test {
     for (const auto& [step, loss] : want)
       EXPECT_NEAR(got.at(step), loss, 1e-5 * std::fabs(loss)) << "step " << step;
   }
+  // Polls `done` every 100 ms while `launch` runs, for at most a minute: whether it holds.
+  static bool PollWhileRunning(launch::Process& launch, const std::function<bool()>& done) {
+    for (int i = 0; i < 600 && !done(); ++i) {
+      if (launch.Poll()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return done();
+  }
   std::string RunDir() const { return Run(); }
   std::vector<Event> AllEvents() const { return Events(); }
   static std::string ReadLog(const std::string& path) {

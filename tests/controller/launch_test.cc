@@ -129,14 +129,8 @@ TEST_F(LaunchTest, AFullDiskPausesTheJobUntilSpaceIsBackAndLosesNoStep) {
                             "--inject slow:rank=0,at=1,seconds=0.2")},
        log});
   ASSERT_TRUE(launch.ok()) << launch.status().ToString();
-  auto until = [&](const std::function<bool()>& done) {  // polls the real processes' output
-    for (int i = 0; i < 600 && !done(); ++i) {
-      if ((*launch)->Poll()) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return done();
-  };
-  ASSERT_TRUE(until([&] { return !Losses(Run()).empty() && Losses(Run()).rbegin()->first >= 2; }))
+  ASSERT_TRUE(PollWhileRunning(
+      **launch, [&] { return !Losses(Run()).empty() && Losses(Run()).rbegin()->first >= 2; }))
       << "waiting for step 2\n"
       << ReadLog(log);
   struct statvfs sv {};
@@ -147,7 +141,8 @@ TEST_F(LaunchTest, AFullDiskPausesTheJobUntilSpaceIsBackAndLosesNoStep) {
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::posix_fallocate(fd, 0, fill), 0);
   ::close(fd);
-  ASSERT_TRUE(until([&] { return ReadLog(log).find("PAUSED") != std::string::npos; }))
+  ASSERT_TRUE(
+      PollWhileRunning(**launch, [&] { return ReadLog(log).find("PAUSED") != std::string::npos; }))
       << "waiting for the pause\n"
       << ReadLog(log);
   const int64_t paused_at = Losses(Run()).rbegin()->first;
@@ -215,13 +210,10 @@ TEST_F(LaunchTest, ARelaunchAfterTheControllerIsKilledAdoptsTheRunAndLosesAtMost
                                         "slow:rank=1,at=4,seconds=0.2")},
        log});
   ASSERT_TRUE(first.ok()) << first.status().ToString();
-  bool ready = false;
-  for (int i = 0; i < 600 && !ready && !(*first)->Poll(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(PollWhileRunning(**first, [&] {
     const auto losses = Losses(Run());
-    ready = !Of(Events(), "eviction").empty() && !losses.empty() && losses.rbegin()->first >= 5;
-  }
-  ASSERT_TRUE(ready) << ReadLog(log);
+    return !losses.empty() && losses.rbegin()->first >= 5 && !Of(Events(), "eviction").empty();
+  })) << ReadLog(log);
   ASSERT_EQ(::kill((*first)->pid(), SIGKILL), 0);
   const int64_t killed_at = Losses(Run()).rbegin()->first;
   ASSERT_TRUE((*first)->WaitFor(std::chrono::seconds(10)).has_value());
@@ -419,10 +411,7 @@ TEST_F(LaunchTest, ManualEvictAndStopNeedTheRunsToken) {
        dir_->path() + "/manual.log"});
   ASSERT_TRUE(launch.ok());
   const std::string progress = Run() + "/progress.jsonl";
-  auto steps_done = [&] { return Losses(Run()).size(); };
-  for (int i = 0; i < 600 && steps_done() < 3; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  ASSERT_GE(steps_done(), 3u);
+  ASSERT_TRUE(PollWhileRunning(**launch, [&] { return Losses(Run()).size() >= 3; }));
   // Without the token (another directory holding only controller.json) nothing happens.
   const std::string other = dir_->path() + "/no-token";
   fs::create_directories(other);
@@ -444,12 +433,7 @@ TEST_F(LaunchTest, ManualEvictAndStopNeedTheRunsToken) {
       << none.out;
   CommandResult evict = RunCommand(std::string(MEGASCOPE_BIN) + " evict node1 --run-dir " + Run());
   ASSERT_EQ(evict.code, 0) << evict.out;
-  bool resumed = false;
-  for (int i = 0; i < 600 && !resumed; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    resumed = !Of(Events(), "resumed").empty();
-  }
-  EXPECT_TRUE(resumed);
+  EXPECT_TRUE(PollWhileRunning(**launch, [&] { return !Of(Events(), "resumed").empty(); }));
   CommandResult stop = RunCommand(std::string(MEGASCOPE_BIN) + " stop --run-dir " + Run());
   EXPECT_EQ(stop.code, 0) << stop.out;
   auto end = (*launch)->WaitFor(std::chrono::seconds(60));
