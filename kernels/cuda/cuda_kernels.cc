@@ -1,7 +1,8 @@
 // The CUDA backend: device memory from the stream-ordered pool (cudaMallocAsync, kept cached so a
 // step's activations cost no driver call after the first step), every kernel and copy on one
-// non-blocking stream, GEMMs through cuBLASLt (gemm.h), attention as two batched GEMMs around a
-// fused causal softmax.
+// non-blocking stream, activations in bf16, GEMMs through cuBLASLt (gemm.h) with the linear
+// layers' bias and GELU in their epilogues, attention as two batched GEMMs around a fused causal
+// softmax.
 #include "cuda_kernels.h"
 
 #include <cmath>
@@ -15,6 +16,10 @@ namespace megascope::kernels {
 namespace {
 
 using cuda::StickyError;
+
+cuda::bf16* B(Act a) { return static_cast<cuda::bf16*>(a.p); }
+const cuda::bf16* B(CAct a) { return static_cast<const cuda::bf16*>(a.p); }
+constexpr cuda::LtGemm::Types kBf16{CUDA_R_16BF, CUDA_R_16BF};
 
 class CudaKernels final : public Kernels {
  public:
@@ -116,19 +121,14 @@ class CudaKernels final : public Kernels {
   }
   std::string error() const override { return err_.message(); }
 
-  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
-            const float* b, float beta, float* c) override {
-    gemm_->Run(trans_a, trans_b, m, n, k, alpha, a, 0, b, 0, beta, c, 0, 1);
+  Storage storage() const override { return Storage::kBF16; }
+  void ToAct(Act dst, const float* src, size_t n) override {
+    Launch([&] { cuda::ToBf16(stream_, src, n, B(dst)); });
   }
-  void AddBias(float* x, const float* bias, int n, int c) override {
-    Launch([&] { cuda::AddBias(stream_, x, bias, n, c); });
+  void FromAct(float* dst, CAct src, size_t n) override {
+    Launch([&] { cuda::ToFloat(stream_, B(src), n, dst); });
   }
-  void ColumnSum(const float* x, int n, int c, float* out) override {
-    Launch([&] { cuda::ColumnSum(stream_, x, n, c, out); });
-  }
-  void Add(float* y, const float* x, size_t n) override {
-    Launch([&] { cuda::Add(stream_, y, x, n); });
-  }
+
   void Scale(float* x, size_t n, float s) override {
     Launch([&] { cuda::Scale(stream_, x, n, s); });
   }
@@ -141,82 +141,138 @@ class CudaKernels final : public Kernels {
     return static_cast<float>(sum);
   }
 
-  void EmbeddingForward(const int32_t* tokens, int n, int t, const float* wte, int vocab_start,
-                        int rows, const float* wpe, int c, float* out) override {
+  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, CAct a, CAct b,
+            float beta, Act c) override {
+    gemm_->Run(trans_a, trans_b, m, n, k, alpha, a.p, 0, b.p, 0, beta, c.p, 0, 1, kBf16);
+  }
+  void GemmToFloat(bool trans_a, bool trans_b, int m, int n, int k, float alpha, CAct a, CAct b,
+                   float beta, float* c) override {
+    gemm_->Run(trans_a, trans_b, m, n, k, alpha, a.p, 0, b.p, 0, beta, c, 0, 1,
+               {CUDA_R_16BF, CUDA_R_32F});
+  }
+  // cuBLASLt's BIAS / GELU_AUX_BIAS epilogue; the unfused ops where it has none (GELU's aux needs
+  // a leading dimension divisible by 8).
+  void Linear(int m, int n, int k, CAct a, CAct w, CAct bias, Act out, Act pre_gelu) override {
+    void* b = const_cast<void*>(bias.p);
+    if (pre_gelu.p == nullptr) {
+      if (gemm_->Run(false, false, m, n, k, 1, a.p, 0, w.p, 0, 0, out.p, 0, 1, kBf16,
+                     cuda::Epilogue::kBias, b))
+        return;
+      gemm_->Run(false, false, m, n, k, 1, a.p, 0, w.p, 0, 0, out.p, 0, 1, kBf16);
+      AddBias(out, bias, m, n);
+      return;
+    }
+    if (n % 8 == 0 && gemm_->Run(false, false, m, n, k, 1, a.p, 0, w.p, 0, 0, out.p, 0, 1, kBf16,
+                                 cuda::Epilogue::kGeluAuxBias, b, pre_gelu.p))
+      return;
+    gemm_->Run(false, false, m, n, k, 1, a.p, 0, w.p, 0, 0, pre_gelu.p, 0, 1, kBf16);
+    AddBias(pre_gelu, bias, m, n);
+    Launch(
+        [&] { cuda::GeluForward(stream_, B(CAct(pre_gelu)), static_cast<size_t>(m) * n, B(out)); });
+  }
+  // cuBLASLt's DGELU_BGRAD writes the bias gradient (in bf16) into scratch; it is added to the
+  // fp32 gradient, which accumulates over microbatches.
+  void LinearGeluBackward(int m, int n, int k, CAct dy, CAct w, CAct pre_gelu, Act dpre,
+                          float* dbias) override {
+    auto* db = static_cast<cuda::bf16*>(Scratch(static_cast<size_t>(n) * sizeof(cuda::bf16)));
+    if (db == nullptr) return;
+    if (n % 8 == 0 && gemm_->Run(false, true, m, n, k, 1, dy.p, 0, w.p, 0, 0, dpre.p, 0, 1, kBf16,
+                                 cuda::Epilogue::kDGeluBGrad, db, const_cast<void*>(pre_gelu.p))) {
+      Launch([&] { cuda::AddToFloat(stream_, dbias, db, n); });
+      return;
+    }
+    gemm_->Run(false, true, m, n, k, 1, dy.p, 0, w.p, 0, 0, dpre.p, 0, 1, kBf16);
+    const size_t total = static_cast<size_t>(m) * n;
+    Launch([&] { cuda::GeluBackward(stream_, B(CAct(dpre)), B(pre_gelu), total, B(dpre)); });
+    ColumnSum(dpre, m, n, dbias);
+  }
+
+  void AddBias(Act x, CAct bias, int n, int c) override {
+    Launch([&] { cuda::AddBias(stream_, B(x), B(bias), n, c); });
+  }
+  void ColumnSum(CAct x, int n, int c, float* out) override {
+    Launch([&] { cuda::ColumnSum(stream_, B(x), n, c, out); });
+  }
+  void Add(Act y, CAct x, size_t n) override {
+    Launch([&] { cuda::Add(stream_, B(y), B(x), n); });
+  }
+  void EmbeddingForward(const int32_t* tokens, int n, int t, CAct wte, int vocab_start, int rows,
+                        CAct wpe, int c, Act out) override {
     Launch([&] {
-      cuda::EmbeddingForward(stream_, tokens, n, t, wte, vocab_start, rows, wpe, c, out);
+      cuda::EmbeddingForward(stream_, tokens, n, t, B(wte), vocab_start, rows, B(wpe), c, B(out));
     });
   }
-  void EmbeddingBackward(const int32_t* tokens, int n, int t, const float* dout, int vocab_start,
-                         int rows, int c, float* dwte, float* dwpe) override {
+  void EmbeddingBackward(const int32_t* tokens, int n, int t, CAct dout, int vocab_start, int rows,
+                         int c, float* dwte, float* dwpe) override {
     Launch([&] {
-      cuda::EmbeddingBackward(stream_, tokens, n, t, dout, vocab_start, rows, c, dwte, dwpe);
+      cuda::EmbeddingBackward(stream_, tokens, n, t, B(dout), vocab_start, rows, c, dwte, dwpe);
     });
   }
-  void AddPositions(float* x, const float* wpe, int n, int t, int c) override {
-    Launch([&] { cuda::AddPositions(stream_, x, wpe, n, t, c); });
+  void AddPositions(Act x, CAct wpe, int n, int t, int c) override {
+    Launch([&] { cuda::AddPositions(stream_, B(x), B(wpe), n, t, c); });
   }
-  void LayerNormForward(const float* x, const float* gamma, const float* beta, int n, int c,
-                        float* out, float* mean, float* rstd) override {
-    Launch([&] { cuda::LayerNormForward(stream_, x, gamma, beta, n, c, out, mean, rstd); });
-  }
-  void LayerNormBackward(const float* dout, const float* x, const float* gamma, const float* mean,
-                         const float* rstd, int n, int c, float* dx, float* dgamma,
-                         float* dbeta) override {
+  void LayerNormForward(CAct x, CAct gamma, CAct beta, int n, int c, Act out, float* mean,
+                        float* rstd) override {
     Launch([&] {
-      cuda::LayerNormBackward(stream_, dout, x, gamma, mean, rstd, n, c, dx, dgamma, dbeta);
+      cuda::LayerNormForward(stream_, B(x), B(gamma), B(beta), n, c, B(out), mean, rstd);
     });
   }
-  void GeluForward(const float* x, size_t n, float* out) override {
-    Launch([&] { cuda::GeluForward(stream_, x, n, out); });
+  void ResidualLayerNormForward(Act x, CAct delta, CAct bias, CAct gamma, CAct beta, int n, int c,
+                                Act out, float* mean, float* rstd) override {
+    Launch([&] {
+      cuda::ResidualLayerNormForward(stream_, B(x), B(delta), B(bias), B(gamma), B(beta), n, c,
+                                     B(out), mean, rstd);
+    });
   }
-  void GeluBackward(const float* dout, const float* x, size_t n, float* dx) override {
-    Launch([&] { cuda::GeluBackward(stream_, dout, x, n, dx); });
+  void LayerNormBackward(CAct dout, CAct x, CAct gamma, const float* mean, const float* rstd, int n,
+                         int c, Act dx, float* dgamma, float* dbeta) override {
+    Launch([&] {
+      cuda::LayerNormBackward(stream_, B(dout), B(x), B(gamma), mean, rstd, n, c, B(dx), dgamma,
+                              dbeta);
+    });
   }
 
   // S = scale * Q K^T per (sequence, head), causal softmax in place into att, Y = att V.
-  void AttentionForward(const float* qkv, int b, int t, int h, int d, float* out,
-                        float* att) override {
+  void AttentionForward(CAct qkv, int b, int t, int h, int d, Act out, Act att) override {
     const size_t hs = static_cast<size_t>(b) * h * t * d;
-    float* q = Scratch(4 * hs);
+    auto* q = static_cast<cuda::bf16*>(Scratch(4 * hs * sizeof(cuda::bf16)));
     if (q == nullptr) return;
-    float *k = q + hs, *v = k + hs, *y = v + hs;
+    cuda::bf16 *k = q + hs, *v = k + hs, *y = v + hs;
     const int64_t td = int64_t{t} * d, tt = int64_t{t} * t;
     const int batch = b * h;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    Launch([&] { cuda::SplitHeads(stream_, qkv, b, t, h, d, q, k, v); });
-    gemm_->Run(false, true, t, t, d, scale, q, td, k, td, 0, att, tt, batch);
-    Launch([&] { cuda::CausalSoftmax(stream_, att, batch * t, t); });
-    gemm_->Run(false, false, t, d, t, 1, att, tt, v, td, 0, y, td, batch);
-    Launch([&] { cuda::MergeHeads(stream_, y, b, t, h, d, out); });
+    Launch([&] { cuda::SplitHeads(stream_, B(qkv), b, t, h, d, q, k, v); });
+    gemm_->Run(false, true, t, t, d, scale, q, td, k, td, 0, att.p, tt, batch, kBf16);
+    Launch([&] { cuda::CausalSoftmax(stream_, B(att), batch * t, t); });
+    gemm_->Run(false, false, t, d, t, 1, att.p, tt, v, td, 0, y, td, batch, kBf16);
+    Launch([&] { cuda::MergeHeads(stream_, y, b, t, h, d, B(out)); });
   }
-  void AttentionBackward(const float* dout, const float* qkv, const float* att, int b, int t, int h,
-                         int d, float* dqkv) override {
+  void AttentionBackward(CAct dout, CAct qkv, CAct att, int b, int t, int h, int d,
+                         Act dqkv) override {
     const size_t hs = static_cast<size_t>(b) * h * t * d;
     const int64_t td = int64_t{t} * d, tt = int64_t{t} * t;
     const int batch = b * h;
-    float* q = Scratch(7 * hs + static_cast<size_t>(batch) * tt);
+    auto* q = static_cast<cuda::bf16*>(
+        Scratch((7 * hs + static_cast<size_t>(batch) * tt) * sizeof(cuda::bf16)));
     if (q == nullptr) return;
-    float *k = q + hs, *v = k + hs, *dy = v + hs, *dq = dy + hs, *dk = dq + hs, *dv = dk + hs;
-    float* datt = dv + hs;
+    cuda::bf16 *k = q + hs, *v = k + hs, *dy = v + hs, *dq = dy + hs, *dk = dq + hs, *dv = dk + hs;
+    cuda::bf16* datt = dv + hs;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    Launch([&] { cuda::SplitHeads(stream_, qkv, b, t, h, d, q, k, v); });
-    Launch([&] { cuda::SplitHeadGrad(stream_, dout, b, t, h, d, dy); });
-    gemm_->Run(false, true, t, t, d, 1, dy, td, v, td, 0, datt, tt, batch);  // dY V^T
-    gemm_->Run(true, false, t, d, t, 1, att, tt, dy, td, 0, dv, td, batch);  // att^T dY
-    Launch([&] { cuda::CausalSoftmaxBackward(stream_, att, datt, batch * t, t, scale); });
-    gemm_->Run(false, false, t, d, t, 1, datt, tt, k, td, 0, dq, td, batch);  // dS K
-    gemm_->Run(true, false, t, d, t, 1, datt, tt, q, td, 0, dk, td, batch);   // dS^T Q
-    Launch([&] { cuda::AddMergedHeadGrads(stream_, dq, dk, dv, b, t, h, d, dqkv); });
+    Launch([&] { cuda::SplitHeads(stream_, B(qkv), b, t, h, d, q, k, v); });
+    Launch([&] { cuda::SplitHeadGrad(stream_, B(dout), b, t, h, d, dy); });
+    gemm_->Run(false, true, t, t, d, 1, dy, td, v, td, 0, datt, tt, batch, kBf16);    // dY V^T
+    gemm_->Run(true, false, t, d, t, 1, att.p, tt, dy, td, 0, dv, td, batch, kBf16);  // att^T dY
+    Launch([&] { cuda::CausalSoftmaxBackward(stream_, B(att), datt, batch * t, t, scale); });
+    gemm_->Run(false, false, t, d, t, 1, datt, tt, k, td, 0, dq, td, batch, kBf16);  // dS K
+    gemm_->Run(true, false, t, d, t, 1, datt, tt, q, td, 0, dk, td, batch, kBf16);   // dS^T Q
+    Launch([&] { cuda::AddMergedHeadGrads(stream_, dq, dk, dv, b, t, h, d, B(dqkv)); });
   }
 
-  void RowMaxSumExp(const float* x, int rows, int cols, float* max, float* sumexp) override {
-    Launch([&] { cuda::RowMaxSumExp(stream_, x, rows, cols, max, sumexp); });
-  }
-  void TargetLogits(const float* logits, const int32_t* targets, int rows, int cols,
-                    int vocab_start, float* target_logit) override {
+  void CrossEntropyForward(CAct logits, const int32_t* targets, int rows, int cols, int vocab_start,
+                           float* max, float* sumexp, float* target_logit) override {
     Launch([&] {
-      cuda::TargetLogits(stream_, logits, targets, rows, cols, vocab_start, target_logit);
+      cuda::CrossEntropyForward(stream_, B(logits), targets, rows, cols, vocab_start, max, sumexp,
+                                target_logit);
     });
   }
   void RescaleSumExp(float* sumexp, float* max, const float* gmax, int rows) override {
@@ -230,12 +286,12 @@ class CudaKernels final : public Kernels {
     Download(&sum, acc_, sizeof(sum));
     if (err_.ok()) *host_sum += sum;
   }
-  void CrossEntropyBackward(const float* logits, const int32_t* targets, const float* max,
-                            const float* sumexp, int rows, int cols, int vocab_start, float scale,
-                            float* dlogits) override {
+  void CrossEntropyBackward(Act logits, const int32_t* targets, const float* max,
+                            const float* sumexp, int rows, int cols, int vocab_start,
+                            float scale) override {
     Launch([&] {
-      cuda::CrossEntropyBackward(stream_, logits, targets, max, sumexp, rows, cols, vocab_start,
-                                 scale, dlogits);
+      cuda::CrossEntropyBackward(stream_, B(logits), targets, max, sumexp, rows, cols, vocab_start,
+                                 scale);
     });
   }
   void AdamWUpdate(float* param, const float* grad, float* m, float* v, size_t n, const AdamW& opt,
@@ -257,16 +313,14 @@ class CudaKernels final : public Kernels {
     MEGASCOPE_CUDA_LAUNCHED(err_);
   }
   // Scratch space for one op at a time (stream order makes reuse safe), grown on demand.
-  float* Scratch(size_t floats) {
+  void* Scratch(size_t bytes) {
     if (!err_.ok()) return nullptr;
-    if (floats > scratch_floats_) {
+    if (bytes > scratch_bytes_) {
       if (scratch_ != nullptr) MEGASCOPE_CUDA_TRY(err_, cudaFreeAsync(scratch_, stream_));
       scratch_ = nullptr;
-      scratch_floats_ = 0;
-      if (!MEGASCOPE_CUDA_TRY(err_, cudaMallocAsync(reinterpret_cast<void**>(&scratch_),
-                                                    floats * sizeof(float), stream_)))
-        return nullptr;
-      scratch_floats_ = floats;
+      scratch_bytes_ = 0;
+      if (!MEGASCOPE_CUDA_TRY(err_, cudaMallocAsync(&scratch_, bytes, stream_))) return nullptr;
+      scratch_bytes_ = bytes;
     }
     return scratch_;
   }
@@ -275,8 +329,8 @@ class CudaKernels final : public Kernels {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::LtGemm> gemm_;
   double* acc_ = nullptr;  // device accumulator of reductions read back by the host
-  float* scratch_ = nullptr;
-  size_t scratch_floats_ = 0;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
   std::string name_;
 };
 

@@ -27,15 +27,22 @@ std::string ModelConfig::Validate(const Layout& l) const {
 }
 
 using Buf = kernels::Buffer<float>;
+using Acts = kernels::ActBuffer;
+using kernels::Act;
+using kernels::CAct;
 
+// What a microbatch's backward needs: activations in the backend's storage type, per-row
+// statistics in fp32.
 struct GptStage::Saved {
   int n = 0;  // rows: batch * seq
   kernels::Buffer<int32_t> tokens, targets;
   struct Layer {
-    Buf x, ln1, ln1_mean, ln1_rstd, qkv, att, ao, x2, ln2, ln2_mean, ln2_rstd, fc, g;
+    Acts x, ln1, qkv, att, ao, x2, ln2, fc, g;
+    Buf ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;
   };
   std::vector<Layer> layers;
-  Buf xf, lnf, lnf_mean, lnf_rstd, logits, max, sumexp;
+  Acts xf, lnf, logits;
+  Buf lnf_mean, lnf_rstd, max, sumexp;
 };
 
 namespace {
@@ -110,6 +117,7 @@ GptStage::GptStage(const ModelConfig& cfg, const Layout& layout, int rank, Commu
   if (last() && !first()) tensors_.front().unique = false;
   params_ = New(count_);
   grads_ = New(count_);
+  if (k_->storage() != kernels::Storage::kF32) compute_params_ = NewActs(count_);
   const std::vector<float> init = InitParams();
   k_->Upload(params_.data(), init.data(), init.size() * sizeof(float));
 }
@@ -144,10 +152,27 @@ std::vector<float> GptStage::HostGrads() const {
 
 void GptStage::ZeroGrads() { k_->Fill(grads_.data(), count_, 0.0f); }
 
-Buf GptStage::Clone(const Buf& b) {
-  Buf c = New(b.size());
-  k_->Copy(c.data(), b.data(), b.bytes());
+Acts GptStage::Clone(const Acts& b) {
+  Acts c = NewActs(b.size());
+  k_->Copy(c.act().p, b.cact().p, b.bytes());
   return c;
+}
+
+CAct GptStage::W(size_t off) const {
+  if (k_->storage() == kernels::Storage::kF32) return {params_.data() + off};
+  return kernels::Offset(compute_params_.cact(), off, k_->storage());
+}
+
+void GptStage::RefreshComputeParams() {
+  if (k_->storage() == kernels::Storage::kF32 || !compute_params_stale_) return;
+  k_->ToAct(compute_params_.act(), params_.data(), count_);
+  compute_params_stale_ = false;
+}
+
+Status GptStage::AllReduceActs(Act x, size_t n) {
+  CommOp op{OpType::kAllreduce, tp_group_, x.p, x.p, n};
+  op.dtype = k_->storage() == kernels::Storage::kBF16 ? DType::kBf16 : DType::kF32;
+  return comm_->Run(op);
 }
 
 Status GptStage::Check() const {
@@ -203,6 +228,7 @@ std::vector<float> GptStage::InitParams() const {
 
 Status GptStage::Forward(int mb, int batch, const int32_t* tokens, const float* in,
                          const int32_t* targets, float* out, double* loss_sum) {
+  RefreshComputeParams();
   auto saved = std::make_unique<Saved>();
   Saved& sv = *saved;
   kernels::Kernels& k = *k_;
@@ -215,83 +241,91 @@ Status GptStage::Forward(int mb, int batch, const int32_t* tokens, const float* 
     k.Upload(ids.data(), host, ids.bytes());
     return ids;
   };
-  // Layer norm of x with gamma/beta at those offsets, keeping what its backward needs.
-  auto norm = [&](const Buf& in, size_t g, size_t b, Buf* out, Buf* mean, Buf* rstd) {
-    *out = New(nc);
+  // What the residual stream still owes before the next layer norm: `delta` + `bias`, added by
+  // the norm itself (the residual add fused with the layer norm).
+  Acts pending;
+  size_t pending_bias = 0;
+  // Layer norm of the residual stream x (after its pending add) with gamma/beta at those offsets;
+  // *saved_in is the norm's input, kept for the backward.
+  auto norm = [&](Acts& x, size_t g, size_t b, Acts* saved_in, Acts* out, Buf* mean, Buf* rstd) {
+    *out = NewActs(nc);
     *mean = New(n);
     *rstd = New(n);
-    k.LayerNormForward(in.data(), P(g), P(b), n, C, out->data(), mean->data(), rstd->data());
+    if (pending.size() != 0) {
+      k.ResidualLayerNormForward(x.act(), pending.cact(), W(pending_bias), W(g), W(b), n, C,
+                                 out->act(), mean->data(), rstd->data());
+      pending = Acts();
+    } else {
+      k.LayerNormForward(x.cact(), W(g), W(b), n, C, out->act(), mean->data(), rstd->data());
+    }
+    *saved_in = Clone(x);
   };
-  Buf x = New(nc);
+  Acts x = NewActs(nc);
   if (first()) {
     sv.tokens = upload_ids(tokens);
-    k.EmbeddingForward(sv.tokens.data(), n, T, P(wte_), tp_rank_ * vl_, vl_, nullptr, C, x.data());
-    if (layout_.tp > 1) RETURN_IF_ERROR(comm_->AllReduce(tp_group_, x.data(), nc, ReduceOp::kSum));
-    k.AddPositions(x.data(), P(wpe_), n, T, C);
+    k.EmbeddingForward(sv.tokens.data(), n, T, W(wte_), tp_rank_ * vl_, vl_, CAct{}, C, x.act());
+    if (layout_.tp > 1) RETURN_IF_ERROR(AllReduceActs(x.act(), nc));
+    k.AddPositions(x.act(), W(wpe_), n, T, C);
   } else {
-    k.Copy(x.data(), in, x.bytes());
+    k.ToAct(x.act(), in, nc);
   }
   for (const LayerOffsets& o : layer_) {
     Saved::Layer L;
-    L.x = Clone(x);
-    norm(x, o.ln1g, o.ln1b, &L.ln1, &L.ln1_mean, &L.ln1_rstd);
-    L.qkv = New(static_cast<size_t>(n) * Q);
-    k.Gemm(false, false, n, Q, C, 1, L.ln1.data(), P(o.wqkv), 0, L.qkv.data());
-    k.AddBias(L.qkv.data(), P(o.bqkv), n, Q);
-    L.att = New(static_cast<size_t>(batch) * hl_ * T * T);
-    L.ao = New(static_cast<size_t>(n) * HD);
-    k.AttentionForward(L.qkv.data(), batch, T, hl_, d_, L.ao.data(), L.att.data());
-    Buf partial = New(nc);
-    k.Gemm(false, false, n, C, HD, 1, L.ao.data(), P(o.wo), 0, partial.data());
-    auto mlp = [&](const Buf& in_ln, Buf* acc) {
-      L.fc = New(static_cast<size_t>(n) * F);
-      k.Gemm(false, false, n, F, C, 1, in_ln.data(), P(o.w1), 0, L.fc.data());
-      k.AddBias(L.fc.data(), P(o.b1), n, F);
-      L.g = New(L.fc.size());
-      k.GeluForward(L.fc.data(), L.fc.size(), L.g.data());
-      k.Gemm(false, false, n, C, F, 1, L.g.data(), P(o.w2), 1, acc->data());
+    norm(x, o.ln1g, o.ln1b, &L.x, &L.ln1, &L.ln1_mean, &L.ln1_rstd);
+    L.qkv = NewActs(static_cast<size_t>(n) * Q);
+    k.Linear(n, Q, C, L.ln1.cact(), W(o.wqkv), W(o.bqkv), L.qkv.act(), Act{});
+    L.att = NewActs(static_cast<size_t>(batch) * hl_ * T * T);
+    L.ao = NewActs(static_cast<size_t>(n) * HD);
+    k.AttentionForward(L.qkv.cact(), batch, T, hl_, d_, L.ao.act(), L.att.act());
+    Acts partial = NewActs(nc);
+    k.Gemm(false, false, n, C, HD, 1, L.ao.cact(), W(o.wo), 0, partial.act());
+    auto mlp = [&](const Acts& in_ln, Acts* acc) {
+      L.fc = NewActs(static_cast<size_t>(n) * F);
+      L.g = NewActs(L.fc.size());
+      k.Linear(n, F, C, in_ln.cact(), W(o.w1), W(o.b1), L.g.act(), L.fc.act());
+      k.Gemm(false, false, n, C, F, 1, L.g.cact(), W(o.w2), 1, acc->act());
     };
     if (cfg_.parallel_block) {
       mlp(L.ln1, &partial);  // y = x + Attn(LN(x)) + MLP(LN(x)): one all-reduce for both
-      if (layout_.tp > 1)
-        RETURN_IF_ERROR(comm_->AllReduce(tp_group_, partial.data(), nc, ReduceOp::kSum));
-      k.Add(x.data(), partial.data(), nc);
-      k.AddBias(x.data(), P(o.bo), n, C);
-      k.AddBias(x.data(), P(o.b2), n, C);
+      if (layout_.tp > 1) RETURN_IF_ERROR(AllReduceActs(partial.act(), nc));
+      k.Add(x.act(), partial.cact(), nc);
+      k.AddBias(x.act(), W(o.bo), n, C);
+      k.AddBias(x.act(), W(o.b2), n, C);
     } else {
-      if (layout_.tp > 1)
-        RETURN_IF_ERROR(comm_->AllReduce(tp_group_, partial.data(), nc, ReduceOp::kSum));
-      k.Add(x.data(), partial.data(), nc);
-      k.AddBias(x.data(), P(o.bo), n, C);
-      L.x2 = Clone(x);
-      norm(x, o.ln2g, o.ln2b, &L.ln2, &L.ln2_mean, &L.ln2_rstd);
-      Buf p2 = New(nc);
+      if (layout_.tp > 1) RETURN_IF_ERROR(AllReduceActs(partial.act(), nc));
+      pending = std::move(partial);
+      pending_bias = o.bo;
+      norm(x, o.ln2g, o.ln2b, &L.x2, &L.ln2, &L.ln2_mean, &L.ln2_rstd);
+      Acts p2 = NewActs(nc);
       mlp(L.ln2, &p2);
-      if (layout_.tp > 1)
-        RETURN_IF_ERROR(comm_->AllReduce(tp_group_, p2.data(), nc, ReduceOp::kSum));
-      k.Add(x.data(), p2.data(), nc);
-      k.AddBias(x.data(), P(o.b2), n, C);
+      if (layout_.tp > 1) RETURN_IF_ERROR(AllReduceActs(p2.act(), nc));
+      pending = std::move(p2);
+      pending_bias = o.b2;
     }
     sv.layers.push_back(std::move(L));
   }
   if (!last()) {
-    k.Copy(out, x.data(), x.bytes());
+    if (pending.size() != 0) {
+      k.Add(x.act(), pending.cact(), nc);
+      k.AddBias(x.act(), W(pending_bias), n, C);
+    }
+    k.FromAct(out, x.cact(), nc);
     saved_[mb] = std::move(saved);
     return Check();
   }
   // Head: final LN, vocab-parallel logits and cross-entropy.
   sv.targets = upload_ids(targets);
-  norm(x, lnfg_, lnfb_, &sv.lnf, &sv.lnf_mean, &sv.lnf_rstd);
-  sv.xf = std::move(x);
-  sv.logits = New(static_cast<size_t>(n) * vl_);
-  k.Gemm(false, true, n, vl_, C, 1, sv.lnf.data(), P(wte_), 0, sv.logits.data());
+  norm(x, lnfg_, lnfb_, &sv.xf, &sv.lnf, &sv.lnf_mean, &sv.lnf_rstd);
+  sv.logits = NewActs(static_cast<size_t>(n) * vl_);
+  k.Gemm(false, true, n, vl_, C, 1, sv.lnf.cact(), W(wte_), 0, sv.logits.act());
   sv.max = New(n);
   sv.sumexp = New(n);
-  k.RowMaxSumExp(sv.logits.data(), n, vl_, sv.max.data(), sv.sumexp.data());
   Buf target_logit = New(n);
-  k.TargetLogits(sv.logits.data(), sv.targets.data(), n, vl_, tp_rank_ * vl_, target_logit.data());
+  k.CrossEntropyForward(sv.logits.cact(), sv.targets.data(), n, vl_, tp_rank_ * vl_, sv.max.data(),
+                        sv.sumexp.data(), target_logit.data());
   if (layout_.tp > 1) {
-    Buf gmax = Clone(sv.max);
+    Buf gmax = New(n);
+    k.Copy(gmax.data(), sv.max.data(), gmax.bytes());
     RETURN_IF_ERROR(comm_->AllReduce(tp_group_, gmax.data(), n, ReduceOp::kMax));
     k.RescaleSumExp(sv.sumexp.data(), sv.max.data(), gmax.data(), n);
     RETURN_IF_ERROR(comm_->AllReduce(tp_group_, sv.sumexp.data(), n, ReduceOp::kSum));
@@ -313,68 +347,63 @@ Status GptStage::Backward(int mb, const float* dout, float* din, float loss_scal
   const int C = cfg_.width, T = cfg_.seq, n = sv.n, batch = n / T, Q = 3 * hl_ * d_, HD = hl_ * d_;
   const int F = 4 * C / layout_.tp;
   const size_t nc = static_cast<size_t>(n) * C;
-  Buf dx = New(nc);
+  Acts dx = NewActs(nc);
   if (last()) {
-    Buf dlogits = New(sv.logits.size());
-    k.CrossEntropyBackward(sv.logits.data(), sv.targets.data(), sv.max.data(), sv.sumexp.data(), n,
-                           vl_, tp_rank_ * vl_, loss_scale, dlogits.data());
-    Buf dlnf = New(nc);
-    k.Gemm(false, false, n, C, vl_, 1, dlogits.data(), P(wte_), 0, dlnf.data());
-    k.Gemm(true, false, vl_, C, n, 1, dlogits.data(), sv.lnf.data(), 1, G(wte_));
-    if (layout_.tp > 1)
-      RETURN_IF_ERROR(comm_->AllReduce(tp_group_, dlnf.data(), nc, ReduceOp::kSum));
-    k.LayerNormBackward(dlnf.data(), sv.xf.data(), P(lnfg_), sv.lnf_mean.data(), sv.lnf_rstd.data(),
-                        n, C, dx.data(), G(lnfg_), G(lnfb_));
+    Acts& dlogits = sv.logits;  // the gradient overwrites the logits
+    k.CrossEntropyBackward(dlogits.act(), sv.targets.data(), sv.max.data(), sv.sumexp.data(), n,
+                           vl_, tp_rank_ * vl_, loss_scale);
+    Acts dlnf = NewActs(nc);
+    k.Gemm(false, false, n, C, vl_, 1, dlogits.cact(), W(wte_), 0, dlnf.act());
+    k.GemmToFloat(true, false, vl_, C, n, 1, dlogits.cact(), sv.lnf.cact(), 1, G(wte_));
+    if (layout_.tp > 1) RETURN_IF_ERROR(AllReduceActs(dlnf.act(), nc));
+    k.LayerNormBackward(dlnf.cact(), sv.xf.cact(), W(lnfg_), sv.lnf_mean.data(), sv.lnf_rstd.data(),
+                        n, C, dx.act(), G(lnfg_), G(lnfb_));
   } else {
-    k.Copy(dx.data(), dout, dx.bytes());
+    k.ToAct(dx.act(), dout, nc);
   }
   for (int li = static_cast<int>(layer_.size()) - 1; li >= 0; --li) {
     const LayerOffsets& o = layer_[li];
     Saved::Layer& L = sv.layers[li];
     // MLP backward from d(mlp output) `dm`; adds the partial d(LN input of the MLP) to *dln.
-    auto mlp_back = [&](const Buf& dm, const Buf& in_ln, Buf* dln) {
-      k.ColumnSum(dm.data(), n, C, G(o.b2));
-      Buf dg = New(L.g.size()), dfc = New(L.fc.size());
-      k.Gemm(false, true, n, F, C, 1, dm.data(), P(o.w2), 0, dg.data());
-      k.Gemm(true, false, F, C, n, 1, L.g.data(), dm.data(), 1, G(o.w2));
-      k.GeluBackward(dg.data(), L.fc.data(), L.fc.size(), dfc.data());
-      k.ColumnSum(dfc.data(), n, F, G(o.b1));
-      k.Gemm(true, false, C, F, n, 1, in_ln.data(), dfc.data(), 1, G(o.w1));
-      k.Gemm(false, true, n, C, F, 1, dfc.data(), P(o.w1), 1, dln->data());
+    auto mlp_back = [&](const Acts& dm, const Acts& in_ln, Acts* dln) {
+      k.ColumnSum(dm.cact(), n, C, G(o.b2));
+      Acts dfc = NewActs(L.fc.size());
+      k.LinearGeluBackward(n, F, C, dm.cact(), W(o.w2), L.fc.cact(), dfc.act(), G(o.b1));
+      k.GemmToFloat(true, false, F, C, n, 1, L.g.cact(), dm.cact(), 1, G(o.w2));
+      k.GemmToFloat(true, false, C, F, n, 1, in_ln.cact(), dfc.cact(), 1, G(o.w1));
+      k.Gemm(false, true, n, C, F, 1, dfc.cact(), W(o.w1), 1, dln->act());
     };
-    auto attn_back = [&](const Buf& da, Buf* dln) {
-      k.ColumnSum(da.data(), n, C, G(o.bo));
-      Buf dao = New(L.ao.size()), dqkv = New(L.qkv.size());
-      k.Gemm(false, true, n, HD, C, 1, da.data(), P(o.wo), 0, dao.data());
-      k.Gemm(true, false, HD, C, n, 1, L.ao.data(), da.data(), 1, G(o.wo));
-      k.AttentionBackward(dao.data(), L.qkv.data(), L.att.data(), batch, T, hl_, d_, dqkv.data());
-      k.ColumnSum(dqkv.data(), n, Q, G(o.bqkv));
-      k.Gemm(true, false, C, Q, n, 1, L.ln1.data(), dqkv.data(), 1, G(o.wqkv));
-      k.Gemm(false, true, n, C, Q, 1, dqkv.data(), P(o.wqkv), 1, dln->data());
+    auto attn_back = [&](const Acts& da, Acts* dln) {
+      k.ColumnSum(da.cact(), n, C, G(o.bo));
+      Acts dao = NewActs(L.ao.size()), dqkv = NewActs(L.qkv.size());
+      k.Gemm(false, true, n, HD, C, 1, da.cact(), W(o.wo), 0, dao.act());
+      k.GemmToFloat(true, false, HD, C, n, 1, L.ao.cact(), da.cact(), 1, G(o.wo));
+      k.AttentionBackward(dao.cact(), L.qkv.cact(), L.att.cact(), batch, T, hl_, d_, dqkv.act());
+      k.ColumnSum(dqkv.cact(), n, Q, G(o.bqkv));
+      k.GemmToFloat(true, false, C, Q, n, 1, L.ln1.cact(), dqkv.cact(), 1, G(o.wqkv));
+      k.Gemm(false, true, n, C, Q, 1, dqkv.cact(), W(o.wqkv), 1, dln->act());
     };
-    Buf dln1 = New(nc);
+    Acts dln1 = NewActs(nc);
     if (cfg_.parallel_block) {
       mlp_back(dx, L.ln1, &dln1);
       attn_back(dx, &dln1);
     } else {
-      Buf dln2 = New(nc);
+      Acts dln2 = NewActs(nc);
       mlp_back(dx, L.ln2, &dln2);
-      if (layout_.tp > 1)
-        RETURN_IF_ERROR(comm_->AllReduce(tp_group_, dln2.data(), nc, ReduceOp::kSum));
-      k.LayerNormBackward(dln2.data(), L.x2.data(), P(o.ln2g), L.ln2_mean.data(), L.ln2_rstd.data(),
-                          n, C, dx.data(), G(o.ln2g), G(o.ln2b));
+      if (layout_.tp > 1) RETURN_IF_ERROR(AllReduceActs(dln2.act(), nc));
+      k.LayerNormBackward(dln2.cact(), L.x2.cact(), W(o.ln2g), L.ln2_mean.data(), L.ln2_rstd.data(),
+                          n, C, dx.act(), G(o.ln2g), G(o.ln2b));
       attn_back(dx, &dln1);
     }
-    if (layout_.tp > 1)
-      RETURN_IF_ERROR(comm_->AllReduce(tp_group_, dln1.data(), nc, ReduceOp::kSum));
-    k.LayerNormBackward(dln1.data(), L.x.data(), P(o.ln1g), L.ln1_mean.data(), L.ln1_rstd.data(), n,
-                        C, dx.data(), G(o.ln1g), G(o.ln1b));
+    if (layout_.tp > 1) RETURN_IF_ERROR(AllReduceActs(dln1.act(), nc));
+    k.LayerNormBackward(dln1.cact(), L.x.cact(), W(o.ln1g), L.ln1_mean.data(), L.ln1_rstd.data(), n,
+                        C, dx.act(), G(o.ln1g), G(o.ln1b));
   }
   if (first()) {
-    k.EmbeddingBackward(sv.tokens.data(), n, T, dx.data(), tp_rank_ * vl_, vl_, C, G(wte_),
+    k.EmbeddingBackward(sv.tokens.data(), n, T, dx.cact(), tp_rank_ * vl_, vl_, C, G(wte_),
                         G(wpe_));
   } else {
-    k.Copy(din, dx.data(), dx.bytes());
+    k.FromAct(din, dx.cact(), nc);
   }
   return Check();
 }

@@ -8,8 +8,13 @@
 #include <random>
 #include <vector>
 
+#include "megascope/kernels/kernels.h"
+
 namespace megascope::kernels {
 namespace {
+
+// Test sizes are small ints; their products index vectors.
+// NOLINTBEGIN(bugprone-implicit-widening-of-multiplication-result)
 
 std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
@@ -183,6 +188,78 @@ TEST(KernelsTest, AdamWMovesAgainstTheGradientAndDecays) {
   AdamWUpdate(q.data(), zero.data(), m2.data(), v2.data(), 1, opt, 1, true);
   EXPECT_NEAR(q[0], 2.0f - 0.1f * 0.5f * 2.0f, 1e-5);
 }
+
+// The CPU backend's fused ops (the CUDA backend's epilogues and fused kernels) are the reference
+// ops in the order the model ran them before the fusion, bit for bit: the CPU path's losses do not
+// move when the GPU path fuses.
+TEST(KernelsTest, TheCpuBackendsFusedOpsAreTheReferenceOpsInOrder) {
+  auto k = CreateCpuKernels();
+  ASSERT_EQ(k->storage(), Storage::kF32);
+  auto act = [](std::vector<float>& v) { return Act{v.data()}; };
+  const int m = 7, n = 12, kk = 5;
+  auto a = Random(m * kk, 1), w = Random(kk * n, 2), bias = Random(n, 3);
+  std::vector<float> out(m * n), pre(m * n), gelu(m * n);
+  k->Linear(m, n, kk, act(a), act(w), act(bias), act(out), Act{});
+  k->Linear(m, n, kk, act(a), act(w), act(bias), act(gelu), act(pre));
+  std::vector<float> want(m * n), want_gelu(m * n);
+  Gemm(false, false, m, n, kk, 1, a.data(), w.data(), 0, want.data());
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) want[i * n + j] += bias[j];
+  }
+  GeluForward(want.data(), want.size(), want_gelu.data());
+  EXPECT_EQ(out, want);
+  EXPECT_EQ(pre, want);
+  EXPECT_EQ(gelu, want_gelu);
+
+  auto dy = Random(m * kk, 4), w2 = Random(n * kk, 5);
+  std::vector<float> dpre(m * n, 9.0f), dbias = Random(n, 6), want_dbias = dbias;
+  k->LinearGeluBackward(m, n, kk, act(dy), act(w2), act(pre), act(dpre), dbias.data());
+  std::vector<float> dg(m * n), want_dpre(m * n, 0.0f);
+  Gemm(false, true, m, n, kk, 1, dy.data(), w2.data(), 0, dg.data());
+  GeluBackward(dg.data(), pre.data(), dg.size(), want_dpre.data());
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) want_dbias[j] += want_dpre[i * n + j];
+  }
+  EXPECT_EQ(dpre, want_dpre);  // written, not added to
+  EXPECT_EQ(dbias, want_dbias);
+
+  const int c = n;
+  auto x = Random(m * c, 7), delta = Random(m * c, 8), gamma = Random(c, 9), beta = Random(c, 10);
+  std::vector<float> want_x = x, ln(m * c), mean(m), rstd(m), want_ln(m * c), want_mean(m),
+                     want_rstd(m);
+  k->ResidualLayerNormForward(act(x), act(delta), act(bias), act(gamma), act(beta), m, c, act(ln),
+                              mean.data(), rstd.data());
+  for (size_t i = 0; i < want_x.size(); ++i) want_x[i] += delta[i];
+  for (size_t i = 0; i < want_x.size(); ++i) want_x[i] += bias[i % c];
+  LayerNormForward(want_x.data(), gamma.data(), beta.data(), m, c, want_ln.data(), want_mean.data(),
+                   want_rstd.data());
+  EXPECT_EQ(x, want_x);
+  EXPECT_EQ(ln, want_ln);
+  EXPECT_EQ(mean, want_mean);
+  EXPECT_EQ(rstd, want_rstd);
+
+  const int rows = 6, cols = 20, vocab_start = 20;
+  auto logits = Random(rows * cols, 11, 3.0f);
+  const std::vector<int32_t> targets = {20, 39, 5, 25, 60, 21};  // two outside this shard
+  std::vector<float> mx(rows), se(rows), tl(rows), want_mx(rows), want_se(rows);
+  k->CrossEntropyForward(act(logits), targets.data(), rows, cols, vocab_start, mx.data(), se.data(),
+                         tl.data());
+  RowMaxSumExp(logits.data(), rows, cols, want_mx.data(), want_se.data());
+  EXPECT_EQ(mx, want_mx);
+  EXPECT_EQ(se, want_se);
+  for (int r = 0; r < rows; ++r) {
+    const int col = targets[r] - vocab_start;
+    EXPECT_EQ(tl[r], col >= 0 && col < cols ? logits[r * cols + col] : 0.0f) << r;
+  }
+  std::vector<float> want_d(rows * cols, 0.0f);
+  CrossEntropyBackward(logits.data(), targets.data(), mx.data(), se.data(), rows, cols, vocab_start,
+                       0.3f, want_d.data());
+  k->CrossEntropyBackward(act(logits), targets.data(), mx.data(), se.data(), rows, cols,
+                          vocab_start, 0.3f);
+  EXPECT_EQ(logits, want_d);  // in place
+}
+
+// NOLINTEND(bugprone-implicit-widening-of-multiplication-result)
 
 }  // namespace
 }  // namespace megascope::kernels

@@ -30,8 +30,8 @@ TEST(CudaSpanTimerTest, ASpanCoversTheDeviceWorkNotItsQueueing) {
   ASSERT_NE(timer, nullptr) << why;
   const NameId name = *tracer.InternName("forward");
   const int n = 4096;
-  kernels::Buffer<float> a(k.get(), size_t{n} * n), c(k.get(), size_t{n} * n);
-  k->Gemm(false, false, n, n, n, 1, a.data(), a.data(), 0, c.data());  // plan and warm-up
+  kernels::ActBuffer a(k.get(), size_t{n} * n), c(k.get(), size_t{n} * n);
+  k->Gemm(false, false, n, n, n, 1, a.cact(), a.cact(), 0, c.act());  // plan and warm-up
   ASSERT_EQ(k->Synchronize(), "");
 
   const int64_t host_before = tracer.Ticks();
@@ -39,7 +39,7 @@ TEST(CudaSpanTimerTest, ASpanCoversTheDeviceWorkNotItsQueueing) {
   {
     SpanTimer::Scope span(timer.get(), SpanKind::kForward, name, 1, 0);
     const int64_t q0 = tracer.Ticks();
-    for (int i = 0; i < 20; ++i) k->Gemm(false, false, n, n, n, 1, a.data(), a.data(), 0, c.data());
+    for (int i = 0; i < 20; ++i) k->Gemm(false, false, n, n, n, 1, a.cact(), a.cact(), 0, c.act());
     queued_ticks = tracer.Ticks() - q0;
   }
   ASSERT_EQ(k->Synchronize(), "");

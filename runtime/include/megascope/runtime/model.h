@@ -5,7 +5,8 @@
 // by name, so every layout starts from the same model. Forward/Backward handle one microbatch each
 // and keep its activations until its backward. Compute goes through a kernels::Kernels backend
 // (CPU or CUDA); parameters, gradients, activations and the stage's inputs and outputs live in the
-// backend's memory, tokens and targets on the host.
+// backend's memory, tokens and targets on the host. Activations are kept in the backend's storage
+// type (bf16 on CUDA) and the stage's inputs and outputs in fp32, converted at its edges.
 #pragma once
 
 #include <map>
@@ -55,8 +56,13 @@ class GptStage {
   // stages: dout [B*T, C]. Non-first stages fill `din` [B*T, C]. Gradients accumulate.
   Status Backward(int mb, const float* dout, float* din, float loss_scale);
 
-  // Flat parameters and gradients in the backend's memory (`count()` floats each).
-  float* params() { return params_.data(); }
+  // Flat fp32 parameters (the master weights) and gradients in the backend's memory (`count()`
+  // floats each). Whoever takes the parameters to write them (the optimizer, a restore) makes the
+  // compute copy stale; the next Forward refreshes it.
+  float* params() {
+    compute_params_stale_ = true;
+    return params_.data();
+  }
   float* grads() { return grads_.data(); }
   size_t count() const { return count_; }
   std::vector<float> HostParams() const;
@@ -75,7 +81,14 @@ class GptStage {
   float* P(size_t off) { return params_.data() + off; }
   float* G(size_t off) { return grads_.data() + off; }
   kernels::Buffer<float> New(size_t n) { return kernels::Buffer<float>(k_, n); }
-  kernels::Buffer<float> Clone(const kernels::Buffer<float>& b);
+  kernels::ActBuffer NewActs(size_t n) { return kernels::ActBuffer(k_, n); }
+  kernels::ActBuffer Clone(const kernels::ActBuffer& b);
+  // The compute copy of the parameters at `off`, in the backend's storage type: what the forward
+  // and backward passes read (on an fp32 backend, the master weights themselves).
+  kernels::CAct W(size_t off) const;
+  void RefreshComputeParams();
+  // An in-place sum of activations over the tp group, in their storage type.
+  Status AllReduceActs(kernels::Act x, size_t n);
   // The backend's first error as a Status (after the phase's work is issued).
   Status Check() const;
   std::vector<float> InitParams() const;
@@ -91,6 +104,8 @@ class GptStage {
   kernels::Kernels* k_;
   size_t count_ = 0;
   kernels::Buffer<float> params_, grads_;
+  kernels::ActBuffer compute_params_;  // empty on an fp32 backend
+  bool compute_params_stale_ = true;
   std::vector<ParamTensor> tensors_;
   struct LayerOffsets {
     size_t ln1g, ln1b, wqkv, bqkv, wo, bo, ln2g, ln2b, w1, b1, w2, b2;
