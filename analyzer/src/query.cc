@@ -136,24 +136,25 @@ Result<Table> RunDatabase::Query(const std::string& sql) {
 
 namespace {
 
-// Per rank and step: wall time, compute (forward/backward/optimizer spans minus the collectives
-// that ran inside them, e.g. tensor-parallel all-reduces), communication wait (synchronous comm
-// spans; asynchronous sends overlap other work and are left out) and data time.
+// Per attempt, rank and step: wall time, compute (forward/backward/optimizer spans minus the
+// collectives that ran inside them, e.g. tensor-parallel all-reduces), communication wait
+// (synchronous comm spans; asynchronous sends overlap other work and are left out) and data time.
+// A step run again after a restart is another row: its two runs are never one step.
 const char* kPerRankStep = R"sql(
-WITH comp AS (SELECT rank, step, start_ns, end_ns FROM spans WHERE kind IN ('forward','backward','optimizer','compute')),
-comm AS (SELECT rank, step, start_ns, end_ns FROM spans WHERE kind = 'comm' AND name != 'send'),
-comm_total AS (SELECT rank, step, SUM(end_ns - start_ns) AS comm FROM comm GROUP BY rank, step),
-nested AS (SELECT m.rank, m.step, SUM(m.end_ns - m.start_ns) AS nested FROM comm m JOIN comp c
-             ON c.rank = m.rank AND c.step = m.step AND c.start_ns <= m.start_ns AND c.end_ns >= m.end_ns
-           GROUP BY m.rank, m.step),
-comm_rank AS (SELECT t.rank, t.step, t.comm, COALESCE(n.nested, 0) AS nested FROM comm_total t
-              LEFT JOIN nested n ON n.rank = t.rank AND n.step = t.step),
-busy AS (SELECT rank, step, MAX(end_ns) - MIN(start_ns) AS wall,
+WITH comp AS (SELECT attempt, rank, step, start_ns, end_ns FROM spans WHERE kind IN ('forward','backward','optimizer','compute')),
+comm AS (SELECT attempt, rank, step, start_ns, end_ns FROM spans WHERE kind = 'comm' AND name != 'send'),
+comm_total AS (SELECT attempt, rank, step, SUM(end_ns - start_ns) AS comm FROM comm GROUP BY attempt, rank, step),
+nested AS (SELECT m.attempt, m.rank, m.step, SUM(m.end_ns - m.start_ns) AS nested FROM comm m JOIN comp c
+             ON c.attempt = m.attempt AND c.rank = m.rank AND c.step = m.step AND c.start_ns <= m.start_ns AND c.end_ns >= m.end_ns
+           GROUP BY m.attempt, m.rank, m.step),
+comm_rank AS (SELECT t.attempt, t.rank, t.step, t.comm, COALESCE(n.nested, 0) AS nested FROM comm_total t
+              LEFT JOIN nested n ON n.attempt = t.attempt AND n.rank = t.rank AND n.step = t.step),
+busy AS (SELECT attempt, rank, step, MAX(end_ns) - MIN(start_ns) AS wall,
                 SUM(CASE WHEN kind IN ('forward','backward','optimizer','compute') THEN end_ns - start_ns ELSE 0 END) AS busy,
                 SUM(CASE WHEN kind = 'data' THEN end_ns - start_ns ELSE 0 END) AS data
-         FROM spans GROUP BY rank, step),
-per_rank AS (SELECT b.rank, b.step, b.wall, b.busy - COALESCE(c.nested, 0) AS compute, COALESCE(c.comm, 0) AS comm, b.data
-             FROM busy b LEFT JOIN comm_rank c ON c.rank = b.rank AND c.step = b.step))sql";
+         FROM spans GROUP BY attempt, rank, step),
+per_rank AS (SELECT b.attempt, b.rank, b.step, b.wall, b.busy - COALESCE(c.nested, 0) AS compute, COALESCE(c.comm, 0) AS comm, b.data
+             FROM busy b LEFT JOIN comm_rank c ON c.attempt = b.attempt AND c.rank = b.rank AND c.step = b.step))sql";
 
 }  // namespace
 
@@ -172,47 +173,58 @@ std::string PerRankStepCte() { return kPerRankStep; }
 
 std::string StepsSql() {
   return std::string(kPerRankStep) + R"sql(
-SELECT step, COUNT(*) AS ranks, ROUND(MAX(wall) / 1e6, 3) AS step_ms, ROUND(AVG(compute) / 1e6, 3) AS compute_ms,
+SELECT attempt, step, COUNT(*) AS ranks, ROUND(MAX(wall) / 1e6, 3) AS step_ms, ROUND(AVG(compute) / 1e6, 3) AS compute_ms,
        ROUND(AVG(comm) / 1e6, 3) AS comm_wait_ms, ROUND(AVG(data) / 1e6, 3) AS data_ms,
        ROUND(AVG(MAX(0, wall - compute - comm - data)) / 1e6, 3) AS bubble_ms
-FROM per_rank GROUP BY step ORDER BY step)sql";
+FROM per_rank GROUP BY attempt, step ORDER BY attempt, step)sql";
 }
 
+// A rank's node is the one it ran on in that attempt (a restart may move it to a spare).
 std::string StragglersSql() {
   return std::string(kPerRankStep) + R"sql(,
-mean AS (SELECT p.rank, r.node, r.dp, r.pp, r.tp, AVG(p.compute) AS compute_per_step
-         FROM per_rank p JOIN (SELECT rank, node, dp, pp, tp FROM ranks GROUP BY rank) r ON r.rank = p.rank GROUP BY p.rank),
-peers AS (SELECT pp, tp, AVG(compute_per_step) AS peer_avg, COUNT(*) AS n FROM mean GROUP BY pp, tp)
-SELECT m.rank, m.node, m.dp, m.pp, m.tp, ROUND(m.compute_per_step / 1e6, 3) AS compute_ms_per_step,
+mean AS (SELECT p.attempt, p.rank, r.node, r.dp, r.pp, r.tp, AVG(p.compute) AS compute_per_step
+         FROM per_rank p JOIN (SELECT attempt, rank, node, dp, pp, tp FROM ranks GROUP BY attempt, rank) r
+           ON r.attempt = p.attempt AND r.rank = p.rank GROUP BY p.attempt, p.rank),
+peers AS (SELECT attempt, pp, tp, AVG(compute_per_step) AS peer_avg, COUNT(*) AS n FROM mean GROUP BY attempt, pp, tp)
+SELECT m.attempt, m.rank, m.node, m.dp, m.pp, m.tp, ROUND(m.compute_per_step / 1e6, 3) AS compute_ms_per_step,
        ROUND(q.peer_avg / 1e6, 3) AS peers_ms_per_step, ROUND(m.compute_per_step / q.peer_avg, 3) AS ratio, q.n AS peers
-FROM mean m JOIN peers q ON q.pp = m.pp AND q.tp = m.tp
-ORDER BY ratio DESC, m.rank)sql";
+FROM mean m JOIN peers q ON q.attempt = m.attempt AND q.pp = m.pp AND q.tp = m.tp
+ORDER BY ratio DESC, m.attempt, m.rank)sql";
 }
 
+// A collective is one (attempt, group, seq): sequence numbers start again with every attempt.
 std::string WaitsSql(int limit) {
   return R"sql(
 WITH c AS (SELECT * FROM collectives WHERE op NOT IN ('send','recv')),
-w AS (SELECT grp, seq, op, COUNT(*) AS members, MAX(enqueued_ns) - MIN(enqueued_ns) AS wait_ns, MAX(enqueued_ns) AS last_ns
-      FROM c GROUP BY grp, seq, op HAVING members > 1)
-SELECT w.grp, w.seq, w.op, w.members, ROUND(w.wait_ns / 1e6, 3) AS wait_ms,
-       (SELECT rank FROM c WHERE c.grp = w.grp AND c.seq = w.seq AND c.enqueued_ns = w.last_ns LIMIT 1) AS last_rank
+w AS (SELECT attempt, grp, seq, op, COUNT(*) AS members, MAX(enqueued_ns) - MIN(enqueued_ns) AS wait_ns, MAX(enqueued_ns) AS last_ns
+      FROM c GROUP BY attempt, grp, seq, op HAVING members > 1)
+SELECT w.attempt, w.grp, w.seq, w.op, w.members, ROUND(w.wait_ns / 1e6, 3) AS wait_ms,
+       (SELECT rank FROM c WHERE c.attempt = w.attempt AND c.grp = w.grp AND c.seq = w.seq AND c.enqueued_ns = w.last_ns LIMIT 1) AS last_rank
 FROM w ORDER BY w.wait_ns DESC LIMIT )sql" +
          std::to_string(limit);
 }
 
+// Each rank as it was at `t`: the newest attempt it had begun by then (its first heartbeat), the
+// node it ran on in that attempt, and what it was doing in it.
 std::string AtSql(int64_t t) {
   const std::string ts = std::to_string(t);
-  return "SELECT r.rank, r.node, r.dp, r.pp, r.tp,"
+  return "WITH cur AS (SELECT rank, COALESCE((SELECT MAX(h.attempt) FROM heartbeats h WHERE h.rank "
+         "= "
+         "x.rank AND h.ts_ns <= " +
+         ts +
+         "), MIN(x.attempt)) AS attempt FROM ranks x GROUP BY x.rank)"
+         " SELECT r.rank, r.attempt, r.node, r.dp, r.pp, r.tp,"
          " (SELECT kind || ' ' || name || ' (step ' || step || COALESCE(', mb ' || microbatch, '') "
          "|| ')' FROM spans s"
-         "  WHERE s.rank = r.rank AND s.start_ns <= " +
+         "  WHERE s.rank = r.rank AND s.attempt = r.attempt AND s.start_ns <= " +
          ts + " AND s.end_ns >= " + ts +
          "  ORDER BY s.end_ns - s.start_ns LIMIT 1) AS doing,"
          " (SELECT phase || ' of step ' || step FROM heartbeats h WHERE h.rank = r.rank AND "
-         "h.ts_ns <= " +
+         "h.attempt = r.attempt AND h.ts_ns <= " +
          ts +
          "  ORDER BY h.ts_ns DESC LIMIT 1) AS last_heartbeat"
-         " FROM ranks r GROUP BY r.rank ORDER BY r.rank";
+         " FROM cur JOIN ranks r ON r.rank = cur.rank AND r.attempt = cur.attempt"
+         " GROUP BY r.rank ORDER BY r.rank";
 }
 
 std::string FormatTable(const Table& t) {

@@ -110,9 +110,11 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
                                             r.Int(5)};
       }));
   // Per rank and step: compute (without nested collectives), comm, wall.
-  std::map<int64_t, std::map<int, double>> compute;  // step -> rank -> s
-  std::map<int64_t, double> wall, busy;  // step -> max wall; summed per-rank accounted time
-  std::map<int64_t, int> ranks_in_step;
+  // A step is (attempt, step): a step run again after a restart is another step.
+  using StepKey = std::pair<int64_t, int64_t>;
+  std::map<StepKey, std::map<int, double>> compute;  // step -> rank -> s
+  std::map<StepKey, double> wall, busy;  // step -> max wall; summed per-rank accounted time
+  std::map<StepKey, int> ranks_in_step;
   // Only the window's spans are read (the CTE would otherwise group every span of the run).
   std::string cte = PerRankStepCte();
   for (size_t at = 0; (at = cte.find("FROM spans", at)) != std::string::npos;) {
@@ -121,9 +123,9 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     at += window.size();
   }
   const std::string sql =
-      cte + "\nSELECT rank, step, wall, compute, comm, data FROM per_rank WHERE " + range;
+      cte + "\nSELECT rank, step, wall, compute, comm, data, attempt FROM per_rank WHERE " + range;
   RETURN_IF_ERROR(db.Scan(sql, [&](const RunDatabase::Row& r) {
-    const int64_t step = r.Int(1);
+    const StepKey step{r.Int(6), r.Int(1)};
     compute[step][static_cast<int>(r.Int(0))] = r.Double(3) / 1e9;
     wall[step] = std::max(wall[step], r.Double(2) / 1e9);
     busy[step] += (r.Double(3) + r.Double(4) + r.Double(5)) / 1e9;

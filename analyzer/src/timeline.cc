@@ -4,6 +4,7 @@
 #include <charconv>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "timeline_viewer.h"  // kViewerHtml, generated from dashboards/timeline/viewer.html
 
@@ -37,12 +38,18 @@ void AppendStr(std::string& out, const std::string& s) {
 Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& o, TimelineStats* stats) {
   const std::string range =
       " step >= " + std::to_string(o.first_step) + " AND step <= " + std::to_string(o.last_step);
-  ASSIGN_OR_RETURN(Table ranks, db.Query("SELECT rank, node, dp, pp, tp, MAX(clock_offset_ns) FROM "
-                                         "ranks GROUP BY rank ORDER BY pp, dp, tp"));
+  // A rank is drawn under the node it ran on in each attempt (a restart may move it to a spare),
+  // with that attempt's clock offset.
+  ASSIGN_OR_RETURN(Table ranks,
+                   db.Query("SELECT rank, node, dp, pp, tp, clock_offset_ns, attempt FROM ranks "
+                            "GROUP BY rank, attempt ORDER BY pp, dp, tp, attempt"));
   if (ranks.rows.empty()) return NotFound("the run's trace databases list no ranks");
-  std::map<int, int64_t> offset;
+  using RankAttempt = std::pair<int, int>;
+  std::map<RankAttempt, int64_t> offset;
   std::map<std::string, int> node_pid;
-  std::map<int, int> rank_pid;
+  std::map<RankAttempt, int> rank_pid;
+  std::set<std::pair<int, int>> threads;  // (pid, rank) named so far
+  std::set<int> distinct_ranks;
   std::string out;
   out.reserve(1 << 20);
   out += "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"title\":";
@@ -54,12 +61,12 @@ Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& o, Time
     if (!first) out += ",\n";
     first = false;
   };
-  for (size_t i = 0; i < ranks.rows.size(); ++i) {
-    const auto& row = ranks.rows[i];
-    const int rank = std::stoi(row[0]);
-    offset[rank] = row[5].empty() ? 0 : std::stoll(row[5]);
+  for (const auto& row : ranks.rows) {
+    const int rank = std::stoi(row[0]), attempt = row[6].empty() ? 0 : std::stoi(row[6]);
+    distinct_ranks.insert(rank);
+    offset[{rank, attempt}] = row[5].empty() ? 0 : std::stoll(row[5]);
     auto [it, added] = node_pid.try_emplace(row[1], static_cast<int>(node_pid.size()));
-    rank_pid[rank] = it->second;
+    rank_pid[{rank, attempt}] = it->second;
     if (added) {
       sep();
       out += "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":" + std::to_string(it->second) +
@@ -67,6 +74,7 @@ Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& o, Time
       AppendStr(out, row[1]);
       out += "}}";
     }
+    if (!threads.insert({it->second, rank}).second) continue;
     sep();
     const std::string label =
         "rank " + row[0] + " (dp=" + row[2] + ", pp=" + row[3] + ", tp=" + row[4] + ")";
@@ -75,17 +83,20 @@ Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& o, Time
            ",\"pp\":" + row[3] + ",\"tp\":" + row[4] + "}}";
     sep();
     out += "{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":" + std::to_string(it->second) +
-           ",\"tid\":" + row[0] + ",\"args\":{\"sort_index\":" + std::to_string(i) + "}}";
+           ",\"tid\":" + row[0] +
+           ",\"args\":{\"sort_index\":" + std::to_string(threads.size() - 1) + "}}";
   }
   int64_t t_min = std::numeric_limits<int64_t>::max(), t_max = 0, nspans = 0;
   RETURN_IF_ERROR(
-      db.Scan("SELECT rank, step, microbatch, kind, name, start_ns, end_ns FROM spans WHERE" +
+      db.Scan("SELECT rank, step, microbatch, kind, name, start_ns, end_ns, attempt FROM spans "
+              "WHERE" +
                   range + " ORDER BY start_ns",
               [&](const RunDatabase::Row& row) {
                 const int rank = static_cast<int>(row.Int(0));
-                auto pid = rank_pid.find(rank);
+                const RankAttempt key{rank, static_cast<int>(row.Int(7))};
+                auto pid = rank_pid.find(key);
                 if (pid == rank_pid.end()) return;
-                const int64_t start = row.Int(5) - offset[rank], end = row.Int(6) - offset[rank];
+                const int64_t start = row.Int(5) - offset[key], end = row.Int(6) - offset[key];
                 t_min = std::min(t_min, start);
                 t_max = std::max(t_max, end);
                 ++nspans;
@@ -104,6 +115,8 @@ Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& o, Time
                 AppendInt(out, rank);
                 out += ",\"args\":{\"step\":";
                 AppendInt(out, row.Int(1));
+                out += ",\"attempt\":";
+                AppendInt(out, key.second);
                 if (!row.IsNull(2)) {
                   out += ",\"microbatch\":";
                   AppendInt(out, row.Int(2));
@@ -114,7 +127,7 @@ Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& o, Time
   if (nspans > 0) {
     // Pipeline transfers: the k-th send from a to b in a group matches the k-th recv on b from a.
     ASSIGN_OR_RETURN(Table p2p,
-                     db.Query("SELECT s.rank, r.rank, s.started_ns, r.completed_ns FROM "
+                     db.Query("SELECT s.rank, r.rank, s.started_ns, r.completed_ns, s.attempt FROM "
                               "collectives s JOIN collectives r "
                               "ON s.grp = r.grp AND s.seq = r.seq AND s.op = 'send' AND r.op = "
                               "'recv' AND r.peer = s.rank AND s.peer = r.rank "
@@ -122,7 +135,8 @@ Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& o, Time
                               std::to_string(t_min) + " - 1000000000 AND r.completed_ns <= " +
                               std::to_string(t_max) + " + 1000000000 ORDER BY s.started_ns"));
     for (const auto& row : p2p.rows) {
-      const int from = std::stoi(row[0]), to = std::stoi(row[1]);
+      const int attempt = row[4].empty() ? 0 : std::stoi(row[4]);
+      const RankAttempt from{std::stoi(row[0]), attempt}, to{std::stoi(row[1]), attempt};
       if (!rank_pid.count(from) || !rank_pid.count(to) || row[2].empty() || row[3].empty())
         continue;
       const std::string id = std::to_string(++flows);
@@ -137,7 +151,7 @@ Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& o, Time
     }
   }
   out += "\n]}\n";
-  if (stats != nullptr) *stats = {nspans, flows, static_cast<int64_t>(ranks.rows.size())};
+  if (stats != nullptr) *stats = {nspans, flows, static_cast<int64_t>(distinct_ranks.size())};
   return out;
 }
 

@@ -135,16 +135,22 @@ Result<std::string> BuildHtmlReport(const std::string& run_dir, const HtmlReport
        F("%.1f s", static_cast<double>(t1 - t0) / 1e9) + "</text></svg>";
   h += "<h2>Incidents, stage by stage</h2><pre>" + Esc(markdown) + "</pre>";
 
-  // Ranks named by slow or faulty-machine verdicts.
-  std::set<int> suspect_ranks;
+  // Ranks named by slow verdicts, with the node each ran on then ("" when not said), and nodes
+  // named by faulty-machine verdicts. A rank that a restart moved to a spare is not the suspect
+  // there.
+  std::set<std::pair<int, std::string>> suspect_ranks;
   std::set<std::string> suspect_nodes;
   for (const Event& e : events) {
     if (e.kind_name != "verdict") continue;
     const std::string kind = e.detail.value("kind", "");
     if (kind == "slow" && e.detail.value("cause", "") != "stage_imbalance" && e.rank >= 0)
-      suspect_ranks.insert(e.rank);
+      suspect_ranks.insert({e.rank, e.node});
     if (kind == "faulty_machine" && !e.node.empty()) suspect_nodes.insert(e.node);
   }
+  auto suspect = [&](int rank, const std::string& node) {
+    return suspect_nodes.count(node) > 0 || suspect_ranks.count({rank, node}) > 0 ||
+           suspect_ranks.count({rank, ""}) > 0;
+  };
 
   // 2. Heat map: compute per rank and step over its peers' median at the same (pp, tp).
   auto rdb = analyzer::RunDatabase::Open(run_dir);
@@ -153,59 +159,80 @@ Result<std::string> BuildHtmlReport(const std::string& run_dir, const HtmlReport
       int dp = 0, pp = 0, tp = 0;
       std::string node;
     };
-    std::map<int, Meta> meta;  // the rank's latest attempt
-    (void)(*rdb)->Scan("SELECT rank, dp, pp, tp, node FROM ranks ORDER BY attempt",
+    std::map<int, Meta> meta;                                // the rank's coordinates
+    std::map<std::pair<int, int64_t>, std::string> node_at;  // (rank, attempt) -> node
+    std::map<int, std::vector<std::string>> nodes_of;        // where each rank ran, in order
+    (void)(*rdb)->Scan("SELECT rank, dp, pp, tp, node, attempt FROM ranks ORDER BY attempt",
                        [&](const analyzer::RunDatabase::Row& r) {
-                         meta[static_cast<int>(r.Int(0))] = {
-                             static_cast<int>(r.Int(1)), static_cast<int>(r.Int(2)),
-                             static_cast<int>(r.Int(3)), std::string(r.Text(4))};
+                         const int rank = static_cast<int>(r.Int(0));
+                         const std::string node(r.Text(4));
+                         meta[rank] = {static_cast<int>(r.Int(1)), static_cast<int>(r.Int(2)),
+                                       static_cast<int>(r.Int(3)), node};
+                         node_at[{rank, r.Int(5)}] = node;
+                         auto& seen = nodes_of[rank];
+                         if (std::find(seen.begin(), seen.end(), node) == seen.end())
+                           seen.push_back(node);
                        });
-    std::map<int64_t, std::map<int, double>> compute;  // step -> rank -> s (the step's last run)
-    std::map<std::pair<int64_t, int>, std::string> node_at;  // (step, rank) -> node
+    struct Cell {
+      double s = 0;
+      std::string node;  // where this run of the step ran
+    };
+    std::map<int64_t, std::map<int, Cell>> compute;  // step -> rank -> its last run
     (void)(*rdb)->Scan(analyzer::PerRankStepCte() +
-                           "\nSELECT p.rank, p.step, p.compute FROM per_rank p ORDER BY p.step",
+                           "\nSELECT p.rank, p.step, p.compute, p.attempt FROM per_rank p"
+                           " ORDER BY p.step, p.attempt",
                        [&](const analyzer::RunDatabase::Row& r) {
-                         compute[r.Int(1)][static_cast<int>(r.Int(0))] = r.Double(2) / 1e9;
+                         const int rank = static_cast<int>(r.Int(0));
+                         compute[r.Int(1)][rank] = {r.Double(2) / 1e9, node_at[{rank, r.Int(3)}]};
                        });
     std::vector<int64_t> steps;
+    steps.reserve(compute.size());
     for (const auto& [s, per] : compute) steps.push_back(s);
     if (steps.size() > static_cast<size_t>(o.max_steps))
       steps.erase(steps.begin(), steps.end() - o.max_steps);
     std::vector<int> ranks;
+    ranks.reserve(meta.size());
     for (const auto& [r, m] : meta) ranks.push_back(r);
     std::sort(ranks.begin(), ranks.end(), [&](int a, int b) {
       const Meta &x = meta[a], &y = meta[b];
       return std::tie(x.pp, x.tp, x.dp) < std::tie(y.pp, y.tp, y.dp);
     });
+    // A row per rank and node it ran on: a rank a restart moved to a spare has a row there too,
+    // and only the row of the node a verdict named is marked.
+    std::vector<std::pair<int, std::string>> rows;
+    for (int r : ranks) {
+      for (const std::string& node : nodes_of[r]) rows.emplace_back(r, node);
+    }
     const int cw =
         std::max(3, std::min(14, 900 / std::max<int>(1, static_cast<int>(steps.size()))));
     const int ch = 16, L = 190;
     h += "<h2>Compute time per rank and step, against its peers at the same (pp, tp)</h2>"
          "<p>White: at its peers' median; red: slower (darkest at 2x and more); outlined: 20 % or "
-         "more slower. Rows named by a straggler verdict are red.</p><svg id=\"heatmap\" width=\"" +
+         "more slower. A rank moved by a restart has a row per node it ran on; the rows a "
+         "straggler or faulty-machine verdict named are red.</p><svg id=\"heatmap\" width=\"" +
          std::to_string(L + cw * steps.size() + 10) + "\" height=\"" +
-         std::to_string(ch * ranks.size() + 24) + "\">";
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      const int r = ranks[i];
+         std::to_string(ch * rows.size() + 24) + "\">";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto& [r, node] = rows[i];
       const Meta& m = meta[r];
-      const bool suspect = suspect_ranks.count(r) || suspect_nodes.count(m.node);
       h += "<text x=\"0\" y=\"" + std::to_string(ch * i + 12) + "\" class=\"axis" +
-           (suspect ? " row-suspect" : "") + "\">rank " + std::to_string(r) + " dp" +
+           (suspect(r, node) ? " row-suspect" : "") + "\">rank " + std::to_string(r) + " dp" +
            std::to_string(m.dp) + " pp" + std::to_string(m.pp) + " tp" + std::to_string(m.tp) +
-           " " + Esc(m.node) + "</text>";
+           " " + Esc(node) + "</text>";
       for (size_t k = 0; k < steps.size(); ++k) {
         const auto& per = compute[steps[k]];
         auto it = per.find(r);
-        if (it == per.end()) continue;
+        if (it == per.end() || it->second.node != node) continue;
         std::vector<double> peers;
-        for (const auto& [r2, s2] : per) {
-          if (r2 != r && meta[r2].pp == m.pp && meta[r2].tp == m.tp) peers.push_back(s2);
+        for (const auto& [r2, c2] : per) {
+          if (r2 != r && meta[r2].pp == m.pp && meta[r2].tp == m.tp) peers.push_back(c2.s);
         }
         double ratio = 1;
         if (!peers.empty()) {
-          std::nth_element(peers.begin(), peers.begin() + peers.size() / 2, peers.end());
-          const double med = peers[peers.size() / 2];
-          if (med > 0) ratio = it->second / med;
+          const auto mid = peers.begin() + static_cast<std::ptrdiff_t>(peers.size() / 2);
+          std::nth_element(peers.begin(), mid, peers.end());
+          const double med = *mid;
+          if (med > 0) ratio = it->second.s / med;
         }
         const double heat = std::clamp(ratio - 1, 0.0, 1.0);
         const int g = static_cast<int>(255 * (1 - heat));
@@ -214,15 +241,15 @@ Result<std::string> BuildHtmlReport(const std::string& run_dir, const HtmlReport
              std::to_string(L + cw * k) + "\" y=\"" + std::to_string(ch * i) + "\" width=\"" +
              std::to_string(cw) + "\" height=\"" + std::to_string(ch - 1) + "\" fill=\"rgb(255," +
              std::to_string(g) + "," + std::to_string(g) + ")\"><title>rank " + std::to_string(r) +
-             " step " + std::to_string(steps[k]) + ": " + F("%.4f s", it->second) + ", " +
-             F("%.2fx", ratio) + " its peers</title></rect>";
+             " step " + std::to_string(steps[k]) + " on " + Esc(node) + ": " +
+             F("%.4f s", it->second.s) + ", " + F("%.2fx", ratio) + " its peers</title></rect>";
       }
     }
     if (!steps.empty()) {
-      h += "<text x=\"" + std::to_string(L) + "\" y=\"" + std::to_string(ch * ranks.size() + 14) +
+      h += "<text x=\"" + std::to_string(L) + "\" y=\"" + std::to_string(ch * rows.size() + 14) +
            "\" class=\"axis\">step " + std::to_string(steps.front()) + "</text><text x=\"" +
            std::to_string(L + cw * steps.size() - 50) + "\" y=\"" +
-           std::to_string(ch * ranks.size() + 14) + "\" class=\"axis\">step " +
+           std::to_string(ch * rows.size() + 14) + "\" class=\"axis\">step " +
            std::to_string(steps.back()) + "</text>";
     }
     h += "</svg>";

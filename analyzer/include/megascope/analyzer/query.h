@@ -46,7 +46,8 @@ class RunDatabase {
 };
 
 // The canned questions, as SQL over the unified views.
-// A WITH clause ending in per_rank(rank, step, wall, compute, comm, data), nanoseconds: compute
+// A WITH clause ending in per_rank(attempt, rank, step, wall, compute, comm, data), nanoseconds
+// (a step run again after a restart is a row per attempt): compute
 // excludes the collectives nested in compute spans; comm leaves out asynchronous sends.
 std::string PerRankStepCte();
 std::string StepsSql();
