@@ -56,16 +56,17 @@ int RunTimeline(const Args& args) {
   analyzer::TimelineStats stats;
   auto json = analyzer::TimelineJson(**db, o, &stats);
   if (!json.ok()) return Fail("timeline", json.status().message());
-  if (stats.spans == 0)
+  if (stats.spans == 0 && stats.open == 0)
     std::fprintf(stderr, "megascope timeline: warning: no spans in steps %s\n", steps.c_str());
   for (const auto& [path, text] : {std::pair<std::string, std::string>{out, *json},
                                    {html, html.empty() ? "" : analyzer::TimelineHtml(*json, o)}}) {
     if (path.empty()) continue;
     std::ofstream f(path);
     if (!(f << text) || !f.flush()) return Fail("timeline", "cannot write " + path);
-    std::printf("wrote %s (%lld spans of %lld ranks, %lld pipeline arrows)\n", path.c_str(),
-                static_cast<long long>(stats.spans), static_cast<long long>(stats.ranks),
-                static_cast<long long>(stats.flows));
+    std::printf("wrote %s (%lld spans of %lld ranks, %lld pipeline arrows, %lld ops open)\n",
+                path.c_str(), static_cast<long long>(stats.spans),
+                static_cast<long long>(stats.ranks), static_cast<long long>(stats.flows),
+                static_cast<long long>(stats.open));
   }
   return 0;
 }

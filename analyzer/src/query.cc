@@ -40,6 +40,8 @@ Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_di
   const bool copy = static_cast<int>(files.size()) > limit;
   bool created = false;  // copy: the tables in memory, shaped after the first readable node's
   std::vector<std::string> parts[std::size(kTraceTables)];
+  std::vector<std::string> open_parts;  // the nodes' open_ops (a table older files lack)
+  bool open_copied = false;
   for (size_t i = 0; i < files.size(); ++i) {
     const std::string alias = "n" + std::to_string(i % static_cast<size_t>(limit));
     // A node database that cannot be read (corrupt, cut short, not ours) is named and skipped:
@@ -75,6 +77,17 @@ Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_di
         parts[t].push_back("SELECT * FROM " + alias + "." + table);
       }
     }
+    auto has_open = db.QueryInt("SELECT COUNT(*) FROM " + alias +
+                                ".sqlite_master WHERE type = 'table' AND name = 'open_ops'");
+    if (has_open.ok() && *has_open > 0) {
+      if (copy) {
+        if (!open_copied) RETURN_IF_ERROR(db.Exec(tracer::OpenOpsTableSql()));
+        open_copied = true;
+        RETURN_IF_ERROR(db.Exec("INSERT INTO main.open_ops SELECT * FROM " + alias + ".open_ops"));
+      } else {
+        open_parts.push_back("SELECT * FROM " + alias + ".open_ops");
+      }
+    }
     if (copy) RETURN_IF_ERROR(db.Exec("DETACH " + alias));
   }
   if (static_cast<int>(r->warnings_.size()) == r->nodes_) {
@@ -89,6 +102,20 @@ Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_di
       RETURN_IF_ERROR(db.Exec(view));
     }
   }
+  if (open_parts.empty()) {
+    if (!open_copied)
+      RETURN_IF_ERROR(db.Exec(tracer::OpenOpsTableSql()));  // empty: files predate it
+  } else {
+    std::string view = "CREATE TEMP VIEW open_ops AS ";
+    for (size_t i = 0; i < open_parts.size(); ++i) view += (i ? " UNION ALL " : "") + open_parts[i];
+    RETURN_IF_ERROR(db.Exec(view));
+  }
+  // The ops still open as far as the run's records go: open_ops without a completed or failed
+  // record of the same op (an agent lists an op that completed until its next look).
+  RETURN_IF_ERROR(db.Exec(
+      "CREATE TEMP VIEW open_collectives AS SELECT o.* FROM open_ops o WHERE NOT EXISTS (SELECT 1 "
+      "FROM collectives c WHERE c.rank = o.rank AND c.attempt = o.attempt AND c.seq = o.seq AND "
+      "c.grp = o.grp AND c.op = o.op AND (o.op NOT IN ('send', 'recv') OR c.peer = o.peer))"));
   db.DenyWrites();  // after set-up, statements may only read
   return r;
 }
@@ -192,20 +219,29 @@ FROM mean m JOIN peers q ON q.attempt = m.attempt AND q.pp = m.pp AND q.tp = m.t
 ORDER BY ratio DESC, m.attempt, m.rank)sql";
 }
 
-// A collective is one (attempt, group, seq): sequence numbers start again with every attempt.
+// A collective is one (attempt, group, seq): sequence numbers start again with every attempt. Its
+// members are the ranks that issued it, completed or still open (open_collectives): a hang's
+// collective is listed while it lasts, its wait running to when it was last seen open.
 std::string WaitsSql(int limit) {
   return R"sql(
-WITH c AS (SELECT * FROM collectives WHERE op NOT IN ('send','recv')),
-w AS (SELECT attempt, grp, seq, op, COUNT(*) AS members, MAX(enqueued_ns) - MIN(enqueued_ns) AS wait_ns, MAX(enqueued_ns) AS last_ns
-      FROM c GROUP BY attempt, grp, seq, op HAVING members > 1)
-SELECT w.attempt, w.grp, w.seq, w.op, w.members, ROUND(w.wait_ns / 1e6, 3) AS wait_ms,
+WITH c AS (SELECT attempt, grp, seq, op, rank, enqueued_ns, 0 AS is_open, enqueued_ns AS until_ns
+           FROM collectives WHERE op NOT IN ('send','recv')
+           UNION ALL
+           SELECT attempt, grp, seq, op, rank, enqueued_ns, 1, seen_ns
+           FROM open_collectives WHERE op NOT IN ('send','recv')),
+w AS (SELECT attempt, grp, seq, op, COUNT(*) AS members, SUM(is_open) AS still_open,
+             CASE WHEN SUM(is_open) > 0 THEN MAX(until_ns) ELSE MAX(enqueued_ns) END - MIN(enqueued_ns) AS wait_ns,
+             MAX(enqueued_ns) AS last_ns
+      FROM c GROUP BY attempt, grp, seq, op HAVING members > 1 OR still_open > 0)
+SELECT w.attempt, w.grp, w.seq, w.op, w.members, w.still_open, ROUND(w.wait_ns / 1e6, 3) AS wait_ms,
        (SELECT rank FROM c WHERE c.attempt = w.attempt AND c.grp = w.grp AND c.seq = w.seq AND c.enqueued_ns = w.last_ns LIMIT 1) AS last_rank
 FROM w ORDER BY w.wait_ns DESC LIMIT )sql" +
          std::to_string(limit);
 }
 
 // Each rank as it was at `t`: the newest attempt it had begun by then (its first heartbeat), the
-// node it ran on in that attempt, and what it was doing in it.
+// node it ran on in that attempt, and what it was doing in it: the shortest span around `t`, or
+// else the oldest op it held open from before `t` (where a hung rank is stuck).
 std::string AtSql(int64_t t) {
   const std::string ts = std::to_string(t);
   return "WITH cur AS (SELECT rank, COALESCE((SELECT MAX(h.attempt) FROM heartbeats h WHERE h.rank "
@@ -214,11 +250,17 @@ std::string AtSql(int64_t t) {
          ts +
          "), MIN(x.attempt)) AS attempt FROM ranks x GROUP BY x.rank)"
          " SELECT r.rank, r.attempt, r.node, r.dp, r.pp, r.tp,"
-         " (SELECT kind || ' ' || name || ' (step ' || step || COALESCE(', mb ' || microbatch, '') "
-         "|| ')' FROM spans s"
+         " COALESCE((SELECT kind || ' ' || name || ' (step ' || step || COALESCE(', mb ' || "
+         "microbatch, '') || ')' FROM spans s"
          "  WHERE s.rank = r.rank AND s.attempt = r.attempt AND s.start_ns <= " +
          ts + " AND s.end_ns >= " + ts +
-         "  ORDER BY s.end_ns - s.start_ns LIMIT 1) AS doing,"
+         "  ORDER BY s.end_ns - s.start_ns LIMIT 1),"
+         " (SELECT 'in ' || o.op || ' ' || o.grp || ' #' || o.seq || CASE WHEN o.peer >= 0 THEN "
+         "' with rank ' || o.peer ELSE '' END || ' (' || o.state || ', open)' FROM "
+         "open_collectives o WHERE o.rank = r.rank AND o.attempt = r.attempt AND o.enqueued_ns "
+         "<= " +
+         ts +
+         " ORDER BY o.enqueued_ns LIMIT 1)) AS doing,"
          " (SELECT phase || ' of step ' || step FROM heartbeats h WHERE h.rank = r.rank AND "
          "h.attempt = r.attempt AND h.ts_ns <= " +
          ts +

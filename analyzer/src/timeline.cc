@@ -123,6 +123,52 @@ Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& o, Time
                 }
                 out += "}}";
               }));
+  // Ops still open when their rank's agent last looked (a hang, or the ops a rank died in): a slice
+  // from when the op started on the rank (or was issued) to when it was last seen open, so the
+  // hung step is not a blank. With steps chosen, those issued within the drawn spans' time.
+  int64_t nopen = 0;
+  const bool all_steps = o.first_step <= 0 && o.last_step == std::numeric_limits<int64_t>::max();
+  RETURN_IF_ERROR(db.Scan(
+      "SELECT rank, attempt, op, grp, seq, peer, state, enqueued_ns, started_ns, seen_ns FROM "
+      "open_collectives ORDER BY enqueued_ns",
+      [&](const RunDatabase::Row& row) {
+        const RankAttempt key{static_cast<int>(row.Int(0)), static_cast<int>(row.Int(1))};
+        auto pid = rank_pid.find(key);
+        if (pid == rank_pid.end()) return;
+        const int64_t issued = row.Int(7);
+        if (!all_steps && (nspans == 0 || issued < t_min + offset[key] - 1000000000 ||
+                           issued > t_max + offset[key] + 1000000000))
+          return;
+        const int64_t from = (row.IsNull(8) ? issued : row.Int(8)) - offset[key];
+        const int64_t to = std::max(from, row.Int(9) - offset[key]);
+        t_min = std::min(t_min, from);
+        t_max = std::max(t_max, to);
+        ++nopen;
+        sep();
+        out += "{\"ph\":\"X\",\"name\":";
+        AppendStr(out, std::string(row.Text(2)) + " (open)");
+        out += ",\"cat\":\"open\",\"ts\":";
+        AppendNum(out, static_cast<double>(from) / 1000.0);
+        out += ",\"dur\":";
+        AppendNum(out, static_cast<double>(to - from) / 1000.0);
+        out += ",\"pid\":";
+        AppendInt(out, pid->second);
+        out += ",\"tid\":";
+        AppendInt(out, key.first);
+        out += ",\"args\":{\"attempt\":";
+        AppendInt(out, key.second);
+        out += ",\"group\":";
+        AppendStr(out, std::string(row.Text(3)));
+        out += ",\"seq\":";
+        AppendInt(out, row.Int(4));
+        if (row.Int(5) >= 0) {
+          out += ",\"peer\":";
+          AppendInt(out, row.Int(5));
+        }
+        out += ",\"state\":";
+        AppendStr(out, std::string(row.Text(6)));
+        out += ",\"open\":true}}";
+      }));
   int64_t flows = 0;
   if (nspans > 0) {
     // Pipeline transfers: the k-th send from a to b in a group matches the k-th recv on b from a.
@@ -151,7 +197,8 @@ Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& o, Time
     }
   }
   out += "\n]}\n";
-  if (stats != nullptr) *stats = {nspans, flows, static_cast<int64_t>(distinct_ranks.size())};
+  if (stats != nullptr)
+    *stats = {nspans, flows, static_cast<int64_t>(distinct_ranks.size()), nopen};
   return out;
 }
 

@@ -72,7 +72,20 @@ TEST_F(HangLiveTest, AHungRankIsNamedFromTheAgentsWhileTheJobHangs) {
   ASSERT_TRUE(train.ok()) << train.status().ToString();
   std::string agents;
   const nlohmann::json v = WaitForHang("live", &agents);
+  // While it hangs, the trace databases hold the ops the waiting ranks have open (the agents
+  // write them about every second): `query waits` lists the hung collectives as still open.
+  nlohmann::json waits;
+  bool open_seen = false;
+  for (int i = 0; i < 40 && !open_seen; ++i) {
+    auto q = RunCommand(std::string(MEGASCOPE_BIN) + " query " + dir_.path() +
+                        "/live waits --json 2>/dev/null");
+    waits = nlohmann::json::parse(q.out, nullptr, false);
+    for (const auto& w : waits.is_array() ? waits : nlohmann::json::array())
+      open_seen = open_seen || w.value("still_open", 0) > 0;
+    if (!open_seen) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
   (*train)->Stop(std::chrono::seconds(20));
+  EXPECT_TRUE(open_seen) << waits.dump();
   EXPECT_EQ(v["cause"], "rank_not_joined") << v.dump();
   EXPECT_EQ(v["root_ranks"], nlohmann::json::array({5}));
   EXPECT_EQ(v["root_nodes"], nlohmann::json::array({"node1"}));

@@ -12,6 +12,7 @@
 
 #include "megascope/analyzer/query.h"
 #include "megascope/analyzer/timeline.h"
+#include "megascope/tracer/sqlite.h"
 #include "store_run.h"
 #include "test_util.h"
 
@@ -150,6 +151,100 @@ TEST_F(RestartViewsTest, TheTimelineDrawsARankUnderEachNodeItRanOn) {
   EXPECT_EQ((spans[{pid["node2"], 1}]), 4);
   EXPECT_EQ((spans[{pid["node0"], 0}]), 8);
   EXPECT_EQ((attempts[{pid["node2"], 1}]), std::set<int>{1});
+}
+
+// A hang as the agents record it while it lasts: rank 0 issued all-reduce #3 and holds it open
+// (last seen 2.9 s after), rank 1 never issued it. Rank 0's agent also still lists #2, which
+// completed since its last look. The views show the open op; the completed one is not open.
+class OpenOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    WriteAttempt(dir_.path(), 0, 0, "node0");
+    WriteAttempt(dir_.path(), 0, 1, "node1");
+    auto store = tracer::TraceStore::Open(dir_.path() + "/nodes/node0/trace.db");
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    const std::vector<tracer::GroupInfo> groups = {tracer::GroupInfo{"dp.0", "dp", {0, 1}}};
+    tracer::OpenOps open{0, 0, kHung + 2900 * kMs, &groups, {}};
+    for (uint64_t seq : {2, 3}) {
+      tracer::FlightEntry e;
+      e.id = seq;
+      e.seq = seq;
+      e.bytes = 4096;
+      e.op = tracer::OpType::kAllreduce;
+      e.state = tracer::OpState::kStarted;
+      e.enqueued_at_ns = seq == 3 ? kHung : kAttemptStart[0] + 2 * kS + 100 * kMs;
+      e.started_at_ns = e.enqueued_at_ns;
+      open.entries.push_back(e);
+    }
+    ASSERT_TRUE((*store)->ReplaceOpenOps({&open, 1}).ok());
+  }
+  static constexpr int64_t kHung = kAttemptStart[0] + 3 * kS + 100 * kMs;
+  megascope::testing::TempDir dir_;
+};
+
+TEST_F(OpenOpsTest, TheHungCollectiveIsInTheViewsWhileItLasts) {
+  auto db = RunDatabase::Open(dir_.path());
+  ASSERT_TRUE(db.ok()) << db.status().ToString();
+  auto waits = (*db)->Query(WaitsSql(10));
+  ASSERT_TRUE(waits.ok()) << waits.status().ToString();
+  ASSERT_EQ(waits->rows.size(), 3u) << FormatTable(*waits);
+  // Columns: attempt, grp, seq, op, members, still_open, wait_ms, last_rank; longest first.
+  EXPECT_EQ(waits->rows[0][2], "3") << FormatTable(*waits);
+  EXPECT_EQ(waits->rows[0][4], "1");
+  EXPECT_EQ(waits->rows[0][5], "1");
+  EXPECT_EQ(std::stod(waits->rows[0][6]), 2900.0);
+  for (size_t r = 1; r < 3; ++r) EXPECT_EQ(waits->rows[r][5], "0") << FormatTable(*waits);
+
+  auto at = (*db)->Query(AtSql(kHung + 2 * kS));
+  ASSERT_TRUE(at.ok()) << at.status().ToString();
+  ASSERT_EQ(at->rows.size(), 2u);
+  EXPECT_EQ(at->rows[0][6], "in allreduce dp.0 #3 (started, open)") << FormatTable(*at);
+
+  TimelineStats stats;
+  auto json = TimelineJson(**db, TimelineOptions{}, &stats);
+  ASSERT_TRUE(json.ok()) << json.status().ToString();
+  EXPECT_EQ(stats.open, 1);
+  int open_slices = 0;
+  const auto doc = nlohmann::json::parse(*json);
+  for (const auto& e : doc["traceEvents"]) {
+    if (e.value("cat", "") != "open") continue;
+    ++open_slices;
+    EXPECT_EQ(e["tid"], 0);
+    EXPECT_EQ(e["args"]["seq"], 3);
+    EXPECT_EQ(e["dur"].get<double>(), 2900000.0);  // microseconds, to when it was last seen
+  }
+  EXPECT_EQ(open_slices, 1);
+}
+
+// The agent's next look replaces what a rank held open: the op completed, nothing is open.
+TEST_F(OpenOpsTest, ARanksNextLookReplacesItsOpenOps) {
+  {
+    auto store = tracer::TraceStore::Open(dir_.path() + "/nodes/node0/trace.db");
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    const tracer::OpenOps none{0, 0, kHung + 3 * kS, nullptr, {}};
+    ASSERT_TRUE((*store)->ReplaceOpenOps({&none, 1}).ok());
+  }
+  auto db = RunDatabase::Open(dir_.path());
+  ASSERT_TRUE(db.ok()) << db.status().ToString();
+  EXPECT_EQ((*db)->Query("SELECT COUNT(*) FROM open_ops")->rows[0][0], "0");
+}
+
+// A trace.db written before open_ops existed (same schema version) reads as having none open.
+TEST_F(OpenOpsTest, AFileWithoutOpenOpsReadsAsNoneOpen) {
+  for (const char* node : {"node0", "node1"}) {
+    auto raw = tracer::sql::Database::Open(dir_.path() + "/nodes/" + node + "/trace.db",
+                                           tracer::sql::Database::Mode::kReadWrite);
+    ASSERT_TRUE(raw.ok());
+    ASSERT_TRUE(raw->Exec("DROP TABLE open_ops").ok());
+  }
+  auto db = RunDatabase::Open(dir_.path());
+  ASSERT_TRUE(db.ok()) << db.status().ToString();
+  auto open = (*db)->Query("SELECT COUNT(*) FROM open_collectives");
+  ASSERT_TRUE(open.ok()) << open.status().ToString();
+  EXPECT_EQ(open->rows[0][0], "0");
+  auto waits = (*db)->Query(WaitsSql(10));
+  ASSERT_TRUE(waits.ok()) << waits.status().ToString();
+  EXPECT_EQ(waits->rows.size(), 2u);
 }
 
 }  // namespace

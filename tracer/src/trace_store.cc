@@ -65,6 +65,8 @@ Result<std::unique_ptr<TraceStore>> TraceStore::Open(const std::string& path, in
       {&s->get_cursor_, "SELECT lane, tail FROM ring_cursors WHERE ring = ? ORDER BY lane"},
       {&s->group_get_, "SELECT id FROM group_names WHERE name = ?"},
       {&s->group_add_, "INSERT INTO group_names(name) VALUES(?)"},
+      {&s->open_clear_, "DELETE FROM open_ops WHERE rank = ? AND attempt = ?"},
+      {&s->open_add_, "INSERT INTO open_ops VALUES(?,?,?,?,?,?,?,?,?,?,?,?)"},
   };
   for (auto& st : stmts) {
     auto prepared = s->db_.Prepare(st.sql, /*persistent=*/true);
@@ -273,7 +275,8 @@ Result<int64_t> TraceStore::Prune(int64_t before_ns) {
                   "; DELETE FROM collective_rows WHERE rowid < " + std::to_string(colls) +
                   "; DELETE FROM heartbeat_rows WHERE rowid < " + std::to_string(beats) +
                   "; DELETE FROM metrics WHERE rowid < " + std::to_string(metrics) +
-                  "; DELETE FROM drops WHERE rowid < " + std::to_string(drops) + ";");
+                  "; DELETE FROM drops WHERE rowid < " + std::to_string(drops) +
+                  "; DELETE FROM open_ops WHERE seen_ns < " + std::to_string(before_ns) + ";");
   if (st.ok()) st = db_.Exec("COMMIT");
   if (!st.ok()) {
     (void)db_.Exec("ROLLBACK");
@@ -294,6 +297,44 @@ Status TraceStore::UpsertRank(const RankInfo& i) {
       .Bind(8, i.attempt)
       .Bind(9, i.clock_offset_ns);
   return rank_.Run().ok() ? Status::Ok() : db_.Error("cannot record a rank");
+}
+
+Status TraceStore::ReplaceOpenOps(std::span<const OpenOps> ranks) {
+  if (ranks.empty()) return Status::Ok();
+  RETURN_IF_ERROR(db_.Exec("BEGIN"));
+  auto fail = [&](const std::string& what) {
+    Status e = db_.Error(what);
+    (void)db_.Exec("ROLLBACK");
+    return e;
+  };
+  for (const OpenOps& r : ranks) {
+    open_clear_.Bind(1, r.rank).Bind(2, r.attempt);
+    if (!open_clear_.Run().ok()) return fail("cannot replace a rank's open ops");
+    for (const FlightEntry& e : r.entries) {
+      const std::string group =
+          r.groups != nullptr && e.group >= 0 && static_cast<size_t>(e.group) < r.groups->size()
+              ? (*r.groups)[static_cast<size_t>(e.group)].name
+              : "group" + std::to_string(e.group);
+      open_add_.Bind(1, r.rank)
+          .Bind(2, r.attempt)
+          .Bind(3, group)
+          .Bind(4, static_cast<int64_t>(e.seq))
+          .Bind(5, Name(e.op))
+          .Bind(6, e.peer)
+          .Bind(7, static_cast<int64_t>(e.bytes))
+          .Bind(8, Name(e.dtype))
+          .Bind(9, Name(e.state))
+          .Bind(10, e.enqueued_at_ns);
+      if (e.state == OpState::kStarted && e.started_at_ns > 0)
+        open_add_.Bind(11, e.started_at_ns);
+      else
+        open_add_.BindNull(11);
+      open_add_.Bind(12, r.seen_ns);
+      if (!open_add_.Run().ok()) return fail("cannot record an open op");
+    }
+  }
+  if (!db_.Exec("COMMIT").ok()) return fail("cannot commit open ops");
+  return Status::Ok();
 }
 
 Result<std::vector<uint64_t>> TraceStore::Cursors(const std::string& ring) {

@@ -93,6 +93,7 @@ struct Agent::Impl {
     std::vector<std::string> names;
     RankSnapshot snap;
     bool dead = false;
+    bool had_open = false;  // open_ops held rows of this rank after the last look
     uint64_t dropped_seen = 0;
     int64_t last_step = -1;
     Gauge *step = nullptr, *tokens = nullptr, *hb_age = nullptr;
@@ -355,6 +356,7 @@ struct Agent::Impl {
         written += p.records.size();
       }
     }
+    if (refresh) WriteOpenOps(now_ns);
     std::vector<std::string> to_remove;
     for (auto& [name, st] : ranks) {
       const RankSnapshot& snap = st.snap;
@@ -395,6 +397,28 @@ struct Agent::Impl {
     rows += written;
     if (written > 0) f_rows->Add(NodeLabels()).Increment(static_cast<double>(written));
     return written;
+  }
+
+  // What each live rank's flight recorder holds open (enqueued or started) goes to open_ops, so
+  // the views see a hang while it lasts, not only the ops that completed. A rank that died keeps
+  // its last rows: the ops it died in.
+  void WriteOpenOps(int64_t now_ns) {
+    std::vector<OpenOps> open;
+    for (auto& [name, st] : ranks) {
+      if (st.dead || !st.reader->WriterAlive()) continue;
+      OpenOps o{st.info.rank, st.info.attempt, now_ns, &st.snap.groups, {}};
+      for (const FlightEntry& e : st.snap.entries) {
+        if (e.state == OpState::kEnqueued || e.state == OpState::kStarted) o.entries.push_back(e);
+      }
+      if (o.entries.empty() && !st.had_open) continue;
+      st.had_open = !o.entries.empty();
+      open.push_back(std::move(o));
+    }
+    if (Status s = store->ReplaceOpenOps(open); !s.ok()) {
+      ++db_errors;
+      f_db_errors->Add(NodeLabels()).Increment();
+      Log(opt.node, s.message() + " (open ops not recorded this time)");
+    }
   }
 
   void TakeSnapshot(RankState& st) {

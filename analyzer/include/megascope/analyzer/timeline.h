@@ -23,6 +23,7 @@ struct TimelineOptions {
 
 struct TimelineStats {
   int64_t spans = 0, flows = 0, ranks = 0;
+  int64_t open = 0;  // ops still open when last seen (a hang), drawn as slices of category "open"
 };
 
 // The trace-event JSON of the chosen steps.

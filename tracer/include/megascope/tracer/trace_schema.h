@@ -27,6 +27,17 @@ inline constexpr int kTraceSchemaVersion = 2;
 inline constexpr std::array<std::string_view, 6> kTraceTables = {
     "ranks", "spans", "collectives", "heartbeats", "metrics", "drops"};
 
+// Tables a file of this version may lack (added to version 2 since; readers see them empty):
+//   open_ops(rank, attempt, grp, seq, op, peer, bytes, dtype, state, enqueued_ns, started_ns,
+//            seen_ns): the ops each rank's flight recorder held open (state enqueued or started)
+//            when its agent last looked (seen_ns), per (rank, attempt); a rank's rows are
+//            replaced at each look while its process lives, and its last ones are kept when it
+//            dies (the ops it died in, or the hang it was stuck in). An op that completed since
+//            the last look is still listed until the next (about a second): compare with
+//            `collectives`. Spellings as in `collectives`.
+inline constexpr std::array<std::string_view, 1> kOptionalTraceTables = {"open_ops"};
+std::string OpenOpsTableSql();  // the CREATE TABLE of open_ops
+
 // CREATE statements of the stored tables and the views (idempotent: IF NOT EXISTS).
 std::string TraceSchemaSql();
 

@@ -54,6 +54,15 @@ struct DropRow {
 enum class WritePoint { kBeforeCommit, kAfterCommit };
 using WriteHook = std::function<void(WritePoint)>;
 
+// The ops one rank (in one attempt) holds open, for open_ops (trace_schema.h).
+struct OpenOps {
+  int32_t rank = 0;
+  int32_t attempt = 0;
+  int64_t seen_ns = 0;
+  const std::vector<GroupInfo>* groups = nullptr;  // FlightEntry::group indexes these
+  std::vector<FlightEntry> entries;                // only those enqueued or started
+};
+
 class TraceStore {
  public:
   // Opens or creates `path` (and its directory) with the schema of trace_schema.h. A database of
@@ -67,6 +76,8 @@ class TraceStore {
   Status Write(std::span<const RingRows> rings, std::span<const MetricRow> metrics,
                std::span<const DropRow> drops);
   Status UpsertRank(const RankInfo& info);
+  // Replaces each listed rank-attempt's rows of open_ops with its entries, in one transaction.
+  Status ReplaceOpenOps(std::span<const OpenOps> ranks);
   // Retention: drops the rows older than `before_ns` (wall clock) from spans, collectives,
   // heartbeats, metrics and drops, summing the spans and collectives into step_rollups first, in
   // one transaction. Rows arrive about in time order, so a table's old rows are those before its
@@ -129,7 +140,7 @@ class TraceStore {
   sql::Database db_;
   BatchInsert spans_, collectives_, heartbeats_, metrics_, drops_, cursors_;
   std::deque<std::string> texts_;  // text made up for the rows of the current Write
-  sql::Statement rank_, get_cursor_, group_get_, group_add_;
+  sql::Statement rank_, get_cursor_, group_get_, group_add_, open_clear_, open_add_;
   std::unordered_map<std::string, int64_t> group_ids_;  // a cache of group_names
 };
 
