@@ -152,8 +152,9 @@ void Timeline() {
   constexpr int kRanks = 64, kSteps = 1000, kPerStep = 16;
   {
     auto store = tracer::TraceStore::Open(dir + "/nodes/node0/trace.db");
-    std::vector<std::string> names = {"forward", "backward", "allreduce"};
-    std::vector<tracer::GroupInfo> groups;
+    // Per step and rank: forward and backward spans and completed all-reduces (a third each).
+    std::vector<std::string> names = {"forward", "backward"};
+    std::vector<tracer::GroupInfo> groups = {tracer::GroupInfo{"dp.0", "dp", {0, 1}}};
     std::vector<tracer::Record> recs;
     for (int r = 0; r < kRanks; ++r) {
       tracer::RankInfo info;
@@ -165,13 +166,28 @@ void Timeline() {
       for (int s = 0; s < kSteps; ++s) {
         for (int k = 0; k < kPerStep; ++k) {
           tracer::Record rec{};
-          rec.span.type = tracer::RecordType::kSpan;
-          rec.span.kind = static_cast<tracer::SpanKind>(k % 3 == 2 ? 5 : k % 2);
-          rec.span.name = static_cast<uint16_t>(k % 3);
-          rec.span.step = s;
-          rec.span.microbatch = k / 4;
-          rec.span.start_ticks = 1'763'700'000'000'000'000LL + (s * kPerStep + k) * 1'000'000LL;
-          rec.span.end_ticks = rec.span.start_ticks + 900'000;
+          const int64_t start = 1'763'700'000'000'000'000LL + (s * kPerStep + k) * 1'000'000LL;
+          if (k % 3 == 2) {
+            rec.collective.type = tracer::RecordType::kCollective;
+            rec.collective.op = tracer::OpType::kAllreduce;
+            rec.collective.state = tracer::OpState::kCompleted;
+            rec.collective.peer = -1;
+            rec.collective.seq = static_cast<uint64_t>(s) * kPerStep + static_cast<uint64_t>(k);
+            rec.collective.entry_id = rec.collective.seq + 1;
+            rec.collective.bytes = 1 << 20;
+            rec.collective.enqueued_ticks = start;
+            rec.collective.started_ticks = start;
+            rec.collective.completed_ticks = start + 900'000;
+            rec.collective.step = s;
+          } else {
+            rec.span.type = tracer::RecordType::kSpan;
+            rec.span.kind = static_cast<tracer::SpanKind>(k % 2);
+            rec.span.name = static_cast<uint16_t>(k % 2);
+            rec.span.step = s;
+            rec.span.microbatch = k / 4;
+            rec.span.start_ticks = start;
+            rec.span.end_ticks = start + 900'000;
+          }
           recs.push_back(rec);
         }
       }
@@ -192,7 +208,11 @@ void Timeline() {
   std::filesystem::remove_all(dir);
 }
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "timeline") {  // only the export
+    Timeline();
+    return 0;
+  }
   Run(96, 8, 16, 1.0);          // 12,288 ranks
   Run(625, 8, 20, 10.0);        // 100,000 ranks
   OnDisk(96, 8, 16, 255, 2.0);  // FORMATS.md's least history: 256 entries a rank

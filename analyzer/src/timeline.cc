@@ -5,6 +5,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 #include "timeline_viewer.h"  // kViewerHtml, generated from dashboards/timeline/viewer.html
 
@@ -35,6 +36,100 @@ void AppendStr(std::string& out, const std::string& s) {
 
 }  // namespace
 
+namespace {
+
+// The spans view lists every completed collective as a comm span named after its op; the timeline
+// draws those from `collectives` (with group, seq, peer and bytes), so it skips them in `spans`.
+constexpr const char* kCollectiveOps =
+    "('allreduce','reduce_scatter','allgather','broadcast','reduce','barrier','alltoall','send',"
+    "'recv')";
+// Threads of a rank's asynchronous sends: overlapping sends go to lanes of their own, so that no
+// two slices on one thread partly overlap (the Trace Event Format nests slices on a thread).
+constexpr int kLaneTidBase = 1 << 20;
+constexpr int kMaxLanes = 16;
+
+// Builds the trace-event JSON: metadata, slices and flows, timestamps in microseconds after
+// `base_ns` (relative: epoch microseconds in a double lose the nanoseconds).
+class TraceWriter {
+ public:
+  explicit TraceWriter(int64_t base_ns) : base_ns_(base_ns) { out_.reserve(1 << 20); }
+  std::string& Out() { return out_; }
+  void Sep() {
+    if (!first_) out_ += ",\n";
+    first_ = false;
+  }
+  void Us(int64_t ns) { AppendNum(out_, static_cast<double>(ns - base_ns_) / 1000.0); }
+  // A complete slice; `args` is the JSON of its args object without braces.
+  void Slice(const std::string& name, std::string_view cat, int64_t from_ns, int64_t to_ns, int pid,
+             int64_t tid, const std::string& args) {
+    Sep();
+    out_ += "{\"ph\":\"X\",\"name\":";
+    AppendStr(out_, name);
+    out_ += ",\"cat\":\"";
+    out_ += cat;
+    out_ += "\",\"ts\":";
+    Us(from_ns);
+    out_ += ",\"dur\":";
+    AppendNum(out_, static_cast<double>(std::max<int64_t>(0, to_ns - from_ns)) / 1000.0);
+    out_ += ",\"pid\":";
+    AppendInt(out_, pid);
+    out_ += ",\"tid\":";
+    AppendInt(out_, tid);
+    out_ += ",\"args\":{";
+    out_ += args;
+    out_ += "}}";
+  }
+  void Meta(std::string_view what, int pid, int64_t tid, const std::string& args) {
+    Sep();
+    out_ += "{\"ph\":\"M\",\"name\":\"";
+    out_ += what;
+    out_ += "\",\"pid\":";
+    AppendInt(out_, pid);
+    out_ += ",\"tid\":";
+    AppendInt(out_, tid);
+    out_ += ",\"args\":{";
+    out_ += args;
+    out_ += "}}";
+  }
+  // A flow event ("s" or "f") bound to the slice enclosing `at_ns` on its thread.
+  void Flow(char ph, int64_t id, int pid, int64_t tid, int64_t at_ns) {
+    Sep();
+    out_ += "{\"ph\":\"";
+    out_ += ph;
+    out_ += "\",\"bp\":\"e\",\"name\":\"p2p\",\"cat\":\"pipeline\",\"id\":";
+    AppendInt(out_, id);
+    out_ += ",\"pid\":";
+    AppendInt(out_, pid);
+    out_ += ",\"tid\":";
+    AppendInt(out_, tid);
+    out_ += ",\"ts\":";
+    Us(at_ns);
+    out_ += "}";
+  }
+
+ private:
+  int64_t base_ns_;
+  std::string out_;
+  bool first_ = true;
+};
+
+std::string Arg(std::string_view key, int64_t v) {
+  std::string s = "\"";
+  s += key;
+  s += "\":";
+  AppendInt(s, v);
+  return s;
+}
+std::string Arg(std::string_view key, const std::string& v) {
+  std::string s = "\"";
+  s += key;
+  s += "\":";
+  AppendStr(s, v);
+  return s;
+}
+
+}  // namespace
+
 Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& o, TimelineStats* stats) {
   const std::string range =
       " step >= " + std::to_string(o.first_step) + " AND step <= " + std::to_string(o.last_step);
@@ -44,157 +139,151 @@ Result<std::string> TimelineJson(RunDatabase& db, const TimelineOptions& o, Time
                    db.Query("SELECT rank, node, dp, pp, tp, clock_offset_ns, attempt FROM ranks "
                             "GROUP BY rank, attempt ORDER BY pp, dp, tp, attempt"));
   if (ranks.rows.empty()) return NotFound("the run's trace databases list no ranks");
+  // Time zero: a whole second before the first span drawn (clock offsets are far smaller).
+  ASSIGN_OR_RETURN(Table first, db.Query("SELECT MIN(start_ns) FROM spans WHERE" + range));
+  int64_t base_ns = 0;
+  if (!first.rows.empty() && !first.is_null[0][0]) {
+    base_ns = (std::stoll(first.rows[0][0]) / 1000000000 - 1) * 1000000000;
+  }
   using RankAttempt = std::pair<int, int>;
   std::map<RankAttempt, int64_t> offset;
   std::map<std::string, int> node_pid;
   std::map<RankAttempt, int> rank_pid;
-  std::set<std::pair<int, int>> threads;  // (pid, rank) named so far
+  std::map<std::pair<int, int>, int> sort_of;  // (pid, rank) -> its thread's sort index
   std::set<int> distinct_ranks;
-  std::string out;
-  out.reserve(1 << 20);
+  TraceWriter w(base_ns);
+  std::string& out = w.Out();
   out += "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"title\":";
   AppendStr(out, o.title);
-  out +=
-      ",\"highlight_ranks\":" + nlohmann::json(o.highlight_ranks).dump() + "},\"traceEvents\":[\n";
-  bool first = true;
-  auto sep = [&] {
-    if (!first) out += ",\n";
-    first = false;
-  };
+  out += ",\"base_ns\":" + std::to_string(base_ns) +
+         ",\"highlight_ranks\":" + nlohmann::json(o.highlight_ranks).dump() +
+         "},\"traceEvents\":[\n";
   for (const auto& row : ranks.rows) {
     const int rank = std::stoi(row[0]), attempt = row[6].empty() ? 0 : std::stoi(row[6]);
     distinct_ranks.insert(rank);
     offset[{rank, attempt}] = row[5].empty() ? 0 : std::stoll(row[5]);
     auto [it, added] = node_pid.try_emplace(row[1], static_cast<int>(node_pid.size()));
     rank_pid[{rank, attempt}] = it->second;
-    if (added) {
-      sep();
-      out += "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":" + std::to_string(it->second) +
-             ",\"tid\":0,\"args\":{\"name\":";
-      AppendStr(out, row[1]);
-      out += "}}";
-    }
-    if (!threads.insert({it->second, rank}).second) continue;
-    sep();
+    if (added) w.Meta("process_name", it->second, 0, Arg("name", row[1]));
+    if (!sort_of.try_emplace({it->second, rank}, static_cast<int>(sort_of.size())).second) continue;
     const std::string label =
         "rank " + row[0] + " (dp=" + row[2] + ", pp=" + row[3] + ", tp=" + row[4] + ")";
-    out += "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":" + std::to_string(it->second) +
-           ",\"tid\":" + row[0] + ",\"args\":{\"name\":\"" + label + "\",\"dp\":" + row[2] +
-           ",\"pp\":" + row[3] + ",\"tp\":" + row[4] + "}}";
-    sep();
-    out += "{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":" + std::to_string(it->second) +
-           ",\"tid\":" + row[0] +
-           ",\"args\":{\"sort_index\":" + std::to_string(threads.size() - 1) + "}}";
+    w.Meta("thread_name", it->second, rank,
+           Arg("name", label) + ",\"dp\":" + row[2] + ",\"pp\":" + row[3] + ",\"tp\":" + row[4]);
+    w.Meta("thread_sort_index", it->second, rank,
+           Arg("sort_index", int64_t{sort_of[{it->second, rank}]} * (kMaxLanes + 1)));
   }
-  int64_t t_min = std::numeric_limits<int64_t>::max(), t_max = 0, nspans = 0;
-  RETURN_IF_ERROR(
-      db.Scan("SELECT rank, step, microbatch, kind, name, start_ns, end_ns, attempt FROM spans "
-              "WHERE" +
-                  range + " ORDER BY start_ns",
-              [&](const RunDatabase::Row& row) {
-                const int rank = static_cast<int>(row.Int(0));
-                const RankAttempt key{rank, static_cast<int>(row.Int(7))};
-                auto pid = rank_pid.find(key);
-                if (pid == rank_pid.end()) return;
-                const int64_t start = row.Int(5) - offset[key], end = row.Int(6) - offset[key];
-                t_min = std::min(t_min, start);
-                t_max = std::max(t_max, end);
-                ++nspans;
-                sep();
-                out += "{\"ph\":\"X\",\"name\":";
-                AppendStr(out, std::string(row.Text(4)));
-                out += ",\"cat\":\"";
-                out += row.Text(3);
-                out += "\",\"ts\":";
-                AppendNum(out, static_cast<double>(start) / 1000.0);
-                out += ",\"dur\":";
-                AppendNum(out, static_cast<double>(end - start) / 1000.0);
-                out += ",\"pid\":";
-                AppendInt(out, pid->second);
-                out += ",\"tid\":";
-                AppendInt(out, rank);
-                out += ",\"args\":{\"step\":";
-                AppendInt(out, row.Int(1));
-                out += ",\"attempt\":";
-                AppendInt(out, key.second);
-                if (!row.IsNull(2)) {
-                  out += ",\"microbatch\":";
-                  AppendInt(out, row.Int(2));
-                }
-                out += "}}";
-              }));
+  // The lane of a send on (pid, rank) starting at `from`: the first whose slices have all ended.
+  std::map<std::pair<int, int>, std::vector<int64_t>> lane_end;
+  auto lane_tid = [&](int pid, int rank, int64_t from, int64_t to) {
+    auto& ends = lane_end[{pid, rank}];
+    size_t lane = 0;
+    while (lane < ends.size() && ends[lane] > from) ++lane;
+    if (lane == static_cast<size_t>(kMaxLanes)) lane = kMaxLanes - 1;  // rare: shares the last
+    if (lane == ends.size()) {
+      ends.push_back(to);
+      const int64_t tid = kLaneTidBase + int64_t{rank} * kMaxLanes + static_cast<int64_t>(lane);
+      w.Meta("thread_name", pid, tid,
+             Arg("name", "rank " + std::to_string(rank) + " sends" +
+                             (lane ? " (" + std::to_string(lane + 1) + ")" : "")) +
+                 ",\"rank\":" + std::to_string(rank) + ",\"lane\":" + std::to_string(lane));
+      w.Meta("thread_sort_index", pid, tid,
+             Arg("sort_index",
+                 int64_t{sort_of[{pid, rank}]} * (kMaxLanes + 1) + 1 + static_cast<int64_t>(lane)));
+    }
+    ends[lane] = std::max(ends[lane], to);
+    return kLaneTidBase + int64_t{rank} * kMaxLanes + static_cast<int64_t>(lane);
+  };
+
+  int64_t nspans = 0;
+  RETURN_IF_ERROR(db.Scan(
+      "SELECT rank, step, microbatch, kind, name, start_ns, end_ns, attempt FROM spans WHERE" +
+          range + " AND NOT (kind = 'comm' AND name IN " + kCollectiveOps + ")",
+      [&](const RunDatabase::Row& row) {
+        const RankAttempt key{static_cast<int>(row.Int(0)), static_cast<int>(row.Int(7))};
+        auto pid = rank_pid.find(key);
+        if (pid == rank_pid.end()) return;
+        std::string args = Arg("step", row.Int(1)) + "," + Arg("attempt", key.second);
+        if (!row.IsNull(2)) args += "," + Arg("microbatch", row.Int(2));
+        ++nspans;
+        w.Slice(std::string(row.Text(4)), row.Text(3), row.Int(5) - offset[key],
+                row.Int(6) - offset[key], pid->second, key.first, args);
+      }));
+  // Completed collectives, with what they moved; sends on their rank's send lanes. A transfer's
+  // two slices are kept for its flow arrow: the k-th send from a to b in a group and attempt
+  // matches the k-th recv on b from a.
+  struct Placed {
+    int pid;
+    int64_t tid, from, to;
+  };
+  using TransferKey =
+      std::tuple<int, std::string, int64_t, int, int>;  // attempt, grp, seq, from, to
+  std::map<TransferKey, Placed> sends, recvs;
+  RETURN_IF_ERROR(db.Scan(
+      "SELECT rank, attempt, step, grp, seq, op, peer, bytes, started_ns, completed_ns FROM "
+      "collectives WHERE state = 'completed' AND started_ns IS NOT NULL AND" +
+          range + " ORDER BY started_ns",
+      [&](const RunDatabase::Row& row) {
+        const RankAttempt key{static_cast<int>(row.Int(0)), static_cast<int>(row.Int(1))};
+        auto pid = rank_pid.find(key);
+        if (pid == rank_pid.end()) return;
+        const std::string op(row.Text(5)), grp(row.Text(3));
+        const int64_t from = row.Int(8) - offset[key], to = row.Int(9) - offset[key];
+        std::string args = Arg("step", row.Int(2)) + "," + Arg("attempt", key.second) + "," +
+                           Arg("group", grp) + "," + Arg("seq", row.Int(4)) + "," +
+                           Arg("bytes", row.Int(7));
+        const bool p2p = op == "send" || op == "recv";
+        if (p2p && !row.IsNull(6)) args += "," + Arg("peer", row.Int(6));
+        int64_t tid = key.first;
+        if (op == "send") tid = lane_tid(pid->second, key.first, from, to);
+        ++nspans;
+        w.Slice(op, "comm", from, to, pid->second, tid, args);
+        if (p2p && !row.IsNull(6)) {
+          const int peer = static_cast<int>(row.Int(6));
+          const TransferKey t{key.second, grp, row.Int(4), op == "send" ? key.first : peer,
+                              op == "send" ? peer : key.first};
+          (op == "send" ? sends : recvs)[t] = {pid->second, tid, from, to};
+        }
+      }));
   // Ops still open when their rank's agent last looked (a hang, or the ops a rank died in): a slice
   // from when the op started on the rank (or was issued) to when it was last seen open, so the
   // hung step is not a blank. With steps chosen, those issued within the drawn spans' time.
   int64_t nopen = 0;
   const bool all_steps = o.first_step <= 0 && o.last_step == std::numeric_limits<int64_t>::max();
+  ASSIGN_OR_RETURN(Table last, db.Query("SELECT MAX(end_ns) FROM spans WHERE" + range));
+  const int64_t last_ns =
+      last.rows.empty() || last.is_null[0][0] ? base_ns : std::stoll(last.rows[0][0]);
   RETURN_IF_ERROR(db.Scan(
-      "SELECT rank, attempt, op, grp, seq, peer, state, enqueued_ns, started_ns, seen_ns FROM "
-      "open_collectives ORDER BY enqueued_ns",
+      "SELECT rank, attempt, op, grp, seq, peer, state, enqueued_ns, started_ns, seen_ns, bytes "
+      "FROM open_collectives ORDER BY enqueued_ns",
       [&](const RunDatabase::Row& row) {
         const RankAttempt key{static_cast<int>(row.Int(0)), static_cast<int>(row.Int(1))};
         auto pid = rank_pid.find(key);
         if (pid == rank_pid.end()) return;
         const int64_t issued = row.Int(7);
-        if (!all_steps && (nspans == 0 || issued < t_min + offset[key] - 1000000000 ||
-                           issued > t_max + offset[key] + 1000000000))
-          return;
+        if (!all_steps && (issued < base_ns || issued > last_ns + 1000000000)) return;
         const int64_t from = (row.IsNull(8) ? issued : row.Int(8)) - offset[key];
         const int64_t to = std::max(from, row.Int(9) - offset[key]);
-        t_min = std::min(t_min, from);
-        t_max = std::max(t_max, to);
+        const std::string op(row.Text(2));
+        std::string args = Arg("attempt", key.second) + "," +
+                           Arg("group", std::string(row.Text(3))) + "," + Arg("seq", row.Int(4)) +
+                           "," + Arg("bytes", row.Int(10)) + "," +
+                           Arg("state", std::string(row.Text(6))) + ",\"open\":true";
+        if (row.Int(5) >= 0) args += "," + Arg("peer", row.Int(5));
+        const int64_t tid =
+            op == "send" ? lane_tid(pid->second, key.first, from, to) : int64_t{key.first};
         ++nopen;
-        sep();
-        out += "{\"ph\":\"X\",\"name\":";
-        AppendStr(out, std::string(row.Text(2)) + " (open)");
-        out += ",\"cat\":\"open\",\"ts\":";
-        AppendNum(out, static_cast<double>(from) / 1000.0);
-        out += ",\"dur\":";
-        AppendNum(out, static_cast<double>(to - from) / 1000.0);
-        out += ",\"pid\":";
-        AppendInt(out, pid->second);
-        out += ",\"tid\":";
-        AppendInt(out, key.first);
-        out += ",\"args\":{\"attempt\":";
-        AppendInt(out, key.second);
-        out += ",\"group\":";
-        AppendStr(out, std::string(row.Text(3)));
-        out += ",\"seq\":";
-        AppendInt(out, row.Int(4));
-        if (row.Int(5) >= 0) {
-          out += ",\"peer\":";
-          AppendInt(out, row.Int(5));
-        }
-        out += ",\"state\":";
-        AppendStr(out, std::string(row.Text(6)));
-        out += ",\"open\":true}}";
+        w.Slice(op, "open", from, to, pid->second, tid, args);
       }));
+  // Flow arrows between drawn slices only, each end inside its slice.
   int64_t flows = 0;
-  if (nspans > 0) {
-    // Pipeline transfers: the k-th send from a to b in a group matches the k-th recv on b from a.
-    ASSIGN_OR_RETURN(Table p2p,
-                     db.Query("SELECT s.rank, r.rank, s.started_ns, r.completed_ns, s.attempt FROM "
-                              "collectives s JOIN collectives r "
-                              "ON s.grp = r.grp AND s.seq = r.seq AND s.op = 'send' AND r.op = "
-                              "'recv' AND r.peer = s.rank AND s.peer = r.rank "
-                              "AND s.attempt = r.attempt WHERE s.started_ns >= " +
-                              std::to_string(t_min) + " - 1000000000 AND r.completed_ns <= " +
-                              std::to_string(t_max) + " + 1000000000 ORDER BY s.started_ns"));
-    for (const auto& row : p2p.rows) {
-      const int attempt = row[4].empty() ? 0 : std::stoi(row[4]);
-      const RankAttempt from{std::stoi(row[0]), attempt}, to{std::stoi(row[1]), attempt};
-      if (!rank_pid.count(from) || !rank_pid.count(to) || row[2].empty() || row[3].empty())
-        continue;
-      const std::string id = std::to_string(++flows);
-      sep();
-      out += "{\"ph\":\"s\",\"name\":\"p2p\",\"cat\":\"pipeline\",\"id\":" + id +
-             ",\"pid\":" + std::to_string(rank_pid[from]) + ",\"tid\":" + row[0] + ",\"ts\":";
-      AppendNum(out, static_cast<double>(std::stoll(row[2]) - offset[from]) / 1000.0);
-      out += "},\n{\"ph\":\"f\",\"bp\":\"e\",\"name\":\"p2p\",\"cat\":\"pipeline\",\"id\":" + id +
-             ",\"pid\":" + std::to_string(rank_pid[to]) + ",\"tid\":" + row[1] + ",\"ts\":";
-      AppendNum(out, static_cast<double>(std::stoll(row[3]) - offset[to]) / 1000.0);
-      out += "}";
-    }
+  for (const auto& [t, r] : recvs) {
+    auto s = sends.find(t);
+    if (s == sends.end()) continue;
+    const Placed& a = s->second;
+    const int64_t id = ++flows;
+    w.Flow('s', id, a.pid, a.tid, a.from + std::min<int64_t>(1000, (a.to - a.from) / 2));
+    w.Flow('f', id, r.pid, r.tid, r.to - std::min<int64_t>(1000, (r.to - r.from) / 2));
   }
   out += "\n]}\n";
   if (stats != nullptr)

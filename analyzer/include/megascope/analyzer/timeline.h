@@ -1,8 +1,9 @@
-// 3D-parallel timelines (MegaScale's): a run's spans as Chrome trace-event JSON (FORMATS.md
-// section 6; opens in Perfetto and chrome://tracing) -- one process per node, one thread per rank
-// labelled with its coords and sorted (pp, dp, tp), clock offsets applied, flow arrows from each
-// pipeline send to its recv -- and the same data inside the self-contained HTML viewer of
-// dashboards/timeline/.
+// 3D-parallel timelines (MegaScale's): a run's spans and collectives as Chrome trace-event JSON
+// (opens in Perfetto and chrome://tracing) -- one process per node, one thread per rank labelled
+// with its coords and sorted (pp, dp, tp), its asynchronous sends on threads of their own so that
+// slices nest, clock offsets applied, timestamps relative to otherData.base_ns, ops still open as
+// slices of category "open", flow arrows from each pipeline send to its recv bound to their
+// slices -- and the same data inside the self-contained HTML viewer of dashboards/timeline/.
 #pragma once
 
 #include <cstdint>
