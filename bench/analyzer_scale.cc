@@ -215,7 +215,7 @@ int main(int argc, char** argv) {
   }
   Run(96, 8, 16, 1.0);          // 12,288 ranks
   Run(625, 8, 20, 10.0);        // 100,000 ranks
-  OnDisk(96, 8, 16, 255, 2.0);  // FORMATS.md's least history: 256 entries a rank
+  OnDisk(96, 8, 16, 255, 2.0);  // docs/formats.md's least history: 256 entries a rank
   Timeline();
   return 0;
 }

@@ -41,7 +41,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int kHistory = 256;  // FORMATS.md's least history, the ring's flight recorder
+constexpr int kHistory = 256;  // docs/formats.md's least history, the ring's flight recorder
 
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -43,7 +43,7 @@ int RunAnalyze(const Args& args) {
       "pytorch", po::value(&pytorch),
       "a directory of PyTorch Flight Recorder dumps, one per rank: the pickle "
       "TORCH_NCCL_DUMP_ON_TIMEOUT writes (nccl_trace_rank_N) or the JSON form, PyTorch 2.2 on")(
-      "json", po::bool_switch(&json), "verdicts as JSON lines (FORMATS.md section 2)")(
+      "json", po::bool_switch(&json), "verdicts as JSON lines (docs/formats.md section 2)")(
       "min-wait", po::value(&ho.min_wait_s)->default_value(ho.min_wait_s),
       "seconds in an op before it counts as a wait")(
       "stale-heartbeat", po::value(&ho.stale_heartbeat_s)->default_value(ho.stale_heartbeat_s),

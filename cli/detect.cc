@@ -74,7 +74,7 @@ int RunDetect(const Args& args) {
       "labels CSV (machine,fault_start_s,fault_end_s,fault_type): score the verdicts")(
       "groups", po::value(&groups),
       "peer groups CSV (machine,group): compare machines only within a group")(
-      "json", po::bool_switch(&json), "print verdicts as JSON lines (FORMATS.md section 2)")(
+      "json", po::bool_switch(&json), "print verdicts as JSON lines (docs/formats.md section 2)")(
       "window", po::value(&cfg.denoise_window)->default_value(cfg.denoise_window),
       "denoising window (ticks)")("continuity",
                                   po::value(&cfg.continuity)->default_value(cfg.continuity),

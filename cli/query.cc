@@ -105,8 +105,9 @@ int RunMetrics(const Args& args) {
   if (!t.ok()) return Fail("metrics", t.status().message());
   auto f = detector::MetricsCsvWriter::Open(out);
   if (!f.ok()) return Fail("metrics", f.status().message());
-  // Counters (`_total`) become per-second rates under their `_per_second` name (FORMATS.md section
-  // 3): from each sample to the next of the same node; a reset (the agent restarted) starts over.
+  // Counters (`_total`) become per-second rates under their `_per_second` name (docs/formats.md
+  // section 3): from each sample to the next of the same node; a reset (the agent restarted) starts
+  // over.
   std::map<std::pair<std::string, std::string>, std::pair<double, double>> last;  // -> (t, value)
   size_t written = 0;
   for (const auto& row : t->rows) {

@@ -41,7 +41,7 @@ cat <<'MSG'
     shared-memory ring without locks or syscalls;
   - the reader drained every ring and accounted for every record (drained + dropped = emitted);
   - the last rank, stuck inside an all-reduce, dumped its flight recorder on SIGUSR1 from its dump
-    thread (FORMATS.md section 1), and after it was killed the reader still dumped it from the
+    thread (docs/formats.md section 1), and after it was killed the reader still dumped it from the
     ring, marked alive=false -- what the agent will do for dead ranks.
 MSG
 

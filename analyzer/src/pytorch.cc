@@ -1,5 +1,6 @@
 // PyTorch Flight Recorder import: its JSON dumps become megascope dumps, so PyTorch users get
-// root causes from the same analysis (NOTES.md lists the field names).
+// root causes from the same analysis (field names from PyTorch's
+// torch/distributed/flight_recorder).
 #include "megascope/analyzer/pytorch.h"
 
 #include <sys/stat.h>
@@ -143,8 +144,8 @@ bool KnownType(const std::string& type) {
   return kKnown.count(type) > 0;
 }
 
-// A type as megascope's op. gather and scatter have no megascope op name (FORMATS.md): unknown,
-// ordered by seq, never compared by the generic rule.
+// A type as megascope's op. gather and scatter have no megascope op name (docs/formats.md):
+// unknown, ordered by seq, never compared by the generic rule.
 OpType OpOfType(const std::string& n) {
   if (n == "send") return OpType::kSend;
   if (n == "recv") return OpType::kRecv;

@@ -47,7 +47,7 @@ enum FaultType {
 const std::vector<std::string> kFaultNames = {
     "ecc_error", "xid_error",   "cuda_error",   "pcie_downgrade", "nic_dropout",
     "nic_flap",  "gpu_off_bus", "nvlink_error", "unreachable",    "thermal_throttle"};
-// Approximate production mix (Minder's fault shares, NOTES.md).
+// Approximate production mix (Minder's fault shares).
 const double kFaultWeights[kNumFaultTypes] = {0.30, 0.10, 0.12, 0.08, 0.05,
                                               0.05, 0.05, 0.05, 0.08, 0.12};
 bool IsFatal(int t) {
@@ -118,6 +118,7 @@ FleetSim::FleetSim(FleetSimConfig config) : cfg_(std::move(config)) {
 
 std::vector<std::pair<std::string, std::string>> FleetSim::Groups() const {
   std::vector<std::pair<std::string, std::string>> g;
+  g.reserve(static_cast<size_t>(std::max(0, cfg_.machines)));
   const int per_stage = std::max(1, cfg_.machines / std::max(1, cfg_.stages));
   for (int m = 0; m < cfg_.machines; ++m) {
     g.emplace_back(machine_names_[m],
@@ -275,7 +276,9 @@ void FleetSim::Run(const std::function<void(int, int, double, double)>& sink) co
         };
         switch (fault->type) {
           case kEccError:
-            v[kEcc] = Uniform(rnd(m, t, 50)) < 0.2 + 0.6 * s ? 1 + (rnd(m, t, 51) % 3) : 0;
+            v[kEcc] = Uniform(rnd(m, t, 50)) < 0.2 + 0.6 * s
+                          ? static_cast<double>(1 + (rnd(m, t, 51) % 3))
+                          : 0;
             v[kGpuUtil] -= 0.03;
             break;
           case kXidError:

@@ -47,8 +47,8 @@ const char* const kNames[kNumMetrics] = {"node_cpu_utilization_ratio",
 bool FromDcgm(int k) { return k >= kGpuUtil && k <= kSmClock; }
 
 enum Fault {
-  kEcc_,
-  kXid_,
+  kEccFault,
+  kXidFault,
   kCuda,
   kPcie,
   kNicDrop,
@@ -63,11 +63,11 @@ enum Fault {
 const std::vector<std::string> kFaultNames = {
     "ecc_error",   "xid_error",    "cuda_error",  "pcie_downgrade",   "nic_dropout", "nic_flap",
     "gpu_off_bus", "nvlink_error", "unreachable", "thermal_throttle", "slow_host"};
-// Roughly production's mix (NOTES.md, Minder), with thermal throttling and slow hosts added.
+// Roughly production's mix (Minder's paper), with thermal throttling and slow hosts added.
 const double kFaultMix[kNumFaults] = {0.30, 0.08, 0.12, 0.08, 0.06, 0.04,
                                       0.04, 0.04, 0.06, 0.08, 0.10};
 bool Fatal(int f) {
-  return f == kXid_ || f == kCuda || f == kNicDrop || f == kOffBus || f == kUnreachable;
+  return f == kXidFault || f == kCuda || f == kNicDrop || f == kOffBus || f == kUnreachable;
 }
 
 enum Excursion { kCronCpu, kIncastPfc, kNicDip, kTempBump, kNumExcursions };
@@ -157,6 +157,7 @@ void PromFleet::Run(const std::function<void(int, int, double, double)>& sink) c
   const PromFleetConfig& c = cfg_;
   const int n = c.machines;
   const auto seconds = static_cast<int64_t>(c.minutes * 60);
+  const auto seconds_f = static_cast<double>(seconds);  // the plan's times are doubles
   std::mt19937_64 plan(c.seed * 104729 + 11);
   std::uniform_real_distribution<double> u(0, 1);
 
@@ -164,12 +165,12 @@ void PromFleet::Run(const std::function<void(int, int, double, double)>& sink) c
   // restart (loading again) after every fatal fault. Each reaches machine m `stagger[m][e]` late.
   std::vector<Window> events;
   if (c.job_events) {
-    for (double t = c.startup_s + 600 + 900 * u(plan); t < seconds; t += 1200 + 1200 * u(plan)) {
+    for (double t = c.startup_s + 600 + 900 * u(plan); t < seconds_f; t += 1200 + 1200 * u(plan)) {
       events.push_back({t, t + 30 + 60 * u(plan), kCheckpoint, 0});
     }
-    for (double t = c.startup_s + 1800 * u(plan); t < seconds; t += 1800)
+    for (double t = c.startup_s + 1800 * u(plan); t < seconds_f; t += 1800)
       events.push_back({t, t + 45, kEval, 0});
-    for (double t = c.startup_s + 2400 * u(plan); t < seconds; t += 1800 + 3600 * u(plan)) {
+    for (double t = c.startup_s + 2400 * u(plan); t < seconds_f; t += 1800 + 3600 * u(plan)) {
       events.push_back({t, t + 8 + 25 * u(plan), kStall, 0});
     }
   }
@@ -215,14 +216,14 @@ void PromFleet::Run(const std::function<void(int, int, double, double)>& sink) c
     for (size_t e = 0; e < events.size(); ++e) stagger[m].push_back(c.event_stagger_s * u(plan));
     std::exponential_distribution<double> next_excursion(c.excursions_per_hour / 3600);
     // Each excursion is one episode: the next starts at least 5 minutes after it ended.
-    for (double t = c.excursions_per_hour > 0 ? next_excursion(plan) : 1e18; t < seconds;) {
+    for (double t = c.excursions_per_hour > 0 ? next_excursion(plan) : 1e18; t < seconds_f;) {
       const int kind = kinds[plan() % kinds.size()];
       const double end = t + 5 + 55 * u(plan);
       excursions[m].push_back({t, end, kind, 0.5 + 0.5 * u(plan)});
       t = end + 300 + next_excursion(plan);
     }
     std::exponential_distribution<double> next_gap(c.exporter_gaps_per_hour / 3600);
-    for (double t = c.exporter_gaps_per_hour > 0 ? next_gap(plan) : 1e18; t < seconds;) {
+    for (double t = c.exporter_gaps_per_hour > 0 ? next_gap(plan) : 1e18; t < seconds_f;) {
       const double end = t + 3 + 22 * u(plan);
       gaps[m].push_back({t, end, 0, 0});
       t = end + 300 + next_gap(plan);
@@ -232,6 +233,7 @@ void PromFleet::Run(const std::function<void(int, int, double, double)>& sink) c
   // Per (machine, metric) AR(1) noise state and a per-machine generator: each machine's samples
   // depend only on the seed and the machine.
   std::vector<std::mt19937_64> rng;
+  rng.reserve(static_cast<size_t>(n));
   for (int m = 0; m < n; ++m) rng.emplace_back(c.seed * 1000003 + static_cast<uint64_t>(m) * 7 + 5);
   std::vector<std::vector<double>> ar(n, std::vector<double>(kNumMetrics, 0));
   std::vector<double> tx_total(n), rx_total(n), ecc_total(ecc_base), carrier(n, 2);
@@ -400,11 +402,11 @@ void PromFleet::Run(const std::function<void(int, int, double, double)>& sink) c
           steps = false;
         };
         switch (fault->type) {
-          case kEcc_:
+          case kEccFault:
             ecc_rate = 0.05 + 0.4 * s;
             util -= 1.5;
             break;
-          case kXid_:
+          case kXidFault:
             xid = 43;
             if (age > 5 + 15 * s) dead();
             break;

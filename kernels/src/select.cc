@@ -1,4 +1,4 @@
-// The one place the compute backend is chosen (kineto's rule; DESIGN.md section 3).
+// The one place the compute backend is chosen (kineto's rule; docs/architecture.md section 3).
 #include "megascope/kernels/kernels.h"
 
 #ifdef MEGASCOPE_HAVE_CUDA

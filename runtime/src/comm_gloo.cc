@@ -207,7 +207,7 @@ class GlooCommunicator final : public Communicator {
         const ReduceFn fn = ReduceFor(op.dtype, op.reduce);
         if (fn == nullptr)
           return InvalidArgument("[gloo] cannot reduce " + std::string(tracer::Name(op.dtype)));
-        // Gloo 0.5 has no options-style reduce-scatter (NOTES.md): all-reduce, keep our slice.
+        // Gloo 0.5 has no options-style reduce-scatter: all-reduce, keep our slice.
         std::vector<uint8_t> tmp;
         uint8_t* data = out;
         if (op.type == OpType::kReduceScatter) {

@@ -60,7 +60,7 @@ void ExpectVerdicts(const std::string& dir,
       }
     }
     text += VerdictToJson(v) + "\n";
-    auto j = nlohmann::json::parse(VerdictToJson(v));  // the FORMATS.md section 2 shape
+    auto j = nlohmann::json::parse(VerdictToJson(v));  // the docs/formats.md section 2 shape
     for (const char* key : {"format", "version", "kind", "cause", "root_ranks", "root_nodes",
                             "group", "seq", "op", "waiting_ranks", "detected_at_ns", "onset_at_ns",
                             "confidence", "explanation", "evidence"}) {

@@ -1,5 +1,5 @@
-// Metrics CSV lines (FORMATS.md section 3) from anywhere: parse each line and stream what parses
-// through the detector.
+// Metrics CSV lines (docs/formats.md section 3) from anywhere: parse each line and stream what
+// parses through the detector.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>

@@ -262,7 +262,7 @@ std::string DumpToJson(const Dump& d) {
 
 void AppendDumpJson(const Dump& d, std::string* to, bool one_line) {
   std::string& out = *to;
-  using ojson = nlohmann::ordered_json;  // keeps FORMATS.md's field order
+  using ojson = nlohmann::ordered_json;  // keeps docs/formats.md's field order
   const RankSnapshot& s = d.snapshot;
   ojson j;
   j["format"] = kDumpFormat;

@@ -53,7 +53,7 @@ Status ValidateOptions(const RingOptions& o) {
   }
   if (o.flight_entries < 256) {
     return InvalidArgument("flight_entries " + std::to_string(o.flight_entries) +
-                           " must be >= 256 (FORMATS.md: a dump holds at least 256 entries)");
+                           " must be >= 256 (docs/formats.md: a dump holds at least 256 entries)");
   }
   if (o.max_names == 0 || o.max_names > 65535 || o.max_groups == 0 || o.max_groups > 65535) {
     return InvalidArgument("max_names and max_groups must be 1..65535");

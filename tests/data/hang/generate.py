@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the hang scenarios under tests/data/hang/<name>/: flight-recorder dumps (FORMATS.md
+"""Writes the hang scenarios under tests/data/hang/<name>/: flight-recorder dumps (docs/formats.md
 section 1) in dumps/ of a simulated 3D-parallel job, and expected.json with the verdicts the analyzer must
 give. The simulation runs each rank's program of collectives and p2p ops with their real
 semantics (a collective completes when every member issued it; a recv when its send was posted;

@@ -112,7 +112,7 @@ TEST_F(AgentTest, WritesEveryRecordExactlyOnceWithTheSchema) {
       Count(Db(),
             "SELECT COUNT(*) FROM metrics WHERE name = 'node_memory_used_bytes' AND value > 0"),
       1);
-  // Every FORMATS.md column of a collective, spelled as documented, from the compact rows.
+  // Every docs/formats.md column of a collective, spelled as documented, from the compact rows.
   EXPECT_EQ(
       Count(Db(),
             "SELECT COUNT(*) FROM collectives WHERE rank = 0 AND attempt = 0 AND op = "

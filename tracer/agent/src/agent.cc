@@ -922,9 +922,9 @@ void Agent::Run() {
 
 namespace {
 
-// Restarts and evictions of the run, read from the controller's control.db (FORMATS.md section 4)
-// when one exists: "restart" events by detail.cause (the job's start excluded), "eviction" events
-// by detail.reason.
+// Restarts and evictions of the run, read from the controller's control.db (docs/formats.md section
+// 4) when one exists: "restart" events by detail.cause (the job's start excluded), "eviction"
+// events by detail.reason.
 void AppendControlCounters(const AgentOptions& o, std::ostream& out) {
   auto db = sql::Database::Open(o.run_dir + "/control.db", sql::Database::Mode::kReadOnly,
                                 "[agent]", /*busy_timeout_ms=*/200);

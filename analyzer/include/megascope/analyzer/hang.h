@@ -1,8 +1,8 @@
-// Hang root cause (DESIGN.md section 6; Mycroft's dependency idea over Flight-Recorder state).
-// From every rank's open flight-recorder entries, build the wait-for graph: a rank inside
+// Hang root cause (docs/architecture.md section 6; Mycroft's dependency idea over Flight-Recorder
+// state). From every rank's open flight-recorder entries, build the wait-for graph: a rank inside
 // collective (group G, seq k) waits for the members of G that have not issued seq k; a recv waits
-// for the matching send (FORMATS.md sequence rules) and a send for its recv. Follow the edges to
-// the ranks nobody can explain -- gone, never joined, or issuing something else -- and name them
+// for the matching send (docs/formats.md sequence rules) and a send for its recv. Follow the edges
+// to the ranks nobody can explain -- gone, never joined, or issuing something else -- and name them
 // with the evidence. Joined-but-stalled point-to-point transfers name the link; ranks waiting on
 // each other in a cycle name the rank whose collective order departs from its own history.
 #pragma once

@@ -1,7 +1,7 @@
-// SRE queries over a run's trace databases (DESIGN.md section 5): every RUN_DIR/nodes/*/trace.db
-// opened read-only and unified into views of the FORMATS.md section 4 tables; arbitrary read-only
-// SQL, plus canned questions (step breakdown, stragglers, collective waits, what each rank was
-// doing at a moment). Writes are refused.
+// SRE queries over a run's trace databases (docs/architecture.md section 5): every
+// RUN_DIR/nodes/*/trace.db opened read-only and unified into views of the docs/formats.md section 4
+// tables; arbitrary read-only SQL, plus canned questions (step breakdown, stragglers, collective
+// waits, what each rank was doing at a moment). Writes are refused.
 #pragma once
 
 #include <functional>

@@ -1,6 +1,6 @@
-// control.db (FORMATS.md section 4): every fault, trigger, verdict, action, self-check and attempt
-// of a run, with its time. One table, events(ts_ns, attempt, kind, node, rank, detail_json); the
-// kinds are the enum below with their spellings. The file is created 0600.
+// control.db (docs/formats.md section 4): every fault, trigger, verdict, action, self-check and
+// attempt of a run, with its time. One table, events(ts_ns, attempt, kind, node, rank,
+// detail_json); the kinds are the enum below with their spellings. The file is created 0600.
 //
 // Thread safety: one ControlDb per thread (the controller thread writes; readers open their own).
 #pragma once
@@ -21,7 +21,7 @@ namespace megascope::controller {
 enum class EventKind {
   kFaultInjected,     // fault_injected: a fault fired (from the worker or the controller's seam)
   kTrigger,           // trigger: what made the controller look (crash, hang, manual, agent_dead)
-  kVerdict,           // verdict: FORMATS.md section 2 JSON
+  kVerdict,           // verdict: docs/formats.md section 2 JSON
   kStopped,           // stopped: the attempt's processes are gone (dumps collected first)
   kEviction,          // eviction: a node left the job, and why
   kSelfCheck,         // self_check: a node's GEMM and all-reduce figures, passed or not

@@ -1,7 +1,7 @@
-// The online loop of `megascope launch` (DESIGN.md section 8). Every tick it reads the workers'
-// progress stream, the exits of ranks and agents, and each agent's /state; a crash, a job that
-// stops advancing (no rank's step moves for max(hang_after, hang_factor x median step time)), an
-// op open past its budget or a person's `megascope evict` opens an incident: verdict (the
+// The online loop of `megascope launch` (docs/architecture.md section 8). Every tick it reads the
+// workers' progress stream, the exits of ranks and agents, and each agent's /state; a crash, a job
+// that stops advancing (no rank's step moves for max(hang_after, hang_factor x median step time)),
+// an op open past its budget or a person's `megascope evict` opens an incident: verdict (the
 // analyzer's hang analysis on the live state, or the crash's origin), survivors' dumps, stop,
 // eviction by policy, a self-checked spare, restart from the newest state every rank has (memory
 // snapshot on a node still in the job, else disk checkpoint) with attempt + 1. Every stage lands in

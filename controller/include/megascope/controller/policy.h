@@ -1,6 +1,7 @@
-// The eviction policy (DESIGN.md section 8), as code with its own tests: a verdict's kind, cause,
-// confidence and persistence decide what the controller does. Pure: a verdict and what is known
-// about it in, a decision out; the controller carries it out and records it with the evidence.
+// The eviction policy (docs/architecture.md section 8), as code with its own tests: a verdict's
+// kind, cause, confidence and persistence decide what the controller does. Pure: a verdict and what
+// is known about it in, a decision out; the controller carries it out and records it with the
+// evidence.
 //
 //   kind/cause                            action
 //   hang rank_dead | rank_not_joined      evict the root nodes (a process that is gone is certain)
@@ -39,7 +40,7 @@
 
 namespace megascope::controller {
 
-// FORMATS.md section 2's kinds and causes.
+// docs/formats.md section 2's kinds and causes.
 enum class VerdictKind { kHang, kSlow, kFaultyMachine, kJobError, kHealthy, kOther };
 enum class Cause {
   kRankDead,

@@ -1,11 +1,11 @@
-// Faulty-machine detection among peers (Minder's idea, DESIGN.md section 7). Samples are aligned
-// into ticks (cumulative `_total` counters become per-second rates); per metric and tick each
-// machine's recent values are denoised (a trimmed moving mean), normalised across its peers (robust
-// z: median and MAD, never below the spread the peers usually show, so a job that is idle, stalled
-// or loading -- every machine alike -- cannot turn noise into outliers), and a machine whose |z|
-// exceeds the threshold is an outlier on that metric -- unless so many machines are that the whole
-// job moved (a checkpoint, a data stall). A machine that stops reporting while its peers report is
-// an outlier too.
+// Faulty-machine detection among peers (Minder's idea, docs/architecture.md section 7). Samples are
+// aligned into ticks (cumulative `_total` counters become per-second rates); per metric and tick
+// each machine's recent values are denoised (a trimmed moving mean), normalised across its peers
+// (robust z: median and MAD, never below the spread the peers usually show, so a job that is idle,
+// stalled or loading -- every machine alike -- cannot turn noise into outliers), and a machine
+// whose |z| exceeds the threshold is an outlier on that metric -- unless so many machines are that
+// the whole job moved (a checkpoint, a data stall). A machine that stops reporting while its peers
+// report is an outlier too.
 //
 // A verdict needs corroborated evidence for most of the continuity window: a strong signal (the
 // machine silent, an error counter such as XID or ECC, its own training step or compute time off

@@ -1,7 +1,7 @@
-// Scoring of faulty-machine verdicts against labels, exactly as FORMATS.md section 3 defines it:
-// a verdict is a true positive when its machine is labelled faulty and it was raised inside that
-// fault's [start, end]; later verdicts on an already detected fault are duplicates (neither way);
-// every other verdict is a false positive. Delay = detected_at - fault_start.
+// Scoring of faulty-machine verdicts against labels, exactly as docs/formats.md section 3 defines
+// it: a verdict is a true positive when its machine is labelled faulty and it was raised inside
+// that fault's [start, end]; later verdicts on an already detected fault are duplicates (neither
+// way); every other verdict is a false positive. Delay = detected_at - fault_start.
 #pragma once
 
 #include <map>

@@ -1,9 +1,10 @@
 // A synthetic fleet for evaluating the detector: second-level metrics of N machines running one
 // synchronous training job (per-step rhythm, checkpoints, evaluations, data stalls, learning-rate
 // changes, restarts that hit every machine), healthy jitter that must not alarm, and faults with
-// the signatures production shows (NOTES.md): ECC and XID errors, CUDA errors killing the process,
-// PCIe downgrade, NIC dropout and flapping, GPU off the bus, NVLink errors, an unreachable machine,
-// thermal throttling. A fatal fault hangs the peers until the job restarts.
+// the signatures production shows (Minder's and MegaScale's papers): ECC and XID errors, CUDA
+// errors killing the process, PCIe downgrade, NIC dropout and flapping, GPU off the bus, NVLink
+// errors, an unreachable machine, thermal throttling. A fatal fault hangs the peers until the job
+// restarts.
 #pragma once
 
 #include <cstdint>

@@ -10,7 +10,8 @@
 //    machines seconds apart;
 //  - benign single-machine excursions of 5-60 s on one metric (a cron job burning CPU, an incast
 //    burst of PFC pauses, a short NIC dip, a temperature bump), persistently hot healthy GPUs;
-//  - faults (NOTES.md: production's kinds and signatures) that may overlap in time, and may be
+//  - faults (production's kinds and signatures, from Minder's and MegaScale's papers) that may
+//  overlap in time, and may be
 //    present from the first sample. A fatal fault hangs every peer until the job restarts.
 // Everything is a function of (seed, configuration): the same scenario gives the same samples.
 #pragma once

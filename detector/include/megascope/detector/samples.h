@@ -1,4 +1,4 @@
-// Metric samples and the CSV files of FORMATS.md section 3: the long-format metrics CSV
+// Metric samples and the CSV files of docs/formats.md section 3: the long-format metrics CSV
 // (timestamp_s,machine,metric,value), the labels CSV (ground truth) and the peer-groups CSV
 // (machine,group), read and written here. The metrics reader streams (it never holds the whole
 // file); the writer buffers (a fleet simulation writes tens of millions of rows).

@@ -1,5 +1,6 @@
-// The compute backend of the training runtime, one interface for CPU and CUDA (DESIGN.md section 3:
-// the backend is chosen in one place, `CreateKernels`, and the model never asks which it has).
+// The compute backend of the training runtime, one interface for CPU and CUDA (docs/architecture.md
+// section 3: the backend is chosen in one place, `CreateKernels`, and the model never asks which it
+// has).
 //
 // Every pointer a method takes lives in the backend's memory (`Allocate`d here: host memory on CPU,
 // device memory on CUDA) unless its name says `host`. Shapes and semantics are those of the CPU

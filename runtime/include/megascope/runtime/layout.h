@@ -1,6 +1,6 @@
 // The 3D-parallel layout: world = dp x tp x pp, ranks ordered tp fastest, then dp, then pp
 // (Megatron's order; this is the one place that says so), and the process groups each rank
-// belongs to, named as in FORMATS.md section 1: tp.<pp>.<dp>, dp.<pp>.<tp>, pp.<dp>.<tp>,
+// belongs to, named as in docs/formats.md section 1: tp.<pp>.<dp>, dp.<pp>.<tp>, pp.<dp>.<tp>,
 // mp.<dp> (the tp x pp ranks of one replica), emb.<dp>.<tp> (first and last stage, for the tied
 // embedding when pp > 1) and world.
 #pragma once

@@ -1,4 +1,4 @@
-// Flight-recorder dumps: the JSON file of FORMATS.md section 1 ("megascope-flight-recorder",
+// Flight-recorder dumps: the JSON file of docs/formats.md section 1 ("megascope-flight-recorder",
 // version 1), written from a RankSnapshot and parsed back into one. Also the SIGUSR1 trigger that
 // runs a dump from a dedicated thread (never inside the signal handler).
 #pragma once
@@ -47,7 +47,7 @@ struct Dump {
   bool oldest_open_blocks = false;
 };
 
-// The dump as JSON text (FORMATS.md section 1). `alive` is false when the writer is a reader
+// The dump as JSON text (docs/formats.md section 1). `alive` is false when the writer is a reader
 // speaking for a rank whose process is gone.
 std::string DumpToJson(const Dump& dump);
 // The same, appended to `out` (a buffer reused across many dumps costs no allocation each);
@@ -68,8 +68,8 @@ Result<Dump> ReadDumpFile(const std::string& path);
 // reads): what the JSON form carries, in fixed-width little-endian fields, a few times cheaper to
 // write and read than JSON at 100,000 ranks. The stream starts with kDumpStreamMagic, its version
 // (u32) and the writer's spelling of each code of its enums (op, state, dtype, phase: a count, then
-// length-prefixed FORMATS.md names), so that a reader maps codes by name and keeps a value it does
-// not know as the JSON reader does (Dump::unknown_values). Then one frame a rank: its length
+// length-prefixed docs/formats.md names), so that a reader maps codes by name and keeps a value it
+// does not know as the JSON reader does (Dump::unknown_values). Then one frame a rank: its length
 // (u32), alive (u8), dumped_at_ns, job and node (length-prefixed), rank, world_size, local_rank,
 // attempt, pid, dp, pp, tp (i32), clock_offset_ns; the heartbeat's step, phase (u8) and
 // updated_at_ns; the groups (a count; each its name, kind and runs of ranks: first, stride, count);

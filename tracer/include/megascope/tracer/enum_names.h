@@ -1,5 +1,5 @@
-// An enum's FORMATS.md spellings as one table indexed by its value: Name and Parse from the same
-// table, so the two never disagree. Values past the table are "unknown".
+// An enum's docs/formats.md spellings as one table indexed by its value: Name and Parse from the
+// same table, so the two never disagree. Values past the table are "unknown".
 #pragma once
 
 #include <array>

@@ -1,7 +1,7 @@
 // Reading JSON that came from a file: every field by name and type, with errors that say where
 // (file, object, field) and what was expected. Numbers are range-checked before they are
 // converted (a float into an integer field, or 1e300 into a float, is an error, never undefined
-// behaviour). The readers of FORMATS.md files (dumps, run.json) go through it.
+// behaviour). The readers of docs/formats.md files (dumps, run.json) go through it.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -1,4 +1,4 @@
-// The metric names of FORMATS.md section 5, declared once. The agent registers its Prometheus
+// The metric names of docs/formats.md section 5, declared once. The agent registers its Prometheus
 // families from this table and writes its trace.db samples under these names; `megascope metrics
 // export` writes them (counters as `_per_second` rates); the detector walks them first; the
 // dashboards and docs use them (a test checks every `megascope_` name there is declared here).

@@ -48,7 +48,7 @@ enum class Phase : uint8_t {
   kUnknown = 255,
 };
 
-// Names exactly as FORMATS.md spells them.
+// Names exactly as docs/formats.md spells them.
 std::string_view Name(SpanKind k);
 std::string_view Name(OpType o);
 std::string_view Name(OpState s);

@@ -1,6 +1,6 @@
-// How a compute span is timed, one seam for every backend (DESIGN.md section 3): on CPU the host
-// clock at its begin and end; on CUDA a pair of events recorded on the compute stream and turned
-// into host time by a background thread once the device has passed them (tracer/cuda/), so a
+// How a compute span is timed, one seam for every backend (docs/architecture.md section 3): on CPU
+// the host clock at its begin and end; on CUDA a pair of events recorded on the compute stream and
+// turned into host time by a background thread once the device has passed them (tracer/cuda/), so a
 // span says when the GPU did the work, not when the host queued it. Either way the span lands in
 // the rank's ring as any other span. Begin/End come from one thread (the training thread).
 #pragma once

@@ -1,5 +1,5 @@
-// The one owner of trace.db's schema (FORMATS.md section 4), for its writer (TraceStore) and its
-// readers (RunDatabase, the tests).
+// The one owner of trace.db's schema (docs/formats.md section 4), for its writer (TraceStore) and
+// its readers (RunDatabase, the tests).
 //
 // Since version 2 the rows are stored compactly and the FORMATS tables are views over them, so
 // every query written against the documented columns keeps working:
@@ -23,7 +23,7 @@ namespace megascope::tracer {
 
 inline constexpr int kTraceSchemaVersion = 2;
 
-// The tables users query, as FORMATS.md names them (tables or views, per version).
+// The tables users query, as docs/formats.md names them (tables or views, per version).
 inline constexpr std::array<std::string_view, 6> kTraceTables = {
     "ranks", "spans", "collectives", "heartbeats", "metrics", "drops"};
 

@@ -1,4 +1,4 @@
-// The node's trace database (FORMATS.md section 4): SQLite in WAL mode, schema version in
+// The node's trace database (docs/formats.md section 4): SQLite in WAL mode, schema version in
 // PRAGMA user_version, prepared statements, one transaction per batch. Each batch also records how
 // far it consumed each ring lane (table ring_cursors), in the same transaction, so a restarted
 // agent resumes exactly where the database is: no row lost, none written twice.

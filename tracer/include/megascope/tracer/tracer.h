@@ -1,5 +1,5 @@
 // The per-rank tracer used by the training runtime: spans (RAII scope or explicit begin/end),
-// the collective flight recorder (FORMATS.md sequence-number rules, enqueued -> started ->
+// the collective flight recorder (docs/formats.md sequence-number rules, enqueued -> started ->
 // completed/failed, progress bytes), the heartbeat and metric samples, all written into the
 // rank's shared-memory segment. Hot-path calls cost tens of nanoseconds and never block.
 #pragma once
@@ -111,7 +111,7 @@ class Tracer {
 
   // --- reading back ---
   RankSnapshot Snapshot() const { return ring_->Snapshot(); }
-  // The FORMATS.md section 1 dump of this rank, alive.
+  // The docs/formats.md section 1 dump of this rank, alive.
   // With `stacks`, the dump carries every thread's backtrace but the caller's (stacks.h): what a
   // rank asked by SIGUSR1 writes, for grouping ranks by what their threads are doing.
   std::string DumpJson(bool stacks = false) const;

@@ -1,5 +1,5 @@
-// The verdict of FORMATS.md section 2 ("megascope-verdict", version 1): what the analyzer and the
-// detector conclude and the controller records. One JSON object per line when streamed.
+// The verdict of docs/formats.md section 2 ("megascope-verdict", version 1): what the analyzer and
+// the detector conclude and the controller records. One JSON object per line when streamed.
 #pragma once
 
 #include <cstdint>

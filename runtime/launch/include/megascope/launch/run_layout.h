@@ -1,4 +1,4 @@
-// RunLayout: every path of a run directory, named once (FORMATS.md section 7). Also the node
+// RunLayout: every path of a run directory, named once (docs/formats.md section 7). Also the node
 // memory area where in-memory snapshots live (tmpfs under the shm directory, one folder per node).
 #pragma once
 

@@ -1,6 +1,6 @@
-// The node agent (DESIGN.md section 5): drains every ring of its job on this node into
+// The node agent (docs/architecture.md section 5): drains every ring of its job on this node into
 // RUN_DIR/nodes/<node>/trace.db, samples host (and GPU) metrics, keeps each rank's live state, and
-// serves GET /metrics (Prometheus text), GET /state (JSON), GET /dump/<rank> (FORMATS.md
+// serves GET /metrics (Prometheus text), GET /state (JSON), GET /dump/<rank> (docs/formats.md
 // section 1) and GET /dumps (every rank's, one a line). A rank whose process is gone is marked
 // dead and dumped to RUN_DIR/dumps/attempt_<A>/rank_<r>.json. Killed and restarted, it resumes from
 // the database's ring cursors: nothing lost, nothing written twice. Database errors are logged and
