@@ -31,6 +31,7 @@
 #include "megascope/controller/report.h"
 #include "megascope/launch/link_seam.h"
 #include "megascope/launch/progress.h"
+#include "megascope/launch/scrape_targets.h"
 #include "megascope/launch/slurm.h"
 #include "megascope/tracer/clock.h"
 #include "megascope/tracer/dump.h"
@@ -665,6 +666,7 @@ struct Controller::Impl {
       if (const launch::Host* h = sup.HostOf(node)) plan.agent_addrs[node] = h->frontend_addr;
     }
     RETURN_IF_ERROR(opt.write_run_json(plan));
+    WriteScrapeTargets();
     attempt_start = last_progress = Clock::now();
     attempt_stepped = false;
     straggler_from = resume ? std::max<int64_t>(0, resume->step) : 0;
@@ -803,6 +805,20 @@ struct Controller::Impl {
       return true;
     }
     return false;
+  }
+
+  // RUN_DIR/prometheus_targets.json: the active nodes' agents, for Prometheus' file_sd. A failure
+  // is said, not fatal: the job trains on without the file.
+  void WriteScrapeTargets() {
+    std::vector<launch::ScrapeTarget> targets;
+    for (const std::string& node : active) {
+      const std::optional<int> port = sup.AgentPort(node);
+      if (!port) continue;
+      const launch::Host* h = sup.HostOf(node);
+      targets.push_back({node, h != nullptr ? h->frontend_addr : "127.0.0.1", *port});
+    }
+    if (Status st = launch::WriteScrapeTargets(layout, targets); !st.ok())
+      Log("cannot write the Prometheus targets: " + st.message());
   }
 
   void FireControllerInjections() {
@@ -1561,6 +1577,7 @@ struct Controller::Impl {
             (port.ok() ? "" : " FAILED: " + port.status().message()));
         Record(EventKind::kAgentRestarted, a.node, -1,
                {{"exit", a.status.Describe()}, {"ok", port.ok()}});
+        if (port.ok()) WriteScrapeTargets();  // it listens on another port now
       }
       std::vector<launch::RankExit> failures;
       for (const launch::RankExit& e : sup.PollRanks()) {

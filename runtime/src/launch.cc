@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "megascope/launch/progress.h"
+#include "megascope/launch/scrape_targets.h"
 #include "megascope/launch/supervisor.h"
 #include "megascope/runtime/train.h"
 #include "megascope/tracer/dump.h"
@@ -68,6 +69,12 @@ int RunTraining(const TrainConfig& cfg, const std::string& self_exe) {
   if (Status st = tracer::WriteFileAtomic(sup.layout().run_json(), run.ToJson()); !st.ok()) {
     std::fprintf(stderr, "megascope train: %s\n", st.ToString().c_str());
     return 1;
+  }
+  std::vector<launch::ScrapeTarget> targets;
+  for (const auto& [node, port] : run.agent_ports) targets.push_back({node, "127.0.0.1", port});
+  if (!targets.empty()) {
+    if (Status st = launch::WriteScrapeTargets(sup.layout(), targets); !st.ok())
+      std::fprintf(stderr, "megascope train: warning: %s\n", st.ToString().c_str());
   }
   const int world = cfg.layout.world();
   std::printf(

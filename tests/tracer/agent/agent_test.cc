@@ -314,7 +314,7 @@ TEST_F(AgentTest, ServesEveryRanksDumpInOneAnswerOneALine) {
         << bad;
 }
 
-TEST_F(AgentTest, ExportsTheControllersRestartsAndEvictions) {
+TEST_F(AgentTest, ExportsTheControllersRestartsEvictionsAndVerdicts) {
   auto agent = Agent::Create(Options());
   ASSERT_TRUE(agent.ok());
   EXPECT_EQ((*agent)->MetricsText().find("megascope_restarts_total"),
@@ -332,7 +332,11 @@ TEST_F(AgentTest, ExportsTheControllersRestartsAndEvictions) {
                 "INSERT INTO events VALUES(3, 1, 'restart', NULL, NULL, "
                 "'{\"cause\":\"rank_dead\"}');"
                 "INSERT INTO events VALUES(4, 1, 'restart', NULL, NULL, "
-                "'{\"cause\":\"link_stall\"}');")
+                "'{\"cause\":\"link_stall\"}');"
+                "INSERT INTO events VALUES(5, 1, 'verdict', 'n1', 3, "
+                "'{\"kind\":\"hang\",\"cause\":\"rank_dead\"}');"
+                "INSERT INTO events VALUES(6, 1, 'verdict', 'n1', 3, "
+                "'{\"kind\":\"hang\",\"cause\":\"rank_dead\"}');")
             .ok());
   }
   const std::string m = (*agent)->MetricsText();
@@ -347,6 +351,10 @@ TEST_F(AgentTest, ExportsTheControllersRestartsAndEvictions) {
   EXPECT_NE(
       m.find("megascope_evictions_total{job=\"agenttest\",node=\"n0\",reason=\"rank_dead\"} 1"),
       std::string::npos);
+  EXPECT_NE(m.find("megascope_verdicts_total{job=\"agenttest\",node=\"n0\",kind=\"hang\","
+                   "cause=\"rank_dead\"} 2"),
+            std::string::npos)
+      << m;
   const std::string file = run_.path() + "/metrics.txt";
   std::ofstream(file) << m;
   auto check = megascope::testing::RunCommand("promtool check metrics < " + file);

@@ -922,9 +922,10 @@ void Agent::Run() {
 
 namespace {
 
-// Restarts and evictions of the run, read from the controller's control.db (docs/formats.md section
-// 4) when one exists: "restart" events by detail.cause (the job's start excluded), "eviction"
-// events by detail.reason.
+// Restarts, evictions and verdicts of the run, read from the controller's control.db
+// (docs/formats.md section 4) when one exists: "restart" events by detail.cause (the job's start
+// excluded), "eviction" events by detail.reason, "verdict" events by detail.kind and detail.cause.
+// Every agent serves the run's counts (with its own node label): aggregate them with max, not sum.
 void AppendControlCounters(const AgentOptions& o, std::ostream& out) {
   auto db = sql::Database::Open(o.run_dir + "/control.db", sql::Database::Mode::kReadOnly,
                                 "[agent]", /*busy_timeout_ms=*/200);
@@ -933,25 +934,44 @@ void AppendControlCounters(const AgentOptions& o, std::ostream& out) {
     std::string name;
     std::string_view help;
     const char* kind;
-    const char* field;
+    std::vector<const char*> fields;  // detail fields, each a label
   };
   for (const Family& f : {Family{metrics::PrometheusName(metrics::kRestarts),
-                                 metrics::kRestarts.help, "restart", "cause"},
+                                 metrics::kRestarts.help,
+                                 "restart",
+                                 {"cause"}},
                           Family{metrics::PrometheusName(metrics::kEvictions),
-                                 metrics::kEvictions.help, "eviction", "reason"}}) {
+                                 metrics::kEvictions.help,
+                                 "eviction",
+                                 {"reason"}},
+                          Family{metrics::PrometheusName(metrics::kVerdicts),
+                                 metrics::kVerdicts.help,
+                                 "verdict",
+                                 {"kind", "cause"}}}) {
     out << "# HELP " << f.name << " " << f.help << "\n# TYPE " << f.name << " counter\n";
-    const std::string sql = std::string("SELECT COALESCE(json_extract(detail_json, '$.") + f.field +
-                            "'), 'unknown'), COUNT(*) FROM events WHERE kind = ?1 AND "
-                            "COALESCE(json_extract(detail_json, '$." +
-                            f.field + "'), '') != 'start' GROUP BY 1";
+    std::string cols, groups;
+    for (size_t i = 0; i < f.fields.size(); ++i) {
+      cols += std::string(i ? ", " : "") + "COALESCE(json_extract(detail_json, '$." + f.fields[i] +
+              "'), 'unknown')";
+      groups += (i ? ", " : "") + std::to_string(i + 1);
+    }
+    const std::string sql = "SELECT " + cols +
+                            ", COUNT(*) FROM events WHERE kind = ?1 AND "
+                            "COALESCE(json_extract(detail_json, '$.cause'), '') != 'start' "
+                            "GROUP BY " +
+                            groups;
     auto st = db->Prepare(sql);
     if (!st.ok()) continue;
     st->Bind(1, f.kind);
+    const int n = static_cast<int>(f.fields.size());
     while (st->Step().value_or(false)) {
-      std::string label(st->Text(0));
-      std::erase_if(label, [](char c) { return c == '"' || c == '\\' || c == '\n'; });
-      out << f.name << "{job=\"" << o.job << "\",node=\"" << o.node << "\"," << f.field << "=\""
-          << label << "\"} " << st->Int(1) << "\n";
+      out << f.name << "{job=\"" << o.job << "\",node=\"" << o.node << "\"";
+      for (int i = 0; i < n; ++i) {
+        std::string label(st->Text(i));
+        std::erase_if(label, [](char c) { return c == '"' || c == '\\' || c == '\n'; });
+        out << "," << f.fields[static_cast<size_t>(i)] << "=\"" << label << "\"";
+      }
+      out << "} " << st->Int(n) << "\n";
     }
   }
 }

@@ -13,6 +13,8 @@ class RunLayout {
 
   const std::string& dir() const { return dir_; }
   std::string run_json() const { return dir_ + "/run.json"; }
+  // The agents for Prometheus' file_sd_configs (scrape_targets.h).
+  std::string prometheus_targets() const { return dir_ + "/prometheus_targets.json"; }
   std::string control_db() const { return dir_ + "/control.db"; }
   std::string token() const { return dir_ + "/control.token"; }  // 0600: whoever reads it may act
   std::string controller_json() const {
