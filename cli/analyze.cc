@@ -1,5 +1,7 @@
 // `megascope analyze hang`: the rank at the root of a hang, from flight-recorder dumps.
 #include <cstdio>
+#include <filesystem>
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -9,6 +11,7 @@
 #include "megascope/analyzer/pytorch.h"
 #include "megascope/analyzer/slow.h"
 #include "megascope/analyzer/stacks.h"
+#include "megascope/controller/control_db.h"
 #include "megascope/tracer/file_util.h"
 
 namespace megascope::cli {
@@ -23,15 +26,53 @@ std::string Seconds(double s) {
 
 }  // namespace
 
+namespace {
+
+struct SlowIncident {
+  std::map<std::string, double> thresholds;
+  std::string what;  // "compute_straggler rank 2 on node2, steps 8..15 of attempt 0"
+};
+
+// The newest slow verdict a launch recorded in RUN_DIR/control.db with its thresholds, if any.
+std::optional<SlowIncident> NewestSlowIncident(const std::string& run_dir) {
+  const std::string path = run_dir + "/control.db";
+  if (!std::filesystem::exists(path)) return std::nullopt;
+  auto db = controller::ControlDb::Open(path, /*read_only=*/true);
+  if (!db.ok()) return std::nullopt;
+  auto events = (*db)->Events();
+  if (!events.ok()) return std::nullopt;
+  std::optional<SlowIncident> newest;
+  for (const controller::Event& e : *events) {
+    if (e.kind != controller::EventKind::kVerdict || e.detail.value("kind", "") != "slow") continue;
+    const auto t = e.detail.find("thresholds");
+    if (t == e.detail.end() || !t->is_object()) continue;
+    SlowIncident in;
+    for (const auto& [k, v] : t->items()) {
+      if (v.is_number()) in.thresholds[k] = v.get<double>();
+    }
+    in.what = e.detail.value("cause", "") + (e.rank >= 0 ? " rank " + std::to_string(e.rank) : "") +
+              (e.node.empty() ? "" : " on " + e.node) + ", steps " +
+              std::to_string(static_cast<int64_t>(in.thresholds["first_step"])) + ".." +
+              std::to_string(static_cast<int64_t>(in.thresholds["last_step"])) + " of attempt " +
+              std::to_string(static_cast<int64_t>(in.thresholds["attempt"]));
+    newest = std::move(in);
+  }
+  return newest;
+}
+
+}  // namespace
+
 int RunAnalyze(const Args& args) {
   std::string what, source, agents, pytorch, steps;
-  bool json = false, stacks = false;
+  bool json = false, stacks = false, whole_run = false;
   analyzer::HangOptions ho;
   std::string token_file;
   po::options_description opts("Options");
   opts.add_options()("help,h", "show this help")("what", po::value(&what)->required(),
                                                  "hang | slow")("steps", po::value(&steps),
                                                                 "slow: A:B, the steps to look at")(
+      "whole-run", po::bool_switch(&whole_run),
+      "slow: every step of the run, not the window of its newest straggler incident")(
       "source", po::value(&source),
       "a directory of dumps, or a run directory (its newest dumps/attempt_*)")(
       "agents", po::value(&agents), "live: comma-separated agent URLs (http://127.0.0.1:PORT,...)")(
@@ -51,11 +92,11 @@ int RunAnalyze(const Args& args) {
   po::positional_options_description pos;
   pos.add("what", 1).add("source", 1);
   po::variables_map vm;
-  if (auto rc =
-          ParseArgs("analyze",
-                    "megascope analyze hang (DIR | RUN_DIR | --agents URL,... | --pytorch DIR) "
-                    "[--json]\n       megascope analyze slow RUN_DIR [--steps A:B] [--json]",
-                    args, opts, pos, &vm)) {
+  if (auto rc = ParseArgs(
+          "analyze",
+          "megascope analyze hang (DIR | RUN_DIR | --agents URL,... | --pytorch DIR) "
+          "[--json]\n       megascope analyze slow RUN_DIR [--steps A:B | --whole-run] [--json]",
+          args, opts, pos, &vm)) {
     return *rc;
   }
   if (what == "slow") {
@@ -69,6 +110,19 @@ int RunAnalyze(const Args& args) {
                            : std::stoll(steps.substr(steps.find(':') + 1));
       } catch (const std::exception&) {
         return Fail("analyze", "--steps must be A:B", 2);
+      }
+    }
+    // A run whose launch named a straggler is re-analysed as that incident decided (its window
+    // and thresholds, recorded with the verdict in control.db) unless steps are given: over the
+    // whole run the straggler may be diluted into 'healthy'.
+    if (steps.empty() && !whole_run) {
+      if (auto incident = NewestSlowIncident(source)) {
+        so = analyzer::SlowOptionsFrom(incident->thresholds, so);
+        std::fprintf(stderr,
+                     "megascope analyze: re-analysing the straggler incident of this run (%s, "
+                     "recorded in control.db) with its window and thresholds; --whole-run or "
+                     "--steps A:B to look elsewhere\n",
+                     incident->what.c_str());
       }
     }
     auto db = analyzer::RunDatabase::Open(source);

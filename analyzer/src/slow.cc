@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <type_traits>
 
 #include "format.h"
 #include "megascope/tracer/clock.h"
@@ -478,7 +479,56 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     v.explanation = "no persistent straggler over " + std::to_string(rep.steps) + " steps";
     rep.verdicts.push_back(std::move(v));
   }
+  // What decided, with every verdict (a healthy one too): a re-analysis with other thresholds or
+  // over other steps may conclude otherwise, and should be able to say why.
+  rep.thresholds =
+      "thresholds: steps " + std::to_string(o.first_step) + ".." +
+      (o.last_step == std::numeric_limits<int64_t>::max() ? std::string("the last")
+                                                          : std::to_string(o.last_step)) +
+      (o.attempt >= 0 ? " of attempt " + std::to_string(o.attempt)
+                      : std::string(" of every attempt")) +
+      "; a compute straggler computes over " + Fmt("%.2f", o.compute_ratio) +
+      "x the median of its peers at its (pp, tp) (at least " + std::to_string(o.min_peers) +
+      ") in at least " + Fmt("%.0f", 100 * o.persistent_share) +
+      " % of the steps, costing at least " + Fmt("%.3f", o.min_cost_s) +
+      " s a step; a slow link is " + Fmt("%.1f", o.link_ratio) +
+      "x the fastest group of its kind and at least " + Fmt("%.0f", 100 * o.link_min_step_share) +
+      " % of a step";
+  const std::map<std::string, double> numbers = {
+      {"first_step", static_cast<double>(o.first_step)},
+      {"last_step", o.last_step == std::numeric_limits<int64_t>::max()
+                        ? -1.0
+                        : static_cast<double>(o.last_step)},
+      {"attempt", o.attempt},
+      {"compute_ratio", o.compute_ratio},
+      {"persistent_share", o.persistent_share},
+      {"min_cost_s", o.min_cost_s},
+      {"link_ratio", o.link_ratio},
+      {"link_min_step_share", o.link_min_step_share},
+      {"min_peers", o.min_peers}};
+  for (Verdict& v : rep.verdicts) {
+    v.evidence.push_back(rep.thresholds);
+    v.thresholds = numbers;
+  }
   return rep;
+}
+
+SlowOptions SlowOptionsFrom(const std::map<std::string, double>& t, SlowOptions o) {
+  auto get = [&t](const char* key, auto* field) {
+    auto it = t.find(key);
+    if (it != t.end()) *field = static_cast<std::remove_pointer_t<decltype(field)>>(it->second);
+  };
+  get("first_step", &o.first_step);
+  get("last_step", &o.last_step);
+  if (o.last_step < 0) o.last_step = std::numeric_limits<int64_t>::max();
+  get("attempt", &o.attempt);
+  get("compute_ratio", &o.compute_ratio);
+  get("persistent_share", &o.persistent_share);
+  get("min_cost_s", &o.min_cost_s);
+  get("link_ratio", &o.link_ratio);
+  get("link_min_step_share", &o.link_min_step_share);
+  get("min_peers", &o.min_peers);
+  return o;
 }
 
 std::string FormatSlowReport(const SlowReport& r) {
@@ -492,6 +542,7 @@ std::string FormatSlowReport(const SlowReport& r) {
                           : "healthy: ") +
         v.explanation + "\n";
   }
+  if (!r.thresholds.empty()) out += r.thresholds + "\n";
   return out;
 }
 

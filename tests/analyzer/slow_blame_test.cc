@@ -81,6 +81,29 @@ TEST(SlowBlameTest, ARankWhoseLinkHoldsItsDataIsACommStragglerWithItsCost) {
   const std::string& cost = verdicts[0].evidence[0];
   const double per_step = std::stod(cost.substr(cost.find('=') + 1));
   EXPECT_NEAR(per_step, 0.024 * (kSteps - 1) / kSteps, 0.001) << cost;
+  // What decided comes with the verdict: the steps read and the thresholds.
+  const std::string& why = verdicts[0].evidence.back();
+  EXPECT_EQ(why.rfind("thresholds: steps 0..the last of every attempt; ", 0), 0u) << why;
+  EXPECT_NE(why.find("over 1.20x the median of its peers"), std::string::npos) << why;
+}
+
+TEST(SlowBlameTest, AHealthyVerdictSaysWhichStepsAndThresholdsItHeldTo) {
+  megascope::testing::TempDir dir;
+  auto db = RunDatabase::Open(WriteRun(dir.path(), /*tail_ms=*/0, /*hold_ms=*/0));
+  ASSERT_TRUE(db.ok()) << db.status().ToString();
+  SlowOptions o;
+  o.first_step = 1;
+  o.last_step = 3;
+  o.compute_ratio = 1.5;
+  auto rep = AnalyzeSlow(**db, o);
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  ASSERT_EQ(rep->verdicts.size(), 1u);
+  EXPECT_EQ(rep->verdicts[0].kind, "healthy");
+  EXPECT_EQ(rep->verdicts[0].evidence.back(), rep->thresholds);
+  EXPECT_NE(rep->thresholds.find("steps 1..3 of every attempt"), std::string::npos)
+      << rep->thresholds;
+  EXPECT_NE(rep->thresholds.find("over 1.50x"), std::string::npos) << rep->thresholds;
+  EXPECT_NE(FormatSlowReport(*rep).find(rep->thresholds), std::string::npos);
 }
 
 TEST(SlowBlameTest, ALateLeaverThatAlsoHoldsItsDataIsBlamedOnlyForTheHold) {

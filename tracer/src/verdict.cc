@@ -23,7 +23,8 @@ std::string VerdictToJson(const Verdict& v) {
   j["confidence"] = v.confidence;
   j["explanation"] = v.explanation;
   j["evidence"] = v.evidence;
-  if (!v.mismatch.empty()) j["mismatch"] = v.mismatch;  // added in version 1: only when known
+  if (!v.mismatch.empty()) j["mismatch"] = v.mismatch;        // added in version 1: only when known
+  if (!v.thresholds.empty()) j["thresholds"] = v.thresholds;  // added in version 1: when given
   return j.dump();
 }
 

@@ -37,9 +37,15 @@ struct SlowReport {
   double bubble_share = 0;        // of step time, averaged
   double mean_step_s = 0;
   int64_t steps = 0;
+  // "thresholds: steps A..B of ...; ...": what decided, also the last evidence of every verdict.
+  std::string thresholds;
 };
 
 Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& options = {});
+// The options a verdict's `thresholds` were decided with (as AnalyzeSlow writes them), over
+// `defaults` for what it does not say.
+SlowOptions SlowOptionsFrom(const std::map<std::string, double>& thresholds,
+                            SlowOptions defaults = {});
 // How far each rank's spans are stored in a run's trace databases (RUN/nodes/*/trace.db), for a
 // watcher that waits until a window of steps is stored before reading it: the agents store what
 // their ranks record a moment later, each at its own pace, and a window read before every rank's

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,9 @@ struct Verdict {
   // What differs between the members of the collective a hang is at, as PyTorch's Flight Recorder
   // analysis names it (COLLECTIVE_TYPE_MISMATCH, SIZE_OR_SYNTAX_MISMATCH, ...); empty: null.
   std::string mismatch;
+  // The numbers that decided it, for a re-analysis to decide the same way (e.g. a straggler's
+  // window and ratios: first_step, last_step, attempt, compute_ratio, ...); empty: not written.
+  std::map<std::string, double> thresholds;
 };
 
 // One line of JSON, no trailing newline.
