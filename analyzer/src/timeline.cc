@@ -113,17 +113,15 @@ class TraceWriter {
   bool first_ = true;
 };
 
+// One member of an args object: "key":value.
+std::string Key(std::string_view key) { return "\"" + std::string(key) + "\":"; }
 std::string Arg(std::string_view key, int64_t v) {
-  std::string s = "\"";
-  s += key;
-  s += "\":";
+  std::string s = Key(key);
   AppendInt(s, v);
   return s;
 }
 std::string Arg(std::string_view key, const std::string& v) {
-  std::string s = "\"";
-  s += key;
-  s += "\":";
+  std::string s = Key(key);
   AppendStr(s, v);
   return s;
 }

@@ -46,6 +46,39 @@ double Loss(GptStage& s, const Batch& b, int batch) {
   return loss;
 }
 
+// One microbatch's forward and backward (d(sum of token losses)) on each of two tensor-parallel
+// ranks over real Gloo, in threads; `storage`: the activations' type of each rank's CPU backend.
+struct TpRun {
+  std::vector<double> losses = std::vector<double>(2, 0);
+  std::vector<std::vector<float>> grads = std::vector<std::vector<float>>(2);
+  std::vector<std::vector<ParamTensor>> tensors = std::vector<std::vector<ParamTensor>>(2);
+};
+TpRun RunTwoTpRanks(const ModelConfig& cfg, const Batch& b, int batch, kernels::Storage storage) {
+  megascope::testing::TempDir dir;
+  const Layout layout{1, 2, 1};
+  TpRun run;
+  std::vector<std::thread> threads;
+  threads.reserve(2);
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      GlooOptions go;
+      go.rendezvous_dir = dir.path() + "/rdzv";
+      auto comm = CreateGlooCommunicator(r, layout, go);
+      ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+      auto k = kernels::CreateCpuKernels(storage);
+      GptStage s(cfg, layout, r, comm->get(), k.get());
+      const Status fw =
+          s.Forward(0, batch, b.tokens.data(), nullptr, b.targets.data(), nullptr, &run.losses[r]);
+      ASSERT_TRUE(fw.ok()) << fw.ToString();
+      ASSERT_TRUE(s.Backward(0, nullptr, nullptr, 1.0f).ok());
+      run.grads[r] = s.HostGrads();
+      run.tensors[r] = s.tensors();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return run;
+}
+
 class ModelGradientTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(ModelGradientTest, StageGradientsMatchFiniteDifferences) {
@@ -92,29 +125,10 @@ TEST(ModelTpTest, TensorParallelBlockGradientsEqualTheSingleRankOnes) {
           .ok());
   ASSERT_TRUE(whole.Backward(0, nullptr, nullptr, 1.0f).ok());
 
-  megascope::testing::TempDir dir;
-  const Layout layout{1, 2, 1};
-  std::vector<std::vector<float>> grads(2);
-  std::vector<std::vector<ParamTensor>> tensors(2);
-  std::vector<double> losses(2, 0);
-  std::vector<std::thread> threads;
-  threads.reserve(2);
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      GlooOptions go;
-      go.rendezvous_dir = dir.path() + "/rdzv";
-      auto comm = CreateGlooCommunicator(r, layout, go);
-      ASSERT_TRUE(comm.ok()) << comm.status().ToString();
-      GptStage s(cfg, layout, r, comm->get());
-      ASSERT_TRUE(
-          s.Forward(0, batch, b.tokens.data(), nullptr, b.targets.data(), nullptr, &losses[r])
-              .ok());
-      ASSERT_TRUE(s.Backward(0, nullptr, nullptr, 1.0f).ok());
-      grads[r] = s.HostGrads();
-      tensors[r] = s.tensors();
-    });
-  }
-  for (auto& t : threads) t.join();
+  const TpRun run = RunTwoTpRanks(cfg, b, batch, kernels::Storage::kF32);
+  const auto& losses = run.losses;
+  const auto& grads = run.grads;
+  const auto& tensors = run.tensors;
   EXPECT_NEAR(losses[0], whole_loss, 1e-4 * whole_loss);
   EXPECT_NEAR(losses[1], whole_loss, 1e-4 * whole_loss);
   for (const ParamTensor& w : whole.tensors()) {
@@ -221,30 +235,10 @@ TEST(ModelBf16Test, TensorParallelRanksSumBf16ActivationsOverGloo) {
   ASSERT_TRUE(whole.Backward(0, nullptr, nullptr, 1.0f).ok());
   const std::vector<float> gw = whole.HostGrads();
 
-  megascope::testing::TempDir dir;
-  const Layout layout{1, 2, 1};
-  std::vector<std::vector<float>> grads(2);
-  std::vector<std::vector<ParamTensor>> tensors(2);
-  std::vector<double> losses(2, 0);
-  std::vector<std::thread> threads;
-  threads.reserve(2);
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      GlooOptions go;
-      go.rendezvous_dir = dir.path() + "/rdzv";
-      auto comm = CreateGlooCommunicator(r, layout, go);
-      ASSERT_TRUE(comm.ok()) << comm.status().ToString();
-      auto k = kernels::CreateCpuKernels(kernels::Storage::kBF16);
-      GptStage s(cfg, layout, r, comm->get(), k.get());
-      const Status fw =
-          s.Forward(0, batch, b.tokens.data(), nullptr, b.targets.data(), nullptr, &losses[r]);
-      ASSERT_TRUE(fw.ok()) << fw.ToString();
-      ASSERT_TRUE(s.Backward(0, nullptr, nullptr, 1.0f).ok());
-      grads[r] = s.HostGrads();
-      tensors[r] = s.tensors();
-    });
-  }
-  for (auto& t : threads) t.join();
+  const TpRun run = RunTwoTpRanks(cfg, b, batch, kernels::Storage::kBF16);
+  const auto& losses = run.losses;
+  const auto& grads = run.grads;
+  const auto& tensors = run.tensors;
   ASSERT_FALSE(grads[0].empty() || grads[1].empty());
   EXPECT_NEAR(losses[0], whole_loss, 2e-2 * whole_loss);
   EXPECT_EQ(losses[0], losses[1]);  // the loss is summed over the tp group: one value
