@@ -71,10 +71,7 @@ class TraceWriter {
     Us(from_ns);
     out_ += ",\"dur\":";
     AppendNum(out_, static_cast<double>(std::max<int64_t>(0, to_ns - from_ns)) / 1000.0);
-    out_ += ",\"pid\":";
-    AppendInt(out_, pid);
-    out_ += ",\"tid\":";
-    AppendInt(out_, tid);
+    Thread(pid, tid);
     out_ += ",\"args\":{";
     out_ += args;
     out_ += "}}";
@@ -83,10 +80,8 @@ class TraceWriter {
     Sep();
     out_ += "{\"ph\":\"M\",\"name\":\"";
     out_ += what;
-    out_ += "\",\"pid\":";
-    AppendInt(out_, pid);
-    out_ += ",\"tid\":";
-    AppendInt(out_, tid);
+    out_ += "\"";
+    Thread(pid, tid);
     out_ += ",\"args\":{";
     out_ += args;
     out_ += "}}";
@@ -98,16 +93,20 @@ class TraceWriter {
     out_ += ph;
     out_ += "\",\"bp\":\"e\",\"name\":\"p2p\",\"cat\":\"pipeline\",\"id\":";
     AppendInt(out_, id);
-    out_ += ",\"pid\":";
-    AppendInt(out_, pid);
-    out_ += ",\"tid\":";
-    AppendInt(out_, tid);
+    Thread(pid, tid);
     out_ += ",\"ts\":";
     Us(at_ns);
     out_ += "}";
   }
 
  private:
+  // ,"pid":P,"tid":T
+  void Thread(int pid, int64_t tid) {
+    out_ += ",\"pid\":";
+    AppendInt(out_, pid);
+    out_ += ",\"tid\":";
+    AppendInt(out_, tid);
+  }
   int64_t base_ns_;
   std::string out_;
   bool first_ = true;
