@@ -248,7 +248,14 @@ int RunReport(const Args& args) {
           ParseArgs("report", "megascope report RUN_DIR [--html OUT.html]", args, opts, pos, &vm))
     return *rc;
   if (!html.empty()) {
-    auto page = controller::BuildHtmlReport(run_dir);
+    // The page links the run's files (dumps, the timeline) from wherever it is written.
+    controller::HtmlReportOptions o;
+    std::error_code ec;
+    namespace fs = std::filesystem;
+    const fs::path from = fs::absolute(fs::path(html), ec).parent_path();
+    const fs::path rel = fs::relative(fs::absolute(run_dir, ec), from, ec);
+    if (!ec && rel != ".") o.link_base = rel.string() + "/";
+    auto page = controller::BuildHtmlReport(run_dir, o);
     if (!page.ok()) return Fail("report", page.status().message());
     if (Status st = tracer::WriteFileAtomic(html, *page); !st.ok())
       return Fail("report", st.message());

@@ -170,12 +170,6 @@ struct Rank {
   }
 };
 
-struct Wait {
-  int from, to;
-  std::string what;  // the op `from` is in
-  double seconds;
-};
-
 // megascope's rule for the members of a collective: op, size and dtype must agree (an op or dtype
 // this build does not know, from a newer writer, is no evidence). The largest agreeing set is the
 // norm and everyone outside it departs; of two sets as large, the one whose members took another
@@ -493,7 +487,8 @@ Result<HangInput> LoadDumpDirectory(const std::string& path) {
   return in;
 }
 
-std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
+std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt,
+                                 std::vector<WaitEdge>* wait_for) {
   const int n = in.world_size;
   std::vector<Rank> ranks(n);
   for (int r = 0; r < n; ++r) {
@@ -518,7 +513,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     if (R.present) now = std::max(now, Minus(R.dump->dumped_at_ns, R.offset));
   }
 
-  std::vector<Wait> waits;
+  std::vector<WaitEdge> waits;
   std::map<int, std::set<int>> edges;
   struct Mismatch {
     std::string group;
@@ -735,7 +730,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
     return ranks[r].present ? ranks[r].dump->snapshot.info.node : std::string("?");
   };
   std::map<int, std::vector<int>> waited_by;  // target -> ranks waiting on it
-  for (const Wait& x : waits) waited_by[x.to].push_back(x.from);
+  for (const WaitEdge& x : waits) waited_by[x.to].push_back(x.from);
   // Everyone who waits on `roots`, directly or through others (iterative: chains can be long).
   auto waiters_of = [&](const std::set<int>& roots) {
     std::set<int> w;
@@ -754,7 +749,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
   auto wait_lines = [&](int root) {
     std::string s;
     int shown = 0, total = 0;
-    for (const Wait& x : waits) {
+    for (const WaitEdge& x : waits) {
       if (x.to != root) continue;
       ++total;
       if (shown++ < 4)
@@ -1000,7 +995,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       // What the others wait for from this rank.
       // What the others wait for from this rank: the same collective, or its side of a transfer.
       std::string awaited;
-      for (const Wait& x : waits) {
+      for (const WaitEdge& x : waits) {
         if (x.to != r) continue;
         const FlightEntry& w = *ranks[x.from].blocking;
         const std::string g(ranks[x.from].blocking_group);
@@ -1015,7 +1010,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
         break;
       }
       if (v.group.empty()) {
-        for (const Wait& x : waits) {
+        for (const WaitEdge& x : waits) {
           if (x.to != r) continue;
           const Rank& W = ranks[x.from];
           v.group = W.blocking_group;
@@ -1235,6 +1230,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt) {
       if (v.kind == "hang") v.evidence.push_back(odd);
     }
   }
+  if (wait_for != nullptr) *wait_for = std::move(waits);
   return out;
 }
 

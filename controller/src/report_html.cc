@@ -1,325 +1,430 @@
-// `megascope report RUN_DIR --html OUT`: one self-contained page (inline SVG and CSS, no script, no
-// network) -- the run's events on a time axis, the incidents' stage table, MegaScale's heat map of
-// per-rank compute time per step over the DP x PP x TP grid, the loss curve across restarts, the
-// detector's evidence for each verdict as small plots, and a link to the timeline viewer.
+// `megascope report RUN_DIR --html OUT`: the page (report.h). Sections in the order an SRE reads
+// an incident: what happened and what it cost, why (each verdict's evidence), then the run around
+// it (events, the compute heat map, the loss).
+#include "report_html.h"
+
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <map>
+#include <functional>
 #include <set>
 
-#include "megascope/analyzer/query.h"
-#include "megascope/controller/control_db.h"
-#include "megascope/controller/report.h"
 #include "megascope/launch/progress.h"
 #include "megascope/launch/run_layout.h"
-#include "megascope/tracer/metric_names.h"
+#include "svg.h"
 
 namespace megascope::controller {
+namespace html {
+
+using svg::Esc;
+using svg::Num;
+
+std::vector<Restart> Restarts(const RunReport& r) {
+  std::vector<Restart> out;
+  for (const Event& e : r.events) {
+    if (e.kind_name == Name(EventKind::kRestart) && e.attempt > 0)
+      out.push_back({e.attempt, e.ts_ns, e.detail.value("resume_step", int64_t{0})});
+  }
+  return out;
+}
+
+Places ReadPlaces(analyzer::RunDatabase* db) {
+  Places out;
+  if (db == nullptr) return out;
+  (void)db->Scan("SELECT attempt, rank, dp, pp, tp, node FROM ranks",
+                 [&](const analyzer::RunDatabase::Row& row) {
+                   out[{row.Int(0), static_cast<int>(row.Int(1))}] = {
+                       static_cast<int>(row.Int(2)), static_cast<int>(row.Int(3)),
+                       static_cast<int>(row.Int(4)), std::string(row.Text(5))};
+                 });
+  return out;
+}
+
 namespace {
 
-using nlohmann::json;
+constexpr const char* kStyle = R"css(
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1180px;color:#1d1d1f;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:30px 0 8px;padding-bottom:4px;border-bottom:1px solid #ddd}
+h3{font-size:15px;margin:18px 0 6px}.sub{color:#666;margin:0 0 14px}.note{color:#666;font-size:12px;margin:4px 0}
+.cards{display:flex;flex-wrap:wrap;gap:10px;margin:12px 0}.card{border:1px solid #ddd;border-radius:6px;padding:8px 14px;min-width:110px}
+.card b{display:block;font-size:20px}.card span{color:#666;font-size:12px}.card.bad b{color:#d62728}.card.good b{color:#2ca02c}
+table{border-collapse:collapse;margin:6px 0 10px;width:100%}th,td{border-bottom:1px solid #e4e4e4;padding:4px 8px;text-align:left;vertical-align:top;font-size:13px}
+th{background:#f4f5f7;font-weight:600}td.num,th.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
+table.stages td:first-child{white-space:nowrap}table.thresholds{width:auto}tr.key td{font-weight:600}tr.key td:first-child{border-left:3px solid #d62728}
+.verdict{border:1px solid #ddd;border-left:4px solid #9467bd;border-radius:4px;padding:6px 14px 10px;margin:14px 0;break-inside:avoid}
+.verdict.hang{border-left-color:#d62728}.verdict.slow{border-left-color:#ff7f0e}.verdict.faulty_machine{border-left-color:#8c564b}
+.facts{margin:4px 0;padding-left:20px;font-size:13px}pre.stack{background:#f6f7f9;padding:6px 10px;font-size:11.5px;overflow-x:auto;white-space:pre-wrap;word-break:break-all;margin:4px 0}
+svg{font-family:inherit;display:block}svg text{fill:#333}.tick{font-size:10px;fill:#555}.label{font-size:11px;fill:#333}
+.grid{stroke:#eee}.axisline{stroke:#888}.marker{stroke:#2ca02c;stroke-dasharray:4 3;stroke-width:1.2}.markerlabel{font-size:10px;fill:#2ca02c}
+.band{fill:#d62728;fill-opacity:.07}.pt{fill:transparent}.pt:hover{fill:#333}
+figure{margin:6px 0 12px}.legend{font-size:12px;color:#333;margin:2px 0 0 62px}.key{margin-right:14px;white-space:nowrap}
+.key i{display:inline-block;width:14px;height:3px;margin:0 5px 3px 0;vertical-align:middle}
+rect.cell{stroke:none}rect.slow{stroke:#000;stroke-width:1.2}.row-suspect{font-weight:bold;fill:#d62728}
+.gnode rect{fill:#fff;stroke:#888;rx:4}.gnode.root rect{fill:#fde8e8;stroke:#d62728;stroke-width:2}.gnode text{font-size:11px}
+.gedge{stroke:#777;stroke-width:1.2;fill:none}.glabel{font-size:10px;fill:#555}
+a{color:#1a5fb4}
+@media print{body{margin:0;max-width:none;font-size:12px}h2{break-after:avoid}figure,table,.verdict{break-inside:avoid}
+a{color:#000;text-decoration:none}.pt{display:none}@page{size:A4 landscape;margin:12mm}}
+)css";
 
-std::string Esc(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '<':
-        o += "&lt;";
-        break;
-      case '>':
-        o += "&gt;";
-        break;
-      case '&':
-        o += "&amp;";
-        break;
-      case '"':
-        o += "&quot;";
-        break;
-      default:
-        o += c;
-    }
-  }
-  return o;
-}
+std::string Secs(double s) { return Num(std::abs(s) < 10 ? "%.2f s" : "%.1f s", s); }
 
-std::string F(const char* fmt, double v) {
-  char b[64];
-  std::snprintf(b, sizeof(b), fmt, v);
-  return b;
-}
-
-// A small line plot: one series per name, `highlight` drawn red and on top.
-std::string LinePlot(const std::map<std::string, std::vector<std::pair<double, double>>>& series,
-                     const std::string& highlight, int w, int h, const std::string& ylabel) {
-  double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
-  for (const auto& [n, pts] : series) {
-    for (auto [x, y] : pts) {
-      x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
-    }
-  }
-  if (x1 <= x0) x1 = x0 + 1;
-  if (y1 <= y0) y1 = y0 + 1;
-  const int L = 56, B = 18;
-  std::string svg = "<svg class=\"plot\" width=\"" + std::to_string(w) + "\" height=\"" +
-                    std::to_string(h) + "\">";
-  svg += "<text x=\"2\" y=\"12\" class=\"axis\">" + Esc(ylabel) + " " + F("%.3g", y1) +
-         "</text><text x=\"2\" y=\"" + std::to_string(h - B) + "\" class=\"axis\">" +
-         F("%.3g", y0) + "</text>";
-  auto line = [&](const std::string& name, const std::vector<std::pair<double, double>>& pts) {
-    std::string p;
-    for (auto [x, y] : pts) {
-      p += F("%.1f", L + (x - x0) / (x1 - x0) * (w - L - 4)) + "," +
-           F("%.1f", 4 + (1 - (y - y0) / (y1 - y0)) * (h - B - 8)) + " ";
-    }
-    return "<polyline class=\"" + std::string(name == highlight ? "hi" : "peer") + "\" points=\"" +
-           p + "\"><title>" + Esc(name) + "</title></polyline>";
+// The header: what the run is and what its incidents cost, as cards.
+std::string Summary(const RunReport& r, const std::vector<Restart>& restarts,
+                    const std::string& link_base) {
+  const ReportFigures& f = r.figures;
+  int lost = 0;
+  for (const ReportIncident& inc : r.incidents) lost += std::max(0, inc.steps_lost);
+  auto card = [](const std::string& value, const std::string& what, const char* cls) {
+    return "<div class=\"card " + std::string(cls) + "\"><b>" + value + "</b><span>" + what +
+           "</span></div>";
   };
-  for (const auto& [n, pts] : series) {
-    if (n != highlight) svg += line(n, pts);
+  std::string h = "<h1>megascope incident report</h1><p class=\"sub\">" + Esc(r.run_dir) +
+                  " &middot; <a href=\"" + Esc(link_base) +
+                  "timeline.html\">3D-parallel timeline</a> (the steps around the last incident, "
+                  "its root ranks highlighted)</p><div class=\"cards\" id=\"summary\">";
+  const bool finished = r.status == "finished";
+  h += card(Esc(r.status), "status", finished ? "good" : "bad");
+  h += card(std::to_string(f.incidents), "incidents", f.incidents > 0 ? "bad" : "");
+  h += card(std::to_string(f.evictions), "nodes evicted", "");
+  h += card(std::to_string(restarts.size()), "restarts", "");
+  h += card(std::to_string(lost), "steps lost", lost > 0 ? "bad" : "");
+  h += card(Secs(f.wall_s), "wall time", "");
+  h += card(Num("%.3f", f.ettr), "ETTR (kept step time / wall)", f.ettr < 0.5 ? "bad" : "");
+  return h + "</div>";
+}
+
+// Every incident: a line each in an overview, then its stages as a table.
+std::string Incidents(const RunReport& r) {
+  std::string h = "<h2>Incidents, stage by stage</h2>";
+  if (r.incidents.empty()) return h + "<p>No incident: nothing triggered the controller.</p>";
+  h += "<table id=\"incidents\"><tr><th class=\"num\">#</th><th class=\"num\">attempt</th>"
+       "<th>cause</th><th>root</th><th class=\"num\">detected after the fault</th>"
+       "<th class=\"num\">training again after</th><th class=\"num\">steps lost</th></tr>";
+  for (const ReportIncident& inc : r.incidents) {
+    std::string root = "-", fault = "-";
+    for (const ReportStage& s : inc.stages) {
+      if (s.stage == "eviction" && root == "-") root = s.detail;
+      if (s.stage == "fault injected")
+        fault = Secs(static_cast<double>(inc.trigger_ns - s.ts_ns) / 1e9);
+    }
+    h += "<tr><td class=\"num\">" + std::to_string(inc.number) + "</td><td class=\"num\">" +
+         std::to_string(inc.attempt) + "</td><td>" + Esc(inc.cause) + "</td><td>" + Esc(root) +
+         "</td><td class=\"num\">" + fault + "</td><td class=\"num\">" +
+         (inc.resumed_after_s >= 0 ? Secs(inc.resumed_after_s) : "-") + "</td><td class=\"num\">" +
+         (inc.steps_lost >= 0 ? std::to_string(inc.steps_lost) : "-") + "</td></tr>";
   }
-  if (series.count(highlight)) svg += line(highlight, series.at(highlight));
-  return svg + "</svg>";
+  h += "</table>";
+  for (const ReportIncident& inc : r.incidents) {
+    h += "<h3>Incident " + std::to_string(inc.number) + " (attempt " + std::to_string(inc.attempt) +
+         "): " + Esc(inc.cause) +
+         "</h3><table class=\"stages\"><tr><th>stage</th><th class=\"num\">from the trigger</th>"
+         "<th>detail</th></tr>";
+    for (const ReportStage& s : inc.stages) {
+      const double d = static_cast<double>(s.ts_ns - inc.trigger_ns) / 1e9;
+      h += std::string(s.key ? "<tr class=\"key\">" : "<tr>") + "<td>" + Esc(s.stage) +
+           "</td><td class=\"num\">" + (d >= 0 ? "+" : "") + Secs(d) + "</td><td>" + Esc(s.detail) +
+           "</td></tr>";
+    }
+    h += "</table>";
+  }
+  for (const std::string& n : r.notes) h += "<p class=\"note\">" + Esc(n) + "</p>";
+  return h;
+}
+
+// The run's events on a time axis: a lane per kind that occurred, in the order an incident goes
+// through them; incidents shaded from trigger to training again; restarts marked.
+std::string EventsChart(const RunReport& r, const std::vector<Restart>& restarts) {
+  static const std::vector<std::pair<EventKind, const char*>> kLanes = {
+      {EventKind::kFaultInjected, "#ff7f0e"},    {EventKind::kTrigger, "#d62728"},
+      {EventKind::kVerdict, "#9467bd"},          {EventKind::kDecision, "#8c564b"},
+      {EventKind::kStopped, "#7f7f7f"},          {EventKind::kEviction, "#000000"},
+      {EventKind::kSelfCheck, "#17becf"},        {EventKind::kRestart, "#2ca02c"},
+      {EventKind::kCheckpointLoaded, "#98df8a"}, {EventKind::kResumed, "#2ca02c"},
+      {EventKind::kPaused, "#e377c2"},           {EventKind::kAgentRestarted, "#bcbd22"},
+      {EventKind::kCheckpointSaved, "#c7c7c7"},  {EventKind::kJobFinished, "#1f77b4"}};
+  if (r.events.empty()) return "";
+  const int64_t t0 = r.events.front().ts_ns;
+  const double span = std::max(1e-3, static_cast<double>(r.events.back().ts_ns - t0) / 1e9);
+  std::vector<std::pair<std::string, const char*>> lanes;  // kind name, colour
+  std::set<std::string> known;
+  for (const auto& [kind, colour] : kLanes) {
+    const std::string name(Name(kind));
+    known.insert(name);
+    for (const Event& e : r.events) {
+      if (e.kind_name == name) {
+        lanes.emplace_back(name, colour);
+        break;
+      }
+    }
+  }
+  for (const Event& e : r.events) {  // a newer writer's kinds, after ours
+    if (!known.count(e.kind_name)) {
+      known.insert(e.kind_name);
+      lanes.emplace_back(e.kind_name, "#555555");
+    }
+  }
+  const int W = 1120, L = 130, T = 22, lane_h = 18;
+  const double pw = W - L - 20;
+  const int H = T + lane_h * static_cast<int>(lanes.size()) + 34;
+  auto X = [&](int64_t ts) { return L + static_cast<double>(ts - t0) / 1e9 / span * pw; };
+  std::string h = "<h2>Faults, verdicts, actions and restarts</h2><svg id=\"events\" width=\"" +
+                  std::to_string(W) + "\" height=\"" + std::to_string(H) + "\" viewBox=\"0 0 " +
+                  std::to_string(W) + " " + std::to_string(H) + "\">";
+  const int bottom = T + lane_h * static_cast<int>(lanes.size());
+  for (const ReportIncident& inc : r.incidents) {  // trigger to training again
+    const int64_t end = inc.resumed_after_s >= 0
+                            ? inc.trigger_ns + static_cast<int64_t>(inc.resumed_after_s * 1e9)
+                            : r.events.back().ts_ns;
+    h += "<rect class=\"band\" x=\"" + Num("%.1f", X(inc.trigger_ns)) + "\" y=\"" +
+         std::to_string(T - 6) + "\" width=\"" +
+         Num("%.1f", std::max(2.0, X(end) - X(inc.trigger_ns))) + "\" height=\"" +
+         std::to_string(bottom - T + 6) + "\"><title>incident " + std::to_string(inc.number) +
+         ": " + Esc(inc.cause) + "</title></rect>";
+  }
+  const std::vector<double> ticks = svg::Ticks(0, span, 10);
+  const double step = ticks.size() > 1 ? ticks[1] - ticks[0] : 1;
+  for (double t : ticks) {
+    const double x = L + t / span * pw;
+    h += "<line class=\"grid\" x1=\"" + Num("%.1f", x) + "\" x2=\"" + Num("%.1f", x) + "\" y1=\"" +
+         std::to_string(T - 6) + "\" y2=\"" + std::to_string(bottom) +
+         "\"/><text class=\"tick\" text-anchor=\"middle\" x=\"" + Num("%.1f", x) + "\" y=\"" +
+         std::to_string(bottom + 14) + "\">" + svg::TickLabel(t, step) + " s</text>";
+  }
+  h += "<text class=\"label\" x=\"" + Num("%.1f", L + pw / 2) + "\" y=\"" + std::to_string(H - 4) +
+       "\" text-anchor=\"middle\">seconds since the launch</text>";
+  for (const Restart& rs : restarts) {
+    h += "<line class=\"marker\" x1=\"" + Num("%.1f", X(rs.ts_ns)) + "\" x2=\"" +
+         Num("%.1f", X(rs.ts_ns)) + "\" y1=\"" + std::to_string(T - 6) + "\" y2=\"" +
+         std::to_string(bottom) + "\"/><text class=\"markerlabel\" x=\"" +
+         Num("%.1f", X(rs.ts_ns) + 3) + "\" y=\"" + std::to_string(T - 9) + "\">attempt " +
+         std::to_string(rs.attempt) + "</text>";
+  }
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    const int y = T + lane_h * static_cast<int>(i) + lane_h / 2;
+    h += "<text class=\"label\" x=\"0\" y=\"" + std::to_string(y + 4) + "\">" +
+         Esc(lanes[i].first) + "</text>";
+    for (const Event& e : r.events) {
+      if (e.kind_name != lanes[i].first) continue;
+      h += "<circle cx=\"" + Num("%.1f", X(e.ts_ns)) + "\" cy=\"" + std::to_string(y) +
+           "\" r=\"4.5\" fill=\"" + lanes[i].second + "\"><title>" +
+           Num("+%.2f s", static_cast<double>(e.ts_ns - t0) / 1e9) + " (attempt " +
+           std::to_string(e.attempt) + ") " + Esc(e.kind_name) + "\n" + Esc(DescribeEvent(e)) +
+           "</title></circle>";
+    }
+  }
+  return h +
+         "</svg><p class=\"note\">Shaded: an incident, from its trigger to the first step after "
+         "its restart. Dashed: a restart. Hover a point for the event.</p>";
+}
+
+// The heat map's cells: compute per rank and step over its peers' median at the same (pp, tp).
+struct HeatData {
+  struct Cell {
+    double s = 0;
+    std::string node;  // where the kept run of the step ran
+  };
+  std::map<int64_t, std::map<int, Cell>> compute;    // step -> rank -> its kept run
+  std::map<int, RankPlace> meta;                     // rank -> its coordinates
+  std::map<int, std::vector<std::string>> nodes_of;  // where each rank ran, in order
+};
+
+HeatData ReadHeat(analyzer::RunDatabase* db, const Places& places) {
+  HeatData d;
+  for (const auto& [key, place] : places) {  // by attempt, so nodes_of is in order
+    d.meta[key.second] = place;
+    auto& seen = d.nodes_of[key.second];
+    if (std::find(seen.begin(), seen.end(), place.node) == seen.end()) seen.push_back(place.node);
+  }
+  (void)db->Scan(analyzer::PerRankStepCte() +
+                     "\nSELECT p.rank, p.step, p.compute, p.attempt FROM per_rank p"
+                     " ORDER BY p.step, p.attempt",
+                 [&](const analyzer::RunDatabase::Row& row) {
+                   const int rank = static_cast<int>(row.Int(0));
+                   auto it = places.find({row.Int(3), rank});
+                   d.compute[row.Int(1)][rank] = {row.Double(2) / 1e9,
+                                                  it == places.end() ? "" : it->second.node};
+                 });
+  return d;
+}
+
+double PeerRatio(const HeatData& d, int64_t step, int rank) {
+  const auto& per = d.compute.at(step);
+  const RankPlace& m = d.meta.at(rank);
+  std::vector<double> peers;
+  for (const auto& [r2, c2] : per) {
+    auto it = d.meta.find(r2);
+    if (r2 != rank && it != d.meta.end() && it->second.pp == m.pp && it->second.tp == m.tp)
+      peers.push_back(c2.s);
+  }
+  if (peers.empty()) return 1;
+  const auto mid = peers.begin() + static_cast<std::ptrdiff_t>(peers.size() / 2);
+  std::nth_element(peers.begin(), mid, peers.end());
+  return *mid > 0 ? per.at(rank).s / *mid : 1;
+}
+
+// Ranks named by the slow verdicts acted on, with the node each ran on then ("" when not said),
+// and nodes named by faulty-machine verdicts acted on: their heat-map rows are marked. A rank that
+// a restart moved to a spare is not the suspect there.
+std::function<bool(int, const std::string&)> Suspects(const RunReport& r) {
+  std::set<std::pair<int, std::string>> ranks;
+  std::set<std::string> nodes;
+  const std::set<int64_t> acted = ActedOn(r);
+  for (const Event& e : r.events) {
+    if (e.kind_name != Name(EventKind::kVerdict) || !acted.count(DetectedAt(e.detail))) continue;
+    const std::string kind = e.detail.value("kind", "");
+    if (kind == "slow" && e.detail.value("cause", "") != "stage_imbalance" && e.rank >= 0)
+      ranks.insert({e.rank, e.node});
+    if (kind == "faulty_machine" && !e.node.empty()) nodes.insert(e.node);
+  }
+  return [ranks, nodes](int rank, const std::string& node) {
+    return nodes.count(node) > 0 || ranks.count({rank, node}) > 0 || ranks.count({rank, ""}) > 0;
+  };
+}
+
+std::string HeatMap(const RunReport& r, analyzer::RunDatabase* db, const Places& places,
+                    const std::vector<Restart>& restarts, const HtmlReportOptions& o) {
+  std::string h = "<h2>Compute time per rank and step, against its peers at the same (pp, tp)</h2>";
+  if (db == nullptr) return h + "<p>No trace database.</p>";
+  HeatData d = ReadHeat(db, places);
+  std::vector<int64_t> steps;
+  for (const auto& [s, per] : d.compute) steps.push_back(s);
+  if (steps.size() > static_cast<size_t>(o.max_steps))
+    steps.erase(steps.begin(), steps.end() - o.max_steps);
+  if (steps.empty()) return h + "<p>No step was traced.</p>";
+  std::vector<int> ranks;
+  for (const auto& [rank, m] : d.meta) ranks.push_back(rank);
+  std::sort(ranks.begin(), ranks.end(), [&](int a, int b) {
+    const RankPlace &x = d.meta[a], &y = d.meta[b];
+    return std::tie(x.pp, x.tp, x.dp) < std::tie(y.pp, y.tp, y.dp);
+  });
+  // A row per rank and node it ran on: a rank a restart moved to a spare has a row there too.
+  std::vector<std::pair<int, std::string>> rows;
+  for (int rank : ranks) {
+    for (const std::string& node : d.nodes_of[rank]) rows.emplace_back(rank, node);
+  }
+  const auto suspect = Suspects(r);
+  const int cw = std::max(3, std::min(16, 880 / static_cast<int>(steps.size())));
+  const int ch = 16, L = 200, T = 16;
+  const int W = L + cw * static_cast<int>(steps.size()) + 20;
+  const int H = T + ch * static_cast<int>(rows.size()) + 40;
+  h += "<p class=\"note\">Each cell: the rank's compute in the step (its kept run) over the median "
+       "of its peers at the same (pp, tp). A rank moved by a restart has a row per node it ran "
+       "on. Rows in red: the rank or machine named by a verdict the controller acted on.</p><svg "
+       "id=\"heatmap\" "
+       "width=\"" +
+       std::to_string(W) + "\" height=\"" + std::to_string(H) + "\">";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& [rank, node] = rows[i];
+    const RankPlace& m = d.meta[rank];
+    const int y = T + ch * static_cast<int>(i);
+    h += "<text x=\"0\" y=\"" + std::to_string(y + 12) + "\" class=\"tick" +
+         (suspect(rank, node) ? " row-suspect" : "") + "\">rank " + std::to_string(rank) + " dp" +
+         std::to_string(m.dp) + " pp" + std::to_string(m.pp) + " tp" + std::to_string(m.tp) + " " +
+         Esc(node) + "</text>";
+    for (size_t k = 0; k < steps.size(); ++k) {
+      const auto& per = d.compute[steps[k]];
+      auto it = per.find(rank);
+      if (it == per.end() || it->second.node != node) continue;
+      const double ratio = PeerRatio(d, steps[k], rank);
+      const int g = static_cast<int>(255 * (1 - std::clamp(ratio - 1, 0.0, 1.0)));
+      h += "<rect class=\"cell" + std::string(ratio >= 1.2 ? " slow" : "") + "\" data-rank=\"" +
+           std::to_string(rank) + "\" data-step=\"" + std::to_string(steps[k]) + "\" x=\"" +
+           std::to_string(L + cw * static_cast<int>(k)) + "\" y=\"" + std::to_string(y) +
+           "\" width=\"" + std::to_string(cw) + "\" height=\"" + std::to_string(ch - 1) +
+           "\" fill=\"rgb(255," + std::to_string(g) + "," + std::to_string(g) + ")\"><title>rank " +
+           std::to_string(rank) + " on " + Esc(node) + "\nstep " + std::to_string(steps[k]) +
+           ": compute " + Num("%.4f s", it->second.s) + ", " + Num("%.2fx", ratio) +
+           " its peers</title></rect>";
+    }
+  }
+  // The step axis, the restarts and the colour scale.
+  const int bottom = T + ch * static_cast<int>(rows.size());
+  auto col = [&](int64_t step) {
+    const auto it = std::lower_bound(steps.begin(), steps.end(), step);
+    return L + cw * static_cast<double>(it - steps.begin());
+  };
+  const std::vector<double> ticks =
+      svg::Ticks(static_cast<double>(steps.front()), static_cast<double>(steps.back()), 10);
+  for (double t : ticks) {
+    const double x = col(static_cast<int64_t>(t)) + cw / 2.0;
+    h += "<line class=\"axisline\" x1=\"" + Num("%.1f", x) + "\" x2=\"" + Num("%.1f", x) +
+         "\" y1=\"" + std::to_string(bottom) + "\" y2=\"" + std::to_string(bottom + 4) +
+         "\"/><text class=\"tick\" text-anchor=\"middle\" x=\"" + Num("%.1f", x) + "\" y=\"" +
+         std::to_string(bottom + 15) + "\">" + Num("%.0f", t) + "</text>";
+  }
+  h += "<text class=\"label\" x=\"" + std::to_string(L) + "\" y=\"" + std::to_string(bottom + 30) +
+       "\">step</text>";
+  for (const Restart& rs : restarts) {
+    if (rs.resume_step + 1 < steps.front() || rs.resume_step + 1 > steps.back()) continue;
+    const double x = col(rs.resume_step + 1);
+    h += "<line class=\"marker\" x1=\"" + Num("%.1f", x) + "\" x2=\"" + Num("%.1f", x) +
+         "\" y1=\"" + std::to_string(T - 4) + "\" y2=\"" + std::to_string(bottom) +
+         "\"/><text class=\"markerlabel\" x=\"" + Num("%.1f", x + 3) + "\" y=\"" +
+         std::to_string(T - 5) + "\">attempt " + std::to_string(rs.attempt) + " resumes</text>";
+  }
+  h += "</svg><svg id=\"heatscale\" width=\"420\" height=\"34\"><defs><linearGradient "
+       "id=\"heat\"><stop offset=\"0\" stop-color=\"#fff\"/><stop offset=\"1\" "
+       "stop-color=\"#f00\"/></linearGradient></defs><rect x=\"60\" y=\"4\" width=\"200\" "
+       "height=\"12\" fill=\"url(#heat)\" stroke=\"#999\"/><text class=\"tick\" x=\"0\" "
+       "y=\"14\">vs peers</text><text class=\"tick\" x=\"60\" y=\"30\">1.0x</text><text "
+       "class=\"tick\" x=\"150\" y=\"30\">1.5x</text><text class=\"tick\" x=\"240\" "
+       "y=\"30\">2.0x+</text><rect class=\"slow\" x=\"290\" y=\"4\" width=\"12\" height=\"12\" "
+       "fill=\"#fcc\"/><text class=\"tick\" x=\"308\" y=\"14\">1.2x or slower</text></svg>";
+  return h;
+}
+
+// The loss of every step, a line per attempt, the restarts marked.
+std::string LossPlot(const RunReport& r, const std::vector<Restart>& restarts) {
+  std::map<int, std::vector<std::pair<double, double>>> by_attempt;
+  launch::ProgressReader progress(launch::RunLayout(r.run_dir).progress());
+  for (const auto& line : progress.Poll()) {
+    if (line.contains("event") || !line.contains("loss")) continue;
+    by_attempt[line.value("attempt", 0)].emplace_back(line.value("step", 0.0),
+                                                      line.value("loss", 0.0));
+  }
+  std::string h = "<h2>Loss across restarts</h2>";
+  if (by_attempt.empty()) return h + "<p>No step finished.</p>";
+  svg::Plot p;
+  p.id = "loss";
+  p.width = 760;
+  p.height = 230;
+  p.x_label = "step";
+  p.y_label = "loss (cross-entropy)";
+  for (const auto& [attempt, pts] : by_attempt) {
+    const auto& pal = svg::Palette();
+    p.series.push_back({"attempt " + std::to_string(attempt), pts,
+                        pal[static_cast<size_t>(attempt) % pal.size()], 1.6, true});
+  }
+  for (const Restart& rs : restarts)
+    p.markers.push_back(
+        {static_cast<double>(rs.resume_step) + 0.5, "attempt " + std::to_string(rs.attempt)});
+  return h + svg::LinePlot(p) +
+         "<p class=\"note\">A line per attempt; a dashed line where an attempt resumed (the steps "
+         "after it were run again or for the first time by the new attempt).</p>";
 }
 
 }  // namespace
+}  // namespace html
 
 Result<std::string> BuildHtmlReport(const std::string& run_dir, const HtmlReportOptions& o) {
-  launch::RunLayout layout(run_dir);
-  ASSIGN_OR_RETURN(std::unique_ptr<ControlDb> cdb, ControlDb::Open(layout.control_db(), true));
-  ASSIGN_OR_RETURN(std::vector<Event> events, cdb->Events());
-  ReportFigures fig;
-  ASSIGN_OR_RETURN(std::string markdown, BuildReport(run_dir, &fig));
-  std::string h =
-      "<!doctype html><html><head><meta charset=\"utf-8\"><title>megascope incident report</title>"
-      "<style>body{font:14px sans-serif;margin:20px;color:#222}h2{margin-top:28px}"
-      "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 6px;font-size:12px}"
-      ".axis{font-size:10px;fill:#555}.peer{fill:none;stroke:#999;stroke-width:1}"
-      ".hi{fill:none;stroke:#d62728;stroke-width:2}.ev{font-size:10px}"
-      "rect.cell{stroke:none}rect.slow{stroke:#000;stroke-width:1.5}"
-      ".row-suspect{font-weight:bold;fill:#d62728}pre{background:#f6f6f6;padding:8px;"
-      "white-space:pre-wrap}</style></head><body>";
-  h += "<h1>megascope launch report</h1><p>" + Esc(run_dir) + "</p>";
-  h += "<p id=\"summary\">" + std::to_string(fig.incidents) + " incident(s), " +
-       std::to_string(fig.evictions) + " eviction(s), wall " + F("%.1f s", fig.wall_s) + ", ETTR " +
-       F("%.3f", fig.ettr) +
-       ". <a href=\"timeline.html\">Timeline viewer</a> (the "
-       "steps around the last incident, its root ranks highlighted).</p>";
-
-  // 1. Events on a time axis.
-  const int64_t t0 = events.empty() ? 0 : events.front().ts_ns;
-  const int64_t t1 = events.empty() ? 1 : std::max(events.back().ts_ns, t0 + 1);
-  static const std::map<std::string, std::string> kColour = {
-      {"fault_injected", "#ff7f0e"}, {"trigger", "#d62728"}, {"verdict", "#9467bd"},
-      {"decision", "#8c564b"},       {"eviction", "#000"},   {"self_check", "#17becf"},
-      {"restart", "#2ca02c"},        {"resumed", "#2ca02c"}, {"paused", "#e377c2"}};
-  const int W = 1100;
-  h += "<h2>Faults, verdicts, actions and restarts</h2><svg id=\"events\" width=\"" +
-       std::to_string(W) + "\" height=\"" + std::to_string(40 + 14 * kColour.size()) + "\">";
-  int lane = 0;
-  for (const auto& [kind, colour] : kColour) {
-    const int y = 20 + 14 * lane++;
-    h += "<text x=\"0\" y=\"" + std::to_string(y + 4) + "\" class=\"ev\">" + kind + "</text>";
-    for (const Event& e : events) {
-      if (e.kind_name != kind) continue;
-      const double x =
-          110 + static_cast<double>(e.ts_ns - t0) / static_cast<double>(t1 - t0) * (W - 120);
-      h += "<circle cx=\"" + F("%.1f", x) + "\" cy=\"" + std::to_string(y) + "\" r=\"4\" fill=\"" +
-           colour + "\"><title>" + F("+%.2f s ", static_cast<double>(e.ts_ns - t0) / 1e9) +
-           Esc(kind + " " + e.node + " " + e.detail.dump().substr(0, 300)) + "</title></circle>";
-    }
-  }
-  h += "<text x=\"110\" y=\"" + std::to_string(34 + 14 * kColour.size()) +
-       "\" class=\"axis\">0 s</text><text x=\"" + std::to_string(W - 60) + "\" y=\"" +
-       std::to_string(34 + 14 * kColour.size()) + "\" class=\"axis\">" +
-       F("%.1f s", static_cast<double>(t1 - t0) / 1e9) + "</text></svg>";
-  h += "<h2>Incidents, stage by stage</h2><pre>" + Esc(markdown) + "</pre>";
-
-  // Ranks named by slow verdicts, with the node each ran on then ("" when not said), and nodes
-  // named by faulty-machine verdicts. A rank that a restart moved to a spare is not the suspect
-  // there.
-  std::set<std::pair<int, std::string>> suspect_ranks;
-  std::set<std::string> suspect_nodes;
-  for (const Event& e : events) {
-    if (e.kind_name != "verdict") continue;
-    const std::string kind = e.detail.value("kind", "");
-    if (kind == "slow" && e.detail.value("cause", "") != "stage_imbalance" && e.rank >= 0)
-      suspect_ranks.insert({e.rank, e.node});
-    if (kind == "faulty_machine" && !e.node.empty()) suspect_nodes.insert(e.node);
-  }
-  auto suspect = [&](int rank, const std::string& node) {
-    return suspect_nodes.count(node) > 0 || suspect_ranks.count({rank, node}) > 0 ||
-           suspect_ranks.count({rank, ""}) > 0;
-  };
-
-  // 2. Heat map: compute per rank and step over its peers' median at the same (pp, tp).
-  auto rdb = analyzer::RunDatabase::Open(run_dir);
-  if (rdb.ok()) {
-    struct Meta {
-      int dp = 0, pp = 0, tp = 0;
-      std::string node;
-    };
-    std::map<int, Meta> meta;                                // the rank's coordinates
-    std::map<std::pair<int, int64_t>, std::string> node_at;  // (rank, attempt) -> node
-    std::map<int, std::vector<std::string>> nodes_of;        // where each rank ran, in order
-    (void)(*rdb)->Scan("SELECT rank, dp, pp, tp, node, attempt FROM ranks ORDER BY attempt",
-                       [&](const analyzer::RunDatabase::Row& r) {
-                         const int rank = static_cast<int>(r.Int(0));
-                         const std::string node(r.Text(4));
-                         meta[rank] = {static_cast<int>(r.Int(1)), static_cast<int>(r.Int(2)),
-                                       static_cast<int>(r.Int(3)), node};
-                         node_at[{rank, r.Int(5)}] = node;
-                         auto& seen = nodes_of[rank];
-                         if (std::find(seen.begin(), seen.end(), node) == seen.end())
-                           seen.push_back(node);
-                       });
-    struct Cell {
-      double s = 0;
-      std::string node;  // where this run of the step ran
-    };
-    std::map<int64_t, std::map<int, Cell>> compute;  // step -> rank -> its last run
-    (void)(*rdb)->Scan(analyzer::PerRankStepCte() +
-                           "\nSELECT p.rank, p.step, p.compute, p.attempt FROM per_rank p"
-                           " ORDER BY p.step, p.attempt",
-                       [&](const analyzer::RunDatabase::Row& r) {
-                         const int rank = static_cast<int>(r.Int(0));
-                         compute[r.Int(1)][rank] = {r.Double(2) / 1e9, node_at[{rank, r.Int(3)}]};
-                       });
-    std::vector<int64_t> steps;
-    steps.reserve(compute.size());
-    for (const auto& [s, per] : compute) steps.push_back(s);
-    if (steps.size() > static_cast<size_t>(o.max_steps))
-      steps.erase(steps.begin(), steps.end() - o.max_steps);
-    std::vector<int> ranks;
-    ranks.reserve(meta.size());
-    for (const auto& [r, m] : meta) ranks.push_back(r);
-    std::sort(ranks.begin(), ranks.end(), [&](int a, int b) {
-      const Meta &x = meta[a], &y = meta[b];
-      return std::tie(x.pp, x.tp, x.dp) < std::tie(y.pp, y.tp, y.dp);
-    });
-    // A row per rank and node it ran on: a rank a restart moved to a spare has a row there too,
-    // and only the row of the node a verdict named is marked.
-    std::vector<std::pair<int, std::string>> rows;
-    for (int r : ranks) {
-      for (const std::string& node : nodes_of[r]) rows.emplace_back(r, node);
-    }
-    const int cw =
-        std::max(3, std::min(14, 900 / std::max<int>(1, static_cast<int>(steps.size()))));
-    const int ch = 16, L = 190;
-    h += "<h2>Compute time per rank and step, against its peers at the same (pp, tp)</h2>"
-         "<p>White: at its peers' median; red: slower (darkest at 2x and more); outlined: 20 % or "
-         "more slower. A rank moved by a restart has a row per node it ran on; the rows a "
-         "straggler or faulty-machine verdict named are red.</p><svg id=\"heatmap\" width=\"" +
-         std::to_string(L + cw * steps.size() + 10) + "\" height=\"" +
-         std::to_string(ch * rows.size() + 24) + "\">";
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const auto& [r, node] = rows[i];
-      const Meta& m = meta[r];
-      h += "<text x=\"0\" y=\"" + std::to_string(ch * i + 12) + "\" class=\"axis" +
-           (suspect(r, node) ? " row-suspect" : "") + "\">rank " + std::to_string(r) + " dp" +
-           std::to_string(m.dp) + " pp" + std::to_string(m.pp) + " tp" + std::to_string(m.tp) +
-           " " + Esc(node) + "</text>";
-      for (size_t k = 0; k < steps.size(); ++k) {
-        const auto& per = compute[steps[k]];
-        auto it = per.find(r);
-        if (it == per.end() || it->second.node != node) continue;
-        std::vector<double> peers;
-        for (const auto& [r2, c2] : per) {
-          if (r2 != r && meta[r2].pp == m.pp && meta[r2].tp == m.tp) peers.push_back(c2.s);
-        }
-        double ratio = 1;
-        if (!peers.empty()) {
-          const auto mid = peers.begin() + static_cast<std::ptrdiff_t>(peers.size() / 2);
-          std::nth_element(peers.begin(), mid, peers.end());
-          const double med = *mid;
-          if (med > 0) ratio = it->second.s / med;
-        }
-        const double heat = std::clamp(ratio - 1, 0.0, 1.0);
-        const int g = static_cast<int>(255 * (1 - heat));
-        h += "<rect class=\"cell" + std::string(ratio >= 1.2 ? " slow" : "") + "\" data-rank=\"" +
-             std::to_string(r) + "\" data-step=\"" + std::to_string(steps[k]) + "\" x=\"" +
-             std::to_string(L + cw * k) + "\" y=\"" + std::to_string(ch * i) + "\" width=\"" +
-             std::to_string(cw) + "\" height=\"" + std::to_string(ch - 1) + "\" fill=\"rgb(255," +
-             std::to_string(g) + "," + std::to_string(g) + ")\"><title>rank " + std::to_string(r) +
-             " step " + std::to_string(steps[k]) + " on " + Esc(node) + ": " +
-             F("%.4f s", it->second.s) + ", " + F("%.2fx", ratio) + " its peers</title></rect>";
-      }
-    }
-    if (!steps.empty()) {
-      h += "<text x=\"" + std::to_string(L) + "\" y=\"" + std::to_string(ch * rows.size() + 14) +
-           "\" class=\"axis\">step " + std::to_string(steps.front()) + "</text><text x=\"" +
-           std::to_string(L + cw * steps.size() - 50) + "\" y=\"" +
-           std::to_string(ch * rows.size() + 14) + "\" class=\"axis\">step " +
-           std::to_string(steps.back()) + "</text>";
-    }
-    h += "</svg>";
-  } else {
-    h += "<p>No trace database: " + Esc(rdb.status().message()) + "</p>";
-  }
-
-  // 3. The loss curve, one line per attempt.
-  std::map<std::string, std::vector<std::pair<double, double>>> loss;
-  launch::ProgressReader progress(layout.progress());
-  for (const auto& line : progress.Poll()) {
-    if (line.contains("event") || !line.contains("loss")) continue;
-    loss["attempt " + std::to_string(line.value("attempt", 0))].emplace_back(
-        line.value("step", 0.0), line.value("loss", 0.0));
-  }
-  h += "<h2>Loss across restarts</h2>";
-  h += loss.empty() ? "<p>No step finished.</p>"
-                    : LinePlot(loss, loss.rbegin()->first, 700, 180, "loss") +
-                          "<p>One line per attempt; the newest in red.</p>";
-
-  // 4. The evidence behind each online verdict.
-  h += "<h2>Evidence of each verdict</h2>";
-  int n = 0;
-  for (const Event& e : events) {
-    if (e.kind_name != "verdict") continue;
-    ++n;
-    h += "<h3>" + Esc(e.detail.value("kind", "") + " " + e.detail.value("cause", "")) + " on " +
-         Esc(e.node.empty() ? "-" : e.node) +
-         F(" (confidence %.2f)", e.detail.value("confidence", 0.0)) + "</h3><p>" +
-         Esc(e.detail.value("explanation", "")) + "</p><ul>";
-    for (const auto& ev : e.detail.value("evidence", json::array()))
-      h += "<li>" + Esc(ev.is_string() ? ev.get<std::string>() : ev.dump()) + "</li>";
-    h += "</ul>";
-    if (e.detail.value("kind", "") != "faulty_machine" || !rdb.ok()) continue;
-    // Each evidence metric around the verdict: the named node in red, its peers in grey.
-    const int64_t det = e.detail.value("detected_at_ns", e.ts_ns);
-    int plotted = 0;
-    for (const auto& ev : e.detail.value("evidence", json::array())) {
-      if (!ev.is_string() || plotted >= 3) continue;
-      const std::string text = ev.get<std::string>();
-      const std::string metric = text.substr(0, text.find(' '));
-      const tracer::metrics::Def* def = tracer::metrics::Find(metric);
-      if (def == nullptr) continue;
-      ++plotted;
-      std::map<std::string, std::vector<std::pair<double, double>>> series;
-      std::map<std::string, std::pair<double, double>> last;
-      (void)(*rdb)->Scan(
-          "SELECT node, ts_ns, value FROM metrics WHERE name = '" + std::string(def->name) +
-              "' AND ts_ns BETWEEN " + std::to_string(det - 120'000'000'000) + " AND " +
-              std::to_string(det + 30'000'000'000) + " ORDER BY ts_ns",
-          [&](const analyzer::RunDatabase::Row& r) {
-            const std::string node(r.Text(0));
-            const double t = static_cast<double>(r.Int(1) - det) / 1e9, v = r.Double(2);
-            if (def->type == tracer::metrics::Type::kCounter) {  // as the detector saw it: a rate
-              auto [it, first] = last.try_emplace(node, t, v);
-              const auto [pt, pv] = it->second;
-              it->second = {t, v};
-              if (!first && t > pt && v >= pv) series[node].emplace_back(t, (v - pv) / (t - pt));
-            } else {
-              series[node].emplace_back(t, v);
-            }
-          });
-      if (!series.empty())
-        h += "<div class=\"evidence\"><b>" + Esc(tracer::metrics::ExportName(def->name)) +
-             "</b> (seconds from the verdict)<br>" + LinePlot(series, e.node, 520, 120, "") +
-             "</div>";
-    }
-  }
-  if (n == 0) h += "<p>No verdict.</p>";
-  return h + "</body></html>\n";
+  ASSIGN_OR_RETURN(RunReport r, ReadRunReport(run_dir));
+  auto opened = analyzer::RunDatabase::Open(run_dir);
+  analyzer::RunDatabase* db = opened.ok() ? opened->get() : nullptr;
+  const html::Places places = html::ReadPlaces(db);
+  const std::vector<html::Restart> restarts = html::Restarts(r);
+  std::string page =
+      "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" "
+      "content=\"width=device-width\"><title>megascope incident report: " +
+      svg::Esc(run_dir) + "</title><style>" + html::kStyle + "</style></head><body>";
+  page += html::Summary(r, restarts, o.link_base);
+  page += html::Incidents(r);
+  page += html::Evidence(r, db, places, o);
+  page += html::EventsChart(r, restarts);
+  page += html::HeatMap(r, db, places, restarts, o);
+  if (!opened.ok())
+    page += "<p class=\"note\">Trace database: " + svg::Esc(opened.status().message()) + "</p>";
+  page += html::LossPlot(r, restarts);
+  return page + "</body></html>\n";
 }
 
 }  // namespace megascope::controller

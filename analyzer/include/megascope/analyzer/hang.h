@@ -176,8 +176,18 @@ class HangInputBuilder {
   HangInput in_;
 };
 
-// Verdicts: one per independent cause (kind "hang"), or one of kind "healthy".
-std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& options = {});
+// One edge of the wait-for graph: rank `from` waits in `what` ("allreduce #24 in dp.0.0") for
+// rank `to`, and has for `seconds`.
+struct WaitEdge {
+  int from = 0, to = 0;
+  std::string what;
+  double seconds = 0;
+};
+
+// Verdicts: one per independent cause (kind "hang"), or one of kind "healthy". `wait_for`
+// (optional) receives the wait-for graph the verdicts were followed through (the report draws it).
+std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& options = {},
+                                 std::vector<WaitEdge>* wait_for = nullptr);
 
 // A readable explanation of the verdicts for a tired SRE.
 std::string FormatHangReport(const std::vector<Verdict>& verdicts);
