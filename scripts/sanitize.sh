@@ -3,7 +3,8 @@
 #   asan (AddressSanitizer + UBSan): the readers of foreign input and the analyses over them
 #     (pickle, PyTorch and megascope dumps, the binary dump stream and the arena its entries live
 #     in, hang and slowdown analysis, the detector and its CSV/Prometheus readers) and the ring;
-#   tsan (ThreadSanitizer): the ring's lock-free claim/publish path and the tracer's threads
+#   tsan (ThreadSanitizer): the ring's lock-free claim/publish path, the tracer's threads and the
+#     NCCL profiler plugin driven from NCCL's threads in real processes
 #     (TSan does not model the seqlock's standalone fences: -Wno-tsan in the preset says so).
 # Tests that start the megascope binary (training, agents) stay out: under a sanitizer they would
 # build the whole tree, Gloo and BLAS included. Usage: scripts/sanitize.sh [asan|tsan]...
@@ -13,7 +14,7 @@ presets=("$@")
 ((${#presets[@]})) || presets=(asan tsan)
 declare -A targets=(
   [asan]="analyzer_pickle_test analyzer_slow_blame_test tracer_dump_test tracer_dump_stream_test tracer_arena_test tracer_rank_list_test tracer_stacks_test tracer_ring_test detector_test detector_samples_test detector_scenario_test"
-  [tsan]="tracer_ring_test tracer_tracer_test"
+  [tsan]="tracer_ring_test tracer_tracer_test tracer_nccl_plugin_test"
 )
 for p in "${presets[@]}"; do
   [[ -n ${targets[$p]:-} ]] || { echo "[sanitize] unknown preset $p (asan, tsan)" >&2; exit 2; }

@@ -2,9 +2,6 @@
 
 #include <algorithm>
 
-#include "megascope/tracer/dump.h"
-#include "megascope/tracer/file_util.h"
-
 namespace megascope::tracer {
 namespace {
 
@@ -187,16 +184,6 @@ void Tracer::RecordMetric(NameId name, double value) {
     r->metric.value = value;
     ring_->Publish();
   }
-}
-
-std::string Tracer::DumpJson(bool stacks) const {
-  Dump d{Snapshot(), true, WallNowNs(), {}, {}};
-  if (stacks) d.stacks = CaptureThreadStacks();
-  return DumpToJson(d);
-}
-
-Status Tracer::WriteDump(const std::string& path, bool stacks) const {
-  return WriteFileAtomic(path, DumpJson(stacks));
 }
 
 }  // namespace megascope::tracer

@@ -111,7 +111,8 @@ class Tracer {
 
   // --- reading back ---
   RankSnapshot Snapshot() const { return ring_->Snapshot(); }
-  // The docs/formats.md section 1 dump of this rank, alive.
+  // The docs/formats.md section 1 dump of this rank, alive. Defined by megascope::tracer (JSON,
+  // stacks), not by the capture core: a process that links only the core never calls these.
   // With `stacks`, the dump carries every thread's backtrace but the caller's (stacks.h): what a
   // rank asked by SIGUSR1 writes, for grouping ranks by what their threads are doing.
   std::string DumpJson(bool stacks = false) const;

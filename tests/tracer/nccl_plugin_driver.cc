@@ -1,0 +1,198 @@
+// Plays NCCL for one rank against a profiler plugin: dlopens the .so, looks up its
+// ncclProfiler_v<N> and calls it in the orders and from the threads NCCL does (NCCL 2.30,
+// src/plugin/profiler.cc): init once per communicator; per op, the Coll/P2p startEvent and its
+// stopEvent ("enqueued") on the user's thread, then on the communicator's proxy thread a
+// KernelCh startEvent per channel, a ProxyOp with its ProxySteps (their state changes carrying the
+// bytes moved), and each channel's KernelCh state KernelChStop and stopEvent.
+//
+// Usage: nccl_plugin_driver PLUGIN.so VERSION RANK WORLD OPS HUNG_RANK
+//   OPS all-reduces complete on every rank (between them, rank 0 sends to rank 1 once); then
+//   every rank but HUNG_RANK issues one more, whose kernels start and whose proxy steps wait on
+//   the network forever, while HUNG_RANK never issues it. Prints "ready" and waits for stdin to
+//   close (its ring must belong to a live process when it is read).
+#include <dlfcn.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <iostream>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "../../tracer/nccl/profiler_abi.h"
+
+namespace {
+
+using namespace megascope::nccl;
+
+// The communicator's proxy thread: runs what the user's thread posts, in order.
+class ProxyThread {
+ public:
+  ProxyThread() : t_([this] { Loop(); }) {}
+  ~ProxyThread() {
+    Post(nullptr);
+    t_.join();
+  }
+  void Post(std::function<void()> f) {
+    std::lock_guard<std::mutex> l(mu_);
+    q_.push_back(std::move(f));
+    cv_.notify_one();
+  }
+  void Drain() {  // waits until everything posted so far ran
+    std::mutex m;
+    std::condition_variable done;
+    bool ran = false;
+    Post([&] {
+      std::lock_guard<std::mutex> l(m);
+      ran = true;
+      done.notify_one();
+    });
+    std::unique_lock<std::mutex> l(m);
+    done.wait(l, [&] { return ran; });
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      std::function<void()> f;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return !q_.empty(); });
+        f = std::move(q_.front());
+        q_.pop_front();
+      }
+      if (!f) return;
+      f();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> q_;
+  std::thread t_;
+};
+
+template <typename Descr>
+int Drive(void* lib, const char* symbol, int rank, int world, int ops, int hung) {
+  auto* api = static_cast<ProfilerApi<Descr>*>(dlsym(lib, symbol));
+  if (api == nullptr) {
+    std::fprintf(stderr, "no %s: %s\n", symbol, dlerror());
+    return 2;
+  }
+  void* ctx = nullptr;
+  int mask = 0;
+  if (api->init(&ctx, 0x5eedULL, &mask, "world", 1, world, rank, nullptr) != kSuccess ||
+      ctx == nullptr || (mask & kColl) == 0 || (mask & kKernelCh) == 0) {
+    std::fprintf(stderr, "init refused: ctx %p mask %d\n", ctx, mask);
+    return 3;
+  }
+  constexpr int kChannels = 2;
+  constexpr size_t kCount = 1024;  // floats
+  ProxyThread proxy;
+  // The device side of an op: every channel's kernel starts, the proxy moves the bytes in two
+  // steps (the first waits for the GPU, the second for the network), the kernels stop. `finish`
+  // false: the steps wait on the network and nothing stops.
+  auto device = [&](void* op, bool send, bool finish) {
+    proxy.Post([=] {
+      void* ch[kChannels] = {};
+      for (int c = 0; c < kChannels; ++c) {
+        Descr k{};
+        k.type = kKernelCh;
+        k.parentObj = op;
+        k.rank = rank;
+        k.kernelCh.channelId = static_cast<uint8_t>(c);
+        api->startEvent(ctx, &ch[c], &k);
+      }
+      Descr p{};
+      p.type = kProxyOp;
+      p.parentObj = op;
+      p.rank = rank;
+      p.proxyOp.isSend = send ? 1 : 0;
+      p.proxyOp.nSteps = 2;
+      void* proxy_op = nullptr;
+      api->startEvent(ctx, &proxy_op, &p);
+      for (int s = 0; s < 2; ++s) {
+        Descr st{};
+        st.type = kProxyStep;
+        st.parentObj = proxy_op;
+        st.rank = rank;
+        st.proxyStep.step = s;
+        void* step = nullptr;
+        api->startEvent(ctx, &step, &st);
+        StateArgs a{};
+        a.proxyStep.transSize = kCount * sizeof(float) / 2;
+        api->recordEventState(step, send ? kProxyStepSendGpuWait : kProxyStepRecvWait, &a);
+        if (!finish) {
+          api->recordEventState(step, send ? kProxyStepSendWait : kProxyStepRecvWait, &a);
+          return;  // stuck: the peer never arrives
+        }
+        api->recordEventState(step, send ? kProxyStepSendWait : kProxyStepRecvGpuWait, &a);
+        api->stopEvent(step);
+      }
+      api->stopEvent(proxy_op);
+      for (int c = 0; c < kChannels; ++c) {
+        StateArgs a{};
+        a.kernelCh.pTimer = 1000 + c;
+        api->recordEventState(ch[c], kKernelChStop, &a);
+        api->stopEvent(ch[c]);
+      }
+    });
+  };
+  auto collective = [&](bool finish) {
+    Descr d{};
+    d.type = kColl;
+    d.rank = rank;
+    d.coll.func = "AllReduce";
+    d.coll.datatype = "ncclFloat32";
+    d.coll.count = kCount;
+    d.coll.nChannels = kChannels;
+    void* op = nullptr;
+    api->startEvent(ctx, &op, &d);
+    api->stopEvent(op);  // enqueued; the device runs it later
+    device(op, true, finish);
+  };
+  for (int i = 0; i < ops; ++i) {
+    collective(true);
+    if (i == ops / 2 && world > 1 && rank <= 1) {  // rank 0 sends to rank 1 once
+      Descr d{};
+      d.type = kP2p;
+      d.rank = rank;
+      d.p2p.func = rank == 0 ? "Send" : "Recv";
+      d.p2p.datatype = "ncclFloat32";
+      d.p2p.count = kCount;
+      d.p2p.peer = 1 - rank;
+      d.p2p.nChannels = kChannels;
+      void* op = nullptr;
+      api->startEvent(ctx, &op, &d);
+      api->stopEvent(op);
+      device(op, rank == 0, true);
+    }
+  }
+  if (rank != hung) collective(false);
+  proxy.Drain();
+  std::cout << "ready" << std::endl;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 7) {
+    std::fprintf(stderr, "usage: %s PLUGIN.so VERSION RANK WORLD OPS HUNG_RANK\n", argv[0]);
+    return 1;
+  }
+  void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    std::fprintf(stderr, "dlopen: %s\n", dlerror());
+    return 2;
+  }
+  const int version = std::atoi(argv[2]), rank = std::atoi(argv[3]), world = std::atoi(argv[4]),
+            ops = std::atoi(argv[5]), hung = std::atoi(argv[6]);
+  if (version == 6) return Drive<DescrV6>(lib, "ncclProfiler_v6", rank, world, ops, hung);
+  return Drive<DescrV5>(lib, "ncclProfiler_v5", rank, world, ops, hung);
+}

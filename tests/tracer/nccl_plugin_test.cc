@@ -1,0 +1,74 @@
+// The NCCL profiler plugin, loaded as NCCL loads it: four real processes each dlopen the .so and
+// drive it as NCCL's threads do (nccl_plugin_driver), one of them never issuing the fifth
+// all-reduce the others hang in; their rings hold every op as docs/formats.md numbers them. (The
+// hang analysis over the same rings: tests/analyzer/nccl_plugin_hang_test.cc.)
+#include <dlfcn.h>
+
+#include "tracer/nccl_drivers.h"
+
+namespace megascope::nccl_test {
+namespace {
+
+TEST_P(NcclPluginTest, EveryOpIsRecordedNumberedAndCompletedFromItsChildEvents) {
+  constexpr int kWorld = 4, kOps = 4, kHung = 2;
+  auto dumps = Run(kWorld, kOps, kHung);
+  ASSERT_EQ(dumps.size(), static_cast<size_t>(kWorld));
+  for (const auto& [file, d] : dumps) {
+    const int rank = d.snapshot.info.rank;
+    EXPECT_TRUE(d.alive) << file;
+    ASSERT_EQ(d.snapshot.groups.size(), 1u) << file;
+    EXPECT_EQ(d.snapshot.groups[0].kind, "world");
+    EXPECT_EQ(d.snapshot.groups[0].ranks.size(), static_cast<size_t>(kWorld));
+    // The all-reduces numbered 0, 1, ... in the group, completed from their kernels and proxies;
+    // the last one open (started on its device) on every rank but the hung one.
+    std::vector<const tracer::FlightEntry*> colls;
+    for (const auto& e : d.snapshot.entries) {
+      if (e.op == tracer::OpType::kAllreduce) colls.push_back(&e);
+    }
+    ASSERT_EQ(colls.size(), static_cast<size_t>(rank == kHung ? kOps : kOps + 1)) << file;
+    for (size_t i = 0; i < colls.size(); ++i) {
+      EXPECT_EQ(colls[i]->seq, i);
+      EXPECT_EQ(colls[i]->bytes, 4096u);
+      EXPECT_EQ(colls[i]->dtype, tracer::DType::kF32);
+      const bool last_open = rank != kHung && i == static_cast<size_t>(kOps);
+      EXPECT_EQ(colls[i]->state,
+                last_open ? tracer::OpState::kStarted : tracer::OpState::kCompleted)
+          << file << " #" << i;
+      if (!last_open) {
+        EXPECT_GE(colls[i]->completed_at_ns, colls[i]->started_at_ns);
+        EXPECT_EQ(colls[i]->bytes_sent, 4096) << "two proxy steps of 2048 bytes";
+      }
+    }
+    // Rank 0's send to rank 1 and rank 1's receive: the first of that pair.
+    for (const auto& e : d.snapshot.entries) {
+      if (!tracer::IsP2P(e.op)) continue;
+      EXPECT_TRUE(rank == 0 || rank == 1) << file;
+      EXPECT_EQ(e.op, rank == 0 ? tracer::OpType::kSend : tracer::OpType::kRecv);
+      EXPECT_EQ(e.peer, 1 - rank);
+      EXPECT_EQ(e.seq, 0u);
+      EXPECT_EQ(e.state, tracer::OpState::kCompleted);
+      EXPECT_EQ(rank == 0 ? e.bytes_sent : e.bytes_received, 4096);
+    }
+  }
+}
+
+TEST_P(NcclPluginTest, OnlyTheProfilerSymbolsAreExported) {
+  void* lib = dlopen(MEGASCOPE_NCCL_PLUGIN, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  const std::string symbol = "ncclProfiler_v" + std::to_string(GetParam());
+  EXPECT_NE(dlsym(lib, symbol.c_str()), nullptr);
+  // The capture core stays inside: a process that links megascope never binds to its copy.
+  EXPECT_EQ(dlsym(lib,
+                  "_ZN9megascope6tracer6Tracer6CreateERKNS0_11RingOptionsESt10shared_ptrINS0_"
+                  "5ClockEE"),
+            nullptr);
+  dlclose(lib);
+}
+
+INSTANTIATE_TEST_SUITE_P(Api, NcclPluginTest, ::testing::Values(5, 6),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return "v" + std::to_string(i.param);
+                         });
+
+}  // namespace
+}  // namespace megascope::nccl_test
