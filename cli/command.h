@@ -58,5 +58,6 @@ int RunLaunch(const Args& args);
 int RunReport(const Args& args);
 int RunEvict(const Args& args);
 int RunStop(const Args& args);
+int RunWrap(const Args& args);
 
 }  // namespace megascope::cli

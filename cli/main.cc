@@ -28,6 +28,10 @@ const Command kCommands[] = {
     {"evict", "evict a node from a running launch (needs the run's token)", &RunEvict},
     {"stop", "stop a running launch (needs the run's token)", &RunStop},
     {"report", "incidents of a launch: stage times, evictions, steps lost, ETTR", &RunReport},
+    {"wrap",
+     "trace a job megascope did not start (NCCL's collectives through the profiler plugin): "
+     "wrap -- CMD",
+     &RunWrap},
     {"self-check",
      "the GEMM and all-reduce check a node passes before it joins (started by launch)",
      &RunSelfCheckCommand, true},

@@ -1224,6 +1224,26 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt,
                     " s in an operation; nothing is hung.";
     out.push_back(std::move(v));
   }
+  // Where the blocked ops' data waits, when the writer could tell (NCCL's proxy steps): on the
+  // rank's own GPU, or on its peer and the network.
+  for (Verdict& v : out) {
+    if (v.kind != "hang") continue;
+    std::vector<int> who(v.root_ranks.begin(), v.root_ranks.end());
+    who.insert(who.end(), v.waiting_ranks.begin(), v.waiting_ranks.end());
+    int said = 0;
+    for (int r : who) {
+      if (r < 0 || r >= n || ranks[r].blocking == nullptr || said >= 4) continue;
+      const tracer::WaitSide w = ranks[r].blocking->waiting_on;
+      if (w != tracer::WaitSide::kGpu && w != tracer::WaitSide::kNetwork) continue;
+      ++said;
+      v.evidence.push_back(ranks[r].Describe() + " in " +
+                           OpName(*ranks[r].blocking, ranks[r].blocking_group) +
+                           (w == tracer::WaitSide::kGpu
+                                ? ": its data waits on its own GPU (NCCL proxy step)"
+                                : ": its data waits on the network side, for its peer or the "
+                                  "link (NCCL proxy step)"));
+    }
+  }
   // What the ranks' stacks say, beside the wait-for graph: the rank doing what no other does.
   if (const std::string odd = OddStackEvidence(in, GroupByStack(in)); !odd.empty()) {
     for (Verdict& v : out) {

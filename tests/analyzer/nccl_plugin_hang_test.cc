@@ -21,6 +21,11 @@ TEST_P(NcclPluginTest, TheRankThatNeverIssuedTheHungAllReduceIsNamed) {
   EXPECT_EQ(verdicts[0].root_ranks, std::vector<int32_t>{kHung}) << verdicts[0].explanation;
   EXPECT_EQ(verdicts[0].op, "allreduce");
   EXPECT_EQ(verdicts[0].seq, kOps);
+  // The waiting ranks' proxy steps say their data waits on the network side.
+  int network = 0;
+  for (const std::string& e : verdicts[0].evidence)
+    network += e.find("waits on the network side") != std::string::npos;
+  EXPECT_EQ(network, kWorld - 1) << verdicts[0].evidence[0];
 }
 
 INSTANTIATE_TEST_SUITE_P(Api, NcclPluginTest, ::testing::Values(5, 6),

@@ -40,6 +40,8 @@ std::vector<Dump> Dumps() {
     e.completed_at_ns = i < 37 ? e.enqueued_at_ns + 500 : 0;
     e.bytes_sent = e.group == 3 ? i * 100 : -1;
     e.bytes_received = e.group == 3 ? i * 50 : -1;
+    if (e.state == OpState::kStarted || e.state == OpState::kEnqueued)  // as NCCL's proxy says
+      e.waiting_on = i % 2 ? WaitSide::kGpu : WaitSide::kNetwork;
     d.snapshot.entries.push_back(e);
   }
   Dump dead = d;
@@ -96,6 +98,10 @@ TEST(DumpStreamTest, EveryDumpReadsBackAsTheJsonFormReadsIt) {
   EXPECT_EQ((*got)[0].snapshot.info.clock_offset_ns, -1234);
   EXPECT_EQ((*got)[0].snapshot.info.local_rank, 5);
   EXPECT_FALSE((*got)[1].alive);
+  int waits = 0;  // the open entries say where they wait, in both forms
+  for (const FlightEntry& e : (*got)[0].snapshot.entries) waits += e.waiting_on != WaitSide::kNone;
+  EXPECT_EQ(waits, 2);
+  EXPECT_NE(DumpToJson(dumps[0]).find("\"waiting_on\":\"network\""), std::string::npos);
   // A fraction of the JSON: 40 entries and a 12,288-rank world in well under 4 KB.
   EXPECT_LT(s.size(), DumpToJson(dumps[0]).size() / 2);
 }
@@ -130,9 +136,12 @@ TEST(DumpStreamTest, StreamsOfAnotherVersionCutShortOrCorruptAreRefusedSayingWhe
   };
   EXPECT_NE(error("{\"format\": \"megascope-flight-recorder\"}\n").find("not a megascope dump"),
             std::string::npos);
-  std::string v2 = s;
-  v2[kDumpStreamMagic.size()] = 2;
-  EXPECT_NE(error(v2).find("dump stream version 2 is not supported"), std::string::npos);
+  std::string v1 = s;  // the version before waiting_on: its entries are a byte shorter
+  v1[kDumpStreamMagic.size()] = 1;
+  EXPECT_NE(error(v1).find("dump stream version 1 is not supported"), std::string::npos);
+  std::string v3 = s;
+  v3[kDumpStreamMagic.size()] = 3;
+  EXPECT_NE(error(v3).find("dump stream version 3 is not supported"), std::string::npos);
   EXPECT_NE(error(s.substr(0, 10)).find("ended before its header"), std::string::npos);
   std::string cut = s.substr(0, s.size() - 30);  // inside the last dump
   EXPECT_NE(error(cut).find("ended inside dump"), std::string::npos) << error(cut);
@@ -141,7 +150,7 @@ TEST(DumpStreamTest, StreamsOfAnotherVersionCutShortOrCorruptAreRefusedSayingWhe
   Dump one = Dumps()[0];
   std::string frame;
   AppendDumpFrame(one, &frame);
-  const size_t first_entry = frame.size() - size_t{40} * 67;
+  const size_t first_entry = frame.size() - size_t{40} * 68;  // 40 entries of 68 bytes
   const size_t in_stream = s.find(frame);
   ASSERT_NE(in_stream, std::string::npos);
   const int32_t nine = 9;

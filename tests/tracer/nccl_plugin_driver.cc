@@ -5,12 +5,14 @@
 // KernelCh startEvent per channel, a ProxyOp with its ProxySteps (their state changes carrying the
 // bytes moved), and each channel's KernelCh state KernelChStop and stopEvent.
 //
-// Usage: nccl_plugin_driver PLUGIN.so VERSION RANK WORLD OPS HUNG_RANK
+// Usage: nccl_plugin_driver PLUGIN.so|- VERSION RANK WORLD OPS HUNG_RANK [hold]
 //   OPS all-reduces complete on every rank (between them, rank 0 sends to rank 1 once); then
 //   every rank but HUNG_RANK issues one more, whose kernels start and whose proxy steps wait on
 //   the network forever, while HUNG_RANK never issues it. Prints "ready" and waits for stdin to
-//   close (its ring must belong to a live process when it is read).
+//   close (its ring must belong to a live process when it is read), or with `hold` until it is
+//   signalled. "-" loads the plugin NCCL_PROFILER_PLUGIN names, as NCCL does.
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <cstdio>
@@ -75,7 +77,7 @@ class ProxyThread {
 };
 
 template <typename Descr>
-int Drive(void* lib, const char* symbol, int rank, int world, int ops, int hung) {
+int Drive(void* lib, const char* symbol, int rank, int world, int ops, int hung, bool hold) {
   auto* api = static_cast<ProfilerApi<Descr>*>(dlsym(lib, symbol));
   if (api == nullptr) {
     std::fprintf(stderr, "no %s: %s\n", symbol, dlerror());
@@ -173,6 +175,9 @@ int Drive(void* lib, const char* symbol, int rank, int world, int ops, int hung)
   if (rank != hung) collective(false);
   proxy.Drain();
   std::cout << "ready" << std::endl;
+  if (hold) {
+    for (;;) pause();  // until a signal ends it
+  }
   std::string line;
   while (std::getline(std::cin, line)) {
   }
@@ -182,17 +187,24 @@ int Drive(void* lib, const char* symbol, int rank, int world, int ops, int hung)
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 7) {
-    std::fprintf(stderr, "usage: %s PLUGIN.so VERSION RANK WORLD OPS HUNG_RANK\n", argv[0]);
+  if (argc != 7 && argc != 8) {
+    std::fprintf(stderr, "usage: %s PLUGIN.so|- VERSION RANK WORLD OPS HUNG_RANK [hold]\n",
+                 argv[0]);
     return 1;
   }
-  void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  const char* path = std::string(argv[1]) == "-" ? std::getenv("NCCL_PROFILER_PLUGIN") : argv[1];
+  if (path == nullptr) {
+    std::fprintf(stderr, "NCCL_PROFILER_PLUGIN is not set\n");
+    return 2;
+  }
+  void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
     std::fprintf(stderr, "dlopen: %s\n", dlerror());
     return 2;
   }
   const int version = std::atoi(argv[2]), rank = std::atoi(argv[3]), world = std::atoi(argv[4]),
             ops = std::atoi(argv[5]), hung = std::atoi(argv[6]);
-  if (version == 6) return Drive<DescrV6>(lib, "ncclProfiler_v6", rank, world, ops, hung);
-  return Drive<DescrV5>(lib, "ncclProfiler_v5", rank, world, ops, hung);
+  const bool hold = argc == 8 && std::string(argv[7]) == "hold";
+  if (version == 6) return Drive<DescrV6>(lib, "ncclProfiler_v6", rank, world, ops, hung, hold);
+  return Drive<DescrV5>(lib, "ncclProfiler_v5", rank, world, ops, hung, hold);
 }

@@ -34,6 +34,9 @@ TEST_P(NcclPluginTest, EveryOpIsRecordedNumberedAndCompletedFromItsChildEvents) 
       EXPECT_EQ(colls[i]->state,
                 last_open ? tracer::OpState::kStarted : tracer::OpState::kCompleted)
           << file << " #" << i;
+      // Where the open one's proxy steps wait: on the network (the peer never came).
+      EXPECT_EQ(colls[i]->waiting_on,
+                last_open ? tracer::WaitSide::kNetwork : tracer::WaitSide::kNone);
       if (!last_open) {
         EXPECT_GE(colls[i]->completed_at_ns, colls[i]->started_at_ns);
         EXPECT_EQ(colls[i]->bytes_sent, 4096) << "two proxy steps of 2048 bytes";

@@ -6,7 +6,7 @@
 // started -> completed from its child events: NCCL's stop of a Coll event only means "enqueued";
 // the device started it at its first kernel-channel (or proxy) event and finished it when every
 // channel's kernel stopped and every proxy op ended. Byte progress comes from the proxy steps, and
-// where a step waits (GPU side or network side) is kept per op.
+// where an open op's step waits (GPU side or network side) is its entry's waiting_on.
 //
 // Callbacks come from the user's thread (Coll, P2p), the proxy thread (ProxyOp, ProxyStep,
 // KernelCh) and CUDA host-callback threads: no lock and no allocation after init -- events live
@@ -92,7 +92,6 @@ Config ReadConfig() {
 }
 
 enum class Kind : uint8_t { kOp, kProxyOp, kProxyStep, kKernelCh };
-enum class Wait : uint8_t { kNone, kGpu, kNetwork };
 
 // One NCCL event. An op (Coll, P2p, CeColl) is referenced by NCCL's own handle until its stopEvent
 // and by each child (ProxyOp, KernelCh) from its start to its stop; completion holds one more
@@ -107,7 +106,6 @@ struct Event {
   std::atomic<int> proxies_open{0};
   std::atomic<int64_t> sent{0}, received{0};
   std::atomic<bool> started{false}, completed{false};
-  std::atomic<uint8_t> wait{0};  // Wait: where its newest proxy step waited
   std::atomic<int> refs{0};
   // A proxy op.
   bool is_send = false;
@@ -273,7 +271,6 @@ Event* StartOp(Recorder* rec, const Comm& comm, const char* func, const char* da
   e->received.store(0, std::memory_order_relaxed);
   e->started.store(false, std::memory_order_relaxed);
   e->completed.store(false, std::memory_order_relaxed);
-  e->wait.store(0, std::memory_order_relaxed);
   e->refs.store(2, std::memory_order_release);  // NCCL's handle and completion
   return e;
 }
@@ -384,23 +381,24 @@ int RecordEventState(void* handle, int state, StateArgs* args) {
   auto* e = static_cast<Event*>(handle);
   if (e->kind != Kind::kProxyStep) return kSuccess;
   if (args != nullptr && args->proxyStep.transSize > 0) e->trans = args->proxyStep.transSize;
-  Wait w = Wait::kNone;
+  // Where the step waits: for its own GPU (to fill a send buffer, or to drain or flush a
+  // received one) or for its peer and the network.
+  tracer::WaitSide side = tracer::WaitSide::kNone;
   switch (state) {
     case kProxyStepSendGpuWait:
     case kProxyStepRecvGpuWait:
     case kProxyStepRecvFlushWait:
-      w = Wait::kGpu;
+      side = tracer::WaitSide::kGpu;
       break;
     case kProxyStepSendPeerWait:
     case kProxyStepSendWait:
     case kProxyStepRecvWait:
-      w = Wait::kNetwork;
+      side = tracer::WaitSide::kNetwork;
       break;
     default:
       return kSuccess;
   }
-  if (Event* owner = e->parent->parent)
-    owner->wait.store(static_cast<uint8_t>(w), std::memory_order_relaxed);
+  if (Event* owner = e->parent->parent) rec->tracer->SetWaiting(owner->fr, side);
   return kSuccess;
 }
 

@@ -217,6 +217,10 @@ Result<Dump> ParseDumpJson(const json& j, const std::string& src) {
     ASSIGN_OR_RETURN(f.completed_at_ns, e.IntOrNull("completed_at_ns", 0));
     ASSIGN_OR_RETURN(f.bytes_sent, e.IntOrNull("bytes_sent", -1));
     ASSIGN_OR_RETURN(f.bytes_received, e.IntOrNull("bytes_received", -1));
+    if (e.Has("waiting_on")) {
+      ASSIGN_OR_RETURN(f.waiting_on, Enum<WaitSide>(e, "waiting_on", &ParseWaitSide, &d,
+                                                    "entries[" + std::to_string(i) + "]"));
+    }
     d.snapshot.entries.push_back(f);
   }
 
@@ -353,6 +357,7 @@ void AppendDumpJson(const Dump& d, std::string* to, bool one_line) {
     AppendField(out, "completed_at_ns", e.completed_at_ns, e.completed_at_ns == 0);
     AppendField(out, "bytes_sent", e.bytes_sent, e.bytes_sent < 0);
     AppendField(out, "bytes_received", e.bytes_received, e.bytes_received < 0);
+    if (e.waiting_on != WaitSide::kNone) AppendString(out, "waiting_on", Name(e.waiting_on));
     out += '}';
   });
   if (!d.stacks.empty()) {  // none: written by a reader, or not asked for

@@ -88,7 +88,8 @@ constexpr std::string_view kEntry[] = {"group",
                                        "started_at_ns",
                                        "completed_at_ns",
                                        "bytes_sent",
-                                       "bytes_received"};
+                                       "bytes_received",
+                                       "waiting_on"};
 
 // `var` names the variable it declares: it cannot be parenthesised.
 // NOLINTBEGIN(bugprone-macro-parentheses)
@@ -198,7 +199,7 @@ std::optional<Dump> Read(element root) {
   size_t i = 0;
   for (element ej : entries) {
     if (ej.type() != element_type::OBJECT) return std::nullopt;
-    Slots<12> e{kEntry};
+    Slots<13> e{kEntry};
     if (!e.Fill(object(ej))) return std::nullopt;
     FlightEntry f;
     f.id = i + 1;
@@ -231,6 +232,10 @@ std::optional<Dump> Read(element root) {
     f.completed_at_ns = done;
     f.bytes_sent = sent;
     f.bytes_received = received;
+    if (e.Has(12)) {
+      TRY(waiting, Enum<WaitSide>(e.Str(12), &ParseWaitSide, "waiting_on", where, &d));
+      f.waiting_on = waiting;
+    }
     d.snapshot.entries.push_back(f);
     ++i;
   }

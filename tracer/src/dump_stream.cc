@@ -19,7 +19,8 @@ constexpr DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBf16, DType::kF64
 constexpr Phase kPhases[] = {Phase::kInit,     Phase::kData,      Phase::kForward,
                              Phase::kBackward, Phase::kOptimizer, Phase::kCheckpoint,
                              Phase::kIdle,     Phase::kDone};
-constexpr size_t kEntryBytes = 4 + 8 + 1 + 4 + 8 + 1 + 1 + 5 * 8;
+constexpr WaitSide kWaits[] = {WaitSide::kNone, WaitSide::kGpu, WaitSide::kNetwork};
+constexpr size_t kEntryBytes = 4 + 8 + 1 + 4 + 8 + 1 + 1 + 5 * 8 + 1;
 constexpr size_t kMaxString = 1 << 16;
 
 template <typename T>
@@ -120,6 +121,7 @@ void AppendDumpStreamHeader(std::string* out) {
   PutTable(out, kStates);
   PutTable(out, kDTypes);
   PutTable(out, kPhases);
+  PutTable(out, kWaits);
 }
 
 void AppendDumpFrame(const Dump& d, std::string* out) {
@@ -170,6 +172,7 @@ void AppendDumpFrame(const Dump& d, std::string* out) {
     put(e.completed_at_ns);
     put(e.bytes_sent);
     put(e.bytes_received);
+    put(static_cast<uint8_t>(e.waiting_on));
   }
   const auto length = static_cast<uint32_t>(out->size() - start - sizeof(uint32_t));
   std::memcpy(out->data() + start, &length, sizeof(length));
@@ -198,9 +201,12 @@ Result<size_t> DumpStreamReader::ParseHeader() {
   states_.clear();
   dtypes_.clear();
   phases_.clear();
+  waits_.clear();
   if (!ReadTable<OpType>(in, &ParseOpType, &ops_) ||
       !ReadTable<OpState>(in, &ParseOpState, &states_) ||
-      !ReadTable<DType>(in, &ParseDType, &dtypes_) || !ReadTable<Phase>(in, &ParsePhase, &phases_))
+      !ReadTable<DType>(in, &ParseDType, &dtypes_) ||
+      !ReadTable<Phase>(in, &ParsePhase, &phases_) ||
+      !ReadTable<WaitSide>(in, &ParseWaitSide, &waits_))
     return 0;
   return in.At();
 }
@@ -312,7 +318,7 @@ Result<Dump> DumpStreamReader::ParseFrame(std::string_view frame) {
   d.snapshot.entries.resize(entries);
   for (uint32_t i = 0; i < entries; ++i) {
     FlightEntry& e = d.snapshot.entries[i];
-    uint8_t op = 0, dtype = 0, state = 0;
+    uint8_t op = 0, dtype = 0, state = 0, waiting = 0;
     e.id = i + 1;  // as the JSON form reads it: the issue order of what the dump holds
     in.Get(&e.group);
     in.Get(&e.seq);
@@ -324,6 +330,7 @@ Result<Dump> DumpStreamReader::ParseFrame(std::string_view frame) {
     for (int64_t* v : {&e.enqueued_at_ns, &e.started_at_ns, &e.completed_at_ns, &e.bytes_sent,
                        &e.bytes_received})
       in.Get(v);
+    in.Get(&waiting);
     if (e.group < 0 || static_cast<uint32_t>(e.group) >= groups) {
       return InvalidArgument(where + ": entries[" + std::to_string(i) + "] is of group " +
                              std::to_string(e.group) + ", but " + std::to_string(groups) +
@@ -332,6 +339,7 @@ Result<Dump> DumpStreamReader::ParseFrame(std::string_view frame) {
     e.op = Decode<OpType>(ops_, op, "op", i, &d);
     e.dtype = Decode<DType>(dtypes_, dtype, "dtype", i, &d);
     e.state = Decode<OpState>(states_, state, "state", i, &d);
+    e.waiting_on = Decode<WaitSide>(waits_, waiting, "waiting_on", i, &d);
     if (IsP2P(e.op) && e.peer < 0) {
       return InvalidArgument(where + ": entries[" + std::to_string(i) + "]: a " +
                              std::string(Name(e.op)) + " needs a peer");

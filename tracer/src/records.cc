@@ -16,6 +16,7 @@ constexpr std::array<std::string_view, 4> kStates = {"enqueued", "started", "com
 constexpr std::array<std::string_view, 8> kDTypes = {"f32", "f16", "bf16", "f64",
                                                      "i32", "i64", "u8",   "u16"};
 constexpr std::array<size_t, 8> kDTypeSizes = {4, 2, 2, 8, 4, 8, 1, 2};
+constexpr std::array<std::string_view, 3> kWaitSides = {"", "gpu", "network"};
 constexpr std::array<std::string_view, 8> kPhases = {
     "init", "data", "forward", "backward", "optimizer", "checkpoint", "idle", "done"};
 
@@ -26,6 +27,10 @@ std::string_view Name(OpType o) { return NameFrom(kOps, o); }
 std::string_view Name(OpState s) { return NameFrom(kStates, s); }
 std::string_view Name(DType d) { return NameFrom(kDTypes, d); }
 std::string_view Name(Phase p) { return NameFrom(kPhases, p); }
+std::string_view Name(WaitSide w) { return NameFrom(kWaitSides, w); }
+std::optional<WaitSide> ParseWaitSide(std::string_view s) {
+  return ParseFrom<WaitSide>(kWaitSides, s);  // "": kNone
+}
 std::optional<SpanKind> ParseSpanKind(std::string_view s) {
   return ParseFrom<SpanKind>(kSpanKinds, s);
 }

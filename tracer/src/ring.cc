@@ -157,6 +157,7 @@ RankSnapshot TakeSnapshot(const Segment& s) {
     f.bytes = e.bytes;
     f.dtype = e.dtype;
     f.state = e.state;
+    f.waiting_on = e.waiting_on;
     f.enqueued_at_ns = to_ns(e.enqueued_ticks);
     f.started_at_ns = to_ns(e.started_ticks);
     f.completed_at_ns = to_ns(e.completed_ticks);

@@ -122,11 +122,19 @@ void Tracer::Progress(OpHandle h, int64_t bytes_sent, int64_t bytes_received) {
   ring_->WriteFlight(*e);
 }
 
+void Tracer::SetWaiting(OpHandle h, WaitSide side) {
+  SharedFlightEntry* e = Local(h);
+  if (e == nullptr || e->waiting_on == side) return;
+  e->waiting_on = side;
+  ring_->WriteFlight(*e);
+}
+
 void Tracer::Finish(OpHandle h, OpState state) {
   SharedFlightEntry* e = Local(h);
   if (e == nullptr) return;
   e->state = state;
   e->completed_ticks = Ticks();
+  e->waiting_on = WaitSide::kNone;  // nothing waits any more
   ring_->WriteFlight(*e);
   if (Record* r = ring_->Claim()) {
     CollectiveRecord& c = r->collective;

@@ -67,16 +67,17 @@ Result<Dump> ReadDumpFile(const std::string& path);
 // The binary form of a stream of dumps (an agent's GET /dumps?form=binary, what live hang analysis
 // reads): what the JSON form carries, in fixed-width little-endian fields, a few times cheaper to
 // write and read than JSON at 100,000 ranks. The stream starts with kDumpStreamMagic, its version
-// (u32) and the writer's spelling of each code of its enums (op, state, dtype, phase: a count, then
-// length-prefixed docs/formats.md names), so that a reader maps codes by name and keeps a value it
-// does not know as the JSON reader does (Dump::unknown_values). Then one frame a rank: its length
+// (u32) and the writer's spelling of each code of its enums (op, state, dtype, phase, waiting_on:
+// a count, then length-prefixed docs/formats.md names), so that a reader maps codes by name and
+// keeps a value it does not know as the JSON reader does (Dump::unknown_values). Then one frame a
+// rank: its length
 // (u32), alive (u8), dumped_at_ns, job and node (length-prefixed), rank, world_size, local_rank,
 // attempt, pid, dp, pp, tp (i32), clock_offset_ns; the heartbeat's step, phase (u8) and
 // updated_at_ns; the groups (a count; each its name, kind and runs of ranks: first, stride, count);
 // the entries (a count; each group index, seq, op, peer, bytes, dtype, state, enqueued, started,
-// completed, bytes_sent, bytes_received).
+// completed, bytes_sent, bytes_received, waiting_on (u8)).
 inline constexpr std::string_view kDumpStreamMagic = "MSDUMPS\n";
-inline constexpr uint32_t kDumpStreamVersion = 1;
+inline constexpr uint32_t kDumpStreamVersion = 2;  // 2: waiting_on
 void AppendDumpStreamHeader(std::string* out);
 void AppendDumpFrame(const Dump& dump, std::string* out);
 
@@ -107,7 +108,7 @@ class DumpStreamReader {
   std::string buffer_;
   bool header_done_ = false;
   size_t frames_ = 0;
-  std::vector<Code> ops_, states_, dtypes_, phases_;
+  std::vector<Code> ops_, states_, dtypes_, phases_, waits_;
 };
 
 // Calls `on_signal` from its own thread each time the process receives `signo` (default

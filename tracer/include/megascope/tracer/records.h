@@ -36,6 +36,9 @@ enum class OpType : uint8_t {
 };
 enum class OpState : uint8_t { kEnqueued = 0, kStarted, kCompleted, kFailed, kUnknown = 255 };
 enum class DType : uint8_t { kF32 = 0, kF16, kBf16, kF64, kI32, kI64, kU8, kU16, kUnknown = 255 };
+// Where an open op's data waits, when the backend can tell (NCCL's proxy steps): on the rank's own
+// device (GPU side) or on its peer and the network. kNone: not known.
+enum class WaitSide : uint8_t { kNone = 0, kGpu, kNetwork, kUnknown = 255 };
 enum class Phase : uint8_t {
   kInit = 0,
   kData,
@@ -54,11 +57,13 @@ std::string_view Name(OpType o);
 std::string_view Name(OpState s);
 std::string_view Name(DType d);
 std::string_view Name(Phase p);
+std::string_view Name(WaitSide w);  // "" for kNone
 std::optional<SpanKind> ParseSpanKind(std::string_view s);
 std::optional<OpType> ParseOpType(std::string_view s);
 std::optional<OpState> ParseOpState(std::string_view s);
 std::optional<DType> ParseDType(std::string_view s);
 std::optional<Phase> ParsePhase(std::string_view s);
+std::optional<WaitSide> ParseWaitSide(std::string_view s);
 inline bool IsP2P(OpType o) { return o == OpType::kSend || o == OpType::kRecv; }
 size_t DTypeSize(DType d);
 

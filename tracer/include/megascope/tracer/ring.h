@@ -68,7 +68,8 @@ struct SharedFlightEntry {
   OpType op;
   OpState state;
   DType dtype;
-  uint8_t reserved[7];
+  WaitSide waiting_on;  // zero (kNone) in rings of writers older than it
+  uint8_t reserved[6];
 };
 static_assert(sizeof(SharedFlightEntry) == 80);
 

@@ -57,6 +57,7 @@ struct FlightEntry {
   OpType op = OpType::kAllreduce;
   DType dtype = DType::kF32;
   OpState state = OpState::kEnqueued;
+  WaitSide waiting_on = WaitSide::kNone;  // an open op's, when the writer can tell
 };
 static_assert(sizeof(FlightEntry) == 80);
 inline constexpr int32_t kMaxTimeoutMs = INT32_MAX;  // 24.8 days

@@ -99,6 +99,8 @@ class Tracer {
   OpHandle Enqueue(GroupId group, OpType op, uint64_t bytes, DType dtype, int32_t peer = -1);
   void Start(OpHandle h);
   void Progress(OpHandle h, int64_t bytes_sent, int64_t bytes_received);
+  // Where the op's data waits now (GPU side or network side), for a hang's evidence.
+  void SetWaiting(OpHandle h, WaitSide side);
   void Complete(OpHandle h) { Finish(h, OpState::kCompleted); }
   void Fail(OpHandle h) { Finish(h, OpState::kFailed); }
 

@@ -1,0 +1,280 @@
+// `megascope wrap [options] -- CMD ...`: traces a job megascope did not start. The command runs
+// with NCCL's profiler plugin (libnccl-profiler-megascope.so) named in its environment, so every
+// process of it that uses NCCL -- torchrun's workers, Megatron's ranks, an MPI job's -- records
+// its collectives in a ring of its own; the node's agent (started here, or found if another wrap
+// on this node started it) drains the rings into RUN_DIR/nodes/<node>/trace.db. When the command
+// is interrupted (a hang an operator gave up on) or fails, every rank's flight recorder is taken
+// from the agent first, while the ranks are still there, into RUN_DIR/dumps/attempt_<A>/; the run
+// directory then answers `query`, `analyze hang`, `analyze slow`, `timeline` and `report` as a
+// `train` or `launch` run's does.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+#include <thread>
+
+#include "command.h"
+#include "megascope/controller/control_db.h"
+#include "megascope/launch/process.h"
+#include "megascope/launch/run_layout.h"
+#include "megascope/tracer/dump.h"
+#include "megascope/tracer/file_util.h"
+#include "megascope/tracer/http_client.h"
+#include "megascope/tracer/ring.h"
+
+namespace megascope::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "";
+}
+
+std::string Trimmed(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  return s;
+}
+
+// A job name as rings spell it ([A-Za-z0-9_-], at most 48).
+std::string JobName(std::string s) {
+  for (char& c : s) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '-';
+  }
+  return s.substr(0, 48);
+}
+
+// The plugin: --nccl-plugin, else beside this binary as the build tree or an install lays it out.
+std::string FindPlugin(const std::string& given) {
+  if (!given.empty()) return fs::absolute(given).string();
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec).parent_path();
+  for (const fs::path& p :
+       {exe / "../tracer/nccl/libnccl-profiler-megascope.so",
+        exe / "../lib/libnccl-profiler-megascope.so", exe / "libnccl-profiler-megascope.so",
+        fs::path(MEGASCOPE_NCCL_PLUGIN_PATH)}) {
+    if (fs::exists(p, ec)) return fs::canonical(p, ec).string();
+  }
+  return "";
+}
+
+struct Agent {
+  std::unique_ptr<launch::Process> process;  // set when this wrap started it
+  std::string url;
+};
+
+// The node's agent: the one another wrap started (its port file answers), or a new one.
+Result<Agent> FindOrStartAgent(const launch::RunLayout& layout, const std::string& node,
+                               const std::string& job, const std::string& shm_dir) {
+  fs::create_directories(layout.node_dir(node));
+  const std::string lock_path = layout.node_dir(node) + "/agent.lock";
+  const int lock = ::open(lock_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  if (lock < 0) return ErrnoError("cannot open " + lock_path, errno);
+  ::flock(lock, LOCK_EX);  // one wrap at a time decides
+  Agent a;
+  if (auto port = tracer::ReadFile(layout.agent_port(node)); port.ok()) {
+    const std::string url = "http://127.0.0.1:" + Trimmed(*port);
+    if (tracer::HttpGet(url + "/state", 2000).ok()) {
+      a.url = url;
+      ::close(lock);
+      return a;
+    }
+  }
+  std::error_code ec;
+  fs::remove(layout.agent_port(node), ec);
+  auto p = launch::Process::Spawn(launch::ProcessSpec(
+      {fs::read_symlink("/proc/self/exe").string(), "agent", "--node", node, "--run-dir",
+       layout.dir(), "--job", job, "--shm-dir", shm_dir, "--listen", "127.0.0.1:0"},
+      layout.agent_log(node)));
+  if (!p.ok()) {
+    ::close(lock);
+    return p.status();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (auto port = tracer::ReadFile(layout.agent_port(node)); port.ok() && !port->empty()) {
+      a.url = "http://127.0.0.1:" + Trimmed(*port);
+      a.process = std::move(*p);
+      ::close(lock);
+      return a;
+    }
+    if (!(*p)->running()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::close(lock);
+  return FailedPrecondition("the agent of " + node + " did not start:\n" + (*p)->LogTail(10));
+}
+
+// Every rank's flight recorder as the agent has it, written to the attempt's dump directory, once
+// the agent has found every ring of the job on this node (it looks each drain pass).
+int CollectDumps(const Agent& agent, const launch::RunLayout& layout, const std::string& job,
+                 const std::string& shm_dir, int attempt) {
+  size_t rings = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(shm_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    rings +=
+        name.rfind(tracer::RingFilePrefix(job), 0) == 0 && name.find(".init.") == std::string::npos;
+  }
+  const std::string dir = layout.dumps(attempt);
+  fs::create_directories(dir, ec);
+  int written = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  do {
+    auto body =
+        tracer::HttpGet(agent.url + "/dumps?form=json&attempt=" + std::to_string(attempt), 30000);
+    if (!body.ok()) break;
+    std::istringstream lines(*body);
+    std::vector<tracer::Dump> dumps;
+    for (std::string line; std::getline(lines, line);) {
+      auto d = tracer::ParseDump(line, agent.url + "/dumps");
+      if (d.ok()) dumps.push_back(std::move(*d));
+    }
+    if (dumps.size() < rings && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
+    for (const tracer::Dump& d : dumps) {
+      written +=
+          tracer::WriteFileAtomic(layout.dump(attempt, d.snapshot.info.rank), tracer::DumpToJson(d))
+              .ok();
+    }
+    break;
+  } while (true);
+  return written;
+}
+
+void Record(const launch::RunLayout& layout, controller::EventKind kind, int attempt,
+            const std::string& node, nlohmann::json detail) {
+  auto db = controller::ControlDb::Open(layout.control_db());
+  if (!db.ok()) return;
+  controller::Event e;
+  e.ts_ns = tracer::WallNowNs();
+  e.attempt = attempt;
+  e.kind = kind;
+  e.node = node;
+  e.detail = std::move(detail);
+  (void)(*db)->Record(e);
+}
+
+}  // namespace
+
+int RunWrap(const Args& all) {
+  // Ours before "--", the command after it.
+  Args args, cmd;
+  auto dash = std::find(all.begin(), all.end(), "--");
+  args.assign(all.begin(), dash);
+  if (dash != all.end()) cmd.assign(dash + 1, all.end());
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  std::string run_dir = Env("MEGASCOPE_RUN_DIR"), node = Env("MEGASCOPE_NODE"), job,
+              shm_dir = "/dev/shm", plugin;
+  int attempt = std::atoi(Env("TORCHELASTIC_RESTART_COUNT").c_str());
+  for (const char* v : {"MEGASCOPE_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"}) {
+    if (job.empty()) job = Env(v);
+  }
+  po::options_description opts("Options");
+  opts.add_options()("help,h", "show this help")(
+      "run-dir", po::value(&run_dir)->default_value(run_dir.empty() ? "megascope-run" : run_dir),
+      "run directory: nodes/<node>/trace.db, dumps/, control.db (default $MEGASCOPE_RUN_DIR, "
+      "else ./megascope-run; on several nodes, a shared directory)")(
+      "node", po::value(&node)->default_value(node.empty() ? host : node),
+      "this node's name (default $MEGASCOPE_NODE, else the host name)")(
+      "job", po::value(&job)->default_value(job.empty() ? "wrap" : job),
+      "job name, the same on every node (default $MEGASCOPE_JOB, $SLURM_JOB_ID or "
+      "$TORCHELASTIC_RUN_ID, else wrap)")(
+      "attempt", po::value(&attempt)->default_value(attempt),
+      "attempt number of this run of the job (default $TORCHELASTIC_RESTART_COUNT, else 0)")(
+      "shm-dir", po::value(&shm_dir)->default_value(shm_dir), "where the processes' rings live")(
+      "nccl-plugin", po::value(&plugin),
+      "the NCCL profiler plugin to load (default: libnccl-profiler-megascope.so beside this "
+      "binary); an NCCL_PROFILER_PLUGIN already set is kept");
+  po::variables_map vm;
+  if (auto rc = ParseArgs("wrap",
+                          "megascope wrap [--run-dir D] [--node N] [--job J] -- CMD [ARGS...]\n"
+                          "example: megascope wrap --run-dir /shared/runs/job7 -- torchrun "
+                          "--nproc-per-node 8 train.py",
+                          args, opts, {}, &vm))
+    return *rc;
+  if (cmd.empty()) return Fail("wrap", "give the command to run after --", 2);
+  job = JobName(job);
+  run_dir = fs::absolute(run_dir).string();
+  launch::RunLayout layout(run_dir);
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  if (ec) return Fail("wrap", "cannot make " + run_dir + ": " + ec.message());
+
+  std::vector<std::pair<std::string, std::string>> env = {
+      {"MEGASCOPE_RUN_DIR", run_dir},
+      {"MEGASCOPE_NODE", node},
+      {"MEGASCOPE_JOB", job},
+      {"MEGASCOPE_SHM_DIR", shm_dir},
+      {"MEGASCOPE_ATTEMPT", std::to_string(attempt)}};
+  if (Env("NCCL_PROFILER_PLUGIN").empty()) {
+    plugin = FindPlugin(plugin);
+    if (plugin.empty())
+      Warn("wrap", {"libnccl-profiler-megascope.so not found (give --nccl-plugin): NCCL "
+                    "collectives are not traced"});
+    else
+      env.emplace_back("NCCL_PROFILER_PLUGIN", plugin);
+  }
+
+  auto agent = FindOrStartAgent(layout, node, job, shm_dir);
+  if (!agent.ok()) return Fail("wrap", agent.status().message());
+  const bool owner = agent->process != nullptr;
+  if (owner)
+    Record(layout, controller::EventKind::kRestart, attempt, "",
+           {{"cause", "wrap"}, {"nodes", {node}}, {"resume_step", 0}, {"source", "none"}});
+  std::fprintf(stderr, "megascope wrap: tracing into %s (node %s, job %s; agent %s%s)\n",
+               run_dir.c_str(), node.c_str(), job.c_str(), agent->url.c_str(),
+               owner ? "" : ", another wrap's");
+
+  // SIGINT and SIGTERM are taken here: the ranks' flight recorders first, then the command.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  launch::ProcessSpec spec(cmd);
+  spec.env = env;
+  auto child = launch::Process::Spawn(spec);
+  if (!child.ok()) return Fail("wrap", child.status().message());
+  int interrupted = 0;
+  std::optional<launch::ExitStatus> status;
+  while (!(status = (*child)->Poll())) {
+    timespec tick{0, 50'000'000};
+    const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
+    if (sig <= 0) continue;
+    interrupted = sig;
+    const int n = CollectDumps(*agent, layout, job, shm_dir, attempt);
+    std::fprintf(stderr, "megascope wrap: %s: %d flight recorder(s) kept in %s; stopping %s\n",
+                 strsignal(sig), n, layout.dumps(attempt).c_str(), cmd[0].c_str());
+    status = (*child)->Stop(std::chrono::seconds(30));
+    break;
+  }
+  if (!interrupted && !status->success()) {  // what its ranks held when it failed
+    const int n = CollectDumps(*agent, layout, job, shm_dir, attempt);
+    if (n > 0)
+      std::fprintf(stderr, "megascope wrap: %s %s; %d flight recorder(s) kept in %s\n",
+                   cmd[0].c_str(), status->Describe().c_str(), n, layout.dumps(attempt).c_str());
+  }
+  if (owner) {
+    Record(layout, controller::EventKind::kJobFinished, attempt, "",
+           {{"status", interrupted ? "interrupted" : (status->success() ? "finished" : "failed")},
+            {"exit", status->Describe()}});
+    agent->process->Stop(std::chrono::seconds(30));  // drains what is left first
+  }
+  if (interrupted) return 128 + interrupted;
+  return status->exited() ? status->code() : 128 + status->signal();
+}
+
+}  // namespace megascope::cli
