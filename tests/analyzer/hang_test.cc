@@ -100,7 +100,8 @@ TEST_P(HangScenario, TheIndexAloneGivesTheSameVerdicts) {
 
 std::vector<std::string> Scenarios(const char* root = MEGASCOPE_TEST_DATA "/hang") {
   std::vector<std::string> dirs;
-  for (const auto& e : fs::directory_iterator(root)) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
     if (fs::exists(e.path() / "expected.json")) dirs.push_back(e.path().string());
   }
   std::sort(dirs.begin(), dirs.end());
@@ -209,6 +210,11 @@ TEST_P(PyTorchCase, NamesTheRootAndNoOneElse) {
 INSTANTIATE_TEST_SUITE_P(Data, PyTorchCase,
                          ::testing::ValuesIn(Scenarios(MEGASCOPE_TEST_DATA "/pytorch")),
                          [](const auto& info) { return fs::path(info.param).filename().string(); });
+// Dumps PyTorch itself wrote (scripts/record-pytorch-fr.py), each case a hang provoked for real.
+INSTANTIATE_TEST_SUITE_P(Real, PyTorchCase,
+                         ::testing::ValuesIn(Scenarios(MEGASCOPE_TEST_DATA "/pytorch/real")),
+                         [](const auto& info) { return fs::path(info.param).filename().string(); });
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(PyTorchCase);
 
 TEST(PyTorchImportTest, FlightRecorderDumpsGetARootCause) {
   auto in = LoadPyTorchDumps(MEGASCOPE_TEST_DATA "/pytorch/rank_not_joined/dumps");
