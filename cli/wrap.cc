@@ -25,6 +25,7 @@
 #include "megascope/controller/control_db.h"
 #include "megascope/launch/process.h"
 #include "megascope/launch/run_layout.h"
+#include "megascope/launch/supervisor.h"
 #include "megascope/tracer/dump.h"
 #include "megascope/tracer/file_util.h"
 #include "megascope/tracer/http_client.h"
@@ -67,19 +68,20 @@ std::string FindPlugin(const std::string& given) {
   return "";
 }
 
+// The node's agent: the one another wrap on this node started (its port file answers), else one
+// started here (the launch supervisor's: it also clears rings an earlier run of the job left).
 struct Agent {
-  std::unique_ptr<launch::Process> process;  // set when this wrap started it
+  std::unique_ptr<launch::Supervisor> owner;  // set when this wrap started it
   std::string url;
 };
 
-// The node's agent: the one another wrap started (its port file answers), or a new one.
 Result<Agent> FindOrStartAgent(const launch::RunLayout& layout, const std::string& node,
                                const std::string& job, const std::string& shm_dir) {
   fs::create_directories(layout.node_dir(node));
   const std::string lock_path = layout.node_dir(node) + "/agent.lock";
   const int lock = ::open(lock_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
   if (lock < 0) return ErrnoError("cannot open " + lock_path, errno);
-  ::flock(lock, LOCK_EX);  // one wrap at a time decides
+  ::flock(lock, LOCK_EX);  // one wrap at a time decides; closing the file lets the next one in
   Agent a;
   if (auto port = tracer::ReadFile(layout.agent_port(node)); port.ok()) {
     const std::string url = "http://127.0.0.1:" + Trimmed(*port);
@@ -89,29 +91,17 @@ Result<Agent> FindOrStartAgent(const launch::RunLayout& layout, const std::strin
       return a;
     }
   }
-  std::error_code ec;
-  fs::remove(layout.agent_port(node), ec);
-  auto p = launch::Process::Spawn(launch::ProcessSpec(
-      {fs::read_symlink("/proc/self/exe").string(), "agent", "--node", node, "--run-dir",
-       layout.dir(), "--job", job, "--shm-dir", shm_dir, "--listen", "127.0.0.1:0"},
-      layout.agent_log(node)));
-  if (!p.ok()) {
-    ::close(lock);
-    return p.status();
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (auto port = tracer::ReadFile(layout.agent_port(node)); port.ok() && !port->empty()) {
-      a.url = "http://127.0.0.1:" + Trimmed(*port);
-      a.process = std::move(*p);
-      ::close(lock);
-      return a;
-    }
-    if (!(*p)->running()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  launch::SupervisorOptions o;
+  o.self_exe = fs::read_symlink("/proc/self/exe").string();
+  o.run_dir = layout.dir();
+  o.job = job;
+  o.shm_dir = shm_dir;
+  a.owner = std::make_unique<launch::Supervisor>(o);
+  auto port = a.owner->StartAgent(node);
   ::close(lock);
-  return FailedPrecondition("the agent of " + node + " did not start:\n" + (*p)->LogTail(10));
+  if (!port.ok()) return port.status();
+  a.url = "http://127.0.0.1:" + std::to_string(*port);
+  return a;
 }
 
 // Every rank's flight recorder as the agent has it, written to the attempt's dump directory, once
@@ -230,7 +220,7 @@ int RunWrap(const Args& all) {
 
   auto agent = FindOrStartAgent(layout, node, job, shm_dir);
   if (!agent.ok()) return Fail("wrap", agent.status().message());
-  const bool owner = agent->process != nullptr;
+  const bool owner = agent->owner != nullptr;
   if (owner)
     Record(layout, controller::EventKind::kRestart, attempt, "",
            {{"cause", "wrap"}, {"nodes", {node}}, {"resume_step", 0}, {"source", "none"}});
@@ -271,7 +261,7 @@ int RunWrap(const Args& all) {
     Record(layout, controller::EventKind::kJobFinished, attempt, "",
            {{"status", interrupted ? "interrupted" : (status->success() ? "finished" : "failed")},
             {"exit", status->Describe()}});
-    agent->process->Stop(std::chrono::seconds(30));  // drains what is left first
+    agent->owner->StopAgent(node);  // it drains what is left first
   }
   if (interrupted) return 128 + interrupted;
   return status->exited() ? status->code() : 128 + status->signal();
