@@ -7,8 +7,9 @@
 namespace megascope::tracer {
 namespace {
 
-constexpr std::array<std::string_view, 8> kSpanKinds = {
-    "forward", "backward", "optimizer", "data", "checkpoint", "comm", "compute", "other"};
+constexpr std::array<std::string_view, 12> kSpanKinds = {
+    "forward", "backward", "optimizer", "data",   "checkpoint", "comm",
+    "compute", "other",    "kernel",    "memcpy", "memset",     "sync"};
 constexpr std::array<std::string_view, 9> kOps = {"allreduce", "reduce_scatter", "allgather",
                                                   "broadcast", "reduce",         "barrier",
                                                   "alltoall",  "send",           "recv"};

@@ -21,6 +21,12 @@ enum class SpanKind : uint8_t {
   kComm,
   kCompute,
   kOther,
+  // On a device, from CUPTI: a kernel, a copy, a memset; and a runtime call that waits for the
+  // device (cudaStreamSynchronize, ...).
+  kKernel,
+  kMemcpy,
+  kMemset,
+  kSync,
 };
 enum class OpType : uint8_t {
   kAllreduce = 0,

@@ -1,0 +1,34 @@
+// CUPTI activity records as spans: what ran on a GPU (kernels, copies, memsets) and the runtime
+// calls that wait for one (device, stream and event synchronisation), each with the correlation
+// id CUPTI gives the runtime call that launched it. Pure: a record in, a span out. The injection
+// library (libmegascope-cupti.so) writes them into the process's ring; the conversion is tested
+// without a GPU from records built in the test.
+#pragma once
+
+#include <cupti_activity.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "megascope/tracer/records.h"
+
+namespace megascope::tracer::cupti {
+
+struct DeviceSpan {
+  SpanKind kind = SpanKind::kKernel;
+  std::string
+      name;  // a kernel's demangled name (cut at 160), "memcpy HtoD", "cudaStreamSynchronize"
+  uint64_t start_ns = 0, end_ns = 0;  // CUPTI's clock (cuptiGetTimestamp)
+  uint32_t correlation = 0;           // the launching runtime call's correlationId
+  uint32_t device = 0, stream = 0;    // a runtime call's: 0
+  uint64_t bytes = 0;                 // a copy's or memset's
+};
+
+// The span of one activity record, or nothing for a kind (or runtime call) that is no span here.
+// Understands CONCURRENT_KERNEL and KERNEL (CUpti_ActivityKernel10), MEMCPY
+// (CUpti_ActivityMemcpy6), MEMSET (CUpti_ActivityMemset4) and RUNTIME (CUpti_ActivityAPI: the
+// synchronising calls).
+std::optional<DeviceSpan> ToDeviceSpan(const CUpti_Activity& record);
+
+}  // namespace megascope::tracer::cupti
