@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "command.h"
@@ -41,7 +42,17 @@ std::optional<SlowIncident> NewestSlowIncident(const std::string& run_dir) {
   if (!db.ok()) return std::nullopt;
   auto events = (*db)->Events();
   if (!events.ok()) return std::nullopt;
-  std::optional<SlowIncident> newest;
+  // The incident is the straggler the controller acted on (a decision other than an alert, or an
+  // eviction, carries its verdict); a run where it only alerted falls back to its newest verdict.
+  std::set<int64_t> acted;
+  for (const controller::Event& e : *events) {
+    const bool acts =
+        e.kind == controller::EventKind::kEviction ||
+        (e.kind == controller::EventKind::kDecision && e.detail.value("action", "") != "alert");
+    if (acts && e.detail.contains("verdict"))
+      acted.insert(e.detail["verdict"].value("detected_at_ns", int64_t{0}));
+  }
+  std::optional<SlowIncident> newest, newest_acted;
   for (const controller::Event& e : *events) {
     if (e.kind != controller::EventKind::kVerdict || e.detail.value("kind", "") != "slow") continue;
     const auto t = e.detail.find("thresholds");
@@ -55,9 +66,10 @@ std::optional<SlowIncident> NewestSlowIncident(const std::string& run_dir) {
               std::to_string(static_cast<int64_t>(in.thresholds["first_step"])) + ".." +
               std::to_string(static_cast<int64_t>(in.thresholds["last_step"])) + " of attempt " +
               std::to_string(static_cast<int64_t>(in.thresholds["attempt"]));
+    if (acted.count(e.detail.value("detected_at_ns", int64_t{0}))) newest_acted = in;
     newest = std::move(in);
   }
-  return newest;
+  return newest_acted ? newest_acted : newest;
 }
 
 }  // namespace
@@ -72,7 +84,7 @@ int RunAnalyze(const Args& args) {
                                                  "hang | slow")("steps", po::value(&steps),
                                                                 "slow: A:B, the steps to look at")(
       "whole-run", po::bool_switch(&whole_run),
-      "slow: every step of the run, not the window of its newest straggler incident")(
+      "slow: every step of the run, not the window of its straggler incident")(
       "source", po::value(&source),
       "a directory of dumps, or a run directory (its newest dumps/attempt_*)")(
       "agents", po::value(&agents), "live: comma-separated agent URLs (http://127.0.0.1:PORT,...)")(

@@ -497,14 +497,11 @@ TEST_F(LaunchTest, ASlowedNodeIsNamedByTheStragglerPathEvictedAndTheJobResumes) 
     decided |= e.detail["action"] == "evict" && e.node == "node2" &&
                e.detail.value("repeats_by_compute", 0) >= 1;
   EXPECT_TRUE(decided) << r.out;
-  // Re-analysed offline, the run reproduces its newest straggler verdict (its window and
-  // thresholds come from control.db), where the whole run dilutes it.
-  const std::vector<Event> verdicts = Of(ev, "verdict");
-  const Event* newest = nullptr;
-  for (const Event& e : verdicts) {
-    if (e.detail.value("kind", "") == "slow") newest = &e;
-  }
-  ASSERT_NE(newest, nullptr);
+  // Re-analysed offline, the run reproduces the straggler verdict the controller acted on (its
+  // window and thresholds come from control.db), where the whole run dilutes it -- not a later
+  // alert-only one, whose margin two loaded cores may tip either way (CI saw one of 5 in 8 steps
+  // at 1.2x read back healthy).
+  const nlohmann::json acted = Of(ev, "eviction")[0].detail["verdict"];
   CommandResult again =
       RunCommand(std::string(MEGASCOPE_BIN) + " analyze slow " + Run() + " --json 2>&1");
   ASSERT_EQ(again.code, 0) << again.out;
@@ -514,10 +511,9 @@ TEST_F(LaunchTest, ASlowedNodeIsNamedByTheStragglerPathEvictedAndTheJobResumes) 
   for (std::string line; std::getline(lines, line);) {
     const auto v = nlohmann::json::parse(line, nullptr, false);
     if (v.is_object() && v.value("kind", "") == "slow" && v.contains("thresholds"))
-      reproduced |=
-          v["root_nodes"] == newest->detail["root_nodes"] && v["cause"] == newest->detail["cause"];
+      reproduced |= v["root_nodes"] == acted["root_nodes"] && v["cause"] == acted["cause"];
   }
-  EXPECT_TRUE(reproduced) << newest->detail.dump() << "\n" << again.out;
+  EXPECT_TRUE(reproduced) << acted.dump() << "\n" << again.out;
   EXPECT_FALSE(Of(ev, "resumed").empty());
   EXPECT_EQ(Of(ev, "job_finished").at(0).detail["steps"], 80);
 
