@@ -22,7 +22,7 @@ TEST(CuptiSpansTest, AKernelIsASpanWithItsDemangledNameStreamAndLaunchCorrelatio
   k.deviceId = 0;
   k.streamId = 7;
   k.correlationId = 42;
-  const auto s = ToDeviceSpan(reinterpret_cast<const CUpti_Activity&>(k));
+  const auto s = ToDeviceSpan(reinterpret_cast<const CUpti_Activity*>(&k));
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->kind, SpanKind::kKernel);
   EXPECT_EQ(s->name, "matmul(float const*, float const*, float*, int)");
@@ -34,10 +34,10 @@ TEST(CuptiSpansTest, AKernelIsASpanWithItsDemangledNameStreamAndLaunchCorrelatio
   // A name longer than a timeline row is cut, and a name that is not mangled stays as it is.
   const std::string longname(400, 'k');
   k.name = longname.c_str();
-  EXPECT_EQ(ToDeviceSpan(reinterpret_cast<const CUpti_Activity&>(k))->name.size(), 160u);
+  EXPECT_EQ(ToDeviceSpan(reinterpret_cast<const CUpti_Activity*>(&k))->name.size(), 160u);
   k.kind = CUPTI_ACTIVITY_KIND_KERNEL;
   k.name = "plain_kernel";
-  EXPECT_EQ(ToDeviceSpan(reinterpret_cast<const CUpti_Activity&>(k))->name, "plain_kernel");
+  EXPECT_EQ(ToDeviceSpan(reinterpret_cast<const CUpti_Activity*>(&k))->name, "plain_kernel");
 }
 
 TEST(CuptiSpansTest, CopiesAreNamedByDirectionAndMemsetsCarryTheirBytes) {
@@ -49,21 +49,21 @@ TEST(CuptiSpansTest, CopiesAreNamedByDirectionAndMemsetsCarryTheirBytes) {
   m.start = 10;
   m.end = 20;
   m.correlationId = 9;
-  auto s = ToDeviceSpan(reinterpret_cast<const CUpti_Activity&>(m));
+  auto s = ToDeviceSpan(reinterpret_cast<const CUpti_Activity*>(&m));
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->kind, SpanKind::kMemcpy);
   EXPECT_EQ(s->name, "memcpy DtoH");
   EXPECT_EQ(s->bytes, 1u << 20);
   EXPECT_EQ(s->correlation, 9u);
   m.copyKind = CUPTI_ACTIVITY_MEMCPY_KIND_HTOD;
-  EXPECT_EQ(ToDeviceSpan(reinterpret_cast<const CUpti_Activity&>(m))->name, "memcpy HtoD");
+  EXPECT_EQ(ToDeviceSpan(reinterpret_cast<const CUpti_Activity*>(&m))->name, "memcpy HtoD");
   CUpti_ActivityMemset4 z;
   std::memset(&z, 0, sizeof(z));
   z.kind = CUPTI_ACTIVITY_KIND_MEMSET;
   z.bytes = 4096;
   z.start = 30;
   z.end = 31;
-  s = ToDeviceSpan(reinterpret_cast<const CUpti_Activity&>(z));
+  s = ToDeviceSpan(reinterpret_cast<const CUpti_Activity*>(&z));
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->kind, SpanKind::kMemset);
   EXPECT_EQ(s->bytes, 4096u);
@@ -77,22 +77,23 @@ TEST(CuptiSpansTest, OnlyRuntimeCallsThatWaitForTheDeviceAreSpans) {
   a.end = 900;
   a.correlationId = 5;
   a.cbid = CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020;
-  auto s = ToDeviceSpan(reinterpret_cast<const CUpti_Activity&>(a));
+  auto s = ToDeviceSpan(reinterpret_cast<const CUpti_Activity*>(&a));
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->kind, SpanKind::kSync);
   EXPECT_EQ(s->name, "cudaStreamSynchronize");
   a.cbid = CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020;
-  EXPECT_EQ(ToDeviceSpan(reinterpret_cast<const CUpti_Activity&>(a))->name,
+  EXPECT_EQ(ToDeviceSpan(reinterpret_cast<const CUpti_Activity*>(&a))->name,
             "cudaDeviceSynchronize");
   a.cbid = CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000;  // a launch: its kernel is the span
-  EXPECT_FALSE(ToDeviceSpan(reinterpret_cast<const CUpti_Activity&>(a)).has_value());
+  EXPECT_FALSE(ToDeviceSpan(reinterpret_cast<const CUpti_Activity*>(&a)).has_value());
   // A record whose end CUPTI could not take, and a kind that is no span here.
   a.cbid = CUPTI_RUNTIME_TRACE_CBID_cudaEventSynchronize_v3020;
   a.end = 0;
-  EXPECT_FALSE(ToDeviceSpan(reinterpret_cast<const CUpti_Activity&>(a)).has_value());
+  EXPECT_FALSE(ToDeviceSpan(reinterpret_cast<const CUpti_Activity*>(&a)).has_value());
   CUpti_Activity other{};
   other.kind = CUPTI_ACTIVITY_KIND_MARKER;
-  EXPECT_FALSE(ToDeviceSpan(other).has_value());
+  EXPECT_FALSE(ToDeviceSpan(&other).has_value());
+  EXPECT_FALSE(ToDeviceSpan(nullptr).has_value());
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cxxabi.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 
 namespace megascope::tracer::cupti {
@@ -54,32 +55,43 @@ const char* SyncName(CUpti_CallbackId cbid) {
   }
 }
 
+// A record of CUPTI's buffer as the struct its kind says, copied out (no type-punned reads).
+template <typename T>
+T As(const CUpti_Activity* record) {
+  T out;
+  std::memcpy(&out, record, sizeof(out));
+  return out;
+}
+
 }  // namespace
 
-std::optional<DeviceSpan> ToDeviceSpan(const CUpti_Activity& record) {
+std::optional<DeviceSpan> ToDeviceSpan(const CUpti_Activity* record) {
+  if (record == nullptr) return std::nullopt;
+  CUpti_ActivityKind kind;
+  std::memcpy(&kind, record, sizeof(kind));  // every record starts with its kind
   DeviceSpan s;
-  switch (record.kind) {
+  switch (kind) {
     case CUPTI_ACTIVITY_KIND_KERNEL:
     case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
-      const auto& k = reinterpret_cast<const CUpti_ActivityKernel10&>(record);
+      const auto k = As<CUpti_ActivityKernel10>(record);
       s = {SpanKind::kKernel, Demangled(k.name), k.start,    k.end,
            k.correlationId,   k.deviceId,        k.streamId, 0};
       break;
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
-      const auto& m = reinterpret_cast<const CUpti_ActivityMemcpy6&>(record);
+      const auto m = As<CUpti_ActivityMemcpy6>(record);
       s = {SpanKind::kMemcpy, CopyName(m.copyKind), m.start,    m.end,
            m.correlationId,   m.deviceId,           m.streamId, m.bytes};
       break;
     }
     case CUPTI_ACTIVITY_KIND_MEMSET: {
-      const auto& m = reinterpret_cast<const CUpti_ActivityMemset4&>(record);
+      const auto m = As<CUpti_ActivityMemset4>(record);
       s = {SpanKind::kMemset, "memset",   m.start,    m.end,
            m.correlationId,   m.deviceId, m.streamId, m.bytes};
       break;
     }
     case CUPTI_ACTIVITY_KIND_RUNTIME: {
-      const auto& a = reinterpret_cast<const CUpti_ActivityAPI&>(record);
+      const auto a = As<CUpti_ActivityAPI>(record);
       const char* name = SyncName(a.cbid);
       if (name == nullptr) return std::nullopt;
       s = {SpanKind::kSync, name, a.start, a.end, a.correlationId, 0, 0, 0};

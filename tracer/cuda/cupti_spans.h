@@ -29,6 +29,7 @@ struct DeviceSpan {
 // Understands CONCURRENT_KERNEL and KERNEL (CUpti_ActivityKernel10), MEMCPY
 // (CUpti_ActivityMemcpy6), MEMSET (CUpti_ActivityMemset4) and RUNTIME (CUpti_ActivityAPI: the
 // synchronising calls).
-std::optional<DeviceSpan> ToDeviceSpan(const CUpti_Activity& record);
+// `record` points into CUPTI's activity buffer (cuptiActivityGetNextRecord); it is read by copy.
+std::optional<DeviceSpan> ToDeviceSpan(const CUpti_Activity* record);
 
 }  // namespace megascope::tracer::cupti
