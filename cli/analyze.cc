@@ -44,14 +44,7 @@ std::optional<SlowIncident> NewestSlowIncident(const std::string& run_dir) {
   if (!events.ok()) return std::nullopt;
   // The incident is the straggler the controller acted on (a decision other than an alert, or an
   // eviction, carries its verdict); a run where it only alerted falls back to its newest verdict.
-  std::set<int64_t> acted;
-  for (const controller::Event& e : *events) {
-    const bool acts =
-        e.kind == controller::EventKind::kEviction ||
-        (e.kind == controller::EventKind::kDecision && e.detail.value("action", "") != "alert");
-    if (acts && e.detail.contains("verdict"))
-      acted.insert(e.detail["verdict"].value("detected_at_ns", int64_t{0}));
-  }
+  const std::set<int64_t> acted = controller::ActedOnVerdicts(*events);
   std::optional<SlowIncident> newest, newest_acted;
   for (const controller::Event& e : *events) {
     if (e.kind != controller::EventKind::kVerdict || e.detail.value("kind", "") != "slow") continue;
@@ -66,7 +59,7 @@ std::optional<SlowIncident> NewestSlowIncident(const std::string& run_dir) {
               std::to_string(static_cast<int64_t>(in.thresholds["first_step"])) + ".." +
               std::to_string(static_cast<int64_t>(in.thresholds["last_step"])) + " of attempt " +
               std::to_string(static_cast<int64_t>(in.thresholds["attempt"]));
-    if (acted.count(e.detail.value("detected_at_ns", int64_t{0}))) newest_acted = in;
+    if (acted.count(controller::VerdictId(e.detail))) newest_acted = in;
     newest = std::move(in);
   }
   return newest_acted ? newest_acted : newest;

@@ -120,4 +120,19 @@ Result<std::vector<std::pair<std::string, int64_t>>> ControlDb::CountBy(EventKin
   return out;
 }
 
+int64_t VerdictId(const nlohmann::json& verdict) {
+  return verdict.value("detected_at_ns", int64_t{0});
+}
+
+std::set<int64_t> ActedOnVerdicts(const std::vector<Event>& events) {
+  std::set<int64_t> out;
+  for (const Event& e : events) {
+    const std::optional<EventKind> k = ParseEventKind(e.kind_name);
+    const bool acts = k == EventKind::kEviction ||
+                      (k == EventKind::kDecision && e.detail.value("action", "") != "alert");
+    if (acts && e.detail.contains("verdict")) out.insert(VerdictId(e.detail["verdict"]));
+  }
+  return out;
+}
+
 }  // namespace megascope::controller

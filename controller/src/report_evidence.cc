@@ -314,21 +314,14 @@ std::string Card(const RunReport& r, const Event& v, analyzer::RunDatabase* db,
 
 }  // namespace
 
-int64_t DetectedAt(const nlohmann::json& verdict) {
-  return verdict.value("detected_at_ns", int64_t{0});
-}
-
 std::set<int64_t> ActedOn(const RunReport& r) {
-  std::set<int64_t> out;
+  std::set<int64_t> out = ActedOnVerdicts(r.events);
   bool after_trigger = false;
   for (const Event& e : r.events) {
     const std::optional<EventKind> k = ParseEventKind(e.kind_name);
-    const bool acted = k == EventKind::kEviction ||
-                       (k == EventKind::kDecision && e.detail.value("action", "") != "alert");
-    if (acted && e.detail.contains("verdict")) out.insert(DetectedAt(e.detail["verdict"]));
     if (k == EventKind::kTrigger) after_trigger = true;
     if (k == EventKind::kVerdict && after_trigger) {
-      out.insert(DetectedAt(e.detail));
+      out.insert(VerdictId(e.detail));
       after_trigger = false;
     }
   }
@@ -343,7 +336,7 @@ std::string Evidence(const RunReport& r, analyzer::RunDatabase* db, const Places
   int others = 0;
   for (const Event& e : r.events) {
     if (e.kind_name != Name(EventKind::kVerdict)) continue;
-    if (shown.count(DetectedAt(e.detail))) {
+    if (shown.count(VerdictId(e.detail))) {
       cards += Card(r, e, db, places, o);
       continue;
     }

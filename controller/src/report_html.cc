@@ -270,7 +270,7 @@ std::function<bool(int, const std::string&)> Suspects(const RunReport& r) {
   std::set<std::string> nodes;
   const std::set<int64_t> acted = ActedOn(r);
   for (const Event& e : r.events) {
-    if (e.kind_name != Name(EventKind::kVerdict) || !acted.count(DetectedAt(e.detail))) continue;
+    if (e.kind_name != Name(EventKind::kVerdict) || !acted.count(VerdictId(e.detail))) continue;
     const std::string kind = e.detail.value("kind", "");
     if (kind == "slow" && e.detail.value("cause", "") != "stage_imbalance" && e.rank >= 0)
       ranks.insert({e.rank, e.node});

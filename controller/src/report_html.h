@@ -29,10 +29,8 @@ struct RankPlace {
 using Places = std::map<std::pair<int64_t, int>, RankPlace>;  // (attempt, rank) -> place
 Places ReadPlaces(analyzer::RunDatabase* db);
 
-// A verdict's identity across events (the decision and eviction events carry a copy).
-int64_t DetectedAt(const nlohmann::json& verdict);
-// The verdicts the policy acted on (a decision other than an alert, or an eviction, carries them)
-// and those that opened an incident, by DetectedAt: the page draws these in full.
+// The verdicts the controller acted on (ActedOnVerdicts) and those that opened an incident, by
+// VerdictId: the page draws these in full.
 std::set<int64_t> ActedOn(const RunReport& r);
 
 // Each verdict: a card with its explanation, facts and thresholds, and the figure its kind calls

@@ -9,6 +9,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,6 +50,13 @@ struct Event {
   int rank = -1;          // -1 : NULL
   nlohmann::json detail = nlohmann::json::object();
 };
+
+// A verdict's identity across events: its detected_at_ns (decision and eviction events carry a copy
+// of the verdict they act on).
+int64_t VerdictId(const nlohmann::json& verdict);
+// The verdicts the controller acted on -- a decision other than an alert, or an eviction, carries
+// them -- by VerdictId.
+std::set<int64_t> ActedOnVerdicts(const std::vector<Event>& events);
 
 class ControlDb {
  public:
