@@ -24,8 +24,9 @@ int RunQuery(const Args& args) {
       "TIME for 'at': epoch ns, epoch seconds, or +S seconds after the run's first span")(
       "sql", po::value(&sql),
       "a read-only SQL statement over the views ranks, spans, collectives, heartbeats, metrics, "
-      "drops")("limit", po::value(&limit)->default_value(20), "rows for 'waits'")(
-      "csv", "CSV output")("json", "JSON output (an array of objects)");
+      "drops, open_ops, open_collectives, device_spans (docs/formats.md section 4)")(
+      "limit", po::value(&limit)->default_value(20), "rows for 'waits'")("csv", "CSV output")(
+      "json", "JSON output (an array of objects)");
   po::positional_options_description pos;
   pos.add("run-dir", 1).add("question", 1).add("arg", 1);
   po::variables_map vm;

@@ -1,7 +1,9 @@
 // `megascope wrap [options] -- CMD ...`: traces a job megascope did not start. The command runs
-// with NCCL's profiler plugin (libnccl-profiler-megascope.so) named in its environment, so every
-// process of it that uses NCCL -- torchrun's workers, Megatron's ranks, an MPI job's -- records
-// its collectives in a ring of its own; the node's agent (started here, or found if another wrap
+// with megascope's in-process library named in its environment as NCCL's profiler plugin
+// (NCCL_PROFILER_PLUGIN) and as the CUDA driver's injection library (CUDA_INJECTION64_PATH), so
+// every process of it that uses NCCL or CUDA -- torchrun's workers, Megatron's ranks, an MPI
+// job's -- records its collectives and its kernels, copies and synchronising calls in a ring of its
+// own; the node's agent (started here, or found if another wrap
 // on this node started it) drains the rings into RUN_DIR/nodes/<node>/trace.db. When the command
 // is interrupted (a hang an operator gave up on) or fails, every rank's flight recorder is taken
 // from the agent first, while the ranks are still there, into RUN_DIR/dumps/attempt_<A>/; the run
@@ -187,7 +189,9 @@ int RunWrap(const Args& all) {
       "shm-dir", po::value(&shm_dir)->default_value(shm_dir), "where the processes' rings live")(
       "nccl-plugin", po::value(&plugin),
       "the NCCL profiler plugin to load (default: libnccl-profiler-megascope.so beside this "
-      "binary); an NCCL_PROFILER_PLUGIN already set is kept");
+      "binary); an NCCL_PROFILER_PLUGIN already set is kept. The same file is the CUDA "
+      "injection library (CUDA_INJECTION64_PATH) that records kernels, copies and synchronising "
+      "calls through CUPTI")("no-cupti", "leave CUDA_INJECTION64_PATH unset: no device spans");
   po::variables_map vm;
   if (auto rc = ParseArgs("wrap",
                           "megascope wrap [--run-dir D] [--node N] [--job J] -- CMD [ARGS...]\n"
@@ -209,13 +213,17 @@ int RunWrap(const Args& all) {
       {"MEGASCOPE_JOB", job},
       {"MEGASCOPE_SHM_DIR", shm_dir},
       {"MEGASCOPE_ATTEMPT", std::to_string(attempt)}};
-  if (Env("NCCL_PROFILER_PLUGIN").empty()) {
-    plugin = FindPlugin(plugin);
-    if (plugin.empty())
-      Warn("wrap", {"libnccl-profiler-megascope.so not found (give --nccl-plugin): NCCL "
-                    "collectives are not traced"});
-    else
-      env.emplace_back("NCCL_PROFILER_PLUGIN", plugin);
+  plugin = FindPlugin(plugin);
+  if (plugin.empty()) {
+    Warn("wrap", {"libnccl-profiler-megascope.so not found (give --nccl-plugin): NCCL "
+                  "collectives and device activity are not traced"});
+  } else {
+    if (Env("NCCL_PROFILER_PLUGIN").empty()) env.emplace_back("NCCL_PROFILER_PLUGIN", plugin);
+    // The same file as the injection library (a build with CUPTI's headers lays the link
+    // libmegascope-cupti.so beside it): loaded once, both write the process's one ring.
+    const bool injects = fs::exists(fs::path(plugin).parent_path() / "libmegascope-cupti.so", ec);
+    if (vm.count("no-cupti") == 0 && injects && Env("CUDA_INJECTION64_PATH").empty())
+      env.emplace_back("CUDA_INJECTION64_PATH", plugin);
   }
 
   auto agent = FindOrStartAgent(layout, node, job, shm_dir);

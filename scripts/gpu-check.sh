@@ -4,7 +4,8 @@
 #
 #   scripts/gpu-check.sh pack
 #       Here (any machine with nvcc): builds the cuda preset (sm_90: H100/H200) with the gpu
-#       tests, and packs the megascope binary, the gpu test binaries and every shared library they
+#       tests, and packs the megascope binary, the gpu test binaries, the in-process library
+#       (NCCL profiler plugin and CUDA injection) and every shared library they
 #       need that is not glibc's or CUDA's into .gpu/megascope-gpu.tar.xz (about 15 MB; .gpu/ is
 #       ignored by git: carry it to the GPU machine).
 #   scripts/gpu-check.sh run [OUT_DIR]
@@ -30,7 +31,7 @@ if [[ ${1:-} == pack ]]; then
   set -e
   command -v nvcc >/dev/null || { echo "gpu-check pack: nvcc is not on the PATH" >&2; exit 1; }
   cmake --preset cuda -DMEGASCOPE_BUILD_TESTS=ON -DMEGASCOPE_BUILD_BENCH=OFF >/dev/null
-  cmake --build --preset cuda --target megascope megascope_gpu_tests
+  cmake --build --preset cuda --target megascope megascope_gpu_tests nccl_profiler_megascope
   stage=$(mktemp -d)
   trap 'rm -rf "$stage"' EXIT
   mkdir -p "$stage/bin" "$stage/lib" .gpu
@@ -44,6 +45,10 @@ if [[ ${1:-} == pack ]]; then
   for b in "${bins[@]}"; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
     grep -v -E '/(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libgcc_s|libstdc\+\+)\.so|/usr/local/cuda|libcuda\.so|libnvidia' |
     while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+  # megascope's in-process library (scripts/gpu-trace-check.sh): where `wrap` looks beside the
+  # binary, with its second name.
+  cp build/cuda/tracer/nccl/libnccl-profiler-megascope.so "$stage/lib/"
+  ln -s libnccl-profiler-megascope.so "$stage/lib/libmegascope-cupti.so"
   git rev-parse --short HEAD >"$stage/commit"
   tar -C "$stage" -cJf "$pack" .
   echo "gpu-check pack: $pack ($(du -h "$pack" | cut -f1)), commit $(cat "$stage/commit"); carry .gpu and run: scripts/gpu-check.sh run \$OUT"
@@ -51,29 +56,13 @@ if [[ ${1:-} == pack ]]; then
 fi
 
 if [[ ${1:-} != run ]]; then
-  sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 
 outdir=${2:-}
-[[ -f $pack ]] || { echo "gpu-check run: no $pack (run 'scripts/gpu-check.sh pack' where nvcc is, and carry .gpu)" >&2; exit 1; }
-root=$(mktemp -d /tmp/megascope-gpu.XXXX)
-python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$pack" "$root" || exit 1
-export LD_LIBRARY_PATH="$root/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
-bin=$root/bin/megascope
-# cuBLASLt comes from the machine's CUDA toolkit, or else from PyTorch's wheels.
-if ldd "$bin" | grep -q 'libcublasLt.*not found'; then
-  lt=$(find /usr/local /opt /usr/lib -name 'libcublasLt.so.13*' 2>/dev/null | head -1)
-  [[ -n $lt ]] && export LD_LIBRARY_PATH="$(dirname "$lt"):$LD_LIBRARY_PATH"
-fi
-if ldd "$bin" | grep -q 'not found'; then
-  echo "gpu-check run: libraries missing for $bin:" >&2
-  ldd "$bin" | grep 'not found' >&2
-  exit 1
-fi
-device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-[[ -n $device ]] || { echo "gpu-check run: nvidia-smi names no GPU here" >&2; exit 1; }
-tag=$(echo "$device" | tr -c 'A-Za-z0-9\n' '_' | sed 's/__*/_/g; s/_$//')
+source scripts/gpu-unpack.sh
+gpu_unpack gpu-check
 report=bench/results/gpu_check_${tag}.txt
 work=$root/work
 mkdir -p "$work" bench/results

@@ -40,8 +40,9 @@ Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_di
   const bool copy = static_cast<int>(files.size()) > limit;
   bool created = false;  // copy: the tables in memory, shaped after the first readable node's
   std::vector<std::string> parts[std::size(kTraceTables)];
-  std::vector<std::string> open_parts;  // the nodes' open_ops (a table older files lack)
-  bool open_copied = false;
+  // The nodes' optional tables (open_ops, device_spans: tables older files lack).
+  constexpr size_t kOptional = std::size(tracer::kOptionalTraceTables);
+  std::vector<std::string> optional_parts[kOptional];
   for (size_t i = 0; i < files.size(); ++i) {
     const std::string alias = "n" + std::to_string(i % static_cast<size_t>(limit));
     // A node database that cannot be read (corrupt, cut short, not ours) is named and skipped:
@@ -77,16 +78,18 @@ Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_di
         parts[t].push_back("SELECT * FROM " + alias + "." + table);
       }
     }
-    auto has_open = db.QueryInt("SELECT COUNT(*) FROM " + alias +
-                                ".sqlite_master WHERE type = 'table' AND name = 'open_ops'");
-    if (has_open.ok() && *has_open > 0) {
+    for (size_t t = 0; t < kOptional; ++t) {
+      const std::string table(tracer::kOptionalTraceTables[t].name);
+      auto has = db.QueryInt("SELECT COUNT(*) FROM " + alias +
+                             ".sqlite_master WHERE type = 'table' AND name = '" + table + "'");
+      if (!has.ok() || *has == 0) continue;
       if (copy) {
-        if (!open_copied) RETURN_IF_ERROR(db.Exec(tracer::OpenOpsTableSql()));
-        open_copied = true;
-        RETURN_IF_ERROR(db.Exec("INSERT INTO main.open_ops SELECT * FROM " + alias + ".open_ops"));
-      } else {
-        open_parts.push_back("SELECT * FROM " + alias + ".open_ops");
+        RETURN_IF_ERROR(
+            db.Exec(tracer::OptionalTableSql(tracer::kOptionalTraceTables[t], "main.")));
+        RETURN_IF_ERROR(
+            db.Exec("INSERT INTO main." + table + " SELECT * FROM " + alias + "." + table));
       }
+      optional_parts[t].push_back("SELECT * FROM " + alias + "." + table);
     }
     if (copy) RETURN_IF_ERROR(db.Exec("DETACH " + alias));
   }
@@ -102,12 +105,15 @@ Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_di
       RETURN_IF_ERROR(db.Exec(view));
     }
   }
-  if (open_parts.empty()) {
-    if (!open_copied)
-      RETURN_IF_ERROR(db.Exec(tracer::OpenOpsTableSql()));  // empty: files predate it
-  } else {
-    std::string view = "CREATE TEMP VIEW open_ops AS ";
-    for (size_t i = 0; i < open_parts.size(); ++i) view += (i ? " UNION ALL " : "") + open_parts[i];
+  for (size_t t = 0; t < kOptional; ++t) {
+    const tracer::OptionalTraceTable& table = tracer::kOptionalTraceTables[t];
+    if (copy || optional_parts[t].empty()) {  // copied, or empty: the files predate it
+      RETURN_IF_ERROR(db.Exec(tracer::OptionalTableSql(table, "main.")));
+      continue;
+    }
+    std::string view = "CREATE TEMP VIEW " + std::string(table.name) + " AS ";
+    for (size_t i = 0; i < optional_parts[t].size(); ++i)
+      view += (i ? " UNION ALL " : "") + optional_parts[t][i];
     RETURN_IF_ERROR(db.Exec(view));
   }
   // The ops still open as far as the run's records go: open_ops without a completed or failed

@@ -42,8 +42,19 @@ void WriteAttempt(const std::string& run, int attempt, int rank, const std::stri
     recs.push_back(hb);
     const int64_t fwd = attempt == 1 && rank == 1 ? 80 * kMs : 50 * kMs;
     tracer::Record span{};
-    span.span = {
-        tracer::RecordType::kSpan, tracer::SpanKind::kForward, 0, -1, step, t, t + fwd, {}};
+    span.span = {tracer::RecordType::kSpan,
+                 tracer::SpanKind::kForward,
+                 0,
+                 -1,
+                 step,
+                 t,
+                 t + fwd,
+                 0,
+                 0,
+                 0,
+                 0,
+                 0,
+                 {}};
     recs.push_back(span);
     const int64_t enq = t + 100 * kMs + int64_t{rank} * 10 * kMs;
     recs.push_back(CompletedAllreduce(0, static_cast<uint64_t>(step), static_cast<uint64_t>(step),

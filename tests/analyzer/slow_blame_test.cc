@@ -28,7 +28,7 @@ std::string WriteRun(const std::string& dir, int64_t tail_ms, int64_t hold_ms, i
     for (int r = 0; r < kRanks; ++r) {
       auto span = [&](tracer::SpanKind kind, uint16_t name, int64_t a, int64_t b) {
         tracer::Record rec{};
-        rec.span = {tracer::RecordType::kSpan, kind, name, -1, s, a, b, {}};
+        rec.span = {tracer::RecordType::kSpan, kind, name, -1, s, a, b, 0, 0, 0, 0, 0, {}};
         recs[r].push_back(rec);
       };
       const int64_t gap = gap_us * 1000;

@@ -58,6 +58,11 @@ std::string WriteRun(const std::string& dir,
                   s,
                   free_at[r],
                   free_at[r] + 10 * kMs,
+                  0,
+                  0,
+                  0,
+                  0,
+                  0,
                   {}};
       recs[r].push_back(rec);
       free_at[r] += 10 * kMs;
@@ -213,6 +218,11 @@ TEST(SlowWindowTest, AWindowIsStoredOnceEveryRanksEndOfItIs) {
                   s,
                   s * kMs,
                   (s + 1) * kMs,
+                  0,
+                  0,
+                  0,
+                  0,
+                  0,
                   {}};
       recs.push_back(rec);
     }

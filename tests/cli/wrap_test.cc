@@ -29,9 +29,15 @@ class WrapTest : public ::testing::Test {
 };
 
 TEST_F(WrapTest, AWrappedJobsCollectivesReachTheTraceDatabaseAndTheRunAnswersQueriesAndReport) {
-  auto r = RunCommand(Wrap(std::string(MEGASCOPE_NCCL_DRIVER) + " - 6 0 1 4 -1 < /dev/null"));
+  auto r = RunCommand(Wrap(std::string(MEGASCOPE_NCCL_DRIVER) + " - 6 0 1 4 -1 < /dev/null 2>&1"));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("ready"), std::string::npos) << "the plugin loaded from the environment";
+  // The CUDA injection library wrap names is the plugin's own file (one object, one ring).
+  if (std::filesystem::exists(std::filesystem::path(MEGASCOPE_NCCL_PLUGIN).parent_path() /
+                              "libmegascope-cupti.so")) {
+    EXPECT_NE(r.out.find("cuda injection: the profiler plugin's own object"), std::string::npos)
+        << r.out;
+  }
   auto q = RunCommand(std::string(MEGASCOPE_BIN) + " query " + run_ +
                       " --sql \"SELECT op || ':' || state || ':' || COUNT(*) FROM collectives "
                       "GROUP BY op, state\"");

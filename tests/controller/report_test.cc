@@ -176,8 +176,19 @@ class ReportTest : public ::testing::Test {
           const int64_t t = kT0 + step * kS;
           const int64_t fwd = attempt == 1 && rank == 2 ? 200 * kMs : 100 * kMs;
           tracer::Record span{};
-          span.span = {
-              tracer::RecordType::kSpan, tracer::SpanKind::kForward, 0, -1, step, t, t + fwd, {}};
+          span.span = {tracer::RecordType::kSpan,
+                       tracer::SpanKind::kForward,
+                       0,
+                       -1,
+                       step,
+                       t,
+                       t + fwd,
+                       0,
+                       0,
+                       0,
+                       0,
+                       0,
+                       {}};
           recs.push_back(span);
         }
         analyzer::WriteRankRecords(run_, info, {"forward"},

@@ -96,5 +96,26 @@ TEST(CuptiSpansTest, OnlyRuntimeCallsThatWaitForTheDeviceAreSpans) {
   EXPECT_FALSE(ToDeviceSpan(nullptr).has_value());
 }
 
+// CUPTI's times become the ring's ticks from one paired reading, whatever CUPTI's epoch: a record
+// before the reading lands before it, after it after, scaled by the tracer clock's rate.
+TEST(CuptiSpansTest, CuptiTimesBecomeTracerTicksFromOnePairedReading) {
+  const TimeMap tsc{/*cupti_ns=*/5'000'000'000ULL, /*ticks=*/1'000'000, /*ns_per_tick=*/0.25};
+  EXPECT_EQ(tsc.ToTicks(5'000'000'000ULL), 1'000'000);
+  EXPECT_EQ(tsc.ToTicks(5'000'000'100ULL), 1'000'400);  // 100 ns at 4 ticks per ns
+  EXPECT_EQ(tsc.ToTicks(4'999'999'000ULL), 996'000);    // a kernel that ended before the reading
+  const TimeMap ns{/*cupti_ns=*/123, /*ticks=*/1'700'000'000'000'000'000, /*ns_per_tick=*/1.0};
+  EXPECT_EQ(ns.ToTicks(100), 1'700'000'000'000'000'000 - 23);
+}
+
+// Only the calls that block the host on its device are timed by callback.
+TEST(CuptiSpansTest, TheSynchronisingCallsAreNamedAndNoOther) {
+  EXPECT_STREQ(SyncCallName(CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_ptsz_v7000),
+               "cudaStreamSynchronize");
+  EXPECT_STREQ(SyncCallName(CUPTI_RUNTIME_TRACE_CBID_cudaEventSynchronize_v3020),
+               "cudaEventSynchronize");
+  EXPECT_EQ(SyncCallName(CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020), nullptr);
+  EXPECT_EQ(SyncCallName(CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000), nullptr);
+}
+
 }  // namespace
 }  // namespace megascope::tracer::cupti

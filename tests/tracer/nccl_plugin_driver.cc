@@ -6,6 +6,7 @@
 // bytes moved), and each channel's KernelCh state KernelChStop and stopEvent.
 //
 // Usage: nccl_plugin_driver PLUGIN.so|- VERSION RANK WORLD OPS HUNG_RANK [hold]
+//   (with CUDA_INJECTION64_PATH set, it first plays the CUDA driver loading that library)
 //   OPS all-reduces complete on every rank (between them, rank 0 sends to rank 1 once); then
 //   every rank but HUNG_RANK issues one more, whose kernels start and whose proxy steps wait on
 //   the network forever, while HUNG_RANK never issues it. Prints "ready" and waits for stdin to
@@ -201,6 +202,26 @@ int main(int argc, char** argv) {
   if (lib == nullptr) {
     std::fprintf(stderr, "dlopen: %s\n", dlerror());
     return 2;
+  }
+  // As the CUDA driver loads the injection library CUDA_INJECTION64_PATH names (megascope's: the
+  // same file under its other name) and calls it at cuInit: the process must still have one
+  // library, so one ring.
+  if (const char* inject = std::getenv("CUDA_INJECTION64_PATH")) {
+    void* injected = dlopen(inject, RTLD_NOW | RTLD_LOCAL);
+    if (injected == nullptr) {
+      std::fprintf(stderr, "dlopen: %s\n", dlerror());
+      return 2;
+    }
+    if (injected != lib) {
+      std::fprintf(stderr, "%s is loaded apart from %s\n", inject, path);
+      return 3;
+    }
+    auto* init = reinterpret_cast<int (*)()>(dlsym(injected, "InitializeInjection"));
+    if (init == nullptr || init() != 1) {
+      std::fprintf(stderr, "InitializeInjection missing or failed\n");
+      return 3;
+    }
+    std::fprintf(stderr, "cuda injection: the profiler plugin's own object\n");
   }
   const int version = std::atoi(argv[2]), rank = std::atoi(argv[3]), world = std::atoi(argv[4]),
             ops = std::atoi(argv[5]), hung = std::atoi(argv[6]);

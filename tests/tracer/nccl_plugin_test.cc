@@ -55,11 +55,31 @@ TEST_P(NcclPluginTest, EveryOpIsRecordedNumberedAndCompletedFromItsChildEvents) 
   }
 }
 
+// The CUDA driver loads the same file as its injection library (libmegascope-cupti.so, a link):
+// each process has the library once, so NCCL's ops and CUPTI's spans share the rank's one ring.
+// (Without a GPU, CUPTI does not start: the driver checks InitializeInjection still succeeds.)
+TEST_P(NcclPluginTest, TheInjectionLibraryIsTheSameObjectAndTheRankKeepsOneRing) {
+  const fs::path inject = fs::path(MEGASCOPE_NCCL_PLUGIN).parent_path() / "libmegascope-cupti.so";
+  if (!fs::exists(inject)) GTEST_SKIP() << "built without CUPTI's headers: no injection library";
+  constexpr int kWorld = 2, kOps = 3;
+  auto dumps = Run(kWorld, kOps, /*hung=*/-1, {{"CUDA_INJECTION64_PATH", inject.string()}});
+  ASSERT_EQ(dumps.size(), static_cast<size_t>(kWorld)) << "one ring per rank, not two";
+  for (const auto& [file, d] : dumps) {
+    int completed = 0;
+    for (const auto& e : d.snapshot.entries)
+      completed += e.op == tracer::OpType::kAllreduce && e.state == tracer::OpState::kCompleted;
+    EXPECT_EQ(completed, kOps) << file;
+  }
+}
+
 TEST_P(NcclPluginTest, OnlyTheProfilerSymbolsAreExported) {
   void* lib = dlopen(MEGASCOPE_NCCL_PLUGIN, RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(lib, nullptr) << dlerror();
   const std::string symbol = "ncclProfiler_v" + std::to_string(GetParam());
   EXPECT_NE(dlsym(lib, symbol.c_str()), nullptr);
+  if (fs::exists(fs::path(MEGASCOPE_NCCL_PLUGIN).parent_path() / "libmegascope-cupti.so")) {
+    EXPECT_NE(dlsym(lib, "InitializeInjection"), nullptr);
+  }
   // The capture core stays inside: a process that links megascope never binds to its copy.
   EXPECT_EQ(dlsym(lib,
                   "_ZN9megascope6tracer6Tracer6CreateERKNS0_11RingOptionsESt10shared_ptrINS0_"

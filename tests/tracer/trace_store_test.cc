@@ -19,8 +19,19 @@ Record Numbered(int i) {
   Record r{};
   switch (i % 4) {
     case 0:
-      r.span = {RecordType::kSpan, SpanKind::kForward, 0, i % 8 ? 1 : -1, i,
-                1000 + i,          2000 + 3 * i,       {}};
+      r.span = {RecordType::kSpan,
+                SpanKind::kForward,
+                0,
+                i % 8 ? 1 : -1,
+                i,
+                1000 + i,
+                2000 + 3 * i,
+                0,
+                0,
+                0,
+                0,
+                0,
+                {}};
       break;
     case 1:
       r.collective.type = RecordType::kCollective;
@@ -142,6 +153,29 @@ TEST_F(TraceStoreTest, EveryRowOfABatchArrivesOnceInOrderWhateverItsSize) {
             colls);
   EXPECT_EQ(Column("SELECT * FROM heartbeats"), hbs);
   EXPECT_EQ(Column("SELECT node, ts_ns, name, CAST(2 * value AS INTEGER) FROM metrics"), metrics);
+}
+
+// A span of device activity is a span like any other, and where it ran and what launched it go to
+// device_spans (joined on rank, attempt, kind, start); a host span has no such row, and retention
+// drops device rows with their spans.
+TEST_F(TraceStoreTest, DeviceSpansKeepTheirDeviceStreamAndLaunchCorrelation) {
+  auto store = TraceStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  std::vector<Record> batch(3);
+  batch[0].span = {RecordType::kSpan, SpanKind::kForward, 0, -1, 4, 100, 200, 0, 0, 0, 0, 0, {}};
+  batch[1].span = {RecordType::kSpan, SpanKind::kKernel, 1, -1, 4, 120, 180, 77, 0, 13, 0, 0, {}};
+  batch[2].span = {RecordType::kSpan, SpanKind::kMemcpy, 0, -1, 5, 300, 340, 78, 1, 7, 0, 4096, {}};
+  const RingRows rows = Rows(batch);
+  ASSERT_TRUE((*store)->Write({&rows, 1}, {}, {}).ok());
+  EXPECT_EQ(Column("SELECT s.kind, s.name, s.start_ns, s.end_ns, d.device, d.stream, "
+                   "d.correlation, d.bytes FROM spans s LEFT JOIN device_spans d USING (rank, "
+                   "attempt, kind, start_ns) ORDER BY s.start_ns"),
+            (std::vector<std::string>{"forward|fwd|100|200|null|null|null|null",
+                                      "kernel|loss|120|180|0|13|77|0",
+                                      "memcpy|fwd|300|340|1|7|78|4096"}));
+  ASSERT_TRUE((*store)->Prune(/*before_ns=*/250).ok());
+  EXPECT_EQ(Column("SELECT kind, correlation FROM device_spans"),
+            std::vector<std::string>{"memcpy|78"});
 }
 
 // Retention keeps a time window: rows older than the cutoff go, summed per step into step_rollups

@@ -39,9 +39,11 @@ const char* CopyName(uint8_t kind) {
   }
 }
 
+}  // namespace
+
 // The runtime calls that block the host until the device is done: where a rank that waits for its
 // GPU shows it.
-const char* SyncName(CUpti_CallbackId cbid) {
+const char* SyncCallName(CUpti_CallbackId cbid) {
   switch (cbid) {
     case CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020:
       return "cudaDeviceSynchronize";
@@ -54,6 +56,8 @@ const char* SyncName(CUpti_CallbackId cbid) {
       return nullptr;
   }
 }
+
+namespace {
 
 // A record of CUPTI's buffer as the struct its kind says, copied out (no type-punned reads).
 template <typename T>
@@ -92,7 +96,7 @@ std::optional<DeviceSpan> ToDeviceSpan(const CUpti_Activity* record) {
     }
     case CUPTI_ACTIVITY_KIND_RUNTIME: {
       const auto a = As<CUpti_ActivityAPI>(record);
-      const char* name = SyncName(a.cbid);
+      const char* name = SyncCallName(a.cbid);
       if (name == nullptr) return std::nullopt;
       s = {SpanKind::kSync, name, a.start, a.end, a.correlationId, 0, 0, 0};
       break;

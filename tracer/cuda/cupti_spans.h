@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cupti_activity.h>
+#include <cupti_callbacks.h>
 
 #include <cstdint>
 #include <optional>
@@ -31,5 +32,22 @@ struct DeviceSpan {
 // synchronising calls).
 // `record` points into CUPTI's activity buffer (cuptiActivityGetNextRecord); it is read by copy.
 std::optional<DeviceSpan> ToDeviceSpan(const CUpti_Activity* record);
+
+// The name of a runtime call that blocks the host until the device is done
+// (cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize), or null for any other.
+const char* SyncCallName(CUpti_CallbackId cbid);
+
+// CUPTI's clock against the tracer's: one reading of both taken together (cuptiGetTimestamp, then
+// Tracer::Ticks) and the tracer clock's ns per tick, so a record's times become the ring's ticks
+// whatever CUPTI's epoch is.
+struct TimeMap {
+  uint64_t cupti_ns = 0;
+  int64_t ticks = 0;
+  double ns_per_tick = 1.0;
+  int64_t ToTicks(uint64_t ns) const {
+    const double delta = static_cast<double>(static_cast<int64_t>(ns - cupti_ns));
+    return ticks + static_cast<int64_t>(delta / ns_per_tick);
+  }
+};
 
 }  // namespace megascope::tracer::cupti

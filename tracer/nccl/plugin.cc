@@ -14,11 +14,9 @@
 // here ever returns an error to NCCL or changes what it does; a plugin that cannot start turns its
 // events off.
 //
-// Environment (megascope wrap sets it): MEGASCOPE_JOB, MEGASCOPE_NODE, MEGASCOPE_ATTEMPT,
-// MEGASCOPE_SHM_DIR (/dev/shm), MEGASCOPE_RUN_DIR (where sub-communicators' members are exchanged);
-// the rank from RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK and the world from WORLD_SIZE,
-// SLURM_NTASKS, OMPI_COMM_WORLD_SIZE or PMI_SIZE; MEGASCOPE_NCCL_MASK (event types, added to
-// Coll|P2p|KernelCh), MEGASCOPE_NCCL_EVENTS (pool size, 65536), MEGASCOPE_NCCL=0 turns it off.
+// The ring is the process's (process_recorder.h: its environment). Also read here:
+// MEGASCOPE_NCCL_MASK (event types, added to Coll|P2p|KernelCh), MEGASCOPE_NCCL_EVENTS (pool size,
+// 65536), MEGASCOPE_NCCL=0 turns the plugin off.
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,6 +35,7 @@
 #include <vector>
 
 #include "megascope/tracer/tracer.h"
+#include "process_recorder.h"
 #include "profiler_abi.h"
 
 namespace megascope::nccl {
@@ -45,23 +44,11 @@ namespace {
 using tracer::DType;
 using tracer::OpType;
 
-std::string Env(const char* name, const std::string& fallback = "") {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? v : fallback;
-}
+using inproc::Env;
+using inproc::EnvInt;
 
-int EnvInt(std::initializer_list<const char*> names, int fallback) {
-  for (const char* n : names) {
-    const std::string v = Env(n);
-    if (!v.empty()) return std::atoi(v.c_str());
-  }
-  return fallback;
-}
-
-// What a wrapped process is, from its launcher's environment.
+// The plugin's settings, from the environment.
 struct Config {
-  tracer::RingOptions ring;
-  std::string run_dir;
   uint64_t mask = kColl | kP2p | kProxyOp | kProxyStep | kKernelCh | kCeColl;
   uint32_t events = 65536;
   bool off = false;
@@ -70,20 +57,6 @@ struct Config {
 Config ReadConfig() {
   Config c;
   c.off = Env("MEGASCOPE_NCCL") == "0";
-  c.ring.dir = Env("MEGASCOPE_SHM_DIR", "/dev/shm");
-  c.ring.job = Env("MEGASCOPE_JOB", "nccl");
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  c.ring.node = Env("MEGASCOPE_NODE", host);
-  c.ring.rank = EnvInt({"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}, 0);
-  c.ring.world_size =
-      EnvInt({"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}, c.ring.rank + 1);
-  c.ring.local_rank =
-      EnvInt({"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"}, 0);
-  c.ring.attempt = EnvInt({"MEGASCOPE_ATTEMPT", "TORCHELASTIC_RESTART_COUNT"}, 0);
-  c.ring.lanes = 16;  // the user's threads and one proxy thread per communicator
-  c.ring.max_groups = 256;
-  c.run_dir = Env("MEGASCOPE_RUN_DIR");
   if (const std::string m = Env("MEGASCOPE_NCCL_MASK"); !m.empty())
     c.mask = std::strtoull(m.c_str(), nullptr, 0);
   c.mask |= kColl | kP2p | kKernelCh;  // an op's completion is read from its kernel channels
@@ -158,11 +131,12 @@ struct Comm {
   int rank = 0;
 };
 
-// The process's recorder: made at the first communicator, never destroyed (NCCL may call into it
-// from its threads until the process ends; the ring stays for the agent to drain).
+// The plugin's state: made at the first communicator, never destroyed (NCCL may call into it from
+// its threads until the process ends).
 struct Recorder {
   Config config;
-  std::unique_ptr<tracer::Tracer> tracer;
+  const inproc::Process* process = nullptr;
+  tracer::Tracer* tracer = nullptr;  // the process's
   std::unique_ptr<Pool> pool;
   std::atomic<uint64_t> events_dropped{0};
   std::string error;  // why it could not start ("" when it did)
@@ -176,20 +150,13 @@ Recorder* TheRecorder() {
       rec->error = "MEGASCOPE_NCCL=0";
       return rec;
     }
-    auto t = tracer::Tracer::Create(rec->config.ring);
-    if (!t.ok()) {
-      rec->error = t.status().message();
+    rec->process = &inproc::TheProcess();
+    if (rec->process->tracer == nullptr) {
+      rec->error = rec->process->error;
       return rec;
     }
-    rec->tracer = std::move(*t);
+    rec->tracer = rec->process->tracer;
     rec->pool = std::make_unique<Pool>(rec->config.events);
-    // The heartbeat says the process is alive (a frozen one stops beating); once a second.
-    std::thread([t = rec->tracer.get()] {
-      for (;;) {
-        t->Touch();
-        std::this_thread::sleep_for(std::chrono::seconds(1));
-      }
-    }).detach();
     return rec;
   }();
   return r;
@@ -405,7 +372,7 @@ int RecordEventState(void* handle, int state, StateArgs* args) {
 // The communicator's members' global ranks: the world's are its own ranks; a sub-communicator's
 // are exchanged through MEGASCOPE_RUN_DIR/nccl/<id>/<rank in it> (every member is in init at
 // once), waited for a few seconds at most. An unknown member is -1.
-std::vector<int32_t> Members(const Config& c, uint64_t comm_id, int n_ranks, int rank) {
+std::vector<int32_t> Members(const inproc::Process& c, uint64_t comm_id, int n_ranks, int rank) {
   std::vector<int32_t> members(static_cast<size_t>(n_ranks), -1);
   if (n_ranks == c.ring.world_size) {
     for (int i = 0; i < n_ranks; ++i) members[static_cast<size_t>(i)] = i;
@@ -451,9 +418,9 @@ int Init(void** context, uint64_t comm_id, int* mask, const char* comm_name, int
   }
   auto comm = std::make_unique<Comm>();
   comm->rank = rank;
-  comm->members = Members(rec->config, comm_id, n_ranks, rank);
+  comm->members = Members(*rec->process, comm_id, n_ranks, rank);
   tracer::RankList ranks;
-  if (n_ranks == rec->config.ring.world_size) {
+  if (n_ranks == rec->process->ring.world_size) {
     ranks.AppendRun(0, static_cast<uint32_t>(n_ranks), 1);
   } else {
     for (int32_t m : comm->members) {
@@ -465,7 +432,7 @@ int Init(void** context, uint64_t comm_id, int* mask, const char* comm_name, int
   std::snprintf(name, sizeof(name), "%.40s.%08llx", named ? comm_name : "nccl",
                 static_cast<unsigned long long>(comm_id & 0xffffffffULL));
   auto group = rec->tracer->RegisterGroup(
-      name, n_ranks == rec->config.ring.world_size ? "world" : "nccl", ranks);
+      name, n_ranks == rec->process->ring.world_size ? "world" : "nccl", ranks);
   if (!group.ok()) {
     *mask = 0;
     if (log != nullptr)

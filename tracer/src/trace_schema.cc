@@ -19,16 +19,16 @@ std::string Spelling(const std::string& column) {
 
 }  // namespace
 
-std::string OpenOpsTableSql() {
-  return "CREATE TABLE IF NOT EXISTS open_ops(rank INTEGER, attempt INTEGER, grp TEXT, seq "
-         "INTEGER, "
-         "op TEXT, peer INTEGER, bytes INTEGER, dtype TEXT, state TEXT, enqueued_ns INTEGER, "
-         "started_ns INTEGER, seen_ns INTEGER)";
+std::string OptionalTableSql(const OptionalTraceTable& table, std::string_view schema) {
+  return "CREATE TABLE IF NOT EXISTS " + std::string(schema) + std::string(table.name) + "(" +
+         std::string(table.columns) + ")";
 }
 
 std::string TraceSchemaSql() {
   const std::string completed = std::to_string(static_cast<int>(OpState::kCompleted));
-  return R"sql(
+  std::string optional;
+  for (const OptionalTraceTable& t : kOptionalTraceTables) optional += OptionalTableSql(t) + ";\n";
+  return optional + R"sql(
 CREATE TABLE IF NOT EXISTS ranks(rank INTEGER, node TEXT, local_rank INTEGER, dp INTEGER, pp INTEGER, tp INTEGER,
                                  pid INTEGER, attempt INTEGER, clock_offset_ns INTEGER, PRIMARY KEY(rank, attempt));
 CREATE TABLE IF NOT EXISTS span_rows(rank INTEGER, attempt INTEGER, step INTEGER, microbatch INTEGER, kind INTEGER,
@@ -43,9 +43,6 @@ CREATE TABLE IF NOT EXISTS drops(rank INTEGER, ts_ns INTEGER, dropped_records IN
 CREATE TABLE IF NOT EXISTS ring_cursors(ring TEXT, lane INTEGER, tail INTEGER, PRIMARY KEY(ring, lane));
 CREATE TABLE IF NOT EXISTS step_rollups(rank INTEGER, attempt INTEGER, step INTEGER, what TEXT, count INTEGER,
                                         total_ns INTEGER, bytes INTEGER, first_ns INTEGER, last_ns INTEGER);
-CREATE TABLE IF NOT EXISTS open_ops(rank INTEGER, attempt INTEGER, grp TEXT, seq INTEGER, op TEXT, peer INTEGER,
-                                    bytes INTEGER, dtype TEXT, state TEXT, enqueued_ns INTEGER, started_ns INTEGER,
-                                    seen_ns INTEGER);
 -- No indexes: ingest speed comes first; queries over a node's file scan.
 CREATE VIEW IF NOT EXISTS collectives AS
   SELECT c.rank, c.attempt, g.name AS grp, c.seq, )sql" +

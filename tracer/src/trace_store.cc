@@ -54,6 +54,7 @@ Result<std::unique_ptr<TraceStore>> TraceStore::Open(const std::string& path, in
       {&s->heartbeats_, "INSERT", "heartbeat_rows", 5},
       {&s->metrics_, "INSERT", "metrics", 4},
       {&s->drops_, "INSERT", "drops", 3},
+      {&s->device_spans_, "INSERT", "device_spans", 8},
       {&s->cursors_, "INSERT OR REPLACE", "ring_cursors", 3},
   };
   for (auto& b : batches) RETURN_IF_ERROR(b.batch->Prepare(s->db_, b.verb, b.table, b.cols));
@@ -153,8 +154,8 @@ Status TraceStore::BatchInsert::Flush() {
 Status TraceStore::Write(std::span<const RingRows> rings, std::span<const MetricRow> metrics,
                          std::span<const DropRow> drops) {
   using Cell = BatchInsert::Cell;
-  BatchInsert* const batches[] = {&spans_,   &collectives_, &heartbeats_,
-                                  &metrics_, &drops_,       &cursors_};
+  BatchInsert* const batches[] = {&spans_,   &device_spans_, &collectives_, &heartbeats_,
+                                  &metrics_, &drops_,        &cursors_};
   texts_.clear();
   RETURN_IF_ERROR(db_.Exec("BEGIN"));
   auto fail = [&](std::string_view what) {
@@ -181,6 +182,13 @@ Status TraceStore::Write(std::span<const RingRows> rings, std::span<const Metric
                          Ns(rr.calibration, sp.end_ticks) - start})
                    .ok())
             return fail("cannot insert spans");
+          if (IsDeviceSpan(sp.kind) &&
+              !device_spans_
+                   .Add({rank, attempt, Name(sp.kind), start, static_cast<int64_t>(sp.device),
+                         static_cast<int64_t>(sp.stream), static_cast<int64_t>(sp.correlation),
+                         static_cast<int64_t>(sp.bytes)})
+                   .ok())
+            return fail("cannot insert device spans");
           break;
         }
         case RecordType::kCollective: {
@@ -276,7 +284,8 @@ Result<int64_t> TraceStore::Prune(int64_t before_ns) {
                   "; DELETE FROM heartbeat_rows WHERE rowid < " + std::to_string(beats) +
                   "; DELETE FROM metrics WHERE rowid < " + std::to_string(metrics) +
                   "; DELETE FROM drops WHERE rowid < " + std::to_string(drops) +
-                  "; DELETE FROM open_ops WHERE seen_ns < " + std::to_string(before_ns) + ";");
+                  "; DELETE FROM open_ops WHERE seen_ns < " + std::to_string(before_ns) +
+                  "; DELETE FROM device_spans WHERE start_ns < " + std::to_string(before_ns) + ";");
   if (st.ok()) st = db_.Exec("COMMIT");
   if (!st.ok()) {
     (void)db_.Exec("ROLLBACK");

@@ -90,8 +90,22 @@ struct SpanRecord {
   int64_t step;
   int64_t start_ticks;
   int64_t end_ticks;
-  uint8_t reserved[32];
+  // A device span's (kind kernel, memcpy, memset, sync; Tracer::RecordDeviceSpan): where it ran
+  // and the correlation id of the runtime call that launched it. Not written for other kinds:
+  // read them only for a device kind.
+  uint32_t correlation;
+  uint32_t device;
+  uint32_t stream;
+  uint32_t reserved0;
+  uint64_t bytes;  // a copy's or memset's
+  uint8_t reserved[8];
 };
+
+// Whether spans of `kind` carry SpanRecord's device fields.
+constexpr bool IsDeviceSpan(SpanKind kind) {
+  return kind == SpanKind::kKernel || kind == SpanKind::kMemcpy || kind == SpanKind::kMemset ||
+         kind == SpanKind::kSync;
+}
 
 // Written once per op, when it reaches completed or failed.
 struct CollectiveRecord {

@@ -35,8 +35,23 @@ inline constexpr std::array<std::string_view, 6> kTraceTables = {
 //            dies (the ops it died in, or the hang it was stuck in). An op that completed since
 //            the last look is still listed until the next (about a second): compare with
 //            `collectives`. Spellings as in `collectives`.
-inline constexpr std::array<std::string_view, 1> kOptionalTraceTables = {"open_ops"};
-std::string OpenOpsTableSql();  // the CREATE TABLE of open_ops
+//   device_spans(rank, attempt, kind, start_ns, device, stream, correlation, bytes): where each
+//            span of device activity (kind kernel, memcpy, memset, sync) ran and the CUPTI
+//            correlation id of the runtime call that launched it; joins `spans` on
+//            (rank, attempt, kind, start_ns).
+struct OptionalTraceTable {
+  std::string_view name, columns;
+};
+inline constexpr std::array<OptionalTraceTable, 2> kOptionalTraceTables = {{
+    {"open_ops",
+     "rank INTEGER, attempt INTEGER, grp TEXT, seq INTEGER, op TEXT, peer INTEGER, bytes INTEGER, "
+     "dtype TEXT, state TEXT, enqueued_ns INTEGER, started_ns INTEGER, seen_ns INTEGER"},
+    {"device_spans",
+     "rank INTEGER, attempt INTEGER, kind TEXT, start_ns INTEGER, device INTEGER, stream INTEGER, "
+     "correlation INTEGER, bytes INTEGER"},
+}};
+// The CREATE TABLE IF NOT EXISTS of an optional table, in `schema` ("" or "main.").
+std::string OptionalTableSql(const OptionalTraceTable& table, std::string_view schema = "");
 
 // CREATE statements of the stored tables and the views (idempotent: IF NOT EXISTS).
 std::string TraceSchemaSql();

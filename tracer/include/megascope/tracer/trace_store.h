@@ -138,7 +138,7 @@ class TraceStore {
   std::string path_;
   WriteHook hook_;
   sql::Database db_;
-  BatchInsert spans_, collectives_, heartbeats_, metrics_, drops_, cursors_;
+  BatchInsert spans_, device_spans_, collectives_, heartbeats_, metrics_, drops_, cursors_;
   std::deque<std::string> texts_;  // text made up for the rows of the current Write
   sql::Statement rank_, get_cursor_, group_get_, group_add_, open_clear_, open_add_;
   std::unordered_map<std::string, int64_t> group_ids_;  // a cache of group_names

@@ -65,6 +65,30 @@ class Tracer {
     r->span.end_ticks = end_ticks;
     ring_->Publish();
   }
+  // Where a device span ran and what launched it (SpanRecord's device fields).
+  struct DeviceInfo {
+    uint32_t correlation = 0, device = 0, stream = 0;
+    uint64_t bytes = 0;
+  };
+  // A span of device activity (a kind for which IsDeviceSpan holds), in this tracer's ticks.
+  void RecordDeviceSpan(SpanKind kind, NameId name, int64_t step, int64_t start_ticks,
+                        int64_t end_ticks, const DeviceInfo& info) {
+    if (!enabled_.load(std::memory_order_relaxed)) return;
+    Record* r = ring_->Claim();
+    if (r == nullptr) return;
+    r->span.type = RecordType::kSpan;
+    r->span.kind = kind;
+    r->span.name = name;
+    r->span.microbatch = -1;
+    r->span.step = step;
+    r->span.start_ticks = start_ticks;
+    r->span.end_ticks = end_ticks;
+    r->span.correlation = info.correlation;
+    r->span.device = info.device;
+    r->span.stream = info.stream;
+    r->span.bytes = info.bytes;
+    ring_->Publish();
+  }
   // Explicit begin/end: a Span holds its start time and ends once.
   struct Span {
     SpanKind kind;
@@ -110,6 +134,8 @@ class Tracer {
   // Refreshes the heartbeat time only (a liveness tick from a background thread).
   void Touch();
   void RecordMetric(NameId name, double value);
+  // The step of the last SetPhase (0 before any).
+  int64_t step() const { return step_.load(std::memory_order_relaxed); }
 
   // --- reading back ---
   RankSnapshot Snapshot() const { return ring_->Snapshot(); }
