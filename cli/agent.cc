@@ -11,6 +11,7 @@
 #include "command.h"
 #include "megascope/launch/process.h"
 #include "megascope/tracer/file_util.h"
+#include "megascope/tracer/run_layout.h"
 
 namespace megascope::cli {
 namespace {
@@ -118,7 +119,7 @@ int RunAgent(const Args& args) {
   std::string host = o.listen.substr(0, o.listen.rfind(':'));
   if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
   // The port file tells the launcher (and people) where to scrape.
-  const std::string port_file = o.run_dir + "/nodes/" + o.node + "/agent.port";
+  const std::string port_file = RunLayout(o.run_dir).agent_port(o.node);
   std::ofstream(port_file) << port << "\n";
   std::fprintf(stderr,
                "[agent %s] job %s: http://%s:%d/metrics, /state, /dump/<rank>%s; trace.db in "

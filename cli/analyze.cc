@@ -14,6 +14,7 @@
 #include "megascope/analyzer/stacks.h"
 #include "megascope/controller/control_db.h"
 #include "megascope/tracer/file_util.h"
+#include "megascope/tracer/run_layout.h"
 
 namespace megascope::cli {
 namespace {
@@ -36,7 +37,7 @@ struct SlowIncident {
 
 // The newest slow verdict a launch recorded in RUN_DIR/control.db with its thresholds, if any.
 std::optional<SlowIncident> NewestSlowIncident(const std::string& run_dir) {
-  const std::string path = run_dir + "/control.db";
+  const std::string path = RunLayout(run_dir).control_db();
   if (!std::filesystem::exists(path)) return std::nullopt;
   auto db = controller::ControlDb::Open(path, /*read_only=*/true);
   if (!db.ok()) return std::nullopt;

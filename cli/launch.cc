@@ -210,7 +210,7 @@ int RunLaunch(const Args& args) {
   co.supervisor.agent_host = co.allow_remote ? "0.0.0.0" : "127.0.0.1";
   // Agents reachable from other hosts serve the job's state only with the run's token.
   if (co.allow_remote || !hosts.empty())
-    co.supervisor.agent_token_file = launch::RunLayout(c.run_dir).token();
+    co.supervisor.agent_token_file = RunLayout(c.run_dir).token();
   co.world = c.layout.world();
   for (int r = 0; r < co.world; ++r) co.stage_of_rank.push_back(c.layout.CoordsOf(r).pp);
   co.steps = c.steps;
@@ -225,7 +225,7 @@ int RunLaunch(const Args& args) {
     run.faults.clear();
     for (const auto& f : plan.faults)
       run.faults.push_back({f.kind, f.rank, f.step, f.seconds, f.factor});
-    return tracer::WriteFileAtomic(launch::RunLayout(run.run_dir).run_json(), run.ToJson());
+    return tracer::WriteFileAtomic(RunLayout(run.run_dir).run_json(), run.ToJson());
   };
   // The controller adopts the state an unfinished launch in this run directory left in memory, and
   // drops any other under this job name.

@@ -26,12 +26,12 @@
 #include "command.h"
 #include "megascope/controller/control_db.h"
 #include "megascope/launch/process.h"
-#include "megascope/launch/run_layout.h"
 #include "megascope/launch/supervisor.h"
 #include "megascope/tracer/dump.h"
 #include "megascope/tracer/file_util.h"
 #include "megascope/tracer/http_client.h"
 #include "megascope/tracer/ring.h"
+#include "megascope/tracer/run_layout.h"
 
 namespace megascope::cli {
 namespace {
@@ -77,7 +77,7 @@ struct Agent {
   std::string url;
 };
 
-Result<Agent> FindOrStartAgent(const launch::RunLayout& layout, const std::string& node,
+Result<Agent> FindOrStartAgent(const RunLayout& layout, const std::string& node,
                                const std::string& job, const std::string& shm_dir) {
   fs::create_directories(layout.node_dir(node));
   const std::string lock_path = layout.node_dir(node) + "/agent.lock";
@@ -108,7 +108,7 @@ Result<Agent> FindOrStartAgent(const launch::RunLayout& layout, const std::strin
 
 // Every rank's flight recorder as the agent has it, written to the attempt's dump directory, once
 // the agent has found every ring of the job on this node (it looks each drain pass).
-int CollectDumps(const Agent& agent, const launch::RunLayout& layout, const std::string& job,
+int CollectDumps(const Agent& agent, const RunLayout& layout, const std::string& job,
                  const std::string& shm_dir, int attempt) {
   size_t rings = 0;
   std::error_code ec;
@@ -145,7 +145,7 @@ int CollectDumps(const Agent& agent, const launch::RunLayout& layout, const std:
   return written;
 }
 
-void Record(const launch::RunLayout& layout, controller::EventKind kind, int attempt,
+void Record(const RunLayout& layout, controller::EventKind kind, int attempt,
             const std::string& node, nlohmann::json detail) {
   auto db = controller::ControlDb::Open(layout.control_db());
   if (!db.ok()) return;
@@ -202,7 +202,7 @@ int RunWrap(const Args& all) {
   if (cmd.empty()) return Fail("wrap", "give the command to run after --", 2);
   job = JobName(job);
   run_dir = fs::absolute(run_dir).string();
-  launch::RunLayout layout(run_dir);
+  RunLayout layout(run_dir);
   std::error_code ec;
   fs::create_directories(run_dir, ec);
   if (ec) return Fail("wrap", "cannot make " + run_dir + ": " + ec.message());

@@ -21,6 +21,7 @@
 #include "megascope/analyzer/stacks.h"
 #include "megascope/tracer/enum_names.h"
 #include "megascope/tracer/file_util.h"
+#include "megascope/tracer/run_layout.h"
 #include "parallel.h"
 
 namespace megascope::analyzer {
@@ -399,14 +400,15 @@ namespace {
 // `path` itself, or for a run directory its newest dumps/attempt_*.
 Result<std::string> DumpDirectoryOf(const std::string& path) {
   if (!fs::is_directory(path)) return NotFound(path + " is not a directory");
-  if (!fs::is_directory(path + "/dumps")) return path;
+  const RunLayout layout(path);
+  if (!fs::is_directory(layout.dumps_root())) return path;
   int best = -1;
-  for (const auto& e : fs::directory_iterator(path + "/dumps")) {
+  for (const auto& e : fs::directory_iterator(layout.dumps_root())) {
     const std::string n = e.path().filename().string();
     if (n.rfind("attempt_", 0) == 0) best = std::max(best, std::atoi(n.c_str() + 8));
   }
-  if (best < 0) return NotFound(path + "/dumps holds no attempt_* directory");
-  return path + "/dumps/attempt_" + std::to_string(best);
+  if (best < 0) return NotFound(layout.dumps_root() + " holds no attempt_* directory");
+  return layout.dumps(best);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "megascope/tracer/run_layout.h"
 #include "megascope/tracer/trace_schema.h"
 
 namespace megascope::analyzer {
@@ -24,8 +25,9 @@ Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_di
   if (!fs::is_directory(run_dir)) return NotFound("run directory " + run_dir + " does not exist");
   std::vector<std::string> files;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(run_dir + "/nodes", ec)) {
-    const std::string f = e.path().string() + "/trace.db";
+  const RunLayout layout(run_dir);
+  for (const auto& e : fs::directory_iterator(layout.nodes(), ec)) {
+    const std::string f = layout.trace_db(e.path().filename().string());
     if (fs::exists(f)) files.push_back(f);
   }
   std::sort(files.begin(), files.end());

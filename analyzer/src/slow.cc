@@ -12,6 +12,7 @@
 #include "format.h"
 #include "megascope/tracer/clock.h"
 #include "megascope/tracer/records.h"
+#include "megascope/tracer/run_layout.h"
 #include "megascope/tracer/sqlite.h"
 #include "megascope/tracer/trace_schema.h"
 
@@ -39,8 +40,9 @@ StoredSteps& StoredSteps::operator=(StoredSteps&&) noexcept = default;
 Status StoredSteps::Refresh() {
   namespace fs = std::filesystem;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(run_dir_ + "/nodes", ec)) {
-    const std::string path = e.path().string() + "/trace.db";
+  const RunLayout layout(run_dir_);
+  for (const auto& e : fs::directory_iterator(layout.nodes(), ec)) {
+    const std::string path = layout.trace_db(e.path().filename().string());
     auto it = nodes_.find(path);
     if (it == nodes_.end()) {
       if (!fs::exists(path)) continue;

@@ -167,7 +167,7 @@ struct SelfCheckFigures {
 struct Controller::Impl {
   ControllerOptions opt;
   launch::Supervisor sup;
-  launch::RunLayout layout;
+  RunLayout layout;
   std::unique_ptr<ControlDb> db;
   std::unique_ptr<CivetServer> http;
   std::unique_ptr<ControlHandler> handler;
@@ -392,7 +392,7 @@ struct Controller::Impl {
     }
     std::error_code ec;
     if (events.empty() || finished || nodes.empty()) {
-      fs::remove_all(launch::MemoryRoot(opt.supervisor.shm_dir, opt.supervisor.job), ec);
+      fs::remove_all(MemoryRoot(opt.supervisor.shm_dir, opt.supervisor.job), ec);
       if (!events.empty())
         Log("the run directory holds a finished run: this launch starts at attempt " +
             std::to_string(attempt));
@@ -427,7 +427,7 @@ struct Controller::Impl {
   std::vector<std::string> MemoryDirs() const {
     std::vector<std::string> memory;
     for (const std::string& n : active)
-      memory.push_back(launch::NodeMemoryDir(opt.supervisor.shm_dir, opt.supervisor.job, n));
+      memory.push_back(NodeMemoryDir(opt.supervisor.shm_dir, opt.supervisor.job, n));
     return memory;
   }
 
@@ -1162,7 +1162,7 @@ struct Controller::Impl {
     eviction_times.push_back(now);
     sup.StopAgent(node, /*wait=*/false);  // it drains its last records while the spare is checked
     std::error_code ec;
-    fs::remove_all(launch::NodeMemoryDir(opt.supervisor.shm_dir, opt.supervisor.job, node),
+    fs::remove_all(NodeMemoryDir(opt.supervisor.shm_dir, opt.supervisor.job, node),
                    ec);  // its memory is gone with it
     evicted[node] = now;
     Log("evicted " + node + " (" + reason + ")");
@@ -1524,7 +1524,7 @@ struct Controller::Impl {
     }
     if (rc == kLaunchFinished) {  // the state in memory is only needed to resume
       std::error_code ec;
-      fs::remove_all(launch::MemoryRoot(opt.supervisor.shm_dir, opt.supervisor.job), ec);
+      fs::remove_all(MemoryRoot(opt.supervisor.shm_dir, opt.supervisor.job), ec);
     }
     return rc;
   }
@@ -1636,7 +1636,7 @@ int Controller::Run() { return impl_->Run(); }
 
 Status SendControlCommand(const std::string& run_dir, const std::string& command,
                           const std::string& node) {
-  launch::RunLayout layout(run_dir);
+  RunLayout layout(run_dir);
   auto token = tracer::ReadToken(layout.token());
   if (!token.ok()) {
     return PermissionDenied(token.status().message() +

@@ -4,7 +4,7 @@
 #include <map>
 
 #include "megascope/launch/progress.h"
-#include "megascope/launch/run_layout.h"
+#include "megascope/tracer/run_layout.h"
 
 namespace megascope::controller {
 namespace {
@@ -123,7 +123,7 @@ std::string DescribeEvent(const Event& e) {
 }
 
 Result<RunReport> ReadRunReport(const std::string& run_dir) {
-  launch::RunLayout layout(run_dir);
+  RunLayout layout(run_dir);
   ASSIGN_OR_RETURN(std::unique_ptr<ControlDb> db,
                    ControlDb::Open(layout.control_db(), /*read_only=*/true));
   RunReport r;

@@ -9,8 +9,8 @@
 
 #include "megascope/analyzer/hang.h"
 #include "megascope/analyzer/stacks.h"
-#include "megascope/launch/run_layout.h"
 #include "megascope/tracer/metric_names.h"
+#include "megascope/tracer/run_layout.h"
 #include "report_html.h"
 #include "svg.h"
 
@@ -149,7 +149,7 @@ std::string StackTable(std::vector<analyzer::StackGroup> groups, const std::set<
 
 // A hang: the wait-for graph and stacks re-derived from the dumps its incident kept.
 std::string HangFigure(const RunReport& r, const Event& v) {
-  const std::string dir = launch::RunLayout(r.run_dir).dumps(v.attempt);
+  const std::string dir = RunLayout(r.run_dir).dumps(v.attempt);
   if (!std::filesystem::exists(dir))
     return "<p class=\"note\">No dumps were kept for attempt " + std::to_string(v.attempt) +
            ".</p>";

@@ -9,7 +9,7 @@
 #include <set>
 
 #include "megascope/launch/progress.h"
-#include "megascope/launch/run_layout.h"
+#include "megascope/tracer/run_layout.h"
 #include "svg.h"
 
 namespace megascope::controller {
@@ -376,7 +376,7 @@ std::string HeatMap(const RunReport& r, analyzer::RunDatabase* db, const Places&
 // The loss of every step, a line per attempt, the restarts marked.
 std::string LossPlot(const RunReport& r, const std::vector<Restart>& restarts) {
   std::map<int, std::vector<std::pair<double, double>>> by_attempt;
-  launch::ProgressReader progress(launch::RunLayout(r.run_dir).progress());
+  launch::ProgressReader progress(RunLayout(r.run_dir).progress());
   for (const auto& line : progress.Poll()) {
     if (line.contains("event") || !line.contains("loss")) continue;
     by_attempt[line.value("attempt", 0)].emplace_back(line.value("step", 0.0),

@@ -32,14 +32,14 @@ Status PrepareRunDirectory(const TrainConfig& cfg, bool keep_progress) {
                            " does not exist (make one with 'megascope prepare-data')");
   }
   std::error_code ec;
-  fs::create_directories(cfg.run_dir + "/ranks", ec);
+  fs::create_directories(RunLayout(cfg.run_dir).ranks(), ec);
   const std::string probe = cfg.run_dir + "/.write-test";
   if (ec || !std::ofstream(probe)) {
     return InvalidArgument("run directory " + cfg.run_dir + " is not writable" +
                            (ec ? ": " + ec.message() : ""));
   }
   fs::remove(probe);
-  if (!keep_progress) fs::remove(launch::RunLayout(cfg.run_dir).progress(), ec);
+  if (!keep_progress) fs::remove(RunLayout(cfg.run_dir).progress(), ec);
   return Status::Ok();
 }
 

@@ -82,10 +82,10 @@ class WriteInFlight {
 std::vector<std::string> MemoryDirsOf(const TrainConfig& cfg, int rank) {
   const std::vector<std::string> nodes = cfg.NodeNames();
   const std::string me = cfg.NodeOf(rank);
-  std::vector<std::string> dirs = {launch::NodeMemoryDir(cfg.shm_dir, cfg.job, me)};
+  std::vector<std::string> dirs = {NodeMemoryDir(cfg.shm_dir, cfg.job, me)};
   const auto it = std::find(nodes.begin(), nodes.end(), me);
   const std::string buddy = nodes[static_cast<size_t>((it - nodes.begin() + 1) % nodes.size())];
-  if (buddy != me) dirs.push_back(launch::NodeMemoryDir(cfg.shm_dir, cfg.job, buddy));
+  if (buddy != me) dirs.push_back(NodeMemoryDir(cfg.shm_dir, cfg.job, buddy));
   return dirs;
 }
 
@@ -93,7 +93,7 @@ std::vector<std::string> MemoryDirsOf(const TrainConfig& cfg, int rank) {
 // nothing in host memory, which is RAM on a real node and which no one would restart from: its
 // snapshots become disk checkpoints (a relaunch adopts the run from them) and their files go.
 struct OrphanState {
-  launch::RunLayout layout;
+  RunLayout layout;
   std::vector<std::string> memory_dirs;
   std::string memory_root;
   // This rank's trace ring (its agent, stopped too, keeps reading what it has mapped).
@@ -702,7 +702,7 @@ class Worker {
   bool fault_announced_ = false;
   bool progress_failing_ = false;  // the last progress line could not be written
   double last_unslowed_s_ = 0;     // the previous step's time without an injected slowdown
-  launch::RunLayout layout_;
+  RunLayout layout_;
   std::atomic<bool> stop_{false};
   std::thread beat_, ckpt_thread_, mem_thread_;
   std::future<Batches> prefetch_;
@@ -743,13 +743,14 @@ int RunWorker(const std::string& run_dir, int rank) {
   // for the next step, as a framework's caching allocator does.
   ::mallopt(M_MMAP_THRESHOLD, 256 << 20);
   ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  auto text = tracer::ReadFile(run_dir + "/run.json");
+  const RunLayout layout(run_dir);
+  auto text = tracer::ReadFile(layout.run_json());
   if (!text.ok()) {
     std::fprintf(stderr, "[worker] cannot read the run's configuration: %s\n",
                  text.status().ToString().c_str());
     return kExitSetup;
   }
-  auto cfg = TrainConfig::FromJson(*text, run_dir + "/run.json");
+  auto cfg = TrainConfig::FromJson(*text, layout.run_json());
   if (!cfg.ok()) {
     std::fprintf(stderr, "[worker] %s\n", cfg.status().ToString().c_str());
     return kExitSetup;
@@ -759,9 +760,9 @@ int RunWorker(const std::string& run_dir, int rank) {
     std::fprintf(stderr, "[worker] rank %d is outside world size %d\n", rank, cfg->layout.world());
     return kExitSetup;
   }
-  static OrphanState orphan{launch::RunLayout(run_dir),
+  static OrphanState orphan{RunLayout(run_dir),
                             MemoryDirsOf(*cfg, rank),
-                            launch::MemoryRoot(cfg->shm_dir, cfg->job),
+                            MemoryRoot(cfg->shm_dir, cfg->job),
                             cfg->shm_dir + "/" + tracer::RingFileName(cfg->job, cfg->attempt, rank),
                             rank,
                             cfg->layout.world()};

@@ -21,8 +21,8 @@
 
 #include "megascope/controller/control_db.h"
 #include "megascope/launch/process.h"
-#include "megascope/launch/run_layout.h"
 #include "megascope/runtime/data.h"
+#include "megascope/tracer/run_layout.h"
 #include "sqlite_util.h"
 #include "test_util.h"
 
@@ -50,7 +50,7 @@ class LaunchTest : public ::testing::Test {
   // A launch that was stopped keeps its in-memory snapshots (tmpfs) for a resume: not the tests'.
   void TearDown() override {
     std::error_code ec;
-    fs::remove_all(launch::MemoryRoot("/dev/shm", Job()), ec);
+    fs::remove_all(MemoryRoot("/dev/shm", Job()), ec);
   }
 
   // Short: job names are stored in fixed-size ring headers.

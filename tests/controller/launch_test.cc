@@ -221,7 +221,7 @@ TEST_F(LaunchTest, ARelaunchAfterTheControllerIsKilledAdoptsTheRunAndLosesAtMost
   for (int i = 0; i < 300 && (left = ProcessesNaming(Run())) > 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(left, 0) << "the killed controller's ranks and agents must stop with it";
-  EXPECT_FALSE(fs::exists(launch::MemoryRoot("/dev/shm", Job())))
+  EXPECT_FALSE(fs::exists(MemoryRoot("/dev/shm", Job())))
       << "the orphaned ranks leave nothing in host memory";
   for (int rank : {0, 1}) {  // the rings of the attempt that was running (the crash's restart)
     const std::string ring = "/dev/shm/" + tracer::RingFileName(Job(), 1, rank);

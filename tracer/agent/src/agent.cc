@@ -38,6 +38,7 @@
 #include "megascope/tracer/file_util.h"
 #include "megascope/tracer/metric_names.h"
 #include "megascope/tracer/ring.h"
+#include "megascope/tracer/run_layout.h"
 #include "megascope/tracer/sqlite.h"
 #include "megascope/tracer/trace_store.h"
 
@@ -366,8 +367,7 @@ struct Agent::Impl {
       const bool gone = refresh && !st.reader->WriterAlive();
       if (gone && !st.reader->Closed() && !st.dead) {
         st.dead = true;
-        const std::string path = opt.run_dir + "/dumps/attempt_" + std::to_string(st.info.attempt) +
-                                 "/rank_" + std::to_string(st.info.rank) + ".json";
+        const std::string path = RunLayout(opt.run_dir).dump(st.info.attempt, st.info.rank);
         // A dump the rank wrote itself since its last heartbeat says more (it was alive then): keep
         // it.
         auto own = ReadDumpFile(path);
@@ -638,8 +638,7 @@ struct Agent::Impl {
       if (best->dead || !best->reader->WriterAlive())
         return FailedPrecondition("rank " + std::to_string(rank) + " is gone: no stacks to take");
       pid = best->info.pid;
-      path = opt.run_dir + "/dumps/attempt_" + std::to_string(best->info.attempt) + "/rank_" +
-             std::to_string(rank) + ".json";
+      path = RunLayout(opt.run_dir).dump(best->info.attempt, rank);
     }
     const int64_t asked = WallNowNs();
     if (::kill(pid, SIGUSR1) != 0)
@@ -763,8 +762,8 @@ Result<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& o) {
     return Internal(std::string("cannot create the agent's eventfd: ") + std::strerror(errno));
   impl->host = HostSampler(o.proc_root);
   impl->nvml = Nvml::Load();
-  ASSIGN_OR_RETURN(impl->store, TraceStore::Open(o.run_dir + "/nodes/" + o.node + "/trace.db",
-                                                 o.max_db_mb << 20));
+  ASSIGN_OR_RETURN(impl->store,
+                   TraceStore::Open(RunLayout(o.run_dir).trace_db(o.node), o.max_db_mb << 20));
   if (o.write_hook) impl->store->set_write_hook(o.write_hook);
   impl->BuildFamilies();
   std::unique_ptr<Agent> agent(new Agent(std::move(impl)));
@@ -927,7 +926,7 @@ namespace {
 // excluded), "eviction" events by detail.reason, "verdict" events by detail.kind and detail.cause.
 // Every agent serves the run's counts (with its own node label): aggregate them with max, not sum.
 void AppendControlCounters(const AgentOptions& o, std::ostream& out) {
-  auto db = sql::Database::Open(o.run_dir + "/control.db", sql::Database::Mode::kReadOnly,
+  auto db = sql::Database::Open(RunLayout(o.run_dir).control_db(), sql::Database::Mode::kReadOnly,
                                 "[agent]", /*busy_timeout_ms=*/200);
   if (!db.ok()) return;  // no controller: no families
   struct Family {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "megascope/launch/run_layout.h"
+#include "megascope/tracer/run_layout.h"
 #include "megascope/tracer/status.h"
 
 namespace megascope::launch {

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "megascope/launch/process.h"
-#include "megascope/launch/run_layout.h"
+#include "megascope/tracer/run_layout.h"
 #include "megascope/tracer/status.h"
 
 namespace megascope::launch {

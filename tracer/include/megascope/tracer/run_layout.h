@@ -1,11 +1,13 @@
-// RunLayout: every path of a run directory, named once (docs/formats.md section 7). Also the node
-// memory area where in-memory snapshots live (tmpfs under the shm directory, one folder per node).
+// RunLayout: every path of a run directory, named once (docs/formats.md section 7), for every floor
+// that reads or writes one (the agent, the analyzer, the runtime, the controller, the CLI). Also
+// the node memory area where in-memory snapshots live (tmpfs under the shm directory, one folder
+// per node).
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-namespace megascope::launch {
+namespace megascope {
 
 class RunLayout {
  public:
@@ -29,12 +31,14 @@ class RunLayout {
   std::string trace_db(const std::string& node) const { return node_dir(node) + "/trace.db"; }
   std::string agent_log(const std::string& node) const { return node_dir(node) + "/agent.log"; }
   std::string agent_port(const std::string& node) const { return node_dir(node) + "/agent.port"; }
-  std::string rank_dir(int rank) const { return dir_ + "/ranks/" + std::to_string(rank); }
+  std::string ranks() const { return dir_ + "/ranks"; }
+  std::string rank_dir(int rank) const { return ranks() + "/" + std::to_string(rank); }
   std::string worker_log(int rank) const { return rank_dir(rank) + "/worker.log"; }
   // Written only with --trace-alternate: step,traced,wall_ns,cpu_ns per step of this rank.
   std::string step_costs(int rank) const { return rank_dir(rank) + "/step_costs.csv"; }
+  std::string dumps_root() const { return dir_ + "/dumps"; }
   std::string dumps(int attempt) const {
-    return dir_ + "/dumps/attempt_" + std::to_string(attempt);
+    return dumps_root() + "/attempt_" + std::to_string(attempt);
   }
   std::string dump(int attempt, int rank) const {
     return dumps(attempt) + "/rank_" + std::to_string(rank) + ".json";
@@ -61,4 +65,4 @@ inline std::string MemoryRoot(const std::string& shm_dir, const std::string& job
   return shm_dir + "/megascope-" + job + "-memory";
 }
 
-}  // namespace megascope::launch
+}  // namespace megascope
