@@ -222,9 +222,7 @@ int RunLaunch(const Args& args) {
     run.resume = plan.resume;
     run.agent_ports = plan.agent_ports;
     run.agent_addrs = plan.agent_addrs;
-    run.faults.clear();
-    for (const auto& f : plan.faults)
-      run.faults.push_back({f.kind, f.rank, f.step, f.seconds, f.factor});
+    run.faults = plan.faults;
     return tracer::WriteFileAtomic(RunLayout(run.run_dir).run_json(), run.ToJson());
   };
   // The controller adopts the state an unfinished launch in this run directory left in memory, and

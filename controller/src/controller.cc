@@ -37,6 +37,7 @@
 #include "megascope/tracer/dump.h"
 #include "megascope/tracer/file_util.h"
 #include "megascope/tracer/http_client.h"
+#include "megascope/tracer/http_serve.h"
 #include "megascope/tracer/verdict.h"
 #include "net_fault.h"
 #include "proc_fault.h"
@@ -105,8 +106,7 @@ class ControlHandler : public CivetHandler {
       : token_(std::move(token)), mu_(mu), queue_(queue), nodes_(nodes) {}
   bool handlePost(CivetServer*, mg_connection* conn) override {
     const mg_request_info* ri = mg_get_request_info(conn);
-    const char* auth = mg_get_header(conn, "Authorization");
-    if (auth == nullptr || std::string(auth) != "Bearer " + token_) {
+    if (token_.empty() || !tracer::HttpAuthorized(conn, token_)) {
       Reply(conn, 403, "missing or wrong token (read it from RUN_DIR/control.token)");
       return true;
     }
@@ -142,10 +142,7 @@ class ControlHandler : public CivetHandler {
 
  private:
   static void Reply(mg_connection* conn, int code, const std::string& body) {
-    mg_printf(conn,
-              "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\nConnection: "
-              "close\r\n\r\n%s",
-              code, code == 200 ? "OK" : "Error", body.size() + 1, (body + "\n").c_str());
+    tracer::HttpReply(conn, code, "text/plain", body + "\n");
   }
   std::string token_;
   std::mutex* mu_;
@@ -1057,7 +1054,7 @@ struct Controller::Impl {
             {"repeats", streak.repeats},
             {"repeats_by_compute", streak.by_compute},
             {"nodes", d.nodes},
-            {"verdict", json::parse(VerdictToJson(v))}});
+            {"verdict", VerdictToJsonValue(v)}});
   }
 
   // An online verdict (detector, straggler): recorded with the policy's decision; an alert is
@@ -1078,7 +1075,7 @@ struct Controller::Impl {
     Log("policy: " + std::string(Name(d.action)) + " (" + d.reason + ")");
     if (d.action == Action::kAlert || d.action == Action::kRestartInPlace) {
       Record(EventKind::kVerdict, v.root_nodes.empty() ? "" : v.root_nodes[0],
-             v.root_ranks.empty() ? -1 : v.root_ranks[0], json::parse(VerdictToJson(v)));
+             v.root_ranks.empty() ? -1 : v.root_ranks[0], VerdictToJsonValue(v));
       RecordDecision(v, d, streak);
       return true;
     }  // an incident records the verdict and the decision after its trigger
@@ -1213,7 +1210,7 @@ struct Controller::Impl {
       incident_ranks.insert(incident_ranks.end(), v.root_ranks.begin(), v.root_ranks.end());
       Log("verdict: " + v.cause + " " + v.explanation);
       Record(EventKind::kVerdict, v.root_nodes.empty() ? "" : v.root_nodes[0],
-             v.root_ranks.empty() ? -1 : v.root_ranks[0], json::parse(VerdictToJson(v)));
+             v.root_ranks.empty() ? -1 : v.root_ranks[0], VerdictToJsonValue(v));
     }
     const auto stop0 = Clock::now();
     // A job that is still running has no hang to explain: its flight recorders are not needed.
@@ -1237,7 +1234,7 @@ struct Controller::Impl {
     std::string restart_cause = t.cause;
     if (t.cause == "manual") to_evict.emplace_back(t.manual_node, json{{"kind", "manual"}});
     for (const Verdict& v : verdicts) {
-      const json vj = json::parse(VerdictToJson(v));
+      const json vj = VerdictToJsonValue(v);
       restart_cause = v.cause;
       const Streak streak = Online(t) ? t.streak : Streak{};
       const Decision d = Decide(v, streak, opt.policy);

@@ -66,6 +66,7 @@ void ExpectVerdicts(const std::string& dir,
                             "confidence", "explanation", "evidence"}) {
       EXPECT_TRUE(j.contains(key)) << key;
     }
+    EXPECT_EQ(VerdictToJsonValue(v), j) << "the value a document embeds is the line's";
     EXPECT_EQ(v.root_ranks.size(), v.root_nodes.size());
     if (v.kind == "hang") {
       EXPECT_FALSE(v.explanation.empty());

@@ -4,8 +4,13 @@
 
 namespace megascope {
 
-std::string VerdictToJson(const Verdict& v) {
-  using ojson = nlohmann::ordered_json;
+namespace {
+
+// The verdict as `J` (ordered_json keeps formats.md's key order in text; json is what documents
+// that embed it use).
+template <typename J>
+J Build(const Verdict& v) {
+  using ojson = J;
   auto or_null = [](const std::string& s) { return s.empty() ? ojson(nullptr) : ojson(s); };
   ojson j;
   j["format"] = "megascope-verdict";
@@ -25,7 +30,13 @@ std::string VerdictToJson(const Verdict& v) {
   j["evidence"] = v.evidence;
   if (!v.mismatch.empty()) j["mismatch"] = v.mismatch;        // added in version 1: only when known
   if (!v.thresholds.empty()) j["thresholds"] = v.thresholds;  // added in version 1: when given
-  return j.dump();
+  return j;
 }
+
+}  // namespace
+
+std::string VerdictToJson(const Verdict& v) { return Build<nlohmann::ordered_json>(v).dump(); }
+
+nlohmann::json VerdictToJsonValue(const Verdict& v) { return Build<nlohmann::json>(v); }
 
 }  // namespace megascope

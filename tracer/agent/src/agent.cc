@@ -36,6 +36,7 @@
 #include "megascope/tracer/dump.h"
 #include "megascope/tracer/enum_names.h"
 #include "megascope/tracer/file_util.h"
+#include "megascope/tracer/http_serve.h"
 #include "megascope/tracer/metric_names.h"
 #include "megascope/tracer/ring.h"
 #include "megascope/tracer/run_layout.h"
@@ -662,11 +663,10 @@ namespace {
 // Every endpoint: the token checked (403 without it), then the answer.
 class Handler : public CivetHandler {
  public:
-  explicit Handler(const std::string& token) : auth_(token.empty() ? "" : "Bearer " + token) {}
+  explicit Handler(std::string token) : token_(std::move(token)) {}
   bool handleGet(CivetServer*, mg_connection* conn) override {
     const mg_request_info* info = mg_get_request_info(conn);
-    const char* auth = mg_get_header(conn, "Authorization");
-    if (!auth_.empty() && (auth == nullptr || auth_ != auth)) {
+    if (!HttpAuthorized(conn, token_)) {
       Reply(conn, 403, "text/plain", "missing or wrong token (the run's RUN_DIR/control.token)\n");
       return true;
     }
@@ -678,16 +678,11 @@ class Handler : public CivetHandler {
  protected:
   virtual void Serve(mg_connection* conn, const std::string& uri, const std::string& query) = 0;
   static void Reply(mg_connection* conn, int code, const char* type, const std::string& body) {
-    const char* reason = code == 200 ? "OK" : code == 403 ? "Forbidden" : "Not Found";
-    mg_printf(
-        conn,
-        "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
-        code, reason, type, body.size());
-    mg_write(conn, body.data(), body.size());
+    HttpReply(conn, code, type, body);
   }
 
  private:
-  std::string auth_;  // the whole expected header value; "" : open
+  std::string token_;  // "": open
 };
 
 // An answer computed whole: (code, body) from the URI.

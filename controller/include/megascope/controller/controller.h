@@ -24,18 +24,13 @@
 #include "megascope/controller/policy.h"
 #include "megascope/launch/state_files.h"
 #include "megascope/launch/supervisor.h"
+#include "megascope/launch/worker_fault.h"
 #include "megascope/tracer/status.h"
 
 namespace megascope::controller {
 
 // A fault the worker carries out, given to it in run.json.
-struct WorkerFault {
-  std::string kind;  // crash, hang, stall-send, slow
-  int rank = -1;
-  int64_t step = 0;
-  double seconds = 0;
-  double factor = 0;  // slow
-};
+using launch::WorkerFault;
 
 // What one attempt runs with; the launcher turns it into run.json.
 struct AttemptPlan {

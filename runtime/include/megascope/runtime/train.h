@@ -10,6 +10,7 @@
 
 #include "megascope/launch/state_files.h"
 #include "megascope/launch/supervisor.h"
+#include "megascope/launch/worker_fault.h"
 #include "megascope/runtime/layout.h"
 #include "megascope/runtime/model.h"
 #include "megascope/tracer/status.h"
@@ -17,15 +18,7 @@
 namespace megascope::runtime {
 
 // --fault KIND:rank=R,step=S[,seconds=X]
-struct Fault {
-  // crash, hang, stall-send, slow; slow-checkpoint: the rank's disk checkpoint writes take
-  // `seconds` longer (a slow filesystem), from `step` on
-  std::string kind;
-  int rank = -1;
-  int64_t step = 0;
-  double seconds = 0;
-  double factor = 0;  // slow: each step's compute takes this many times as long (> 1)
-};
+using Fault = launch::WorkerFault;  // the same on the controller's floor
 Result<Fault> ParseFault(const std::string& spec);
 
 struct TrainConfig {

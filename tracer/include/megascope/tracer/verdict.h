@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -33,5 +34,7 @@ struct Verdict {
 
 // One line of JSON, no trailing newline.
 std::string VerdictToJson(const Verdict& v);
+// The same as a JSON value, for a document that embeds it (a control.db event's detail).
+nlohmann::json VerdictToJsonValue(const Verdict& v);
 
 }  // namespace megascope
