@@ -26,26 +26,6 @@ namespace {
 
 using namespace megascope::detector;
 
-std::string ScoreJson(const Evaluation& e) {
-  auto num = [](double x) { return std::isfinite(x) ? std::to_string(x) : std::string("null"); };
-  const Score& s = e.total;
-  std::string j =
-      "{\"format\":\"megascope-detector-score\",\"version\":1,\"precision\":" + num(s.precision()) +
-      ",\"recall\":" + num(s.recall()) + ",\"f1\":" + num(s.f1()) +
-      ",\"true_positives\":" + std::to_string(s.true_positives) +
-      ",\"false_positives\":" + std::to_string(s.false_positives) +
-      ",\"faults\":" + std::to_string(s.faults) + ",\"median_delay_s\":" + num(s.median_delay_s()) +
-      ",\"p90_delay_s\":" + num(s.p90_delay_s()) + ",\"by_type\":{";
-  bool first = true;
-  for (const auto& [type, t] : e.by_type) {
-    j += (first ? "\"" : ",\"") + type + "\":{\"faults\":" + std::to_string(t.faults) +
-         ",\"detected\":" + std::to_string(t.detected) +
-         ",\"median_delay_s\":" + num(t.median_delay_s()) + "}";
-    first = false;
-  }
-  return j + "}}";
-}
-
 // Data time for people: UTC date and time for epoch timestamps, else seconds since the start.
 std::string When(int64_t ns) {
   const time_t secs = static_cast<time_t>(ns / 1'000'000'000);
@@ -182,7 +162,7 @@ int RunDetect(const Args& args) {
   if (!labels.empty()) {
     Evaluation e = Evaluate(all, truth);
     if (json)
-      std::printf("%s\n", ScoreJson(e).c_str());
+      std::printf("%s\n", EvaluationToJson(e).c_str());
     else
       std::printf("%s", FormatEvaluation(e).c_str());
   }

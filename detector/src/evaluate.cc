@@ -89,4 +89,24 @@ std::string FormatEvaluation(const Evaluation& e) {
   return out;
 }
 
+std::string EvaluationToJson(const Evaluation& e) {
+  auto num = [](double x) { return std::isfinite(x) ? std::to_string(x) : std::string("null"); };
+  const Score& s = e.total;
+  std::string j =
+      "{\"format\":\"megascope-detector-score\",\"version\":1,\"precision\":" + num(s.precision()) +
+      ",\"recall\":" + num(s.recall()) + ",\"f1\":" + num(s.f1()) +
+      ",\"true_positives\":" + std::to_string(s.true_positives) +
+      ",\"false_positives\":" + std::to_string(s.false_positives) +
+      ",\"faults\":" + std::to_string(s.faults) + ",\"median_delay_s\":" + num(s.median_delay_s()) +
+      ",\"p90_delay_s\":" + num(s.p90_delay_s()) + ",\"by_type\":{";
+  bool first = true;
+  for (const auto& [type, t] : e.by_type) {
+    j += (first ? "\"" : ",\"") + type + "\":{\"faults\":" + std::to_string(t.faults) +
+         ",\"detected\":" + std::to_string(t.detected) +
+         ",\"median_delay_s\":" + num(t.median_delay_s()) + "}";
+    first = false;
+  }
+  return j + "}}";
+}
+
 }  // namespace megascope::detector

@@ -117,6 +117,17 @@ TEST_P(Scenario, DetectorConcludesAsExpected) {
     EXPECT_LE(v.onset_at_ns, v.detected_at_ns);
     EXPECT_FALSE(v.evidence.empty());
   }
+  // The score as `detect --score --json` prints it says the same.
+  const auto score = nlohmann::json::parse(EvaluationToJson(e));
+  EXPECT_EQ(score["format"], "megascope-detector-score");
+  EXPECT_EQ(score["true_positives"], e.total.true_positives);
+  EXPECT_EQ(score["false_positives"], e.total.false_positives);
+  EXPECT_EQ(score["faults"], e.total.faults);
+  EXPECT_EQ(score["by_type"].size(), e.by_type.size());
+  for (const auto& [type, t] : e.by_type) EXPECT_EQ(score["by_type"][type]["detected"], t.detected);
+  if (e.total.delays_s.empty()) {
+    EXPECT_TRUE(score["median_delay_s"].is_null());
+  }
 }
 
 std::vector<std::string> ScenarioFiles() {

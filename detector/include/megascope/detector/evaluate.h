@@ -32,5 +32,9 @@ struct Evaluation {
 Evaluation Evaluate(const std::vector<Verdict>& verdicts, const std::vector<Label>& labels);
 // A readable multi-line report.
 std::string FormatEvaluation(const Evaluation& e);
+// The same as one line of JSON ("megascope-detector-score", version 1): precision, recall, f1,
+// true and false positives, faults, median and p90 delay (null where undefined), and per fault
+// type its faults, detections and median delay.
+std::string EvaluationToJson(const Evaluation& e);
 
 }  // namespace megascope::detector
