@@ -35,6 +35,7 @@ Evaluation Evaluate(const std::vector<Verdict>& verdicts, const std::vector<Labe
   e.total.faults = static_cast<int>(labels.size());
   for (const Label& l : labels) ++e.by_type[l.fault_type].faults;
   std::vector<const Verdict*> ordered;
+  ordered.reserve(verdicts.size());
   for (const Verdict& v : verdicts) ordered.push_back(&v);
   std::stable_sort(ordered.begin(), ordered.end(), [](const Verdict* a, const Verdict* b) {
     return a->detected_at_ns < b->detected_at_ns;
