@@ -61,16 +61,11 @@ if [[ ${1:-} != run ]]; then
 fi
 
 outdir=${2:-}
-source scripts/gpu-unpack.sh
+source scripts/gpu-common.sh
 gpu_unpack gpu-check
 report=bench/results/gpu_check_${tag}.txt
 work=$root/work
 mkdir -p "$work" bench/results
-failed=()
-say() { echo "$*" | tee -a "$report"; }
-check() {  # check NAME STATUS DETAIL
-  if [[ $2 == 0 ]]; then say "PASS  $1: $3"; else say "FAIL  $1: $3"; failed+=("$1"); fi
-}
 start=$(date +%s)
 : >"$report"
 say "# scripts/gpu-check.sh run: megascope $(cat "$root/commit") (built with the cuda preset elsewhere and carried)"

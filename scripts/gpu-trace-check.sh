@@ -28,16 +28,11 @@ if [[ ${1:-} == -h || ${1:-} == --help ]]; then
   exit 0
 fi
 outdir=${1:-}
-source scripts/gpu-unpack.sh
+source scripts/gpu-common.sh
 gpu_unpack gpu-trace-check
 report=bench/results/gpu_trace_${tag}.txt
 work=$root/work
 mkdir -p "$work" bench/results
-failed=()
-say() { echo "$*" | tee -a "$report"; }
-check() {  # check NAME STATUS DETAIL
-  if [[ $2 == 0 ]]; then say "PASS  $1: $3"; else say "FAIL  $1: $3"; failed+=("$1"); fi
-}
 query() { "$bin" query "$1" --sql "$2" --csv 2>>"$work/query.log" | tail -n +2; }
 start=$(date +%s)
 : >"$report"

@@ -250,6 +250,30 @@ TEST_F(TracerTest, SpansAndHeartbeatsReachTheReader) {
   EXPECT_EQ(snap.heartbeat.updated_at_ns, 5000);
 }
 
+// A device span (CUPTI's) carries where it ran and what launched it, at the step of the last
+// SetPhase; tracing off drops it like any span.
+TEST_F(TracerTest, DeviceSpansCarryDeviceStreamBytesAndLaunchCorrelation) {
+  auto reader = RingReader::Attach(tracer_->ring().path(), RingReader::Mode::kConsume);
+  ASSERT_TRUE(reader.ok());
+  const NameId gemm = *tracer_->InternName("sm90_gemm");
+  tracer_->SetPhase(4, Phase::kBackward);
+  tracer_->RecordDeviceSpan(SpanKind::kKernel, gemm, tracer_->step(), 100, 180,
+                            {/*correlation=*/91, /*device=*/1, /*stream=*/7, /*bytes=*/0});
+  tracer_->set_enabled(false);
+  tracer_->RecordDeviceSpan(SpanKind::kMemcpy, gemm, 4, 200, 210, {92, 1, 7, 4096});
+  std::vector<Record> out(8);
+  ASSERT_EQ((*reader)->Drain(out), 2u);  // the heartbeat and the kernel
+  ASSERT_EQ(out[1].type, RecordType::kSpan);
+  EXPECT_EQ(out[1].span.kind, SpanKind::kKernel);
+  EXPECT_EQ(out[1].span.step, 4);
+  EXPECT_EQ(out[1].span.microbatch, -1);
+  EXPECT_EQ(out[1].span.end_ticks - out[1].span.start_ticks, 80);
+  EXPECT_EQ(out[1].span.correlation, 91u);
+  EXPECT_EQ(out[1].span.device, 1u);
+  EXPECT_EQ(out[1].span.stream, 7u);
+  EXPECT_EQ((*reader)->NameOf(out[1].span.name), "sm90_gemm");
+}
+
 // A reader in another thread takes snapshots while the rank writes flat out; every entry and
 // heartbeat it sees must be internally consistent (no torn reads). Run under the tsan preset too.
 TEST_F(TracerTest, SnapshotsAreConsistentUnderConcurrentWrites) {

@@ -53,17 +53,8 @@ class Tracer {
   }
   void RecordSpan(SpanKind kind, NameId name, int64_t step, int32_t microbatch, int64_t start_ticks,
                   int64_t end_ticks) {
-    if (!enabled_.load(std::memory_order_relaxed)) return;
-    Record* r = ring_->Claim();
-    if (r == nullptr) return;
-    r->span.type = RecordType::kSpan;
-    r->span.kind = kind;
-    r->span.name = name;
-    r->span.microbatch = microbatch;
-    r->span.step = step;
-    r->span.start_ticks = start_ticks;
-    r->span.end_ticks = end_ticks;
-    ring_->Publish();
+    if (ClaimSpan(kind, name, step, microbatch, start_ticks, end_ticks) != nullptr)
+      ring_->Publish();
   }
   // Where a device span ran and what launched it (SpanRecord's device fields).
   struct DeviceInfo {
@@ -73,16 +64,8 @@ class Tracer {
   // A span of device activity (a kind for which IsDeviceSpan holds), in this tracer's ticks.
   void RecordDeviceSpan(SpanKind kind, NameId name, int64_t step, int64_t start_ticks,
                         int64_t end_ticks, const DeviceInfo& info) {
-    if (!enabled_.load(std::memory_order_relaxed)) return;
-    Record* r = ring_->Claim();
+    Record* r = ClaimSpan(kind, name, step, -1, start_ticks, end_ticks);
     if (r == nullptr) return;
-    r->span.type = RecordType::kSpan;
-    r->span.kind = kind;
-    r->span.name = name;
-    r->span.microbatch = -1;
-    r->span.step = step;
-    r->span.start_ticks = start_ticks;
-    r->span.end_ticks = end_ticks;
     r->span.correlation = info.correlation;
     r->span.device = info.device;
     r->span.stream = info.stream;
@@ -156,6 +139,22 @@ class Tracer {
  private:
   Tracer() = default;
   void Finish(OpHandle h, OpState state);
+  // A span record claimed and filled but not yet published; null when tracing is off or the ring
+  // is full.
+  Record* ClaimSpan(SpanKind kind, NameId name, int64_t step, int32_t microbatch,
+                    int64_t start_ticks, int64_t end_ticks) {
+    if (!enabled_.load(std::memory_order_relaxed)) return nullptr;
+    Record* r = ring_->Claim();
+    if (r == nullptr) return nullptr;
+    r->span.type = RecordType::kSpan;
+    r->span.kind = kind;
+    r->span.name = name;
+    r->span.microbatch = microbatch;
+    r->span.step = step;
+    r->span.start_ticks = start_ticks;
+    r->span.end_ticks = end_ticks;
+    return r;
+  }
   SharedFlightEntry* Local(OpHandle h);
   void WriteHeartbeatLocked(int64_t ticks);
 
