@@ -85,13 +85,13 @@ Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_di
       auto has = db.QueryInt("SELECT COUNT(*) FROM " + alias +
                              ".sqlite_master WHERE type = 'table' AND name = '" + table + "'");
       if (!has.ok() || *has == 0) continue;
-      if (copy) {
-        RETURN_IF_ERROR(
-            db.Exec(tracer::OptionalTableSql(tracer::kOptionalTraceTables[t], "main.")));
-        RETURN_IF_ERROR(
-            db.Exec("INSERT INTO main." + table + " SELECT * FROM " + alias + "." + table));
+      if (!copy) {
+        optional_parts[t].push_back("SELECT * FROM " + alias + "." + table);
+        continue;
       }
-      optional_parts[t].push_back("SELECT * FROM " + alias + "." + table);
+      RETURN_IF_ERROR(db.Exec(tracer::OptionalTableSql(tracer::kOptionalTraceTables[t], "main.")));
+      RETURN_IF_ERROR(
+          db.Exec("INSERT INTO main." + table + " SELECT * FROM " + alias + "." + table));
     }
     if (copy) RETURN_IF_ERROR(db.Exec("DETACH " + alias));
   }

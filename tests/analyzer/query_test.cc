@@ -153,7 +153,22 @@ TEST(RunDatabaseTest, MoreNodesThanSqliteAttachesAtOnce) {
     info.node = "node" + std::to_string(n);
     ASSERT_TRUE((*store)->UpsertRank(info).ok());
     std::vector<tracer::MetricRow> m = {{info.node, 1, "node_cpu_utilization_ratio", 0.5}};
-    ASSERT_TRUE((*store)->Write({}, m, {}).ok());
+    // One kernel each: device_spans, a table older files lack, is copied too.
+    tracer::Record kernel{};
+    kernel.span.type = tracer::RecordType::kSpan;
+    kernel.span.kind = tracer::SpanKind::kKernel;
+    kernel.span.end_ticks = 10;
+    kernel.span.correlation = static_cast<uint32_t>(n + 1);
+    const std::vector<std::string> names = {"gemm"};
+    const std::vector<tracer::GroupInfo> groups;
+    tracer::RingRows rows;
+    rows.info = &info;
+    rows.names = &names;
+    rows.groups = &groups;
+    rows.records = {&kernel, 1};
+    rows.ring = "r" + std::to_string(n);
+    rows.lane_tails = {1};
+    ASSERT_TRUE((*store)->Write({&rows, 1}, m, {}).ok());
   }
   auto db = RunDatabase::Open(dir.path());
   ASSERT_TRUE(db.ok()) << db.status().ToString();
@@ -163,6 +178,8 @@ TEST(RunDatabaseTest, MoreNodesThanSqliteAttachesAtOnce) {
   EXPECT_EQ(t->rows[0][0], std::to_string(kNodes));
   EXPECT_EQ(t->rows[0][1], std::to_string(kNodes));
   EXPECT_EQ((*db)->Query("SELECT COUNT(*) FROM ranks")->rows[0][0], std::to_string(kNodes));
+  EXPECT_EQ((*db)->Query("SELECT COUNT(DISTINCT correlation) FROM device_spans")->rows[0][0],
+            std::to_string(kNodes));
   EXPECT_FALSE((*db)->Query("DELETE FROM ranks").ok());
 }
 

@@ -17,8 +17,6 @@
 // The ring is the process's (process_recorder.h: its environment). Also read here:
 // MEGASCOPE_NCCL_MASK (event types, added to Coll|P2p|KernelCh), MEGASCOPE_NCCL_EVENTS (pool size,
 // 65536), MEGASCOPE_NCCL=0 turns the plugin off.
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
