@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "megascope/controller/disk_guard.h"
+#include "megascope/controller/fleet.h"
 #include "megascope/controller/inject.h"
 #include "megascope/controller/policy.h"
 #include "megascope/launch/state_files.h"
@@ -94,7 +95,10 @@ inline constexpr int kLaunchStopped = 130;
 
 class Controller {
  public:
-  explicit Controller(ControllerOptions options);
+  // The job's processes through `fleet` (nullptr: launch::Supervisor's, from options.supervisor),
+  // its time through `clock` (nullptr: the real one; a fake outlives the controller).
+  explicit Controller(ControllerOptions options, std::unique_ptr<Fleet> fleet = nullptr,
+                      LoopClock* clock = nullptr);
   ~Controller();
   // Runs the job to its end; prints progress and every incident to stdout.
   int Run();

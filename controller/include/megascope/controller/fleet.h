@@ -1,0 +1,104 @@
+// The controller's seam to the machines of a job (PyTorch elastic's agent talks to its workers the
+// same way): everything the loop does to processes and reads from agents goes through a Fleet, and
+// every time it reads or waits goes through a LoopClock. The real fleet (MakeSupervisorFleet)
+// starts agents, ranks and self-checks as processes through launch::Supervisor and reads the
+// agents over HTTP; a test scripts a fake one (exits, hangs, frozen ranks, failing self-checks,
+// agent deaths) under a fake clock, so the controller's decisions are tested in milliseconds.
+// What stays real either way: the run directory's files (progress stream, control.db, run.json,
+// dumps, checkpoints), which the fleet's processes write and the controller reads.
+//
+// Thread safety: one thread (the controller's loop) calls a Fleet and a LoopClock.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "megascope/analyzer/hang.h"
+#include "megascope/launch/supervisor.h"
+#include "megascope/tracer/status.h"
+
+namespace megascope::controller {
+
+// What one node of a self-check pair measured (`megascope self-check`'s JSON line).
+struct SelfCheckFigures {
+  bool ok = false;
+  double gemm_gflops = 0, allreduce_gbps = 0;
+  std::string error;  // why it did not finish (ok false)
+};
+
+class Fleet {
+ public:
+  virtual ~Fleet() = default;
+
+  // --- agents (one a node)
+  // Starts `node`'s agent; its port once it listens.
+  virtual Result<int> StartAgent(const std::string& node) = 0;
+  virtual std::optional<int> AgentPort(const std::string& node) const = 0;
+  // Stops `node`'s agent; with `wait` false it is only asked and reaped later (an eviction does
+  // not wait for its final drain).
+  virtual void StopAgent(const std::string& node, bool wait) = 0;
+  virtual void StopAgents() = 0;
+  // Agents that ended since the last call (never blocks).
+  virtual std::vector<launch::AgentExit> PollAgents() = 0;
+  virtual bool SignalAgent(const std::string& node, int sig) = 0;
+  // GET `path` (/state, /metrics) from `node`'s agent within `timeout_ms`, with the run's token.
+  virtual Result<std::string> AgentGet(const std::string& node, const std::string& path,
+                                       int timeout_ms, const std::string& token) = 0;
+  // Every live rank of `attempt` as the agents of `nodes` see it now (live hang analysis).
+  virtual Result<analyzer::HangInput> LiveHangInput(const std::vector<std::string>& nodes,
+                                                    int attempt, const std::string& token) = 0;
+
+  // --- ranks (of the current attempt)
+  // Starts `world` ranks of `attempt` on `nodes`, rank r on nodes[r / (world / nodes.size())].
+  virtual Status StartRanks(int attempt, const std::vector<std::string>& nodes, int world) = 0;
+  // Ranks that ended since the last call (never blocks).
+  virtual std::vector<launch::RankExit> PollRanks() = 0;
+  // Given the failures seen so far, waits up to `window` for the rank whose failure started them
+  // (one that did not exit with kExitCommFailure); what else ended goes to `others`.
+  virtual launch::RankExit FindOrigin(const std::vector<launch::RankExit>& failures,
+                                      std::chrono::milliseconds window,
+                                      std::vector<launch::RankExit>* others) = 0;
+  // Asks every live rank for its flight recorder (RUN_DIR/dumps/attempt_<A>/rank_<r>.json) and
+  // waits up to `timeout`; the ranks that wrote none.
+  virtual std::vector<int> CollectDumps(std::chrono::milliseconds timeout) = 0;
+  // Stops every rank (grace, then SIGKILL).
+  virtual void StopRanks() = 0;
+  virtual bool SignalRank(int rank, int sig) = 0;
+  virtual std::string NodeOfRank(int rank) const = 0;
+
+  // --- self-checks
+  // Runs every pair (a, b) at once (`megascope self-check` on both nodes); the figures of a and b.
+  virtual std::vector<std::pair<SelfCheckFigures, SelfCheckFigures>> SelfCheckPairs(
+      const std::vector<std::pair<std::string, std::string>>& pairs) = 0;
+
+  // --- the nodes' environments and hosts (fault seams)
+  // Adds KEY=VALUE to the environment of every process started on `node` from now on.
+  virtual void AddNodeEnv(const std::string& node, const std::string& key,
+                          const std::string& value) = 0;
+  // The node's own host (a testbed's namespace, a cluster node), or nullptr: this machine.
+  virtual const launch::Host* HostOf(const std::string& node) const = 0;
+};
+
+// The fleet of processes on this machine, its hosts' namespaces or a Slurm allocation.
+std::unique_ptr<Fleet> MakeSupervisorFleet(const launch::SupervisorOptions& options);
+
+// Time as the loop sees it: monotonic time for its deadlines, wall time for its records, and its
+// waits.
+class LoopClock {
+ public:
+  using TimePoint = std::chrono::steady_clock::time_point;
+  virtual ~LoopClock() = default;
+  virtual TimePoint Now() = 0;
+  virtual int64_t WallNs() = 0;  // ns since the epoch
+  virtual void Sleep(std::chrono::duration<double> d) = 0;
+};
+
+// steady_clock, the system's wall clock, this_thread::sleep_for.
+LoopClock& RealLoopClock();
+
+}  // namespace megascope::controller

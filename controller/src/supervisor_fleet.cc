@@ -1,0 +1,172 @@
+// The real fleet: launch::Supervisor's processes, the agents' HTTP endpoints and `megascope
+// self-check` pairs (fleet.h).
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "megascope/analyzer/live.h"
+#include "megascope/controller/fleet.h"
+#include "megascope/tracer/clock.h"
+#include "megascope/tracer/file_util.h"
+#include "megascope/tracer/http_client.h"
+
+namespace megascope::controller {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// The self-check's rendezvous and collective timeout; a pair gets three of them in all (a rank
+// whose link is dead can block in connect() past its own rendezvous timeout).
+constexpr int kSelfCheckTimeoutMs = 10000;
+
+class SupervisorFleet final : public Fleet {
+ public:
+  explicit SupervisorFleet(const launch::SupervisorOptions& options) : sup_(options) {}
+
+  Result<int> StartAgent(const std::string& node) override { return sup_.StartAgent(node); }
+  std::optional<int> AgentPort(const std::string& node) const override {
+    return sup_.AgentPort(node);
+  }
+  void StopAgent(const std::string& node, bool wait) override { sup_.StopAgent(node, wait); }
+  void StopAgents() override { sup_.StopAgents(); }
+  std::vector<launch::AgentExit> PollAgents() override { return sup_.PollAgents(); }
+  bool SignalAgent(const std::string& node, int sig) override {
+    return sup_.SignalAgent(node, sig);
+  }
+  Result<std::string> AgentGet(const std::string& node, const std::string& path, int timeout_ms,
+                               const std::string& token) override {
+    const std::string url = sup_.AgentUrl(node);
+    if (url.empty()) return NotFound(node + " has no agent running");
+    return tracer::HttpGet(url + path, timeout_ms, token);
+  }
+  Result<analyzer::HangInput> LiveHangInput(const std::vector<std::string>& nodes, int attempt,
+                                            const std::string& token) override {
+    std::vector<std::string> urls;
+    for (const std::string& n : nodes) {
+      if (std::string url = sup_.AgentUrl(n); !url.empty()) urls.push_back(std::move(url));
+    }
+    return analyzer::LoadFromAgents(urls, attempt, token);
+  }
+
+  Status StartRanks(int attempt, const std::vector<std::string>& nodes, int world) override {
+    return sup_.StartRanks(attempt, nodes, world);
+  }
+  std::vector<launch::RankExit> PollRanks() override { return sup_.PollRanks(); }
+  launch::RankExit FindOrigin(const std::vector<launch::RankExit>& failures,
+                              std::chrono::milliseconds window,
+                              std::vector<launch::RankExit>* others) override {
+    return sup_.FindOrigin(failures, window, others);
+  }
+  std::vector<int> CollectDumps(std::chrono::milliseconds timeout) override {
+    return sup_.CollectDumps(timeout);
+  }
+  void StopRanks() override { sup_.StopRanks(); }
+  bool SignalRank(int rank, int sig) override { return sup_.SignalRank(rank, sig); }
+  std::string NodeOfRank(int rank) const override { return sup_.NodeOfRank(rank); }
+
+  std::vector<std::pair<SelfCheckFigures, SelfCheckFigures>> SelfCheckPairs(
+      const std::vector<std::pair<std::string, std::string>>& pairs) override {
+    std::vector<PairCheck> running;
+    running.reserve(pairs.size());
+    for (const auto& [a, b] : pairs) running.push_back(StartPair(a, b));
+    std::vector<std::pair<SelfCheckFigures, SelfCheckFigures>> out;
+    out.reserve(running.size());
+    for (PairCheck& c : running) out.push_back(FinishPair(c));
+    return out;
+  }
+
+  void AddNodeEnv(const std::string& node, const std::string& key,
+                  const std::string& value) override {
+    auto env = sup_.NodeEnv(node);
+    env.emplace_back(key, value);
+    sup_.SetNodeEnv(node, env);
+  }
+  const launch::Host* HostOf(const std::string& node) const override { return sup_.HostOf(node); }
+
+ private:
+  // A self-check pair in flight: its two processes, and the one deadline for both.
+  struct PairCheck {
+    std::vector<std::unique_ptr<launch::Process>> procs;
+    Clock::time_point deadline;
+    std::string error;  // the pair could not start
+  };
+  PairCheck StartPair(const std::string& a, const std::string& b) {
+    const std::string dir = sup_.layout().self_check_dir("check_" + std::to_string(checks_++));
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    fs::create_directories(dir + "/store", ec);
+    PairCheck c;
+    const std::string nodes[2] = {a, b};
+    for (int r = 0; r < 2; ++r) {
+      auto p = launch::Process::Spawn(sup_.NodeProcess(
+          nodes[r], "self-check",
+          {sup_.options().self_exe, "self-check", "--dir", dir + "/store", "--rank",
+           std::to_string(r), "--timeout", std::to_string(kSelfCheckTimeoutMs)},
+          dir + "/rank_" + std::to_string(r) + ".log"));
+      if (!p.ok()) {
+        c.error = p.status().ToString();
+        return c;
+      }
+      c.procs.push_back(std::move(p).value());
+    }
+    c.deadline = Clock::now() + std::chrono::milliseconds(3 * kSelfCheckTimeoutMs);
+    return c;
+  }
+  // Waits for a pair; the figures of its first and second node.
+  static std::pair<SelfCheckFigures, SelfCheckFigures> FinishPair(PairCheck& c) {
+    std::pair<SelfCheckFigures, SelfCheckFigures> out;
+    if (!c.error.empty()) {
+      out.first.error = c.error;
+      out.second.error = c.error;
+      return out;
+    }
+    for (size_t r = 0; r < c.procs.size(); ++r) {
+      SelfCheckFigures& f = r == 0 ? out.first : out.second;
+      auto e = c.procs[r]->WaitFor(std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::max(Clock::duration::zero(), c.deadline - Clock::now())));
+      if (!e) {
+        c.procs[r]->Stop(std::chrono::milliseconds(0));
+        f.error =
+            "self-check did not finish in " + std::to_string(3 * kSelfCheckTimeoutMs / 1000) + " s";
+        continue;
+      }
+      const std::string text = tracer::ReadFile(c.procs[r]->log_path()).value_or("");
+      const auto brace = text.rfind('{');
+      const auto j = nlohmann::json::parse(brace == std::string::npos ? "" : text.substr(brace),
+                                           nullptr, false);
+      if (!e->success() || j.is_discarded()) {
+        f.error = "self-check " + e->Describe() + ": " + text.substr(0, 300);
+        continue;
+      }
+      f.ok = true;
+      f.gemm_gflops = j.value("gemm_gflops", 0.0);
+      f.allreduce_gbps = j.value("allreduce_gbps", 0.0);
+    }
+    return out;
+  }
+
+  launch::Supervisor sup_;
+  int checks_ = 0;
+};
+
+class RealClock final : public LoopClock {
+ public:
+  TimePoint Now() override { return Clock::now(); }
+  int64_t WallNs() override { return tracer::WallNowNs(); }
+  void Sleep(std::chrono::duration<double> d) override { std::this_thread::sleep_for(d); }
+};
+
+}  // namespace
+
+std::unique_ptr<Fleet> MakeSupervisorFleet(const launch::SupervisorOptions& options) {
+  return std::make_unique<SupervisorFleet>(options);
+}
+
+LoopClock& RealLoopClock() {
+  static RealClock clock;
+  return clock;
+}
+
+}  // namespace megascope::controller

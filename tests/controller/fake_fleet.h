@@ -1,0 +1,330 @@
+// A scripted fleet under a fake clock (controller/fleet.h), for deterministic tests of the
+// controller's decisions. The job it plays takes `step_s` fake seconds a step and writes the
+// worker's progress lines (ready, steps) to the run directory's real progress stream; machine
+// faults are scripted per node and step (a crash, the job's own error, a rank hung in compute, a
+// frozen rank, an agent's death), persistent ones fire again in every attempt the node is in, as a
+// broken machine stays broken. Its agents answer /state from that model, and its live hang input
+// is the flight recorders a real job would show (the hung rank out of the all-reduce its peers
+// wait in), analysed by the real analyzer. Self-checks return scripted figures.
+#pragma once
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "megascope/controller/controller.h"
+#include "megascope/controller/fleet.h"
+#include "megascope/launch/progress.h"
+#include "megascope/tracer/file_util.h"
+#include "megascope/tracer/run_layout.h"
+
+namespace megascope::controller::testing {
+
+class FakeClock final : public LoopClock {
+ public:
+  explicit FakeClock(int64_t wall_start_ns = 1'790'000'000'000'000'000) : wall_ns_(wall_start_ns) {}
+  TimePoint Now() override { return now_; }
+  int64_t WallNs() override { return wall_ns_ + (now_ - TimePoint{}).count(); }
+  // Advances time, then lets the world move (the fleet's job, a test's script).
+  void Sleep(std::chrono::duration<double> d) override {
+    now_ += std::chrono::duration_cast<std::chrono::steady_clock::duration>(d);
+    for (const auto& f : on_sleep_) f();
+  }
+  void OnSleep(std::function<void()> f) { on_sleep_.push_back(std::move(f)); }
+
+ private:
+  TimePoint now_{};
+  int64_t wall_ns_;
+  std::vector<std::function<void()>> on_sleep_;
+};
+
+// What goes wrong on `node` once the job has done `at_step` steps.
+struct FakeFault {
+  enum Kind {
+    kCrash,     // its first rank dies (exit_raw), with `log` as its last line; its peers then fail
+                // their collectives (kExitCommFailure)
+    kJobError,  // its first rank exits kExitJobError (bad input) with `log`
+    kHang,      // its first rank stops in compute: out of the collective its peers wait in
+    kFreeze,    // its first rank's process is stopped whole (its heartbeat too)
+    kKillAgent  // its agent dies
+  };
+  Kind kind = kCrash;
+  std::string node;
+  int64_t at_step = 0;
+  bool persistent = false;  // fires in every attempt the node is in (one-shot otherwise)
+  int exit_raw = 9;         // waitpid status: killed by SIGKILL
+  std::string log = "Segmentation fault (core dumped)";
+  bool fired = false;
+  int fired_attempt = -1;
+};
+
+class FakeFleet final : public Fleet {
+ public:
+  // A job of `steps` steps of `step_s` fake seconds each.
+  FakeFleet(const std::string& run_dir, FakeClock* clock, int64_t steps, double step_s = 0.5)
+      : layout_(run_dir), clock_(clock), steps_(steps), step_s_(step_s) {
+    clock_->OnSleep([this] { Advance(); });
+  }
+
+  // --- the script
+  void Break(FakeFault f) { faults_.push_back(std::move(f)); }
+  void SetSelfCheck(const std::string& node, SelfCheckFigures f) { self_check_[node] = f; }
+  // Given the controller's options: where each attempt resumes (run.json's resume point).
+  void Plan(const AttemptPlan& plan) { resume_step_ = plan.resume_set ? plan.resume.step : -1; }
+
+  // --- what it saw
+  int agent_starts(const std::string& node) const {
+    auto it = agent_starts_.find(node);
+    return it == agent_starts_.end() ? 0 : it->second;
+  }
+  const std::vector<std::pair<std::string, std::string>>& checked_pairs() const {
+    return checked_pairs_;
+  }
+  const std::vector<std::vector<std::string>>& attempts() const { return attempts_; }
+  int64_t done() const { return done_; }
+
+  // --- Fleet
+  Result<int> StartAgent(const std::string& node) override {
+    ++agent_starts_[node];
+    agents_[node] = 40000 + static_cast<int>(agents_.size());
+    return agents_[node];
+  }
+  std::optional<int> AgentPort(const std::string& node) const override {
+    auto it = agents_.find(node);
+    return it == agents_.end() ? std::nullopt : std::optional<int>(it->second);
+  }
+  void StopAgent(const std::string& node, bool) override { agents_.erase(node); }
+  void StopAgents() override { agents_.clear(); }
+  std::vector<launch::AgentExit> PollAgents() override { return std::exchange(agent_exits_, {}); }
+  bool SignalAgent(const std::string&, int) override { return false; }
+  Result<std::string> AgentGet(const std::string& node, const std::string& path, int,
+                               const std::string&) override {
+    if (!agents_.count(node))
+      return Status(StatusCode::kUnavailable, node + "'s agent does not answer");
+    if (path == "/metrics") return std::string();
+    nlohmann::json ranks = nlohmann::json::array();
+    for (int r = 0; r < world_; ++r) {
+      if (NodeOfRank(r) != node) continue;
+      ranks.push_back({{"attempt", attempt_},
+                       {"rank", r},
+                       {"heartbeat", {{"step", done_}}},
+                       {"open_entries", nlohmann::json::array()}});
+    }
+    return nlohmann::json{{"ranks", ranks}}.dump();
+  }
+  Result<analyzer::HangInput> LiveHangInput(const std::vector<std::string>&, int attempt,
+                                            const std::string&) override {
+    std::vector<std::pair<std::string, tracer::Dump>> dumps;
+    std::vector<int32_t> all(static_cast<size_t>(world_));
+    for (int r = 0; r < world_; ++r) all[static_cast<size_t>(r)] = r;
+    const int64_t now = clock_->WallNs();
+    for (int r = 0; r < world_; ++r) {
+      tracer::Dump d;
+      d.dumped_at_ns = now;
+      auto& s = d.snapshot;
+      s.info.job = "fake";
+      s.info.node = NodeOfRank(r);
+      s.info.rank = r;
+      s.info.world_size = world_;
+      s.info.attempt = attempt;
+      s.info.pid = 1000 + r;
+      s.groups.push_back({"0", "world", tracer::RankList(all.begin(), all.end())});
+      const bool stuck = r == stuck_rank_;
+      s.heartbeat.step = done_;
+      s.heartbeat.phase = stuck ? tracer::Phase::kForward : tracer::Phase::kBackward;
+      s.heartbeat.updated_at_ns = stuck && frozen_ ? stuck_at_ns_ : now;
+      tracer::FlightEntry last;  // the all-reduce of the last step, done everywhere
+      last.id = 1;
+      last.seq = static_cast<uint64_t>(done_);
+      last.bytes = 4096;
+      last.enqueued_at_ns = last.started_at_ns = stuck_at_ns_ - 2'000'000;
+      last.completed_at_ns = stuck_at_ns_ - 1'000'000;
+      last.state = tracer::OpState::kCompleted;
+      s.entries.push_back(last);
+      if (!stuck) {  // its peers wait in the next one
+        tracer::FlightEntry open = last;
+        open.id = 2;
+        open.seq = last.seq + 1;
+        open.enqueued_at_ns = open.started_at_ns = stuck_at_ns_;
+        open.completed_at_ns = 0;
+        open.state = tracer::OpState::kStarted;
+        s.entries.push_back(open);
+      }
+      dumps.emplace_back("fake://rank_" + std::to_string(r), std::move(d));
+    }
+    return analyzer::MakeHangInput(std::move(dumps));
+  }
+
+  Status StartRanks(int attempt, const std::vector<std::string>& nodes, int world) override {
+    attempt_ = attempt;
+    nodes_ = nodes;
+    world_ = world;
+    attempts_.push_back(nodes);
+    done_ = std::max<int64_t>(0, resume_step_);
+    running_ = true;
+    ready_ = false;
+    stuck_rank_ = -1;
+    frozen_ = false;
+    return Status::Ok();
+  }
+  std::vector<launch::RankExit> PollRanks() override { return std::exchange(rank_exits_, {}); }
+  launch::RankExit FindOrigin(const std::vector<launch::RankExit>& failures,
+                              std::chrono::milliseconds,
+                              std::vector<launch::RankExit>* others) override {
+    auto origin = std::find_if(failures.begin(), failures.end(), [](const launch::RankExit& e) {
+      return !(e.status.exited() && e.status.code() == launch::kExitCommFailure);
+    });
+    if (origin == failures.end()) origin = failures.begin();
+    for (auto it = failures.begin(); it != failures.end(); ++it) {
+      if (it != origin) others->push_back(*it);
+    }
+    return *origin;
+  }
+  std::vector<int> CollectDumps(std::chrono::milliseconds) override { return {}; }
+  void StopRanks() override {
+    running_ = false;
+    rank_exits_.clear();
+  }
+  bool SignalRank(int, int) override { return false; }
+  std::string NodeOfRank(int rank) const override {
+    if (nodes_.empty() || world_ == 0) return "";
+    return nodes_.at(static_cast<size_t>(rank / (world_ / static_cast<int>(nodes_.size()))));
+  }
+  std::vector<std::pair<SelfCheckFigures, SelfCheckFigures>> SelfCheckPairs(
+      const std::vector<std::pair<std::string, std::string>>& pairs) override {
+    std::vector<std::pair<SelfCheckFigures, SelfCheckFigures>> out;
+    for (const auto& [a, b] : pairs) {
+      checked_pairs_.emplace_back(a, b);
+      out.emplace_back(Figures(a), Figures(b));
+    }
+    return out;
+  }
+  void AddNodeEnv(const std::string& node, const std::string& key,
+                  const std::string& value) override {
+    env_[node].emplace_back(key, value);
+  }
+  const launch::Host* HostOf(const std::string&) const override { return nullptr; }
+
+ private:
+  SelfCheckFigures Figures(const std::string& node) const {
+    auto it = self_check_.find(node);
+    if (it != self_check_.end()) return it->second;
+    SelfCheckFigures f;
+    f.ok = true;
+    f.gemm_gflops = 100;
+    f.allreduce_gbps = 1;
+    return f;
+  }
+  int FirstRankOf(const std::string& node) const {
+    for (int r = 0; r < world_; ++r) {
+      if (NodeOfRank(r) == node) return r;
+    }
+    return -1;
+  }
+  void Append(const nlohmann::json& line) {
+    ASSERT_TRUE(launch::AppendProgress(layout_.progress(), line).ok());
+  }
+  // A fault due now on a node of this attempt, marked fired; nullptr when none.
+  FakeFault* Due() {
+    for (FakeFault& f : faults_) {
+      const bool in_job = std::find(nodes_.begin(), nodes_.end(), f.node) != nodes_.end();
+      if (!in_job || f.at_step != done_ || f.fired_attempt == attempt_) continue;
+      if (f.fired && !f.persistent) continue;
+      f.fired = true;
+      f.fired_attempt = attempt_;
+      return &f;
+    }
+    return nullptr;
+  }
+  // Ends the attempt's ranks: `rank` with `raw`, its peers of a failed collective.
+  void Fail(int rank, int raw, const std::string& log) {
+    ASSERT_TRUE(
+        tracer::WriteFileAtomic(layout_.worker_log(rank),
+                                "[worker] step " + std::to_string(done_) + "\n" + log + "\n")
+            .ok());
+    rank_exits_.push_back({rank, {raw}});
+    for (int r = 0; r < world_; ++r) {
+      if (r != rank) rank_exits_.push_back({r, {launch::kExitCommFailure << 8}});
+    }
+    running_ = false;
+  }
+  // The job moves to the clock's time.
+  void Advance() {
+    if (!running_ || stuck_rank_ >= 0) return;
+    if (!ready_) {
+      ready_ = true;
+      next_step_ = clock_->Now() + Step();
+      Append({{"event", "ready"},
+              {"attempt", attempt_},
+              {"step", done_},
+              {"source", resume_step_ >= 0 ? "memory" : "none"},
+              {"ts_ns", clock_->WallNs()}});
+    }
+    while (running_ && stuck_rank_ < 0 && clock_->Now() >= next_step_) {
+      while (FakeFault* f = Due()) {
+        const int rank = FirstRankOf(f->node);
+        switch (f->kind) {
+          case FakeFault::kCrash:
+            Fail(rank, f->exit_raw, f->log);
+            break;
+          case FakeFault::kJobError:
+            Fail(rank, launch::kExitJobError << 8, f->log);
+            break;
+          case FakeFault::kHang:
+          case FakeFault::kFreeze:
+            stuck_rank_ = rank;
+            frozen_ = f->kind == FakeFault::kFreeze;
+            stuck_at_ns_ = clock_->WallNs();
+            break;
+          case FakeFault::kKillAgent:
+            agents_.erase(f->node);
+            agent_exits_.push_back({f->node, {9}});
+            break;
+        }
+      }
+      if (!running_ || stuck_rank_ >= 0) return;
+      ++done_;
+      Append({{"step", done_},
+              {"loss", 5.0 - 0.01 * static_cast<double>(done_)},
+              {"step_time_s", step_s_},
+              {"attempt", attempt_},
+              {"ts_ns", clock_->WallNs()}});
+      next_step_ += Step();
+      if (done_ == steps_) {
+        for (int r = 0; r < world_; ++r) rank_exits_.push_back({r, {0}});
+        running_ = false;
+      }
+    }
+  }
+  std::chrono::steady_clock::duration Step() const {
+    return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(step_s_));
+  }
+
+  RunLayout layout_;
+  FakeClock* clock_;
+  int64_t steps_;
+  double step_s_;
+  std::vector<FakeFault> faults_;
+  std::map<std::string, SelfCheckFigures> self_check_;
+  std::map<std::string, int> agents_, agent_starts_;
+  std::vector<launch::AgentExit> agent_exits_;
+  std::vector<launch::RankExit> rank_exits_;
+  std::vector<std::pair<std::string, std::string>> checked_pairs_;
+  std::vector<std::vector<std::string>> attempts_;
+  std::map<std::string, std::vector<std::pair<std::string, std::string>>> env_;
+  int attempt_ = 0, world_ = 0;
+  std::vector<std::string> nodes_;
+  int64_t done_ = 0, resume_step_ = -1;
+  bool running_ = false, ready_ = false, frozen_ = false;
+  int stuck_rank_ = -1;
+  int64_t stuck_at_ns_ = 0;
+  LoopClock::TimePoint next_step_;
+};
+
+}  // namespace megascope::controller::testing

@@ -1,0 +1,361 @@
+// The controller's decisions, deterministic: the real Controller (control.db, progress stream,
+// control endpoint, analyzer, policy) against a scripted fleet under a fake clock
+// (fake_fleet.h). Each scenario of the end-to-end suite that is a decision -- whom to blame, what
+// to evict, when to stop or pause, what to record -- is here too, in milliseconds; launch_test.cc
+// keeps the real-process paths.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fake_fleet.h"
+#include "megascope/controller/control_db.h"
+#include "megascope/controller/controller.h"
+#include "test_util.h"
+
+namespace megascope::controller {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::FakeClock;
+using testing::FakeFault;
+using testing::FakeFleet;
+
+class LoopTest : public ::testing::Test {
+ protected:
+  // A job of `steps` steps, 4 ranks on node0 and node1, with `spares`.
+  void SetUp() override { options_ = Options(20, {"spare0"}); }
+
+  ControllerOptions Options(int64_t steps, std::vector<std::string> spares) {
+    ControllerOptions o;
+    o.supervisor.run_dir = dir_.path() + "/run";
+    o.supervisor.shm_dir = dir_.path() + "/shm";
+    o.supervisor.job = "loop";
+    o.world = 4;
+    o.nodes = {"node0", "node1"};
+    o.spares = std::move(spares);
+    o.steps = steps;
+    o.tick_s = 0.25;
+    o.hang_after_s = 3;
+    o.startup_grace_s = 10;
+    o.detector_tick_s = 0;  // no agent here serves metrics
+    o.straggler_every = 0;  // nor trace databases
+    o.min_free_bytes = 0;
+    return o;
+  }
+
+  // Runs the controller over `fleet` (made by Fleet()) to its end; its exit code.
+  int Run() {
+    options_.write_run_json = [this](const AttemptPlan& plan) {
+      fleet_->Plan(plan);
+      plans_.push_back(plan);
+      return Status::Ok();
+    };
+    controller_ = std::make_unique<Controller>(options_, std::move(owned_), &clock_);
+    return controller_->Run();
+  }
+  // Another launch in the same run directory, later, over a fleet of its own (fleet_ then), once
+  // the first one's process is gone; its exit code.
+  int Relaunch() {
+    controller_.reset();
+    relaunch_clock_ = std::make_unique<FakeClock>(clock_.WallNs() + 1'000'000'000);
+    owned_ = std::make_unique<FakeFleet>(options_.supervisor.run_dir, relaunch_clock_.get(),
+                                         options_.steps);
+    fleet_ = owned_.get();
+    options_.write_run_json = [this](const AttemptPlan& plan) {
+      fleet_->Plan(plan);
+      return Status::Ok();
+    };
+    controller_ = std::make_unique<Controller>(options_, std::move(owned_), relaunch_clock_.get());
+    return controller_->Run();
+  }
+  FakeFleet& Fleet() {
+    if (!owned_) {
+      owned_ = std::make_unique<FakeFleet>(options_.supervisor.run_dir, &clock_, options_.steps);
+      fleet_ = owned_.get();
+    }
+    return *fleet_;
+  }
+
+  std::vector<Event> Events(const std::string& kind = "") const {
+    auto db = ControlDb::Open(options_.supervisor.run_dir + "/control.db", true);
+    EXPECT_TRUE(db.ok()) << db.status().ToString();
+    if (!db.ok()) return {};
+    auto all = (*db)->Events();
+    std::vector<Event> out;
+    for (const Event& e : all.value_or(std::vector<Event>{})) {
+      if (kind.empty() || e.kind_name == kind) out.push_back(e);
+    }
+    return out;
+  }
+  static std::vector<std::string> Nodes(const std::vector<Event>& events) {
+    std::vector<std::string> out;
+    out.reserve(events.size());
+    for (const Event& e : events) out.push_back(e.node);
+    return out;
+  }
+
+  megascope::testing::TempDir dir_;
+  FakeClock clock_;
+  ControllerOptions options_;
+  std::unique_ptr<FakeFleet> owned_;
+  FakeFleet* fleet_ = nullptr;                 // owned by the controller once it runs
+  std::unique_ptr<FakeClock> relaunch_clock_;  // outlives the controller that reads it
+  std::unique_ptr<Controller> controller_;
+  std::vector<AttemptPlan> plans_;
+};
+
+TEST_F(LoopTest, AHealthyJobFinishesWithNothingOpened) {
+  Fleet();
+  EXPECT_EQ(Run(), kLaunchFinished);
+  EXPECT_TRUE(Events("trigger").empty());
+  ASSERT_EQ(Events("job_finished").size(), 1u);
+  EXPECT_EQ(Events("job_finished")[0].detail["status"], "finished");
+  EXPECT_EQ(Events("job_finished")[0].detail["steps"], 20);
+  ASSERT_EQ(fleet_->checked_pairs().size(), 1u);  // the baseline
+  EXPECT_EQ(fleet_->checked_pairs()[0], std::make_pair(std::string("node0"), std::string("node1")));
+}
+
+TEST_F(LoopTest, ACrashedRanksNodeIsEvictedAndASelfCheckedSpareTakesItsSlot) {
+  Fleet().Break({FakeFault::kCrash, "node1", 5});
+  EXPECT_EQ(Run(), kLaunchFinished);
+  const auto verdicts = Events("verdict");
+  ASSERT_EQ(verdicts.size(), 1u);
+  EXPECT_EQ(verdicts[0].detail["cause"], "rank_dead");
+  EXPECT_EQ(verdicts[0].detail["root_ranks"], nlohmann::json::array({2}));
+  EXPECT_NE(verdicts[0].detail["explanation"].get<std::string>().find("signal 9"),
+            std::string::npos);
+  EXPECT_EQ(Nodes(Events("eviction")), std::vector<std::string>{"node1"});
+  const auto checks = Events("self_check");
+  ASSERT_EQ(checks.size(), 2u);  // the baseline, then the spare
+  EXPECT_EQ(checks[1].node, "spare0");
+  EXPECT_TRUE(checks[1].detail["passed"].get<bool>());
+  ASSERT_EQ(fleet_->attempts().size(), 2u);
+  EXPECT_EQ(fleet_->attempts()[1], (std::vector<std::string>{"node0", "spare0"}));
+  EXPECT_EQ(plans_.back().attempt, 1);
+  EXPECT_EQ(Events("resumed").size(), 1u);
+}
+
+TEST_F(LoopTest, TheJobsOwnBadInputStopsItWithNothingEvicted) {
+  Fleet().Break({FakeFault::kJobError, "node0", 0, true, 0, "data file x.bin is not a token file"});
+  EXPECT_EQ(Run(), kLaunchPaused);
+  EXPECT_TRUE(Events("eviction").empty());
+  const auto verdicts = Events("verdict");
+  ASSERT_EQ(verdicts.size(), 1u);
+  EXPECT_EQ(verdicts[0].detail["kind"], "job_error");
+  EXPECT_EQ(verdicts[0].detail["cause"], "bad_input");
+  ASSERT_EQ(Events("paused").size(), 1u);
+  EXPECT_NE(Events("paused")[0].detail["reason"].get<std::string>().find("x.bin"),
+            std::string::npos);
+  EXPECT_EQ(fleet_->checked_pairs().size(), 1u);  // no spare was even checked
+}
+
+TEST_F(LoopTest, TheSameFailureAtTheSameStepOnAFreshNodeIsTheJobsAndEvictsNoMore) {
+  Fleet().Break({FakeFault::kCrash, "node1", 5, false, 6 << 8, "assertion failed: rank 2"});
+  fleet_->Break({FakeFault::kCrash, "spare0", 5, false, 6 << 8, "assertion failed: rank 3"});
+  options_.spares = {"spare0", "spare1"};
+  EXPECT_EQ(Run(), kLaunchPaused);
+  EXPECT_EQ(Nodes(Events("eviction")), std::vector<std::string>{"node1"});
+  const auto verdicts = Events("verdict");
+  ASSERT_EQ(verdicts.size(), 2u);
+  EXPECT_EQ(verdicts[1].detail["kind"], "job_error");
+  EXPECT_EQ(verdicts[1].detail["cause"], "repeated_failure");
+}
+
+TEST_F(LoopTest, ADifferentFailureOnTheFreshNodeIsAnotherMachinesAndEvictsIt) {
+  Fleet().Break({FakeFault::kCrash, "node1", 5, false, 6 << 8, "assertion failed"});
+  fleet_->Break({FakeFault::kCrash, "spare0", 5, false, 9, "Segmentation fault"});
+  options_.spares = {"spare0", "spare1"};
+  EXPECT_EQ(Run(), kLaunchFinished);
+  EXPECT_EQ(Nodes(Events("eviction")), (std::vector<std::string>{"node1", "spare0"}));
+}
+
+TEST_F(LoopTest, AHangInComputeIsNamedFromTheLiveStateAndItsNodeEvicted) {
+  Fleet().Break({FakeFault::kHang, "node1", 6});
+  EXPECT_EQ(Run(), kLaunchFinished);
+  const auto triggers = Events("trigger");
+  ASSERT_EQ(triggers.size(), 1u);
+  EXPECT_EQ(triggers[0].detail["cause"], "hang");
+  const auto verdicts = Events("verdict");
+  ASSERT_EQ(verdicts.size(), 1u);
+  EXPECT_EQ(verdicts[0].detail["cause"], "rank_not_joined") << verdicts[0].detail;
+  EXPECT_EQ(verdicts[0].detail["root_ranks"], nlohmann::json::array({2}));
+  EXPECT_EQ(Nodes(Events("eviction")), std::vector<std::string>{"node1"});
+}
+
+TEST_F(LoopTest, AFrozenRankIsItsOwnRootAndItsNodeEvicted) {
+  Fleet().Break({FakeFault::kFreeze, "node0", 4});
+  EXPECT_EQ(Run(), kLaunchFinished);
+  const auto verdicts = Events("verdict");
+  ASSERT_EQ(verdicts.size(), 1u);
+  EXPECT_EQ(verdicts[0].detail["cause"], "rank_dead") << verdicts[0].detail;
+  EXPECT_EQ(verdicts[0].detail["root_ranks"], nlohmann::json::array({0}));
+  EXPECT_NE(verdicts[0].detail["explanation"].get<std::string>().find("frozen"), std::string::npos);
+  EXPECT_EQ(Nodes(Events("eviction")), std::vector<std::string>{"node0"});
+}
+
+TEST_F(LoopTest, ASpareThatFailsItsSelfCheckIsSkippedForTheNextOne) {
+  options_.spares = {"spare0", "spare1"};
+  Fleet().Break({FakeFault::kCrash, "node1", 5});
+  SelfCheckFigures slow;
+  slow.ok = true;
+  slow.gemm_gflops = 10;  // a tenth of its partner's
+  slow.allreduce_gbps = 1;
+  fleet_->SetSelfCheck("spare0", slow);
+  EXPECT_EQ(Run(), kLaunchFinished);
+  const auto checks = Events("self_check");
+  ASSERT_EQ(checks.size(), 3u);
+  EXPECT_EQ(checks[1].node, "spare0");
+  EXPECT_FALSE(checks[1].detail["passed"].get<bool>());
+  EXPECT_EQ(checks[2].node, "spare1");
+  EXPECT_TRUE(checks[2].detail["passed"].get<bool>());
+  EXPECT_EQ(fleet_->attempts().back(), (std::vector<std::string>{"node0", "spare1"}));
+}
+
+TEST_F(LoopTest, NoSpareLeftPausesWithAClearMessageInsteadOfLooping) {
+  options_.spares = {};
+  Fleet().Break({FakeFault::kCrash, "node1", 5});
+  EXPECT_EQ(Run(), kLaunchPaused);
+  ASSERT_EQ(Events("paused").size(), 1u);
+  EXPECT_NE(Events("paused")[0].detail["reason"].get<std::string>().find("no spare node left"),
+            std::string::npos);
+  EXPECT_EQ(fleet_->attempts().size(), 1u);
+}
+
+TEST_F(LoopTest, TwoFaultsInARowEvictTwiceThenTheSafetyValvePauses) {
+  options_.spares = {"spare0", "spare1", "spare2"};
+  options_.max_evictions = 2;
+  Fleet().Break({FakeFault::kCrash, "node1", 3});
+  fleet_->Break({FakeFault::kCrash, "node0", 6});
+  fleet_->Break({FakeFault::kCrash, "spare0", 9});
+  EXPECT_EQ(Run(), kLaunchPaused);
+  EXPECT_EQ(Nodes(Events("eviction")), (std::vector<std::string>{"node1", "node0"}));
+  EXPECT_EQ(Events("trigger").size(), 3u);
+  ASSERT_EQ(Events("paused").size(), 1u);
+  EXPECT_NE(Events("paused")[0].detail["reason"].get<std::string>().find("--max-evictions 2"),
+            std::string::npos);
+}
+
+TEST_F(LoopTest, TwoPersistentFaultsAtTheSameStepEvictBothNodesInOneIncident) {
+  options_.spares = {"spare0", "spare1"};
+  Fleet().Break({FakeFault::kCrash, "node0", 5, true});
+  fleet_->Break({FakeFault::kCrash, "node1", 5, true, 6 << 8, "illegal memory access"});
+  EXPECT_EQ(Run(), kLaunchFinished);
+  EXPECT_EQ(Events("trigger").size(), 1u);
+  EXPECT_EQ(Nodes(Events("eviction")), (std::vector<std::string>{"node0", "node1"}));
+  EXPECT_EQ(fleet_->attempts().back(), (std::vector<std::string>{"spare0", "spare1"}));
+}
+
+TEST_F(LoopTest, ADeadAgentIsRestartedWithoutEviction) {
+  Fleet().Break({FakeFault::kKillAgent, "node1", 4});
+  EXPECT_EQ(Run(), kLaunchFinished);
+  ASSERT_EQ(Events("agent_restarted").size(), 1u);
+  EXPECT_EQ(Events("agent_restarted")[0].node, "node1");
+  EXPECT_EQ(fleet_->agent_starts("node1"), 2);
+  EXPECT_TRUE(Events("eviction").empty());
+  EXPECT_TRUE(Events("trigger").empty());
+}
+
+// The control endpoint is real (HTTP with the run's token); the fake clock calls it mid-run.
+TEST_F(LoopTest, AManualEvictThroughTheEndpointEvictsThatNodeThenAStopEndsTheRun) {
+  Fleet();
+  bool evicted = false, stopped = false;
+  const std::string run = options_.supervisor.run_dir;
+  clock_.OnSleep([&] {
+    if (!evicted && fleet_->done() >= 4) {
+      evicted = true;
+      EXPECT_EQ(SendControlCommand(run, "evict", "node99").code(), StatusCode::kNotFound);
+      ASSERT_TRUE(SendControlCommand(run, "evict", "node1").ok());
+    } else if (evicted && !stopped && fleet_->attempts().size() == 2 && fleet_->done() >= 3) {
+      stopped = true;
+      ASSERT_TRUE(SendControlCommand(run, "stop", "").ok());
+    }
+  });
+  EXPECT_EQ(Run(), kLaunchStopped);
+  const auto evictions = Events("eviction");
+  ASSERT_EQ(evictions.size(), 1u);
+  EXPECT_EQ(evictions[0].node, "node1");
+  EXPECT_EQ(evictions[0].detail["reason"], "manual");
+  EXPECT_EQ(Events("job_finished").at(0).detail["status"], "stopped");
+}
+
+// A full disk (the free-space seam): the ranks stop, nothing is judged or evicted, and training
+// resumes in place once space is back.
+TEST_F(LoopTest, AFullDiskPausesUntilSpaceIsBackAndEvictsNothing) {
+  Fleet();
+  options_.min_free_bytes = 64 << 20;
+  int full_ticks = 0;
+  options_.free_space = [&](const std::string&) -> Result<uint64_t> {
+    if (fleet_->done() >= 5 && full_ticks < 40) {
+      ++full_ticks;
+      return uint64_t{1} << 20;
+    }
+    return uint64_t{1} << 34;
+  };
+  EXPECT_EQ(Run(), kLaunchFinished);
+  ASSERT_EQ(Events("paused").size(), 1u);
+  EXPECT_EQ(Events("paused")[0].detail["cause"], "disk_full");
+  EXPECT_TRUE(Events("eviction").empty());
+  EXPECT_TRUE(Events("trigger").empty());
+  EXPECT_EQ(fleet_->attempts().size(), 2u);
+  EXPECT_EQ(fleet_->attempts()[1], (std::vector<std::string>{"node0", "node1"}));
+}
+
+// A second launch on the directory of a stopped one adopts it: attempt numbers go on, its eviction
+// stands.
+TEST_F(LoopTest, ARelaunchAdoptsTheUnfinishedRunAndItsEvictions) {
+  Fleet().Break({FakeFault::kCrash, "node1", 3});
+  bool stopped = false;
+  clock_.OnSleep([&] {
+    if (!stopped && fleet_->attempts().size() == 2 && fleet_->done() >= 2) {
+      stopped = true;
+      ASSERT_TRUE(SendControlCommand(options_.supervisor.run_dir, "stop", "").ok());
+    }
+  });
+  ASSERT_EQ(Run(), kLaunchStopped);
+  EXPECT_EQ(Relaunch(), kLaunchFinished);
+  FakeFleet* f = fleet_;
+  ASSERT_EQ(f->attempts().size(), 1u);
+  EXPECT_EQ(f->attempts()[0], (std::vector<std::string>{"node0", "spare0"}));
+  const auto restarts = Events("restart");
+  ASSERT_GE(restarts.size(), 3u);
+  EXPECT_EQ(restarts.back().detail["cause"], "adopted");
+  EXPECT_EQ(restarts.back().attempt, 2);
+}
+
+// Attempts that fail before their first step, three in a row, are a loop, not bad luck: the
+// controller pauses (each failed differently, on a different node, so none is the job's own).
+TEST_F(LoopTest, ThreeAttemptsInARowThatNeverStepPauseInsteadOfLooping) {
+  options_.spares = {"spare0", "spare1", "spare2"};
+  options_.max_evictions = 5;
+  Fleet().Break({FakeFault::kCrash, "node1", 0, true, 9, "killed"});
+  fleet_->Break({FakeFault::kCrash, "spare0", 0, true, 6, "aborted"});
+  fleet_->Break({FakeFault::kCrash, "spare1", 0, true, 11, "segfault"});
+  EXPECT_EQ(Run(), kLaunchPaused);
+  EXPECT_EQ(Nodes(Events("eviction")), (std::vector<std::string>{"node1", "spare0", "spare1"}));
+  ASSERT_EQ(Events("paused").size(), 1u);
+  EXPECT_NE(Events("paused")[0].detail["reason"].get<std::string>().find(
+                "3 attempts in a row failed before completing a step"),
+            std::string::npos)
+      << Events("paused")[0].detail;
+}
+
+// A launch in the directory of a finished run starts after it (attempt numbers stay apart) from
+// scratch, on the nodes it is given.
+TEST_F(LoopTest, ALaunchInTheDirectoryOfAFinishedRunStartsAfterIt) {
+  Fleet().Break({FakeFault::kCrash, "node1", 3});
+  ASSERT_EQ(Run(), kLaunchFinished);
+  EXPECT_EQ(Relaunch(), kLaunchFinished);
+  FakeFleet* f = fleet_;
+  ASSERT_EQ(f->attempts().size(), 1u);
+  EXPECT_EQ(f->attempts()[0], (std::vector<std::string>{"node0", "node1"}));
+  const auto restarts = Events("restart");
+  EXPECT_EQ(restarts.back().detail["cause"], "start");
+  EXPECT_EQ(restarts.back().attempt, 2);
+  EXPECT_EQ(Events("job_finished").size(), 2u);
+}
+
+}  // namespace
+}  // namespace megascope::controller
