@@ -7,6 +7,7 @@
 #include "loop/impl.h"
 #include "megascope/tracer/file_util.h"
 #include "megascope/tracer/http_client.h"
+#include "megascope/tracer/http_serve.h"
 #include "net_fault.h"
 
 namespace megascope::controller {
@@ -84,7 +85,12 @@ bool Controller::Impl::FlushRecords() {
   return true;
 }
 
-Controller::Impl::~Impl() = default;
+Controller::Impl::~Impl() {
+  if (!http) return;
+  const std::vector<int> ports = http->getListeningPorts();
+  tracer::StopServerPromptly(opt.allow_remote ? "0.0.0.0" : "127.0.0.1",
+                             ports.empty() ? 0 : ports[0], [this] { http.reset(); });
+}
 
 Controller::Controller(ControllerOptions options, std::unique_ptr<Fleet> fleet, LoopClock* clock)
     : impl_(std::make_unique<Impl>(std::move(options), std::move(fleet),

@@ -74,6 +74,10 @@ class FakeFleet final : public Fleet {
   // --- the script
   void Break(FakeFault f) { faults_.push_back(std::move(f)); }
   void SetSelfCheck(const std::string& node, SelfCheckFigures f) { self_check_[node] = f; }
+  // What each agent's /metrics serves: `page(node, seconds since the clock's start)`; "" without.
+  void ServeMetrics(std::function<std::string(const std::string&, double)> page) {
+    metrics_ = std::move(page);
+  }
   // Given the controller's options: where each attempt resumes (run.json's resume point).
   void Plan(const AttemptPlan& plan) { resume_step_ = plan.resume_set ? plan.resume.step : -1; }
 
@@ -106,7 +110,11 @@ class FakeFleet final : public Fleet {
                                const std::string&) override {
     if (!agents_.count(node))
       return Status(StatusCode::kUnavailable, node + "'s agent does not answer");
-    if (path == "/metrics") return std::string();
+    if (path == "/metrics") {
+      if (!metrics_) return std::string();
+      return metrics_(
+          node, std::chrono::duration<double>(clock_->Now() - LoopClock::TimePoint{}).count());
+    }
     nlohmann::json ranks = nlohmann::json::array();
     for (int r = 0; r < world_; ++r) {
       if (NodeOfRank(r) != node) continue;
@@ -312,6 +320,7 @@ class FakeFleet final : public Fleet {
   double step_s_;
   std::vector<FakeFault> faults_;
   std::map<std::string, SelfCheckFigures> self_check_;
+  std::function<std::string(const std::string&, double)> metrics_;
   std::map<std::string, int> agents_, agent_starts_;
   std::vector<launch::AgentExit> agent_exits_;
   std::vector<launch::RankExit> rank_exits_;

@@ -5,6 +5,8 @@
 // keeps the real-process paths.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -222,6 +224,8 @@ TEST_F(LoopTest, NoSpareLeftPausesWithAClearMessageInsteadOfLooping) {
   EXPECT_NE(Events("paused")[0].detail["reason"].get<std::string>().find("no spare node left"),
             std::string::npos);
   EXPECT_EQ(fleet_->attempts().size(), 1u);
+  EXPECT_EQ(Events("trigger").size(), 1u);
+  EXPECT_EQ(Events("restart").size(), 1u);  // the start only
 }
 
 TEST_F(LoopTest, TwoFaultsInARowEvictTwiceThenTheSafetyValvePauses) {
@@ -355,6 +359,120 @@ TEST_F(LoopTest, ALaunchInTheDirectoryOfAFinishedRunStartsAfterIt) {
   EXPECT_EQ(restarts.back().detail["cause"], "start");
   EXPECT_EQ(restarts.back().attempt, 2);
   EXPECT_EQ(Events("job_finished").size(), 2u);
+}
+
+// --- The detector online: every agent's /metrics, as a real agent serves it ----------------------
+
+// What a node's agent serves at `t` s: per rank its step and its last step's times, per node its
+// CPU, memory and network, each with a few per cent of noise (deterministic: a hash of the node,
+// the series and the second). `memory_factor` scales its memory; `nic_errors_per_s` adds receive
+// errors.
+std::string MetricsPage(const std::string& node, int first_rank, double t, double memory_factor,
+                        double nic_errors_per_s) {
+  const auto noise = [&](const std::string& series) {
+    const size_t h = std::hash<std::string>()(node + "|" + series + "|" +
+                                              std::to_string(static_cast<int64_t>(t)));
+    return 1 + 0.03 * (static_cast<double>(h % 2001) / 1000.0 - 1);  // 1 +- 3 %
+  };
+  std::string page;
+  char line[512];
+  for (int r = first_rank; r < first_rank + 2; ++r) {
+    const std::string labels = "{job=\"loop\",node=\"" + node + "\",rank=\"" + std::to_string(r) +
+                               "\",dp=\"" + std::to_string(r) + "\",pp=\"0\",tp=\"0\"}";
+    std::snprintf(
+        line, sizeof(line),
+        "megascope_step%s %lld\nmegascope_step_seconds%s %.4f\n"
+        "megascope_step_compute_seconds%s %.4f\nmegascope_step_comm_wait_seconds%s %.4f\n",
+        labels.c_str(), static_cast<long long>(t / 0.5), labels.c_str(),
+        0.5 * noise("step" + std::to_string(r)), labels.c_str(),
+        0.4 * noise("compute" + std::to_string(r)), labels.c_str(),
+        0.1 * noise("comm" + std::to_string(r)));
+    page += line;
+  }
+  const std::string labels = "{job=\"loop\",node=\"" + node + "\"}";
+  std::snprintf(
+      line, sizeof(line),
+      "megascope_node_cpu_utilization_ratio%s %.4f\n"
+      "megascope_node_memory_used_bytes%s %.0f\n"
+      "megascope_node_network_receive_bytes_total%s %.0f\n"
+      "megascope_node_network_transmit_bytes_total%s %.0f\n"
+      "megascope_node_network_receive_errors_total%s %.0f\n",
+      labels.c_str(), 0.6 * noise("cpu"), labels.c_str(), 32e9 * memory_factor * noise("memory"),
+      labels.c_str(), 1e8 * t * (1 + 0.001 * noise("rx")), labels.c_str(),
+      1e8 * t * (1 + 0.001 * noise("tx")), labels.c_str(), std::floor(nic_errors_per_s * t));
+  page += line;
+  return page;
+}
+
+class DetectorLoopTest : public LoopTest {
+ protected:
+  // Four nodes doing the same work (the detector's least peers), 2 ranks each; a spare; the
+  // detector on, learning each node for its first 60 s.
+  void SetUp() override {
+    options_ = Options(400, {"spare0"});  // 200 s
+    options_.world = 8;
+    options_.nodes = {"node0", "node1", "node2", "node3"};
+    options_.detector_tick_s = 1;
+  }
+  // Whether the detector named `node` (its verdict is recorded whatever the policy did with it).
+  bool DetectorNamed(const std::string& node) const {
+    for (const Event& e : Events("verdict")) {
+      if (e.detail["kind"] == "faulty_machine" && e.node == node) return true;
+    }
+    return false;
+  }
+  // Every node healthy but `node` from `from` s to `until` s.
+  void Serve(const std::string& node, double from, double until, double memory_factor,
+             double nic_errors_per_s) {
+    Fleet().ServeMetrics([=, this](const std::string& n, double t) {
+      int first = 0;
+      for (int r = 0; r < options_.world; ++r) {
+        if (fleet_->NodeOfRank(r) == n) {
+          first = r;
+          break;
+        }
+      }
+      const bool odd = n == node && t >= from && t < until;
+      return MetricsPage(n, first, t, odd ? memory_factor : 1,
+                         odd ? nic_errors_per_s * (t - from) / t : 0);
+    });
+  }
+};
+
+// A node whose NIC starts counting receive errors: the detector names it, its self-check sees the
+// errors rise while it runs, and it is evicted.
+TEST_F(DetectorLoopTest, AFailingMetricIsNamedByTheDetectorSelfCheckedAndEvicted) {
+  Serve("node1", 70, 1e9, 1, 50);
+  EXPECT_EQ(Run(), kLaunchFinished);
+  EXPECT_TRUE(DetectorNamed("node1"));
+  bool failed_check = false;
+  for (const Event& e : Events("self_check")) {
+    if (e.node != "node1") continue;
+    failed_check = e.detail["passed"] == false;
+    EXPECT_NE(e.detail["errors_rose"].get<std::string>().find("node_network_receive_errors"),
+              std::string::npos)
+        << e.detail;
+  }
+  EXPECT_TRUE(failed_check);
+  EXPECT_EQ(Nodes(Events("eviction")), std::vector<std::string>{"node1"});
+  EXPECT_FALSE(Events("resumed").empty());
+}
+
+// Memory 40 % up on one node for 20 s once the detector knows the nodes: a benign excursion shorter
+// than the weak-evidence window is no verdict, let alone an eviction.
+TEST_F(DetectorLoopTest, ATwentySecondMetricExcursionEvictsNothing) {
+  Serve("node1", 70, 90, 1.4, 0);
+  EXPECT_EQ(Run(), kLaunchFinished);
+  EXPECT_TRUE(Events("eviction").empty());
+  for (const Event& e : Events("verdict"))
+    EXPECT_NE(e.detail["kind"], "faulty_machine") << e.detail;
+}
+
+// The same excursion held for the rest of the run is a machine that changed: named.
+TEST_F(DetectorLoopTest, TheSameExcursionHeldIsNamed) {
+  Serve("node1", 70, 1e9, 1.4, 0);
+  EXPECT_EQ(Run(), kLaunchFinished);
+  EXPECT_TRUE(DetectorNamed("node1"));
 }
 
 }  // namespace

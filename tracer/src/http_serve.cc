@@ -1,6 +1,14 @@
 #include "megascope/tracer/http_serve.h"
 
+#include <arpa/inet.h>
 #include <civetweb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
 
 namespace megascope::tracer {
 namespace {
@@ -36,6 +44,31 @@ bool HttpAuthorized(const mg_connection* conn, const std::string& token) {
   if (token.empty()) return true;
   const char* auth = mg_get_header(conn, "Authorization");
   return auth != nullptr && std::string_view(auth) == "Bearer " + token;
+}
+
+void StopServerPromptly(std::string ip, int port, const std::function<void()>& stop) {
+  if (ip.empty() || ip == "0.0.0.0" || ip == "localhost") ip = "127.0.0.1";
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  if (port <= 0 || ::inet_pton(AF_INET, ip.c_str(), &to.sin_addr) != 1) {
+    stop();
+    return;
+  }
+  std::atomic<bool> stopped{false};
+  std::thread knocker([&] {
+    while (!stopped.load()) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd >= 0) {
+        (void)::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to));
+        ::close(fd);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  stop();
+  stopped.store(true);
+  knocker.join();
 }
 
 }  // namespace megascope::tracer

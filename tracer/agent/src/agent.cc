@@ -1,8 +1,6 @@
 #include "megascope/tracer/agent/agent.h"
 
 #include <CivetServer.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
@@ -12,7 +10,6 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/eventfd.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -808,34 +805,10 @@ Result<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& o) {
 
 Agent::~Agent() {
   if (!impl_->http) return;
-  // civetweb's stop waits for its master thread, which polls the listening socket with a 2-s
-  // timeout: an agent took up to 2 s to exit, and every `train`, restart and eviction waited for
-  // it. A connection wakes that poll, so one is made every few milliseconds until the stop returns.
-  // (An address that is not IPv4 is left to the timeout.)
+  // (an eviction, a restart and every `train` wait for the agent to exit)
   const size_t colon = impl_->opt.listen.rfind(':');
-  std::string ip = colon == std::string::npos ? "" : impl_->opt.listen.substr(0, colon);
-  if (ip.empty() || ip == "0.0.0.0" || ip == "localhost") ip = "127.0.0.1";
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(port()));
-  if (::inet_pton(AF_INET, ip.c_str(), &to.sin_addr) != 1) {
-    impl_->http->close();
-    return;
-  }
-  std::atomic<bool> stopped{false};
-  std::thread knocker([&] {
-    while (!stopped.load()) {
-      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      if (fd >= 0) {
-        (void)::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to));
-        ::close(fd);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  });
-  impl_->http->close();
-  stopped.store(true);
-  knocker.join();
+  tracer::StopServerPromptly(colon == std::string::npos ? "" : impl_->opt.listen.substr(0, colon),
+                             port(), [this] { impl_->http->close(); });
 }
 
 int Agent::port() const {

@@ -2,6 +2,7 @@
 // endpoint), over civetweb: one response framing and one token check for both.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -15,5 +16,12 @@ void HttpReply(mg_connection* conn, int code, std::string_view type, std::string
 // Whether the request may be served: an empty `token` admits every request; otherwise it must
 // carry "Authorization: Bearer <token>" (the run's RUN_DIR/control.token).
 bool HttpAuthorized(const mg_connection* conn, const std::string& token);
+
+// Runs `stop` (a civetweb server's close) promptly. civetweb's stop waits for its master thread,
+// which polls the listening socket with a 2-s timeout: every agent and controller took up to 2 s
+// to exit. A connection wakes that poll, so one is made to `ip`:`port` (the server's listening
+// address; 0.0.0.0 is reached on 127.0.0.1) every few milliseconds until `stop` returns. An address
+// that is not IPv4 is left to the timeout.
+void StopServerPromptly(std::string ip, int port, const std::function<void()>& stop);
 
 }  // namespace megascope::tracer
