@@ -90,7 +90,7 @@ double Since(std::chrono::steady_clock::time_point t0) {
 
 std::string Describe(const std::vector<Verdict>& v, int stuck) {
   const bool right = v.size() == 1 && v[0].root_ranks == std::vector<int32_t>{stuck};
-  return "verdict " + v[0].kind + " " + v[0].cause + " rank " +
+  return "verdict " + std::string(Name(v[0].kind)) + " " + v[0].cause + " rank " +
          std::to_string(v[0].root_ranks.empty() ? -1 : v[0].root_ranks[0]) + ": " +
          (right ? "right" : "WRONG");
 }

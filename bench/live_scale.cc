@@ -224,7 +224,8 @@ int main(int argc, char** argv) {
       "RSS "
       "%.2f GB\n",
       world, dp, tp, pp, nodes, per_node, kHistory, load_s, analyse_s, load_s + analyse_s,
-      cpu(self1) - cpu(self0), agents_cpu, verdicts.empty() ? "none" : verdicts[0].kind.c_str(),
+      cpu(self1) - cpu(self0), agents_cpu,
+      verdicts.empty() ? "none" : std::string(Name(verdicts[0].kind)).c_str(),
       verdicts.empty() ? "" : verdicts[0].cause.c_str(),
       verdicts.empty() || verdicts[0].root_ranks.empty() ? -1 : verdicts[0].root_ranks[0],
       right ? "right" : "WRONG", setup_s, seconds(self1.ru_utime) - seconds(self0.ru_utime),

@@ -720,10 +720,10 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt,
 
   std::vector<Verdict> out;
   const int64_t detected = now;
-  auto base = [&](const std::string& cause) {
+  auto base = [&](Cause cause) {
     Verdict v;
-    v.kind = "hang";
-    v.cause = cause;
+    v.kind = VerdictKind::kHang;
+    v.cause = Name(cause);
     v.detected_at_ns = detected;
     v.onset_at_ns = onset;
     return v;
@@ -766,7 +766,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt,
   // `group`: the fields every link_stall verdict shares.
   auto link_verdict = [&](int from, int to, int64_t seq, OpType op, std::string_view group,
                           double confidence) {
-    Verdict v = base("link_stall");
+    Verdict v = base(Cause::kLinkStall);
     v.root_ranks = {from, to};
     v.root_nodes = {node_of(from), node_of(to)};
     v.group = group;
@@ -779,7 +779,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt,
 
   // 1. Different ops at the same sequence number: the odd ones out, and everyone stuck in it.
   for (const Mismatch& m : mismatches) {
-    Verdict v = base("op_mismatch");
+    Verdict v = base(Cause::kOpMismatch);
     const std::vector<int>& odd = m.how.odd;
     std::set<int> roots(odd.begin(), odd.end());
     for (int r : odd) {
@@ -876,7 +876,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt,
     }
   }
   sinks.insert(frozen.begin(), frozen.end());
-  std::map<std::string, std::vector<int>> by_cause;
+  std::map<Cause, std::vector<int>> by_cause;
   std::vector<std::pair<int, int>> crawling;  // (rank, peer): a transfer moving too slowly
   std::map<int, std::string> why;
   for (int r : sinks) {
@@ -885,15 +885,15 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt,
     if (explained.count(r) || (waiting.count(r) && !not_started.count(r) && !frozen.count(r)))
       continue;
     const Rank& R = ranks[r];
-    std::string cause = "rank_not_joined";
+    Cause cause = Cause::kRankNotJoined;
     if (!R.present) {
-      cause = "rank_dead";
+      cause = Cause::kRankDead;
       why[r] = "left no flight recorder";
     } else if (!R.alive) {
-      cause = "rank_dead";
+      cause = Cause::kRankDead;
       why[r] = "its process is gone";
     } else if (frozen.count(r)) {
-      cause = "rank_dead";
+      cause = Cause::kRankDead;
       why[r] = "its process exists but is frozen: its heartbeat is " +
                Fmt("%.0f", static_cast<double>(heartbeat_lag(r)) / 1e9) +
                " s older than its peers'";
@@ -901,7 +901,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt,
     // Alive, and not stuck in compute: moving a transfer whose other side is posted, on another
     // host, just not for long enough to count as a wait. Its data crawls over the link (a lossy
     // link retransmitting, a link far below its rate): the link is the root, not the rank.
-    if (cause == "rank_not_joined" && R.blocking != nullptr && !not_started.count(r)) {
+    if (cause == Cause::kRankNotJoined && R.blocking != nullptr && !not_started.count(r)) {
       const FlightEntry& b = *R.blocking;
       int peer = -1;  // the other side, on another host, that has posted its part
       if (tracer::IsP2P(b.op)) {
@@ -959,12 +959,12 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt,
   }
   // A rank that has not joined, alive, on a host at one end of a stalled link is behind because of
   // that link (its last transfer over it crawled): it is evidence of the link, not a root.
-  if (auto nj = by_cause.find("rank_not_joined"); nj != by_cause.end()) {
+  if (auto nj = by_cause.find(Cause::kRankNotJoined); nj != by_cause.end()) {
     std::vector<int> kept;
     for (int r : nj->second) {
       Verdict* link = nullptr;
       for (Verdict& v : out) {
-        if (v.cause == "link_stall" &&
+        if (ParseCause(v.cause) == Cause::kLinkStall &&
             std::find(v.root_nodes.begin(), v.root_nodes.end(), node_of(r)) != v.root_nodes.end())
           link = &v;
       }
@@ -1022,7 +1022,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt,
         }
       }
       if (!text.empty()) text += " ";
-      if (cause == "rank_dead") {
+      if (cause == Cause::kRankDead) {
         text += R.Describe() + " is dead: " + why[r] + (R.present ? "; " + R.Doing(now) : "") + ".";
       } else if (not_started.count(r)) {
         text += R.Describe() + " issued " + OpName(*R.blocking, R.blocking_group) +
@@ -1037,7 +1037,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt,
       v.evidence.push_back(R.Describe() + (R.present ? " from " + R.source : ""));
     }
     v.waiting_ranks = waiters_of(root_set);
-    v.confidence = cause == "rank_dead" ? 0.95 : 0.9;
+    v.confidence = cause == Cause::kRankDead ? 0.95 : 0.9;
     v.explanation = text;
     out.push_back(std::move(v));
   }
@@ -1076,7 +1076,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt,
       }
     }
     if (common && !common->empty() && common->size() <= 2 && stuck.size() >= 2) {
-      Verdict v = base("link_stall");
+      Verdict v = base(Cause::kLinkStall);
       std::string where;
       for (const std::string& h : *common) {
         for (int r : stuck) {
@@ -1180,7 +1180,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt,
       }
     }
     if (!deviators.empty()) {
-      Verdict v = base("order_mismatch");
+      Verdict v = base(Cause::kOrderMismatch);
       std::set<int> roots(deviators.begin(), deviators.end());
       for (int r : deviators) {
         v.root_ranks.push_back(r);
@@ -1204,7 +1204,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt,
   }
   if (out.empty() && waits.empty()) dead_link(false);  // everyone joined everything
   if (out.empty() && (!waits.empty() || !waiting.empty() || failed_seen)) {
-    Verdict v = base("unknown");
+    Verdict v = base(Cause::kUnknown);
     for (int r : waiting) v.waiting_ranks.push_back(r);
     v.confidence = 0.3;
     v.explanation = std::to_string(waiting.size()) + " ranks have waited longer than " +
@@ -1219,7 +1219,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt,
   }
   if (out.empty()) {
     Verdict v;
-    v.kind = "healthy";
+    v.kind = VerdictKind::kHealthy;
     v.detected_at_ns = detected;
     v.confidence = 0.9;
     v.explanation = "no rank has waited longer than " + Fmt("%.0f", opt.min_wait_s) +
@@ -1229,7 +1229,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt,
   // Where the blocked ops' data waits, when the writer could tell (NCCL's proxy steps): on the
   // rank's own GPU, or on its peer and the network.
   for (Verdict& v : out) {
-    if (v.kind != "hang") continue;
+    if (v.kind != VerdictKind::kHang) continue;
     std::vector<int> who(v.root_ranks.begin(), v.root_ranks.end());
     who.insert(who.end(), v.waiting_ranks.begin(), v.waiting_ranks.end());
     int said = 0;
@@ -1249,7 +1249,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt,
   // What the ranks' stacks say, beside the wait-for graph: the rank doing what no other does.
   if (const std::string odd = OddStackEvidence(in, GroupByStack(in)); !odd.empty()) {
     for (Verdict& v : out) {
-      if (v.kind == "hang") v.evidence.push_back(odd);
+      if (v.kind == VerdictKind::kHang) v.evidence.push_back(odd);
     }
   }
   if (wait_for != nullptr) *wait_for = std::move(waits);
@@ -1259,7 +1259,7 @@ std::vector<Verdict> AnalyzeHang(const HangInput& in, const HangOptions& opt,
 std::string FormatHangReport(const std::vector<Verdict>& verdicts) {
   std::string out;
   for (const Verdict& v : verdicts) {
-    if (v.kind == "healthy") {
+    if (v.kind == VerdictKind::kHealthy) {
       out += "healthy: " + v.explanation + "\n";
       continue;
     }

@@ -283,14 +283,14 @@ std::vector<Verdict> AnalyzePyTorch(const PyTorchInput& in, HangOptions options)
   // (utils.py error_analysis: "No errors found for this collective entry"). Whether that is a hang
   // rests on how long the ops were open; where the files were copied since, nothing says it, and
   // a dump taken mid-run (_dump_nccl_trace on a healthy job) looks just so.
-  if (verdicts.size() == 1 && verdicts[0].cause == "unknown") {
+  if (verdicts.size() == 1 && ParseCause(verdicts[0].cause) == Cause::kUnknown) {
     bool dated = true;
     for (int r : verdicts[0].waiting_ranks) {
       dated &= r >= 0 && r < static_cast<int>(in.ranks.size()) && in.ranks[r].dated_by_timeout;
     }
     if (dated) {
       Verdict v;
-      v.kind = "healthy";
+      v.kind = VerdictKind::kHealthy;
       v.detected_at_ns = verdicts[0].detected_at_ns;
       v.confidence = 0.6;
       v.explanation =
@@ -303,7 +303,7 @@ std::vector<Verdict> AnalyzePyTorch(const PyTorchInput& in, HangOptions options)
     }
   }
   for (Verdict& v : verdicts) {
-    if (v.kind == "hang") AddEvidence(in, &v);
+    if (v.kind == VerdictKind::kHang) AddEvidence(in, &v);
   }
   return verdicts;
 }

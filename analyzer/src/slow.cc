@@ -167,7 +167,7 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     const double cost = extra[rank] / static_cast<double>(rep.steps);
     if (n < o.persistent_share * static_cast<double>(rep.steps) || cost < o.min_cost_s) continue;
     Verdict v;
-    v.kind = "slow";
+    v.kind = VerdictKind::kSlow;
     v.cause = "compute_straggler";
     v.root_ranks = {rank};
     v.root_nodes = {meta[rank].node};
@@ -215,7 +215,7 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     const double cost = stage_extra[pp] / static_cast<double>(rep.steps);
     if (n < o.persistent_share * static_cast<double>(rep.steps) || cost < o.min_cost_s) continue;
     Verdict v;
-    v.kind = "slow";
+    v.kind = VerdictKind::kSlow;
     v.cause = "stage_imbalance";
     v.root_ranks = stage_ranks[pp];
     for (int r : stage_ranks[pp]) {
@@ -303,10 +303,10 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     const double cost = b / static_cast<double>(rep.steps);
     bool already = false;  // a compute straggler arrives last because it computes longer
     for (const Verdict& v : rep.verdicts)
-      already |= v.cause == "compute_straggler" && v.root_ranks[0] == rank;
+      already |= ParseCause(v.cause) == Cause::kComputeStraggler && v.root_ranks[0] == rank;
     if (already || cost < o.min_cost_s || b < 3 * typical) continue;
     Verdict v;
-    v.kind = "slow";
+    v.kind = VerdictKind::kSlow;
     v.cause = "comm_straggler";
     v.root_ranks = {rank};
     v.root_nodes = {meta[rank].node};
@@ -445,7 +445,7 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
   // ... and costs a real share of the step, not a few milliseconds of jitter.
   if (!slow_groups.empty() && !suspects.empty() && link_cost >= jitter_s) {
     Verdict v;
-    v.kind = "slow";
+    v.kind = VerdictKind::kSlow;
     v.cause = "link_slow";
     for (const std::string& h : suspects) {
       v.root_nodes.push_back(h);
@@ -476,7 +476,7 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
             [](const Verdict& a, const Verdict& b) { return a.evidence[0] > b.evidence[0]; });
   if (rep.verdicts.empty()) {
     Verdict v;
-    v.kind = "healthy";
+    v.kind = VerdictKind::kHealthy;
     v.confidence = 0.8;
     v.explanation = "no persistent straggler over " + std::to_string(rep.steps) + " steps";
     rep.verdicts.push_back(std::move(v));
@@ -538,11 +538,11 @@ std::string FormatSlowReport(const SlowReport& r) {
                     ", pipeline bubble and idle " + Fmt("%.1f %%", 100 * r.bubble_share) +
                     " of step time\n";
   for (const Verdict& v : r.verdicts) {
-    out +=
-        (v.kind == "slow" ? "SLOW  cause: " + v.cause + "   root: rank " +
-                                std::to_string(v.root_ranks[0]) + " (" + v.root_nodes[0] + ")\n  "
-                          : "healthy: ") +
-        v.explanation + "\n";
+    out += (v.kind == VerdictKind::kSlow
+                ? "SLOW  cause: " + v.cause + "   root: rank " + std::to_string(v.root_ranks[0]) +
+                      " (" + v.root_nodes[0] + ")\n  "
+                : "healthy: ") +
+           v.explanation + "\n";
   }
   if (!r.thresholds.empty()) out += r.thresholds + "\n";
   return out;

@@ -35,6 +35,22 @@ std::string_view Name(EventKind kind) {
   return "unknown";
 }
 
+std::string_view Name(TriggerCause cause) {
+  switch (cause) {
+    case TriggerCause::kCrash:
+      return "crash";
+    case TriggerCause::kHang:
+      return "hang";
+    case TriggerCause::kManual:
+      return "manual";
+    case TriggerCause::kDetector:
+      return "detector";
+    case TriggerCause::kStraggler:
+      return "straggler";
+  }
+  return "unknown";
+}
+
 std::optional<EventKind> ParseEventKind(std::string_view name) {
   for (const auto& [k, n] : kKinds) {
     if (n == name) return k;

@@ -100,7 +100,7 @@ Result<std::optional<std::vector<StragglerWatch::Finding>>> StragglerWatch::Anal
   ASSIGN_OR_RETURN(analyzer::SlowReport rep, analyzer::AnalyzeSlow(*db, options));
   std::vector<Verdict> slow;
   for (Verdict& v : rep.verdicts) {
-    if (v.kind == "slow") slow.push_back(std::move(v));
+    if (v.kind == VerdictKind::kSlow) slow.push_back(std::move(v));
   }
   const std::vector<Streak> streaks = streaks_.Next(slow);
   std::vector<Finding> out;

@@ -5,33 +5,6 @@
 
 namespace megascope::controller {
 
-VerdictKind ParseVerdictKind(std::string_view k) {
-  if (k == "hang") return VerdictKind::kHang;
-  if (k == "slow") return VerdictKind::kSlow;
-  if (k == "faulty_machine") return VerdictKind::kFaultyMachine;
-  if (k == "job_error") return VerdictKind::kJobError;
-  if (k == "healthy") return VerdictKind::kHealthy;
-  return VerdictKind::kOther;
-}
-
-Cause ParseCause(std::string_view c) {
-  static constexpr std::pair<std::string_view, Cause> kCauses[] = {
-      {"rank_dead", Cause::kRankDead},
-      {"rank_not_joined", Cause::kRankNotJoined},
-      {"op_mismatch", Cause::kOpMismatch},
-      {"link_stall", Cause::kLinkStall},
-      {"order_mismatch", Cause::kOrderMismatch},
-      {"unknown", Cause::kUnknown},
-      {"compute_straggler", Cause::kComputeStraggler},
-      {"comm_straggler", Cause::kCommStraggler},
-      {"link_slow", Cause::kLinkSlow},
-      {"stage_imbalance", Cause::kStageImbalance}};
-  for (const auto& [name, cause] : kCauses) {
-    if (name == c) return cause;
-  }
-  return Cause::kOther;
-}
-
 namespace {
 
 Decision DecideFresh(const Verdict& v, Streak streak, const PolicyOptions& o) {
@@ -45,7 +18,7 @@ Decision DecideFresh(const Verdict& v, Streak streak, const PolicyOptions& o) {
   Decision d;
   d.nodes = v.root_nodes;
   const Cause cause = ParseCause(v.cause);
-  switch (ParseVerdictKind(v.kind)) {
+  switch (v.kind) {
     case VerdictKind::kHang:
       if (cause == Cause::kRankDead || cause == Cause::kRankNotJoined) {
         d.action = Action::kEvict;
@@ -109,7 +82,7 @@ Decision DecideFresh(const Verdict& v, Streak streak, const PolicyOptions& o) {
     case VerdictKind::kOther:
       break;
   }
-  d.reason = "unknown verdict kind '" + v.kind + "': reported only";
+  d.reason = "unknown verdict kind '" + std::string(Name(v.kind)) + "': reported only";
   return d;
 }
 
@@ -156,10 +129,10 @@ std::vector<Streak> StragglerStreaks::Next(const std::vector<Verdict>& verdicts)
 
 Decision Decide(const Verdict& v, Streak streak, const PolicyOptions& o, bool passed_before) {
   Decision d = DecideFresh(v, streak, o);
-  if (passed_before && d.action == Action::kSelfCheck &&
-      ParseVerdictKind(v.kind) != VerdictKind::kHang) {
+  if (passed_before && d.action == Action::kSelfCheck && v.kind != VerdictKind::kHang) {
     d.action = Action::kAlert;
-    d.reason = "the suspect passed its self-check for " + (v.cause.empty() ? v.kind : v.cause) +
+    d.reason = "the suspect passed its self-check for " +
+               (v.cause.empty() ? std::string(Name(v.kind)) : v.cause) +
                " earlier in this run: it stays";
   }
   return d;

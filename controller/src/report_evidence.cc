@@ -306,9 +306,10 @@ std::string Card(const RunReport& r, const Event& v, analyzer::RunDatabase* db,
       h += "<td class=\"num\">" + Num("%g", val.is_number() ? val.get<double>() : 0) + "</td>";
     h += "</tr></table>";
   }
-  if (kind == "hang") h += HangFigure(r, v);
-  if (kind == "slow") h += SlowFigure(v, db, places);
-  if (kind == "faulty_machine") h += MachineFigure(v, db);
+  const VerdictKind k = ParseVerdictKind(kind);
+  if (k == VerdictKind::kHang) h += HangFigure(r, v);
+  if (k == VerdictKind::kSlow) h += SlowFigure(v, db, places);
+  if (k == VerdictKind::kFaultyMachine) h += MachineFigure(v, db);
   return h + "</div>";
 }
 

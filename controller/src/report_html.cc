@@ -10,6 +10,7 @@
 
 #include "megascope/launch/progress.h"
 #include "megascope/tracer/run_layout.h"
+#include "megascope/tracer/verdict.h"
 #include "svg.h"
 
 namespace megascope::controller {
@@ -272,9 +273,11 @@ std::function<bool(int, const std::string&)> Suspects(const RunReport& r) {
   for (const Event& e : r.events) {
     if (e.kind_name != Name(EventKind::kVerdict) || !acted.count(VerdictId(e.detail))) continue;
     const std::string kind = e.detail.value("kind", "");
-    if (kind == "slow" && e.detail.value("cause", "") != "stage_imbalance" && e.rank >= 0)
+    if (ParseVerdictKind(kind) == VerdictKind::kSlow &&
+        ParseCause(e.detail.value("cause", "")) != Cause::kStageImbalance && e.rank >= 0)
       ranks.insert({e.rank, e.node});
-    if (kind == "faulty_machine" && !e.node.empty()) nodes.insert(e.node);
+    if (ParseVerdictKind(kind) == VerdictKind::kFaultyMachine && !e.node.empty())
+      nodes.insert(e.node);
   }
   return [ranks, nodes](int rank, const std::string& node) {
     return nodes.count(node) > 0 || ranks.count({rank, node}) > 0 || ranks.count({rank, ""}) > 0;

@@ -8,7 +8,7 @@ namespace {
 
 Verdict Alert(const Registry& reg, int machine, const Frame& f, const char* how) {
   Verdict v;
-  v.kind = "faulty_machine";
+  v.kind = VerdictKind::kFaultyMachine;
   v.cause = how;
   v.root_nodes = {reg.machine_name(machine)};
   v.detected_at_ns = static_cast<int64_t>(f.end_s * 1e9);

@@ -640,7 +640,7 @@ Verdict Detector::Impl::MakeVerdict(int m, const Rolling& window, const Frame& f
     items.push_back({metric < 0 ? MetricFamily::kOther : d.family[metric], metric < 0, stat.first});
   }
   Verdict v;
-  v.kind = "faulty_machine";
+  v.kind = VerdictKind::kFaultyMachine;
   v.root_nodes = {reg.machine_name(m)};
   v.detected_at_ns = static_cast<int64_t>(f.end_s * 1e9);
   v.onset_at_ns = static_cast<int64_t>(static_cast<double>(onset) * cfg.tick_s * 1e9);

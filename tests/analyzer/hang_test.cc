@@ -48,7 +48,7 @@ void ExpectVerdicts(const std::string& dir,
   const auto verdicts = analyze(options);
   std::string text;
   for (const Verdict& v : verdicts) {
-    got.insert({v.kind, v.cause, v.root_ranks});
+    got.insert({std::string(Name(v.kind)), v.cause, v.root_ranks});
     for (const auto& e : expected["verdicts"]) {  // who waits, where a case says
       if (e.contains("waiting_ranks") &&
           e["root_ranks"].get<std::vector<int32_t>>() == v.root_ranks) {
@@ -68,7 +68,7 @@ void ExpectVerdicts(const std::string& dir,
     }
     EXPECT_EQ(VerdictToJsonValue(v), j) << "the value a document embeds is the line's";
     EXPECT_EQ(v.root_ranks.size(), v.root_nodes.size());
-    if (v.kind == "hang") {
+    if (v.kind == VerdictKind::kHang) {
       EXPECT_FALSE(v.explanation.empty());
     }
   }
@@ -341,7 +341,7 @@ TEST(PyTorchImportTest, AnOpsOwnTimeoutShortensTheWait) {
       EXPECT_EQ(v[0].cause, "rank_not_joined");
       EXPECT_EQ(v[0].root_ranks, std::vector<int32_t>{1});
     } else {
-      EXPECT_EQ(v[0].kind, "healthy");
+      EXPECT_EQ(Name(v[0].kind), "healthy");
     }
   }
 }
@@ -597,7 +597,7 @@ TEST(PyTorchImportTest, AnErrorDumpSecondsAfterAPeerExitedNamesThePeer) {
   EXPECT_EQ(v[0].waiting_ranks, (std::vector<int32_t>{0, 2, 3}));
   // Our own dumps come from an agent that writes a dead rank's dump itself: there, 3 s is work in
   // progress.
-  EXPECT_EQ(AnalyzeHang(in->hang).front().kind, "healthy");
+  EXPECT_EQ(Name(AnalyzeHang(in->hang).front().kind), "healthy");
 }
 
 // What a verdict shows a PyTorch user: the op's profiling name, process group and description,
@@ -675,7 +675,7 @@ TEST(PyTorchImportTest, ALegacyBatchOfTransfersTakesItsClosingState) {
   ASSERT_TRUE(in.ok()) << in.status().ToString();
   const auto v = AnalyzePyTorch(*in);
   ASSERT_EQ(v.size(), 1u);
-  EXPECT_EQ(v[0].kind, "healthy") << VerdictToJson(v[0]);
+  EXPECT_EQ(Name(v[0].kind), "healthy") << VerdictToJson(v[0]);
 }
 
 TEST(PyTorchImportTest, AnUnknownOpIsKeptInItsPlaceAndReportedOnce) {

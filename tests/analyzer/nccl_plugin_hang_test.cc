@@ -16,7 +16,7 @@ TEST_P(NcclPluginTest, TheRankThatNeverIssuedTheHungAllReduceIsNamed) {
   opt.min_wait_s = 0;
   const auto verdicts = analyzer::AnalyzeHang(*in, opt);
   ASSERT_EQ(verdicts.size(), 1u) << verdicts[0].explanation;
-  EXPECT_EQ(verdicts[0].kind, "hang");
+  EXPECT_EQ(Name(verdicts[0].kind), "hang");
   EXPECT_EQ(verdicts[0].cause, "rank_not_joined") << verdicts[0].explanation;
   EXPECT_EQ(verdicts[0].root_ranks, std::vector<int32_t>{kHung}) << verdicts[0].explanation;
   EXPECT_EQ(verdicts[0].op, "allreduce");

@@ -98,7 +98,7 @@ TEST(SlowBlameTest, AHealthyVerdictSaysWhichStepsAndThresholdsItHeldTo) {
   auto rep = AnalyzeSlow(**db, o);
   ASSERT_TRUE(rep.ok()) << rep.status().ToString();
   ASSERT_EQ(rep->verdicts.size(), 1u);
-  EXPECT_EQ(rep->verdicts[0].kind, "healthy");
+  EXPECT_EQ(Name(rep->verdicts[0].kind), "healthy");
   EXPECT_EQ(rep->verdicts[0].evidence.back(), rep->thresholds);
   EXPECT_NE(rep->thresholds.find("steps 1..3 of every attempt"), std::string::npos)
       << rep->thresholds;

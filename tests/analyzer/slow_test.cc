@@ -17,7 +17,7 @@ TEST_F(SlowTest, ASlowRankIsAComputeStragglerWithItsCost) {
   ASSERT_TRUE(rep.ok()) << rep.status().ToString();
   ASSERT_FALSE(rep->verdicts.empty());
   const Verdict& v = rep->verdicts.front();
-  EXPECT_EQ(v.kind, "slow");
+  EXPECT_EQ(Name(v.kind), "slow");
   EXPECT_EQ(v.cause, "compute_straggler");
   EXPECT_EQ(v.root_ranks, std::vector<int32_t>{3});
   const double cost = std::stod(v.evidence[0].substr(v.evidence[0].find('=') + 1));
@@ -32,7 +32,7 @@ TEST_F(SlowTest, AnEvenRunHasNoStraggler) {
   auto rep = AnalyzeSlow(**db);
   ASSERT_TRUE(rep.ok());
   ASSERT_EQ(rep->verdicts.size(), 1u);
-  EXPECT_EQ(rep->verdicts[0].kind, "healthy") << rep->verdicts[0].explanation;
+  EXPECT_EQ(Name(rep->verdicts[0].kind), "healthy") << rep->verdicts[0].explanation;
   auto steps = AnalyzeSlow(**db, SlowOptions{100, 200});
   EXPECT_FALSE(steps.ok());  // no such steps
 }

@@ -3,13 +3,19 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string_view>
+
+#include "megascope/controller/control_db.h"
+
 namespace megascope::controller {
 namespace {
 
 Verdict V(const std::string& kind, const std::string& cause, double confidence = 0.9,
           std::vector<std::string> nodes = {"node1"}) {
   Verdict v;
-  v.kind = kind;
+  v.kind = ParseVerdictKind(kind);
   v.cause = cause;
   v.confidence = confidence;
   v.root_nodes = std::move(nodes);
@@ -135,7 +141,24 @@ TEST(PolicyTest, SpellingsRoundTrip) {
   EXPECT_EQ(ParseCause("stage_imbalance"), Cause::kStageImbalance);
   EXPECT_EQ(ParseCause("Rank_Dead"), Cause::kOther);  // spellings are exact
   EXPECT_EQ(ParseVerdictKind("faulty_machine"), VerdictKind::kFaultyMachine);
+  EXPECT_EQ(ParseVerdictKind("a_kind_from_2030"), VerdictKind::kOther);
   EXPECT_EQ(Name(Action::kRestartInPlace), "restart_in_place");
+  EXPECT_EQ(Name(TriggerCause::kStraggler), "straggler");
+  // Every kind and cause this build knows reads back from its spelling, and no two share one.
+  std::set<std::string_view> spellings;
+  for (int k = 0; k < static_cast<int>(VerdictKind::kOther); ++k) {
+    const auto kind = static_cast<VerdictKind>(k);
+    EXPECT_EQ(ParseVerdictKind(Name(kind)), kind) << Name(kind);
+    EXPECT_TRUE(spellings.insert(Name(kind)).second) << Name(kind);
+  }
+  for (int c = 0; c < static_cast<int>(Cause::kOther); ++c) {
+    const auto cause = static_cast<Cause>(c);
+    EXPECT_EQ(ParseCause(Name(cause)), cause) << Name(cause);
+    EXPECT_TRUE(spellings.insert(Name(cause)).second) << Name(cause);
+  }
+  // A verdict is written with its kind's spelling.
+  Verdict v = V("job_error", "bad_input");
+  EXPECT_EQ(VerdictToJsonValue(v)["kind"], "job_error");
 }
 
 }  // namespace

@@ -113,7 +113,7 @@ TEST_P(Scenario, DetectorConcludesAsExpected) {
       EXPECT_LE(d, want["max_delay_s"].get<double>()) << j["description"];
   }
   for (const Verdict& v : verdicts) {
-    EXPECT_EQ(v.kind, "faulty_machine");
+    EXPECT_EQ(Name(v.kind), "faulty_machine");
     EXPECT_LE(v.onset_at_ns, v.detected_at_ns);
     EXPECT_FALSE(v.evidence.empty());
   }

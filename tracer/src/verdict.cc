@@ -1,10 +1,50 @@
 #include "megascope/tracer/verdict.h"
 
 #include <nlohmann/json.hpp>
+#include <utility>
 
 namespace megascope {
 
 namespace {
+
+constexpr std::pair<VerdictKind, std::string_view> kKinds[] = {
+    {VerdictKind::kHealthy, "healthy"},
+    {VerdictKind::kHang, "hang"},
+    {VerdictKind::kSlow, "slow"},
+    {VerdictKind::kFaultyMachine, "faulty_machine"},
+    {VerdictKind::kJobError, "job_error"}};
+
+constexpr std::pair<Cause, std::string_view> kCauses[] = {
+    {Cause::kRankDead, "rank_dead"},
+    {Cause::kRankNotJoined, "rank_not_joined"},
+    {Cause::kOpMismatch, "op_mismatch"},
+    {Cause::kLinkStall, "link_stall"},
+    {Cause::kOrderMismatch, "order_mismatch"},
+    {Cause::kUnknown, "unknown"},
+    {Cause::kComputeStraggler, "compute_straggler"},
+    {Cause::kCommStraggler, "comm_straggler"},
+    {Cause::kLinkSlow, "link_slow"},
+    {Cause::kStageImbalance, "stage_imbalance"},
+    {Cause::kMetricOutlier, "metric_outlier"},
+    {Cause::kMachineSilent, "machine_silent"},
+    {Cause::kBadInput, "bad_input"},
+    {Cause::kRepeatedFailure, "repeated_failure"}};
+
+template <typename E, size_t N>
+std::string_view Spelling(const std::pair<E, std::string_view> (&table)[N], E e) {
+  for (const auto& [value, name] : table) {
+    if (value == e) return name;
+  }
+  return "other";
+}
+
+template <typename E, size_t N>
+E Parse(const std::pair<E, std::string_view> (&table)[N], std::string_view s, E other) {
+  for (const auto& [value, name] : table) {
+    if (name == s) return value;
+  }
+  return other;
+}
 
 // The verdict as `J` (ordered_json keeps formats.md's key order in text; json is what documents
 // that embed it use).
@@ -15,7 +55,7 @@ J Build(const Verdict& v) {
   ojson j;
   j["format"] = "megascope-verdict";
   j["version"] = 1;
-  j["kind"] = v.kind;
+  j["kind"] = Name(v.kind);
   j["cause"] = or_null(v.cause);
   j["root_ranks"] = v.root_ranks;
   j["root_nodes"] = v.root_nodes;
@@ -34,6 +74,13 @@ J Build(const Verdict& v) {
 }
 
 }  // namespace
+
+std::string_view Name(VerdictKind k) { return Spelling(kKinds, k); }
+VerdictKind ParseVerdictKind(std::string_view kind) {
+  return Parse(kKinds, kind, VerdictKind::kOther);
+}
+std::string_view Name(Cause c) { return Spelling(kCauses, c); }
+Cause ParseCause(std::string_view cause) { return Parse(kCauses, cause, Cause::kOther); }
 
 std::string VerdictToJson(const Verdict& v) { return Build<nlohmann::ordered_json>(v).dump(); }
 

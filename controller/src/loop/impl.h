@@ -211,7 +211,7 @@ struct Controller::Impl {
 
   // ---- incidents.cc
   struct Trigger {
-    std::string cause;  // crash, hang, manual, detector, straggler
+    TriggerCause cause;
     std::string detail;
     std::vector<launch::RankExit> failures;
     std::string manual_node;
@@ -245,7 +245,7 @@ struct Controller::Impl {
 
   // An online verdict (detector, straggler): recorded with the policy's decision; an alert is
   // reported once per attempt, anything more opens an incident. False: the controller paused.
-  bool Act(const std::string& source, const Verdict& v, Streak streak);
+  bool Act(TriggerCause source, const Verdict& v, Streak streak);
 
   // The online evidence of this tick; false: the controller paused.
   bool Watch();

@@ -37,14 +37,14 @@ std::string MaskDigits(const std::string& s) {
 }  // namespace
 
 bool Controller::Impl::Online(const Trigger& t) {
-  return t.cause == "detector" || t.cause == "straggler";
+  return t.cause == TriggerCause::kDetector || t.cause == TriggerCause::kStraggler;
 }
 
 // A verdict of the job's own error: nothing is evicted for it (policy.h).
 Verdict Controller::Impl::JobError(const std::string& cause, int rank, const std::string& node,
                                    const std::string& explanation, const launch::RankExit& origin) {
   Verdict v;
-  v.kind = "job_error";
+  v.kind = VerdictKind::kJobError;
   v.cause = cause;
   v.root_ranks = {rank};
   v.root_nodes = {node};
@@ -68,9 +68,9 @@ analyzer::HangOptions Controller::Impl::IncidentHangOptions() const {
 
 std::vector<Verdict> Controller::Impl::Diagnose(const Trigger& t) {
   std::vector<Verdict> verdicts;
-  if (t.cause == "crash") {
+  if (t.cause == TriggerCause::kCrash) {
     verdicts = DiagnoseCrash(t);
-  } else if (t.cause == "hang") {
+  } else if (t.cause == TriggerCause::kHang) {
     auto in = fleet->LiveHangInput(active, attempt, agent_token);
     if (in.ok()) {
       for (const std::string& w : in->warnings) Log("warning: " + w);
@@ -79,9 +79,9 @@ std::vector<Verdict> Controller::Impl::Diagnose(const Trigger& t) {
       Log("hang analysis could not read the agents: " + in.status().ToString());
     }
   }
-  if (verdicts.empty() || (verdicts.size() == 1 && verdicts[0].kind == "healthy")) {
+  if (verdicts.empty() || (verdicts.size() == 1 && verdicts[0].kind == VerdictKind::kHealthy)) {
     Verdict v;
-    v.kind = "hang";
+    v.kind = VerdictKind::kHang;
     v.cause = "unknown";
     v.detected_at_ns = clock.WallNs();
     v.explanation =
@@ -129,7 +129,7 @@ std::vector<Verdict> Controller::Impl::DeadRanks(const launch::RankExit& origin,
                                                  const std::vector<launch::RankExit>& others) {
   std::vector<Verdict> verdicts;
   Verdict v;
-  v.kind = "hang";
+  v.kind = VerdictKind::kHang;
   v.cause = "rank_dead";
   v.root_ranks = {origin.rank};
   v.root_nodes = {fleet->NodeOfRank(origin.rank)};
@@ -171,7 +171,7 @@ void Controller::Impl::RecordDecision(const Verdict& v, const Decision& d, Strea
 
 // An online verdict (detector, straggler): recorded with the policy's decision; an alert is
 // reported once per attempt, anything more opens an incident. False: the controller paused.
-bool Controller::Impl::Act(const std::string& source, const Verdict& v, Streak streak) {
+bool Controller::Impl::Act(TriggerCause source, const Verdict& v, Streak streak) {
   bool in_job = v.root_nodes.empty();
   for (const std::string& n : v.root_nodes)
     in_job |= std::find(active.begin(), active.end(), n) != active.end();
@@ -179,11 +179,12 @@ bool Controller::Impl::Act(const std::string& source, const Verdict& v, Streak s
   bool passed_before = false;
   for (const std::string& n : v.root_nodes) passed_before |= cleared.count(n + "|" + v.cause) > 0;
   const Decision d = Decide(v, streak, opt.policy, passed_before);
-  std::string key = std::string(Name(d.action)) + "|" + v.kind + "|" + v.cause;
+  std::string key = std::string(Name(d.action)) + "|" + std::string(Name(v.kind)) + "|" + v.cause;
   for (const std::string& n : v.root_nodes) key += "|" + n;
   if (d.action == Action::kAlert && !alerted.insert(key).second) return true;
-  Log(source + " verdict: " + v.kind + " " + v.cause + " on " +
-      (v.root_nodes.empty() ? std::string("-") : Join(v.root_nodes)) + ": " + v.explanation);
+  Log(std::string(Name(source)) + " verdict: " + std::string(Name(v.kind)) + " " + v.cause +
+      " on " + (v.root_nodes.empty() ? std::string("-") : Join(v.root_nodes)) + ": " +
+      v.explanation);
   Log("policy: " + std::string(Name(d.action)) + " (" + d.reason + ")");
   if (d.action == Action::kAlert || d.action == Action::kRestartInPlace) {
     Record(EventKind::kVerdict, v.root_nodes.empty() ? "" : v.root_nodes[0],
@@ -191,7 +192,9 @@ bool Controller::Impl::Act(const std::string& source, const Verdict& v, Streak s
     RecordDecision(v, d, streak);
     return true;
   }  // an incident records the verdict and the decision after its trigger
-  Trigger t{source, v.kind + " " + v.cause + " on " + Join(v.root_nodes), {}, "", {v}, streak};
+  Trigger t{source, std::string(Name(v.kind)) + " " + v.cause + " on " + Join(v.root_nodes),
+            {},     "",
+            {v},    streak};
   return Incident(std::move(t));
 }
 
@@ -207,7 +210,7 @@ bool Controller::Impl::Watch() {
     const MetricsRound round = ParseMetricsRound(pages, static_cast<double>(clock.WallNs()) / 1e9);
     for (const std::string& e : round.errors) Log("metrics: " + e);
     for (const Verdict& v : online->Add(round)) {
-      if (!Act("detector", v, {})) return false;
+      if (!Act(TriggerCause::kDetector, v, {})) return false;
     }
   }
   if (opt.straggler_every > 0 && attempt_stepped &&
@@ -234,8 +237,9 @@ bool Controller::Impl::Watch() {
       Log(steps + ": no straggler" +
           (anyway ? " (read before every rank's steps were stored)" : ""));
     for (const StragglerWatch::Finding& f : **found) {
-      if (!Act("straggler", f.verdict, f.streak)) return false;
-      if (f.verdict.cause != "stage_imbalance" && !attempt_stepped) break;  // restarted
+      if (!Act(TriggerCause::kStraggler, f.verdict, f.streak)) return false;
+      if (ParseCause(f.verdict.cause) != Cause::kStageImbalance && !attempt_stepped)
+        break;  // restarted
     }
   }
   return true;
@@ -309,8 +313,9 @@ void Controller::Impl::StopForIncident(const Trigger& t) {
   // Beside the dumps, why they were taken: `megascope analyze hang` on them decides as this
   // incident did (FORMATS: the run directory).
   if (!Online(t)) {
-    if (Status st = analyzer::WriteIncidentThresholds(layout.dumps(attempt), t.cause, t.detail,
-                                                      attempt, IncidentHangOptions());
+    if (Status st =
+            analyzer::WriteIncidentThresholds(layout.dumps(attempt), std::string(Name(t.cause)),
+                                              t.detail, attempt, IncidentHangOptions());
         !st.ok())
       Log("warning: " + st.message());
   }
@@ -330,9 +335,9 @@ void Controller::Impl::ConfirmBySelfCheck(const Verdict& v, const std::vector<st
     // link): it is checked once.
     if (checked_now->count(n)) continue;
     todo.push_back({n, partner.empty() ? n : partner,
-                    v.kind == "faulty_machine" ? "suspect of the detector"
-                    : v.cause == "link_stall"  ? "end of a stalled link"
-                                               : "suspect: " + v.cause});
+                    v.kind == VerdictKind::kFaultyMachine      ? "suspect of the detector"
+                    : ParseCause(v.cause) == Cause::kLinkStall ? "end of a stalled link"
+                                                               : "suspect: " + v.cause});
   }
   const std::vector<bool> results = SelfCheckAll(todo);  // every suspect at once
   for (size_t i = 0; i < todo.size(); ++i) {
@@ -357,11 +362,11 @@ bool Controller::Impl::Incident(Trigger t) {
   fruitless_attempts = attempt_stepped ? 0 : fruitless_attempts + 1;
   const int64_t trigger_ns = clock.WallNs();
   incident_start_ns = trigger_ns;
-  Log("trigger: " + t.cause + (t.detail.empty() ? "" : " (" + t.detail + ")"));
-  Record(EventKind::kTrigger, t.manual_node, -1, {{"cause", t.cause}, {"detail", t.detail}},
+  Log("trigger: " + std::string(Name(t.cause)) + (t.detail.empty() ? "" : " (" + t.detail + ")"));
+  Record(EventKind::kTrigger, t.manual_node, -1, {{"cause", Name(t.cause)}, {"detail", t.detail}},
          trigger_ns);
   std::vector<Verdict> verdicts = t.verdicts;
-  if (t.cause != "manual" && !Online(t)) verdicts = Diagnose(t);
+  if (t.cause != TriggerCause::kManual && !Online(t)) verdicts = Diagnose(t);
   incident_step = last_step_done;
   incident_ranks.clear();
   for (const Verdict& v : verdicts) {
@@ -375,8 +380,9 @@ bool Controller::Impl::Incident(Trigger t) {
   // The policy (policy.h) decides per verdict; the controller carries it out.
   std::vector<std::pair<std::string, json>> to_evict;
   std::map<std::string, bool> checked_now;  // node -> passed its self-check in this incident
-  std::string restart_cause = t.cause;
-  if (t.cause == "manual") to_evict.emplace_back(t.manual_node, json{{"kind", "manual"}});
+  std::string restart_cause(Name(t.cause));
+  if (t.cause == TriggerCause::kManual)
+    to_evict.emplace_back(t.manual_node, json{{"kind", "manual"}});
   for (const Verdict& v : verdicts) {
     const json vj = VerdictToJsonValue(v);
     restart_cause = v.cause;
@@ -403,7 +409,11 @@ bool Controller::Impl::Incident(Trigger t) {
   for (const auto& [node, vj] : to_evict) {
     if (node.empty() || !done.insert(node).second) continue;
     if (std::find(active.begin(), active.end(), node) == active.end()) continue;
-    if (!Evict(node, t.cause == "manual" ? "manual" : vj.value("cause", t.cause), vj)) return false;
+    if (!Evict(node,
+               t.cause == TriggerCause::kManual ? "manual"
+                                                : vj.value("cause", std::string(Name(t.cause))),
+               vj))
+      return false;
   }
   if (fruitless_attempts >= 3) {
     Pause(std::to_string(fruitless_attempts) +

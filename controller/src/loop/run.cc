@@ -156,7 +156,8 @@ int Controller::Impl::Loop() {
         Log("evict " + c.node + " ignored: not a node of the job (" + Join(active) + ")");
         continue;
       }
-      if (!Incident({"manual", "evict requested for " + c.node, {}, c.node, {}, Streak{}}))
+      if (!Incident(
+              {TriggerCause::kManual, "evict requested for " + c.node, {}, c.node, {}, Streak{}}))
         return kLaunchPaused;
     }
     FireControllerInjections();
@@ -179,7 +180,7 @@ int Controller::Impl::Loop() {
     }
     if (!failures.empty()) {
       const launch::RankExit& f = failures[0];
-      if (!Incident({"crash",
+      if (!Incident({TriggerCause::kCrash,
                      "rank " + std::to_string(f.rank) + " " + f.status.Describe(),
                      failures,
                      "",
@@ -203,7 +204,7 @@ int Controller::Impl::Loop() {
     if (!Watch()) return kLaunchPaused;
     std::string why;
     if (Stalled(&why)) {
-      if (!Incident({"hang", why, {}, "", {}, Streak{}})) return kLaunchPaused;
+      if (!Incident({TriggerCause::kHang, why, {}, "", {}, Streak{}})) return kLaunchPaused;
     }
   }
 }

@@ -41,6 +41,10 @@ enum class EventKind {
 std::string_view Name(EventKind kind);
 std::optional<EventKind> ParseEventKind(std::string_view name);
 
+// What opened an incident: a `trigger` event's detail `cause` (docs/formats.md section 4).
+enum class TriggerCause { kCrash, kHang, kManual, kDetector, kStraggler };
+std::string_view Name(TriggerCause cause);  // crash, hang, manual, detector, straggler
+
 struct Event {
   int64_t ts_ns = 0;
   int attempt = 0;

@@ -40,24 +40,6 @@
 
 namespace megascope::controller {
 
-// docs/formats.md section 2's kinds and causes.
-enum class VerdictKind { kHang, kSlow, kFaultyMachine, kJobError, kHealthy, kOther };
-enum class Cause {
-  kRankDead,
-  kRankNotJoined,
-  kOpMismatch,
-  kLinkStall,
-  kOrderMismatch,
-  kUnknown,
-  kComputeStraggler,
-  kCommStraggler,
-  kLinkSlow,
-  kStageImbalance,
-  kOther,  // a cause this build does not know (a newer analyzer), or a detector metric
-};
-VerdictKind ParseVerdictKind(std::string_view kind);
-Cause ParseCause(std::string_view cause);
-
 enum class Action { kAlert, kRestartInPlace, kSelfCheck, kEvict, kStop };
 std::string_view Name(Action a);  // alert, restart_in_place, self_check, evict, stop
 

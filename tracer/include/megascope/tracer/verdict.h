@@ -6,13 +6,43 @@
 #include <map>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace megascope {
 
+// docs/formats.md section 2's kinds, spelled there (one table, verdict.cc). kOther: a kind this
+// build does not know (ParseVerdictKind of a newer writer's); no verdict made here has it.
+enum class VerdictKind : uint8_t { kHealthy, kHang, kSlow, kFaultyMachine, kJobError, kOther };
+std::string_view Name(VerdictKind k);  // kOther: "other"
+VerdictKind ParseVerdictKind(std::string_view kind);
+
+// The causes of section 2 a program decides on (the policy, the controller), spelled there. A
+// verdict keeps its cause as written (Verdict::cause): a newer analyzer's cause, or a detector
+// baseline's method, reads as kOther here and is still recorded and shown as it is.
+enum class Cause : uint8_t {
+  kRankDead,
+  kRankNotJoined,
+  kOpMismatch,
+  kLinkStall,
+  kOrderMismatch,
+  kUnknown,
+  kComputeStraggler,
+  kCommStraggler,
+  kLinkSlow,
+  kStageImbalance,
+  kMetricOutlier,
+  kMachineSilent,
+  kBadInput,
+  kRepeatedFailure,
+  kOther,
+};
+std::string_view Name(Cause c);  // kOther: "other"
+Cause ParseCause(std::string_view cause);
+
 struct Verdict {
-  std::string kind;   // hang, slow, faulty_machine, healthy
-  std::string cause;  // e.g. rank_not_joined; for faulty_machine the leading metric
+  VerdictKind kind = VerdictKind::kHealthy;
+  std::string cause;  // Name(Cause) of what this build knows, e.g. rank_not_joined
   std::vector<int32_t> root_ranks;
   std::vector<std::string> root_nodes;
   std::string group;  // empty: null
