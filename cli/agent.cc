@@ -45,7 +45,7 @@ Result<tracer::WriteHook> CrashHookFromEnv() {
 int RunAgent(const Args& args) {
   tracer::agent::AgentOptions o;
   auto hook = CrashHookFromEnv();
-  if (!hook.ok()) return Fail("agent", hook.status().ToString(), 2);
+  if (!hook.ok()) return Fail("agent", hook.status().ToString(), kExitUsage);
   o.write_hook = *hook;
   // The fault seam of `megascope launch --inject metric:...`: the node's agent samples a /proc tree
   // of its own.
@@ -92,20 +92,22 @@ int RunAgent(const Args& args) {
           args, opts, {}, &vm)) {
     return *rc;
   }
-  if (o.sample_interval_s <= 0) return Fail("agent", "--sample-interval must be positive", 2);
+  if (o.sample_interval_s <= 0)
+    return Fail("agent", "--sample-interval must be positive", kExitUsage);
   if (!(o.retain_hours >= 0))
-    return Fail("agent", "--retain-hours must be >= 0 (0: keep everything)", 2);
+    return Fail("agent", "--retain-hours must be >= 0 (0: keep everything)", kExitUsage);
   if (!(o.drain_interval_s > 0 && o.drain_interval_s <= 60))
-    return Fail("agent", "--drain-interval must be above 0 and at most 60 seconds", 2);
+    return Fail("agent", "--drain-interval must be above 0 and at most 60 seconds", kExitUsage);
   if (auto p = tracer::agent::ParseDrainPriority(drain_priority)) {
     o.drain_priority = *p;
   } else {
     return Fail("agent",
-                "--drain-priority '" + drain_priority + "': expected idle, batch or normal", 2);
+                "--drain-priority '" + drain_priority + "': expected idle, batch or normal",
+                kExitUsage);
   }
   if (!token_file.empty()) {
     auto token = tracer::ReadToken(token_file);
-    if (!token.ok()) return Fail("agent", token.status().message(), 2);
+    if (!token.ok()) return Fail("agent", token.status().message(), kExitUsage);
     o.token = *token;
   }
   auto agent = tracer::agent::Agent::Create(o);

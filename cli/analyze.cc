@@ -106,7 +106,7 @@ int RunAnalyze(const Args& args) {
     return *rc;
   }
   if (what == "slow") {
-    if (source.empty()) return Fail("analyze", "analyze slow needs a run directory", 2);
+    if (source.empty()) return Fail("analyze", "analyze slow needs a run directory", kExitUsage);
     analyzer::SlowOptions so;
     if (!steps.empty()) {
       try {
@@ -115,7 +115,7 @@ int RunAnalyze(const Args& args) {
                            ? so.first_step
                            : std::stoll(steps.substr(steps.find(':') + 1));
       } catch (const std::exception&) {
-        return Fail("analyze", "--steps must be A:B", 2);
+        return Fail("analyze", "--steps must be A:B", kExitUsage);
       }
     }
     // A run whose launch named a straggler is re-analysed as that incident decided (its window
@@ -143,7 +143,8 @@ int RunAnalyze(const Args& args) {
     }
     return 0;
   }
-  if (what != "hang") return Fail("analyze", "unknown analysis '" + what + "' (hang, slow)", 2);
+  if (what != "hang")
+    return Fail("analyze", "unknown analysis '" + what + "' (hang, slow)", kExitUsage);
   if (source.empty() + agents.empty() + pytorch.empty() != 2) {
     return Fail("analyze", "give one of: a dump or run directory, --agents URL,..., --pytorch DIR",
                 2);
@@ -156,7 +157,7 @@ int RunAnalyze(const Args& args) {
   std::string token;
   if (!token_file.empty()) {
     auto t = tracer::ReadToken(token_file);
-    if (!t.ok()) return Fail("analyze", t.status().message(), 2);
+    if (!t.ok()) return Fail("analyze", t.status().message(), kExitUsage);
     token = *t;
   }
   // PyTorch's dumps are read with PyTorch's semantics (analyzer/pytorch.h), the rest as ours.

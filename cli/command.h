@@ -1,5 +1,6 @@
 // The megascope binary's subcommands: each is a function from its arguments to an exit code
-// (0 success, 1 failure, 2 usage error), with shared option-parsing helpers.
+// (0 success, 1 failure, kExitUsage (2) a usage error: launch/exit_codes.h, where `launch`'s own
+// codes are too), with shared option-parsing helpers.
 #pragma once
 
 #include <boost/program_options.hpp>
@@ -8,7 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "megascope/launch/exit_codes.h"
+
 namespace megascope::cli {
+
+using launch::kExitUsage;
 
 namespace po = boost::program_options;
 
@@ -22,7 +27,7 @@ struct Command {
 };
 
 // Parses `args` for subcommand `name`. Returns an exit code when the caller should stop:
-// 0 after printing --help, 2 after printing a usage error.
+// 0 after printing --help, kExitUsage after printing a usage error.
 std::optional<int> ParseArgs(const char* name, const char* usage, const Args& args,
                              const po::options_description& options,
                              const po::positional_options_description& positional,

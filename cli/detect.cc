@@ -80,7 +80,8 @@ int RunDetect(const Args& args) {
       cfg.threshold <= 0) {
     return Fail(
         "detect",
-        "--window, --continuity, --weak-continuity, --tick and --threshold must be positive", 2);
+        "--window, --continuity, --weak-continuity, --tick and --threshold must be positive",
+        kExitUsage);
   }
   if (!groups.empty()) {
     auto g = ReadGroupsCsv(groups);
@@ -101,7 +102,7 @@ int RunDetect(const Args& args) {
   else if (baseline == "mahalanobis")
     det = std::make_unique<MahalanobisBaseline>();
   else
-    return Fail("detect", "--baseline must be megascope, zscore or mahalanobis", 2);
+    return Fail("detect", "--baseline must be megascope, zscore or mahalanobis", kExitUsage);
 
   auto reader = MetricsCsvReader::Open(metrics);
   if (!reader.ok()) return Fail("detect", reader.status().message());
@@ -200,14 +201,17 @@ int RunFleetSim(const Args& args) {
   if (cfg.machines < 2 || cfg.hours <= 0 || cfg.faults < 0 || cfg.stages < 1 ||
       cfg.stages > cfg.machines) {
     return Fail("fleet-sim",
-                "need --machines >= 2, --hours > 0, --faults >= 0, 1 <= --stages <= --machines", 2);
+                "need --machines >= 2, --hours > 0, --faults >= 0, 1 <= --stages <= --machines",
+                kExitUsage);
   }
   if (family != "fleet-sim" && family != "prom") {
-    return Fail("fleet-sim", "unknown --family '" + family + "' (known: fleet-sim, prom)", 2);
+    return Fail("fleet-sim", "unknown --family '" + family + "' (known: fleet-sim, prom)",
+                kExitUsage);
   }
   if (family == "fleet-sim" && cfg.faults > 0 && cfg.hours * 3600 / cfg.faults < 600) {
     return Fail("fleet-sim",
-                "at most one fault per 10 minutes fits (fleet-sim's faults never overlap)", 2);
+                "at most one fault per 10 minutes fits (fleet-sim's faults never overlap)",
+                kExitUsage);
   }
   std::stringstream ss(types);
   for (std::string t; std::getline(ss, t, ',');) {
@@ -215,7 +219,7 @@ int RunFleetSim(const Args& args) {
     if (std::find(known.begin(), known.end(), t) == known.end()) {
       std::string list;
       for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-      return Fail("fleet-sim", "unknown fault type '" + t + "' (known: " + list + ")", 2);
+      return Fail("fleet-sim", "unknown fault type '" + t + "' (known: " + list + ")", kExitUsage);
     }
     cfg.fault_types.push_back(t);
   }
@@ -238,7 +242,7 @@ int RunFleetSim(const Args& args) {
     pc.random_fault_types = cfg.fault_types;
     pc.hot_machines = std::max(1, cfg.machines / 32);
     auto made = PromFleet::Make(pc);
-    if (!made.ok()) return Fail("fleet-sim", made.status().message(), 2);
+    if (!made.ok()) return Fail("fleet-sim", made.status().message(), kExitUsage);
     auto sim = std::make_shared<PromFleet>(std::move(*made));
     machines = sim->machines();
     metrics = sim->metrics();

@@ -111,10 +111,10 @@ int RunLaunch(const Args& args) {
   c.trace = vm.count("no-trace") == 0;
   c.memory_snapshots = vm.count("no-memory-snapshots") == 0;
   co.allow_remote = vm.count("allow-remote") > 0;
-  if (spares < 0) return Fail("launch", "--spares must be >= 0", 2);
+  if (spares < 0) return Fail("launch", "--spares must be >= 0", kExitUsage);
   if (vm.count("min-free-mb")) {
     const double mb = vm["min-free-mb"].as<double>();
-    if (!(mb >= 0)) return Fail("launch", "--min-free-mb must be >= 0", 2);
+    if (!(mb >= 0)) return Fail("launch", "--min-free-mb must be >= 0", kExitUsage);
     co.min_free_bytes = static_cast<uint64_t>(mb * 1e6);
   } else {  // a checkpoint: every rank's parameters and two moments in fp32, per replica
     co.min_free_bytes = 2 * static_cast<uint64_t>(c.model.ParameterCount()) * 12 *
@@ -122,7 +122,8 @@ int RunLaunch(const Args& args) {
                         64000000;
   }
   if (co.tick_s <= 0 || co.hang_after_s <= 0 || co.max_evictions < 0) {
-    return Fail("launch", "--tick and --hang-after must be positive, --max-evictions >= 0", 2);
+    return Fail("launch", "--tick and --hang-after must be positive, --max-evictions >= 0",
+                kExitUsage);
   }
   if (co.detector_tick_s < 0 || co.straggler_every < 0 || co.policy.straggler_windows < 1 ||
       co.detector_min_peers < 2) {
@@ -134,10 +135,10 @@ int RunLaunch(const Args& args) {
   std::vector<launch::Host> hosts;
   std::string where;  // where the hosts come from, for errors
   if (vm.count("slurm") && !hosts_arg.empty())
-    return Fail("launch", "--slurm and --hosts both say where the nodes are: give one", 2);
+    return Fail("launch", "--slurm and --hosts both say where the nodes are: give one", kExitUsage);
   if (vm.count("slurm")) {
     auto alloc = launch::CurrentSlurmAllocation();
-    if (!alloc.ok()) return Fail("launch", alloc.status().message(), 2);
+    if (!alloc.ok()) return Fail("launch", alloc.status().message(), kExitUsage);
     hosts = std::move(alloc->hosts);
     where = "the Slurm allocation " + alloc->job_id + " has";
     if (vm["nodes"].defaulted()) c.nodes = std::max(1, static_cast<int>(hosts.size()) - spares);
@@ -166,11 +167,11 @@ int RunLaunch(const Args& args) {
                 2);
   }
   if (!iface.empty()) {
-    if (hosts.empty()) return Fail("launch", "--iface needs --hosts or --slurm", 2);
+    if (hosts.empty()) return Fail("launch", "--iface needs --hosts or --slurm", kExitUsage);
     for (launch::Host& h : hosts) h.bind_iface = iface;
   }
   // The layout before the nodes it names (an injection's node among them).
-  if (std::string err = c.Validate(); !err.empty()) return Fail("launch", err, 2);
+  if (std::string err = c.Validate(); !err.empty()) return Fail("launch", err, kExitUsage);
   for (int k = 0; k < c.nodes + spares; ++k) {
     const std::string name = hosts.empty() ? "node" + std::to_string(k) : hosts[k].name;
     (k < c.nodes ? co.nodes : co.spares).push_back(name);
@@ -178,7 +179,7 @@ int RunLaunch(const Args& args) {
   }
   for (const std::string& spec : injects) {
     auto in = controller::ParseInjection(spec);
-    if (!in.ok()) return Fail("launch", in.status().message(), 2);
+    if (!in.ok()) return Fail("launch", in.status().message(), kExitUsage);
     if (!in->node.empty() &&
         std::find(co.nodes.begin(), co.nodes.end(), in->node) == co.nodes.end() &&
         std::find(co.spares.begin(), co.spares.end(), in->node) == co.spares.end()) {
@@ -196,11 +197,11 @@ int RunLaunch(const Args& args) {
                   2);
     }
     if (in->rank >= c.layout.world())
-      return Fail("launch", "--inject '" + spec + "': rank outside the world", 2);
+      return Fail("launch", "--inject '" + spec + "': rank outside the world", kExitUsage);
     co.injections.push_back(*in);
   }
   if (Status st = runtime::PrepareRunDirectory(c, /*keep_progress=*/true); !st.ok())
-    return Fail("launch", st.message(), 2);
+    return Fail("launch", st.message(), kExitUsage);
   auto exe = launch::SelfExe();
   if (!exe.ok()) return Fail("launch", exe.status().message());
   co.supervisor.self_exe = *exe;

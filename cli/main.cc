@@ -85,14 +85,14 @@ std::optional<int> ParseArgs(const char* name, const char* usage, const Args& ar
         std::fprintf(
             stderr, "megascope %s: an argument is missing\nUsage: %s\nTry 'megascope %s --help'.\n",
             name, usage, name);
-        return 2;
+        return kExitUsage;
       }
     }
     std::fprintf(stderr, "megascope %s: %s\nTry 'megascope %s --help'.\n", name, e.what(), name);
-    return 2;
+    return kExitUsage;
   } catch (const po::error& e) {
     std::fprintf(stderr, "megascope %s: %s\nTry 'megascope %s --help'.\n", name, e.what(), name);
-    return 2;
+    return kExitUsage;
   }
   return std::nullopt;
 }
@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
   using namespace megascope::cli;
   if (argc < 2) {
     PrintHelp(stderr);
-    return 2;
+    return kExitUsage;
   }
   const std::string cmd = argv[1];
   if (cmd == "help" && argc > 2) {  // megascope help COMMAND: that command's --help
@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
                  "megascope: no command '%s' to help with\nRun 'megascope --help' for the list of "
                  "commands.\n",
                  argv[2]);
-    return 2;
+    return kExitUsage;
   }
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     PrintHelp(stdout);
@@ -138,5 +138,5 @@ int main(int argc, char** argv) {
   std::fprintf(
       stderr, "megascope: unknown command '%s'\nRun 'megascope --help' for the list of commands.\n",
       cmd.c_str());
-  return 2;
+  return kExitUsage;
 }

@@ -37,7 +37,8 @@ int RunQuery(const Args& args) {
     return *rc;
   }
   if (sql.empty() == question.empty())
-    return Fail("query", "give one question (steps, stragglers, waits, at TIME) or --sql", 2);
+    return Fail("query", "give one question (steps, stragglers, waits, at TIME) or --sql",
+                kExitUsage);
   auto db = analyzer::RunDatabase::Open(run_dir);
   if (!db.ok()) return Fail("query", db.status().message());
   Warn("query", (*db)->warnings());
@@ -48,7 +49,7 @@ int RunQuery(const Args& args) {
   } else if (question == "waits") {
     sql = analyzer::WaitsSql(limit);
   } else if (question == "at") {
-    if (arg.empty()) return Fail("query", "'at' needs a TIME", 2);
+    if (arg.empty()) return Fail("query", "'at' needs a TIME", kExitUsage);
     int64_t t = 0;
     try {
       if (arg[0] == '+') {
@@ -62,7 +63,8 @@ int RunQuery(const Args& args) {
       }
     } catch (const std::exception&) {
       return Fail("query",
-                  "TIME '" + arg + "' is not a number (epoch ns, epoch seconds or +seconds)", 2);
+                  "TIME '" + arg + "' is not a number (epoch ns, epoch seconds or +seconds)",
+                  kExitUsage);
     }
     sql = analyzer::AtSql(t);
   } else if (!question.empty()) {
@@ -91,7 +93,8 @@ int RunMetrics(const Args& args) {
   if (auto rc =
           ParseArgs("metrics", "megascope metrics export RUN_DIR -o M.csv", args, opts, pos, &vm))
     return *rc;
-  if (action != "export") return Fail("metrics", "unknown action '" + action + "' (export)", 2);
+  if (action != "export")
+    return Fail("metrics", "unknown action '" + action + "' (export)", kExitUsage);
   auto db = analyzer::RunDatabase::Open(run_dir);
   if (!db.ok()) return Fail("metrics", db.status().message());
   Warn("metrics", (*db)->warnings());

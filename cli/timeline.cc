@@ -29,7 +29,7 @@ int RunTimeline(const Args& args) {
     return *rc;
   }
   if (out.empty() && html.empty())
-    return Fail("timeline", "give -o out.json and/or --html out.html", 2);
+    return Fail("timeline", "give -o out.json and/or --html out.html", kExitUsage);
   analyzer::TimelineOptions o;
   if (!steps.empty()) {
     const auto colon = steps.find(':');
@@ -37,16 +37,16 @@ int RunTimeline(const Args& args) {
       o.first_step = std::stoll(steps.substr(0, colon));
       o.last_step = colon == std::string::npos ? o.first_step : std::stoll(steps.substr(colon + 1));
     } catch (const std::exception&) {
-      return Fail("timeline", "--steps must be A:B (e.g. 3:5)", 2);
+      return Fail("timeline", "--steps must be A:B (e.g. 3:5)", kExitUsage);
     }
-    if (o.last_step < o.first_step) return Fail("timeline", "--steps A:B needs A <= B", 2);
+    if (o.last_step < o.first_step) return Fail("timeline", "--steps A:B needs A <= B", kExitUsage);
   }
   std::stringstream ss(highlight);
   for (std::string r; std::getline(ss, r, ',');) {
     try {
       o.highlight_ranks.push_back(std::stoi(r));
     } catch (const std::exception&) {
-      return Fail("timeline", "--highlight takes rank numbers", 2);
+      return Fail("timeline", "--highlight takes rank numbers", kExitUsage);
     }
   }
   o.title = "megascope timeline of " + run_dir;

@@ -136,9 +136,9 @@ int RunTraceDemo(const Args& args) {
   if (auto rc = ParseArgs("trace-demo", "megascope trace-demo [options]", args, opts, {}, &vm))
     return *rc;
   if (cfg.ranks < 2 || cfg.ranks > 64 || cfg.ranks % 2 != 0) {
-    return Fail("trace-demo", "--ranks must be an even number in 2..64", 2);
+    return Fail("trace-demo", "--ranks must be an even number in 2..64", kExitUsage);
   }
-  if (cfg.steps < 1) return Fail("trace-demo", "--steps must be >= 1", 2);
+  if (cfg.steps < 1) return Fail("trace-demo", "--steps must be >= 1", kExitUsage);
   cfg.job = "trace-demo-" + std::to_string(::getpid());
   cfg.ring.job = cfg.job;
   if (cfg.dump_dir.empty()) cfg.dump_dir = std::filesystem::temp_directory_path() / cfg.job;

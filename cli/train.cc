@@ -91,7 +91,7 @@ int RunTrain(const Args& args) {
   c.agents = vm.count("no-agents") == 0;
   for (const std::string& f : faults) {
     auto parsed = runtime::ParseFault(f);
-    if (!parsed.ok()) return Fail("train", parsed.status().message(), 2);
+    if (!parsed.ok()) return Fail("train", parsed.status().message(), kExitUsage);
     c.faults.push_back(*parsed);
   }
   auto exe = launch::SelfExe();

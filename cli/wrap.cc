@@ -199,7 +199,7 @@ int RunWrap(const Args& all) {
                           "--nproc-per-node 8 train.py",
                           args, opts, {}, &vm))
     return *rc;
-  if (cmd.empty()) return Fail("wrap", "give the command to run after --", 2);
+  if (cmd.empty()) return Fail("wrap", "give the command to run after --", kExitUsage);
   job = JobName(job);
   run_dir = fs::absolute(run_dir).string();
   RunLayout layout(run_dir);

@@ -23,6 +23,7 @@
 #include "megascope/controller/fleet.h"
 #include "megascope/controller/inject.h"
 #include "megascope/controller/policy.h"
+#include "megascope/launch/exit_codes.h"
 #include "megascope/launch/state_files.h"
 #include "megascope/launch/supervisor.h"
 #include "megascope/launch/worker_fault.h"
@@ -84,14 +85,12 @@ struct ControllerOptions {
   std::function<Status(const AttemptPlan&)> write_run_json;
 };
 
-// Exit codes of Run().
-inline constexpr int kLaunchFinished = 0;
-inline constexpr int kLaunchFailed = 1;
-inline constexpr int kLaunchPaused = 3;
-// Every step ran, but records were lost (a full disk): progress lines, control.db events or the
-// launch's reports; the launch says which.
-inline constexpr int kLaunchIncomplete = 4;
-inline constexpr int kLaunchStopped = 130;
+// Exit codes of Run() (launch/exit_codes.h).
+using launch::kLaunchFailed;
+using launch::kLaunchFinished;
+using launch::kLaunchIncomplete;
+using launch::kLaunchPaused;
+using launch::kLaunchStopped;
 
 class Controller {
  public:

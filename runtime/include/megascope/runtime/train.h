@@ -1,7 +1,7 @@
-// Training: the job configuration (written to RUN_DIR/run.json), the worker (one rank: model,
-// 1F1B pipeline schedule, gradient sync, AdamW, checkpoints, tracing, faults) and the launcher
-// that starts dp*tp*pp workers on this machine grouped into simulated nodes, streams progress,
-// and stops every worker when one fails.
+// Training: the job configuration (written to RUN_DIR/run.json; src/config.cc), the worker (one
+// rank: model, 1F1B pipeline schedule, gradient sync, AdamW, checkpoints, tracing, faults;
+// src/worker.cc) and `megascope train` (src/train.cc), which starts dp*tp*pp workers on this
+// machine grouped into simulated nodes, streams progress, and stops every worker when one fails.
 #pragma once
 
 #include <map>

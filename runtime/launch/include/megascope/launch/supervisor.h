@@ -17,21 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "megascope/launch/exit_codes.h"
 #include "megascope/launch/process.h"
 #include "megascope/tracer/run_layout.h"
 #include "megascope/tracer/status.h"
 
 namespace megascope::launch {
-
-// Exit codes of a worker.
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitCommFailure = 3;  // a collective failed because a peer is gone or stuck
-inline constexpr int kExitSetup = 4;
-// The job's own input is wrong (a data file, the config, its job name held by a live process):
-// the same on any machine.
-inline constexpr int kExitJobError = 5;
-// Stopped on request (SIGTERM) after its state writes in flight finished: 128 + SIGTERM.
-inline constexpr int kExitStopped = 143;
 
 // Where a node's collectives bind (the worker's Gloo device): an address, or else the address of
 // an interface (a cluster's training network); 127.0.0.1 when neither is set.

@@ -1,6 +1,8 @@
 // `megascope train`: one attempt of a job on this machine through the process layer -- one agent
 // per simulated node, then every rank; progress streamed; a failure named (origin, not victims)
 // with its log tail after the survivors' flight recorders are collected.
+#include "megascope/runtime/train.h"
+
 #include <signal.h>
 
 #include <cstdio>
@@ -11,7 +13,6 @@
 #include "megascope/launch/progress.h"
 #include "megascope/launch/scrape_targets.h"
 #include "megascope/launch/supervisor.h"
-#include "megascope/runtime/train.h"
 #include "megascope/tracer/dump.h"
 #include "megascope/tracer/file_util.h"
 
