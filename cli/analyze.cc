@@ -147,7 +147,7 @@ int RunAnalyze(const Args& args) {
     return Fail("analyze", "unknown analysis '" + what + "' (hang, slow)", kExitUsage);
   if (source.empty() + agents.empty() + pytorch.empty() != 2) {
     return Fail("analyze", "give one of: a dump or run directory, --agents URL,..., --pytorch DIR",
-                2);
+                kExitUsage);
   }
   std::vector<std::string> urls;
   std::stringstream ss(agents);

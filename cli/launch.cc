@@ -2,14 +2,13 @@
 // stop`.
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 
 #include "command.h"
 #include "megascope/controller/controller.h"
+#include "megascope/controller/launch_plan.h"
 #include "megascope/controller/report.h"
 #include "megascope/launch/process.h"
-#include "megascope/launch/slurm.h"
 #include "megascope/tracer/dump.h"
 #include "megascope/tracer/file_util.h"
 #include "training_options.h"
@@ -130,76 +129,20 @@ int RunLaunch(const Args& args) {
     return Fail("launch",
                 "--detector-tick and --straggler-every must be >= 0 (0: off), --straggler-windows "
                 ">= 1, --detector-min-peers >= 2",
-                2);
+                kExitUsage);
   }
-  std::vector<launch::Host> hosts;
-  std::string where;  // where the hosts come from, for errors
-  if (vm.count("slurm") && !hosts_arg.empty())
-    return Fail("launch", "--slurm and --hosts both say where the nodes are: give one", kExitUsage);
-  if (vm.count("slurm")) {
-    auto alloc = launch::CurrentSlurmAllocation();
-    if (!alloc.ok()) return Fail("launch", alloc.status().message(), kExitUsage);
-    hosts = std::move(alloc->hosts);
-    where = "the Slurm allocation " + alloc->job_id + " has";
-    if (vm["nodes"].defaulted()) c.nodes = std::max(1, static_cast<int>(hosts.size()) - spares);
-  } else if (!hosts_arg.empty()) {
-    const char* bed = std::getenv("MEGASCOPE_TESTBED");
-    const std::string file =
-        hosts_arg == "testbed"
-            ? "/run/megascope-testbed/" + std::string(bed && *bed ? bed : "msh") + ".hosts"
-            : hosts_arg;
-    auto read = launch::ReadHostsFile(file);
-    if (!read.ok()) {
-      return Fail(
-          "launch",
-          read.status().message() +
-              (hosts_arg == "testbed" ? " (bring the testbed up: scripts/testbed.sh up N)" : ""),
-          2);
-    }
-    hosts = std::move(read).value();
-    where = file + " lists";
-  }
-  if (!hosts.empty() && static_cast<int>(hosts.size()) < c.nodes + spares) {
-    return Fail("launch",
-                "--nodes " + std::to_string(c.nodes) + " and --spares " + std::to_string(spares) +
-                    " need " + std::to_string(c.nodes + spares) + " hosts; " + where + " " +
-                    std::to_string(hosts.size()),
-                2);
-  }
-  if (!iface.empty()) {
-    if (hosts.empty()) return Fail("launch", "--iface needs --hosts or --slurm", kExitUsage);
-    for (launch::Host& h : hosts) h.bind_iface = iface;
-  }
+  auto hosts = controller::ResolveHosts({vm.count("slurm") > 0, hosts_arg, iface});
+  if (!hosts.ok()) return Fail("launch", hosts.status().message(), kExitUsage);
+  // Under Slurm, the job's nodes are the allocation's less the spares unless --nodes says.
+  if (vm.count("slurm") && vm["nodes"].defaulted())
+    c.nodes = std::max(1, static_cast<int>(hosts->hosts.size()) - spares);
+  if (Status st = controller::CheckHostCount(*hosts, c.nodes, spares); !st.ok())
+    return Fail("launch", st.message(), kExitUsage);
   // The layout before the nodes it names (an injection's node among them).
   if (std::string err = c.Validate(); !err.empty()) return Fail("launch", err, kExitUsage);
-  for (int k = 0; k < c.nodes + spares; ++k) {
-    const std::string name = hosts.empty() ? "node" + std::to_string(k) : hosts[k].name;
-    (k < c.nodes ? co.nodes : co.spares).push_back(name);
-    if (!hosts.empty()) co.supervisor.hosts[name] = hosts[k];
-  }
-  for (const std::string& spec : injects) {
-    auto in = controller::ParseInjection(spec);
-    if (!in.ok()) return Fail("launch", in.status().message(), kExitUsage);
-    if (!in->node.empty() &&
-        std::find(co.nodes.begin(), co.nodes.end(), in->node) == co.nodes.end() &&
-        std::find(co.spares.begin(), co.spares.end(), in->node) == co.spares.end()) {
-      return Fail("launch",
-                  "--inject '" + spec + "': no node " + in->node + " (nodes are " +
-                      co.nodes.front() + ".." +
-                      (co.spares.empty() ? co.nodes.back() : co.spares.back()) + ")",
-                  2);
-    }
-    if (in->kind == controller::FaultKind::kLink && in->link != controller::LinkFaultKind::kSlow &&
-        (!co.supervisor.hosts.count(in->node) || co.supervisor.hosts[in->node].netns.empty())) {
-      return Fail("launch",
-                  "--inject '" + spec + "': kind=" + std::string(Name(in->link)) +
-                      " needs a real link: run the nodes on hosts of their own (--hosts testbed)",
-                  2);
-    }
-    if (in->rank >= c.layout.world())
-      return Fail("launch", "--inject '" + spec + "': rank outside the world", kExitUsage);
-    co.injections.push_back(*in);
-  }
+  if (Status st = controller::PlanLaunch({c.nodes, spares, c.layout.world(), *hosts, injects}, &co);
+      !st.ok())
+    return Fail("launch", st.message(), kExitUsage);
   if (Status st = runtime::PrepareRunDirectory(c, /*keep_progress=*/true); !st.ok())
     return Fail("launch", st.message(), kExitUsage);
   auto exe = launch::SelfExe();
@@ -210,7 +153,7 @@ int RunLaunch(const Args& args) {
   co.supervisor.shm_dir = c.shm_dir;
   co.supervisor.agent_host = co.allow_remote ? "0.0.0.0" : "127.0.0.1";
   // Agents reachable from other hosts serve the job's state only with the run's token.
-  if (co.allow_remote || !hosts.empty())
+  if (co.allow_remote || !hosts->hosts.empty())
     co.supervisor.agent_token_file = RunLayout(c.run_dir).token();
   co.world = c.layout.world();
   for (int r = 0; r < co.world; ++r) co.stage_of_rank.push_back(c.layout.CoordsOf(r).pp);

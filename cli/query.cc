@@ -69,7 +69,7 @@ int RunQuery(const Args& args) {
     sql = analyzer::AtSql(t);
   } else if (!question.empty()) {
     return Fail("query", "unknown question '" + question + "' (steps, stragglers, waits, at TIME)",
-                2);
+                kExitUsage);
   }
   auto table = (*db)->Query(sql);
   if (!table.ok()) return Fail("query", table.status().message());

@@ -1,4 +1,4 @@
-// Unit tests: fault-injection specs and control.db.
+// Unit tests: fault-injection specs, the launch plan, control.db and the disk guard.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -7,6 +7,7 @@
 #include "megascope/controller/control_db.h"
 #include "megascope/controller/disk_guard.h"
 #include "megascope/controller/inject.h"
+#include "megascope/controller/launch_plan.h"
 #include "test_util.h"
 
 namespace megascope::controller {
@@ -217,6 +218,72 @@ TEST(DiskGuardTest, ReadsTheRealFreeSpace) {
   auto missing = FreeBytes("/nonexistent-dir");
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("/nonexistent-dir"), std::string::npos);
+}
+
+// --- The launch plan: nodes, hosts and injections decided before anything starts -------------
+
+TEST(LaunchPlanTest, NodesOnThisMachineAreNamedInOrderWithTheSparesAfter) {
+  ControllerOptions o;
+  ASSERT_TRUE(
+      PlanLaunch({2, 1, 4, {}, {"crash:node=node2,at=3", "slow:rank=3,at=2,factor=2"}}, &o).ok());
+  EXPECT_EQ(o.nodes, (std::vector<std::string>{"node0", "node1"}));
+  EXPECT_EQ(o.spares, std::vector<std::string>{"node2"});
+  EXPECT_TRUE(o.supervisor.hosts.empty());
+  ASSERT_EQ(o.injections.size(), 2u);
+  EXPECT_EQ(o.injections[0].node, "node2");  // a spare may be aimed at: it fails once it joins
+}
+
+TEST(LaunchPlanTest, HostsNameTheNodesAndTooFewAreRefusedSayingWhere) {
+  megascope::testing::TempDir dir;
+  const std::string file = dir.path() + "/hosts";
+  std::ofstream(file) << "# a testbed\nh0 ns0 10.0.0.1 10.1.0.1\nh1 ns1 10.0.0.2 10.1.0.2\n"
+                         "h2 - 10.0.0.3 10.1.0.3\n";
+  auto hosts = ResolveHosts({false, file, "ib0"});
+  ASSERT_TRUE(hosts.ok()) << hosts.status().ToString();
+  ASSERT_EQ(hosts->hosts.size(), 3u);
+  EXPECT_EQ(hosts->hosts[1].bind_iface, "ib0");
+  ControllerOptions o;
+  ASSERT_TRUE(PlanLaunch({2, 1, 4, *hosts, {"link:node=h1,kind=down,at=3"}}, &o).ok());
+  EXPECT_EQ(o.nodes, (std::vector<std::string>{"h0", "h1"}));
+  EXPECT_EQ(o.spares, std::vector<std::string>{"h2"});
+  EXPECT_EQ(o.supervisor.hosts.at("h1").netns, "ns1");
+  ControllerOptions too_many;
+  Status st = PlanLaunch({3, 1, 6, *hosts, {}}, &too_many);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(), "--nodes 3 and --spares 1 need 4 hosts; " + file + " lists 3");
+}
+
+TEST(LaunchPlanTest, WhatCannotBeCarriedOutIsRefusedNamingTheFlag) {
+  struct Case {
+    HostSource source;
+    std::vector<std::string> injections;
+    std::string says;
+  };
+  megascope::testing::TempDir dir;
+  const std::string file = dir.path() + "/hosts";
+  std::ofstream(file) << "h0 - 10.0.0.1 10.1.0.1\nh1 - 10.0.0.2 10.1.0.2\n";
+  const Case cases[] = {
+      {{true, "hosts.txt", ""}, {}, "--slurm and --hosts both say where the nodes are"},
+      {{false, "", "eth0"}, {}, "--iface needs --hosts or --slurm"},
+      {{false, dir.path() + "/none", ""}, {}, "cannot read the hosts file"},
+      {{}, {"crash:node=node9,at=2"}, "no node node9 (nodes are node0..node1)"},
+      {{}, {"crash:rank=7,at=2"}, "rank outside the world"},
+      {{}, {"link:node=node1,kind=loss,loss=30,at=2"}, "needs a real link"},
+      {{false, file, ""}, {"link:node=h1,kind=down,at=2"}, "needs a real link"},  // no namespace
+      {{}, {"melt:node=node0"}, "unknown kind 'melt'"},
+  };
+  for (const Case& c : cases) {
+    auto hosts = ResolveHosts(c.source);
+    Status st = hosts.status();
+    if (hosts.ok()) {
+      ControllerOptions o;
+      st = PlanLaunch({2, 0, 4, *hosts, c.injections}, &o);
+    }
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << c.says;
+    EXPECT_NE(st.message().find(c.says), std::string::npos) << st.message();
+  }
+  ControllerOptions o;  // a slow link needs no real one: the link seam slows it
+  EXPECT_TRUE(PlanLaunch({2, 0, 4, {}, {"link:node=node1,kind=slow,rate=5,at=2"}}, &o).ok());
 }
 
 }  // namespace
