@@ -91,18 +91,51 @@ int StoredSteps::RanksThrough(int attempt, int64_t step) const {
   return static_cast<int>(ranks.size());
 }
 
-Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
-  SlowReport rep;
-  const std::string range =
-      "step >= " + std::to_string(o.first_step) + " AND step <= " + std::to_string(o.last_step);
-  const std::string of_attempt =
-      o.attempt >= 0 ? " AND attempt = " + std::to_string(o.attempt) : "";
+namespace {
+
+// The window an analysis reads, loaded once (LoadWindow: every SQL statement of the analysis); the
+// phases after it only compute over it and add their verdicts to the report.
+struct Window {
   struct RankMeta {
     std::string node;
     int dp = 0, pp = 0, tp = 0;
     int64_t offset = 0;
   };
+  // Indexed with operator[] by the phases: a rank with spans but no row in `ranks` reads as
+  // coordinates 0 on node "".
   std::map<int, RankMeta> meta;
+  // Per rank and step: compute (without nested collectives), comm, wall. A step is (attempt,
+  // step): a step run again after a restart is another step.
+  using StepKey = std::pair<int64_t, int64_t>;
+  std::map<StepKey, std::map<int, double>> compute;  // step -> rank -> s
+  std::map<StepKey, double> wall, busy;  // step -> max wall; summed per-rank accounted time
+  std::map<StepKey, int> ranks_in_step;
+  struct Op {
+    std::string grp;
+    int64_t seq;
+    int64_t enqueued, completed, bytes;
+    bool p2p;
+  };
+  std::map<int, std::vector<Op>> ops_of;  // rank -> its ops in the window
+};
+
+std::string StepRange(const SlowOptions& o) {
+  return "step >= " + std::to_string(o.first_step) + " AND step <= " + std::to_string(o.last_step);
+}
+std::string OfAttempt(const SlowOptions& o) {
+  return o.attempt >= 0 ? " AND attempt = " + std::to_string(o.attempt) : "";
+}
+
+// The ranks' coordinates and every rank's compute, wall and accounted time per step of the window.
+Status LoadSteps(RunDatabase& db, const SlowOptions& o, Window* win) {
+  Window& w = *win;
+  const std::string range = StepRange(o), of_attempt = OfAttempt(o);
+  auto& meta = w.meta;
+  auto& compute = w.compute;
+  auto& wall = w.wall;
+  auto& busy = w.busy;
+  auto& ranks_in_step = w.ranks_in_step;
+  using StepKey = Window::StepKey;
   RETURN_IF_ERROR(db.Scan(
       "SELECT rank, node, dp, pp, tp, MAX(clock_offset_ns) FROM ranks" +
           (o.attempt >= 0 ? " WHERE attempt = " + std::to_string(o.attempt) : std::string()) +
@@ -112,12 +145,6 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
                                             static_cast<int>(r.Int(3)), static_cast<int>(r.Int(4)),
                                             r.Int(5)};
       }));
-  // Per rank and step: compute (without nested collectives), comm, wall.
-  // A step is (attempt, step): a step run again after a restart is another step.
-  using StepKey = std::pair<int64_t, int64_t>;
-  std::map<StepKey, std::map<int, double>> compute;  // step -> rank -> s
-  std::map<StepKey, double> wall, busy;  // step -> max wall; summed per-rank accounted time
-  std::map<StepKey, int> ranks_in_step;
   // Only the window's spans are read (the CTE would otherwise group every span of the run).
   std::string cte = PerRankStepCte();
   for (size_t at = 0; (at = cte.find("FROM spans", at)) != std::string::npos;) {
@@ -134,9 +161,40 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     busy[step] += (r.Double(3) + r.Double(4) + r.Double(5)) / 1e9;
     ++ranks_in_step[step];
   }));
-  rep.steps = static_cast<int64_t>(compute.size());
-  if (rep.steps == 0)
-    return NotFound("no spans in steps " + std::to_string(o.first_step) + ".. of this run");
+  return Status::Ok();
+}
+
+// Every rank's ops enqueued while the window's steps ran.
+Status LoadOps(RunDatabase& db, const SlowOptions& o, Window* w) {
+  const std::string range = StepRange(o), of_attempt = OfAttempt(o);
+  auto& ops_of = w->ops_of;
+  // Only the window's ops: those enqueued while its steps ran (a collective's `step` is the step it
+  // completed in: an asynchronous send issued in one step may complete in the next).
+  int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
+  RETURN_IF_ERROR(
+      db.Scan("SELECT MIN(start_ns), MAX(end_ns) FROM spans WHERE " + range + of_attempt,
+              [&](const RunDatabase::Row& r) {
+                if (r.Int(1) == 0) return;  // a node without spans in the window
+                lo = std::min(lo, r.Int(0));
+                hi = std::max(hi, r.Int(1));
+              }));
+  RETURN_IF_ERROR(db.Scan(
+      "SELECT grp, seq, rank, enqueued_ns, completed_ns, op IN ('send', 'recv'), bytes FROM "
+      "collectives WHERE enqueued_ns BETWEEN " +
+          std::to_string(lo) + " AND " + std::to_string(hi) + of_attempt,
+      [&](const RunDatabase::Row& r) {
+        ops_of[static_cast<int>(r.Int(2))].push_back(
+            {std::string(r.Text(0)), r.Int(1), r.Int(3), r.Int(4), r.Int(6), r.Int(5) != 0});
+      }));
+  return Status::Ok();
+}
+
+// The window's steps, their mean time and the pipeline bubble's share.
+void Summarize(Window& win, SlowReport* out) {
+  SlowReport& rep = *out;
+  auto& wall = win.wall;
+  auto& busy = win.busy;
+  auto& ranks_in_step = win.ranks_in_step;
   double step_sum = 0, bubble_sum = 0;
   for (const auto& [step, w] : wall) {
     step_sum += w;
@@ -145,7 +203,12 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
   }
   rep.mean_step_s = step_sum / static_cast<double>(rep.steps);
   rep.bubble_share = bubble_sum / static_cast<double>(rep.steps);
+}
 
+void FindComputeStragglers(Window& w, const SlowOptions& o, SlowReport* out) {
+  SlowReport& rep = *out;
+  auto& meta = w.meta;
+  auto& compute = w.compute;
   // 1. Compute stragglers: against the median of the peers at the same (pp, tp).
   std::map<int, int> slow_steps;
   std::map<int, double> extra;  // rank -> summed seconds above its peers' median
@@ -184,6 +247,12 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     v.evidence = {"cost_s_per_step=" + Fmt("%.4f", cost), "slow_steps=" + std::to_string(n)};
     rep.verdicts.push_back(std::move(v));
   }
+}
+
+void FindStageImbalance(Window& w, const SlowOptions& o, SlowReport* out) {
+  SlowReport& rep = *out;
+  auto& meta = w.meta;
+  auto& compute = w.compute;
   // 1b. Stage imbalance: a stage whose ranks all compute longer than the other stages' (per step,
   // medians; in a persistent share of the steps). The pipeline runs at its slowest stage's pace.
   std::map<int, int> stage_slow_steps;
@@ -234,37 +303,19 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     v.evidence = {"cost_s_per_step=" + Fmt("%.4f", cost), "slow_steps=" + std::to_string(n)};
     rep.verdicts.push_back(std::move(v));
   }
+}
+
+void FindCommStragglers(Window& w, const SlowOptions& o, SlowReport* out) {
+  SlowReport& rep = *out;
+  auto& meta = w.meta;
+  auto& ops_of = w.ops_of;
+  using Op = Window::Op;
   // 2. Communication stragglers: at every collective, the last rank to arrive makes the others
   // wait -- for the part of its lateness it caused itself. A rank that left the previous op late
   // (a ring's last receiver does, every time) and then worked as long as its peers arrives late
   // without being slow: lateness is measured on the gap since each rank's own previous op.
   std::map<int, double> blame;  // rank -> seconds others waited for it
   std::map<int, int64_t> last_count;
-  struct Op {
-    std::string grp;
-    int64_t seq;
-    int64_t enqueued, completed, bytes;
-    bool p2p;
-  };
-  std::map<int, std::vector<Op>> ops_of;  // rank -> its ops in the window
-  // Only the window's ops: those enqueued while its steps ran (a collective's `step` is the step it
-  // completed in: an asynchronous send issued in one step may complete in the next).
-  int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
-  RETURN_IF_ERROR(
-      db.Scan("SELECT MIN(start_ns), MAX(end_ns) FROM spans WHERE " + range + of_attempt,
-              [&](const RunDatabase::Row& r) {
-                if (r.Int(1) == 0) return;  // a node without spans in the window
-                lo = std::min(lo, r.Int(0));
-                hi = std::max(hi, r.Int(1));
-              }));
-  RETURN_IF_ERROR(db.Scan(
-      "SELECT grp, seq, rank, enqueued_ns, completed_ns, op IN ('send', 'recv'), bytes FROM "
-      "collectives WHERE enqueued_ns BETWEEN " +
-          std::to_string(lo) + " AND " + std::to_string(hi) + of_attempt,
-      [&](const RunDatabase::Row& r) {
-        ops_of[static_cast<int>(r.Int(2))].push_back(
-            {std::string(r.Text(0)), r.Int(1), r.Int(3), r.Int(4), r.Int(6), r.Int(5) != 0});
-      }));
   struct Arrival {
     int rank;
     int64_t t;    // arrival, on the common clock
@@ -319,68 +370,77 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     v.evidence = {"cost_s_per_step=" + Fmt("%.4f", cost)};
     rep.verdicts.push_back(std::move(v));
   }
-  // 3. Slow links: once every member of a collective has arrived, it takes about as long as the
-  // same collective of the other groups of its kind -- unless it crosses a slow link. A link short
-  // of bandwidth stretches a large transfer many times over and a few bytes hardly at all, so
-  // collectives are compared within a size class of their kind (sizes within 2x of the class's
-  // smallest): each group's collectives are timed from their last arrival to their last
-  // completion, and a group whose median in a class is well above the fastest group of that class
-  // is slow. The host common to every slow group is the suspect (when two hosts are, the link
-  // between them: their self-checks decide).
-  struct GroupTiming {
-    std::vector<double> transfer;  // s, per collective
-    std::set<std::string> hosts;
-  };
+}
+
+// 3. Slow links (FindSlowLinks): each group's collectives of the window, timed from their last
+// arrival to their last completion, by size class of their kind.
+struct GroupTiming {
+  std::vector<double> transfer;  // s, per collective
+  std::set<std::string> hosts;
+};
+using SizeClass = std::pair<std::string, int64_t>;  // kind, smallest size of the class
+using GroupTimings = std::map<SizeClass, std::map<std::string, GroupTiming>>;  // -> group -> ...
+
+GroupTimings TimeGroups(Window& w) {
+  auto& meta = w.meta;
+  auto& ops_of = w.ops_of;
+  using Op = Window::Op;
   auto kind_of = [](const std::string& grp) { return grp.substr(0, grp.find('.')); };
-  using SizeClass = std::pair<std::string, int64_t>;  // kind, smallest size of the class
-  std::map<SizeClass, std::map<std::string, GroupTiming>> timing;  // -> group -> its collectives
-  {
-    struct Span {
-      int64_t arrive = std::numeric_limits<int64_t>::min();
-      int64_t done = std::numeric_limits<int64_t>::min();
-      int64_t bytes = 0;
-      int members = 0;
-    };
-    std::map<std::pair<std::string, int64_t>, Span> spans;
-    std::map<std::string, std::set<int64_t>> sizes;      // kind -> sizes seen
-    std::map<std::string, std::set<std::string>> hosts;  // group -> its members' hosts
-    for (const auto& [rank, ops] : ops_of) {
-      for (const Op& op : ops) {
-        if (op.p2p || op.completed <= 0) continue;
-        Span& sp = spans[{op.grp, op.seq}];
-        sp.arrive = std::max(sp.arrive, op.enqueued - meta[rank].offset);
-        sp.done = std::max(sp.done, op.completed - meta[rank].offset);
-        sp.bytes = std::max(sp.bytes, op.bytes);
-        ++sp.members;
-        hosts[op.grp].insert(meta[rank].node);
-      }
-    }
-    for (const auto& [key, sp] : spans) sizes[kind_of(key.first)].insert(sp.bytes);
-    std::map<SizeClass, int64_t> class_of;  // (kind, size) -> smallest size of its class
-    for (const auto& [kind, of_kind] : sizes) {
-      int64_t smallest = -1;
-      for (int64_t b : of_kind) {
-        if (smallest < 0 || b > 2 * smallest) smallest = b;
-        class_of[{kind, b}] = smallest;
-      }
-    }
-    for (const auto& [key, sp] : spans) {
-      const std::string kind = kind_of(key.first);
-      GroupTiming& t = timing[{kind, class_of[{kind, sp.bytes}]}][key.first];
-      if (t.hosts.empty()) t.hosts = hosts[key.first];  // the same in every class
-      if (sp.members >= 2)
-        t.transfer.push_back(static_cast<double>(std::max<int64_t>(0, sp.done - sp.arrive)) / 1e9);
+  GroupTimings timing;
+  struct Span {
+    int64_t arrive = std::numeric_limits<int64_t>::min();
+    int64_t done = std::numeric_limits<int64_t>::min();
+    int64_t bytes = 0;
+    int members = 0;
+  };
+  std::map<std::pair<std::string, int64_t>, Span> spans;
+  std::map<std::string, std::set<int64_t>> sizes;      // kind -> sizes seen
+  std::map<std::string, std::set<std::string>> hosts;  // group -> its members' hosts
+  for (const auto& [rank, ops] : ops_of) {
+    for (const Op& op : ops) {
+      if (op.p2p || op.completed <= 0) continue;
+      Span& sp = spans[{op.grp, op.seq}];
+      sp.arrive = std::max(sp.arrive, op.enqueued - meta[rank].offset);
+      sp.done = std::max(sp.done, op.completed - meta[rank].offset);
+      sp.bytes = std::max(sp.bytes, op.bytes);
+      ++sp.members;
+      hosts[op.grp].insert(meta[rank].node);
     }
   }
-  struct SlowGroup {
-    std::string name;
-    const GroupTiming* timing = nullptr;
-    double ratio = 0, cost = 0;  // the largest ratio over its classes; the cost summed
-  };
-  std::map<std::string, SlowGroup> slow_by_group;
+  for (const auto& [key, sp] : spans) sizes[kind_of(key.first)].insert(sp.bytes);
+  std::map<SizeClass, int64_t> class_of;  // (kind, size) -> smallest size of its class
+  for (const auto& [kind, of_kind] : sizes) {
+    int64_t smallest = -1;
+    for (int64_t b : of_kind) {
+      if (smallest < 0 || b > 2 * smallest) smallest = b;
+      class_of[{kind, b}] = smallest;
+    }
+  }
+  for (const auto& [key, sp] : spans) {
+    const std::string kind = kind_of(key.first);
+    GroupTiming& t = timing[{kind, class_of[{kind, sp.bytes}]}][key.first];
+    if (t.hosts.empty()) t.hosts = hosts[key.first];  // the same in every class
+    if (sp.members >= 2)
+      t.transfer.push_back(static_cast<double>(std::max<int64_t>(0, sp.done - sp.arrive)) / 1e9);
+  }
+  return timing;
+}
+
+struct SlowGroup {
+  std::string name;
+  const GroupTiming* timing = nullptr;
+  double ratio = 0, cost = 0;  // the largest ratio over its classes; the cost summed
+};
+
+// In every size class with two groups or more across hosts: the groups well above the fastest
+// (`slow`), and those that are not (`fast_groups`) in a class where another group is slow.
+void ClassifyGroups(const GroupTimings& timing, const SlowOptions& o, int64_t steps,
+                    std::map<std::string, SlowGroup>* slow,
+                    std::vector<const GroupTiming*>* fast_groups) {
+  std::map<std::string, SlowGroup>& slow_by_group = *slow;
   // Cross-host groups that are not slow in a class where another group is. (Where no group of a
   // class is slow, the link does not slow collectives of that size: it tells nothing.)
-  std::vector<const GroupTiming*> fast;
+  std::vector<const GroupTiming*>& fast = *fast_groups;
   for (const auto& [size_class, groups] : timing) {
     double fastest = std::numeric_limits<double>::max();
     int crossing = 0;
@@ -396,7 +456,7 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
       if (t.hosts.size() < 2 || t.transfer.empty()) continue;
       const double med = Median(t.transfer);
       const double cost =
-          (med - fastest) * static_cast<double>(t.transfer.size()) / static_cast<double>(rep.steps);
+          (med - fastest) * static_cast<double>(t.transfer.size()) / static_cast<double>(steps);
       if (med < o.link_ratio * fastest) {
         fast_here.push_back(&t);
       } else if (cost >= o.min_cost_s) {  // below: slower, but by too little to tell from jitter
@@ -410,6 +470,23 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     }
     if (any_slow) fast.insert(fast.end(), fast_here.begin(), fast_here.end());
   }
+}
+
+void FindSlowLinks(Window& w, const SlowOptions& o, SlowReport* out) {
+  SlowReport& rep = *out;
+  auto& meta = w.meta;
+  // 3. Slow links: once every member of a collective has arrived, it takes about as long as the
+  // same collective of the other groups of its kind -- unless it crosses a slow link. A link short
+  // of bandwidth stretches a large transfer many times over and a few bytes hardly at all, so
+  // collectives are compared within a size class of their kind (sizes within 2x of the class's
+  // smallest): each group's collectives are timed from their last arrival to their last
+  // completion, and a group whose median in a class is well above the fastest group of that class
+  // is slow. The host common to every slow group is the suspect (when two hosts are, the link
+  // between them: their self-checks decide).
+  const GroupTimings timing = TimeGroups(w);
+  std::map<std::string, SlowGroup> slow_by_group;
+  std::vector<const GroupTiming*> fast;
+  ClassifyGroups(timing, o, rep.steps, &slow_by_group, &fast);
   std::vector<SlowGroup> slower;
   slower.reserve(slow_by_group.size());
   for (const auto& [grp, g] : slow_by_group) slower.push_back(g);
@@ -472,6 +549,12 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     v.evidence = {"cost_s_per_step=" + Fmt("%.4f", link_cost), "slow_groups=" + groups};
     rep.verdicts.push_back(std::move(v));
   }
+}
+
+// The verdicts in order of cost (a healthy one when there is none), each with the thresholds that
+// decided it.
+void Conclude(const SlowOptions& o, SlowReport* out) {
+  SlowReport& rep = *out;
   std::sort(rep.verdicts.begin(), rep.verdicts.end(),
             [](const Verdict& a, const Verdict& b) { return a.evidence[0] > b.evidence[0]; });
   if (rep.verdicts.empty()) {
@@ -512,6 +595,24 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
     v.evidence.push_back(rep.thresholds);
     v.thresholds = numbers;
   }
+}
+
+}  // namespace
+
+Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
+  Window w;
+  RETURN_IF_ERROR(LoadSteps(db, o, &w));
+  SlowReport rep;
+  rep.steps = static_cast<int64_t>(w.compute.size());
+  if (rep.steps == 0)
+    return NotFound("no spans in steps " + std::to_string(o.first_step) + ".. of this run");
+  RETURN_IF_ERROR(LoadOps(db, o, &w));
+  Summarize(w, &rep);
+  FindComputeStragglers(w, o, &rep);  // 1.
+  FindStageImbalance(w, o, &rep);     // 1b.
+  FindCommStragglers(w, o, &rep);     // 2.
+  FindSlowLinks(w, o, &rep);          // 3.
+  Conclude(o, &rep);
   return rep;
 }
 
