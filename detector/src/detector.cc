@@ -379,6 +379,26 @@ struct Detector::Impl {
 
   Verdict MakeVerdict(int m, const Rolling& window, const Frame& f, const Registry& reg) const;
 
+  // One frame, in phases over the detector's state (OnFrame is the driver): its cells stored,
+  // every metric scored within every peer group, silences noted, then each machine's evidence held
+  // against the continuity windows.
+  void Ingest(const Frame& f);
+  // Metric k's denoised value on every machine this tick (NaN where too few are valid).
+  void Denoise(int k, int64_t now, std::vector<double>* denoised);
+  // The machines of group g that stand out on metric k (hits), their scores, and the offsets that
+  // each machine's usual place teaches.
+  void ScoreGroup(int k, int g, int64_t now, std::vector<double>& denoised,
+                  std::vector<std::vector<Hit>>* hits, std::vector<double>* scores);
+  // Machine m on metric k, `offset` from its group's median (`scale` its spread, `thr` the metric's
+  // threshold, `lone` whether it stands out alone): warm-up, a hit, or its usual place learned.
+  void Judge(int k, int m, int64_t now, double offset, double scale, double thr, bool lone,
+             std::vector<Hit>* hits, double* score);
+  // Machines that stopped reporting metric k (k < 0: anything) while their peers still do.
+  void NoteSilences(int k, int64_t now, std::vector<std::vector<Hit>>* hits);
+  // Each machine's hits against the continuity windows: a verdict when it stands out long enough.
+  void Conclude(int64_t now, const std::vector<std::vector<Hit>>& hits, const Frame& f,
+                const Registry& reg, std::vector<Verdict>* out);
+
   // Whether a majority of `group` reported `metric` (or anything, metric < 0) within 2 ticks.
   bool PeersActive(int group, int metric, int64_t now) const {
     int active = 0, total = 0;
@@ -406,147 +426,155 @@ bool Detector::SetPeerGroup(const std::string& machine, const std::string& group
   return true;
 }
 
-void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>* out) {
-  Impl& d = *impl_;
-  const DetectorConfig& cfg = d.cfg;
-  d.Grow(reg);
+void Detector::Impl::Ingest(const Frame& f) {
   const int64_t now = f.tick;
-  const int nmach = static_cast<int>(d.machines.size());
   for (const Frame::Cell& c : f.cells) {
-    Impl::Series& s = d.series[c.metric][c.machine];
+    Series& s = series[c.metric][c.machine];
     const size_t slot = Slot(now, cfg.denoise_window);
     s.values[slot] = c.value;
     s.ticks[slot] = now;
     s.last_tick = now;
-    Impl::MachineState& m = d.machines[c.machine];
+    MachineState& m = machines[c.machine];
     if (m.first_tick == kNever) m.first_tick = now;
     m.last_tick = now;
   }
+}
 
-  // Per tick: which machines stand out, and why.
-  std::vector<std::vector<Impl::Hit>> hits(nmach);
-  last_scores_.assign(nmach, 0);
+void Detector::Impl::Denoise(int k, int64_t now, std::vector<double>* denoised) {
   const int min_valid = std::max(1, cfg.denoise_window / 2);
-  const int ngroups = static_cast<int>(d.group_ids.size());
-  std::vector<double> denoised(nmach);
-  for (int k = 0; k < static_cast<int>(d.series.size()); ++k) {
-    for (int m = 0; m < nmach; ++m)
-      denoised[m] = d.series[k][m].Denoised(now, min_valid, d.scratch);
-    for (int g = 0; g < ngroups; ++g) {
-      d.members.clear();
-      d.vals.clear();
-      for (int m = 0; m < nmach; ++m) {
-        if (d.machines[m].group == g && std::isfinite(denoised[m])) {
-          denoised[m] -= d.series[k][m].bias;
-          d.members.push_back(m);
-          d.vals.push_back(denoised[m]);
-        }
-      }
-      const int n = static_cast<int>(d.members.size());
-      if (n < cfg.min_peers) continue;
-      const double med = MedianInPlace(d.vals);
-      for (int i = 0; i < n; ++i) d.vals[i] = std::fabs(denoised[d.members[i]] - med);
-      const double spread = 1.4826 * MedianInPlace(d.vals);
-      // The spread never counts as much below what the peers usually show: while the whole job is
-      // idle, stalled or loading every machine looks alike, and a near-zero spread would turn noise
-      // into huge z-scores. The usual spread learns fast from normal ticks and only slowly from
-      // collapsed ones; the usual level keeps the relative floor while the median sits near zero.
-      double& typical = d.spread_ewma[k];
-      if (typical == 0) {
-        typical = spread;
-      } else {
-        typical += (spread - typical) / (spread >= 0.5 * typical ? 600.0 : 7200.0);
-      }
-      double& level = d.level_ewma[k];
-      level += (std::fabs(med) - level) / (level == 0 ? 1.0 : 600.0);
-      const double scale =
-          std::max({spread, cfg.spread_floor * typical,
-                    cfg.relative_floor * std::max(std::fabs(med), 0.5 * level), 1e-6});
-      // An outlier is a machine off its peers and alone there: when at least `min_peers` machines
-      // sit together off the median (another GPU generation, a pipeline stage with a lighter load),
-      // they are a sub-population doing other work, not a fault.
-      const double thr = d.thresholds[k];
-      auto alone = [&](const std::vector<double>& sorted, double x) {
-        const double tol = thr * scale;
-        const auto lo = std::lower_bound(sorted.begin(), sorted.end(), x - tol);
-        const auto hi = std::upper_bound(sorted.begin(), sorted.end(), x + tol);
-        return hi - lo < cfg.min_peers;
-      };
-      d.sorted.clear();
-      for (int m : d.members) d.sorted.push_back(denoised[m]);
-      std::sort(d.sorted.begin(), d.sorted.end());
-      int outliers = 0;
-      d.lone.assign(nmach, 0);
-      for (int m : d.members) {
-        if (std::fabs(denoised[m] - med) / scale > thr && alone(d.sorted, denoised[m])) {
-          d.lone[m] = 1;
-          ++outliers;
-        }
-      }
-      if (outliers > std::max(1.0, cfg.job_wide_fraction * n)) continue;  // the job moved
-      for (int m : d.members) {
-        const double z = (denoised[m] - med) / scale;
-        Impl::Series& s = d.series[k][m];
-        if (s.learned < cfg.warmup_ticks) {
-          // A machine's first ticks on a metric only teach its usual offset: the median of its
-          // deviations, so a transient (one XID event) does not become its baseline. A machine
-          // that differs in level from the start (another GPU generation, the only machine of its
-          // pipeline stage) is healthy character as far as its levels can tell; but errors while
-          // its peers have none are never anyone's character: a machine faulty from its first
-          // sample is named by them.
-          s.warm.push_back(denoised[m] - med);
-          if (++s.learned == cfg.warmup_ticks) {
-            const double bias = MedianInPlace(s.warm);
-            std::vector<double>().swap(s.warm);
-            const bool errors_alone =
-                d.family[k] == MetricFamily::kErrors && std::fabs(bias) / scale > thr;
-            s.bias = errors_alone ? 0 : bias;
-          }
-          continue;
-        }
-        last_scores_[m] = std::max(last_scores_[m], std::fabs(z));
-        if (d.lone[m]) {
-          hits[m].push_back({k, z, false});
-          if (s.last_hit != now - 1) {  // a new burst
-            s.prev_burst = s.last_burst;
-            s.last_burst = now;
-          }
-          s.last_hit = now;
-          s.last_z = z;
-        } else if (d.family[k] == MetricFamily::kErrors &&
-                   now - s.last_hit <= cfg.error_memory_ticks &&
-                   s.last_burst - s.prev_burst <= cfg.continuity) {
-          // Errors that repeat with quiet seconds between (a flapping link, ECC corrections) stay
-          // evidence through the quiet seconds; a single burst never does.
-          hits[m].push_back({k, s.last_z, false});
-        } else if (d.family[k] != MetricFamily::kErrors) {  // errors are never anyone's usual place
-          // Not alone: wherever it sits is its usual place among its peers, so its offset follows
-          // it. Offsets are thus learned in every regime: an older GPU generation runs cooler
-          // under load but idles like everyone, and all of its machines move together when the
-          // job changes regime (a sub-population, never alone). A machine that moves by itself --
-          // a throttled GPU landing on the older generation's levels -- is alone against its own
-          // usual place, and does not learn while it is.
-          s.bias += (denoised[m] - med) / cfg.bias_ticks;
-        }
-      }
-    }
-    // A machine that stopped reporting this metric while its peers still do.
-    for (int m = 0; m < nmach; ++m) {
-      const int64_t last = d.series[k][m].last_tick;
-      if (last == kNever || now - last < cfg.silence_ticks || now - last > cfg.forget_ticks)
-        continue;
-      if (d.machines[m].last_tick < now - cfg.silence_ticks) continue;  // whole machine silent
-      if (d.PeersActive(d.machines[m].group, k, now)) hits[m].push_back({k, 0, true});
-    }
-  }
-  for (int m = 0; m < nmach; ++m) {
-    const Impl::MachineState& s = d.machines[m];
-    if (s.last_tick == kNever || now - s.last_tick < cfg.silence_ticks ||
-        now - s.last_tick > cfg.forget_ticks)
-      continue;
-    if (d.PeersActive(s.group, -1, now)) hits[m].push_back({-1, 0, true});
-  }
+  for (size_t m = 0; m < machines.size(); ++m)
+    (*denoised)[m] = series[k][m].Denoised(now, min_valid, scratch);
+}
 
+void Detector::Impl::ScoreGroup(int k, int g, int64_t now, std::vector<double>& denoised,
+                                std::vector<std::vector<Hit>>* hits_out,
+                                std::vector<double>* scores) {
+  const int nmach = static_cast<int>(machines.size());
+  std::vector<std::vector<Hit>>& hits = *hits_out;
+  std::vector<double>& last_scores = *scores;
+  members.clear();
+  vals.clear();
+  for (int m = 0; m < nmach; ++m) {
+    if (machines[m].group == g && std::isfinite(denoised[m])) {
+      denoised[m] -= series[k][m].bias;
+      members.push_back(m);
+      vals.push_back(denoised[m]);
+    }
+  }
+  const int n = static_cast<int>(members.size());
+  if (n < cfg.min_peers) return;
+  const double med = MedianInPlace(vals);
+  for (int i = 0; i < n; ++i) vals[i] = std::fabs(denoised[members[i]] - med);
+  const double spread = 1.4826 * MedianInPlace(vals);
+  // The spread never counts as much below what the peers usually show: while the whole job is
+  // idle, stalled or loading every machine looks alike, and a near-zero spread would turn noise
+  // into huge z-scores. The usual spread learns fast from normal ticks and only slowly from
+  // collapsed ones; the usual level keeps the relative floor while the median sits near zero.
+  double& typical = spread_ewma[k];
+  if (typical == 0) {
+    typical = spread;
+  } else {
+    typical += (spread - typical) / (spread >= 0.5 * typical ? 600.0 : 7200.0);
+  }
+  double& level = level_ewma[k];
+  level += (std::fabs(med) - level) / (level == 0 ? 1.0 : 600.0);
+  const double scale = std::max({spread, cfg.spread_floor * typical,
+                                 cfg.relative_floor * std::max(std::fabs(med), 0.5 * level), 1e-6});
+  // An outlier is a machine off its peers and alone there: when at least `min_peers` machines
+  // sit together off the median (another GPU generation, a pipeline stage with a lighter load),
+  // they are a sub-population doing other work, not a fault.
+  const double thr = thresholds[k];
+  auto alone = [&](const std::vector<double>& sorted, double x) {
+    const double tol = thr * scale;
+    const auto lo = std::lower_bound(sorted.begin(), sorted.end(), x - tol);
+    const auto hi = std::upper_bound(sorted.begin(), sorted.end(), x + tol);
+    return hi - lo < cfg.min_peers;
+  };
+  sorted.clear();
+  for (int m : members) sorted.push_back(denoised[m]);
+  std::sort(sorted.begin(), sorted.end());
+  int outliers = 0;
+  lone.assign(nmach, 0);
+  for (int m : members) {
+    if (std::fabs(denoised[m] - med) / scale > thr && alone(sorted, denoised[m])) {
+      lone[m] = 1;
+      ++outliers;
+    }
+  }
+  if (outliers > std::max(1.0, cfg.job_wide_fraction * n)) return;  // the job moved
+  for (int m : members)
+    Judge(k, m, now, denoised[m] - med, scale, thr, lone[m] != 0, &hits[m], &last_scores[m]);
+}
+
+void Detector::Impl::Judge(int k, int m, int64_t now, double offset, double scale, double thr,
+                           bool lone, std::vector<Hit>* hits, double* score) {
+  const double z = offset / scale;
+  Series& s = series[k][m];
+  if (s.learned < cfg.warmup_ticks) {
+    // A machine's first ticks on a metric only teach its usual offset: the median of its
+    // deviations, so a transient (one XID event) does not become its baseline. A machine
+    // that differs in level from the start (another GPU generation, the only machine of its
+    // pipeline stage) is healthy character as far as its levels can tell; but errors while
+    // its peers have none are never anyone's character: a machine faulty from its first
+    // sample is named by them.
+    s.warm.push_back(offset);
+    if (++s.learned == cfg.warmup_ticks) {
+      const double bias = MedianInPlace(s.warm);
+      std::vector<double>().swap(s.warm);
+      const bool errors_alone = family[k] == MetricFamily::kErrors && std::fabs(bias) / scale > thr;
+      s.bias = errors_alone ? 0 : bias;
+    }
+    return;
+  }
+  *score = std::max(*score, std::fabs(z));
+  if (lone) {
+    hits->push_back({k, z, false});
+    if (s.last_hit != now - 1) {  // a new burst
+      s.prev_burst = s.last_burst;
+      s.last_burst = now;
+    }
+    s.last_hit = now;
+    s.last_z = z;
+  } else if (family[k] == MetricFamily::kErrors && now - s.last_hit <= cfg.error_memory_ticks &&
+             s.last_burst - s.prev_burst <= cfg.continuity) {
+    // Errors that repeat with quiet seconds between (a flapping link, ECC corrections) stay
+    // evidence through the quiet seconds; a single burst never does.
+    hits->push_back({k, s.last_z, false});
+  } else if (family[k] != MetricFamily::kErrors) {  // errors are never anyone's usual place
+    // Not alone: wherever it sits is its usual place among its peers, so its offset follows
+    // it. Offsets are thus learned in every regime: an older GPU generation runs cooler
+    // under load but idles like everyone, and all of its machines move together when the
+    // job changes regime (a sub-population, never alone). A machine that moves by itself --
+    // a throttled GPU landing on the older generation's levels -- is alone against its own
+    // usual place, and does not learn while it is.
+    s.bias += offset / cfg.bias_ticks;
+  }
+}
+
+void Detector::Impl::NoteSilences(int k, int64_t now, std::vector<std::vector<Hit>>* hits) {
+  const int nmach = static_cast<int>(machines.size());
+  if (k < 0) {  // the whole machine
+    for (int m = 0; m < nmach; ++m) {
+      const MachineState& s = machines[m];
+      if (s.last_tick == kNever || now - s.last_tick < cfg.silence_ticks ||
+          now - s.last_tick > cfg.forget_ticks)
+        continue;
+      if (PeersActive(s.group, -1, now)) (*hits)[m].push_back({-1, 0, true});
+    }
+    return;
+  }
+  // A machine that stopped reporting this metric while its peers still do.
+  for (int m = 0; m < nmach; ++m) {
+    const int64_t last = series[k][m].last_tick;
+    if (last == kNever || now - last < cfg.silence_ticks || now - last > cfg.forget_ticks) continue;
+    if (machines[m].last_tick < now - cfg.silence_ticks) continue;  // whole machine silent
+    if (PeersActive(machines[m].group, k, now)) (*hits)[m].push_back({k, 0, true});
+  }
+}
+
+void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& hits,
+                              const Frame& f, const Registry& reg, std::vector<Verdict>* out) {
+  const int nmach = static_cast<int>(machines.size());
   // Continuity: the same machine must stand out for most of a window. Strong evidence (silence, an
   // error counter, a training metric) or two metric families at once count in the short window;
   // one family alone only in the weak window, longer than a benign excursion. A machine that flaps
@@ -559,13 +587,13 @@ void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>
   const int weak_need = need(cfg.weak_fraction, cfg.weak_continuity);
   const int weak_long_need = need(cfg.long_fraction, cfg.weak_long_window);
   for (int m = 0; m < nmach; ++m) {
-    Impl::MachineState& s = d.machines[m];
+    MachineState& s = machines[m];
     bool strong = false;
     uint32_t families = 0;
-    for (const Impl::Hit& h : hits[m]) {
+    for (const Hit& h : hits[m]) {
       // The whole machine silent is strong; one metric missing (its ranks between steps while
       // their peers finish one) only counts for its family.
-      const MetricFamily fam = h.metric < 0 ? MetricFamily::kErrors : d.family[h.metric];
+      const MetricFamily fam = h.metric < 0 ? MetricFamily::kErrors : family[h.metric];
       strong = strong || h.metric < 0 || (!h.silent && IsStrong(fam));
       families |= 1u << static_cast<int>(fam);
     }
@@ -579,7 +607,7 @@ void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>
     s.weak_long.Push(now, any);
     s.recent.Push(now, any);
     if (s.weak_long.Count() == 0) s.evidence.clear();
-    for (const Impl::Hit& h : hits[m]) {
+    for (const Hit& h : hits[m]) {
       auto& e = s.evidence[h.metric];
       ++e.first;
       e.second = std::max(e.second, std::fabs(h.z));
@@ -597,8 +625,28 @@ void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>
     if (level == 0 && s.recent.Count() <= cfg.rearm_fraction * cfg.continuity) s.named = 0;
     if (level <= s.named) continue;
     s.named = level;
-    out->push_back(d.MakeVerdict(m, *window, f, reg));
+    out->push_back(MakeVerdict(m, *window, f, reg));
   }
+}
+
+void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>* out) {
+  Impl& d = *impl_;
+  d.Grow(reg);
+  d.Ingest(f);
+  const int64_t now = f.tick;
+  const int nmach = static_cast<int>(d.machines.size());
+  // Per tick: which machines stand out, and why.
+  std::vector<std::vector<Impl::Hit>> hits(nmach);
+  last_scores_.assign(nmach, 0);
+  std::vector<double> denoised(nmach);
+  for (int k = 0; k < static_cast<int>(d.series.size()); ++k) {
+    d.Denoise(k, now, &denoised);
+    for (int g = 0; g < static_cast<int>(d.group_ids.size()); ++g)
+      d.ScoreGroup(k, g, now, denoised, &hits, &last_scores_);
+    d.NoteSilences(k, now, &hits);
+  }
+  d.NoteSilences(-1, now, &hits);
+  d.Conclude(now, hits, f, reg, out);
 }
 
 double Detector::Confidence(const std::vector<EvidenceItem>& evidence, int continuity) {
