@@ -21,8 +21,8 @@
 #include "megascope/analyzer/stacks.h"
 #include "megascope/tracer/enum_names.h"
 #include "megascope/tracer/file_util.h"
+#include "megascope/tracer/parallel.h"
 #include "megascope/tracer/run_layout.h"
-#include "parallel.h"
 
 namespace megascope::analyzer {
 namespace {
@@ -382,8 +382,8 @@ Result<HangInput> HangInputBuilder::Finish() && {
 
 Result<HangInput> MakeHangInput(std::vector<std::pair<std::string, tracer::Dump>> dumps) {
   std::vector<RankOps> ops(dumps.size());
-  ParallelFor(dumps.size(), std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8),
-              [&](size_t i) { ops[i] = IndexOps(dumps[i].second); });
+  tracer::ParallelFor(dumps.size(), std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8),
+                      [&](size_t i) { ops[i] = IndexOps(dumps[i].second); });
   HangInputBuilder builder;
   for (size_t i = 0; i < dumps.size(); ++i) {  // in the caller's order: its first error is named
     RankView v;
@@ -463,8 +463,8 @@ Result<HangInput> LoadDumpDirectory(const std::string& path) {
   if (files.empty()) return NotFound("no flight-recorder dumps (*.json) in " + dir);
   // Read and parsed on every core: a 12,288-rank job's directory is about a gigabyte.
   std::vector<std::optional<Result<tracer::Dump>>> read(files.size());
-  ParallelFor(files.size(), std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8),
-              [&](size_t i) { read[i] = tracer::ReadDumpFile(files[i]); });
+  tracer::ParallelFor(files.size(), std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8),
+                      [&](size_t i) { read[i] = tracer::ReadDumpFile(files[i]); });
   dumps.reserve(files.size());
   // A bad file (cut short, malformed, not JSON) is named and skipped: its rank counts as one that
   // left no dump, and the others are analysed. A dump of another format or a newer version is an

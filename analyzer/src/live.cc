@@ -4,7 +4,7 @@
 #include <set>
 
 #include "megascope/tracer/http_client.h"
-#include "parallel.h"
+#include "megascope/tracer/parallel.h"
 
 namespace megascope::analyzer {
 namespace {
@@ -76,7 +76,7 @@ Result<HangInput> LoadFromAgents(const std::vector<std::string>& urls, int attem
   // own ranks in turn.
   HangInputBuilder input;
   std::vector<Status> got(urls.size());
-  ParallelFor(urls.size(), 32, [&](size_t i) {
+  tracer::ParallelFor(urls.size(), 32, [&](size_t i) {
     std::string url = urls[i];
     while (!url.empty() && url.back() == '/') url.pop_back();
     got[i] = stacks ? StacksFromAgent(url, attempt, token, &input)

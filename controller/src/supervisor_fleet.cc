@@ -10,6 +10,7 @@
 #include "megascope/tracer/clock.h"
 #include "megascope/tracer/file_util.h"
 #include "megascope/tracer/http_client.h"
+#include "megascope/tracer/parallel.h"
 
 namespace megascope::controller {
 namespace {
@@ -20,6 +21,8 @@ using Clock = std::chrono::steady_clock;
 // The self-check's rendezvous and collective timeout; a pair gets three of them in all (a rank
 // whose link is dead can block in connect() past its own rendezvous timeout).
 constexpr int kSelfCheckTimeoutMs = 10000;
+// Agents asked at once by AgentGetAll.
+constexpr size_t kPollWorkers = 64;
 
 class SupervisorFleet final : public Fleet {
  public:
@@ -40,6 +43,22 @@ class SupervisorFleet final : public Fleet {
     const std::string url = sup_.AgentUrl(node);
     if (url.empty()) return NotFound(node + " has no agent running");
     return tracer::HttpGet(url + path, timeout_ms, token);
+  }
+  std::vector<Result<std::string>> AgentGetAll(const std::vector<std::string>& nodes,
+                                               const std::string& path, int timeout_ms,
+                                               const std::string& token) override {
+    // Side by side, as many at once as the machine's sockets comfortably take; the ones not
+    // started by the deadline are not asked.
+    const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    std::vector<Result<std::string>> out(nodes.size(), Status(StatusCode::kInternal, "not asked"));
+    tracer::ParallelFor(nodes.size(), kPollWorkers, [&](size_t i) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      out[i] = left <= 0 ? Result<std::string>(Status(StatusCode::kDeadlineExceeded,
+                                                      nodes[i] + ": not asked before the deadline"))
+                         : AgentGet(nodes[i], path, static_cast<int>(left), token);
+    });
+    return out;
   }
   Result<analyzer::HangInput> LiveHangInput(const std::vector<std::string>& nodes, int attempt,
                                             const std::string& token) override {
@@ -159,6 +178,15 @@ class RealClock final : public LoopClock {
 };
 
 }  // namespace
+
+std::vector<Result<std::string>> Fleet::AgentGetAll(const std::vector<std::string>& nodes,
+                                                    const std::string& path, int timeout_ms,
+                                                    const std::string& token) {
+  std::vector<Result<std::string>> out;
+  out.reserve(nodes.size());
+  for (const std::string& n : nodes) out.push_back(AgentGet(n, path, timeout_ms, token));
+  return out;
+}
 
 std::unique_ptr<Fleet> MakeSupervisorFleet(const launch::SupervisorOptions& options) {
   return std::make_unique<SupervisorFleet>(options);

@@ -203,9 +203,10 @@ bool Controller::Impl::Watch() {
   if (online && Since(last_scrape) >= opt.detector_tick_s) {
     last_scrape = clock.Now();
     std::map<std::string, std::string> pages;
-    for (const std::string& n : active) {
-      auto page = fleet->AgentGet(n, "/metrics", 1000, agent_token);
-      if (page.ok()) pages[n] = std::move(*page);
+    std::vector<Result<std::string>> got =
+        fleet->AgentGetAll(active, "/metrics", 1000, agent_token);
+    for (size_t i = 0; i < active.size(); ++i) {
+      if (got[i].ok()) pages[active[i]] = std::move(*got[i]);
     }
     const MetricsRound round = ParseMetricsRound(pages, static_cast<double>(clock.WallNs()) / 1e9);
     for (const std::string& e : round.errors) Log("metrics: " + e);

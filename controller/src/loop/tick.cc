@@ -100,8 +100,9 @@ bool Controller::Impl::Stalled(std::string* why) {
   const int64_t now = clock.WallNs();
   double oldest_op_s = 0;
   bool moved = false;
-  for (const std::string& node : active) {
-    auto body = fleet->AgentGet(node, "/state", 1000, agent_token);
+  // Every agent at once; one that does not answer in time is stale this tick, not dead (the hang
+  // and crash paths decide that).
+  for (const Result<std::string>& body : fleet->AgentGetAll(active, "/state", 1000, agent_token)) {
     if (!body.ok()) continue;
     json s = json::parse(*body, nullptr, false);
     if (s.is_discarded()) continue;

@@ -49,6 +49,12 @@ class Fleet {
   // GET `path` (/state, /metrics) from `node`'s agent within `timeout_ms`, with the run's token.
   virtual Result<std::string> AgentGet(const std::string& node, const std::string& path,
                                        int timeout_ms, const std::string& token) = 0;
+  // The same from every agent of `nodes` at once (one answer per node, in order), all within one
+  // deadline `timeout_ms` from now: a tick costs one timeout however many nodes there are, and a
+  // node that does not answer in time is an error (stale), not a wait.
+  virtual std::vector<Result<std::string>> AgentGetAll(const std::vector<std::string>& nodes,
+                                                       const std::string& path, int timeout_ms,
+                                                       const std::string& token);
   // Every live rank of `attempt` as the agents of `nodes` see it now (live hang analysis).
   virtual Result<analyzer::HangInput> LiveHangInput(const std::vector<std::string>& nodes,
                                                     int attempt, const std::string& token) = 0;

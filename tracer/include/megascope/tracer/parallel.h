@@ -1,5 +1,6 @@
 // Runs fn(i) for every i in [0, n) on up to `workers` threads, the caller's among them; each index
-// once. For reading many dump files or asking many agents side by side.
+// once. For reading many dump files or asking many agents side by side (the analyzer's live input,
+// the controller's polls).
 #pragma once
 
 #include <algorithm>
@@ -8,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-namespace megascope::analyzer {
+namespace megascope::tracer {
 
 template <typename Fn>
 void ParallelFor(size_t n, size_t workers, const Fn& fn) {
@@ -22,4 +23,4 @@ void ParallelFor(size_t n, size_t workers, const Fn& fn) {
   for (std::thread& t : pool) t.join();
 }
 
-}  // namespace megascope::analyzer
+}  // namespace megascope::tracer
