@@ -50,13 +50,21 @@ class SupervisorFleet final : public Fleet {
     // Side by side, as many at once as the machine's sockets comfortably take; the ones not
     // started by the deadline are not asked.
     const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    std::vector<std::string> urls;  // read here: the supervisor is driven by this thread only
+    urls.reserve(nodes.size());
+    for (const std::string& n : nodes) urls.push_back(sup_.AgentUrl(n));
     std::vector<Result<std::string>> out(nodes.size(), Status(StatusCode::kInternal, "not asked"));
     tracer::ParallelFor(nodes.size(), kPollWorkers, [&](size_t i) {
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      out[i] = left <= 0 ? Result<std::string>(Status(StatusCode::kDeadlineExceeded,
-                                                      nodes[i] + ": not asked before the deadline"))
-                         : AgentGet(nodes[i], path, static_cast<int>(left), token);
+      if (urls[i].empty()) {
+        out[i] = NotFound(nodes[i] + " has no agent running");
+      } else if (left <= 0) {
+        out[i] =
+            Status(StatusCode::kDeadlineExceeded, nodes[i] + ": not asked before the deadline");
+      } else {
+        out[i] = tracer::HttpGet(urls[i] + path, static_cast<int>(left), token);
+      }
     });
     return out;
   }
