@@ -46,12 +46,13 @@ class FakeClock final : public LoopClock {
 // What goes wrong on `node` once the job has done `at_step` steps.
 struct FakeFault {
   enum Kind {
-    kCrash,     // its first rank dies (exit_raw), with `log` as its last line; its peers then fail
-                // their collectives (kExitCommFailure)
-    kJobError,  // its first rank exits kExitJobError (bad input) with `log`
-    kHang,      // its first rank stops in compute: out of the collective its peers wait in
-    kFreeze,    // its first rank's process is stopped whole (its heartbeat too)
-    kKillAgent  // its agent dies
+    kCrash,      // its first rank dies (exit_raw), with `log` as its last line; its peers then fail
+                 // their collectives (kExitCommFailure)
+    kJobError,   // its first rank exits kExitJobError (bad input) with `log`
+    kHang,       // its first rank stops in compute: out of the collective its peers wait in
+    kFreeze,     // its first rank's process is stopped whole (its heartbeat too)
+    kKillAgent,  // its agent dies
+    kStallLink   // its first rank's send to `peer`'s first rank stops moving (both posted)
   };
   Kind kind = kCrash;
   std::string node;
@@ -59,6 +60,7 @@ struct FakeFault {
   bool persistent = false;  // fires in every attempt the node is in (one-shot otherwise)
   int exit_raw = 9;         // waitpid status: killed by SIGKILL
   std::string log = "Segmentation fault (core dumped)";
+  std::string peer{};  // kStallLink: the node at the far end
   bool fired = false;
   int fired_attempt = -1;
 };
@@ -142,7 +144,7 @@ class FakeFleet final : public Fleet {
       s.info.attempt = attempt;
       s.info.pid = 1000 + r;
       s.groups.push_back({"0", "world", tracer::RankList(all.begin(), all.end())});
-      const bool stuck = r == stuck_rank_;
+      const bool stuck = r == stuck_rank_ && stall_peer_ < 0;
       s.heartbeat.step = done_;
       s.heartbeat.phase = stuck ? tracer::Phase::kForward : tracer::Phase::kBackward;
       s.heartbeat.updated_at_ns = stuck && frozen_ ? stuck_at_ns_ : now;
@@ -154,13 +156,22 @@ class FakeFleet final : public Fleet {
       last.completed_at_ns = stuck_at_ns_ - 1'000'000;
       last.state = tracer::OpState::kCompleted;
       s.entries.push_back(last);
-      if (!stuck) {  // its peers wait in the next one
-        tracer::FlightEntry open = last;
-        open.id = 2;
+      tracer::FlightEntry open = last;  // where it waits now
+      open.id = 2;
+      open.enqueued_at_ns = open.started_at_ns = stuck_at_ns_;
+      open.completed_at_ns = 0;
+      open.state = tracer::OpState::kStarted;
+      if (stall_peer_ >= 0 && (r == stuck_rank_ || r == stall_peer_)) {
+        // The two ends of the stalled transfer: both posted, 64 KiB of 1 MiB across.
+        const bool sender = r == stuck_rank_;
+        open.seq = 0;
+        open.op = sender ? tracer::OpType::kSend : tracer::OpType::kRecv;
+        open.peer = sender ? stall_peer_ : stuck_rank_;
+        open.bytes = 1 << 20;
+        (sender ? open.bytes_sent : open.bytes_received) = 65536;
+        s.entries.push_back(open);
+      } else if (!stuck) {  // its peers wait in the next all-reduce
         open.seq = last.seq + 1;
-        open.enqueued_at_ns = open.started_at_ns = stuck_at_ns_;
-        open.completed_at_ns = 0;
-        open.state = tracer::OpState::kStarted;
         s.entries.push_back(open);
       }
       dumps.emplace_back("fake://rank_" + std::to_string(r), std::move(d));
@@ -176,7 +187,7 @@ class FakeFleet final : public Fleet {
     done_ = std::max<int64_t>(0, resume_step_);
     running_ = true;
     ready_ = false;
-    stuck_rank_ = -1;
+    stuck_rank_ = stall_peer_ = -1;
     frozen_ = false;
     return Status::Ok();
   }
@@ -289,6 +300,11 @@ class FakeFleet final : public Fleet {
             frozen_ = f->kind == FakeFault::kFreeze;
             stuck_at_ns_ = clock_->WallNs();
             break;
+          case FakeFault::kStallLink:
+            stuck_rank_ = rank;
+            stall_peer_ = FirstRankOf(f->peer);
+            stuck_at_ns_ = clock_->WallNs();
+            break;
           case FakeFault::kKillAgent:
             agents_.erase(f->node);
             agent_exits_.push_back({f->node, {9}});
@@ -331,7 +347,7 @@ class FakeFleet final : public Fleet {
   std::vector<std::string> nodes_;
   int64_t done_ = 0, resume_step_ = -1;
   bool running_ = false, ready_ = false, frozen_ = false;
-  int stuck_rank_ = -1;
+  int stuck_rank_ = -1, stall_peer_ = -1;
   int64_t stuck_at_ns_ = 0;
   LoopClock::TimePoint next_step_;
 };

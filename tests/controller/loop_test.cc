@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -196,6 +197,43 @@ TEST_F(LoopTest, AFrozenRankIsItsOwnRootAndItsNodeEvicted) {
   EXPECT_EQ(verdicts[0].detail["root_ranks"], nlohmann::json::array({0}));
   EXPECT_NE(verdicts[0].detail["explanation"].get<std::string>().find("frozen"), std::string::npos);
   EXPECT_EQ(Nodes(Events("eviction")), std::vector<std::string>{"node0"});
+}
+
+// A send that stops moving between node0 and node1 with both ends posted is a stalled link: both
+// ends are self-checked at once, both pass, and the job restarts in place with nothing evicted.
+TEST_F(LoopTest, AStalledLinkSelfChecksBothEndsAndRestartsInPlaceWhenBothPass) {
+  FakeFault stall{FakeFault::kStallLink, "node0", 6};
+  stall.peer = "node1";
+  Fleet().Break(stall);
+  EXPECT_EQ(Run(), kLaunchFinished);
+  const auto verdicts = Events("verdict");
+  ASSERT_EQ(verdicts.size(), 1u);
+  EXPECT_EQ(verdicts[0].detail["cause"], "link_stall") << verdicts[0].detail;
+  EXPECT_EQ(verdicts[0].detail["root_ranks"], nlohmann::json::array({0, 2}));
+  std::set<std::string> kept;
+  for (const Event& e : Events("decision")) {
+    if (e.detail.value("action", "") == "keep") kept.insert(e.node);
+  }
+  EXPECT_EQ(kept, (std::set<std::string>{"node0", "node1"}));
+  EXPECT_EQ(fleet_->checked_pairs().size(), 3u);  // the baseline, then both ends in one round
+  EXPECT_TRUE(Events("eviction").empty());
+  ASSERT_EQ(fleet_->attempts().size(), 2u);
+  EXPECT_EQ(fleet_->attempts()[1], (std::vector<std::string>{"node0", "node1"}));
+}
+
+// The same stall where one end's self-check cannot finish (its link is dead): that end is evicted
+// and a spare takes its slot; the other end stays.
+TEST_F(LoopTest, AStalledLinkEvictsTheEndThatFailsItsSelfCheck) {
+  FakeFault stall{FakeFault::kStallLink, "node0", 6};
+  stall.peer = "node1";
+  Fleet().Break(stall);
+  SelfCheckFigures dead;
+  dead.error = "self-check did not finish in 30 s";
+  fleet_->SetSelfCheck("node1", dead);
+  EXPECT_EQ(Run(), kLaunchFinished);
+  EXPECT_EQ(Nodes(Events("eviction")), std::vector<std::string>{"node1"});
+  ASSERT_EQ(fleet_->attempts().size(), 2u);
+  EXPECT_EQ(fleet_->attempts()[1], (std::vector<std::string>{"node0", "spare0"}));
 }
 
 TEST_F(LoopTest, ASpareThatFailsItsSelfCheckIsSkippedForTheNextOne) {

@@ -95,10 +95,9 @@ struct Controller::Impl {
   std::map<int, int64_t> hb_steps;
   Clock::time_point last_progress;
   int finished_ranks = 0;
-  std::optional<int64_t> incident_start_ns;
-  int64_t incident_step = 0;            // completed steps when the last incident began
-  std::vector<int32_t> incident_ranks;  // its verdicts' root ranks  // for "resumed": the open
-                                        // incident's trigger time
+  std::optional<int64_t> incident_start_ns;  // for "resumed": the open incident's trigger time
+  int64_t incident_step = 0;                 // completed steps when the last incident began
+  std::vector<int32_t> incident_ranks;       // its verdicts' root ranks
   launch::ProgressReader progress;
   int64_t missing_steps = 0;  // step lines of an attempt that never reached the progress stream
 
