@@ -236,6 +236,29 @@ TEST_F(LoopTest, AStalledLinkEvictsTheEndThatFailsItsSelfCheck) {
   EXPECT_EQ(fleet_->attempts()[1], (std::vector<std::string>{"node0", "spare0"}));
 }
 
+// Both ends of a stalled link checked at once on a loaded machine, each measuring a third of the
+// launch's GEMM figure: with no healthy node left to pair with, each is judged against the other
+// end measured at the same time, and neither is evicted for the load.
+TEST_F(LoopTest, AStalledLinksEndsSlowedAlikeByALoadBothPass) {
+  FakeFault stall{FakeFault::kStallLink, "node0", 6};
+  stall.peer = "node1";
+  Fleet().Break(stall);
+  clock_.OnSleep([this] {
+    if (fleet_->done() != 6) return;  // after the baseline: the machine is loaded from here on
+    SelfCheckFigures loaded;
+    loaded.ok = true;
+    loaded.allreduce_gbps = 1;
+    loaded.gemm_gflops = 30;  // the launch's healthy figure is 100; --min-gemm-ratio 0.5
+    fleet_->SetSelfCheck("node0", loaded);
+    loaded.gemm_gflops = 40;
+    fleet_->SetSelfCheck("node1", loaded);
+  });
+  EXPECT_EQ(Run(), kLaunchFinished);
+  EXPECT_TRUE(Events("eviction").empty());
+  ASSERT_EQ(fleet_->attempts().size(), 2u);
+  EXPECT_EQ(fleet_->attempts()[1], (std::vector<std::string>{"node0", "node1"}));
+}
+
 TEST_F(LoopTest, ASpareThatFailsItsSelfCheckIsSkippedForTheNextOne) {
   options_.spares = {"spare0", "spare1"};
   Fleet().Break({FakeFault::kCrash, "node1", 5});

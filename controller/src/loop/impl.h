@@ -168,7 +168,8 @@ struct Controller::Impl {
   // The node's GEMM is judged against its healthy partner's, measured at the same time on the same
   // machines (capped by the launch's healthy figure): a load that slows both -- other jobs, two
   // shared cores -- is no fault of the node, and a node slower than its partner is (CI saw a
-  // healthy spare measure 1/8 of the launch's figure while its partner was as slow).
+  // healthy spare measure 1/8 of the launch's figure while its partner was as slow). `partner_now`:
+  // the figures measured beside it (not ok: none).
   bool Judge(const NodeCheck& c, const SelfCheckFigures& f, const SelfCheckFigures& partner_now,
              const std::map<std::string, double>& errors_before, Clock::time_point t0);
 
