@@ -74,6 +74,12 @@ class LoopTest : public ::testing::Test {
     controller_ = std::make_unique<Controller>(options_, std::move(owned_), relaunch_clock_.get());
     return controller_->Run();
   }
+  // node0's send to node1 stops moving once the job has done 6 steps (both ends posted).
+  void StallLinkAtStep6() {
+    FakeFault stall{FakeFault::kStallLink, "node0", 6};
+    stall.peer = "node1";
+    Fleet().Break(stall);
+  }
   FakeFleet& Fleet() {
     if (!owned_) {
       owned_ = std::make_unique<FakeFleet>(options_.supervisor.run_dir, &clock_, options_.steps);
@@ -202,9 +208,7 @@ TEST_F(LoopTest, AFrozenRankIsItsOwnRootAndItsNodeEvicted) {
 // A send that stops moving between node0 and node1 with both ends posted is a stalled link: both
 // ends are self-checked at once, both pass, and the job restarts in place with nothing evicted.
 TEST_F(LoopTest, AStalledLinkSelfChecksBothEndsAndRestartsInPlaceWhenBothPass) {
-  FakeFault stall{FakeFault::kStallLink, "node0", 6};
-  stall.peer = "node1";
-  Fleet().Break(stall);
+  StallLinkAtStep6();
   EXPECT_EQ(Run(), kLaunchFinished);
   const auto verdicts = Events("verdict");
   ASSERT_EQ(verdicts.size(), 1u);
@@ -224,9 +228,7 @@ TEST_F(LoopTest, AStalledLinkSelfChecksBothEndsAndRestartsInPlaceWhenBothPass) {
 // The same stall where one end's self-check cannot finish (its link is dead): that end is evicted
 // and a spare takes its slot; the other end stays.
 TEST_F(LoopTest, AStalledLinkEvictsTheEndThatFailsItsSelfCheck) {
-  FakeFault stall{FakeFault::kStallLink, "node0", 6};
-  stall.peer = "node1";
-  Fleet().Break(stall);
+  StallLinkAtStep6();
   SelfCheckFigures dead;
   dead.error = "self-check did not finish in 30 s";
   fleet_->SetSelfCheck("node1", dead);
@@ -240,9 +242,7 @@ TEST_F(LoopTest, AStalledLinkEvictsTheEndThatFailsItsSelfCheck) {
 // launch's GEMM figure: with no healthy node left to pair with, each is judged against the other
 // end measured at the same time, and neither is evicted for the load.
 TEST_F(LoopTest, AStalledLinksEndsSlowedAlikeByALoadBothPass) {
-  FakeFault stall{FakeFault::kStallLink, "node0", 6};
-  stall.peer = "node1";
-  Fleet().Break(stall);
+  StallLinkAtStep6();
   clock_.OnSleep([this] {
     if (fleet_->done() != 6) return;  // after the baseline: the machine is loaded from here on
     SelfCheckFigures loaded;
