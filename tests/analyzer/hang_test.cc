@@ -99,6 +99,18 @@ TEST_P(HangScenario, TheIndexAloneGivesTheSameVerdicts) {
   ExpectVerdicts(dir, *in);
 }
 
+// A root many ranks wait on shows four of them and counts the rest (seven wait on rank 3 here).
+TEST(HangExplanationTest, TheWaitersPastTheFirstFourAreCounted) {
+  auto in = LoadDumpDirectory(MEGASCOPE_TEST_DATA "/hang/dead_missing_dump_8x1x1/dumps");
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  const auto verdicts = AnalyzeHang(*in);
+  ASSERT_EQ(verdicts.size(), 1u);
+  EXPECT_EQ(verdicts[0].waiting_ranks.size(), 7u);
+  EXPECT_NE(verdicts[0].explanation.find("waits in allreduce #2 in dp.0.0 for"), std::string::npos);
+  EXPECT_NE(verdicts[0].explanation.find("; and 3 more."), std::string::npos)
+      << verdicts[0].explanation;
+}
+
 std::vector<std::string> Scenarios(const char* root = MEGASCOPE_TEST_DATA "/hang") {
   std::vector<std::string> dirs;
   std::error_code ec;

@@ -200,10 +200,10 @@ std::string HangAnalysis::WaitLines(int root) const {
   int shown = 0, total = 0;
   for (const WaitEdge& x : waits) {
     if (x.to != root) continue;
-    ++total;
-    if (shown++ < 4)
-      s += (s.empty() ? "" : "; ") + ranks[x.from].Describe() + " waits in " + x.what + " for " +
-           Fmt("%.1f s", x.seconds);
+    if (++total > 4) continue;
+    ++shown;
+    s += (s.empty() ? "" : "; ") + ranks[x.from].Describe() + " waits in " + x.what + " for " +
+         Fmt("%.1f s", x.seconds);
   }
   if (total > shown) s += "; and " + std::to_string(total - shown) + " more";
   return s;
