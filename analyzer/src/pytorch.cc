@@ -14,6 +14,7 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -284,82 +285,93 @@ uint64_t Elements(const std::vector<std::vector<int64_t>>& sizes) {
   return total;
 }
 
-Result<Converted> Convert(const json& j, const std::string& file, int rank_hint, int world_hint,
-                          bool first_form = false) {
-  if (j.is_array()) {
-    if (rank_hint < 0)
-      return InvalidArgument(file +
-                             ": a first-recorder dump (a bare list of entries) says no rank, and "
-                             "no digits end the file name");
-    return Convert(FromFirstRecorder(j, std::max(world_hint, rank_hint + 1)), file, rank_hint, -1,
-                   /*first_form=*/true);
+// One PyTorch dump turned into a megascope dump, a phase at a time: the header (version, rank,
+// process groups), every entry, the pg_status counters of a dump without entries, and the time it
+// was written.
+class Converter {
+ public:
+  Converter(const std::string& file, bool first_form) : file_(file), first_form_(first_form) {}
+
+  Result<Converted> Run(const json& j, int rank_hint) && {
+    if (!j.is_object() || !j.contains("pg_config") ||
+        (!j.contains("entries") && !j.contains("pg_status"))) {
+      return InvalidArgument(
+          file_ +
+          ": not a PyTorch Flight Recorder dump (needs 'pg_config', and 'entries' or 'pg_status')");
+    }
+    RETURN_IF_ERROR(Header(j, rank_hint));
+    const json no_entries = json::array();
+    uint64_t id = 0;  // entries read
+    for (const auto& e : j.contains("entries") ? j["entries"] : no_entries) Entry(e, id++);
+    if (!j.contains("entries")) FromPgStatus(j["pg_status"]);
+    Date();
+    d_.alive = true;
+    d_.oldest_open_blocks = true;  // NCCL runs the queued ops in order
+    return std::move(out_);
   }
-  Converted out;
-  tracer::Dump& d = out.dump;
-  auto& s = d.snapshot;
-  if (!j.is_object() || !j.contains("pg_config") ||
-      (!j.contains("entries") && !j.contains("pg_status"))) {
-    return InvalidArgument(
-        file +
-        ": not a PyTorch Flight Recorder dump (needs 'pg_config', and 'entries' or 'pg_status')");
-  }
-  // Versions 1.x (PyTorch 2.2-2.3) and 2.x (2.4 on, 2.10 in PyTorch 2.9) share the fields read
-  // here; a new major version may change their meaning.
-  if (j.contains("version")) {
-    const std::string v =
-        j["version"].is_string() ? j["version"].get<std::string>() : j["version"].dump();
-    if (v.empty() || (v[0] != '1' && v[0] != '2') || (v.size() > 1 && v[1] != '.'))
-      return InvalidArgument(file + ": Flight Recorder format version " + v +
-                             " is not one this reader knows (1.x and 2.x)");
-    out.rank.version = v;
-  }
-  const int64_t rank64 = j.contains("rank") ? IntOf(j["rank"], -1) : rank_hint;
-  if (rank64 >= (1 << 24))
-    return InvalidArgument(file + ": rank " + std::to_string(rank64) + " is out of range");
-  const int rank = static_cast<int>(rank64);
-  if (rank < 0)
-    return InvalidArgument(
-        file + ": cannot tell the rank (no 'rank' field, no digits ending the file name)");
-  s.info.rank = rank;
-  s.info.job = "pytorch";
-  s.info.node = j.contains("hostname") && j["hostname"].is_string()
-                    ? j["hostname"].get<std::string>()
-                    : "unknown";
-  s.info.coords = {-1, -1, -1};         // PyTorch's dump does not say
-  std::map<std::string, int> group_of;  // pg name -> index
-  int world = rank + 1;
-  for (const auto& [key, pg] : j["pg_config"].items()) {
-    tracer::GroupInfo g;
-    g.name = pg.value("name", key);
-    g.kind = pg.value("desc", "pg");
-    out.rank.pg_desc[g.name] = g.kind;
-    if (g.kind.size() > 7) g.kind = g.kind.substr(0, 7);
-    const std::vector<int32_t> ranks = ParseRanks(pg.value("ranks", json::array()));
-    g.ranks.assign(ranks.begin(), ranks.end());
-    for (int r : g.ranks) world = std::max(world, r + 1);
-    group_of[g.name] = static_cast<int>(s.groups.size());
-    s.groups.push_back(std::move(g));
-  }
-  s.info.world_size = world;
+
+ private:
+  // What one entry says, read once.
+  struct Fields {
+    std::string where, profiling;
+    int group = -1;
+    PyTorchOp rec;
+    bool is_p2p = false;
+    int64_t raw_seq = -1;
+    OpState state = OpState::kUnknown;
+    int64_t created = 0, started = 0, completed = 0;
+    int32_t timeout_ms = 0;
+  };
   // Per converted entry: whether it is p2p and the sequence number PyTorch gave it.
   struct Raw {
     bool p2p;
     int64_t seq;
     bool closed;  // a collective block whose closing entry has come
   };
-  std::vector<Raw> raw;
-  std::map<std::tuple<int, int, int>, uint64_t> p2p_seq;  // (group, peer, send?) -> next
-  // The collective block each group is in: its index in s.entries and out.collectives.
-  std::map<int, std::pair<size_t, size_t>> open_block;
-  std::map<int, bool> last_was_p2p;  // group -> its newest entry so far was a send or recv
-  int64_t latest = 0;
-  int64_t open_timeout_ms = 0;  // the longest timeout of the ops still open
-  uint64_t id = 0;              // entries read
-  uint64_t issued = 0;          // entries kept
-  bool first_entry = true;
-  const json no_entries = json::array();
-  const json& entries = j.contains("entries") ? j["entries"] : no_entries;
-  for (const auto& e : entries) {
+
+  // Versions 1.x (PyTorch 2.2-2.3) and 2.x (2.4 on, 2.10 in PyTorch 2.9) share the fields read
+  // here; a new major version may change their meaning.
+  Status Header(const json& j, int rank_hint) {
+    if (j.contains("version")) {
+      const std::string v =
+          j["version"].is_string() ? j["version"].get<std::string>() : j["version"].dump();
+      if (v.empty() || (v[0] != '1' && v[0] != '2') || (v.size() > 1 && v[1] != '.'))
+        return InvalidArgument(file_ + ": Flight Recorder format version " + v +
+                               " is not one this reader knows (1.x and 2.x)");
+      out_.rank.version = v;
+    }
+    const int64_t rank64 = j.contains("rank") ? IntOf(j["rank"], -1) : rank_hint;
+    if (rank64 >= (1 << 24))
+      return InvalidArgument(file_ + ": rank " + std::to_string(rank64) + " is out of range");
+    const int rank = static_cast<int>(rank64);
+    if (rank < 0)
+      return InvalidArgument(
+          file_ + ": cannot tell the rank (no 'rank' field, no digits ending the file name)");
+    s_.info.rank = rank;
+    s_.info.job = "pytorch";
+    s_.info.node = j.contains("hostname") && j["hostname"].is_string()
+                       ? j["hostname"].get<std::string>()
+                       : "unknown";
+    s_.info.coords = {-1, -1, -1};  // PyTorch's dump does not say
+    int world = rank + 1;
+    for (const auto& [key, pg] : j["pg_config"].items()) {
+      tracer::GroupInfo g;
+      g.name = pg.value("name", key);
+      g.kind = pg.value("desc", "pg");
+      out_.rank.pg_desc[g.name] = g.kind;
+      if (g.kind.size() > 7) g.kind = g.kind.substr(0, 7);
+      const std::vector<int32_t> ranks = ParseRanks(pg.value("ranks", json::array()));
+      g.ranks.assign(ranks.begin(), ranks.end());
+      for (int r : g.ranks) world = std::max(world, r + 1);
+      group_of_[g.name] = static_cast<int>(s_.groups.size());
+      s_.groups.push_back(std::move(g));
+    }
+    s_.info.world_size = world;
+    return Status::Ok();
+  }
+
+  // The index of entry `e`'s process group, -1 (reported) when pg_config does not have it.
+  int GroupOfEntry(const json& e, const std::string& where) {
     std::string pg;
     if (e.contains("process_group") && e["process_group"].is_array() &&
         !e["process_group"].empty()) {
@@ -368,165 +380,187 @@ Result<Converted> Convert(const json& j, const std::string& file, int rank_hint,
       pg = e["pg_id"].is_string() ? e["pg_id"].get<std::string>()
                                   : std::to_string(IntOf(e["pg_id"], -1));
     }
-    const std::string where = "entries[" + std::to_string(id) + "]";
-    ++id;
-    if (first_entry) {  // a ring that dropped its oldest entries starts past record 0
-      out.rank.wrapped = IntOf(e.value("record_id", json(0)), 0) > 0;
-      first_entry = false;
-    }
-    auto git = group_of.find(pg);
-    if (git == group_of.end()) {  // its members are unknown: the entry cannot be placed
-      d.unknown_values.push_back({where,
-                                  first_form ? "process group (a first-recorder dump names only "
+    auto git = group_of_.find(pg);
+    if (git != group_of_.end()) return git->second;
+    // Its members are unknown: the entry cannot be placed.
+    d_.unknown_values.push_back({where,
+                                 first_form_ ? "process group (a first-recorder dump names only "
                                                "the default group's members)"
                                              : "process group (not in pg_config)",
-                                  pg});
-      continue;
-    }
-    const int group = git->second;
-    const std::string profiling = e.value("profiling_name", "");
-    PyTorchOp rec = OpRecord(e, profiling);
+                                 pg});
+    return -1;
+  }
+
+  void Entry(const json& e, uint64_t id) {
+    Fields f;
+    f.where = "entries[" + std::to_string(id) + "]";
+    if (id == 0)  // a ring that dropped its oldest entries starts past record 0
+      out_.rank.wrapped = IntOf(e.value("record_id", json(0)), 0) > 0;
+    f.group = GroupOfEntry(e, f.where);
+    if (f.group < 0) return;
+    f.profiling = e.value("profiling_name", "");
+    f.rec = OpRecord(e, f.profiling);
     // Recorders before 2.5 write no is_p2p: a send or recv is, and so is the closing entry of a
     // block of them (batch_isend_irecv), which follows one in its group.
-    const bool closes_transfers = IsCoalescedClosing(rec.type) && last_was_p2p[group];
-    const bool is_p2p = e.contains("is_p2p") && e["is_p2p"].is_boolean()
-                            ? e["is_p2p"].get<bool>()
-                            : rec.type == "send" || rec.type == "recv" || closes_transfers;
-    const int64_t raw_seq = is_p2p ? rec.p2p_seq_id : rec.collective_seq_id;
+    const bool closes_transfers = IsCoalescedClosing(f.rec.type) && last_was_p2p_[f.group];
+    f.is_p2p = e.contains("is_p2p") && e["is_p2p"].is_boolean()
+                   ? e["is_p2p"].get<bool>()
+                   : f.rec.type == "send" || f.rec.type == "recv" || closes_transfers;
+    f.raw_seq = f.is_p2p ? f.rec.p2p_seq_id : f.rec.collective_seq_id;
     std::string st;
-    OpState state = StateOf(e, &st);
-    if (state == OpState::kUnknown) d.unknown_values.push_back({where, "state", st});
-    const int64_t created = Ns(e, "time_created_ns"), started = Ns(e, "time_discovered_started_ns"),
-                  completed = Ns(e, "time_discovered_completed_ns");
-    latest = std::max({latest, created, started, completed});
-    const auto timeout_ms = static_cast<int32_t>(
+    f.state = StateOf(e, &st);
+    if (f.state == OpState::kUnknown) d_.unknown_values.push_back({f.where, "state", st});
+    f.created = Ns(e, "time_created_ns");
+    f.started = Ns(e, "time_discovered_started_ns");
+    f.completed = Ns(e, "time_discovered_completed_ns");
+    latest_ = std::max({latest_, f.created, f.started, f.completed});
+    f.timeout_ms = static_cast<int32_t>(
         std::clamp<int64_t>(IntOf(e.value("timeout_ms", json(0)), 0), 0, tracer::kMaxTimeoutMs));
-
-    if (IsCoalescedClosing(rec.type)) {
-      // A coalesced block ends: its members (before it, same group, same p2p or collective
-      // sequence number; utils.py find_coalesced_group_with_non_p2p) take its state and times.
-      if (state == OpState::kUnknown) state = OpState::kEnqueued;
-      if (is_p2p) {
-        for (size_t k = s.entries.size(); k-- > 0;) {
-          tracer::FlightEntry& m = s.entries[k];
-          if (m.group != group || !raw[k].p2p || raw[k].seq != raw_seq) {
-            if (m.group == group) break;  // the block is contiguous within its group
-            continue;
-          }
-          if (m.state == OpState::kEnqueued) m.state = state;
-          if (m.started_at_ns == 0) m.started_at_ns = started;
-          if (m.completed_at_ns == 0) m.completed_at_ns = completed;
-        }
-        continue;
-      }
-      auto ob = open_block.find(group);
-      if (ob != open_block.end() && raw[ob->second.first].seq == raw_seq &&
-          !raw[ob->second.first].closed) {
-        tracer::FlightEntry& b = s.entries[ob->second.first];
-        b.state = state;
-        b.started_at_ns = started;
-        b.completed_at_ns = completed;
-        if (timeout_ms > 0) b.timeout_ms = timeout_ms;
-        raw[ob->second.first].closed = true;
-        PyTorchOp& block = out.collectives[ob->second.second].second;
-        if (block.members.empty()) {  // the block's first member was recorded as an op
-          PyTorchOp first = std::move(block);
-          block = PyTorchOp{};
-          block.members.push_back(std::move(first));
-        }
-        std::vector<PyTorchOp> members = std::move(block.members);
-        block = std::move(rec);
-        block.members = std::move(members);
-        continue;
-      }
+    if (IsCoalescedClosing(f.rec.type)) {
+      if (f.state == OpState::kUnknown) f.state = OpState::kEnqueued;
+      if (CloseBlock(f)) return;
       // A closing entry whose members are gone (the ring dropped them): an op of its own.
     }
-    tracer::FlightEntry f;
-    f.group = group;
-    const OpType op = OpOfType(rec.type);
-    if (!KnownType(rec.type) && op == OpType::kUnknown)
-      d.unknown_values.push_back({where, "op", profiling});
-    int peer = -1;
+    auto entry = MakeEntry(f);
+    if (!entry) return;
+    if (f.is_p2p || tracer::IsP2P(entry->op)) return AddTransfer(f, *entry);
+    if (JoinBlock(f, *entry)) return;
+    AddCollective(f, *entry);
+  }
+
+  // A coalesced block ends: its members (before it, same group, same p2p or collective sequence
+  // number; utils.py find_coalesced_group_with_non_p2p) take its state and times. False if the
+  // block of collectives it closes is not there.
+  bool CloseBlock(Fields& f) {
+    if (f.is_p2p) {
+      for (size_t k = s_.entries.size(); k-- > 0;) {
+        tracer::FlightEntry& m = s_.entries[k];
+        if (m.group != f.group || !raw_[k].p2p || raw_[k].seq != f.raw_seq) {
+          if (m.group == f.group) break;  // the block is contiguous within its group
+          continue;
+        }
+        if (m.state == OpState::kEnqueued) m.state = f.state;
+        if (m.started_at_ns == 0) m.started_at_ns = f.started;
+        if (m.completed_at_ns == 0) m.completed_at_ns = f.completed;
+      }
+      return true;
+    }
+    auto ob = open_block_.find(f.group);
+    if (ob == open_block_.end() || raw_[ob->second.first].seq != f.raw_seq ||
+        raw_[ob->second.first].closed)
+      return false;
+    tracer::FlightEntry& b = s_.entries[ob->second.first];
+    b.state = f.state;
+    b.started_at_ns = f.started;
+    b.completed_at_ns = f.completed;
+    if (f.timeout_ms > 0) b.timeout_ms = f.timeout_ms;
+    raw_[ob->second.first].closed = true;
+    PyTorchOp& block = out_.collectives[ob->second.second].second;
+    if (block.members.empty()) {  // the block's first member was recorded as an op
+      PyTorchOp first = std::move(block);
+      block = PyTorchOp{};
+      block.members.push_back(std::move(first));
+    }
+    std::vector<PyTorchOp> members = std::move(block.members);
+    block = std::move(f.rec);
+    block.members = std::move(members);
+    return true;
+  }
+
+  // The megascope entry for `f` (op, peer, dtype, size, state, times); none for a transfer whose
+  // peer cannot be told (reported).
+  std::optional<tracer::FlightEntry> MakeEntry(const Fields& f) {
+    tracer::FlightEntry e;
+    e.group = f.group;
+    const OpType op = OpOfType(f.rec.type);
+    if (!KnownType(f.rec.type) && op == OpType::kUnknown)
+      d_.unknown_values.push_back({f.where, "op", f.profiling});
     if (op == OpType::kSend || op == OpType::kRecv) {
-      const int local = PeerOf(profiling);
-      std::vector<int32_t> sorted = s.groups[group].ranks.ToVector();
+      const int local = PeerOf(f.profiling);
+      std::vector<int32_t> sorted = s_.groups[f.group].ranks.ToVector();
       std::sort(sorted.begin(), sorted.end());
       if (local < 0 || (!sorted.empty() && local >= static_cast<int>(sorted.size()))) {
-        d.unknown_values.push_back({where, "profiling_name peer", profiling});
-        continue;
+        d_.unknown_values.push_back({f.where, "profiling_name peer", f.profiling});
+        return std::nullopt;
       }
-      peer = sorted.empty() ? local : sorted[local];
+      e.peer = sorted.empty() ? local : sorted[local];
     }
-    const std::string dt = rec.input_dtypes.empty() ? "Float" : rec.input_dtypes[0];
-    f.dtype = DTypeOf(dt);
-    if (f.dtype == DType::kUnknown) d.unknown_values.push_back({where, "input_dtypes", dt});
-    f.bytes = Elements(rec.input_sizes.empty() ? std::vector<std::vector<int64_t>>{{}}
-                                               : rec.input_sizes) *
-              tracer::DTypeSize(f.dtype);
-    f.state = state;
-    f.timeout_ms = timeout_ms;
-    f.enqueued_at_ns = created;
-    f.started_at_ns = started;
-    f.completed_at_ns = completed;
-    if (state != OpState::kCompleted)
-      open_timeout_ms =
-          std::max(open_timeout_ms, timeout_ms > 0 ? int64_t{timeout_ms} : kDefaultTimeoutMs);
+    e.op = op;
+    const std::string dt = f.rec.input_dtypes.empty() ? "Float" : f.rec.input_dtypes[0];
+    e.dtype = DTypeOf(dt);
+    if (e.dtype == DType::kUnknown) d_.unknown_values.push_back({f.where, "input_dtypes", dt});
+    e.bytes = Elements(f.rec.input_sizes.empty() ? std::vector<std::vector<int64_t>>{{}}
+                                                 : f.rec.input_sizes) *
+              tracer::DTypeSize(e.dtype);
+    e.state = f.state;
+    e.timeout_ms = f.timeout_ms;
+    e.enqueued_at_ns = f.created;
+    e.started_at_ns = f.started;
+    e.completed_at_ns = f.completed;
+    if (f.state != OpState::kCompleted)
+      open_timeout_ms_ =
+          std::max(open_timeout_ms_, f.timeout_ms > 0 ? int64_t{f.timeout_ms} : kDefaultTimeoutMs);
     // The stack that issued the op the rank is stuck at (its oldest open one): grouped across
     // ranks like our own dumps' stacks (analyzer/stacks.h).
-    if (d.stacks.empty() && state != OpState::kCompleted && !rec.frames.empty())
-      d.stacks.push_back({s.info.pid, "issued its oldest open op", rec.frames});
-    if (is_p2p || op == OpType::kSend || op == OpType::kRecv) {
-      f.op = op == OpType::kSend || op == OpType::kRecv ? op : OpType::kUnknown;
-      f.peer = peer;
-      if (!tracer::IsP2P(f.op)) continue;  // a p2p entry of no known direction: cannot be matched
-      f.seq = p2p_seq[{group, peer, f.op == OpType::kSend}]++;
-      f.id = ++issued;
-      out.transfers.emplace_back(s.entries.size(), std::move(rec));
-      s.entries.push_back(f);
-      raw.push_back({true, raw_seq, false});
-      last_was_p2p[group] = true;
-      continue;
-    }
-    // A collective. Members of one coalesced block share its sequence number (ProcessGroupNCCL
-    // bumps it once a block): they become one op, whose state the closing entry gives.
-    auto ob = open_block.find(group);
-    if (ob != open_block.end() && raw[ob->second.first].seq == raw_seq && raw_seq >= 0 &&
-        !raw[ob->second.first].closed) {
-      tracer::FlightEntry& b = s.entries[ob->second.first];
-      if (b.op != op) b.op = OpType::kUnknown;  // a block of mixed ops
-      b.bytes += f.bytes;
-      PyTorchOp& block = out.collectives[ob->second.second].second;
-      if (block.members.empty()) {
-        PyTorchOp first = std::move(block);
-        block = PyTorchOp{};
-        block.type = "coalesced";  // until its closing entry names it
-        block.profiling_name = first.backend + (first.backend.empty() ? "" : ":") + "coalesced";
-        block.backend = first.backend;
-        block.collective_seq_id = first.collective_seq_id;
-        block.members.push_back(std::move(first));
-      }
-      block.members.push_back(std::move(rec));
-      continue;
-    }
-    f.op = op;
-    f.seq = static_cast<uint64_t>(std::max<int64_t>(raw_seq, 0));
-    f.id = ++issued;
-    open_block[group] = {s.entries.size(), out.collectives.size()};
-    s.entries.push_back(f);
-    raw.push_back({false, raw_seq, IsCoalescedClosing(rec.type)});
-    last_was_p2p[group] = false;
-    out.collectives.emplace_back(std::make_pair(group, static_cast<int64_t>(f.seq)),
-                                 std::move(rec));
+    if (d_.stacks.empty() && f.state != OpState::kCompleted && !f.rec.frames.empty())
+      d_.stacks.push_back({s_.info.pid, "issued its oldest open op", f.rec.frames});
+    return e;
   }
-  if (!j.contains("entries")) {
-    // A dump without collectives (includeCollectives=False): each group's pg_status counters are
-    // the evidence. Entries of unknown op stand for them: the last completed collective, then
-    // every one enqueued after it (started up to last_started), so sequence numbers still tell
-    // who has not joined.
-    for (const auto& [key, st] : j["pg_status"].items()) {
-      auto git = group_of.find(key);
-      if (git == group_of.end()) {
-        d.unknown_values.push_back({"pg_status", "process group", key});
+
+  void AddTransfer(Fields& f, tracer::FlightEntry& e) {
+    if (!tracer::IsP2P(e.op)) return;  // a p2p entry of no known direction: cannot be matched
+    e.seq = p2p_seq_[{f.group, e.peer, e.op == OpType::kSend}]++;
+    e.id = ++issued_;
+    out_.transfers.emplace_back(s_.entries.size(), std::move(f.rec));
+    s_.entries.push_back(e);
+    raw_.push_back({true, f.raw_seq, false});
+    last_was_p2p_[f.group] = true;
+  }
+
+  // Members of one coalesced block share its sequence number (ProcessGroupNCCL bumps it once a
+  // block): they become one op, whose state the closing entry gives. False if `f` opens none.
+  bool JoinBlock(Fields& f, const tracer::FlightEntry& e) {
+    auto ob = open_block_.find(f.group);
+    if (ob == open_block_.end() || raw_[ob->second.first].seq != f.raw_seq || f.raw_seq < 0 ||
+        raw_[ob->second.first].closed)
+      return false;
+    tracer::FlightEntry& b = s_.entries[ob->second.first];
+    if (b.op != e.op) b.op = OpType::kUnknown;  // a block of mixed ops
+    b.bytes += e.bytes;
+    PyTorchOp& block = out_.collectives[ob->second.second].second;
+    if (block.members.empty()) {
+      PyTorchOp first = std::move(block);
+      block = PyTorchOp{};
+      block.type = "coalesced";  // until its closing entry names it
+      block.profiling_name = first.backend + (first.backend.empty() ? "" : ":") + "coalesced";
+      block.backend = first.backend;
+      block.collective_seq_id = first.collective_seq_id;
+      block.members.push_back(std::move(first));
+    }
+    block.members.push_back(std::move(f.rec));
+    return true;
+  }
+
+  void AddCollective(Fields& f, tracer::FlightEntry& e) {
+    e.seq = static_cast<uint64_t>(std::max<int64_t>(f.raw_seq, 0));
+    e.id = ++issued_;
+    open_block_[f.group] = {s_.entries.size(), out_.collectives.size()};
+    s_.entries.push_back(e);
+    raw_.push_back({false, f.raw_seq, IsCoalescedClosing(f.rec.type)});
+    last_was_p2p_[f.group] = false;
+    out_.collectives.emplace_back(std::make_pair(f.group, static_cast<int64_t>(e.seq)),
+                                  std::move(f.rec));
+  }
+
+  // A dump without collectives (includeCollectives=False): each group's pg_status counters are
+  // the evidence. Entries of unknown op stand for them: the last completed collective, then every
+  // one enqueued after it (started up to last_started), so sequence numbers still tell who has
+  // not joined.
+  void FromPgStatus(const json& pg_status) {
+    for (const auto& [key, st] : pg_status.items()) {
+      auto git = group_of_.find(key);
+      if (git == group_of_.end()) {
+        d_.unknown_values.push_back({"pg_status", "process group", key});
         continue;
       }
       const int64_t enq = IntOf(st.value("last_enqueued_collective", json(-1)), -1);
@@ -534,7 +568,7 @@ Result<Converted> Convert(const json& j, const std::string& file, int rank_hint,
       const int64_t done = IntOf(st.value("last_completed_collective", json(-1)), -1);
       for (int64_t seq = std::max<int64_t>(done, 1); seq <= enq && seq <= done + 64; ++seq) {
         tracer::FlightEntry f;
-        f.id = ++issued;
+        f.id = ++issued_;
         f.group = git->second;
         f.seq = static_cast<uint64_t>(seq);
         f.op = OpType::kUnknown;
@@ -542,29 +576,55 @@ Result<Converted> Convert(const json& j, const std::string& file, int rank_hint,
         f.state = seq <= done      ? OpState::kCompleted
                   : seq <= started ? OpState::kStarted
                                    : OpState::kEnqueued;
-        s.entries.push_back(f);
+        s_.entries.push_back(f);
       }
     }
   }
-  struct stat stt {};
-  const int64_t mtime = ::stat(file.c_str(), &stt) == 0
-                            ? stt.st_mtim.tv_sec * 1'000'000'000LL + stt.st_mtim.tv_nsec
-                            : 0;
+
   // Written when the watchdog fired: the file's time, unless the file was copied since (its time
   // is then far past the point where every open op had timed out, which is when PyTorch dumps).
-  d.dumped_at_ns = std::max(latest, mtime);
-  // Overflow-checked: the times are whatever the file holds (a fuzzer found latest near INT64_MAX).
-  int64_t timed_out = 0, copied_after = 0;
-  const bool fits = !__builtin_mul_overflow(open_timeout_ms, int64_t{1'000'000}, &timed_out) &&
-                    !__builtin_add_overflow(latest, timed_out, &timed_out) &&
-                    !__builtin_add_overflow(timed_out, int64_t{600'000'000'000}, &copied_after);
-  if (fits && open_timeout_ms > 0 && latest > 0 && mtime > copied_after) {
-    d.dumped_at_ns = timed_out;
-    out.rank.dated_by_timeout = true;
+  void Date() {
+    struct stat stt {};
+    const int64_t mtime = ::stat(file_.c_str(), &stt) == 0
+                              ? stt.st_mtim.tv_sec * 1'000'000'000LL + stt.st_mtim.tv_nsec
+                              : 0;
+    d_.dumped_at_ns = std::max(latest_, mtime);
+    // Overflow-checked: the times are whatever the file holds (a fuzzer found latest near
+    // INT64_MAX).
+    int64_t timed_out = 0, copied_after = 0;
+    const bool fits = !__builtin_mul_overflow(open_timeout_ms_, int64_t{1'000'000}, &timed_out) &&
+                      !__builtin_add_overflow(latest_, timed_out, &timed_out) &&
+                      !__builtin_add_overflow(timed_out, int64_t{600'000'000'000}, &copied_after);
+    if (fits && open_timeout_ms_ > 0 && latest_ > 0 && mtime > copied_after) {
+      d_.dumped_at_ns = timed_out;
+      out_.rank.dated_by_timeout = true;
+    }
   }
-  d.alive = true;
-  d.oldest_open_blocks = true;  // NCCL runs the queued ops in order
-  return out;
+
+  const std::string& file_;
+  const bool first_form_;
+  Converted out_;
+  tracer::Dump& d_ = out_.dump;
+  tracer::RankSnapshot& s_ = out_.dump.snapshot;
+  std::map<std::string, int> group_of_;  // pg name -> index
+  std::vector<Raw> raw_;
+  std::map<std::tuple<int, int, int>, uint64_t> p2p_seq_;  // (group, peer, send?) -> next
+  // The collective block each group is in: its index in s_.entries and out_.collectives.
+  std::map<int, std::pair<size_t, size_t>> open_block_;
+  std::map<int, bool> last_was_p2p_;  // group -> its newest entry so far was a send or recv
+  int64_t latest_ = 0;
+  int64_t open_timeout_ms_ = 0;  // the longest timeout of the ops still open
+  uint64_t issued_ = 0;          // entries kept
+};
+
+Result<Converted> Convert(const json& j, const std::string& file, int rank_hint, int world_hint) {
+  if (!j.is_array()) return Converter(file, /*first_form=*/false).Run(j, rank_hint);
+  if (rank_hint < 0)
+    return InvalidArgument(file +
+                           ": a first-recorder dump (a bare list of entries) says no rank, and "
+                           "no digits end the file name");
+  return Converter(file, /*first_form=*/true)
+      .Run(FromFirstRecorder(j, std::max(world_hint, rank_hint + 1)), rank_hint);
 }
 
 Result<Converted> ParseConverted(std::string_view text, const std::string& source, int rank_hint,
@@ -626,6 +686,36 @@ void NumberTransfersFromTheirFirstOpen(const std::vector<tracer::Dump*>& dumps) 
   }
 }
 
+// What the ranks' dumps mean together: a group name is local to a rank (split_group and
+// DeviceMesh give different groups of ranks the same name), so where one name means different
+// members, the members become part of its name; after a ring wrapped, transfers are numbered
+// from the first one every rank still holds.
+void Reconcile(std::vector<std::pair<std::string, Converted>>& read) {
+  std::map<std::string, std::set<std::vector<int32_t>>> members;
+  for (const auto& [f, c] : read) {
+    for (const auto& g : c.dump.snapshot.groups) members[g.name].insert(g.ranks.ToVector());
+  }
+  bool wrapped = false;
+  for (auto& [f, c] : read) {
+    wrapped |= c.rank.wrapped;
+    for (auto& g : c.dump.snapshot.groups) {
+      if (members[g.name].size() < 2) continue;
+      std::string list;
+      for (int32_t r : g.ranks) list += (list.empty() ? "" : ",") + std::to_string(r);
+      const std::string renamed = g.name + "[" + list + "]";
+      if (auto it = c.rank.pg_desc.find(g.name); it != c.rank.pg_desc.end())
+        c.rank.pg_desc[renamed] = it->second;
+      g.name = renamed;
+    }
+  }
+  if (wrapped) {
+    std::vector<tracer::Dump*> all;
+    all.reserve(read.size());
+    for (auto& [f, c] : read) all.push_back(&c.dump);
+    NumberTransfersFromTheirFirstOpen(all);
+  }
+}
+
 }  // namespace
 
 // ProcessGroupNCCL::endCoalescing records the closing entry with the block's events after its
@@ -676,31 +766,7 @@ Result<PyTorchInput> LoadPyTorch(const std::string& dir) {
     return InvalidArgument("no readable PyTorch Flight Recorder dump in " + dir + ": " +
                            skipped.front());
   if (read.empty()) return NotFound("no PyTorch Flight Recorder dumps in " + dir);
-  // A group name is local to a rank: split_group and DeviceMesh give different groups of ranks
-  // the same name. Where one name means different members, the members become part of its name.
-  std::map<std::string, std::set<std::vector<int32_t>>> members;
-  for (const auto& [f, c] : read) {
-    for (const auto& g : c.dump.snapshot.groups) members[g.name].insert(g.ranks.ToVector());
-  }
-  bool wrapped = false;
-  for (auto& [f, c] : read) {
-    wrapped |= c.rank.wrapped;
-    for (auto& g : c.dump.snapshot.groups) {
-      if (members[g.name].size() < 2) continue;
-      std::string list;
-      for (int32_t r : g.ranks) list += (list.empty() ? "" : ",") + std::to_string(r);
-      const std::string renamed = g.name + "[" + list + "]";
-      if (auto it = c.rank.pg_desc.find(g.name); it != c.rank.pg_desc.end())
-        c.rank.pg_desc[renamed] = it->second;
-      g.name = renamed;
-    }
-  }
-  if (wrapped) {
-    std::vector<tracer::Dump*> all;
-    all.reserve(read.size());
-    for (auto& [f, c] : read) all.push_back(&c.dump);
-    NumberTransfersFromTheirFirstOpen(all);
-  }
+  Reconcile(read);
   std::vector<std::pair<std::string, tracer::Dump>> dumps;
   std::vector<std::pair<int, PyTorchRank>> extra;
   for (auto& [f, c] : read) {
