@@ -91,22 +91,20 @@ constexpr std::string_view kEntry[] = {"group",
                                        "bytes_received",
                                        "waiting_on"};
 
-// `var` names the variable it declares: it cannot be parenthesised.
+// `var` names the variable it declares: it cannot be parenthesised. Gives up with `{}`: nullopt,
+// or false from a reader of one part.
 // NOLINTBEGIN(bugprone-macro-parentheses)
-#define TRY(var, expr)                 \
-  auto var##_opt = (expr);             \
-  if (!var##_opt) return std::nullopt; \
+#define TRY(var, expr)       \
+  auto var##_opt = (expr);   \
+  if (!var##_opt) return {}; \
   auto var = *var##_opt
 // NOLINTEND(bugprone-macro-parentheses)
 
-std::optional<Dump> Read(element root) {
-  if (root.type() != element_type::OBJECT) return std::nullopt;
-  Slots<17> top{kTop};
-  if (!top.Fill(object(root))) return std::nullopt;
+// format, version, the rank's identity and coordinates, dumped_at_ns and alive.
+bool ReadInfo(const Slots<17>& top, Dump& d) {
   TRY(format, top.Str(0));
   TRY(version, top.Int(1));
-  if (format != kDumpFormat || version != kDumpVersion) return std::nullopt;
-  Dump d;
+  if (format != kDumpFormat || version != kDumpVersion) return false;
   RankInfo& info = d.snapshot.info;
   TRY(job, top.Str(2));
   TRY(attempt, top.Int(3));
@@ -114,16 +112,16 @@ std::optional<Dump> Read(element root) {
   TRY(world, top.Int(5));
   TRY(node, top.Str(6));
   TRY(pid, top.Int(7));
-  if (rank < 0 || world <= 0 || rank >= world) return std::nullopt;
+  if (rank < 0 || world <= 0 || rank >= world) return false;
   info.job = job;
   info.node = node;
   info.attempt = static_cast<int32_t>(attempt);
   info.rank = static_cast<int32_t>(rank);
   info.world_size = static_cast<int32_t>(world);
   info.pid = static_cast<int32_t>(pid);
-  if (!top.Has(8) || top.found[8].type() != element_type::OBJECT) return std::nullopt;
+  if (!top.Has(8) || top.found[8].type() != element_type::OBJECT) return false;
   Slots<3> c{kCoords};
-  if (!c.Fill(object(top.found[8]))) return std::nullopt;
+  if (!c.Fill(object(top.found[8]))) return false;
   TRY(dp, c.Int(0));
   TRY(pp, c.Int(1));
   TRY(tp, c.Int(2));
@@ -131,7 +129,7 @@ std::optional<Dump> Read(element root) {
   for (size_t optional_int : {size_t{9}, size_t{10}}) {  // read when an integer, else ignored
     if (!top.Has(optional_int)) continue;
     const element_type t = top.found[optional_int].type();
-    if (t == element_type::UINT64) return std::nullopt;
+    if (t == element_type::UINT64) return false;
     if (t != element_type::INT64) continue;
     const int64_t v = int64_t(top.found[optional_int]);
     if (optional_int == 9) {
@@ -142,12 +140,15 @@ std::optional<Dump> Read(element root) {
   }
   TRY(dumped_at, top.Int(11));
   d.dumped_at_ns = dumped_at;
-  if (!top.Has(12) || top.found[12].type() != element_type::BOOL) return std::nullopt;
+  if (!top.Has(12) || top.found[12].type() != element_type::BOOL) return false;
   d.alive = bool(top.found[12]);
+  return true;
+}
 
-  if (!top.Has(13) || top.found[13].type() != element_type::OBJECT) return std::nullopt;
+bool ReadHeartbeat(element hj, Dump& d) {
+  if (hj.type() != element_type::OBJECT) return false;
   Slots<3> hb{kHeartbeat};
-  if (!hb.Fill(object(top.found[13]))) return std::nullopt;
+  if (!hb.Fill(object(hj))) return false;
   TRY(step, hb.Int(0));
   d.snapshot.heartbeat.step = step;
   TRY(phase, Enum<Phase>(
@@ -155,108 +156,134 @@ std::optional<Dump> Read(element root) {
   d.snapshot.heartbeat.phase = phase;
   TRY(updated, hb.IntOrNull(2, 0));
   d.snapshot.heartbeat.updated_at_ns = updated;
+  return true;
+}
 
-  if (!top.Has(14) || top.found[14].type() != element_type::ARRAY) return std::nullopt;
-  for (element gj : array(top.found[14])) {
-    if (gj.type() != element_type::OBJECT) return std::nullopt;
+// A group's members: rank_ranges (runs of first, count, stride) where written, else ranks.
+bool ReadMembers(const Slots<4>& g, GroupInfo& gi) {
+  if (!g.Has(3)) {
+    if (!g.Has(2) || g.found[2].type() != element_type::ARRAY) return false;
+    for (element r : array(g.found[2])) {
+      if (r.type() != element_type::INT64) return false;
+      gi.ranks.push_back(static_cast<int32_t>(int64_t(r)));
+    }
+    return true;
+  }
+  if (g.found[3].type() != element_type::ARRAY) return false;
+  for (element r : array(g.found[3])) {
+    if (r.type() != element_type::ARRAY) return false;
+    const array a(r);
+    if (a.size() != 3) return false;
+    int64_t v[3];
+    size_t k = 0;
+    for (element x : a) {
+      if (x.type() != element_type::INT64) return false;
+      v[k++] = int64_t(x);
+    }
+    auto run = RangeOfRanks(v[0], v[1], v[2], gi.ranks.size());
+    if (!run) return false;
+    gi.ranks.AppendRun(run->first, run->count, run->stride);
+  }
+  return true;
+}
+
+bool ReadGroups(element groups, Dump& d) {
+  if (groups.type() != element_type::ARRAY) return false;
+  for (element gj : array(groups)) {
+    if (gj.type() != element_type::OBJECT) return false;
     Slots<4> g{kGroup};
-    if (!g.Fill(object(gj))) return std::nullopt;
+    if (!g.Fill(object(gj))) return false;
     TRY(name, g.Str(0));
     TRY(kind, g.Str(1));
     GroupInfo gi{std::string(name), std::string(kind), {}};
-    if (g.Has(3)) {
-      if (g.found[3].type() != element_type::ARRAY) return std::nullopt;
-      for (element r : array(g.found[3])) {
-        if (r.type() != element_type::ARRAY) return std::nullopt;
-        const array a(r);
-        if (a.size() != 3) return std::nullopt;
-        int64_t v[3];
-        size_t k = 0;
-        for (element x : a) {
-          if (x.type() != element_type::INT64) return std::nullopt;
-          v[k++] = int64_t(x);
-        }
-        auto run = RangeOfRanks(v[0], v[1], v[2], gi.ranks.size());
-        if (!run) return std::nullopt;
-        gi.ranks.AppendRun(run->first, run->count, run->stride);
-      }
-    } else {
-      if (!g.Has(2) || g.found[2].type() != element_type::ARRAY) return std::nullopt;
-      for (element r : array(g.found[2])) {
-        if (r.type() != element_type::INT64) return std::nullopt;
-        gi.ranks.push_back(static_cast<int32_t>(int64_t(r)));
-      }
-    }
+    if (!ReadMembers(g, gi)) return false;
     for (const GroupInfo& other : d.snapshot.groups) {
-      if (other.name == gi.name) return std::nullopt;
+      if (other.name == gi.name) return false;
     }
     d.snapshot.groups.push_back(std::move(gi));
   }
+  return true;
+}
 
+// Entry `i`.
+std::optional<FlightEntry> ReadEntry(element ej, size_t i, Dump& d) {
+  if (ej.type() != element_type::OBJECT) return std::nullopt;
+  Slots<13> e{kEntry};
+  if (!e.Fill(object(ej))) return std::nullopt;
+  FlightEntry f;
+  f.id = i + 1;
+  TRY(group, e.Str(0));
+  auto git = std::find_if(d.snapshot.groups.begin(), d.snapshot.groups.end(),
+                          [&](const GroupInfo& g) { return g.name == group; });
+  if (git == d.snapshot.groups.end()) return std::nullopt;
+  f.group = static_cast<int32_t>(git - d.snapshot.groups.begin());
+  TRY(seq, e.Int(1));
+  f.seq = static_cast<uint64_t>(seq);
+  auto where = [i] { return "entries[" + std::to_string(i) + "]"; };
+  TRY(op, Enum<OpType>(e.Str(2), &ParseOpType, "op", where, &d));
+  f.op = op;
+  TRY(peer, e.IntOrNull(3, -1));
+  f.peer = static_cast<int32_t>(peer);
+  if (IsP2P(f.op) && f.peer < 0) return std::nullopt;
+  TRY(bytes, e.Int(4));
+  f.bytes = static_cast<uint64_t>(bytes);
+  TRY(dtype, Enum<DType>(e.Str(5), &ParseDType, "dtype", where, &d));
+  f.dtype = dtype;
+  TRY(state, Enum<OpState>(e.Str(6), &ParseOpState, "state", where, &d));
+  f.state = state;
+  TRY(enq, e.IntOrNull(7, 0));
+  TRY(start, e.IntOrNull(8, 0));
+  TRY(done, e.IntOrNull(9, 0));
+  TRY(sent, e.IntOrNull(10, -1));
+  TRY(received, e.IntOrNull(11, -1));
+  f.enqueued_at_ns = enq;
+  f.started_at_ns = start;
+  f.completed_at_ns = done;
+  f.bytes_sent = sent;
+  f.bytes_received = received;
+  if (e.Has(12)) {
+    TRY(waiting, Enum<WaitSide>(e.Str(12), &ParseWaitSide, "waiting_on", where, &d));
+    f.waiting_on = waiting;
+  }
+  return f;
+}
+
+bool ReadStacks(element stacks, Dump& d) {
+  if (stacks.type() != element_type::ARRAY) return false;
+  for (element tj : array(stacks)) {
+    if (tj.type() != element_type::OBJECT) return false;
+    Slots<3> t{kStack};
+    if (!t.Fill(object(tj))) return false;
+    TRY(tid, t.Int(0));
+    TRY(name, t.Str(1));
+    if (!t.Has(2) || t.found[2].type() != element_type::ARRAY) return false;
+    ThreadStack ts{static_cast<int>(tid), std::string(name), {}};
+    for (element f : array(t.found[2])) {
+      if (f.type() != element_type::STRING) return false;
+      ts.frames.emplace_back(std::string_view(f));
+    }
+    d.stacks.push_back(std::move(ts));
+  }
+  return true;
+}
+
+std::optional<Dump> Read(element root) {
+  if (root.type() != element_type::OBJECT) return std::nullopt;
+  Slots<17> top{kTop};
+  if (!top.Fill(object(root))) return std::nullopt;
+  Dump d;
+  if (!ReadInfo(top, d)) return std::nullopt;
+  if (!top.Has(13) || !ReadHeartbeat(top.found[13], d)) return std::nullopt;
+  if (!top.Has(14) || !ReadGroups(top.found[14], d)) return std::nullopt;
   if (!top.Has(15) || top.found[15].type() != element_type::ARRAY) return std::nullopt;
   const array entries(top.found[15]);
   d.snapshot.entries.reserve(entries.size());
   size_t i = 0;
   for (element ej : entries) {
-    if (ej.type() != element_type::OBJECT) return std::nullopt;
-    Slots<13> e{kEntry};
-    if (!e.Fill(object(ej))) return std::nullopt;
-    FlightEntry f;
-    f.id = i + 1;
-    TRY(group, e.Str(0));
-    auto git = std::find_if(d.snapshot.groups.begin(), d.snapshot.groups.end(),
-                            [&](const GroupInfo& g) { return g.name == group; });
-    if (git == d.snapshot.groups.end()) return std::nullopt;
-    f.group = static_cast<int32_t>(git - d.snapshot.groups.begin());
-    TRY(seq, e.Int(1));
-    f.seq = static_cast<uint64_t>(seq);
-    auto where = [i] { return "entries[" + std::to_string(i) + "]"; };
-    TRY(op, Enum<OpType>(e.Str(2), &ParseOpType, "op", where, &d));
-    f.op = op;
-    TRY(peer, e.IntOrNull(3, -1));
-    f.peer = static_cast<int32_t>(peer);
-    if (IsP2P(f.op) && f.peer < 0) return std::nullopt;
-    TRY(bytes, e.Int(4));
-    f.bytes = static_cast<uint64_t>(bytes);
-    TRY(dtype, Enum<DType>(e.Str(5), &ParseDType, "dtype", where, &d));
-    f.dtype = dtype;
-    TRY(state, Enum<OpState>(e.Str(6), &ParseOpState, "state", where, &d));
-    f.state = state;
-    TRY(enq, e.IntOrNull(7, 0));
-    TRY(start, e.IntOrNull(8, 0));
-    TRY(done, e.IntOrNull(9, 0));
-    TRY(sent, e.IntOrNull(10, -1));
-    TRY(received, e.IntOrNull(11, -1));
-    f.enqueued_at_ns = enq;
-    f.started_at_ns = start;
-    f.completed_at_ns = done;
-    f.bytes_sent = sent;
-    f.bytes_received = received;
-    if (e.Has(12)) {
-      TRY(waiting, Enum<WaitSide>(e.Str(12), &ParseWaitSide, "waiting_on", where, &d));
-      f.waiting_on = waiting;
-    }
+    TRY(f, ReadEntry(ej, i++, d));
     d.snapshot.entries.push_back(f);
-    ++i;
   }
-
-  if (top.Has(16)) {
-    if (top.found[16].type() != element_type::ARRAY) return std::nullopt;
-    for (element tj : array(top.found[16])) {
-      if (tj.type() != element_type::OBJECT) return std::nullopt;
-      Slots<3> t{kStack};
-      if (!t.Fill(object(tj))) return std::nullopt;
-      TRY(tid, t.Int(0));
-      TRY(name, t.Str(1));
-      if (!t.Has(2) || t.found[2].type() != element_type::ARRAY) return std::nullopt;
-      ThreadStack ts{static_cast<int>(tid), std::string(name), {}};
-      for (element f : array(t.found[2])) {
-        if (f.type() != element_type::STRING) return std::nullopt;
-        ts.frames.emplace_back(std::string_view(f));
-      }
-      d.stacks.push_back(std::move(ts));
-    }
-  }
+  if (top.Has(16) && !ReadStacks(top.found[16], d)) return std::nullopt;
   return d;
 }
 
