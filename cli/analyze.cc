@@ -66,31 +66,145 @@ std::optional<SlowIncident> NewestSlowIncident(const std::string& run_dir) {
   return newest_acted ? newest_acted : newest;
 }
 
+// What `analyze` was asked.
+struct AnalyzeArgs {
+  std::string what, source, agents, pytorch, steps, token_file;
+  bool json = false, stacks = false, whole_run = false;
+  analyzer::HangOptions ho;
+  bool min_wait_given = false, stale_given = false;  // on the command line
+};
+
+int RunSlow(const AnalyzeArgs& a) {
+  if (a.source.empty()) return Fail("analyze", "analyze slow needs a run directory", kExitUsage);
+  analyzer::SlowOptions so;
+  if (!a.steps.empty()) {
+    try {
+      so.first_step = std::stoll(a.steps.substr(0, a.steps.find(':')));
+      so.last_step = a.steps.find(':') == std::string::npos
+                         ? so.first_step
+                         : std::stoll(a.steps.substr(a.steps.find(':') + 1));
+    } catch (const std::exception&) {
+      return Fail("analyze", "--steps must be A:B", kExitUsage);
+    }
+  }
+  // A run whose launch named a straggler is re-analysed as that incident decided (its window and
+  // thresholds, recorded with the verdict in control.db) unless steps are given: over the whole
+  // run the straggler may be diluted into 'healthy'.
+  if (a.steps.empty() && !a.whole_run) {
+    if (auto incident = NewestSlowIncident(a.source)) {
+      so = analyzer::SlowOptionsFrom(incident->thresholds, so);
+      std::fprintf(stderr,
+                   "megascope analyze: re-analysing the straggler incident of this run (%s, "
+                   "recorded in control.db) with its window and thresholds; --whole-run or "
+                   "--steps A:B to look elsewhere\n",
+                   incident->what.c_str());
+    }
+  }
+  auto db = analyzer::RunDatabase::Open(a.source);
+  if (!db.ok()) return Fail("analyze", db.status().message());
+  Warn("analyze", (*db)->warnings());
+  auto rep = analyzer::AnalyzeSlow(**db, so);
+  if (!rep.ok()) return Fail("analyze", rep.status().message());
+  if (a.json) {
+    for (const Verdict& v : rep->verdicts) std::printf("%s\n", VerdictToJson(v).c_str());
+  } else {
+    std::printf("%s", analyzer::FormatSlowReport(*rep).c_str());
+  }
+  return 0;
+}
+
+// The hang thresholds to decide with, and a line saying where they come from: dumps an incident
+// collected are re-analysed as it decided, unless thresholds are given.
+Result<std::string> ResolveThresholds(const AnalyzeArgs& a, analyzer::HangOptions& ho) {
+  std::string from = "defaults";
+  if (!a.source.empty()) {
+    ASSIGN_OR_RETURN(auto incident, analyzer::ReadIncidentThresholds(a.source));
+    if (incident) {
+      if (!a.min_wait_given) ho.min_wait_s = incident->options.min_wait_s;
+      if (!a.stale_given) ho.stale_heartbeat_s = incident->options.stale_heartbeat_s;
+      from = "the incident (" + incident->trigger + ") that collected these dumps, " +
+             incident->source;
+    }
+  }
+  if (a.min_wait_given || a.stale_given) from = "the command line";
+  return "thresholds: a wait counts after " + Seconds(ho.min_wait_s) + ", a heartbeat is stale " +
+         Seconds(ho.stale_heartbeat_s) + " behind its peers' (from " + from + ")";
+}
+
+int RunHang(const AnalyzeArgs& a) {
+  if (a.source.empty() + a.agents.empty() + a.pytorch.empty() != 2) {
+    return Fail("analyze", "give one of: a dump or run directory, --agents URL,..., --pytorch DIR",
+                kExitUsage);
+  }
+  std::vector<std::string> urls;
+  std::stringstream ss(a.agents);
+  for (std::string u; std::getline(ss, u, ',');) {
+    if (!u.empty()) urls.push_back(u);
+  }
+  std::string token;
+  if (!a.token_file.empty()) {
+    auto t = tracer::ReadToken(a.token_file);
+    if (!t.ok()) return Fail("analyze", t.status().message(), kExitUsage);
+    token = *t;
+  }
+  // PyTorch's dumps are read with PyTorch's semantics (analyzer/pytorch.h), the rest as ours.
+  std::optional<analyzer::PyTorchInput> torch_in;
+  if (!a.pytorch.empty()) {
+    auto t = analyzer::LoadPyTorch(a.pytorch);
+    if (!t.ok()) return Fail("analyze", t.status().message());
+    torch_in = std::move(*t);
+  }
+  analyzer::HangOptions ho = a.ho;
+  auto thresholds = ResolveThresholds(a, ho);
+  if (!thresholds.ok()) return Fail("analyze", thresholds.status().message());
+  Result<analyzer::HangInput> loaded = analyzer::HangInput{};
+  if (!torch_in)
+    loaded = !urls.empty() ? analyzer::LoadFromAgents(urls, -1, token, a.stacks)
+                           : analyzer::LoadDumpDirectory(a.source);
+  if (!loaded.ok()) return Fail("analyze", loaded.status().message());
+  const analyzer::HangInput* in = torch_in ? &torch_in->hang : &*loaded;
+  for (const std::string& w : in->warnings)
+    std::fprintf(stderr, "megascope analyze: warning: %s\n", w.c_str());
+  auto verdicts =
+      torch_in ? analyzer::AnalyzePyTorch(*torch_in, ho) : analyzer::AnalyzeHang(*in, ho);
+  for (Verdict& v : verdicts) {
+    v.evidence.push_back(*thresholds);  // what decided it
+    for (const std::string& w : in->warnings) v.evidence.push_back("input: " + w);
+  }
+  if (a.json) {
+    for (const Verdict& v : verdicts) std::printf("%s\n", VerdictToJson(v).c_str());
+  } else {
+    std::printf("%s", analyzer::FormatHangReport(verdicts).c_str());
+    std::printf("%s\n", thresholds->c_str());
+    std::printf("%s", analyzer::FormatStackGroups(analyzer::GroupByStack(*in)).c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int RunAnalyze(const Args& args) {
-  std::string what, source, agents, pytorch, steps;
-  bool json = false, stacks = false, whole_run = false;
-  analyzer::HangOptions ho;
-  std::string token_file;
+  AnalyzeArgs a;
+  analyzer::HangOptions& ho = a.ho;
   po::options_description opts("Options");
-  opts.add_options()("help,h", "show this help")("what", po::value(&what)->required(),
-                                                 "hang | slow")("steps", po::value(&steps),
+  opts.add_options()("help,h", "show this help")("what", po::value(&a.what)->required(),
+                                                 "hang | slow")("steps", po::value(&a.steps),
                                                                 "slow: A:B, the steps to look at")(
-      "whole-run", po::bool_switch(&whole_run),
+      "whole-run", po::bool_switch(&a.whole_run),
       "slow: every step of the run, not the window of its straggler incident")(
-      "source", po::value(&source),
+      "source", po::value(&a.source),
       "a directory of dumps, or a run directory (its newest dumps/attempt_*)")(
-      "agents", po::value(&agents), "live: comma-separated agent URLs (http://127.0.0.1:PORT,...)")(
-      "stacks", po::bool_switch(&stacks),
+      "agents", po::value(&a.agents),
+      "live: comma-separated agent URLs (http://127.0.0.1:PORT,...)")(
+      "stacks", po::bool_switch(&a.stacks),
       "live: ask each rank for its own dump with every thread's stack (SIGUSR1 through its agent), "
       "grouped by stack in the report")(
-      "token-file", po::value(&token_file),
+      "token-file", po::value(&a.token_file),
       "live: the run's token (RUN_DIR/control.token), for agents that listen beyond loopback")(
-      "pytorch", po::value(&pytorch),
+      "pytorch", po::value(&a.pytorch),
       "a directory of PyTorch Flight Recorder dumps, one per rank: the pickle "
       "TORCH_NCCL_DUMP_ON_TIMEOUT writes (nccl_trace_rank_N) or the JSON form, PyTorch 2.2 on")(
-      "json", po::bool_switch(&json), "verdicts as JSON lines (docs/formats.md section 2)")(
+      "json", po::bool_switch(&a.json), "verdicts as JSON lines (docs/formats.md section 2)")(
       "min-wait", po::value(&ho.min_wait_s)->default_value(ho.min_wait_s),
       "seconds in an op before it counts as a wait")(
       "stale-heartbeat", po::value(&ho.stale_heartbeat_s)->default_value(ho.stale_heartbeat_s),
@@ -105,108 +219,12 @@ int RunAnalyze(const Args& args) {
           args, opts, pos, &vm)) {
     return *rc;
   }
-  if (what == "slow") {
-    if (source.empty()) return Fail("analyze", "analyze slow needs a run directory", kExitUsage);
-    analyzer::SlowOptions so;
-    if (!steps.empty()) {
-      try {
-        so.first_step = std::stoll(steps.substr(0, steps.find(':')));
-        so.last_step = steps.find(':') == std::string::npos
-                           ? so.first_step
-                           : std::stoll(steps.substr(steps.find(':') + 1));
-      } catch (const std::exception&) {
-        return Fail("analyze", "--steps must be A:B", kExitUsage);
-      }
-    }
-    // A run whose launch named a straggler is re-analysed as that incident decided (its window
-    // and thresholds, recorded with the verdict in control.db) unless steps are given: over the
-    // whole run the straggler may be diluted into 'healthy'.
-    if (steps.empty() && !whole_run) {
-      if (auto incident = NewestSlowIncident(source)) {
-        so = analyzer::SlowOptionsFrom(incident->thresholds, so);
-        std::fprintf(stderr,
-                     "megascope analyze: re-analysing the straggler incident of this run (%s, "
-                     "recorded in control.db) with its window and thresholds; --whole-run or "
-                     "--steps A:B to look elsewhere\n",
-                     incident->what.c_str());
-      }
-    }
-    auto db = analyzer::RunDatabase::Open(source);
-    if (!db.ok()) return Fail("analyze", db.status().message());
-    Warn("analyze", (*db)->warnings());
-    auto rep = analyzer::AnalyzeSlow(**db, so);
-    if (!rep.ok()) return Fail("analyze", rep.status().message());
-    if (json) {
-      for (const Verdict& v : rep->verdicts) std::printf("%s\n", VerdictToJson(v).c_str());
-    } else {
-      std::printf("%s", analyzer::FormatSlowReport(*rep).c_str());
-    }
-    return 0;
-  }
-  if (what != "hang")
-    return Fail("analyze", "unknown analysis '" + what + "' (hang, slow)", kExitUsage);
-  if (source.empty() + agents.empty() + pytorch.empty() != 2) {
-    return Fail("analyze", "give one of: a dump or run directory, --agents URL,..., --pytorch DIR",
-                kExitUsage);
-  }
-  std::vector<std::string> urls;
-  std::stringstream ss(agents);
-  for (std::string u; std::getline(ss, u, ',');) {
-    if (!u.empty()) urls.push_back(u);
-  }
-  std::string token;
-  if (!token_file.empty()) {
-    auto t = tracer::ReadToken(token_file);
-    if (!t.ok()) return Fail("analyze", t.status().message(), kExitUsage);
-    token = *t;
-  }
-  // PyTorch's dumps are read with PyTorch's semantics (analyzer/pytorch.h), the rest as ours.
-  std::optional<analyzer::PyTorchInput> torch_in;
-  if (!pytorch.empty()) {
-    auto t = analyzer::LoadPyTorch(pytorch);
-    if (!t.ok()) return Fail("analyze", t.status().message());
-    torch_in = std::move(*t);
-  }
-  // Dumps an incident collected are re-analysed as it decided, unless thresholds are given.
-  std::string thresholds_from = "defaults";
-  if (!source.empty()) {
-    auto incident = analyzer::ReadIncidentThresholds(source);
-    if (!incident.ok()) return Fail("analyze", incident.status().message());
-    if (*incident) {
-      if (vm["min-wait"].defaulted()) ho.min_wait_s = (*incident)->options.min_wait_s;
-      if (vm["stale-heartbeat"].defaulted())
-        ho.stale_heartbeat_s = (*incident)->options.stale_heartbeat_s;
-      thresholds_from = "the incident (" + (*incident)->trigger + ") that collected these dumps, " +
-                        (*incident)->source;
-    }
-  }
-  if (!vm["min-wait"].defaulted() || !vm["stale-heartbeat"].defaulted())
-    thresholds_from = "the command line";
-  const std::string thresholds = "thresholds: a wait counts after " + Seconds(ho.min_wait_s) +
-                                 ", a heartbeat is stale " + Seconds(ho.stale_heartbeat_s) +
-                                 " behind its peers' (from " + thresholds_from + ")";
-  Result<analyzer::HangInput> loaded = analyzer::HangInput{};
-  if (!torch_in)
-    loaded = !urls.empty() ? analyzer::LoadFromAgents(urls, -1, token, stacks)
-                           : analyzer::LoadDumpDirectory(source);
-  if (!loaded.ok()) return Fail("analyze", loaded.status().message());
-  const analyzer::HangInput* in = torch_in ? &torch_in->hang : &*loaded;
-  for (const std::string& w : in->warnings)
-    std::fprintf(stderr, "megascope analyze: warning: %s\n", w.c_str());
-  auto verdicts =
-      torch_in ? analyzer::AnalyzePyTorch(*torch_in, ho) : analyzer::AnalyzeHang(*in, ho);
-  for (Verdict& v : verdicts) {
-    v.evidence.push_back(thresholds);  // what decided it
-    for (const std::string& w : in->warnings) v.evidence.push_back("input: " + w);
-  }
-  if (json) {
-    for (const Verdict& v : verdicts) std::printf("%s\n", VerdictToJson(v).c_str());
-  } else {
-    std::printf("%s", analyzer::FormatHangReport(verdicts).c_str());
-    std::printf("%s\n", thresholds.c_str());
-    std::printf("%s", analyzer::FormatStackGroups(analyzer::GroupByStack(*in)).c_str());
-  }
-  return 0;
+  a.min_wait_given = !vm["min-wait"].defaulted();
+  a.stale_given = !vm["stale-heartbeat"].defaulted();
+  if (a.what == "slow") return RunSlow(a);
+  if (a.what != "hang")
+    return Fail("analyze", "unknown analysis '" + a.what + "' (hang, slow)", kExitUsage);
+  return RunHang(a);
 }
 
 }  // namespace megascope::cli
