@@ -15,21 +15,24 @@
 
 namespace megascope::cli {
 
-int RunLaunch(const Args& args) {
+namespace {
+
+// What `launch` was asked: the training, the loop around it, and where it runs.
+struct LaunchArgs {
   runtime::TrainConfig c;
-  c.job = "launch";
-  c.memory_snapshots = true;
   controller::ControllerOptions co;
   int spares = 0;
   std::string hosts_arg, iface;
   std::vector<std::string> injects;
-  po::options_description opts("Options");
-  opts.add_options()("help,h", "show this help");
-  opts.add(TrainingOptions(&c));
+};
+
+// The loop's own options: timeouts, evictions and self-checks, disk space.
+po::options_description LoopOptions(LaunchArgs& a) {
+  controller::ControllerOptions& co = a.co;
   po::options_description loop("Self-healing");
-  loop.add_options()("spares", po::value(&spares)->default_value(0),
+  loop.add_options()("spares", po::value(&a.spares)->default_value(0),
                      "spare nodes standing by (self-checked before they join)")(
-      "timeout", po::value(&c.timeout_ms)->default_value(120000),
+      "timeout", po::value(&a.c.timeout_ms)->default_value(120000),
       "collective timeout in milliseconds (above --hang-after: the controller acts first)")(
       "tick", Decimal(&co.tick_s, co.tick_s), "seconds between controller ticks")(
       "hang-after", Decimal(&co.hang_after_s, co.hang_after_s),
@@ -55,9 +58,16 @@ int RunLaunch(const Args& args) {
       "launch does not start under it. Default: two checkpoints of this job plus 64. 0: pause "
       "only when the filesystem is full or a write fails")(
       "no-memory-snapshots",
-      "keep no every-step state in host memory (restart from disk checkpoints only)")(
-      "allow-remote", "agents and the control endpoint listen on every address, not only loopback")(
-      "hosts", po::value(&hosts_arg),
+      "keep no every-step state in host memory (restart from disk checkpoints only)");
+  return loop;
+}
+
+// Where the nodes run, and who may reach their agents.
+po::options_description PlacementOptions(LaunchArgs& a) {
+  po::options_description place("Placement");
+  place.add_options()("allow-remote",
+                      "agents and the control endpoint listen on every address, not only loopback")(
+      "hosts", po::value(&a.hosts_arg),
       "run each node on a host of its own: 'testbed' (the hosts of scripts/testbed.sh up N) or a "
       "hosts file (NAME NETNS BACKEND_ADDR FRONTEND_ADDR per line). Nodes take the hosts in "
       "order, spares the ones after them; ranks bind the backend address, agents listen on the "
@@ -67,11 +77,18 @@ int RunLaunch(const Args& args) {
       "of them but --spares), every agent, rank and self-check runs as a step of the job on its "
       "node (srun), agents listen on the node's NodeAddr; the run directory must be on a file "
       "system every node shares")(
-      "iface", po::value(&iface),
+      "iface", po::value(&a.iface),
       "with --hosts or --slurm: ranks bind this interface's address on their host (the training "
-      "network, e.g. eth0 or ib0) instead of the host's listed or Slurm address")(
-      "detector-tick", Decimal(&co.detector_tick_s, co.detector_tick_s),
-      "seconds between detector ticks over the agents' /metrics (0: no detector)")(
+      "network, e.g. eth0 or ib0) instead of the host's listed or Slurm address");
+  return place;
+}
+
+// The detector, the straggler analysis, the policy's confidence, and injected faults.
+po::options_description DetectionOptions(LaunchArgs& a) {
+  controller::ControllerOptions& co = a.co;
+  po::options_description detect("Detection");
+  detect.add_options()("detector-tick", Decimal(&co.detector_tick_s, co.detector_tick_s),
+                       "seconds between detector ticks over the agents' /metrics (0: no detector)")(
       "detector-warmup",
       po::value(&co.detector_warmup_ticks)->default_value(co.detector_warmup_ticks),
       "detector ticks in which a node only teaches its usual level")(
@@ -88,7 +105,7 @@ int RunLaunch(const Args& args) {
       "straggler analyses in a row naming a node before the policy acts")(
       "act-confidence", Decimal(&co.policy.check_confidence, co.policy.check_confidence),
       "verdicts of the detector and straggler analysis below this confidence only alert")(
-      "inject", po::value(&injects)->composing(),
+      "inject", po::value(&a.injects)->composing(),
       "inject a fault into the real processes (repeatable): "
       "crash|hang|freeze|stall-send:node=N|rank=R,at=STEP; "
       "slow:node=N|rank=R|pp=S,at=STEP,seconds=X|factor=F; "
@@ -96,64 +113,45 @@ int RunLaunch(const Args& args) {
       "link:node=N,kind=slow[,rate=MBPS]|loss[,loss=PCT]|down,at=STEP|SECONDSs[,seconds=D] "
       "(loss and down need --hosts); "
       "kill-agent:node=N,at=STEP|SECONDSs; corrupt-checkpoint; degrade:node=N[,factor=F]. A fault "
-      "of "
-      "a rank aimed at node=N with ',persist' fires again in every attempt until the node is "
+      "of a rank aimed at node=N with ',persist' fires again in every attempt until the node is "
       "evicted (a machine that stays broken)");
-  opts.add(loop);
-  po::variables_map vm;
-  if (auto rc = ParseArgs("launch",
-                          "megascope launch --nodes N --spares K --dp D --tp T --pp P --data "
-                          "DATA.bin --run-dir DIR [--hosts FILE | --slurm] [options]",
-                          args, opts, {}, &vm)) {
-    return *rc;
-  }
-  c.trace = vm.count("no-trace") == 0;
-  c.memory_snapshots = vm.count("no-memory-snapshots") == 0;
-  co.allow_remote = vm.count("allow-remote") > 0;
-  if (spares < 0) return Fail("launch", "--spares must be >= 0", kExitUsage);
+  return detect;
+}
+
+// The loop's numbers checked, and the disk space to keep free: empty, or what is wrong.
+std::string CheckLoopOptions(const po::variables_map& vm, LaunchArgs& a) {
+  controller::ControllerOptions& co = a.co;
+  if (a.spares < 0) return "--spares must be >= 0";
   if (vm.count("min-free-mb")) {
     const double mb = vm["min-free-mb"].as<double>();
-    if (!(mb >= 0)) return Fail("launch", "--min-free-mb must be >= 0", kExitUsage);
+    if (!(mb >= 0)) return "--min-free-mb must be >= 0";
     co.min_free_bytes = static_cast<uint64_t>(mb * 1e6);
   } else {  // a checkpoint: every rank's parameters and two moments in fp32, per replica
-    co.min_free_bytes = 2 * static_cast<uint64_t>(c.model.ParameterCount()) * 12 *
-                            static_cast<uint64_t>(c.layout.dp) +
+    co.min_free_bytes = 2 * static_cast<uint64_t>(a.c.model.ParameterCount()) * 12 *
+                            static_cast<uint64_t>(a.c.layout.dp) +
                         64000000;
   }
-  if (co.tick_s <= 0 || co.hang_after_s <= 0 || co.max_evictions < 0) {
-    return Fail("launch", "--tick and --hang-after must be positive, --max-evictions >= 0",
-                kExitUsage);
-  }
+  if (co.tick_s <= 0 || co.hang_after_s <= 0 || co.max_evictions < 0)
+    return "--tick and --hang-after must be positive, --max-evictions >= 0";
   if (co.detector_tick_s < 0 || co.straggler_every < 0 || co.policy.straggler_windows < 1 ||
       co.detector_min_peers < 2) {
-    return Fail("launch",
-                "--detector-tick and --straggler-every must be >= 0 (0: off), --straggler-windows "
-                ">= 1, --detector-min-peers >= 2",
-                kExitUsage);
+    return "--detector-tick and --straggler-every must be >= 0 (0: off), --straggler-windows "
+           ">= 1, --detector-min-peers >= 2";
   }
-  auto hosts = controller::ResolveHosts({vm.count("slurm") > 0, hosts_arg, iface});
-  if (!hosts.ok()) return Fail("launch", hosts.status().message(), kExitUsage);
-  // Under Slurm, the job's nodes are the allocation's less the spares unless --nodes says.
-  if (vm.count("slurm") && vm["nodes"].defaulted())
-    c.nodes = std::max(1, static_cast<int>(hosts->hosts.size()) - spares);
-  if (Status st = controller::CheckHostCount(*hosts, c.nodes, spares); !st.ok())
-    return Fail("launch", st.message(), kExitUsage);
-  // The layout before the nodes it names (an injection's node among them).
-  if (std::string err = c.Validate(); !err.empty()) return Fail("launch", err, kExitUsage);
-  if (Status st = controller::PlanLaunch({c.nodes, spares, c.layout.world(), *hosts, injects}, &co);
-      !st.ok())
-    return Fail("launch", st.message(), kExitUsage);
-  if (Status st = runtime::PrepareRunDirectory(c, /*keep_progress=*/true); !st.ok())
-    return Fail("launch", st.message(), kExitUsage);
-  auto exe = launch::SelfExe();
-  if (!exe.ok()) return Fail("launch", exe.status().message());
-  co.supervisor.self_exe = *exe;
+  return "";
+}
+
+// How the controller starts this job's processes, and what each attempt's run.json says.
+void WireSupervisor(const LaunchArgs& a, const controller::Hosts& hosts, const std::string& exe,
+                    controller::ControllerOptions& co) {
+  const runtime::TrainConfig& c = a.c;
+  co.supervisor.self_exe = exe;
   co.supervisor.run_dir = c.run_dir;
   co.supervisor.job = c.job;
   co.supervisor.shm_dir = c.shm_dir;
   co.supervisor.agent_host = co.allow_remote ? "0.0.0.0" : "127.0.0.1";
   // Agents reachable from other hosts serve the job's state only with the run's token.
-  if (co.allow_remote || !hosts->hosts.empty())
+  if (co.allow_remote || !hosts.hosts.empty())
     co.supervisor.agent_token_file = RunLayout(c.run_dir).token();
   co.world = c.layout.world();
   for (int r = 0; r < co.world; ++r) co.stage_of_rank.push_back(c.layout.CoordsOf(r).pp);
@@ -169,6 +167,50 @@ int RunLaunch(const Args& args) {
     run.faults = plan.faults;
     return tracer::WriteFileAtomic(RunLayout(run.run_dir).run_json(), run.ToJson());
   };
+}
+
+}  // namespace
+
+int RunLaunch(const Args& args) {
+  LaunchArgs a;
+  runtime::TrainConfig& c = a.c;
+  controller::ControllerOptions& co = a.co;
+  c.job = "launch";
+  c.memory_snapshots = true;
+  po::options_description opts("Options");
+  opts.add_options()("help,h", "show this help");
+  opts.add(TrainingOptions(&c));
+  opts.add(LoopOptions(a)).add(PlacementOptions(a)).add(DetectionOptions(a));
+  po::variables_map vm;
+  if (auto rc = ParseArgs("launch",
+                          "megascope launch --nodes N --spares K --dp D --tp T --pp P --data "
+                          "DATA.bin --run-dir DIR [--hosts FILE | --slurm] [options]",
+                          args, opts, {}, &vm)) {
+    return *rc;
+  }
+  c.trace = vm.count("no-trace") == 0;
+  c.memory_snapshots = vm.count("no-memory-snapshots") == 0;
+  co.allow_remote = vm.count("allow-remote") > 0;
+  if (std::string err = CheckLoopOptions(vm, a); !err.empty())
+    return Fail("launch", err, kExitUsage);
+  auto hosts = controller::ResolveHosts({vm.count("slurm") > 0, a.hosts_arg, a.iface});
+  if (!hosts.ok()) return Fail("launch", hosts.status().message(), kExitUsage);
+  // Under Slurm, the job's nodes are the allocation's less the spares unless --nodes says.
+  if (vm.count("slurm") && vm["nodes"].defaulted())
+    c.nodes = std::max(1, static_cast<int>(hosts->hosts.size()) - a.spares);
+  if (Status st = controller::CheckHostCount(*hosts, c.nodes, a.spares); !st.ok())
+    return Fail("launch", st.message(), kExitUsage);
+  // The layout before the nodes it names (an injection's node among them).
+  if (std::string err = c.Validate(); !err.empty()) return Fail("launch", err, kExitUsage);
+  if (Status st =
+          controller::PlanLaunch({c.nodes, a.spares, c.layout.world(), *hosts, a.injects}, &co);
+      !st.ok())
+    return Fail("launch", st.message(), kExitUsage);
+  if (Status st = runtime::PrepareRunDirectory(c, /*keep_progress=*/true); !st.ok())
+    return Fail("launch", st.message(), kExitUsage);
+  auto exe = launch::SelfExe();
+  if (!exe.ok()) return Fail("launch", exe.status().message());
+  WireSupervisor(a, *hosts, *exe, co);
   // The controller adopts the state an unfinished launch in this run directory left in memory, and
   // drops any other under this job name.
   controller::Controller ctl(std::move(co));
