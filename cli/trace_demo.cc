@@ -120,6 +120,150 @@ std::string Abbreviated(Dump d, size_t keep) {
   return DumpToJson(d) + "(" + std::to_string(omitted) + " earlier entries omitted here)\n";
 }
 
+// The writers, what has been drained of each, and which have exited. Destroying it stops and
+// reaps every writer and removes their rings.
+class Demo {
+ public:
+  explicit Demo(const DemoConfig& cfg)
+      : cfg_(cfg), hung_(cfg.ranks - 1), tally_(cfg.ranks), exited_(cfg.ranks, false) {}
+  ~Demo() {
+    writers_.clear();  // each stopped and reaped
+    for (int r = 0; r < cfg_.ranks; ++r)
+      ::unlink((cfg_.ring.dir + "/" + RingFileName(cfg_.job, 0, r)).c_str());
+  }
+  Demo(const Demo&) = delete;
+  Demo& operator=(const Demo&) = delete;
+
+  Status Start() {
+    for (int r = 0; r < cfg_.ranks; ++r) {
+      const DemoConfig& cfg = cfg_;
+      auto p = launch::Process::Fork([&cfg, r] { return RunWriter(cfg, r); });
+      if (!p.ok()) return p.status();
+      writers_.push_back(std::move(p).value());
+    }
+    return Status::Ok();
+  }
+
+  // Drains every ring until the others have finished and the last rank is stuck past its last
+  // step with an op open.
+  Status DrainUntilStuck() {
+    std::vector<Record> buf(4096);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    for (;;) {
+      if (std::chrono::steady_clock::now() > deadline)
+        return Internal("writers did not finish within 120 s");
+      size_t drained = 0;
+      for (int r = 0; r < cfg_.ranks; ++r) {
+        ASSIGN_OR_RETURN(const size_t n, Drain(r, buf));
+        drained += n;
+      }
+      RETURN_IF_ERROR(PollWriters());
+      bool others_done = true;
+      for (int r = 0; r < hung_; ++r) others_done = others_done && exited_[r];
+      // Stuck = past its last step (its dump thread is up by then) with an op open.
+      bool hung_stuck = false;
+      if (tally_[hung_].reader) {
+        HeartbeatState hb = tally_[hung_].reader->Snapshot().heartbeat;
+        hung_stuck = hb.step == cfg_.steps && hb.op_entry_id != 0;
+      }
+      if (drained == 0 && others_done && hung_stuck) return Status::Ok();
+      if (drained == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
+  // One line a rank: what was drained of each kind and what was dropped. True if every record
+  // emitted was drained or counted as dropped.
+  bool PrintTally() {
+    std::printf("\n%-5s %-8s %9s %7s %11s %10s %7s %7s %s\n", "rank", "pid", "records", "spans",
+                "collectives", "heartbeats", "metrics", "dropped", "accounted");
+    bool all_accounted = true;
+    for (int r = 0; r < cfg_.ranks; ++r) {
+      RankTally& t = tally_[r];
+      RankSnapshot s = t.reader->Snapshot();
+      bool ok = s.records_total == t.drained + s.dropped_total;
+      all_accounted = all_accounted && ok;
+      std::printf("%-5d %-8d %9llu %7llu %11llu %10llu %7llu %7llu %s\n", r, s.info.pid,
+                  static_cast<unsigned long long>(t.drained),
+                  static_cast<unsigned long long>(t.by_type[1]),
+                  static_cast<unsigned long long>(t.by_type[2]),
+                  static_cast<unsigned long long>(t.by_type[3]),
+                  static_cast<unsigned long long>(t.by_type[4]),
+                  static_cast<unsigned long long>(s.dropped_total), ok ? "yes" : "NO");
+    }
+    std::printf("%s\n", all_accounted ? "every record emitted was drained or counted as dropped"
+                                      : "RECORDS MISSING: emitted != drained + dropped");
+    return all_accounted;
+  }
+
+  // The stuck rank dumps its own flight recorder on SIGUSR1 (from its dump thread); killed, a
+  // reader can still dump it from the ring, marked not alive.
+  Status DumpTheStuckRank() {
+    const std::string own_dump = cfg_.dump_dir + "/rank_" + std::to_string(hung_) + ".json";
+    std::filesystem::remove(own_dump);
+    writers_[hung_]->Signal(SIGUSR1);
+    for (int i = 0; i < 500 && !std::filesystem::exists(own_dump); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    auto own = ReadDumpFile(own_dump);
+    if (!own.ok()) {
+      return own.status().WithContext("rank " + std::to_string(hung_) + " did not dump on SIGUSR1");
+    }
+    std::printf("\n[demo] rank %d is stuck in an all-reduce; after SIGUSR1 it wrote %s:\n%s", hung_,
+                own_dump.c_str(), Abbreviated(*own, 3).c_str());
+    writers_[hung_]->Stop(std::chrono::milliseconds(0));
+    exited_[hung_] = true;
+    RingReader& reader = *tally_[hung_].reader;
+    Dump reader_side{reader.Snapshot(), reader.WriterAlive(), WallNowNs(), {}, {}};
+    const std::string agent_dump =
+        cfg_.dump_dir + "/rank_" + std::to_string(hung_) + ".reader.json";
+    Status st = WriteFileAtomic(agent_dump, DumpToJson(reader_side));
+    const FlightEntry& last = reader_side.snapshot.entries.back();
+    std::printf(
+        "\n[demo] after SIGKILL the reader wrote %s (alive=%s): last entry %s #%llu in %s, state "
+        "%s, %lld of %llu bytes sent\n",
+        agent_dump.c_str(), reader_side.alive ? "true" : "false",
+        std::string(Name(last.op)).c_str(), static_cast<unsigned long long>(last.seq),
+        reader_side.snapshot.groups[last.group].name.c_str(), std::string(Name(last.state)).c_str(),
+        static_cast<long long>(last.bytes_sent), static_cast<unsigned long long>(last.bytes));
+    return st;
+  }
+
+ private:
+  // Drains rank r's ring (attached once it exists) into its tally: how many records.
+  Result<size_t> Drain(int r, std::vector<Record>& buf) {
+    RankTally& t = tally_[r];
+    if (!t.reader) {
+      auto rd = RingReader::Attach(cfg_.ring.dir + "/" + RingFileName(cfg_.job, 0, r),
+                                   RingReader::Mode::kConsume);
+      if (!rd.ok() && (rd.status().code() == StatusCode::kNotFound ||
+                       rd.status().code() == StatusCode::kUnavailable))
+        return size_t{0};
+      if (!rd.ok()) return Internal(rd.status().ToString());
+      t.reader = std::move(rd).value();
+    }
+    const size_t n = t.reader->Drain(buf);
+    for (size_t i = 0; i < n; ++i) ++t.by_type[static_cast<int>(buf[i].type) % 5];
+    t.drained += n;
+    return n;
+  }
+
+  Status PollWriters() {
+    for (int r = 0; r < cfg_.ranks; ++r) {
+      if (exited_[r] || !writers_[r]->Poll()) continue;
+      exited_[r] = true;
+      if (!writers_[r]->Poll()->success())
+        return Internal("writer rank " + std::to_string(r) + " failed");
+    }
+    return Status::Ok();
+  }
+
+  const DemoConfig& cfg_;
+  const int hung_;
+  std::vector<std::unique_ptr<launch::Process>> writers_;
+  std::vector<RankTally> tally_;
+  std::vector<bool> exited_;
+};
+
 }  // namespace
 
 int RunTraceDemo(const Args& args) {
@@ -147,121 +291,11 @@ int RunTraceDemo(const Args& args) {
   std::printf("[demo] starting %d writer processes, %d steps each; job %s\n", cfg.ranks, cfg.steps,
               cfg.job.c_str());
   std::fflush(stdout);
-  std::vector<std::unique_ptr<launch::Process>> writers;
-  for (int r = 0; r < cfg.ranks; ++r) {
-    auto p = launch::Process::Fork([&cfg, r] { return RunWriter(cfg, r); });
-    if (!p.ok()) return Fail("trace-demo", p.status().ToString());
-    writers.push_back(std::move(p).value());
-  }
-  auto cleanup = [&] {
-    writers.clear();  // each stopped and reaped
-    for (int r = 0; r < cfg.ranks; ++r)
-      ::unlink((cfg.ring.dir + "/" + RingFileName(cfg.job, 0, r)).c_str());
-  };
-
-  std::vector<RankTally> tally(cfg.ranks);
-  std::vector<Record> buf(4096);
-  std::vector<bool> exited(cfg.ranks, false);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  const int hung = cfg.ranks - 1;
-  for (;;) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      cleanup();
-      return Fail("trace-demo", "writers did not finish within 120 s");
-    }
-    size_t drained = 0;
-    for (int r = 0; r < cfg.ranks; ++r) {
-      RankTally& t = tally[r];
-      if (!t.reader) {
-        auto rd = RingReader::Attach(cfg.ring.dir + "/" + RingFileName(cfg.job, 0, r),
-                                     RingReader::Mode::kConsume);
-        if (!rd.ok()) {
-          if (rd.status().code() == StatusCode::kNotFound ||
-              rd.status().code() == StatusCode::kUnavailable)
-            continue;
-          cleanup();
-          return Fail("trace-demo", rd.status().ToString());
-        }
-        t.reader = std::move(rd).value();
-      }
-      size_t n = t.reader->Drain(buf);
-      for (size_t i = 0; i < n; ++i) ++t.by_type[static_cast<int>(buf[i].type) % 5];
-      t.drained += n;
-      drained += n;
-    }
-    for (int r = 0; r < cfg.ranks; ++r) {
-      if (!exited[r] && writers[r]->Poll()) {
-        exited[r] = true;
-        if (!writers[r]->Poll()->success()) {
-          cleanup();
-          return Fail("trace-demo", "writer rank " + std::to_string(r) + " failed");
-        }
-      }
-    }
-    bool others_done = true;
-    for (int r = 0; r < hung; ++r) others_done = others_done && exited[r];
-    // Stuck = past its last step (its dump thread is up by then) with an op open.
-    bool hung_stuck = false;
-    if (tally[hung].reader) {
-      HeartbeatState hb = tally[hung].reader->Snapshot().heartbeat;
-      hung_stuck = hb.step == cfg.steps && hb.op_entry_id != 0;
-    }
-    if (drained == 0 && others_done && hung_stuck) break;
-    if (drained == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-
-  std::printf("\n%-5s %-8s %9s %7s %11s %10s %7s %7s %s\n", "rank", "pid", "records", "spans",
-              "collectives", "heartbeats", "metrics", "dropped", "accounted");
-  bool all_accounted = true;
-  for (int r = 0; r < cfg.ranks; ++r) {
-    RankTally& t = tally[r];
-    RankSnapshot s = t.reader->Snapshot();
-    bool ok = s.records_total == t.drained + s.dropped_total;
-    all_accounted = all_accounted && ok;
-    std::printf("%-5d %-8d %9llu %7llu %11llu %10llu %7llu %7llu %s\n", r, s.info.pid,
-                static_cast<unsigned long long>(t.drained),
-                static_cast<unsigned long long>(t.by_type[1]),
-                static_cast<unsigned long long>(t.by_type[2]),
-                static_cast<unsigned long long>(t.by_type[3]),
-                static_cast<unsigned long long>(t.by_type[4]),
-                static_cast<unsigned long long>(s.dropped_total), ok ? "yes" : "NO");
-  }
-  std::printf("%s\n", all_accounted ? "every record emitted was drained or counted as dropped"
-                                    : "RECORDS MISSING: emitted != drained + dropped");
-
-  // The stuck rank dumps its own flight recorder on SIGUSR1 (from its dump thread).
-  const std::string own_dump = cfg.dump_dir + "/rank_" + std::to_string(hung) + ".json";
-  std::filesystem::remove(own_dump);
-  writers[hung]->Signal(SIGUSR1);
-  for (int i = 0; i < 500 && !std::filesystem::exists(own_dump); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  auto own = ReadDumpFile(own_dump);
-  if (!own.ok()) {
-    cleanup();
-    return Fail("trace-demo", "rank " + std::to_string(hung) +
-                                  " did not dump on SIGUSR1: " + own.status().ToString());
-  }
-  std::printf("\n[demo] rank %d is stuck in an all-reduce; after SIGUSR1 it wrote %s:\n%s", hung,
-              own_dump.c_str(), Abbreviated(*own, 3).c_str());
-
-  // Kill it; a reader can still dump its flight recorder from the ring, marked not alive.
-  writers[hung]->Stop(std::chrono::milliseconds(0));
-  exited[hung] = true;
-  Dump reader_side{
-      tally[hung].reader->Snapshot(), tally[hung].reader->WriterAlive(), WallNowNs(), {}, {}};
-  const std::string agent_dump = cfg.dump_dir + "/rank_" + std::to_string(hung) + ".reader.json";
-  Status st = WriteFileAtomic(agent_dump, DumpToJson(reader_side));
-  const FlightEntry& last = reader_side.snapshot.entries.back();
-  std::printf(
-      "\n[demo] after SIGKILL the reader wrote %s (alive=%s): last entry %s #%llu in %s, state %s, "
-      "%lld of %llu bytes sent\n",
-      agent_dump.c_str(), reader_side.alive ? "true" : "false", std::string(Name(last.op)).c_str(),
-      static_cast<unsigned long long>(last.seq),
-      reader_side.snapshot.groups[last.group].name.c_str(), std::string(Name(last.state)).c_str(),
-      static_cast<long long>(last.bytes_sent), static_cast<unsigned long long>(last.bytes));
-  cleanup();
-  if (!st.ok()) return Fail("trace-demo", st.ToString());
+  Demo demo(cfg);
+  if (Status st = demo.Start(); !st.ok()) return Fail("trace-demo", st.ToString());
+  if (Status st = demo.DrainUntilStuck(); !st.ok()) return Fail("trace-demo", st.message());
+  const bool all_accounted = demo.PrintTally();
+  if (Status st = demo.DumpTheStuckRank(); !st.ok()) return Fail("trace-demo", st.message());
   return all_accounted ? 0 : 1;
 }
 
