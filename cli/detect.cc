@@ -40,6 +40,46 @@ std::string When(int64_t ns) {
   return buf;
 }
 
+// The detector named by --baseline: megascope's, or one of the baselines it is compared with.
+std::unique_ptr<FrameDetector> MakeDetector(const std::string& baseline,
+                                            const DetectorConfig& cfg) {
+  if (baseline == "megascope") return std::make_unique<Detector>(cfg);
+  if (baseline == "zscore") return std::make_unique<ZScoreBaseline>();
+  if (baseline == "mahalanobis") return std::make_unique<MahalanobisBaseline>();
+  return nullptr;
+}
+
+// Feeds every sample of `reader` to `stream`, printing verdicts as they come (`print`) and, for a
+// large file, progress on stderr. Returns the rows read.
+Result<int64_t> DetectOver(MetricsCsvReader& reader, Stream& stream,
+                           const std::function<void(std::vector<Verdict>)>& print,
+                           const std::vector<Verdict>& all) {
+  const bool progress = reader.file_size() > (32 << 20);
+  auto last_report = std::chrono::steady_clock::now();
+  Sample s;
+  int64_t rows = 0;
+  while (reader.Next(&s)) {
+    stream.Add(s);
+    if ((++rows & 0xffff) != 0) continue;
+    print(stream.TakeVerdicts());
+    auto now = std::chrono::steady_clock::now();
+    if (progress && now - last_report > std::chrono::seconds(2)) {
+      last_report = now;
+      std::fprintf(stderr, "[detect] %3.0f%%  %lld rows, %zu verdicts\n",
+                   100.0 * static_cast<double>(reader.bytes_read()) /
+                       static_cast<double>(reader.file_size()),
+                   static_cast<long long>(rows), all.size());
+    }
+  }
+  if (!reader.status().ok()) {
+    print(stream.TakeVerdicts());
+    return reader.status();
+  }
+  stream.Flush();
+  print(stream.TakeVerdicts());
+  return rows;
+}
+
 }  // namespace
 
 int RunDetect(const Args& args) {
@@ -94,16 +134,9 @@ int RunDetect(const Args& args) {
     if (!l.ok()) return Fail("detect", l.status().message());
     truth = std::move(l).value();
   }
-  std::unique_ptr<FrameDetector> det;
-  if (baseline == "megascope")
-    det = std::make_unique<Detector>(cfg);
-  else if (baseline == "zscore")
-    det = std::make_unique<ZScoreBaseline>();
-  else if (baseline == "mahalanobis")
-    det = std::make_unique<MahalanobisBaseline>();
-  else
+  std::unique_ptr<FrameDetector> det = MakeDetector(baseline, cfg);
+  if (det == nullptr)
     return Fail("detect", "--baseline must be megascope, zscore or mahalanobis", kExitUsage);
-
   auto reader = MetricsCsvReader::Open(metrics);
   if (!reader.ok()) return Fail("detect", reader.status().message());
   Stream stream(det.get(), cfg.tick_s, lateness);
@@ -121,31 +154,9 @@ int RunDetect(const Args& args) {
     }
     std::fflush(stdout);
   };
-  const bool progress = (*reader)->file_size() > (32 << 20);
-  auto last_report = std::chrono::steady_clock::now();
-  Sample s;
-  int64_t rows = 0;
-  while ((*reader)->Next(&s)) {
-    stream.Add(s);
-    if ((++rows & 0xffff) == 0) {
-      print(stream.TakeVerdicts());
-      auto now = std::chrono::steady_clock::now();
-      if (progress && now - last_report > std::chrono::seconds(2)) {
-        last_report = now;
-        std::fprintf(stderr, "[detect] %3.0f%%  %lld rows, %zu verdicts\n",
-                     100.0 * static_cast<double>((*reader)->bytes_read()) /
-                         static_cast<double>((*reader)->file_size()),
-                     static_cast<long long>(rows), all.size());
-      }
-    }
-  }
-  if (!(*reader)->status().ok()) {
-    print(stream.TakeVerdicts());
-    return Fail("detect", (*reader)->status().message());
-  }
-  stream.Flush();
-  print(stream.TakeVerdicts());
-  if (rows == 0) {
+  auto rows = DetectOver(**reader, stream, print, all);
+  if (!rows.ok()) return Fail("detect", rows.status().message());
+  if (*rows == 0) {
     return Fail("detect", metrics + " has a header but no sample: no machine to judge");
   }
   if (stream.late_samples() > 0) {
@@ -157,18 +168,102 @@ int RunDetect(const Args& args) {
   }
   if (!json) {
     std::printf("%lld rows, %d machines, %d metrics, %lld ticks: %zu verdicts\n",
-                static_cast<long long>(rows), stream.registry().machines(),
+                static_cast<long long>(*rows), stream.registry().machines(),
                 stream.registry().metrics(), static_cast<long long>(stream.frames()), all.size());
   }
   if (!labels.empty()) {
     Evaluation e = Evaluate(all, truth);
-    if (json)
-      std::printf("%s\n", EvaluationToJson(e).c_str());
-    else
-      std::printf("%s", FormatEvaluation(e).c_str());
+    std::printf("%s", json ? (EvaluationToJson(e) + "\n").c_str() : FormatEvaluation(e).c_str());
   }
   return 0;
 }
+
+namespace {
+
+// Either generator behind one face: names, labels, groups (fleet-sim only) and the samples.
+struct FleetSource {
+  std::vector<std::string> machines, metrics;
+  std::vector<Label> labels;
+  std::vector<std::pair<std::string, std::string>> groups;
+  std::function<void(const std::function<void(int, int, double, double)>&)> run;
+  double start_s = 0;
+};
+
+// The generator --family names, configured from `cfg`.
+Result<FleetSource> MakeFleet(const FleetSimConfig& cfg, const std::string& family) {
+  FleetSource f;
+  f.start_s = cfg.start_s;
+  if (family == "prom") {
+    PromFleetConfig pc;
+    pc.machines = cfg.machines;
+    pc.minutes = cfg.hours * 60;
+    pc.seed = cfg.seed;
+    pc.stages = cfg.stages;
+    pc.random_faults = cfg.faults;
+    pc.random_fault_types = cfg.fault_types;
+    pc.hot_machines = std::max(1, cfg.machines / 32);
+    ASSIGN_OR_RETURN(PromFleet made, PromFleet::Make(pc));
+    auto sim = std::make_shared<PromFleet>(std::move(made));
+    f.machines = sim->machines();
+    f.metrics = sim->metrics();
+    f.labels = sim->labels();
+    f.run = [sim](const auto& sink) { sim->Run(sink); };
+    f.start_s = pc.start_s;
+    return f;
+  }
+  auto sim = std::make_shared<FleetSim>(cfg);
+  f.machines = sim->machines();
+  f.metrics = sim->metrics();
+  f.labels = sim->labels();
+  f.groups = sim->Groups();
+  f.run = [sim](const auto& sink) { sim->Run(sink); };
+  return f;
+}
+
+// The arguments of fleet-sim checked, the fault types read into cfg: empty, or what is wrong.
+std::string CheckFleetArgs(const std::string& family, const std::string& types,
+                           FleetSimConfig& cfg) {
+  if (cfg.machines < 2 || cfg.hours <= 0 || cfg.faults < 0 || cfg.stages < 1 ||
+      cfg.stages > cfg.machines)
+    return "need --machines >= 2, --hours > 0, --faults >= 0, 1 <= --stages <= --machines";
+  if (family != "fleet-sim" && family != "prom")
+    return "unknown --family '" + family + "' (known: fleet-sim, prom)";
+  if (family == "fleet-sim" && cfg.faults > 0 && cfg.hours * 3600 / cfg.faults < 600)
+    return "at most one fault per 10 minutes fits (fleet-sim's faults never overlap)";
+  std::stringstream ss(types);
+  for (std::string t; std::getline(ss, t, ',');) {
+    const auto& known = family == "prom" ? PromFleetFaultTypes() : FleetFaultTypes();
+    if (std::find(known.begin(), known.end(), t) == known.end()) {
+      std::string list;
+      for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+      return "unknown fault type '" + t + "' (known: " + list + ")";
+    }
+    cfg.fault_types.push_back(t);
+  }
+  return "";
+}
+
+// Writes the fleet's samples to `path`, with progress on stderr: how many.
+Result<int64_t> WriteSamples(const FleetSource& f, const std::string& path, double total_s) {
+  ASSIGN_OR_RETURN(auto out, MetricsCsvWriter::Open(path, 1, 6));
+  int64_t rows = 0;
+  auto last_report = std::chrono::steady_clock::now();
+  f.run([&](int m, int k, double t, double v) {
+    out->Row(t, f.machines[m], f.metrics[k], v);
+    if ((++rows & 0xfffff) == 0) {
+      auto now = std::chrono::steady_clock::now();
+      if (now - last_report > std::chrono::seconds(2)) {
+        last_report = now;
+        std::fprintf(stderr, "[fleet-sim] %3.0f%%  %lld rows\n", 100 * (t - f.start_s) / total_s,
+                     static_cast<long long>(rows));
+      }
+    }
+  });
+  RETURN_IF_ERROR(out->Close());
+  return rows;
+}
+
+}  // namespace
 
 int RunFleetSim(const Args& args) {
   FleetSimConfig cfg;
@@ -188,8 +283,7 @@ int RunFleetSim(const Args& args) {
       "family", po::value(&family)->default_value(family),
       "generator: fleet-sim, or prom (written independently: exporter names and units, cumulative "
       "counters, pipeline stages and two GPU generations without a groups file, clock skew, "
-      "exporter "
-      "gaps, benign excursions, faults that may overlap)")(
+      "exporter gaps, benign excursions, faults that may overlap)")(
       "out,o", po::value(&out_dir)->required(),
       "output directory (metrics.csv, labels.csv, groups.csv)");
   po::variables_map vm;
@@ -198,94 +292,29 @@ int RunFleetSim(const Args& args) {
                           args, opts, {}, &vm)) {
     return *rc;
   }
-  if (cfg.machines < 2 || cfg.hours <= 0 || cfg.faults < 0 || cfg.stages < 1 ||
-      cfg.stages > cfg.machines) {
-    return Fail("fleet-sim",
-                "need --machines >= 2, --hours > 0, --faults >= 0, 1 <= --stages <= --machines",
-                kExitUsage);
-  }
-  if (family != "fleet-sim" && family != "prom") {
-    return Fail("fleet-sim", "unknown --family '" + family + "' (known: fleet-sim, prom)",
-                kExitUsage);
-  }
-  if (family == "fleet-sim" && cfg.faults > 0 && cfg.hours * 3600 / cfg.faults < 600) {
-    return Fail("fleet-sim",
-                "at most one fault per 10 minutes fits (fleet-sim's faults never overlap)",
-                kExitUsage);
-  }
-  std::stringstream ss(types);
-  for (std::string t; std::getline(ss, t, ',');) {
-    const auto& known = family == "prom" ? PromFleetFaultTypes() : FleetFaultTypes();
-    if (std::find(known.begin(), known.end(), t) == known.end()) {
-      std::string list;
-      for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-      return Fail("fleet-sim", "unknown fault type '" + t + "' (known: " + list + ")", kExitUsage);
-    }
-    cfg.fault_types.push_back(t);
-  }
+  if (std::string err = CheckFleetArgs(family, types, cfg); !err.empty())
+    return Fail("fleet-sim", err, kExitUsage);
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   if (ec) return Fail("fleet-sim", "cannot create " + out_dir + ": " + ec.message());
-  // Either generator behind one face: names, labels, groups (fleet-sim only) and the samples.
-  std::vector<std::string> machines, metrics;
-  std::vector<Label> labels;
-  std::vector<std::pair<std::string, std::string>> groups;
-  std::function<void(const std::function<void(int, int, double, double)>&)> run;
-  double start_s = cfg.start_s;
-  if (family == "prom") {
-    PromFleetConfig pc;
-    pc.machines = cfg.machines;
-    pc.minutes = cfg.hours * 60;
-    pc.seed = cfg.seed;
-    pc.stages = cfg.stages;
-    pc.random_faults = cfg.faults;
-    pc.random_fault_types = cfg.fault_types;
-    pc.hot_machines = std::max(1, cfg.machines / 32);
-    auto made = PromFleet::Make(pc);
-    if (!made.ok()) return Fail("fleet-sim", made.status().message(), kExitUsage);
-    auto sim = std::make_shared<PromFleet>(std::move(*made));
-    machines = sim->machines();
-    metrics = sim->metrics();
-    labels = sim->labels();
-    run = [sim](const auto& sink) { sim->Run(sink); };
-    start_s = pc.start_s;
-  } else {
-    auto sim = std::make_shared<FleetSim>(cfg);
-    machines = sim->machines();
-    metrics = sim->metrics();
-    labels = sim->labels();
-    groups = sim->Groups();
-    run = [sim](const auto& sink) { sim->Run(sink); };
-  }
+  auto fleet = MakeFleet(cfg, family);
+  if (!fleet.ok()) return Fail("fleet-sim", fleet.status().message(), kExitUsage);
   const std::string mpath = out_dir + "/metrics.csv";
-  auto out = MetricsCsvWriter::Open(mpath, 1, 6);
-  if (!out.ok()) return Fail("fleet-sim", out.status().message());
-  int64_t rows = 0;
   const double total_s = cfg.hours * 3600;
-  auto last_report = std::chrono::steady_clock::now();
-  run([&](int m, int k, double t, double v) {
-    (*out)->Row(t, machines[m], metrics[k], v);
-    if ((++rows & 0xfffff) == 0) {
-      auto now = std::chrono::steady_clock::now();
-      if (now - last_report > std::chrono::seconds(2)) {
-        last_report = now;
-        std::fprintf(stderr, "[fleet-sim] %3.0f%%  %lld rows\n", 100 * (t - start_s) / total_s,
-                     static_cast<long long>(rows));
-      }
-    }
-  });
-  if (Status st = (*out)->Close(); !st.ok()) return Fail("fleet-sim", st.message());
-  if (Status st = WriteLabelsCsv(out_dir + "/labels.csv", labels); !st.ok())
+  auto rows = WriteSamples(*fleet, mpath, total_s);
+  if (!rows.ok()) return Fail("fleet-sim", rows.status().message());
+  if (Status st = WriteLabelsCsv(out_dir + "/labels.csv", fleet->labels); !st.ok())
     return Fail("fleet-sim", st.message());
-  if (!groups.empty()) {
-    if (Status st = WriteGroupsCsv(out_dir + "/groups.csv", groups); !st.ok())
+  if (!fleet->groups.empty()) {
+    if (Status st = WriteGroupsCsv(out_dir + "/groups.csv", fleet->groups); !st.ok())
       return Fail("fleet-sim", st.message());
   }
   std::printf(
       "wrote %s (%lld samples: %d machines x %zu metrics x %.0f s), labels.csv (%zu faults)%s\n",
-      mpath.c_str(), static_cast<long long>(rows), cfg.machines, metrics.size(), total_s,
-      labels.size(),
-      groups.empty() ? " (no groups file: the detector finds peers itself)" : ", groups.csv");
+      mpath.c_str(), static_cast<long long>(*rows), cfg.machines, fleet->metrics.size(), total_s,
+      fleet->labels.size(),
+      fleet->groups.empty() ? " (no groups file: the detector finds peers itself)"
+                            : ", groups.csv");
   return 0;
 }
 
