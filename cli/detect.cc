@@ -82,19 +82,26 @@ Result<int64_t> DetectOver(MetricsCsvReader& reader, Stream& stream,
 
 }  // namespace
 
-int RunDetect(const Args& args) {
+namespace {
+
+// What `detect` was asked.
+struct DetectArgs {
   std::string metrics, labels, groups, baseline = "megascope";
   bool json = false;
   double lateness = 60;
   DetectorConfig cfg;
+};
+
+po::options_description DetectOptions(DetectArgs& a) {
+  DetectorConfig& cfg = a.cfg;
   po::options_description opts("Options");
-  opts.add_options()("help,h", "show this help")("metrics", po::value(&metrics)->required(),
+  opts.add_options()("help,h", "show this help")("metrics", po::value(&a.metrics)->required(),
                                                  "metrics CSV (timestamp_s,machine,metric,value)")(
-      "labels", po::value(&labels),
+      "labels", po::value(&a.labels),
       "labels CSV (machine,fault_start_s,fault_end_s,fault_type): score the verdicts")(
-      "groups", po::value(&groups),
+      "groups", po::value(&a.groups),
       "peer groups CSV (machine,group): compare machines only within a group")(
-      "json", po::bool_switch(&json), "print verdicts as JSON lines (docs/formats.md section 2)")(
+      "json", po::bool_switch(&a.json), "print verdicts as JSON lines (docs/formats.md section 2)")(
       "window", po::value(&cfg.denoise_window)->default_value(cfg.denoise_window),
       "denoising window (ticks)")("continuity",
                                   po::value(&cfg.continuity)->default_value(cfg.continuity),
@@ -106,10 +113,23 @@ int RunDetect(const Args& args) {
       "threshold", po::value(&cfg.threshold)->default_value(cfg.threshold),
       "robust |z| that makes an outlier")("tick", po::value(&cfg.tick_s)->default_value(cfg.tick_s),
                                           "tick length in seconds")(
-      "max-lateness", po::value(&lateness)->default_value(lateness),
+      "max-lateness", po::value(&a.lateness)->default_value(a.lateness),
       "seconds a sample may arrive out of time order; later ones are ignored and counted")(
-      "baseline", po::value(&baseline)->default_value(baseline),
+      "baseline", po::value(&a.baseline)->default_value(a.baseline),
       "detector: megascope, zscore or mahalanobis");
+  return opts;
+}
+
+}  // namespace
+
+int RunDetect(const Args& args) {
+  DetectArgs a;
+  const std::string &metrics = a.metrics, &labels = a.labels, &groups = a.groups,
+                    &baseline = a.baseline;
+  const bool& json = a.json;
+  const double& lateness = a.lateness;
+  DetectorConfig& cfg = a.cfg;
+  po::options_description opts = DetectOptions(a);
   po::variables_map vm;
   if (auto rc = ParseArgs(
           "detect", "megascope detect --metrics M.csv [--labels L.csv] [--groups G.csv] [--json]",
