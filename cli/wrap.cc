@@ -158,6 +158,69 @@ void Record(const RunLayout& layout, controller::EventKind kind, int attempt,
   (void)(*db)->Record(e);
 }
 
+// The command's environment: where and as what it traces, and the libraries that trace it (the
+// NCCL profiler plugin, which is also the CUDA injection library when built with CUPTI).
+std::vector<std::pair<std::string, std::string>> TracingEnv(const std::string& run_dir,
+                                                            const std::string& node,
+                                                            const std::string& job,
+                                                            const std::string& shm_dir, int attempt,
+                                                            std::string plugin, bool cupti) {
+  std::vector<std::pair<std::string, std::string>> env = {
+      {"MEGASCOPE_RUN_DIR", run_dir},
+      {"MEGASCOPE_NODE", node},
+      {"MEGASCOPE_JOB", job},
+      {"MEGASCOPE_SHM_DIR", shm_dir},
+      {"MEGASCOPE_ATTEMPT", std::to_string(attempt)}};
+  plugin = FindPlugin(plugin);
+  if (plugin.empty()) {
+    Warn("wrap", {"libnccl-profiler-megascope.so not found (give --nccl-plugin): NCCL "
+                  "collectives and device activity are not traced"});
+    return env;
+  }
+  if (Env("NCCL_PROFILER_PLUGIN").empty()) env.emplace_back("NCCL_PROFILER_PLUGIN", plugin);
+  // The same file as the injection library (a build with CUPTI's headers lays the link
+  // libmegascope-cupti.so beside it): loaded once, both write the process's one ring.
+  std::error_code ec;
+  const bool injects = fs::exists(fs::path(plugin).parent_path() / "libmegascope-cupti.so", ec);
+  if (cupti && injects && Env("CUDA_INJECTION64_PATH").empty())
+    env.emplace_back("CUDA_INJECTION64_PATH", plugin);
+  return env;
+}
+
+// Runs `spec` to its end. SIGINT and SIGTERM are taken here: the ranks' flight recorders first,
+// then the command is stopped. `interrupted`: the signal that stopped it, or 0.
+Result<launch::ExitStatus> Supervise(const launch::ProcessSpec& spec, const Agent& agent,
+                                     const RunLayout& layout, const std::string& job,
+                                     const std::string& shm_dir, int attempt, int& interrupted) {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  ASSIGN_OR_RETURN(auto child, launch::Process::Spawn(spec));
+  interrupted = 0;
+  std::optional<launch::ExitStatus> status;
+  while (!(status = child->Poll())) {
+    timespec tick{0, 50'000'000};
+    const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
+    if (sig <= 0) continue;
+    interrupted = sig;
+    const int n = CollectDumps(agent, layout, job, shm_dir, attempt);
+    std::fprintf(stderr, "megascope wrap: %s: %d flight recorder(s) kept in %s; stopping %s\n",
+                 strsignal(sig), n, layout.dumps(attempt).c_str(), spec.argv[0].c_str());
+    status = child->Stop(std::chrono::seconds(30));
+    break;
+  }
+  if (!interrupted && !status->success()) {  // what its ranks held when it failed
+    const int n = CollectDumps(agent, layout, job, shm_dir, attempt);
+    if (n > 0)
+      std::fprintf(stderr, "megascope wrap: %s %s; %d flight recorder(s) kept in %s\n",
+                   spec.argv[0].c_str(), status->Describe().c_str(), n,
+                   layout.dumps(attempt).c_str());
+  }
+  return *status;
+}
+
 }  // namespace
 
 int RunWrap(const Args& all) {
@@ -206,26 +269,8 @@ int RunWrap(const Args& all) {
   std::error_code ec;
   fs::create_directories(run_dir, ec);
   if (ec) return Fail("wrap", "cannot make " + run_dir + ": " + ec.message());
-
-  std::vector<std::pair<std::string, std::string>> env = {
-      {"MEGASCOPE_RUN_DIR", run_dir},
-      {"MEGASCOPE_NODE", node},
-      {"MEGASCOPE_JOB", job},
-      {"MEGASCOPE_SHM_DIR", shm_dir},
-      {"MEGASCOPE_ATTEMPT", std::to_string(attempt)}};
-  plugin = FindPlugin(plugin);
-  if (plugin.empty()) {
-    Warn("wrap", {"libnccl-profiler-megascope.so not found (give --nccl-plugin): NCCL "
-                  "collectives and device activity are not traced"});
-  } else {
-    if (Env("NCCL_PROFILER_PLUGIN").empty()) env.emplace_back("NCCL_PROFILER_PLUGIN", plugin);
-    // The same file as the injection library (a build with CUPTI's headers lays the link
-    // libmegascope-cupti.so beside it): loaded once, both write the process's one ring.
-    const bool injects = fs::exists(fs::path(plugin).parent_path() / "libmegascope-cupti.so", ec);
-    if (vm.count("no-cupti") == 0 && injects && Env("CUDA_INJECTION64_PATH").empty())
-      env.emplace_back("CUDA_INJECTION64_PATH", plugin);
-  }
-
+  launch::ProcessSpec spec(cmd);
+  spec.env = TracingEnv(run_dir, node, job, shm_dir, attempt, plugin, vm.count("no-cupti") == 0);
   auto agent = FindOrStartAgent(layout, node, job, shm_dir);
   if (!agent.ok()) return Fail("wrap", agent.status().message());
   const bool owner = agent->owner != nullptr;
@@ -235,36 +280,9 @@ int RunWrap(const Args& all) {
   std::fprintf(stderr, "megascope wrap: tracing into %s (node %s, job %s; agent %s%s)\n",
                run_dir.c_str(), node.c_str(), job.c_str(), agent->url.c_str(),
                owner ? "" : ", another wrap's");
-
-  // SIGINT and SIGTERM are taken here: the ranks' flight recorders first, then the command.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  launch::ProcessSpec spec(cmd);
-  spec.env = env;
-  auto child = launch::Process::Spawn(spec);
-  if (!child.ok()) return Fail("wrap", child.status().message());
   int interrupted = 0;
-  std::optional<launch::ExitStatus> status;
-  while (!(status = (*child)->Poll())) {
-    timespec tick{0, 50'000'000};
-    const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
-    if (sig <= 0) continue;
-    interrupted = sig;
-    const int n = CollectDumps(*agent, layout, job, shm_dir, attempt);
-    std::fprintf(stderr, "megascope wrap: %s: %d flight recorder(s) kept in %s; stopping %s\n",
-                 strsignal(sig), n, layout.dumps(attempt).c_str(), cmd[0].c_str());
-    status = (*child)->Stop(std::chrono::seconds(30));
-    break;
-  }
-  if (!interrupted && !status->success()) {  // what its ranks held when it failed
-    const int n = CollectDumps(*agent, layout, job, shm_dir, attempt);
-    if (n > 0)
-      std::fprintf(stderr, "megascope wrap: %s %s; %d flight recorder(s) kept in %s\n",
-                   cmd[0].c_str(), status->Describe().c_str(), n, layout.dumps(attempt).c_str());
-  }
+  auto status = Supervise(spec, *agent, layout, job, shm_dir, attempt, interrupted);
+  if (!status.ok()) return Fail("wrap", status.status().message());
   if (owner) {
     Record(layout, controller::EventKind::kJobFinished, attempt, "",
            {{"status", interrupted ? "interrupted" : (status->success() ? "finished" : "failed")},
