@@ -40,19 +40,10 @@ Result<tracer::WriteHook> CrashHookFromEnv() {
   });
 }
 
-}  // namespace
-
-int RunAgent(const Args& args) {
-  tracer::agent::AgentOptions o;
-  auto hook = CrashHookFromEnv();
-  if (!hook.ok()) return Fail("agent", hook.status().ToString(), kExitUsage);
-  o.write_hook = *hook;
-  // The fault seam of `megascope launch --inject metric:...`: the node's agent samples a /proc tree
-  // of its own.
-  if (const char* root = std::getenv("MEGASCOPE_PROC_ROOT"); root != nullptr && *root != '\0')
-    o.proc_root = root;
-  std::string token_file;
-  std::string drain_priority(tracer::agent::Name(o.drain_priority));
+// The agent's options, read into `o`; the token file's path and the drain priority's spelling
+// into their own strings.
+po::options_description AgentOptionsOf(tracer::agent::AgentOptions& o, std::string& token_file,
+                                       std::string& drain_priority) {
   po::options_description opts("Options");
   opts.add_options()("help,h", "show this help")(
       "node", po::value(&o.node)->required(),
@@ -86,30 +77,49 @@ int RunAgent(const Args& args) {
       "proc-root", po::value(&o.proc_root)->default_value(o.proc_root),
       "root of the /proc tree to sample (tests use a fake one; default $MEGASCOPE_PROC_ROOT or "
       "/proc)");
+  return opts;
+}
+
+// The numbers and spellings checked, the token read: empty, or what is wrong.
+std::string CheckAgentOptions(tracer::agent::AgentOptions& o, const std::string& token_file,
+                              const std::string& drain_priority) {
+  if (o.sample_interval_s <= 0) return "--sample-interval must be positive";
+  if (!(o.retain_hours >= 0)) return "--retain-hours must be >= 0 (0: keep everything)";
+  if (!(o.drain_interval_s > 0 && o.drain_interval_s <= 60))
+    return "--drain-interval must be above 0 and at most 60 seconds";
+  auto p = tracer::agent::ParseDrainPriority(drain_priority);
+  if (!p) return "--drain-priority '" + drain_priority + "': expected idle, batch or normal";
+  o.drain_priority = *p;
+  if (!token_file.empty()) {
+    auto token = tracer::ReadToken(token_file);
+    if (!token.ok()) return token.status().message();
+    o.token = *token;
+  }
+  return "";
+}
+
+}  // namespace
+
+int RunAgent(const Args& args) {
+  tracer::agent::AgentOptions o;
+  auto hook = CrashHookFromEnv();
+  if (!hook.ok()) return Fail("agent", hook.status().ToString(), kExitUsage);
+  o.write_hook = *hook;
+  // The fault seam of `megascope launch --inject metric:...`: the node's agent samples a /proc tree
+  // of its own.
+  if (const char* root = std::getenv("MEGASCOPE_PROC_ROOT"); root != nullptr && *root != '\0')
+    o.proc_root = root;
+  std::string token_file;
+  std::string drain_priority(tracer::agent::Name(o.drain_priority));
+  po::options_description opts = AgentOptionsOf(o, token_file, drain_priority);
   po::variables_map vm;
   if (auto rc = ParseArgs(
           "agent", "megascope agent --node NAME --run-dir DIR [--job J] [--listen 127.0.0.1:PORT]",
           args, opts, {}, &vm)) {
     return *rc;
   }
-  if (o.sample_interval_s <= 0)
-    return Fail("agent", "--sample-interval must be positive", kExitUsage);
-  if (!(o.retain_hours >= 0))
-    return Fail("agent", "--retain-hours must be >= 0 (0: keep everything)", kExitUsage);
-  if (!(o.drain_interval_s > 0 && o.drain_interval_s <= 60))
-    return Fail("agent", "--drain-interval must be above 0 and at most 60 seconds", kExitUsage);
-  if (auto p = tracer::agent::ParseDrainPriority(drain_priority)) {
-    o.drain_priority = *p;
-  } else {
-    return Fail("agent",
-                "--drain-priority '" + drain_priority + "': expected idle, batch or normal",
-                kExitUsage);
-  }
-  if (!token_file.empty()) {
-    auto token = tracer::ReadToken(token_file);
-    if (!token.ok()) return Fail("agent", token.status().message(), kExitUsage);
-    o.token = *token;
-  }
+  if (std::string err = CheckAgentOptions(o, token_file, drain_priority); !err.empty())
+    return Fail("agent", err, kExitUsage);
   auto agent = tracer::agent::Agent::Create(o);
   if (!agent.ok()) return Fail("agent", agent.status().ToString());
   g_agent = agent->get();
