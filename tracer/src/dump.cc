@@ -113,21 +113,8 @@ Status ReadMembers(const json& gj, const std::string& where, RankList* out) {
   return Status::Ok();
 }
 
-Result<Dump> ParseDumpJson(const json& j, const std::string& src) {
-  if (!j.is_object()) return InvalidArgument(src + ": a dump must be a JSON object");
-  Fields top(j, src);
-  ASSIGN_OR_RETURN(std::string format, top.Str("format"));
-  if (format != kDumpFormat) {
-    return FailedPrecondition(src + ": format is '" + format + "', expected '" +
-                              std::string(kDumpFormat) + "'");
-  }
-  ASSIGN_OR_RETURN(int64_t version, top.Int("version"));
-  if (version != kDumpVersion) {
-    return FailedPrecondition(src + ": dump version " + std::to_string(version) +
-                              " is not supported (this build reads version " +
-                              std::to_string(kDumpVersion) + ")");
-  }
-  Dump d;
+// The rank's identity and coordinates, dumped_at_ns and alive (format and version are read).
+Status ReadInfo(const json& j, const Fields& top, const std::string& src, Dump& d) {
   RankInfo& info = d.snapshot.info;
   ASSIGN_OR_RETURN(info.job, top.Str("job"));
   ASSIGN_OR_RETURN(int64_t attempt, top.Int("attempt"));
@@ -158,14 +145,20 @@ Result<Dump> ParseDumpJson(const json& j, const std::string& src) {
   ASSIGN_OR_RETURN(d.dumped_at_ns, top.Int("dumped_at_ns"));
   ASSIGN_OR_RETURN(const json* alive, top.Get("alive", json::value_t::boolean));
   d.alive = alive->get<bool>();
+  return Status::Ok();
+}
 
+Status ReadHeartbeat(const Fields& top, const std::string& src, Dump& d) {
   ASSIGN_OR_RETURN(const json* hbj, top.Get("heartbeat", json::value_t::object));
   Fields hb(*hbj, src + ": heartbeat");
   ASSIGN_OR_RETURN(d.snapshot.heartbeat.step, hb.Int("step"));
   ASSIGN_OR_RETURN(d.snapshot.heartbeat.phase,
                    Enum<Phase>(hb, "phase", &ParsePhase, &d, "heartbeat"));
   ASSIGN_OR_RETURN(d.snapshot.heartbeat.updated_at_ns, hb.IntOrNull("updated_at_ns", 0));
+  return Status::Ok();
+}
 
+Status ReadGroups(const Fields& top, const std::string& src, Dump& d) {
   ASSIGN_OR_RETURN(const json* groups, top.Get("groups", json::value_t::array));
   for (size_t i = 0; i < groups->size(); ++i) {
     const json& gj = (*groups)[i];
@@ -182,67 +175,91 @@ Result<Dump> ParseDumpJson(const json& j, const std::string& src) {
     }
     d.snapshot.groups.push_back(std::move(gi));
   }
+  return Status::Ok();
+}
 
+// Entry `i` (`ej`); unknown values are kept in `d`.
+Result<FlightEntry> ReadEntry(const json& ej, size_t i, const std::string& src, Dump& d) {
+  const std::string where = src + ": entries[" + std::to_string(i) + "]";
+  const std::string place = "entries[" + std::to_string(i) + "]";  // where unknown values are
+  if (!ej.is_object()) return InvalidArgument(where + " should be an object");
+  Fields e(ej, where);
+  FlightEntry f;
+  f.id = i + 1;
+  ASSIGN_OR_RETURN(std::string group, e.Str("group"));
+  auto git = std::find_if(d.snapshot.groups.begin(), d.snapshot.groups.end(),
+                          [&](const GroupInfo& g) { return g.name == group; });
+  if (git == d.snapshot.groups.end()) {
+    return InvalidArgument(where + ": group '" + group + "' is not listed in 'groups'");
+  }
+  f.group = static_cast<int32_t>(git - d.snapshot.groups.begin());
+  ASSIGN_OR_RETURN(int64_t seq, e.Int("seq"));
+  f.seq = static_cast<uint64_t>(seq);
+  ASSIGN_OR_RETURN(f.op, Enum<OpType>(e, "op", &ParseOpType, &d, place));
+  ASSIGN_OR_RETURN(int64_t peer, e.IntOrNull("peer", -1));
+  f.peer = static_cast<int32_t>(peer);
+  if (IsP2P(f.op) && f.peer < 0)
+    return InvalidArgument(where + ": a " + std::string(Name(f.op)) + " needs a peer");
+  ASSIGN_OR_RETURN(int64_t bytes, e.Int("bytes"));
+  f.bytes = static_cast<uint64_t>(bytes);
+  ASSIGN_OR_RETURN(f.dtype, Enum<DType>(e, "dtype", &ParseDType, &d, place));
+  ASSIGN_OR_RETURN(f.state, Enum<OpState>(e, "state", &ParseOpState, &d, place));
+  ASSIGN_OR_RETURN(f.enqueued_at_ns, e.IntOrNull("enqueued_at_ns", 0));
+  ASSIGN_OR_RETURN(f.started_at_ns, e.IntOrNull("started_at_ns", 0));
+  ASSIGN_OR_RETURN(f.completed_at_ns, e.IntOrNull("completed_at_ns", 0));
+  ASSIGN_OR_RETURN(f.bytes_sent, e.IntOrNull("bytes_sent", -1));
+  ASSIGN_OR_RETURN(f.bytes_received, e.IntOrNull("bytes_received", -1));
+  if (e.Has("waiting_on")) {
+    ASSIGN_OR_RETURN(f.waiting_on, Enum<WaitSide>(e, "waiting_on", &ParseWaitSide, &d, place));
+  }
+  return f;
+}
+
+Status ReadStacks(const json& stacks, const std::string& src, Dump& d) {
+  if (!stacks.is_array()) return InvalidArgument(src + ": stacks should be an array");
+  for (size_t i = 0; i < stacks.size(); ++i) {
+    const std::string where = src + ": stacks[" + std::to_string(i) + "]";
+    const json& tj = stacks[i];
+    if (!tj.is_object()) return InvalidArgument(where + " should be an object");
+    Fields t(tj, where);
+    ThreadStack ts;
+    ASSIGN_OR_RETURN(int64_t tid, t.Int("tid"));
+    ts.tid = static_cast<int>(tid);
+    ASSIGN_OR_RETURN(ts.name, t.Str("thread"));
+    ASSIGN_OR_RETURN(const json* frames, t.Get("frames", json::value_t::array));
+    for (const json& f : *frames) {
+      if (!f.is_string()) return InvalidArgument(where + ": frames must be strings");
+      ts.frames.push_back(f.get<std::string>());
+    }
+    d.stacks.push_back(std::move(ts));
+  }
+  return Status::Ok();
+}
+
+Result<Dump> ParseDumpJson(const json& j, const std::string& src) {
+  if (!j.is_object()) return InvalidArgument(src + ": a dump must be a JSON object");
+  Fields top(j, src);
+  ASSIGN_OR_RETURN(std::string format, top.Str("format"));
+  if (format != kDumpFormat) {
+    return FailedPrecondition(src + ": format is '" + format + "', expected '" +
+                              std::string(kDumpFormat) + "'");
+  }
+  ASSIGN_OR_RETURN(int64_t version, top.Int("version"));
+  if (version != kDumpVersion) {
+    return FailedPrecondition(src + ": dump version " + std::to_string(version) +
+                              " is not supported (this build reads version " +
+                              std::to_string(kDumpVersion) + ")");
+  }
+  Dump d;
+  RETURN_IF_ERROR(ReadInfo(j, top, src, d));
+  RETURN_IF_ERROR(ReadHeartbeat(top, src, d));
+  RETURN_IF_ERROR(ReadGroups(top, src, d));
   ASSIGN_OR_RETURN(const json* entries, top.Get("entries", json::value_t::array));
   for (size_t i = 0; i < entries->size(); ++i) {
-    const json& ej = (*entries)[i];
-    std::string where = src + ": entries[" + std::to_string(i) + "]";
-    if (!ej.is_object()) return InvalidArgument(where + " should be an object");
-    Fields e(ej, where);
-    FlightEntry f;
-    f.id = i + 1;
-    ASSIGN_OR_RETURN(std::string group, e.Str("group"));
-    auto git = std::find_if(d.snapshot.groups.begin(), d.snapshot.groups.end(),
-                            [&](const GroupInfo& g) { return g.name == group; });
-    if (git == d.snapshot.groups.end()) {
-      return InvalidArgument(where + ": group '" + group + "' is not listed in 'groups'");
-    }
-    f.group = static_cast<int32_t>(git - d.snapshot.groups.begin());
-    ASSIGN_OR_RETURN(int64_t seq, e.Int("seq"));
-    f.seq = static_cast<uint64_t>(seq);
-    ASSIGN_OR_RETURN(f.op,
-                     Enum<OpType>(e, "op", &ParseOpType, &d, "entries[" + std::to_string(i) + "]"));
-    ASSIGN_OR_RETURN(int64_t peer, e.IntOrNull("peer", -1));
-    f.peer = static_cast<int32_t>(peer);
-    if (IsP2P(f.op) && f.peer < 0)
-      return InvalidArgument(where + ": a " + std::string(Name(f.op)) + " needs a peer");
-    ASSIGN_OR_RETURN(int64_t bytes, e.Int("bytes"));
-    f.bytes = static_cast<uint64_t>(bytes);
-    ASSIGN_OR_RETURN(
-        f.dtype, Enum<DType>(e, "dtype", &ParseDType, &d, "entries[" + std::to_string(i) + "]"));
-    ASSIGN_OR_RETURN(f.state, Enum<OpState>(e, "state", &ParseOpState, &d,
-                                            "entries[" + std::to_string(i) + "]"));
-    ASSIGN_OR_RETURN(f.enqueued_at_ns, e.IntOrNull("enqueued_at_ns", 0));
-    ASSIGN_OR_RETURN(f.started_at_ns, e.IntOrNull("started_at_ns", 0));
-    ASSIGN_OR_RETURN(f.completed_at_ns, e.IntOrNull("completed_at_ns", 0));
-    ASSIGN_OR_RETURN(f.bytes_sent, e.IntOrNull("bytes_sent", -1));
-    ASSIGN_OR_RETURN(f.bytes_received, e.IntOrNull("bytes_received", -1));
-    if (e.Has("waiting_on")) {
-      ASSIGN_OR_RETURN(f.waiting_on, Enum<WaitSide>(e, "waiting_on", &ParseWaitSide, &d,
-                                                    "entries[" + std::to_string(i) + "]"));
-    }
+    ASSIGN_OR_RETURN(FlightEntry f, ReadEntry((*entries)[i], i, src, d));
     d.snapshot.entries.push_back(f);
   }
-
-  if (auto it = j.find("stacks"); it != j.end()) {
-    if (!it->is_array()) return InvalidArgument(src + ": stacks should be an array");
-    for (size_t i = 0; i < it->size(); ++i) {
-      const std::string where = src + ": stacks[" + std::to_string(i) + "]";
-      const json& tj = (*it)[i];
-      if (!tj.is_object()) return InvalidArgument(where + " should be an object");
-      Fields t(tj, where);
-      ThreadStack ts;
-      ASSIGN_OR_RETURN(int64_t tid, t.Int("tid"));
-      ts.tid = static_cast<int>(tid);
-      ASSIGN_OR_RETURN(ts.name, t.Str("thread"));
-      ASSIGN_OR_RETURN(const json* frames, t.Get("frames", json::value_t::array));
-      for (const json& f : *frames) {
-        if (!f.is_string()) return InvalidArgument(where + ": frames must be strings");
-        ts.frames.push_back(f.get<std::string>());
-      }
-      d.stacks.push_back(std::move(ts));
-    }
-  }
+  if (auto it = j.find("stacks"); it != j.end()) RETURN_IF_ERROR(ReadStacks(*it, src, d));
   return d;
 }
 
@@ -264,9 +281,12 @@ std::string DumpToJson(const Dump& d) {
   return out;
 }
 
-void AppendDumpJson(const Dump& d, std::string* to, bool one_line) {
-  std::string& out = *to;
-  using ojson = nlohmann::ordered_json;  // keeps docs/formats.md's field order
+namespace {
+
+using ojson = nlohmann::ordered_json;  // keeps docs/formats.md's field order
+
+// The header: every field before the groups, in docs/formats.md's order.
+ojson HeaderJson(const Dump& d) {
   const RankSnapshot& s = d.snapshot;
   ojson j;
   j["format"] = kDumpFormat;
@@ -287,86 +307,101 @@ void AppendDumpJson(const Dump& d, std::string* to, bool one_line) {
                     {"updated_at_ns", NsOrNull(s.heartbeat.updated_at_ns)}};
   j["records_total"] = s.records_total;
   j["dropped_records"] = s.dropped_total;
-  ojson groups = ojson::array();
-  for (const GroupInfo& g : s.groups) {
-    ojson gj = {{"name", g.name}, {"kind", g.kind}};
-    const auto& runs = g.ranks.runs();
-    const bool compact = g.ranks.size() > kListedGroupSize &&
-                         std::none_of(runs.begin(), runs.end(), [](const RankList::Run& r) {
-                           return r.count > 1 && r.stride == 0;
-                         });
-    if (compact) {
-      ojson ranges = ojson::array();
-      for (const RankList::Run& r : runs) {
-        const int64_t step = r.count > 1 ? r.stride : 1;
-        ranges.push_back({r.first, r.first + step * r.count, step});
-      }
-      gj["rank_ranges"] = std::move(ranges);
-    } else {
-      gj["ranks"] = g.ranks.ToVector();
-    }
-    groups.push_back(std::move(gj));
+  return j;
+}
+
+// A group: its members listed, or as runs (rank_ranges) when it is large and has no run of one
+// rank repeated.
+ojson GroupJson(const GroupInfo& g) {
+  ojson gj = {{"name", g.name}, {"kind", g.kind}};
+  const auto& runs = g.ranks.runs();
+  const bool compact = g.ranks.size() > kListedGroupSize &&
+                       std::none_of(runs.begin(), runs.end(), [](const RankList::Run& r) {
+                         return r.count > 1 && r.stride == 0;
+                       });
+  if (!compact) {
+    gj["ranks"] = g.ranks.ToVector();
+    return gj;
   }
-  // The header one field a line, each group and entry on one line of its own: readable, greppable,
-  // and a third smaller than indenting every field (a 12,288-rank job writes a gigabyte of these).
-  ojson stacks = ojson::array();
-  for (const ThreadStack& t : d.stacks)
-    stacks.push_back({{"tid", t.tid}, {"thread", t.name}, {"frames", t.frames}});
-  out += j.dump(one_line ? -1 : 1);
-  out.pop_back();  // the closing brace
+  ojson ranges = ojson::array();
+  for (const RankList::Run& r : runs) {
+    const int64_t step = r.count > 1 ? r.stride : 1;
+    ranges.push_back({r.first, r.first + step * r.count, step});
+  }
+  gj["rank_ranges"] = std::move(ranges);
+  return gj;
+}
+
+// One entry on one line, written directly: building a JSON tree for each made the agent's answer
+// for a node's ranks cost more than reading it. `group_names`: the groups' names as JSON strings.
+void AppendEntry(std::string& out, const FlightEntry& e,
+                 const std::vector<std::string>& group_names) {
+  const bool known_group = e.group >= 0 && static_cast<size_t>(e.group) < group_names.size();
+  out += "{\"group\":";
+  out += known_group ? group_names[e.group] : "\"?" + std::to_string(e.group) + "\"";
+  AppendField(out, "seq", e.seq);
+  AppendString(out, "op", Name(e.op));
+  AppendField(out, "peer", e.peer, e.peer < 0);
+  AppendField(out, "bytes", e.bytes);
+  AppendString(out, "dtype", Name(e.dtype));
+  AppendString(out, "state", Name(e.state));
+  AppendField(out, "enqueued_at_ns", e.enqueued_at_ns, e.enqueued_at_ns == 0);
+  AppendField(out, "started_at_ns", e.started_at_ns, e.started_at_ns == 0);
+  AppendField(out, "completed_at_ns", e.completed_at_ns, e.completed_at_ns == 0);
+  AppendField(out, "bytes_sent", e.bytes_sent, e.bytes_sent < 0);
+  AppendField(out, "bytes_received", e.bytes_received, e.bytes_received < 0);
+  if (e.waiting_on != WaitSide::kNone) AppendString(out, "waiting_on", Name(e.waiting_on));
+  out += '}';
+}
+
+// ,"key": [ item, item ] -- each item on a line of its own unless `one_line`; `write(i)` appends
+// item i.
+template <typename Write>
+void AppendList(std::string& out, const char* key, size_t n, bool one_line, Write&& write) {
   const std::string_view nl = one_line ? "" : "\n", indent = one_line ? "" : " ";
-  auto list = [&](const char* key, size_t n, auto&& write) {
-    out += ",";
+  out += ",";
+  out += nl;
+  out += indent;
+  out += "\"";
+  out += key;
+  out += "\": [";
+  for (size_t i = 0; i < n; ++i) {
+    out += i ? "," : "";
     out += nl;
     out += indent;
-    out += "\"";
-    out += key;
-    out += "\": [";
-    for (size_t i = 0; i < n; ++i) {
-      out += i ? "," : "";
-      out += nl;
-      out += indent;
-      out += indent;
-      write(i);
-    }
-    if (n != 0) {
-      out += nl;
-      out += indent;
-    }
-    out += "]";
-  };
-  list("groups", groups.size(), [&](size_t i) { out += groups[i].dump(); });
-  // The entries (most of a dump) are written directly: building a JSON tree for each made the
-  // agent's answer for a node's ranks cost more than reading it.
+    out += indent;
+    write(i);
+  }
+  if (n != 0) {
+    out += nl;
+    out += indent;
+  }
+  out += "]";
+}
+
+}  // namespace
+
+void AppendDumpJson(const Dump& d, std::string* to, bool one_line) {
+  std::string& out = *to;
+  const RankSnapshot& s = d.snapshot;
+  // The header one field a line, each group and entry on one line of its own: readable, greppable,
+  // and a third smaller than indenting every field (a 12,288-rank job writes a gigabyte of these).
+  out += HeaderJson(d).dump(one_line ? -1 : 1);
+  out.pop_back();  // the closing brace
+  AppendList(out, "groups", s.groups.size(), one_line,
+             [&](size_t i) { out += GroupJson(s.groups[i]).dump(); });
   std::vector<std::string> group_names(s.groups.size());
   for (size_t g = 0; g < s.groups.size(); ++g) group_names[g] = ojson(s.groups[g].name).dump();
   out.reserve(out.size() + s.entries.size() * 300);
-  list("entries", s.entries.size(), [&](size_t i) {
-    const FlightEntry& e = s.entries[i];
-    const bool known_group = e.group >= 0 && static_cast<size_t>(e.group) < s.groups.size();
-    out += "{\"group\":";
-    out += known_group ? group_names[e.group] : "\"?" + std::to_string(e.group) + "\"";
-    AppendField(out, "seq", e.seq);
-    AppendString(out, "op", Name(e.op));
-    AppendField(out, "peer", e.peer, e.peer < 0);
-    AppendField(out, "bytes", e.bytes);
-    AppendString(out, "dtype", Name(e.dtype));
-    AppendString(out, "state", Name(e.state));
-    AppendField(out, "enqueued_at_ns", e.enqueued_at_ns, e.enqueued_at_ns == 0);
-    AppendField(out, "started_at_ns", e.started_at_ns, e.started_at_ns == 0);
-    AppendField(out, "completed_at_ns", e.completed_at_ns, e.completed_at_ns == 0);
-    AppendField(out, "bytes_sent", e.bytes_sent, e.bytes_sent < 0);
-    AppendField(out, "bytes_received", e.bytes_received, e.bytes_received < 0);
-    if (e.waiting_on != WaitSide::kNone) AppendString(out, "waiting_on", Name(e.waiting_on));
-    out += '}';
-  });
+  AppendList(out, "entries", s.entries.size(), one_line,
+             [&](size_t i) { AppendEntry(out, s.entries[i], group_names); });
   if (!d.stacks.empty()) {  // none: written by a reader, or not asked for
-    list("stacks", d.stacks.size(), [&](size_t i) {
+    AppendList(out, "stacks", d.stacks.size(), one_line, [&](size_t i) {
       const ThreadStack& t = d.stacks[i];
       out += ojson{{"tid", t.tid}, {"thread", t.name}, {"frames", t.frames}}.dump();
     });
   }
-  out += nl;
+  out += one_line ? "" : "\n";
   out += "}\n";
 }
 
