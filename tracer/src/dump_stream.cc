@@ -112,6 +112,46 @@ bool ReadTable(In& in, std::optional<E> (*parse)(std::string_view),
   return true;
 }
 
+// A frame that ends inside `what`.
+Status CutShort(const std::string& where, const In& in, size_t frame_size, const char* what) {
+  return DataLoss(where + ": cut short in " + what + " (byte " + std::to_string(in.At()) + " of " +
+                  std::to_string(frame_size) + ")");
+}
+
+// A frame's `groups` groups, each its name, kind and runs of ranks (the JSON form's rules).
+Status ReadFrameGroups(In& in, const std::string& where, size_t frame_size, uint32_t groups,
+                       Dump& d) {
+  d.snapshot.groups.resize(groups);
+  for (uint32_t i = 0; i < groups; ++i) {
+    GroupInfo& g = d.snapshot.groups[i];
+    uint32_t runs = 0;
+    if (!in.GetString(&g.name) || !in.GetString(&g.kind) || !in.Get(&runs) || runs > in.Left() / 12)
+      return CutShort(where, in, frame_size, "the groups");
+    if (!ValidUtf8(g.name) || !ValidUtf8(g.kind))
+      return InvalidArgument(where + ": groups[" + std::to_string(i) + "]: a name is not UTF-8");
+    for (uint32_t k = 0; k < runs; ++k) {
+      RankList::Run r;
+      if (!in.Get(&r.first) || !in.Get(&r.stride) || !in.Get(&r.count))
+        return CutShort(where, in, frame_size, "the groups");
+      // The JSON form's rule: each run a non-empty range of ranks in [0, INT32_MAX], the group
+      // no larger than kMaxGroupSize.
+      const int64_t last = r.first + static_cast<int64_t>(r.stride) * (int64_t{r.count} - 1);
+      if (r.count == 0 || r.first < 0 || last < 0 || last > INT32_MAX ||
+          g.ranks.size() + r.count > kMaxGroupSize) {
+        return InvalidArgument(where + ": group '" + g.name + "' has a run of " +
+                               std::to_string(r.count) + " ranks from " + std::to_string(r.first) +
+                               " by " + std::to_string(r.stride) + " that is not a range of ranks");
+      }
+      g.ranks.AppendRun(r.first, r.count, r.stride);
+    }
+    for (uint32_t k = 0; k < i; ++k) {
+      if (d.snapshot.groups[k].name == g.name)
+        return InvalidArgument(where + ": group '" + g.name + "' appears twice");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 void AppendDumpStreamHeader(std::string* out) {
@@ -252,10 +292,7 @@ Status DumpStreamReader::Finish() const {
 Result<Dump> DumpStreamReader::ParseFrame(std::string_view frame) {
   const std::string where = source_ + ": dump " + std::to_string(frames_ + 1);
   In in(frame);
-  auto cut = [&](const char* what) {
-    return DataLoss(where + ": cut short in " + what + " (byte " + std::to_string(in.At()) +
-                    " of " + std::to_string(frame.size()) + ")");
-  };
+  auto cut = [&](const char* what) { return CutShort(where, in, frame.size(), what); };
   Dump d;
   RankInfo& info = d.snapshot.info;
   uint8_t alive = 0;
@@ -281,33 +318,7 @@ Result<Dump> DumpStreamReader::ParseFrame(std::string_view frame) {
   uint32_t groups = 0;
   if (!in.Get(&groups)) return cut("the groups");
   if (groups > in.Left() / 12) return cut("the groups");
-  d.snapshot.groups.resize(groups);
-  for (uint32_t i = 0; i < groups; ++i) {
-    GroupInfo& g = d.snapshot.groups[i];
-    uint32_t runs = 0;
-    if (!in.GetString(&g.name) || !in.GetString(&g.kind) || !in.Get(&runs) || runs > in.Left() / 12)
-      return cut("the groups");
-    if (!ValidUtf8(g.name) || !ValidUtf8(g.kind))
-      return InvalidArgument(where + ": groups[" + std::to_string(i) + "]: a name is not UTF-8");
-    for (uint32_t k = 0; k < runs; ++k) {
-      RankList::Run r;
-      if (!in.Get(&r.first) || !in.Get(&r.stride) || !in.Get(&r.count)) return cut("the groups");
-      // The JSON form's rule: each run a non-empty range of ranks in [0, INT32_MAX], the group
-      // no larger than kMaxGroupSize.
-      const int64_t last = r.first + static_cast<int64_t>(r.stride) * (int64_t{r.count} - 1);
-      if (r.count == 0 || r.first < 0 || last < 0 || last > INT32_MAX ||
-          g.ranks.size() + r.count > kMaxGroupSize) {
-        return InvalidArgument(where + ": group '" + g.name + "' has a run of " +
-                               std::to_string(r.count) + " ranks from " + std::to_string(r.first) +
-                               " by " + std::to_string(r.stride) + " that is not a range of ranks");
-      }
-      g.ranks.AppendRun(r.first, r.count, r.stride);
-    }
-    for (uint32_t k = 0; k < i; ++k) {
-      if (d.snapshot.groups[k].name == g.name)
-        return InvalidArgument(where + ": group '" + g.name + "' appears twice");
-    }
-  }
+  RETURN_IF_ERROR(ReadFrameGroups(in, where, frame.size(), groups, d));
   uint32_t entries = 0;
   if (!in.Get(&entries)) return cut("the entries");
   if (in.Left() != size_t{entries} * kEntryBytes) {
