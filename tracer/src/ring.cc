@@ -222,34 +222,37 @@ Status ClaimName(const std::string& tmp, const std::string& path) {
   return AlreadyExists("ring " + path + " keeps reappearing; another process races us for it");
 }
 
-}  // namespace
+// Where each part of a segment of `o`'s sizes starts, and its size.
+struct Layout {
+  uint64_t names_off, groups_off, pool_off, flight_off, lanes_off, slots_off, total;
+};
 
-Result<std::unique_ptr<RingWriter>> RingWriter::Create(const RingOptions& o, const Clock& clock) {
-  RETURN_IF_ERROR(ValidateOptions(o));
-  // Layout.
+Layout LayoutOf(const RingOptions& o) {
+  Layout l{};
   uint64_t off = AlignUp(sizeof(SegmentHeader));
-  const uint64_t names_off = off;
+  l.names_off = off;
   off = AlignUp(off + uint64_t{o.max_names} * sizeof(NameSlot));
-  const uint64_t groups_off = off;
+  l.groups_off = off;
   off = AlignUp(off + uint64_t{o.max_groups} * sizeof(GroupSlot));
-  const uint64_t pool_off = off;
+  l.pool_off = off;
   off = AlignUp(off + uint64_t{o.rank_runs} * sizeof(RunSlot));
-  const uint64_t flight_off = off;
+  l.flight_off = off;
   off = AlignUp(off + uint64_t{o.flight_entries} * sizeof(SeqBlock<10>));
-  const uint64_t lanes_off = off;
+  l.lanes_off = off;
   off = AlignUp(off + uint64_t{o.lanes} * sizeof(LaneControl));
-  const uint64_t slots_off = off;
-  const uint64_t total = off + uint64_t{o.lanes} * o.lane_capacity * sizeof(Record);
+  l.slots_off = off;
+  l.total = off + uint64_t{o.lanes} * o.lane_capacity * sizeof(Record);
+  return l;
+}
 
-  const std::string path = o.dir + "/" + RingFileName(o.job, o.attempt, o.rank);
-  // The segment is built under a temporary name and linked into place only once initialised,
-  // so a reader never sees a half-made ring; link() also claims the name atomically.
-  const std::string tmp = path + ".init." + std::to_string(::getpid());
+// A new file `tmp` of `total` bytes (the ring at `path` to be), mapped shared.
+Result<void*> MapNewSegment(const std::string& tmp, const std::string& path, const std::string& dir,
+                            uint64_t total) {
   ::unlink(tmp.c_str());
   int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
     if (errno == ENOENT) {
-      return NotFound("cannot create ring " + path + ": directory " + o.dir + " does not exist");
+      return NotFound("cannot create ring " + path + ": directory " + dir + " does not exist");
     }
     return ErrnoError("cannot create ring " + path, errno);
   }
@@ -266,23 +269,26 @@ Result<std::unique_ptr<RingWriter>> RingWriter::Create(const RingOptions& o, con
     ::unlink(tmp.c_str());
     return ErrnoError("cannot map ring " + path, map_err);
   }
-  auto* seg = new (mem) Segment{};
-  SegmentHeader& h = seg->hdr;
+  return mem;
+}
+
+// Everything of the header but its magic, which is stored last.
+void WriteHeader(SegmentHeader& h, const RingOptions& o, const Layout& l, const Clock& clock) {
   h.version = kRingVersion;
   h.record_version = kRecordVersion;
-  h.total_size = total;
+  h.total_size = l.total;
   h.lanes = o.lanes;
   h.lane_capacity = o.lane_capacity;
   h.flight_entries = o.flight_entries;
   h.max_names = o.max_names;
   h.max_groups = o.max_groups;
   h.rank_runs = o.rank_runs;
-  h.names_off = names_off;
-  h.groups_off = groups_off;
-  h.pool_off = pool_off;
-  h.flight_off = flight_off;
-  h.lanes_off = lanes_off;
-  h.slots_off = slots_off;
+  h.names_off = l.names_off;
+  h.groups_off = l.groups_off;
+  h.pool_off = l.pool_off;
+  h.flight_off = l.flight_off;
+  h.lanes_off = l.lanes_off;
+  h.slots_off = l.slots_off;
   CopyName(h.job, sizeof(h.job), o.job);
   CopyName(h.node, sizeof(h.node), o.node);
   CopyName(h.clock_name, sizeof(h.clock_name), clock.Name());
@@ -296,6 +302,22 @@ Result<std::unique_ptr<RingWriter>> RingWriter::Create(const RingOptions& o, con
   h.pp = o.coords.pp;
   h.tp = o.coords.tp;
   h.created_ns = WallNowNs();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<RingWriter>> RingWriter::Create(const RingOptions& o, const Clock& clock) {
+  RETURN_IF_ERROR(ValidateOptions(o));
+  const Layout layout = LayoutOf(o);
+  const uint64_t total = layout.total;
+  const std::string path = o.dir + "/" + RingFileName(o.job, o.attempt, o.rank);
+  // The segment is built under a temporary name and linked into place only once initialised,
+  // so a reader never sees a half-made ring; link() also claims the name atomically.
+  const std::string tmp = path + ".init." + std::to_string(::getpid());
+  ASSIGN_OR_RETURN(void* mem, MapNewSegment(tmp, path, o.dir, total));
+  auto* seg = new (mem) Segment{};
+  SegmentHeader& h = seg->hdr;
+  WriteHeader(h, o, layout, clock);
 
   std::unique_ptr<RingWriter> w(new RingWriter());
   w->options_ = o;
