@@ -151,9 +151,100 @@ Status TraceStore::BatchInsert::Flush() {
   return Status::Ok();
 }
 
+namespace {
+const std::string kUnknownName = "?";
+}  // namespace
+
+const char* TraceStore::AddSpan(const RingRows& rr, const SpanRecord& sp) {
+  using Cell = BatchInsert::Cell;
+  const int rank = rr.info->rank, attempt = rr.info->attempt;
+  const std::string& name = sp.name < rr.names->size() ? (*rr.names)[sp.name] : kUnknownName;
+  const int64_t start = Ns(rr.calibration, sp.start_ticks);
+  if (!spans_
+           .Add({rank, attempt, sp.step, sp.microbatch < 0 ? Cell() : Cell(sp.microbatch),
+                 static_cast<int>(sp.kind), name, start, Ns(rr.calibration, sp.end_ticks) - start})
+           .ok())
+    return "cannot insert spans";
+  if (IsDeviceSpan(sp.kind) &&
+      !device_spans_
+           .Add({rank, attempt, Name(sp.kind), start, static_cast<int64_t>(sp.device),
+                 static_cast<int64_t>(sp.stream), static_cast<int64_t>(sp.correlation),
+                 static_cast<int64_t>(sp.bytes)})
+           .ok())
+    return "cannot insert device spans";
+  return nullptr;
+}
+
+const char* TraceStore::AddCollective(const RingRows& rr, const CollectiveRecord& c,
+                                      std::vector<int64_t>& group_of_index) {
+  using Cell = BatchInsert::Cell;
+  const bool known = c.group < rr.groups->size();
+  int64_t group = known ? group_of_index[c.group] : -1;
+  if (group < 0) {
+    auto id = GroupId(known ? (*rr.groups)[c.group].name : kUnknownName);
+    if (!id.ok()) return "cannot record a group name";
+    group = *id;
+    if (known) group_of_index[c.group] = group;
+  }
+  const int64_t enqueued = Ns(rr.calibration, c.enqueued_ticks);
+  if (!collectives_
+           .Add({rr.info->rank, rr.info->attempt, static_cast<int64_t>(c.step), group,
+                 static_cast<int64_t>(c.seq), static_cast<int>(c.op),
+                 c.peer < 0 ? Cell() : Cell(c.peer), static_cast<int64_t>(c.bytes),
+                 static_cast<int>(c.dtype), static_cast<int>(c.state), enqueued,
+                 c.started_ticks == 0 ? Cell()
+                                      : Cell(Ns(rr.calibration, c.started_ticks) - enqueued),
+                 Ns(rr.calibration, c.completed_ticks) - enqueued})
+           .ok())
+    return "cannot insert a collective";
+  return nullptr;
+}
+
+const char* TraceStore::AddRing(const RingRows& rr, std::vector<int64_t>& group_of_index) {
+  const int rank = rr.info->rank, attempt = rr.info->attempt;
+  group_of_index.assign(rr.groups->size(), -1);
+  for (const Record& r : rr.records) {
+    const char* failed = nullptr;
+    switch (r.type) {
+      case RecordType::kSpan:
+        failed = AddSpan(rr, r.span);
+        break;
+      case RecordType::kCollective:
+        failed = AddCollective(rr, r.collective, group_of_index);
+        break;
+      case RecordType::kHeartbeat: {
+        const HeartbeatRecord& h = r.heartbeat;
+        if (!heartbeats_
+                 .Add({rank, attempt, Ns(rr.calibration, h.ticks), h.step,
+                       static_cast<int>(h.phase)})
+                 .ok())
+          failed = "cannot insert a heartbeat";
+        break;
+      }
+      case RecordType::kMetric: {
+        const MetricRecord& m = r.metric;
+        const std::string& name =
+            texts_.emplace_back("rank" + std::to_string(rank) + "." +
+                                (m.name < rr.names->size() ? (*rr.names)[m.name] : kUnknownName));
+        if (!metrics_.Add({rr.info->node, Ns(rr.calibration, m.ticks), name, m.value}).ok())
+          failed = "cannot insert a metric";
+        break;
+      }
+      default:
+        break;
+    }
+    if (failed != nullptr) return failed;
+  }
+  for (size_t lane = 0; lane < rr.lane_tails.size(); ++lane) {
+    if (!cursors_.Add({rr.ring, static_cast<int>(lane), static_cast<int64_t>(rr.lane_tails[lane])})
+             .ok())
+      return "cannot record a ring cursor";
+  }
+  return nullptr;
+}
+
 Status TraceStore::Write(std::span<const RingRows> rings, std::span<const MetricRow> metrics,
                          std::span<const DropRow> drops) {
-  using Cell = BatchInsert::Cell;
   BatchInsert* const batches[] = {&spans_,   &device_spans_, &collectives_, &heartbeats_,
                                   &metrics_, &drops_,        &cursors_};
   texts_.clear();
@@ -165,84 +256,9 @@ Status TraceStore::Write(std::span<const RingRows> rings, std::span<const Metric
     group_ids_.clear();  // ids added in the rolled-back transaction are gone
     return st;
   };
-  static const std::string kUnknown = "?";
-  std::vector<int64_t> group_of_index;  // this ring's group index -> group_names id (-1: not yet)
+  std::vector<int64_t> group_of_index;
   for (const RingRows& rr : rings) {
-    const int rank = rr.info->rank, attempt = rr.info->attempt;
-    group_of_index.assign(rr.groups->size(), -1);
-    for (const Record& r : rr.records) {
-      switch (r.type) {
-        case RecordType::kSpan: {
-          const SpanRecord& sp = r.span;
-          const std::string& name = sp.name < rr.names->size() ? (*rr.names)[sp.name] : kUnknown;
-          const int64_t start = Ns(rr.calibration, sp.start_ticks);
-          if (!spans_
-                   .Add({rank, attempt, sp.step, sp.microbatch < 0 ? Cell() : Cell(sp.microbatch),
-                         static_cast<int>(sp.kind), name, start,
-                         Ns(rr.calibration, sp.end_ticks) - start})
-                   .ok())
-            return fail("cannot insert spans");
-          if (IsDeviceSpan(sp.kind) &&
-              !device_spans_
-                   .Add({rank, attempt, Name(sp.kind), start, static_cast<int64_t>(sp.device),
-                         static_cast<int64_t>(sp.stream), static_cast<int64_t>(sp.correlation),
-                         static_cast<int64_t>(sp.bytes)})
-                   .ok())
-            return fail("cannot insert device spans");
-          break;
-        }
-        case RecordType::kCollective: {
-          const CollectiveRecord& c = r.collective;
-          const bool known = c.group < rr.groups->size();
-          int64_t group = known ? group_of_index[c.group] : -1;
-          if (group < 0) {
-            auto id = GroupId(known ? (*rr.groups)[c.group].name : kUnknown);
-            if (!id.ok()) return fail("cannot record a group name");
-            group = *id;
-            if (known) group_of_index[c.group] = group;
-          }
-          const int64_t enqueued = Ns(rr.calibration, c.enqueued_ticks);
-          if (!collectives_
-                   .Add({rank, attempt, static_cast<int64_t>(c.step), group,
-                         static_cast<int64_t>(c.seq), static_cast<int>(c.op),
-                         c.peer < 0 ? Cell() : Cell(c.peer), static_cast<int64_t>(c.bytes),
-                         static_cast<int>(c.dtype), static_cast<int>(c.state), enqueued,
-                         c.started_ticks == 0
-                             ? Cell()
-                             : Cell(Ns(rr.calibration, c.started_ticks) - enqueued),
-                         Ns(rr.calibration, c.completed_ticks) - enqueued})
-                   .ok())
-            return fail("cannot insert a collective");
-          break;
-        }
-        case RecordType::kHeartbeat: {
-          const HeartbeatRecord& h = r.heartbeat;
-          if (!heartbeats_
-                   .Add({rank, attempt, Ns(rr.calibration, h.ticks), h.step,
-                         static_cast<int>(h.phase)})
-                   .ok())
-            return fail("cannot insert a heartbeat");
-          break;
-        }
-        case RecordType::kMetric: {
-          const MetricRecord& m = r.metric;
-          const std::string& name =
-              texts_.emplace_back("rank" + std::to_string(rank) + "." +
-                                  (m.name < rr.names->size() ? (*rr.names)[m.name] : kUnknown));
-          if (!metrics_.Add({rr.info->node, Ns(rr.calibration, m.ticks), name, m.value}).ok())
-            return fail("cannot insert a metric");
-          break;
-        }
-        default:
-          break;
-      }
-    }
-    for (size_t lane = 0; lane < rr.lane_tails.size(); ++lane) {
-      if (!cursors_
-               .Add({rr.ring, static_cast<int>(lane), static_cast<int64_t>(rr.lane_tails[lane])})
-               .ok())
-        return fail("cannot record a ring cursor");
-    }
+    if (const char* failed = AddRing(rr, group_of_index)) return fail(failed);
   }
   for (const MetricRow& m : metrics) {
     if (!metrics_.Add({m.node, m.ts_ns, m.name, m.value}).ok())

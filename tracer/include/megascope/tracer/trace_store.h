@@ -94,6 +94,12 @@ class TraceStore {
   TraceStore() = default;
   // The id of group `name` in group_names, added in the current transaction when new.
   Result<int64_t> GroupId(const std::string& name);
+  // One ring's records and lane cursors added to the batches: nullptr, or what could not be
+  // inserted. `group_of_index`: the ring's group index -> group_names id (-1: not yet).
+  const char* AddRing(const RingRows& rr, std::vector<int64_t>& group_of_index);
+  const char* AddSpan(const RingRows& rr, const SpanRecord& sp);
+  const char* AddCollective(const RingRows& rr, const CollectiveRecord& c,
+                            std::vector<int64_t>& group_of_index);
 
   // The rows of one table, inserted many to a statement (INSERT ... VALUES (..),(..),...): a
   // statement's step (starting SQLite's VM, halting it, resetting it) costs more than the small row
