@@ -289,6 +289,92 @@ struct Agent::Impl {
     if (comm + comm_done > 0) st.comm->Increment(comm + comm_done);
   }
 
+  // What one pass read of a ring, to be consumed once it is written.
+  struct Pending {
+    RankState* st;
+    std::span<const Record> records;
+    ReadBatch batch;
+    ClockCalibration cal;
+  };
+
+  // Reads what is new in `st`'s ring into the arena from `used` on (which it moves past it),
+  // picking up new names and groups and counting drops; what it read joins `pending` and
+  // `rows_out`.
+  void ReadRing(RankState& st, bool refresh, int64_t now_ns, size_t& used,
+                std::vector<DropRow>& drops, std::vector<Pending>& pending,
+                std::vector<RingRows>& rows_out) {
+    if (refresh || st.snap.info.pid == 0) TakeSnapshot(st);
+    while (st.names.size() < 65536) {  // pick up newly interned names
+      const std::string n = st.reader->NameOf(static_cast<NameId>(st.names.size()));
+      if (!n.empty() && n[0] == '?') break;
+      st.names.push_back(n);
+    }
+    Pending p{&st, {}, {}, st.reader->Calibration()};
+    const std::span<Record> room(arena.data() + used, arena.size() - used);
+    const size_t n = room.empty() ? 0 : st.reader->Read(room, &p.batch);
+    for (size_t i = 0; i < n; ++i) {  // a group registered since the last snapshot: refresh now
+      if (room[i].type == RecordType::kCollective &&
+          room[i].collective.group >= st.snap.groups.size()) {
+        TakeSnapshot(st);
+        break;
+      }
+    }
+    const uint64_t dropped = st.reader->Dropped();
+    if (dropped > st.dropped_seen) {
+      drops.push_back({st.info.rank, now_ns, static_cast<int64_t>(dropped)});
+      st.dropped->Increment(static_cast<double>(dropped - st.dropped_seen));
+      st.dropped_seen = dropped;
+    }
+    if (n == 0) return;
+    p.records = room.first(n);
+    used += n;
+    rows_out.push_back({&st.info, p.cal, &st.names, &st.snap.groups, p.records, st.cursor_key,
+                        p.batch.lane_tails});
+    pending.push_back(std::move(p));
+  }
+
+  // A rank whose process is gone: its flight recorder kept in the run's dumps, unless it left a
+  // dump of its own since its last heartbeat (it was alive then: that says more).
+  void KeepRecorderOfGone(RankState& st, int64_t now_ns) {
+    st.dead = true;
+    const RankSnapshot& snap = st.snap;
+    const std::string path = RunLayout(opt.run_dir).dump(st.info.attempt, st.info.rank);
+    const std::string who =
+        "rank " + std::to_string(st.info.rank) + " (pid " + std::to_string(st.info.pid) + ")";
+    auto own = ReadDumpFile(path);
+    if (own.ok() && own->dumped_at_ns + 1'000'000'000 >= snap.heartbeat.updated_at_ns) {
+      Log(opt.node, who + " is gone; it left its own flight-recorder dump in " + path);
+      return;
+    }
+    Status d = WriteFileAtomic(path, DumpToJson(Dump{snap, false, now_ns, {}, {}}));
+    Log(opt.node, who + " is gone; its flight recorder " +
+                      (d.ok() ? "is in " + path : "could not be written: " + d.message()));
+  }
+
+  // Heartbeat ages updated; gone ranks' recorders kept, and once drained for good, their ring
+  // files and live series retired.
+  void RetireGone(bool refresh, int64_t now_ns, const std::vector<Pending>& pending, size_t used) {
+    std::vector<std::string> to_remove;
+    for (auto& [name, st] : ranks) {
+      if (st.hb_age != nullptr)
+        st.hb_age->Set(
+            std::max(0.0, static_cast<double>(now_ns - st.snap.heartbeat.updated_at_ns) / 1e9));
+      const bool gone = refresh && !st.reader->WriterAlive();
+      if (gone && !st.reader->Closed() && !st.dead) KeepRecorderOfGone(st, now_ns);
+      const RankState* self = &st;
+      const bool drained = std::none_of(pending.begin(), pending.end(),
+                                        [self](const Pending& p) { return p.st == self; }) &&
+                           used < arena.size();
+      if (gone && drained) {  // drained for good: the ring file can go, and its live series
+        to_remove.push_back(name);
+        RetireSeries(st);
+      }
+    }
+    for (const std::string& name : to_remove) {
+      ::unlink((opt.shm_dir + "/" + name).c_str());
+    }
+  }
+
   // One pass over every ring: read what is new into one arena, write it all in one transaction,
   // then consume it from the rings (exactly once: the cursors are in the same transaction).
   Result<size_t> Drain(bool sample) {
@@ -301,45 +387,10 @@ struct Agent::Impl {
     // ring's recorder is the agent's largest fixed cost, and hang analysis works in seconds.
     const bool refresh = sample || now_ns - last_snapshot_ns >= kSnapshotPeriodNs;
     if (refresh) last_snapshot_ns = now_ns;
-    struct Pending {
-      RankState* st;
-      std::span<const Record> records;
-      ReadBatch batch;
-      ClockCalibration cal;
-    };
     std::vector<Pending> pending;
     std::vector<RingRows> rows_out;
     size_t used = 0;
-    for (auto& [name, st] : ranks) {
-      if (refresh || st.snap.info.pid == 0) TakeSnapshot(st);
-      while (st.names.size() < 65536) {  // pick up newly interned names
-        const std::string n = st.reader->NameOf(static_cast<NameId>(st.names.size()));
-        if (!n.empty() && n[0] == '?') break;
-        st.names.push_back(n);
-      }
-      Pending p{&st, {}, {}, st.reader->Calibration()};
-      const std::span<Record> room(arena.data() + used, arena.size() - used);
-      const size_t n = room.empty() ? 0 : st.reader->Read(room, &p.batch);
-      for (size_t i = 0; i < n; ++i) {  // a group registered since the last snapshot: refresh now
-        if (room[i].type == RecordType::kCollective &&
-            room[i].collective.group >= st.snap.groups.size()) {
-          TakeSnapshot(st);
-          break;
-        }
-      }
-      const uint64_t dropped = st.reader->Dropped();
-      if (dropped > st.dropped_seen) {
-        drops.push_back({st.info.rank, now_ns, static_cast<int64_t>(dropped)});
-        st.dropped->Increment(static_cast<double>(dropped - st.dropped_seen));
-        st.dropped_seen = dropped;
-      }
-      if (n == 0) continue;
-      p.records = room.first(n);
-      used += n;
-      rows_out.push_back({&st.info, p.cal, &st.names, &st.snap.groups, p.records, st.cursor_key,
-                          p.batch.lane_tails});
-      pending.push_back(std::move(p));
-    }
+    for (auto& [name, st] : ranks) ReadRing(st, refresh, now_ns, used, drops, pending, rows_out);
     size_t written = 0;
     if (!rows_out.empty() || !metrics.empty() || !drops.empty()) {
       if (Status s = store->Write(rows_out, metrics, drops); !s.ok()) {
@@ -356,42 +407,7 @@ struct Agent::Impl {
       }
     }
     if (refresh) WriteOpenOps(now_ns);
-    std::vector<std::string> to_remove;
-    for (auto& [name, st] : ranks) {
-      const RankSnapshot& snap = st.snap;
-      if (st.hb_age != nullptr)
-        st.hb_age->Set(
-            std::max(0.0, static_cast<double>(now_ns - snap.heartbeat.updated_at_ns) / 1e9));
-      const bool gone = refresh && !st.reader->WriterAlive();
-      if (gone && !st.reader->Closed() && !st.dead) {
-        st.dead = true;
-        const std::string path = RunLayout(opt.run_dir).dump(st.info.attempt, st.info.rank);
-        // A dump the rank wrote itself since its last heartbeat says more (it was alive then): keep
-        // it.
-        auto own = ReadDumpFile(path);
-        if (own.ok() && own->dumped_at_ns + 1'000'000'000 >= snap.heartbeat.updated_at_ns) {
-          Log(opt.node, "rank " + std::to_string(st.info.rank) + " (pid " +
-                            std::to_string(st.info.pid) +
-                            ") is gone; it left its own flight-recorder dump in " + path);
-        } else {
-          Status d = WriteFileAtomic(path, DumpToJson(Dump{snap, false, now_ns, {}, {}}));
-          Log(opt.node, "rank " + std::to_string(st.info.rank) + " (pid " +
-                            std::to_string(st.info.pid) + ") is gone; its flight recorder " +
-                            (d.ok() ? "is in " + path : "could not be written: " + d.message()));
-        }
-      }
-      const RankState* self = &st;
-      const bool drained = std::none_of(pending.begin(), pending.end(),
-                                        [self](const Pending& p) { return p.st == self; }) &&
-                           used < arena.size();
-      if (gone && drained) {  // drained for good: the ring file can go, and its live series
-        to_remove.push_back(name);
-        RetireSeries(st);
-      }
-    }
-    for (const std::string& name : to_remove) {
-      ::unlink((opt.shm_dir + "/" + name).c_str());
-    }
+    RetireGone(refresh, now_ns, pending, used);
     rows += written;
     if (written > 0) f_rows->Add(NodeLabels()).Increment(static_cast<double>(written));
     return written;
