@@ -177,27 +177,12 @@ std::string TrainConfig::ToJson() const {
   return j.dump(1) + "\n";
 }
 
-Result<TrainConfig> TrainConfig::FromJson(const std::string& text, const std::string& source) {
-  using tracer::JsonFields;
-  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return InvalidArgument(source + " is not JSON");
-  const nlohmann::json& root = j;
-  const auto format = root.is_object() ? root.find("format") : root.end();
-  if (format == root.end() || !format->is_string() || *format != "megascope-run")
-    return InvalidArgument(source + " is not a megascope run.json");
-  const auto version = root.find("version");
-  if (version == root.end() || !version->is_number_integer() || *version != 1) {
-    return InvalidArgument(source + " has run.json version " +
-                           (version == root.end() ? std::string("(none)") : version->dump()) +
-                           "; this build reads version 1");
-  }
-  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
-  const JsonFields top(root, source);
-  TrainConfig c;
-  ASSIGN_OR_RETURN(c.job, top.Str("job"));
-  ASSIGN_OR_RETURN(c.attempt, top.IntIn("attempt", 0, kMaxInt));
-  ASSIGN_OR_RETURN(c.data, top.Str("data"));
-  ASSIGN_OR_RETURN(c.shm_dir, top.Str("shm_dir"));
+namespace {
+
+using tracer::JsonFields;
+constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+
+Status ReadLayout(const JsonFields& top, const std::string& source, TrainConfig& c) {
   ASSIGN_OR_RETURN(JsonFields l, top.Sub("layout"));
   ASSIGN_OR_RETURN(c.layout.dp, l.IntIn("dp", 1, 65536));
   ASSIGN_OR_RETURN(c.layout.tp, l.IntIn("tp", 1, 65536));
@@ -210,6 +195,10 @@ Result<TrainConfig> TrainConfig::FromJson(const std::string& text, const std::st
       c.node_names.push_back(n.get<std::string>());
     }
   }
+  return Status::Ok();
+}
+
+Status ReadModel(const JsonFields& top, TrainConfig& c) {
   ASSIGN_OR_RETURN(JsonFields m, top.Sub("model"));
   ASSIGN_OR_RETURN(c.model.layers, m.IntIn("layers", 1, kMaxInt));
   ASSIGN_OR_RETURN(c.model.heads, m.IntIn("heads", 1, kMaxInt));
@@ -218,21 +207,11 @@ Result<TrainConfig> TrainConfig::FromJson(const std::string& text, const std::st
   ASSIGN_OR_RETURN(c.model.vocab, m.IntIn("vocab", 2, kMaxInt));
   ASSIGN_OR_RETURN(c.model.parallel_block, m.Bool("parallel_block"));
   ASSIGN_OR_RETURN(c.model.seed, m.Int("seed"));
-  ASSIGN_OR_RETURN(JsonFields t, top.Sub("train"));
-  ASSIGN_OR_RETURN(c.global_batch, t.IntIn("global_batch", 1, kMaxInt));
-  ASSIGN_OR_RETURN(c.microbatches, t.IntIn("microbatches", 1, kMaxInt));
-  ASSIGN_OR_RETURN(c.steps, t.IntIn("steps", 1, std::numeric_limits<int64_t>::max()));
-  ASSIGN_OR_RETURN(double lr, t.Number("lr", true));
-  ASSIGN_OR_RETURN(double min_lr, t.Number("min_lr", true));
-  ASSIGN_OR_RETURN(c.warmup, t.IntIn("warmup", 0, kMaxInt));
-  ASSIGN_OR_RETURN(double grad_clip, t.Number("grad_clip", true));
-  ASSIGN_OR_RETURN(double weight_decay, t.Number("weight_decay", true));
-  c.lr = static_cast<float>(lr);
-  c.min_lr = static_cast<float>(min_lr);
-  c.grad_clip = static_cast<float>(grad_clip);
-  c.weight_decay = static_cast<float>(weight_decay);
-  ASSIGN_OR_RETURN(c.checkpoint_every, t.IntIn("checkpoint_every", 0, kMaxInt));
-  ASSIGN_OR_RETURN(c.timeout_ms, t.IntIn("timeout_ms", 1, kMaxInt));
+  return Status::Ok();
+}
+
+// The fields added since the first run.json, each with the default a run.json without it meant.
+Status ReadTrainOptional(const JsonFields& t, const std::string& source, TrainConfig& c) {
   if (t.Has("device")) {  // absent before the CUDA backend: cpu
     ASSIGN_OR_RETURN(c.device, t.Str("device"));
     if (kernels::Backend b; !kernels::ParseBackend(c.device, &b))
@@ -257,17 +236,43 @@ Result<TrainConfig> TrainConfig::FromJson(const std::string& text, const std::st
   if (t.Has("memory_snapshots")) {
     ASSIGN_OR_RETURN(c.memory_snapshots, t.Bool("memory_snapshots"));
   }
-  if (top.Has("resume")) {
-    ASSIGN_OR_RETURN(JsonFields r, top.Sub("resume"));
-    c.resume_set = true;
-    ASSIGN_OR_RETURN(c.resume.step, r.IntIn("step", -1, std::numeric_limits<int64_t>::max()));
-    ASSIGN_OR_RETURN(c.resume.source, r.Str("source"));
-    ASSIGN_OR_RETURN(const nlohmann::json* files, r.Array("files"));
-    for (const auto& f : *files) {
-      if (!f.is_string()) return InvalidArgument(source + ": resume: files must be strings");
-      c.resume.files.push_back(f.get<std::string>());
-    }
+  return Status::Ok();
+}
+
+Status ReadTrain(const JsonFields& top, const std::string& source, TrainConfig& c) {
+  ASSIGN_OR_RETURN(JsonFields t, top.Sub("train"));
+  ASSIGN_OR_RETURN(c.global_batch, t.IntIn("global_batch", 1, kMaxInt));
+  ASSIGN_OR_RETURN(c.microbatches, t.IntIn("microbatches", 1, kMaxInt));
+  ASSIGN_OR_RETURN(c.steps, t.IntIn("steps", 1, std::numeric_limits<int64_t>::max()));
+  ASSIGN_OR_RETURN(double lr, t.Number("lr", true));
+  ASSIGN_OR_RETURN(double min_lr, t.Number("min_lr", true));
+  ASSIGN_OR_RETURN(c.warmup, t.IntIn("warmup", 0, kMaxInt));
+  ASSIGN_OR_RETURN(double grad_clip, t.Number("grad_clip", true));
+  ASSIGN_OR_RETURN(double weight_decay, t.Number("weight_decay", true));
+  c.lr = static_cast<float>(lr);
+  c.min_lr = static_cast<float>(min_lr);
+  c.grad_clip = static_cast<float>(grad_clip);
+  c.weight_decay = static_cast<float>(weight_decay);
+  ASSIGN_OR_RETURN(c.checkpoint_every, t.IntIn("checkpoint_every", 0, kMaxInt));
+  ASSIGN_OR_RETURN(c.timeout_ms, t.IntIn("timeout_ms", 1, kMaxInt));
+  return ReadTrainOptional(t, source, c);
+}
+
+Status ReadResume(const JsonFields& top, const std::string& source, TrainConfig& c) {
+  if (!top.Has("resume")) return Status::Ok();
+  ASSIGN_OR_RETURN(JsonFields r, top.Sub("resume"));
+  c.resume_set = true;
+  ASSIGN_OR_RETURN(c.resume.step, r.IntIn("step", -1, std::numeric_limits<int64_t>::max()));
+  ASSIGN_OR_RETURN(c.resume.source, r.Str("source"));
+  ASSIGN_OR_RETURN(const nlohmann::json* files, r.Array("files"));
+  for (const auto& f : *files) {
+    if (!f.is_string()) return InvalidArgument(source + ": resume: files must be strings");
+    c.resume.files.push_back(f.get<std::string>());
   }
+  return Status::Ok();
+}
+
+Status ReadFaults(const JsonFields& top, const std::string& source, TrainConfig& c) {
   ASSIGN_OR_RETURN(const nlohmann::json* faults, top.Array("faults"));
   for (size_t i = 0; i < faults->size(); ++i) {
     const JsonFields f((*faults)[i], source + ": faults[" + std::to_string(i) + "]");
@@ -281,24 +286,58 @@ Result<TrainConfig> TrainConfig::FromJson(const std::string& text, const std::st
     }
     c.faults.push_back(std::move(fault));
   }
-  if (top.Has("agents")) {
-    ASSIGN_OR_RETURN(const nlohmann::json* agents, top.Array("agents"));
-    for (size_t i = 0; i < agents->size(); ++i) {
-      const JsonFields a((*agents)[i], source + ": agents[" + std::to_string(i) + "]");
-      ASSIGN_OR_RETURN(std::string node, a.Str("node"));
-      ASSIGN_OR_RETURN(int64_t port, a.IntIn("port", 0, 65535));
-      if (a.Has("url")) {  // http://HOST:PORT
-        ASSIGN_OR_RETURN(std::string url, a.Str("url"));
-        const size_t from = url.find("://"), colon = url.rfind(':');
-        if (from == std::string::npos || colon <= from + 3)
-          return InvalidArgument(source + ": agents[" + std::to_string(i) + "].url: '" + url +
-                                 "' is not http://HOST:PORT");
-        if (std::string host = url.substr(from + 3, colon - from - 3); host != "127.0.0.1")
-          c.agent_addrs[node] = std::move(host);
-      }
-      c.agent_ports.emplace_back(std::move(node), static_cast<int>(port));
+  return Status::Ok();
+}
+
+// Each node's agent: its port, and its address where it is not loopback (http://HOST:PORT).
+Status ReadAgents(const JsonFields& top, const std::string& source, TrainConfig& c) {
+  if (!top.Has("agents")) return Status::Ok();
+  ASSIGN_OR_RETURN(const nlohmann::json* agents, top.Array("agents"));
+  for (size_t i = 0; i < agents->size(); ++i) {
+    const JsonFields a((*agents)[i], source + ": agents[" + std::to_string(i) + "]");
+    ASSIGN_OR_RETURN(std::string node, a.Str("node"));
+    ASSIGN_OR_RETURN(int64_t port, a.IntIn("port", 0, 65535));
+    if (a.Has("url")) {
+      ASSIGN_OR_RETURN(std::string url, a.Str("url"));
+      const size_t from = url.find("://"), colon = url.rfind(':');
+      if (from == std::string::npos || colon <= from + 3)
+        return InvalidArgument(source + ": agents[" + std::to_string(i) + "].url: '" + url +
+                               "' is not http://HOST:PORT");
+      if (std::string host = url.substr(from + 3, colon - from - 3); host != "127.0.0.1")
+        c.agent_addrs[node] = std::move(host);
     }
+    c.agent_ports.emplace_back(std::move(node), static_cast<int>(port));
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<TrainConfig> TrainConfig::FromJson(const std::string& text, const std::string& source) {
+  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgument(source + " is not JSON");
+  const nlohmann::json& root = j;
+  const auto format = root.is_object() ? root.find("format") : root.end();
+  if (format == root.end() || !format->is_string() || *format != "megascope-run")
+    return InvalidArgument(source + " is not a megascope run.json");
+  const auto version = root.find("version");
+  if (version == root.end() || !version->is_number_integer() || *version != 1) {
+    return InvalidArgument(source + " has run.json version " +
+                           (version == root.end() ? std::string("(none)") : version->dump()) +
+                           "; this build reads version 1");
+  }
+  const JsonFields top(root, source);
+  TrainConfig c;
+  ASSIGN_OR_RETURN(c.job, top.Str("job"));
+  ASSIGN_OR_RETURN(c.attempt, top.IntIn("attempt", 0, kMaxInt));
+  ASSIGN_OR_RETURN(c.data, top.Str("data"));
+  ASSIGN_OR_RETURN(c.shm_dir, top.Str("shm_dir"));
+  RETURN_IF_ERROR(ReadLayout(top, source, c));
+  RETURN_IF_ERROR(ReadModel(top, c));
+  RETURN_IF_ERROR(ReadTrain(top, source, c));
+  RETURN_IF_ERROR(ReadResume(top, source, c));
+  RETURN_IF_ERROR(ReadFaults(top, source, c));
+  RETURN_IF_ERROR(ReadAgents(top, source, c));
   // What the rest of the tree indexes by: a run.json that disagrees with itself is refused here.
   if (std::string problem = c.ValidateLayout(); !problem.empty())
     return InvalidArgument(source + ": " + problem);
