@@ -388,6 +388,49 @@ TEST_F(AgentTest, ADeadRankIsMarkedAndDumped) {
   EXPECT_EQ(dump["entries"].back()["state"], "started");
 }
 
+// A rank that dumped its own flight recorder and then went on beating its heartbeat while it hung
+// (an incident collects every rank's dump, then stops them): once it is gone, its own dump stays,
+// alive -- unless its recorder moved after it dumped, when the ring's newer state is written.
+// `more_ops`: the rank issues one more op after its dump.
+std::string DumpLeftByAGoneRank(const std::string& run, const RingOptions& ring, bool more_ops,
+                                const AgentOptions& options) {
+  const std::string path = run + "/dumps/attempt_0/rank_3.json";
+  fs::create_directories(fs::path(path).parent_path());
+  auto rank = Process::Fork([&] {
+    auto clock = std::make_shared<FakeClock>(WallNowNs());
+    auto t = Tracer::Create(ring, clock);
+    if (!t.ok()) return 1;
+    GroupId g = *(*t)->RegisterGroup("pp.1.1", "pp", std::vector<int32_t>{3, 1});
+    (*t)->Start((*t)->Enqueue(g, OpType::kSend, 1024, DType::kF32, 1));
+    (*t)->Touch();
+    if (!(*t)->WriteDump(path).ok()) return 1;
+    clock->Advance(30'000'000'000);  // hung: 30 s of heartbeats after the dump
+    if (more_ops) (*t)->Enqueue(g, OpType::kRecv, 1024, DType::kF32, 1);
+    (*t)->Touch();
+    ::_exit(0);
+    return 0;
+  });
+  if (!rank.ok() || !(*rank)->Wait().success()) return "the rank did not run";
+  auto agent = Agent::Create(options);
+  if (!agent.ok() || !(*agent)->Poll(false).ok()) return "the agent did not poll";
+  std::ifstream in(path);
+  return nlohmann::json::parse(in).dump();
+}
+
+TEST_F(AgentTest, AGoneRanksOwnDumpStaysWhenItsRecorderHasNotMovedSince) {
+  const auto kept =
+      nlohmann::json::parse(DumpLeftByAGoneRank(run_.path(), Ring(3), false, Options()));
+  EXPECT_EQ(kept["alive"], true) << "the rank's own dump, not the reader's";
+  EXPECT_EQ(kept["entries"].back()["op"], "send");
+}
+
+TEST_F(AgentTest, AGoneRanksOwnDumpIsReplacedWhenItsRecorderMovedSince) {
+  const auto dump =
+      nlohmann::json::parse(DumpLeftByAGoneRank(run_.path(), Ring(3), true, Options()));
+  EXPECT_EQ(dump["alive"], false) << "the reader's dump of the ring's newer state";
+  EXPECT_EQ(dump["entries"].back()["op"], "recv");
+}
+
 // A restart: rank 3 of attempt 1 runs while the agent retires rank 3 of attempt 0 (gone, drained).
 // Both carry the same labels, so they share their series: retiring the old one must leave the
 // new one's series in place (removing them freed what the new one still wrote to: the agent died

@@ -43,6 +43,22 @@
 namespace megascope::tracer::agent {
 namespace {
 
+// Whether two snapshots of one rank's flight recorder hold the same ops in the same states.
+bool SameOps(const RankSnapshot& a, const RankSnapshot& b) {
+  if (a.entries.size() != b.entries.size()) return false;
+  auto group = [](const RankSnapshot& s, int32_t g) -> std::string_view {
+    if (g >= 0 && static_cast<size_t>(g) < s.groups.size()) return s.groups[g].name;
+    return "?";
+  };
+  for (size_t i = 0; i < a.entries.size(); ++i) {
+    const FlightEntry &x = a.entries[i], &y = b.entries[i];
+    if (x.seq != y.seq || x.op != y.op || x.state != y.state || x.peer != y.peer ||
+        group(a, x.group) != group(b, y.group))
+      return false;
+  }
+  return true;
+}
+
 namespace fs = std::filesystem;
 using prometheus::Counter;
 using prometheus::Gauge;
@@ -334,7 +350,10 @@ struct Agent::Impl {
   }
 
   // A rank whose process is gone: its flight recorder kept in the run's dumps, unless it left a
-  // dump of its own since its last heartbeat (it was alive then: that says more).
+  // dump of its own that says as much (it was alive then: that says more). Its own dump says as
+  // much when it was written since the rank's last heartbeat, or when its flight recorder has not
+  // moved since: a rank an incident collected the dump of and then stopped, its heartbeat
+  // beating on while it hung, stays alive in the incident's dumps.
   void KeepRecorderOfGone(RankState& st, int64_t now_ns) {
     st.dead = true;
     const RankSnapshot& snap = st.snap;
@@ -342,7 +361,8 @@ struct Agent::Impl {
     const std::string who =
         "rank " + std::to_string(st.info.rank) + " (pid " + std::to_string(st.info.pid) + ")";
     auto own = ReadDumpFile(path);
-    if (own.ok() && own->dumped_at_ns + 1'000'000'000 >= snap.heartbeat.updated_at_ns) {
+    if (own.ok() && (own->dumped_at_ns + 1'000'000'000 >= snap.heartbeat.updated_at_ns ||
+                     SameOps(own->snapshot, snap))) {
       Log(opt.node, who + " is gone; it left its own flight-recorder dump in " + path);
       return;
     }
