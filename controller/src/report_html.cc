@@ -132,9 +132,9 @@ std::string Incidents(const RunReport& r) {
   return h;
 }
 
-// The run's events on a time axis: a lane per kind that occurred, in the order an incident goes
-// through them; incidents shaded from trigger to training again; restarts marked.
-std::string EventsChart(const RunReport& r, const std::vector<Restart>& restarts) {
+// The chart's lanes: a lane per kind that occurred, ours in the order an incident goes through
+// them, then a newer writer's; each with its colour.
+std::vector<std::pair<std::string, const char*>> EventLanes(const RunReport& r) {
   static const std::vector<std::pair<EventKind, const char*>> kLanes = {
       {EventKind::kFaultInjected, "#ff7f0e"},    {EventKind::kTrigger, "#d62728"},
       {EventKind::kVerdict, "#9467bd"},          {EventKind::kDecision, "#8c564b"},
@@ -143,9 +143,6 @@ std::string EventsChart(const RunReport& r, const std::vector<Restart>& restarts
       {EventKind::kCheckpointLoaded, "#98df8a"}, {EventKind::kResumed, "#2ca02c"},
       {EventKind::kPaused, "#e377c2"},           {EventKind::kAgentRestarted, "#bcbd22"},
       {EventKind::kCheckpointSaved, "#c7c7c7"},  {EventKind::kJobFinished, "#1f77b4"}};
-  if (r.events.empty()) return "";
-  const int64_t t0 = r.events.front().ts_ns;
-  const double span = std::max(1e-3, static_cast<double>(r.events.back().ts_ns - t0) / 1e9);
   std::vector<std::pair<std::string, const char*>> lanes;  // kind name, colour
   std::set<std::string> known;
   for (const auto& [kind, colour] : kLanes) {
@@ -164,6 +161,16 @@ std::string EventsChart(const RunReport& r, const std::vector<Restart>& restarts
       lanes.emplace_back(e.kind_name, "#555555");
     }
   }
+  return lanes;
+}
+
+// The run's events on a time axis: a lane per kind that occurred, in the order an incident goes
+// through them; incidents shaded from trigger to training again; restarts marked.
+std::string EventsChart(const RunReport& r, const std::vector<Restart>& restarts) {
+  if (r.events.empty()) return "";
+  const int64_t t0 = r.events.front().ts_ns;
+  const double span = std::max(1e-3, static_cast<double>(r.events.back().ts_ns - t0) / 1e9);
+  const std::vector<std::pair<std::string, const char*>> lanes = EventLanes(r);
   const int W = 1120, L = 130, T = 22, lane_h = 18;
   const double pw = W - L - 20;
   const int H = T + lane_h * static_cast<int>(lanes.size()) + 34;
@@ -284,6 +291,47 @@ std::function<bool(int, const std::string&)> Suspects(const RunReport& r) {
   };
 }
 
+// Under the heat map: the step axis, and where each restart resumed. `bottom`: the rows' end.
+std::string HeatAxis(const std::vector<int64_t>& steps, const std::vector<Restart>& restarts, int L,
+                     int bottom, int T, int cw) {
+  std::string h;
+  auto col = [&](int64_t step) {
+    const auto it = std::lower_bound(steps.begin(), steps.end(), step);
+    return L + cw * static_cast<double>(it - steps.begin());
+  };
+  const std::vector<double> ticks =
+      svg::Ticks(static_cast<double>(steps.front()), static_cast<double>(steps.back()), 10);
+  for (double t : ticks) {
+    const double x = col(static_cast<int64_t>(t)) + cw / 2.0;
+    h += "<line class=\"axisline\" x1=\"" + Num("%.1f", x) + "\" x2=\"" + Num("%.1f", x) +
+         "\" y1=\"" + std::to_string(bottom) + "\" y2=\"" + std::to_string(bottom + 4) +
+         "\"/><text class=\"tick\" text-anchor=\"middle\" x=\"" + Num("%.1f", x) + "\" y=\"" +
+         std::to_string(bottom + 15) + "\">" + Num("%.0f", t) + "</text>";
+  }
+  h += "<text class=\"label\" x=\"" + std::to_string(L) + "\" y=\"" + std::to_string(bottom + 30) +
+       "\">step</text>";
+  for (const Restart& rs : restarts) {
+    if (rs.resume_step + 1 < steps.front() || rs.resume_step + 1 > steps.back()) continue;
+    const double x = col(rs.resume_step + 1);
+    h += "<line class=\"marker\" x1=\"" + Num("%.1f", x) + "\" x2=\"" + Num("%.1f", x) +
+         "\" y1=\"" + std::to_string(T - 4) + "\" y2=\"" + std::to_string(bottom) +
+         "\"/><text class=\"markerlabel\" x=\"" + Num("%.1f", x + 3) + "\" y=\"" +
+         std::to_string(T - 5) + "\">attempt " + std::to_string(rs.attempt) + " resumes</text>";
+  }
+  return h;
+}
+
+// The heat map's colour scale.
+constexpr const char* kHeatScale =
+    "</svg><svg id=\"heatscale\" width=\"420\" height=\"34\"><defs><linearGradient "
+    "id=\"heat\"><stop offset=\"0\" stop-color=\"#fff\"/><stop offset=\"1\" "
+    "stop-color=\"#f00\"/></linearGradient></defs><rect x=\"60\" y=\"4\" width=\"200\" "
+    "height=\"12\" fill=\"url(#heat)\" stroke=\"#999\"/><text class=\"tick\" x=\"0\" "
+    "y=\"14\">vs peers</text><text class=\"tick\" x=\"60\" y=\"30\">1.0x</text><text "
+    "class=\"tick\" x=\"150\" y=\"30\">1.5x</text><text class=\"tick\" x=\"240\" "
+    "y=\"30\">2.0x+</text><rect class=\"slow\" x=\"290\" y=\"4\" width=\"12\" height=\"12\" "
+    "fill=\"#fcc\"/><text class=\"tick\" x=\"308\" y=\"14\">1.2x or slower</text></svg>";
+
 std::string HeatMap(const RunReport& r, analyzer::RunDatabase* db, const Places& places,
                     const std::vector<Restart>& restarts, const HtmlReportOptions& o) {
   std::string h = "<h2>Compute time per rank and step, against its peers at the same (pp, tp)</h2>";
@@ -340,40 +388,8 @@ std::string HeatMap(const RunReport& r, analyzer::RunDatabase* db, const Places&
            " its peers</title></rect>";
     }
   }
-  // The step axis, the restarts and the colour scale.
-  const int bottom = T + ch * static_cast<int>(rows.size());
-  auto col = [&](int64_t step) {
-    const auto it = std::lower_bound(steps.begin(), steps.end(), step);
-    return L + cw * static_cast<double>(it - steps.begin());
-  };
-  const std::vector<double> ticks =
-      svg::Ticks(static_cast<double>(steps.front()), static_cast<double>(steps.back()), 10);
-  for (double t : ticks) {
-    const double x = col(static_cast<int64_t>(t)) + cw / 2.0;
-    h += "<line class=\"axisline\" x1=\"" + Num("%.1f", x) + "\" x2=\"" + Num("%.1f", x) +
-         "\" y1=\"" + std::to_string(bottom) + "\" y2=\"" + std::to_string(bottom + 4) +
-         "\"/><text class=\"tick\" text-anchor=\"middle\" x=\"" + Num("%.1f", x) + "\" y=\"" +
-         std::to_string(bottom + 15) + "\">" + Num("%.0f", t) + "</text>";
-  }
-  h += "<text class=\"label\" x=\"" + std::to_string(L) + "\" y=\"" + std::to_string(bottom + 30) +
-       "\">step</text>";
-  for (const Restart& rs : restarts) {
-    if (rs.resume_step + 1 < steps.front() || rs.resume_step + 1 > steps.back()) continue;
-    const double x = col(rs.resume_step + 1);
-    h += "<line class=\"marker\" x1=\"" + Num("%.1f", x) + "\" x2=\"" + Num("%.1f", x) +
-         "\" y1=\"" + std::to_string(T - 4) + "\" y2=\"" + std::to_string(bottom) +
-         "\"/><text class=\"markerlabel\" x=\"" + Num("%.1f", x + 3) + "\" y=\"" +
-         std::to_string(T - 5) + "\">attempt " + std::to_string(rs.attempt) + " resumes</text>";
-  }
-  h += "</svg><svg id=\"heatscale\" width=\"420\" height=\"34\"><defs><linearGradient "
-       "id=\"heat\"><stop offset=\"0\" stop-color=\"#fff\"/><stop offset=\"1\" "
-       "stop-color=\"#f00\"/></linearGradient></defs><rect x=\"60\" y=\"4\" width=\"200\" "
-       "height=\"12\" fill=\"url(#heat)\" stroke=\"#999\"/><text class=\"tick\" x=\"0\" "
-       "y=\"14\">vs peers</text><text class=\"tick\" x=\"60\" y=\"30\">1.0x</text><text "
-       "class=\"tick\" x=\"150\" y=\"30\">1.5x</text><text class=\"tick\" x=\"240\" "
-       "y=\"30\">2.0x+</text><rect class=\"slow\" x=\"290\" y=\"4\" width=\"12\" height=\"12\" "
-       "fill=\"#fcc\"/><text class=\"tick\" x=\"308\" y=\"14\">1.2x or slower</text></svg>";
-  return h;
+  h += HeatAxis(steps, restarts, L, T + ch * static_cast<int>(rows.size()), T, cw);
+  return h + kHeatScale;
 }
 
 // The loss of every step, a line per attempt, the restarts marked.
