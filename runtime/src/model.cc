@@ -226,96 +226,81 @@ std::vector<float> GptStage::InitParams() const {
   return host;
 }
 
-Status GptStage::Forward(int mb, int batch, const int32_t* tokens, const float* in,
-                         const int32_t* targets, float* out, double* loss_sum) {
-  RefreshComputeParams();
-  auto saved = std::make_unique<Saved>();
-  Saved& sv = *saved;
+struct GptStage::Residual {
+  Acts pending;     // the delta still to add ...
+  size_t bias = 0;  // ... with this bias
+};
+
+// Layer norm of the residual stream x (after its pending add) with gamma/beta at offsets g and b;
+// *saved_in is the norm's input, kept for the backward.
+void GptStage::NormForward(Residual& r, Acts& x, size_t g, size_t b, Acts* saved_in, Acts* out,
+                           Buf* mean, Buf* rstd, int n) {
+  kernels::Kernels& k = *k_;
+  const int C = cfg_.width;
+  const size_t nc = static_cast<size_t>(n) * C;
+  *out = NewActs(nc);
+  *mean = New(n);
+  *rstd = New(n);
+  if (r.pending.size() != 0) {
+    k.ResidualLayerNormForward(x.act(), r.pending.cact(), W(r.bias), W(g), W(b), n, C, out->act(),
+                               mean->data(), rstd->data());
+    r.pending = Acts();
+  } else {
+    k.LayerNormForward(x.cact(), W(g), W(b), n, C, out->act(), mean->data(), rstd->data());
+  }
+  *saved_in = Clone(x);
+}
+
+// One transformer layer: attention and MLP, sequential or as a parallel block, tp-reduced.
+Status GptStage::LayerForward(const LayerOffsets& o, Saved& sv, Residual& r, Acts& x, int batch) {
   kernels::Kernels& k = *k_;
   const int C = cfg_.width, T = cfg_.seq, n = batch * T, Q = 3 * hl_ * d_, HD = hl_ * d_;
   const int F = 4 * C / layout_.tp;
   const size_t nc = static_cast<size_t>(n) * C;
-  sv.n = n;
-  auto upload_ids = [&](const int32_t* host) {
-    kernels::Buffer<int32_t> ids(k_, n);
-    k.Upload(ids.data(), host, ids.bytes());
-    return ids;
+  Saved::Layer L;
+  NormForward(r, x, o.ln1g, o.ln1b, &L.x, &L.ln1, &L.ln1_mean, &L.ln1_rstd, n);
+  L.qkv = NewActs(static_cast<size_t>(n) * Q);
+  k.Linear(n, Q, C, L.ln1.cact(), W(o.wqkv), W(o.bqkv), L.qkv.act(), Act{});
+  L.att = NewActs(static_cast<size_t>(batch) * hl_ * T * T);
+  L.ao = NewActs(static_cast<size_t>(n) * HD);
+  k.AttentionForward(L.qkv.cact(), batch, T, hl_, d_, L.ao.act(), L.att.act());
+  Acts partial = NewActs(nc);
+  k.Gemm(false, false, n, C, HD, 1, L.ao.cact(), W(o.wo), 0, partial.act());
+  auto mlp = [&](const Acts& in_ln, Acts* acc) {
+    L.fc = NewActs(static_cast<size_t>(n) * F);
+    L.g = NewActs(L.fc.size());
+    k.Linear(n, F, C, in_ln.cact(), W(o.w1), W(o.b1), L.g.act(), L.fc.act());
+    k.Gemm(false, false, n, C, F, 1, L.g.cact(), W(o.w2), 1, acc->act());
   };
-  // What the residual stream still owes before the next layer norm: `delta` + `bias`, added by
-  // the norm itself (the residual add fused with the layer norm).
-  Acts pending;
-  size_t pending_bias = 0;
-  // Layer norm of the residual stream x (after its pending add) with gamma/beta at those offsets;
-  // *saved_in is the norm's input, kept for the backward.
-  auto norm = [&](Acts& x, size_t g, size_t b, Acts* saved_in, Acts* out, Buf* mean, Buf* rstd) {
-    *out = NewActs(nc);
-    *mean = New(n);
-    *rstd = New(n);
-    if (pending.size() != 0) {
-      k.ResidualLayerNormForward(x.act(), pending.cact(), W(pending_bias), W(g), W(b), n, C,
-                                 out->act(), mean->data(), rstd->data());
-      pending = Acts();
-    } else {
-      k.LayerNormForward(x.cact(), W(g), W(b), n, C, out->act(), mean->data(), rstd->data());
-    }
-    *saved_in = Clone(x);
-  };
-  Acts x = NewActs(nc);
-  if (first()) {
-    sv.tokens = upload_ids(tokens);
-    k.EmbeddingForward(sv.tokens.data(), n, T, W(wte_), tp_rank_ * vl_, vl_, CAct{}, C, x.act());
-    if (layout_.tp > 1) RETURN_IF_ERROR(AllReduceActs(x.act(), nc));
-    k.AddPositions(x.act(), W(wpe_), n, T, C);
+  if (cfg_.parallel_block) {
+    mlp(L.ln1, &partial);  // y = x + Attn(LN(x)) + MLP(LN(x)): one all-reduce for both
+    if (layout_.tp > 1) RETURN_IF_ERROR(AllReduceActs(partial.act(), nc));
+    k.Add(x.act(), partial.cact(), nc);
+    k.AddBias(x.act(), W(o.bo), n, C);
+    k.AddBias(x.act(), W(o.b2), n, C);
   } else {
-    k.ToAct(x.act(), in, nc);
+    if (layout_.tp > 1) RETURN_IF_ERROR(AllReduceActs(partial.act(), nc));
+    r.pending = std::move(partial);
+    r.bias = o.bo;
+    NormForward(r, x, o.ln2g, o.ln2b, &L.x2, &L.ln2, &L.ln2_mean, &L.ln2_rstd, n);
+    Acts p2 = NewActs(nc);
+    mlp(L.ln2, &p2);
+    if (layout_.tp > 1) RETURN_IF_ERROR(AllReduceActs(p2.act(), nc));
+    r.pending = std::move(p2);
+    r.bias = o.b2;
   }
-  for (const LayerOffsets& o : layer_) {
-    Saved::Layer L;
-    norm(x, o.ln1g, o.ln1b, &L.x, &L.ln1, &L.ln1_mean, &L.ln1_rstd);
-    L.qkv = NewActs(static_cast<size_t>(n) * Q);
-    k.Linear(n, Q, C, L.ln1.cact(), W(o.wqkv), W(o.bqkv), L.qkv.act(), Act{});
-    L.att = NewActs(static_cast<size_t>(batch) * hl_ * T * T);
-    L.ao = NewActs(static_cast<size_t>(n) * HD);
-    k.AttentionForward(L.qkv.cact(), batch, T, hl_, d_, L.ao.act(), L.att.act());
-    Acts partial = NewActs(nc);
-    k.Gemm(false, false, n, C, HD, 1, L.ao.cact(), W(o.wo), 0, partial.act());
-    auto mlp = [&](const Acts& in_ln, Acts* acc) {
-      L.fc = NewActs(static_cast<size_t>(n) * F);
-      L.g = NewActs(L.fc.size());
-      k.Linear(n, F, C, in_ln.cact(), W(o.w1), W(o.b1), L.g.act(), L.fc.act());
-      k.Gemm(false, false, n, C, F, 1, L.g.cact(), W(o.w2), 1, acc->act());
-    };
-    if (cfg_.parallel_block) {
-      mlp(L.ln1, &partial);  // y = x + Attn(LN(x)) + MLP(LN(x)): one all-reduce for both
-      if (layout_.tp > 1) RETURN_IF_ERROR(AllReduceActs(partial.act(), nc));
-      k.Add(x.act(), partial.cact(), nc);
-      k.AddBias(x.act(), W(o.bo), n, C);
-      k.AddBias(x.act(), W(o.b2), n, C);
-    } else {
-      if (layout_.tp > 1) RETURN_IF_ERROR(AllReduceActs(partial.act(), nc));
-      pending = std::move(partial);
-      pending_bias = o.bo;
-      norm(x, o.ln2g, o.ln2b, &L.x2, &L.ln2, &L.ln2_mean, &L.ln2_rstd);
-      Acts p2 = NewActs(nc);
-      mlp(L.ln2, &p2);
-      if (layout_.tp > 1) RETURN_IF_ERROR(AllReduceActs(p2.act(), nc));
-      pending = std::move(p2);
-      pending_bias = o.b2;
-    }
-    sv.layers.push_back(std::move(L));
-  }
-  if (!last()) {
-    if (pending.size() != 0) {
-      k.Add(x.act(), pending.cact(), nc);
-      k.AddBias(x.act(), W(pending_bias), n, C);
-    }
-    k.FromAct(out, x.cact(), nc);
-    saved_[mb] = std::move(saved);
-    return Check();
-  }
-  // Head: final LN, vocab-parallel logits and cross-entropy.
-  sv.targets = upload_ids(targets);
-  norm(x, lnfg_, lnfb_, &sv.xf, &sv.lnf, &sv.lnf_mean, &sv.lnf_rstd);
+  sv.layers.push_back(std::move(L));
+  return Status::Ok();
+}
+
+// The head: final LN, vocab-parallel logits and cross-entropy.
+Status GptStage::HeadForward(Saved& sv, Residual& r, Acts& x, const int32_t* targets,
+                             double* loss_sum) {
+  kernels::Kernels& k = *k_;
+  const int C = cfg_.width, n = sv.n;
+  sv.targets = kernels::Buffer<int32_t>(k_, n);
+  k.Upload(sv.targets.data(), targets, sv.targets.bytes());
+  NormForward(r, x, lnfg_, lnfb_, &sv.xf, &sv.lnf, &sv.lnf_mean, &sv.lnf_rstd, n);
   sv.logits = NewActs(static_cast<size_t>(n) * vl_);
   k.Gemm(false, true, n, vl_, C, 1, sv.lnf.cact(), W(wte_), 0, sv.logits.act());
   sv.max = New(n);
@@ -332,6 +317,39 @@ Status GptStage::Forward(int mb, int batch, const int32_t* tokens, const float* 
     RETURN_IF_ERROR(comm_->AllReduce(tp_group_, target_logit.data(), n, ReduceOp::kSum));
   }
   k.AddLoss(sv.sumexp.data(), sv.max.data(), target_logit.data(), n, loss_sum);
+  return Status::Ok();
+}
+
+Status GptStage::Forward(int mb, int batch, const int32_t* tokens, const float* in,
+                         const int32_t* targets, float* out, double* loss_sum) {
+  RefreshComputeParams();
+  auto saved = std::make_unique<Saved>();
+  Saved& sv = *saved;
+  kernels::Kernels& k = *k_;
+  const int C = cfg_.width, T = cfg_.seq, n = batch * T;
+  const size_t nc = static_cast<size_t>(n) * C;
+  sv.n = n;
+  Residual r;
+  Acts x = NewActs(nc);
+  if (first()) {
+    sv.tokens = kernels::Buffer<int32_t>(k_, n);
+    k.Upload(sv.tokens.data(), tokens, sv.tokens.bytes());
+    k.EmbeddingForward(sv.tokens.data(), n, T, W(wte_), tp_rank_ * vl_, vl_, CAct{}, C, x.act());
+    if (layout_.tp > 1) RETURN_IF_ERROR(AllReduceActs(x.act(), nc));
+    k.AddPositions(x.act(), W(wpe_), n, T, C);
+  } else {
+    k.ToAct(x.act(), in, nc);
+  }
+  for (const LayerOffsets& o : layer_) RETURN_IF_ERROR(LayerForward(o, sv, r, x, batch));
+  if (last()) {
+    RETURN_IF_ERROR(HeadForward(sv, r, x, targets, loss_sum));
+  } else {
+    if (r.pending.size() != 0) {
+      k.Add(x.act(), r.pending.cact(), nc);
+      k.AddBias(x.act(), W(r.bias), n, C);
+    }
+    k.FromAct(out, x.cact(), nc);
+  }
   saved_[mb] = std::move(saved);
   return Check();
 }

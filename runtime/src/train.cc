@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "megascope/launch/progress.h"
@@ -44,53 +45,32 @@ Status PrepareRunDirectory(const TrainConfig& cfg, bool keep_progress) {
   return Status::Ok();
 }
 
-int RunTraining(const TrainConfig& cfg, const std::string& self_exe) {
-  if (Status st = PrepareRunDirectory(cfg); !st.ok()) {
-    std::fprintf(stderr, "megascope train: %s\n", st.message().c_str());
-    return 2;
-  }
-  launch::SupervisorOptions so;
-  so.self_exe = self_exe;
-  so.run_dir = cfg.run_dir;
-  so.job = cfg.job;
-  so.shm_dir = cfg.shm_dir;
-  launch::Supervisor sup(so);
+namespace {
+
+// The nodes' agents (started first, so that run.json can say where they listen), run.json, and
+// the scrape targets: the run as it was started.
+Result<TrainConfig> StartAgents(launch::Supervisor& sup, const TrainConfig& cfg) {
   TrainConfig run = cfg;
-  const std::vector<std::string> nodes = cfg.NodeNames();
-  if (cfg.agents) {  // started first, so that run.json can say where they listen
-    for (const std::string& node : nodes) {
-      auto port = sup.StartAgent(node);
-      if (!port.ok()) {
-        std::fprintf(stderr, "megascope train: %s\n", port.status().message().c_str());
-        return 1;
-      }
-      run.agent_ports.emplace_back(node, *port);
+  if (cfg.agents) {
+    for (const std::string& node : cfg.NodeNames()) {
+      ASSIGN_OR_RETURN(const int port, sup.StartAgent(node));
+      run.agent_ports.emplace_back(node, port);
     }
   }
-  if (Status st = tracer::WriteFileAtomic(sup.layout().run_json(), run.ToJson()); !st.ok()) {
-    std::fprintf(stderr, "megascope train: %s\n", st.ToString().c_str());
-    return 1;
-  }
+  if (Status st = tracer::WriteFileAtomic(sup.layout().run_json(), run.ToJson()); !st.ok())
+    return Internal(st.ToString());
   std::vector<launch::ScrapeTarget> targets;
   for (const auto& [node, port] : run.agent_ports) targets.push_back({node, "127.0.0.1", port});
   if (!targets.empty()) {
     if (Status st = launch::WriteScrapeTargets(sup.layout(), targets); !st.ok())
       std::fprintf(stderr, "megascope train: warning: %s\n", st.ToString().c_str());
   }
-  const int world = cfg.layout.world();
-  std::printf(
-      "[train] %d ranks (dp=%d tp=%d pp=%d) on %d simulated nodes, %lld steps; run dir %s\n", world,
-      cfg.layout.dp, cfg.layout.tp, cfg.layout.pp, cfg.nodes, static_cast<long long>(cfg.steps),
-      fs::absolute(cfg.run_dir).string().c_str());
-  for (const auto& [node, port] : run.agent_ports) {
-    std::printf("[train] agent %s: http://127.0.0.1:%d/metrics\n", node.c_str(), port);
-  }
-  std::fflush(stdout);
-  if (Status st = sup.StartRanks(cfg.attempt, nodes, world); !st.ok()) {
-    std::fprintf(stderr, "megascope train: %s\n", st.ToString().c_str());
-    return 1;
-  }
+  return run;
+}
 
+// Streams the ranks' progress until every rank finished, one failed or the user interrupted: the
+// rank whose failure the others followed, if one failed. Stuck ranks dump before they are stopped.
+std::optional<launch::RankExit> WatchRanks(launch::Supervisor& sup, const TrainConfig& cfg) {
   struct sigaction sa {
   }, old_int{}, old_term{};
   sa.sa_handler = &OnInterrupt;
@@ -104,6 +84,7 @@ int RunTraining(const TrainConfig& cfg, const std::string& self_exe) {
     }
     std::fflush(stdout);
   };
+  const int world = cfg.layout.world();
   int finished = 0;
   std::optional<launch::RankExit> failure;
   std::vector<launch::RankExit> failures;
@@ -129,6 +110,41 @@ int RunTraining(const TrainConfig& cfg, const std::string& self_exe) {
   sup.StopAgents();
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);
+  return failure;
+}
+
+}  // namespace
+
+int RunTraining(const TrainConfig& cfg, const std::string& self_exe) {
+  if (Status st = PrepareRunDirectory(cfg); !st.ok()) {
+    std::fprintf(stderr, "megascope train: %s\n", st.message().c_str());
+    return 2;
+  }
+  launch::SupervisorOptions so;
+  so.self_exe = self_exe;
+  so.run_dir = cfg.run_dir;
+  so.job = cfg.job;
+  so.shm_dir = cfg.shm_dir;
+  launch::Supervisor sup(so);
+  auto run = StartAgents(sup, cfg);
+  if (!run.ok()) {
+    std::fprintf(stderr, "megascope train: %s\n", run.status().message().c_str());
+    return 1;
+  }
+  const int world = cfg.layout.world();
+  std::printf(
+      "[train] %d ranks (dp=%d tp=%d pp=%d) on %d simulated nodes, %lld steps; run dir %s\n", world,
+      cfg.layout.dp, cfg.layout.tp, cfg.layout.pp, cfg.nodes, static_cast<long long>(cfg.steps),
+      fs::absolute(cfg.run_dir).string().c_str());
+  for (const auto& [node, port] : run->agent_ports) {
+    std::printf("[train] agent %s: http://127.0.0.1:%d/metrics\n", node.c_str(), port);
+  }
+  std::fflush(stdout);
+  if (Status st = sup.StartRanks(cfg.attempt, cfg.NodeNames(), world); !st.ok()) {
+    std::fprintf(stderr, "megascope train: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  const std::optional<launch::RankExit> failure = WatchRanks(sup, cfg);
   if (g_interrupted) {
     std::fprintf(stderr, "[train] interrupted: every worker stopped\n");
     return 130;

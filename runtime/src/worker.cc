@@ -179,9 +179,9 @@ class Worker {
   }
 
  private:
-  Status Setup() {
+  // The rank's ring, its SIGUSR1 dumper, its heartbeat thread and the names its records use.
+  Status StartTracing() {
     const Layout& l = cfg_.layout;
-    coords_ = l.CoordsOf(rank_);
     tracer::RingOptions ro;
     ro.dir = cfg_.shm_dir;
     ro.job = cfg_.job;
@@ -212,9 +212,11 @@ class Worker {
       ASSIGN_OR_RETURN(tracer::NameId id, tracer_->InternName(n));
       names_[n] = id;
     }
-    GlooOptions go;
-    go.rendezvous_dir = layout_.rendezvous(cfg_.attempt);
-    go.timeout = std::chrono::milliseconds(cfg_.timeout_ms);
+    return Status::Ok();
+  }
+
+  // The job's compute backend on this rank, and what times its compute spans.
+  Status StartKernels() {
     kernels::Backend backend = kernels::Backend::kCpu;
     (void)kernels::ParseBackend(cfg_.device, &backend);  // validated with the config
     std::string why;
@@ -233,12 +235,11 @@ class Worker {
       std::fprintf(stderr, "[worker] rank %d: computing on %s; compute spans timed by %s\n", rank_,
                    kernels_->device_name().c_str(), timer_->name().c_str());
     }
-    const auto t_rdzv = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(comm_, Connect(go));
-    const auto t_load = std::chrono::steady_clock::now();
-    model_ = std::make_unique<GptStage>(cfg_.model, l, rank_, comm_.get(), kernels_.get());
-    m_ = kernels::Buffer<float>(kernels_.get(), model_->count());
-    v_ = kernels::Buffer<float>(kernels_.get(), model_->count());
+    return Status::Ok();
+  }
+
+  // The training data, checked against the model.
+  Status OpenData() {
     ASSIGN_OR_RETURN(data_, TokenFile::Open(cfg_.data));
     if (data_.max_token() >= cfg_.model.vocab) {
       return InvalidArgument(cfg_.data + " holds token " + std::to_string(data_.max_token()) +
@@ -247,29 +248,52 @@ class Worker {
     }
     if (data_.size() < static_cast<size_t>(cfg_.model.seq) + 2)
       return InvalidArgument(cfg_.data + " is shorter than one sequence");
-    // The controller names the resume point (memory snapshot or disk checkpoint); alone, the newest
-    // valid disk checkpoint is used.
+    return Status::Ok();
+  }
+
+  // The state to resume from, loaded onto the device: the one the controller names (memory
+  // snapshot or disk checkpoint), or alone, the newest valid disk checkpoint.
+  Result<launch::ResumePoint> Resume() {
+    const Layout& l = cfg_.layout;
     launch::ResumePoint resume =
         cfg_.resume_set ? cfg_.resume : launch::FindDiskCheckpoint(layout_, l.world());
     if (!resume.log.empty()) std::fprintf(stderr, "%s", resume.log.c_str());
-    if (resume.step >= 0) {
-      if (static_cast<int>(resume.files.size()) != l.world())
-        return InvalidArgument("run.json: resume lists no shard for every rank");
-      ASSIGN_OR_RETURN(std::string bytes, launch::ReadShard(resume.files[rank_]));
-      const size_t n = model_->count();
-      std::vector<float> p(n), m(n), v(n);
-      RETURN_IF_ERROR(launch::DecodeShard(bytes, resume.files[rank_], resume.step, rank_, n,
-                                          {p.data(), m.data(), v.data()}));
-      kernels_->Upload(model_->params(), p.data(), n * sizeof(float));
-      kernels_->Upload(m_.data(), m.data(), n * sizeof(float));
-      kernels_->Upload(v_.data(), v.data(), n * sizeof(float));
-      if (std::string e = kernels_->Synchronize(); !e.empty())
-        return Internal("loading " + resume.files[rank_] + " onto the device: " + e);
-      start_step_ = resume.step;
-      std::fprintf(stderr, "[worker] rank %d: resumed after step %lld from %s (%s)\n", rank_,
-                   static_cast<long long>(resume.step), resume.source.c_str(),
-                   resume.files[rank_].c_str());
-    }
+    if (resume.step < 0) return resume;
+    if (static_cast<int>(resume.files.size()) != l.world())
+      return InvalidArgument("run.json: resume lists no shard for every rank");
+    ASSIGN_OR_RETURN(std::string bytes, launch::ReadShard(resume.files[rank_]));
+    const size_t n = model_->count();
+    std::vector<float> p(n), m(n), v(n);
+    RETURN_IF_ERROR(launch::DecodeShard(bytes, resume.files[rank_], resume.step, rank_, n,
+                                        {p.data(), m.data(), v.data()}));
+    kernels_->Upload(model_->params(), p.data(), n * sizeof(float));
+    kernels_->Upload(m_.data(), m.data(), n * sizeof(float));
+    kernels_->Upload(v_.data(), v.data(), n * sizeof(float));
+    if (std::string e = kernels_->Synchronize(); !e.empty())
+      return Internal("loading " + resume.files[rank_] + " onto the device: " + e);
+    start_step_ = resume.step;
+    std::fprintf(stderr, "[worker] rank %d: resumed after step %lld from %s (%s)\n", rank_,
+                 static_cast<long long>(resume.step), resume.source.c_str(),
+                 resume.files[rank_].c_str());
+    return resume;
+  }
+
+  Status Setup() {
+    const Layout& l = cfg_.layout;
+    coords_ = l.CoordsOf(rank_);
+    RETURN_IF_ERROR(StartTracing());
+    GlooOptions go;
+    go.rendezvous_dir = layout_.rendezvous(cfg_.attempt);
+    go.timeout = std::chrono::milliseconds(cfg_.timeout_ms);
+    RETURN_IF_ERROR(StartKernels());
+    const auto t_rdzv = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(comm_, Connect(go));
+    const auto t_load = std::chrono::steady_clock::now();
+    model_ = std::make_unique<GptStage>(cfg_.model, l, rank_, comm_.get(), kernels_.get());
+    m_ = kernels::Buffer<float>(kernels_.get(), model_->count());
+    v_ = kernels::Buffer<float>(kernels_.get(), model_->count());
+    RETURN_IF_ERROR(OpenData());
+    ASSIGN_OR_RETURN(const launch::ResumePoint resume, Resume());
     if (rank_ == ReportingRank()) {
       const auto now = std::chrono::steady_clock::now();
       AppendProgress({{"event", "ready"},
@@ -362,26 +386,23 @@ class Worker {
 
   int ReportingRank() const { return cfg_.layout.RankOf({0, cfg_.layout.pp - 1, 0}); }
 
-  Status Step(int64_t step) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const Layout& l = cfg_.layout;
-    faults_->set_step(step);
-    const int m = cfg_.microbatches, stage = coords_.pp, P = l.pp;
-    const int64_t local = cfg_.global_batch / l.dp, mb_size = local / m;
-    const int T = cfg_.model.seq, C = cfg_.model.width;
-    const size_t act = static_cast<size_t>(mb_size) * T * C;
-
+  struct Batches {
+    std::vector<std::vector<int32_t>> inputs, targets;  // per microbatch
+  };
+  // The step's batches: read ahead during the previous step, and the next step's read ahead now.
+  Batches StepData(int64_t step) {
     tracer_->SetPhase(step, Phase::kData);
-    Batches batch;
-    {
-      tracer::Tracer::Scope span(tracer_.get(), SpanKind::kData, names_["data"], step);
-      batch = prefetch_.valid() ? prefetch_.get() : LoadBatches(step);
-      if (step + 1 < cfg_.steps) {  // the next step's batch is read while this one trains
-        prefetch_ = std::async(std::launch::async, [this, step] { return LoadBatches(step + 1); });
-      }
+    tracer::Tracer::Scope span(tracer_.get(), SpanKind::kData, names_["data"], step);
+    Batches batch = prefetch_.valid() ? prefetch_.get() : LoadBatches(step);
+    if (step + 1 < cfg_.steps) {  // the next step's batch is read while this one trains
+      prefetch_ = std::async(std::launch::async, [this, step] { return LoadBatches(step + 1); });
     }
-    std::vector<std::vector<int32_t>>& inputs = batch.inputs;
-    std::vector<std::vector<int32_t>>& targets = batch.targets;
+    return batch;
+  }
+
+  // The faults injected at the start of a step: a crash, a slow step (returns the seconds it
+  // burned), a send armed to stall.
+  double InjectStepFaults(int64_t step) {
     if (FaultAt("crash", step)) {
       std::fprintf(stderr, "[worker] rank %d: injected crash at step %lld\n", rank_,
                    static_cast<long long>(step));
@@ -397,8 +418,15 @@ class Worker {
       BurnSeconds(burned);
     }
     if (FaultAt("stall-send", step)) faults_->ArmSendStall();
+    return burned;
+  }
 
-    double loss_sum = 0;
+  // The step's microbatches through the pipeline, 1F1B: warm-up forwards, then one forward and
+  // one backward at a time, then the cool-down. The last stage sums the loss into `loss_sum`.
+  Status Pipeline(int64_t step, Batches& batch, float scale, double* loss_sum) {
+    const int m = cfg_.microbatches, stage = coords_.pp, P = cfg_.layout.pp;
+    const int64_t mb_size = cfg_.global_batch / cfg_.layout.dp / m;
+    const size_t act = static_cast<size_t>(mb_size) * cfg_.model.seq * cfg_.model.width;
     kernels::Buffer<float> buf_in(kernels_.get(), act), buf_out(kernels_.get(), act),
         grad_in(kernels_.get(), act), grad_out(kernels_.get(), act);
     auto forward = [&](int k) -> Status {
@@ -408,16 +436,15 @@ class Worker {
       if (k == 0 && FaultAt("hang", step)) Hang(step);
       {
         tracer::SpanTimer::Scope span(timer_.get(), SpanKind::kForward, names_["forward"], step, k);
-        RETURN_IF_ERROR(model_->Forward(k, static_cast<int>(mb_size), inputs[k].data(),
-                                        buf_in.data(), targets[k].data(), buf_out.data(),
-                                        &loss_sum));
+        RETURN_IF_ERROR(model_->Forward(k, static_cast<int>(mb_size), batch.inputs[k].data(),
+                                        buf_in.data(), batch.targets[k].data(), buf_out.data(),
+                                        loss_sum));
       }
       if (stage < P - 1)
         RETURN_IF_ERROR(comm_->Send(PpGroup(), PeerStage(stage + 1), buf_out.data(), act));
       if (k == 0 && FaultAt("freeze", step)) Freeze(step);
       return Status::Ok();
     };
-    const float scale = 1.0f / static_cast<float>(cfg_.global_batch * T);
     auto backward = [&](int k) -> Status {
       tracer_->SetPhase(step, Phase::kBackward);
       if (stage < P - 1)
@@ -431,7 +458,6 @@ class Worker {
         RETURN_IF_ERROR(comm_->Send(PpGroup(), PeerStage(stage - 1), grad_out.data(), act));
       return Status::Ok();
     };
-    // 1F1B: warm-up forwards, then one forward and one backward at a time, then the cool-down.
     const int warmup = std::min(P - stage - 1, m);
     for (int k = 0; k < warmup; ++k) RETURN_IF_ERROR(forward(k));
     for (int k = 0; k < m - warmup; ++k) {
@@ -439,8 +465,35 @@ class Worker {
       RETURN_IF_ERROR(backward(k));
     }
     for (int k = m - warmup; k < m; ++k) RETURN_IF_ERROR(backward(k));
-    RETURN_IF_ERROR(comm_->WaitSends());
+    return comm_->WaitSends();
+  }
 
+  // A checkpoint where one is due or asked for, and the every-step snapshot in memory: the
+  // seconds the snapshot took.
+  double SaveState(int64_t step) {
+    if (RequestedCheckpoint() == step + 1 ||
+        (cfg_.checkpoint_every > 0 && (step + 1) % cfg_.checkpoint_every == 0 &&
+         step + 1 < cfg_.steps)) {
+      tracer_->SetPhase(step, Phase::kCheckpoint);
+      tracer::Tracer::Scope span(tracer_.get(), SpanKind::kCheckpoint, names_["checkpoint"], step);
+      SaveCheckpointAsync(step + 1);
+    }
+    if (!cfg_.memory_snapshots) return 0;
+    tracer::Tracer::Scope span(tracer_.get(), SpanKind::kCheckpoint, names_["snapshot"], step);
+    const auto s0 = std::chrono::steady_clock::now();
+    SnapshotToMemoryAsync(step + 1);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+  }
+
+  Status Step(int64_t step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    faults_->set_step(step);
+    const int T = cfg_.model.seq;
+    Batches batch = StepData(step);
+    const double burned = InjectStepFaults(step);
+    double loss_sum = 0;
+    const float scale = 1.0f / static_cast<float>(cfg_.global_batch * T);
+    RETURN_IF_ERROR(Pipeline(step, batch, scale, &loss_sum));
     tracer_->SetPhase(step, Phase::kOptimizer);
     float grad_norm = 0;
     {
@@ -451,23 +504,11 @@ class Worker {
     double loss = NAN;
     if (model_->last()) {
       float sum = static_cast<float>(loss_sum);
-      if (l.dp > 1) RETURN_IF_ERROR(comm_->AllReduce(comm_->Find("dp"), &sum, 1, ReduceOp::kSum));
+      if (cfg_.layout.dp > 1)
+        RETURN_IF_ERROR(comm_->AllReduce(comm_->Find("dp"), &sum, 1, ReduceOp::kSum));
       loss = sum * scale;
     }
-    if (RequestedCheckpoint() == step + 1 ||
-        (cfg_.checkpoint_every > 0 && (step + 1) % cfg_.checkpoint_every == 0 &&
-         step + 1 < cfg_.steps)) {
-      tracer_->SetPhase(step, Phase::kCheckpoint);
-      tracer::Tracer::Scope span(tracer_.get(), SpanKind::kCheckpoint, names_["checkpoint"], step);
-      SaveCheckpointAsync(step + 1);
-    }
-    double snapshot_s = 0;
-    if (cfg_.memory_snapshots) {
-      tracer::Tracer::Scope span(tracer_.get(), SpanKind::kCheckpoint, names_["snapshot"], step);
-      const auto s0 = std::chrono::steady_clock::now();
-      SnapshotToMemoryAsync(step + 1);
-      snapshot_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
-    }
+    const double snapshot_s = SaveState(step);
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     last_unslowed_s_ = secs - burned;
@@ -494,9 +535,6 @@ class Worker {
     return requested_step_;
   }
 
-  struct Batches {
-    std::vector<std::vector<int32_t>> inputs, targets;  // per microbatch
-  };
   // This rank's share of the step's global batch, split into microbatches.
   Batches LoadBatches(int64_t step) const {
     const int m = cfg_.microbatches;

@@ -111,6 +111,16 @@ class GptStage {
     size_t ln1g, ln1b, wqkv, bqkv, wo, bo, ln2g, ln2b, w1, b1, w2, b2;
   };
   std::vector<LayerOffsets> layer_;
+  // The forward pass' parts. Residual: what the residual stream still owes before the next layer
+  // norm (added by the norm itself: the residual add fused with the layer norm).
+  struct Residual;
+  void NormForward(Residual& r, kernels::ActBuffer& x, size_t g, size_t b,
+                   kernels::ActBuffer* saved_in, kernels::ActBuffer* out,
+                   kernels::Buffer<float>* mean, kernels::Buffer<float>* rstd, int n);
+  Status LayerForward(const LayerOffsets& o, Saved& sv, Residual& r, kernels::ActBuffer& x,
+                      int batch);
+  Status HeadForward(Saved& sv, Residual& r, kernels::ActBuffer& x, const int32_t* targets,
+                     double* loss_sum);
   size_t wte_ = 0, wpe_ = 0, lnfg_ = 0, lnfb_ = 0;
   std::map<int, std::unique_ptr<Saved>> saved_;
 };
