@@ -19,51 +19,18 @@ std::string Quote(const std::string& s) {
   return out + "'";
 }
 
-}  // namespace
+constexpr size_t kOptional = std::size(tracer::kOptionalTraceTables);
 
-Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_dir) {
-  if (!fs::is_directory(run_dir)) return NotFound("run directory " + run_dir + " does not exist");
-  std::vector<std::string> files;
-  std::error_code ec;
-  const RunLayout layout(run_dir);
-  for (const auto& e : fs::directory_iterator(layout.nodes(), ec)) {
-    const std::string f = layout.trace_db(e.path().filename().string());
-    if (fs::exists(f)) files.push_back(f);
-  }
-  std::sort(files.begin(), files.end());
-  if (files.empty())
-    return NotFound("no trace databases under " + run_dir +
-                    "/nodes/*/trace.db (was the run started with agents?)");
-  std::unique_ptr<RunDatabase> r(new RunDatabase());
-  r->nodes_ = static_cast<int>(files.size());
-  ASSIGN_OR_RETURN(r->db_, tracer::sql::Database::Open("", tracer::sql::Database::Mode::kMemory));
-  tracer::sql::Database& db = r->db_;
-  const int limit = db.attach_limit();
-  const bool copy = static_cast<int>(files.size()) > limit;
-  bool created = false;  // copy: the tables in memory, shaped after the first readable node's
+// The union of the nodes' tables: views over the attached files, or, past SQLite's attach limit
+// (`copy`), copies in memory shaped after the first readable node's. The nodes' optional tables
+// (open_ops, device_spans) are tables older files lack.
+struct NodeTables {
+  bool copy = false, created = false;
   std::vector<std::string> parts[std::size(kTraceTables)];
-  // The nodes' optional tables (open_ops, device_spans: tables older files lack).
-  constexpr size_t kOptional = std::size(tracer::kOptionalTraceTables);
   std::vector<std::string> optional_parts[kOptional];
-  for (size_t i = 0; i < files.size(); ++i) {
-    const std::string alias = "n" + std::to_string(i % static_cast<size_t>(limit));
-    // A node database that cannot be read (corrupt, cut short, not ours) is named and skipped:
-    // the other nodes are still answered for. A newer schema is an error.
-    auto skip = [&](const std::string& why) {
-      r->warnings_.push_back(files[i] + ": " + why + ": skipped, its node's rows are missing");
-      (void)db.Exec("DETACH " + alias);
-    };
-    if (!db.Exec("ATTACH " + Quote("file:" + files[i] + "?mode=ro") + " AS " + alias).ok()) {
-      skip("cannot be opened (" + db.LastMessage() + ")");
-      continue;
-    }
-    auto version = db.QueryInt("PRAGMA " + alias + ".user_version");
-    auto probe = db.Prepare("SELECT COUNT(*) FROM " + alias + ".spans");
-    if (!version.ok() || !probe.ok()) {
-      skip("not a readable megascope trace database (" + db.LastMessage() + ")");
-      continue;
-    }
-    RETURN_IF_ERROR(tracer::CheckReadableTraceVersion(*version, files[i]));
+
+  // The node attached as `alias`.
+  Status Add(tracer::sql::Database& db, const std::string& alias) {
     if (copy && !created) {
       for (std::string_view t : kTraceTables) {
         RETURN_IF_ERROR(db.Exec("CREATE TABLE main." + std::string(t) + " AS SELECT * FROM " +
@@ -93,37 +60,87 @@ Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_di
       RETURN_IF_ERROR(
           db.Exec("INSERT INTO main." + table + " SELECT * FROM " + alias + "." + table));
     }
-    if (copy) RETURN_IF_ERROR(db.Exec("DETACH " + alias));
+    return copy ? db.Exec("DETACH " + alias) : Status::Ok();
+  }
+
+  // The views over every node (or the copies' tables), and the open ops' view.
+  Status Finish(tracer::sql::Database& db) const {
+    if (!copy) {
+      for (size_t t = 0; t < std::size(kTraceTables); ++t) {
+        std::string view = "CREATE TEMP VIEW " + std::string(kTraceTables[t]) + " AS ";
+        for (size_t i = 0; i < parts[t].size(); ++i) view += (i ? " UNION ALL " : "") + parts[t][i];
+        RETURN_IF_ERROR(db.Exec(view));
+      }
+    }
+    for (size_t t = 0; t < kOptional; ++t) {
+      const tracer::OptionalTraceTable& table = tracer::kOptionalTraceTables[t];
+      if (copy || optional_parts[t].empty()) {  // copied, or empty: the files predate it
+        RETURN_IF_ERROR(db.Exec(tracer::OptionalTableSql(table, "main.")));
+        continue;
+      }
+      std::string view = "CREATE TEMP VIEW " + std::string(table.name) + " AS ";
+      for (size_t i = 0; i < optional_parts[t].size(); ++i)
+        view += (i ? " UNION ALL " : "") + optional_parts[t][i];
+      RETURN_IF_ERROR(db.Exec(view));
+    }
+    // The ops still open as far as the run's records go: open_ops without a completed or failed
+    // record of the same op (an agent lists an op that completed until its next look).
+    return db.Exec(
+        "CREATE TEMP VIEW open_collectives AS SELECT o.* FROM open_ops o WHERE NOT EXISTS (SELECT "
+        "1 FROM collectives c WHERE c.rank = o.rank AND c.attempt = o.attempt AND c.seq = o.seq "
+        "AND c.grp = o.grp AND c.op = o.op AND (o.op NOT IN ('send', 'recv') OR c.peer = o.peer))");
+  }
+};
+
+}  // namespace
+
+Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_dir) {
+  if (!fs::is_directory(run_dir)) return NotFound("run directory " + run_dir + " does not exist");
+  std::vector<std::string> files;
+  std::error_code ec;
+  const RunLayout layout(run_dir);
+  for (const auto& e : fs::directory_iterator(layout.nodes(), ec)) {
+    const std::string f = layout.trace_db(e.path().filename().string());
+    if (fs::exists(f)) files.push_back(f);
+  }
+  std::sort(files.begin(), files.end());
+  if (files.empty())
+    return NotFound("no trace databases under " + run_dir +
+                    "/nodes/*/trace.db (was the run started with agents?)");
+  std::unique_ptr<RunDatabase> r(new RunDatabase());
+  r->nodes_ = static_cast<int>(files.size());
+  ASSIGN_OR_RETURN(r->db_, tracer::sql::Database::Open("", tracer::sql::Database::Mode::kMemory));
+  tracer::sql::Database& db = r->db_;
+  const int limit = db.attach_limit();
+  NodeTables tables;
+  tables.copy = static_cast<int>(files.size()) > limit;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string alias = "n" + std::to_string(i % static_cast<size_t>(limit));
+    // A node database that cannot be read (corrupt, cut short, not ours) is named and skipped:
+    // the other nodes are still answered for. A newer schema is an error.
+    auto skip = [&](const std::string& why) {
+      r->warnings_.push_back(files[i] + ": " + why + ": skipped, its node's rows are missing");
+      (void)db.Exec("DETACH " + alias);
+    };
+    if (!db.Exec("ATTACH " + Quote("file:" + files[i] + "?mode=ro") + " AS " + alias).ok()) {
+      skip("cannot be opened (" + db.LastMessage() + ")");
+      continue;
+    }
+    auto version = db.QueryInt("PRAGMA " + alias + ".user_version");
+    auto probe = db.Prepare("SELECT COUNT(*) FROM " + alias + ".spans");
+    if (!version.ok() || !probe.ok()) {
+      skip("not a readable megascope trace database (" + db.LastMessage() + ")");
+      continue;
+    }
+    RETURN_IF_ERROR(tracer::CheckReadableTraceVersion(*version, files[i]));
+    RETURN_IF_ERROR(tables.Add(db, alias));
   }
   if (static_cast<int>(r->warnings_.size()) == r->nodes_) {
     return DataLoss("no trace database under " + run_dir +
                     "/nodes could be read: " + r->warnings_.front());
   }
   r->nodes_ -= static_cast<int>(r->warnings_.size());
-  if (!copy) {
-    for (size_t t = 0; t < std::size(kTraceTables); ++t) {
-      std::string view = "CREATE TEMP VIEW " + std::string(kTraceTables[t]) + " AS ";
-      for (size_t i = 0; i < parts[t].size(); ++i) view += (i ? " UNION ALL " : "") + parts[t][i];
-      RETURN_IF_ERROR(db.Exec(view));
-    }
-  }
-  for (size_t t = 0; t < kOptional; ++t) {
-    const tracer::OptionalTraceTable& table = tracer::kOptionalTraceTables[t];
-    if (copy || optional_parts[t].empty()) {  // copied, or empty: the files predate it
-      RETURN_IF_ERROR(db.Exec(tracer::OptionalTableSql(table, "main.")));
-      continue;
-    }
-    std::string view = "CREATE TEMP VIEW " + std::string(table.name) + " AS ";
-    for (size_t i = 0; i < optional_parts[t].size(); ++i)
-      view += (i ? " UNION ALL " : "") + optional_parts[t][i];
-    RETURN_IF_ERROR(db.Exec(view));
-  }
-  // The ops still open as far as the run's records go: open_ops without a completed or failed
-  // record of the same op (an agent lists an op that completed until its next look).
-  RETURN_IF_ERROR(db.Exec(
-      "CREATE TEMP VIEW open_collectives AS SELECT o.* FROM open_ops o WHERE NOT EXISTS (SELECT 1 "
-      "FROM collectives c WHERE c.rank = o.rank AND c.attempt = o.attempt AND c.seq = o.seq AND "
-      "c.grp = o.grp AND c.op = o.op AND (o.op NOT IN ('send', 'recv') OR c.peer = o.peer))"));
+  RETURN_IF_ERROR(tables.Finish(db));
   db.DenyWrites();  // after set-up, statements may only read
   return r;
 }
