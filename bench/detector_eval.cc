@@ -276,9 +276,71 @@ int Cross() {
   return 0;
 }
 
-}  // namespace
+// With --verbose: every false positive of megascope's verdicts and every fault it missed.
+void PrintMisses(const std::vector<Verdict>& vs, const std::vector<Label>& labels, double start_s) {
+  for (const Verdict& v : vs) {
+    if (!Matches(v, labels)) {
+      const double t = static_cast<double>(v.detected_at_ns) / 1e9;
+      std::printf("    FP t+%.0f s conf %.2f %s\n", t - start_s, v.confidence,
+                  v.explanation.c_str());
+    }
+  }
+  for (const Label& l : labels) {
+    bool found = false;
+    for (const Verdict& v : vs) {
+      const double t = static_cast<double>(v.detected_at_ns) / 1e9;
+      found = found || (v.root_nodes[0] == l.machine && t >= l.fault_start_s && t <= l.fault_end_s);
+    }
+    if (!found) {
+      std::printf("    MISSED %s on %s from t+%.0f s for %.0f s\n", l.fault_type.c_str(),
+                  l.machine.c_str(), l.fault_start_s - start_s, l.fault_end_s - l.fault_start_s);
+    }
+  }
+}
 
-int main(int argc, char** argv) {
+const char* const kDetectors[3] = {"megascope", "zscore", "mahalanobis"};
+
+// One fleet through the three detectors side by side: a row each, added to `totals`; megascope's
+// verdicts kept in `outcomes`.
+void RunFleet(const Fleet& fl, const DetectorConfig& dcfg, bool verbose,
+              std::array<Evaluation, 3>& totals, std::vector<Outcome>& outcomes) {
+  Source src = Make(fl);
+  struct RunState {
+    std::unique_ptr<FrameDetector> det;
+    std::unique_ptr<Stream> stream;
+  } runs[3];
+  runs[0].det = std::make_unique<Detector>(dcfg);
+  runs[1].det = std::make_unique<ZScoreBaseline>();
+  runs[2].det = std::make_unique<MahalanobisBaseline>();
+  for (RunState& r : runs) {
+    r.stream = std::make_unique<Stream>(r.det.get(), 1.0, 8.0);
+    for (const auto& m : src.machines) r.stream->registry().Machine(m);
+    for (const auto& k : src.metrics) r.stream->registry().Metric(k);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  src.run([&](int m, int k, double t, double v) {
+    for (RunState& r : runs) r.stream->Add(m, k, t, v);
+  });
+  char label[64];
+  std::snprintf(label, sizeof(label), "%s %dx%.0fh seed %llu", fl.family, fl.machines, fl.hours,
+                static_cast<unsigned long long>(fl.seed));
+  for (int i = 0; i < 3; ++i) {
+    runs[i].stream->Flush();
+    std::vector<Verdict> vs = runs[i].stream->TakeVerdicts();
+    Evaluation e = Evaluate(vs, src.labels);
+    if (i == 0) {
+      if (verbose) PrintMisses(vs, src.labels, src.start_s);
+      outcomes.push_back({vs, src.labels});
+    }
+    PrintRow(label, kDetectors[i], e);
+    Accumulate(&totals[i], e);
+  }
+  std::printf("  (%.1f s)\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  std::fflush(stdout);
+}
+
+int Run(int argc, char** argv) {
   bool tune = false, verbose = false, cross = false;
   std::string only;
   DetectorConfig dcfg;
@@ -297,68 +359,15 @@ int main(int argc, char** argv) {
   std::printf("detector evaluation on the %s\n",
               tune ? "TUNING seeds (fleet-sim 1..6, prom-fleet 11..16)"
                    : "frozen held-out set (tests/data/detector-eval/heldout_fleets.json)");
-  const char* names[3] = {"megascope", "zscore", "mahalanobis"};
   std::map<std::string, std::array<Evaluation, 3>> totals;
   std::map<std::string, std::vector<Outcome>> outcomes;
   for (const Fleet& fl : fleets) {
-    if (!only.empty() && only != fl.family) continue;
-    Source src = Make(fl);
-    struct RunState {
-      std::unique_ptr<FrameDetector> det;
-      std::unique_ptr<Stream> stream;
-    } runs[3];
-    runs[0].det = std::make_unique<Detector>(dcfg);
-    runs[1].det = std::make_unique<ZScoreBaseline>();
-    runs[2].det = std::make_unique<MahalanobisBaseline>();
-    for (RunState& r : runs) {
-      r.stream = std::make_unique<Stream>(r.det.get(), 1.0, 8.0);
-      for (const auto& m : src.machines) r.stream->registry().Machine(m);
-      for (const auto& k : src.metrics) r.stream->registry().Metric(k);
-    }
-    auto t0 = std::chrono::steady_clock::now();
-    src.run([&](int m, int k, double t, double v) {
-      for (RunState& r : runs) r.stream->Add(m, k, t, v);
-    });
-    char label[64];
-    std::snprintf(label, sizeof(label), "%s %dx%.0fh seed %llu", fl.family, fl.machines, fl.hours,
-                  static_cast<unsigned long long>(fl.seed));
-    for (int i = 0; i < 3; ++i) {
-      runs[i].stream->Flush();
-      std::vector<Verdict> vs = runs[i].stream->TakeVerdicts();
-      Evaluation e = Evaluate(vs, src.labels);
-      if (i == 0) {
-        for (const Verdict& v : vs) {
-          if (verbose && !Matches(v, src.labels)) {
-            const double t = static_cast<double>(v.detected_at_ns) / 1e9;
-            std::printf("    FP t+%.0f s conf %.2f %s\n", t - src.start_s, v.confidence,
-                        v.explanation.c_str());
-          }
-        }
-        outcomes[fl.family].push_back({vs, src.labels});
-        for (const Label& l : src.labels) {
-          bool found = false;
-          for (const Verdict& v : vs) {
-            const double t = static_cast<double>(v.detected_at_ns) / 1e9;
-            found = found ||
-                    (v.root_nodes[0] == l.machine && t >= l.fault_start_s && t <= l.fault_end_s);
-          }
-          if (verbose && !found) {
-            std::printf("    MISSED %s on %s from t+%.0f s for %.0f s\n", l.fault_type.c_str(),
-                        l.machine.c_str(), l.fault_start_s - src.start_s,
-                        l.fault_end_s - l.fault_start_s);
-          }
-        }
-      }
-      PrintRow(label, names[i], e);
-      Accumulate(&totals[fl.family][i], e);
-    }
-    std::printf("  (%.1f s)\n",
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    std::fflush(stdout);
+    if (only.empty() || only == fl.family)
+      RunFleet(fl, dcfg, verbose, totals[fl.family], outcomes[fl.family]);
   }
   for (const auto& [family, t] : totals) {
     std::printf("\n%s, all fleets together:\n", family.c_str());
-    for (int i = 0; i < 3; ++i) PrintRow(family.c_str(), names[i], t[i]);
+    for (int i = 0; i < 3; ++i) PrintRow(family.c_str(), kDetectors[i], t[i]);
     std::printf("megascope on %s by fault type:\n%s", family.c_str(),
                 FormatEvaluation(t[0]).c_str());
     PrintConfidence(family.c_str(), outcomes[family]);
@@ -373,4 +382,15 @@ int main(int argc, char** argv) {
                 family.c_str(), met ? "met" : "MISSED");
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "detector_eval: %s\n", e.what());
+    return 1;
+  }
 }

@@ -148,23 +148,11 @@ double CpuSeconds(pid_t pid) {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  int dp = 96, tp = 8, pp = 16, per_node = 128;
-  if (argc > 1 && std::sscanf(argv[1], "%d,%d,%d", &dp, &tp, &pp) != 3) Die("WORLD is dp,tp,pp");
-  if (argc > 2) per_node = std::atoi(argv[2]);
-  const bench::ScaleLayout job{dp, tp, pp};
-  const int world = job.world(), stuck = world / 3;
-  if (per_node <= 0 || world % per_node != 0) Die("RANKS_PER_NODE must divide the world");
-  const int nodes = world / per_node;
-  const std::string root = "/dev/shm/megascope-live-bench-" + std::to_string(::getpid());
-  fs::create_directories(root + "/run");
-
-  auto t0 = std::chrono::steady_clock::now();
-  std::vector<pid_t> children;
-  std::vector<std::string> urls;
-  // Nodes start a few at a time (two cores); each reports its agent's port once ready.
+// Starts the `nodes` nodes of `per_node` ranks a few at a time (two cores), each a process with
+// its agent: their pids, and their agents' URLs once each reported its port.
+void StartNodes(const bench::ScaleLayout& job, int nodes, int per_node, int stuck,
+                const std::string& root, std::vector<pid_t>& children,
+                std::vector<std::string>& urls) {
   for (int started = 0; started < nodes;) {
     std::vector<int> pipes;
     for (int k = 0; k < 4 && started < nodes; ++k, ++started) {
@@ -187,6 +175,25 @@ int main(int argc, char** argv) {
       urls.push_back("http://127.0.0.1:" + std::to_string(port));
     }
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int dp = 96, tp = 8, pp = 16, per_node = 128;
+  if (argc > 1 && std::sscanf(argv[1], "%d,%d,%d", &dp, &tp, &pp) != 3) Die("WORLD is dp,tp,pp");
+  if (argc > 2) per_node = std::atoi(argv[2]);
+  const bench::ScaleLayout job{dp, tp, pp};
+  const int world = job.world(), stuck = world / 3;
+  if (per_node <= 0 || world % per_node != 0) Die("RANKS_PER_NODE must divide the world");
+  const int nodes = world / per_node;
+  const std::string root = "/dev/shm/megascope-live-bench-" + std::to_string(::getpid());
+  fs::create_directories(root + "/run");
+
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<pid_t> children;
+  std::vector<std::string> urls;
+  StartNodes(job, nodes, per_node, stuck, root, children, urls);
   const double setup_s = Since(t0);
 
   std::fprintf(stderr, "live_scale: %d agents ready after %.0f s; asking them\n", nodes, setup_s);

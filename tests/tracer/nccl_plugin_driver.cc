@@ -77,6 +77,58 @@ class ProxyThread {
   std::thread t_;
 };
 
+constexpr int kChannels = 2;
+constexpr size_t kCount = 1024;  // floats
+
+// The device side of an op: every channel's kernel starts, the proxy moves the bytes in two steps
+// (the first waits for the GPU, the second for the network), the kernels stop. `finish` false:
+// the steps wait on the network and nothing stops.
+template <typename Descr>
+void DeviceSide(ProfilerApi<Descr>* api, void* ctx, int rank, void* op, bool send, bool finish) {
+  void* ch[kChannels] = {};
+  for (int c = 0; c < kChannels; ++c) {
+    Descr k{};
+    k.type = kKernelCh;
+    k.parentObj = op;
+    k.rank = rank;
+    k.kernelCh.channelId = static_cast<uint8_t>(c);
+    api->startEvent(ctx, &ch[c], &k);
+  }
+  Descr p{};
+  p.type = kProxyOp;
+  p.parentObj = op;
+  p.rank = rank;
+  p.proxyOp.isSend = send ? 1 : 0;
+  p.proxyOp.nSteps = 2;
+  void* proxy_op = nullptr;
+  api->startEvent(ctx, &proxy_op, &p);
+  for (int s = 0; s < 2; ++s) {
+    Descr st{};
+    st.type = kProxyStep;
+    st.parentObj = proxy_op;
+    st.rank = rank;
+    st.proxyStep.step = s;
+    void* step = nullptr;
+    api->startEvent(ctx, &step, &st);
+    StateArgs a{};
+    a.proxyStep.transSize = kCount * sizeof(float) / 2;
+    api->recordEventState(step, send ? kProxyStepSendGpuWait : kProxyStepRecvWait, &a);
+    if (!finish) {
+      api->recordEventState(step, send ? kProxyStepSendWait : kProxyStepRecvWait, &a);
+      return;  // stuck: the peer never arrives
+    }
+    api->recordEventState(step, send ? kProxyStepSendWait : kProxyStepRecvGpuWait, &a);
+    api->stopEvent(step);
+  }
+  api->stopEvent(proxy_op);
+  for (int c = 0; c < kChannels; ++c) {
+    StateArgs a{};
+    a.kernelCh.pTimer = 1000 + c;
+    api->recordEventState(ch[c], kKernelChStop, &a);
+    api->stopEvent(ch[c]);
+  }
+}
+
 template <typename Descr>
 int Drive(void* lib, const char* symbol, int rank, int world, int ops, int hung, bool hold) {
   auto* api = static_cast<ProfilerApi<Descr>*>(dlsym(lib, symbol));
@@ -91,57 +143,9 @@ int Drive(void* lib, const char* symbol, int rank, int world, int ops, int hung,
     std::fprintf(stderr, "init refused: ctx %p mask %d\n", ctx, mask);
     return 3;
   }
-  constexpr int kChannels = 2;
-  constexpr size_t kCount = 1024;  // floats
   ProxyThread proxy;
-  // The device side of an op: every channel's kernel starts, the proxy moves the bytes in two
-  // steps (the first waits for the GPU, the second for the network), the kernels stop. `finish`
-  // false: the steps wait on the network and nothing stops.
   auto device = [&](void* op, bool send, bool finish) {
-    proxy.Post([=] {
-      void* ch[kChannels] = {};
-      for (int c = 0; c < kChannels; ++c) {
-        Descr k{};
-        k.type = kKernelCh;
-        k.parentObj = op;
-        k.rank = rank;
-        k.kernelCh.channelId = static_cast<uint8_t>(c);
-        api->startEvent(ctx, &ch[c], &k);
-      }
-      Descr p{};
-      p.type = kProxyOp;
-      p.parentObj = op;
-      p.rank = rank;
-      p.proxyOp.isSend = send ? 1 : 0;
-      p.proxyOp.nSteps = 2;
-      void* proxy_op = nullptr;
-      api->startEvent(ctx, &proxy_op, &p);
-      for (int s = 0; s < 2; ++s) {
-        Descr st{};
-        st.type = kProxyStep;
-        st.parentObj = proxy_op;
-        st.rank = rank;
-        st.proxyStep.step = s;
-        void* step = nullptr;
-        api->startEvent(ctx, &step, &st);
-        StateArgs a{};
-        a.proxyStep.transSize = kCount * sizeof(float) / 2;
-        api->recordEventState(step, send ? kProxyStepSendGpuWait : kProxyStepRecvWait, &a);
-        if (!finish) {
-          api->recordEventState(step, send ? kProxyStepSendWait : kProxyStepRecvWait, &a);
-          return;  // stuck: the peer never arrives
-        }
-        api->recordEventState(step, send ? kProxyStepSendWait : kProxyStepRecvGpuWait, &a);
-        api->stopEvent(step);
-      }
-      api->stopEvent(proxy_op);
-      for (int c = 0; c < kChannels; ++c) {
-        StateArgs a{};
-        a.kernelCh.pTimer = 1000 + c;
-        api->recordEventState(ch[c], kKernelChStop, &a);
-        api->stopEvent(ch[c]);
-      }
-    });
+    proxy.Post([=] { DeviceSide<Descr>(api, ctx, rank, op, send, finish); });
   };
   auto collective = [&](bool finish) {
     Descr d{};
