@@ -153,6 +153,8 @@ Result<PromFleet> PromFleet::Make(PromFleetConfig config) {
   return f;
 }
 
+// The simulator's event loop (an exception to the function-size limit, named in .clang-tidy).
+// NOLINTNEXTLINE(readability-function-size)
 void PromFleet::Run(const std::function<void(int, int, double, double)>& sink) const {
   const PromFleetConfig& c = cfg_;
   const int n = c.machines;

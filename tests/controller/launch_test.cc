@@ -267,14 +267,15 @@ TEST_F(LaunchTest, ALaunchInTheDirectoryOfAFinishedRunStartsAfterItAndSucceeds) 
   ExpectLossesContinue(pp2);
 }
 
-// Two machines that stay broken: the ranks of node0 and node1 (data-parallel replicas) both crash
-// at step 3 of every attempt they are in. With one-shot faults only the first was acted on and the
-// second vanished with the restart; persistent, both nodes are evicted (in one incident when both
-// exits are seen together, else the second in the next attempt) and the job ends on the spares.
+// Two machines that stay broken: node0's rank crashes and node1's hangs at step 3 of every attempt
+// they are in. With one-shot faults only the first was acted on and the second vanished with the
+// restart; persistent, both nodes are evicted (in one incident when both are seen together, else
+// the second in the next attempt) and the job ends on the spares. Two different failures: the
+// same failure at the same step on another node is the job's own (loop_test covers that rule).
 TEST_F(LaunchTest, TwoPersistentFaultsAtTheSameStepEvictBothNodes) {
   CommandResult r = Launch(kDp2,
                            "--spares 2 --inject crash:node=node0,at=3,persist --inject "
-                           "crash:node=node1,at=3,persist");
+                           "hang:node=node1,at=3,persist");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto ev = Events();
   std::set<std::string> evicted;
