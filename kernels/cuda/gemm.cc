@@ -78,6 +78,37 @@ bool LtGemm::SetPointers(const Plan& p, Epilogue e, int n, void* bias, void* aux
   return ok;
 }
 
+bool LtGemm::Choose(const Plan& p, uint32_t align_bytes, bool epilogue,
+                    cublasLtMatmulHeuristicResult_t* result, int* found) {
+  const uint64_t ws = kWorkspaceBytes;
+  cublasLtMatmulPreference_t pref = nullptr;
+  bool ok = MEGASCOPE_CUDA_TRY(*err_, cublasLtMatmulPreferenceCreate(&pref));
+  if (ok) {
+    for (auto attr :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+      ok = ok && MEGASCOPE_CUDA_TRY(*err_, cublasLtMatmulPreferenceSetAttribute(
+                                               pref, attr, &align_bytes, sizeof(align_bytes)));
+    }
+    ok = ok && MEGASCOPE_CUDA_TRY(
+                   *err_, cublasLtMatmulPreferenceSetAttribute(
+                              pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    if (ok && epilogue) {
+      // An epilogue this cuBLASLt or this shape does not support is not an error: unfused ops
+      // do the same work.
+      if (cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c, p.c, pref, 1, result,
+                                         found) != CUBLAS_STATUS_SUCCESS)
+        *found = 0;
+    } else {
+      ok = ok &&
+           MEGASCOPE_CUDA_TRY(*err_, cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c,
+                                                                    p.c, pref, 1, result, found));
+    }
+  }
+  if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
+  return ok;
+}
+
 const LtGemm::Plan* LtGemm::Find(const Key& key, void* bias, void* aux) {
   if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
   const auto [ta, tb, m, n, k, batch, sa, sb, sc, align, ab_type, c_type, epilogue] = key;
@@ -91,8 +122,6 @@ const LtGemm::Plan* LtGemm::Find(const Key& key, void* bias, void* aux) {
   const uint64_t a_rows = tb ? k : n, a_cols = tb ? n : k;
   const uint64_t b_rows = ta ? m : k, b_cols = ta ? k : m;
   const uint32_t align_bytes = static_cast<uint32_t>(align);
-  const uint64_t ws = kWorkspaceBytes;
-  cublasLtMatmulPreference_t pref = nullptr;
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   bool ok =
@@ -117,30 +146,8 @@ const LtGemm::Plan* LtGemm::Find(const Key& key, void* bias, void* aux) {
                                          &stride, sizeof(stride)));
     }
   }
-  ok = ok && MEGASCOPE_CUDA_TRY(*err_, cublasLtMatmulPreferenceCreate(&pref));
-  if (ok) {
-    for (auto attr :
-         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
-      ok = ok && MEGASCOPE_CUDA_TRY(*err_, cublasLtMatmulPreferenceSetAttribute(
-                                               pref, attr, &align_bytes, sizeof(align_bytes)));
-    }
-    ok = ok && MEGASCOPE_CUDA_TRY(
-                   *err_, cublasLtMatmulPreferenceSetAttribute(
-                              pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    if (ok && static_cast<Epilogue>(epilogue) != Epilogue::kNone) {
-      // An epilogue this cuBLASLt or this shape does not support is not an error: unfused ops
-      // do the same work.
-      if (cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c, p.c, pref, 1, &result,
-                                         &found) != CUBLAS_STATUS_SUCCESS)
-        found = 0;
-    } else {
-      ok = ok &&
-           MEGASCOPE_CUDA_TRY(*err_, cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c,
-                                                                    p.c, pref, 1, &result, &found));
-    }
-  }
-  if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
+  ok = ok &&
+       Choose(p, align_bytes, static_cast<Epilogue>(epilogue) != Epilogue::kNone, &result, &found);
   if (ok && found == 0 && static_cast<Epilogue>(epilogue) != Epilogue::kNone) {
     Destroy(&p);
     p = Plan{};

@@ -61,6 +61,10 @@ class LtGemm {
   // cuBLASLt reads their alignment from them.
   const Plan* Find(const Key& key, void* bias, void* aux);
   bool SetPointers(const Plan& p, Epilogue e, int n, void* bias, void* aux);
+  // cuBLASLt's best algorithm for `p` at `align_bytes` (found 0: none). With an epilogue, none is
+  // not an error: the caller runs the ops unfused.
+  bool Choose(const Plan& p, uint32_t align_bytes, bool epilogue,
+              cublasLtMatmulHeuristicResult_t* result, int* found);
   static void Destroy(Plan* p);
 
   StickyError* err_ = nullptr;
