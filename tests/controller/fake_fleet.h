@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "analyzer/store_run.h"
 #include "megascope/controller/controller.h"
 #include "megascope/controller/fleet.h"
 #include "megascope/launch/progress.h"
@@ -52,7 +53,9 @@ struct FakeFault {
     kHang,       // its first rank stops in compute: out of the collective its peers wait in
     kFreeze,     // its first rank's process is stopped whole (its heartbeat too)
     kKillAgent,  // its agent dies
-    kStallLink   // its first rank's send to `peer`'s first rank stops moving (both posted)
+    kStallLink,  // its first rank's send to `peer`'s first rank stops moving (both posted)
+    kSlow        // its ranks compute `factor` times their peers' time in every step after
+                 // `at_step`, in every attempt it is in (a machine that stays slow; traced steps)
   };
   Kind kind = kCrash;
   std::string node;
@@ -61,6 +64,7 @@ struct FakeFault {
   int exit_raw = 9;         // waitpid status: killed by SIGKILL
   std::string log = "Segmentation fault (core dumped)";
   std::string peer{};  // kStallLink: the node at the far end
+  double factor = 1;   // kSlow
   bool fired = false;
   int fired_attempt = -1;
 };
@@ -80,6 +84,10 @@ class FakeFleet final : public Fleet {
   void ServeMetrics(std::function<std::string(const std::string&, double)> page) {
     metrics_ = std::move(page);
   }
+  // Each step the job takes is traced into its nodes' trace.db (the real store): every rank's
+  // forward span of `compute_s` (times a kSlow fault's factor on a slow node), as its agent would
+  // have drained it -- what the controller's straggler watch reads.
+  void TraceSteps(double compute_s) { compute_s_ = compute_s; }
   // Given the controller's options: where each attempt resumes (run.json's resume point).
   void Plan(const AttemptPlan& plan) { resume_step_ = plan.resume_set ? plan.resume.step : -1; }
 
@@ -309,10 +317,13 @@ class FakeFleet final : public Fleet {
             agents_.erase(f->node);
             agent_exits_.push_back({f->node, {9}});
             break;
+          case FakeFault::kSlow:  // read by Trace, step by step
+            break;
         }
       }
       if (!running_ || stuck_rank_ >= 0) return;
       ++done_;
+      if (compute_s_ > 0) Trace(done_);
       Append({{"step", done_},
               {"loss", 5.0 - 0.01 * static_cast<double>(done_)},
               {"step_time_s", step_s_},
@@ -325,6 +336,37 @@ class FakeFleet final : public Fleet {
       }
     }
   }
+  // How much slower than its peers `node` computes in step `step` (1: not at all).
+  double SlowFactor(const std::string& node, int64_t step) const {
+    double factor = 1;
+    for (const FakeFault& f : faults_) {
+      if (f.kind == FakeFault::kSlow && f.node == node && step > f.at_step) factor = f.factor;
+    }
+    return factor;
+  }
+  // Step `step` of every rank (data-parallel replicas: dp = rank) into its node's trace.db.
+  void Trace(int64_t step) {
+    static const std::vector<std::string> kNames = {"forward"};
+    const int64_t start = clock_->WallNs();
+    for (int r = 0; r < world_; ++r) {
+      tracer::RankInfo info;
+      info.job = "fake";
+      info.rank = r;
+      info.world_size = world_;
+      info.attempt = attempt_;
+      info.node = NodeOfRank(r);
+      info.coords = {r, 0, 0};
+      tracer::Record rec{};
+      rec.span.type = tracer::RecordType::kSpan;
+      rec.span.kind = tracer::SpanKind::kForward;
+      rec.span.microbatch = -1;
+      rec.span.step = step;
+      rec.span.start_ticks = start;
+      rec.span.end_ticks =
+          start + static_cast<int64_t>(compute_s_ * 1e9 * SlowFactor(info.node, step));
+      analyzer::WriteRankRecords(layout_.dir(), info, kNames, {{"world", "world", {}}}, {rec});
+    }
+  }
   std::chrono::steady_clock::duration Step() const {
     return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double>(step_s_));
@@ -334,6 +376,7 @@ class FakeFleet final : public Fleet {
   FakeClock* clock_;
   int64_t steps_;
   double step_s_;
+  double compute_s_ = 0;  // TraceSteps
   std::vector<FakeFault> faults_;
   std::map<std::string, SelfCheckFigures> self_check_;
   std::function<std::string(const std::string&, double)> metrics_;

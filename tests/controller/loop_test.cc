@@ -43,8 +43,8 @@ class LoopTest : public ::testing::Test {
     o.tick_s = 0.25;
     o.hang_after_s = 3;
     o.startup_grace_s = 10;
-    o.detector_tick_s = 0;  // no agent here serves metrics
-    o.straggler_every = 0;  // nor trace databases
+    o.detector_tick_s = 0;  // no agent here serves metrics (ServeMetrics for the detector)
+    o.straggler_every = 0;  // nor trace databases (TraceSteps for the straggler watch)
     o.min_free_bytes = 0;
     return o;
   }
@@ -311,6 +311,51 @@ TEST_F(LoopTest, TwoPersistentFaultsAtTheSameStepEvictBothNodesInOneIncident) {
   EXPECT_EQ(Events("trigger").size(), 1u);
   EXPECT_EQ(Nodes(Events("eviction")), (std::vector<std::string>{"node0", "node1"}));
   EXPECT_EQ(fleet_->attempts().back(), (std::vector<std::string>{"spare0", "spare1"}));
+}
+
+// The straggler path, over real trace databases: node1's ranks compute 2.5 times their peers'
+// time from step 4 on. The straggler watch names them in every window of 4 steps; the second
+// window in a row is the policy's bar, and node1 is evicted; the job resumes on the spare and its
+// windows then name no one.
+TEST_F(LoopTest, ASlowNodeIsNamedByTheStragglerPathInTwoWindowsInARowAndEvicted) {
+  options_ = Options(24, {"spare0"});
+  options_.straggler_every = 4;
+  options_.policy.straggler_windows = 2;
+  FakeFault slow{FakeFault::kSlow, "node1", 4};
+  slow.factor = 2.5;
+  Fleet().Break(slow);
+  fleet_->TraceSteps(0.1);
+  EXPECT_EQ(Run(), kLaunchFinished);
+  std::set<std::string> named;
+  for (const Event& e : Events("verdict"))
+    if (e.detail["cause"] == "compute_straggler") named.insert(e.node);
+  EXPECT_EQ(named, std::set<std::string>{"node1"});
+  const auto evictions = Events("eviction");
+  ASSERT_EQ(evictions.size(), 1u);
+  EXPECT_EQ(evictions[0].node, "node1");
+  EXPECT_EQ(evictions[0].detail["reason"], "compute_straggler");
+  EXPECT_EQ(fleet_->attempts().back(), (std::vector<std::string>{"node0", "spare0"}));
+  EXPECT_EQ(fleet_->done(), 24);
+}
+
+// A slow window alone is no straggler to act on: the same machine slow for one window only
+// (it recovers) is named once, alerted, and kept.
+TEST_F(LoopTest, AStragglerNamedInOneWindowOnlyIsAlertedNotEvicted) {
+  options_ = Options(16, {"spare0"});
+  options_.straggler_every = 4;
+  options_.policy.straggler_windows = 2;
+  FakeFault slow{FakeFault::kSlow, "node1", 4};
+  slow.factor = 2.5;
+  FakeFault recovered{FakeFault::kSlow, "node1", 8};  // the later fault wins: back to 1
+  Fleet().Break(slow);
+  fleet_->Break(recovered);
+  fleet_->TraceSteps(0.1);
+  EXPECT_EQ(Run(), kLaunchFinished);
+  int named = 0;
+  for (const Event& e : Events("verdict")) named += e.detail["cause"] == "compute_straggler";
+  EXPECT_EQ(named, 1);
+  EXPECT_TRUE(Events("eviction").empty());
+  EXPECT_EQ(fleet_->attempts().size(), 1u);
 }
 
 TEST_F(LoopTest, ADeadAgentIsRestartedWithoutEviction) {
