@@ -87,7 +87,12 @@ class FakeFleet final : public Fleet {
   // Each step the job takes is traced into its nodes' trace.db (the real store): every rank's
   // forward span of `compute_s` (times a kSlow fault's factor on a slow node), as its agent would
   // have drained it -- what the controller's straggler watch reads.
-  void TraceSteps(double compute_s) { compute_s_ = compute_s; }
+  // `stages`: the job's pipeline stages, each rank's coordinates read as pp = rank / (world /
+  // stages) and dp = rank % (world / stages) (a node then holds whole stages).
+  void TraceSteps(double compute_s, int stages = 1) {
+    compute_s_ = compute_s;
+    stages_ = stages;
+  }
   // Given the controller's options: where each attempt resumes (run.json's resume point).
   void Plan(const AttemptPlan& plan) { resume_step_ = plan.resume_set ? plan.resume.step : -1; }
 
@@ -344,7 +349,7 @@ class FakeFleet final : public Fleet {
     }
     return factor;
   }
-  // Step `step` of every rank (data-parallel replicas: dp = rank) into its node's trace.db.
+  // Step `step` of every rank into its node's trace.db.
   void Trace(int64_t step) {
     static const std::vector<std::string> kNames = {"forward"};
     const int64_t start = clock_->WallNs();
@@ -355,7 +360,8 @@ class FakeFleet final : public Fleet {
       info.world_size = world_;
       info.attempt = attempt_;
       info.node = NodeOfRank(r);
-      info.coords = {r, 0, 0};
+      const int replicas = world_ / stages_;
+      info.coords = {r % replicas, r / replicas, 0};
       tracer::Record rec{};
       rec.span.type = tracer::RecordType::kSpan;
       rec.span.kind = tracer::SpanKind::kForward;
@@ -377,6 +383,7 @@ class FakeFleet final : public Fleet {
   int64_t steps_;
   double step_s_;
   double compute_s_ = 0;  // TraceSteps
+  int stages_ = 1;
   std::vector<FakeFault> faults_;
   std::map<std::string, SelfCheckFigures> self_check_;
   std::function<std::string(const std::string&, double)> metrics_;

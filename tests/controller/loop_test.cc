@@ -358,6 +358,29 @@ TEST_F(LoopTest, AStragglerNamedInOneWindowOnlyIsAlertedNotEvicted) {
   EXPECT_EQ(fleet_->attempts().size(), 1u);
 }
 
+// A stage slow on every replica: two stages, node0 holding stage 0 of both replicas, and node0
+// slow. No rank is slower than its peers at the same (pp, tp) -- they all are -- so no straggler is
+// named: the stage is reported as imbalance, an alert, and nothing is evicted.
+TEST_F(LoopTest, AStageSlowOnEveryReplicaIsImbalanceAndNothingIsEvicted) {
+  options_ = Options(16, {"spare0"});
+  options_.straggler_every = 4;
+  options_.policy.straggler_windows = 2;
+  options_.stage_of_rank = {0, 0, 1, 1};
+  FakeFault slow{FakeFault::kSlow, "node0", 4};
+  slow.factor = 2.5;
+  Fleet().Break(slow);
+  fleet_->TraceSteps(0.1, /*stages=*/2);
+  EXPECT_EQ(Run(), kLaunchFinished);
+  int imbalance = 0;
+  for (const Event& e : Events("verdict")) {
+    EXPECT_NE(e.detail["cause"], "compute_straggler") << e.detail;
+    imbalance += e.detail["cause"] == "stage_imbalance";
+  }
+  EXPECT_EQ(imbalance, 1);  // named in every window from the fault on, alerted once
+  EXPECT_TRUE(Events("eviction").empty());
+  EXPECT_EQ(fleet_->attempts().size(), 1u);
+}
+
 TEST_F(LoopTest, ADeadAgentIsRestartedWithoutEviction) {
   Fleet().Break({FakeFault::kKillAgent, "node1", 4});
   EXPECT_EQ(Run(), kLaunchFinished);
