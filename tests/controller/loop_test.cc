@@ -80,6 +80,17 @@ class LoopTest : public ::testing::Test {
     stall.peer = "node1";
     Fleet().Break(stall);
   }
+  // A job of `steps` steps watched for stragglers every 4 steps (2 windows in a row to act), its
+  // steps traced; `node` computes 2.5 times longer from step 4 on.
+  void SlowFromStep4(int64_t steps, const std::string& node, int stages = 1) {
+    options_ = Options(steps, {"spare0"});
+    options_.straggler_every = 4;
+    options_.policy.straggler_windows = 2;
+    FakeFault slow{FakeFault::kSlow, node, 4};
+    slow.factor = 2.5;
+    Fleet().Break(slow);
+    fleet_->TraceSteps(0.1, stages);
+  }
   FakeFleet& Fleet() {
     if (!owned_) {
       owned_ = std::make_unique<FakeFleet>(options_.supervisor.run_dir, &clock_, options_.steps);
@@ -318,13 +329,7 @@ TEST_F(LoopTest, TwoPersistentFaultsAtTheSameStepEvictBothNodesInOneIncident) {
 // window in a row is the policy's bar, and node1 is evicted; the job resumes on the spare and its
 // windows then name no one.
 TEST_F(LoopTest, ASlowNodeIsNamedByTheStragglerPathInTwoWindowsInARowAndEvicted) {
-  options_ = Options(24, {"spare0"});
-  options_.straggler_every = 4;
-  options_.policy.straggler_windows = 2;
-  FakeFault slow{FakeFault::kSlow, "node1", 4};
-  slow.factor = 2.5;
-  Fleet().Break(slow);
-  fleet_->TraceSteps(0.1);
+  SlowFromStep4(24, "node1");
   EXPECT_EQ(Run(), kLaunchFinished);
   std::set<std::string> named;
   for (const Event& e : Events("verdict"))
@@ -341,15 +346,8 @@ TEST_F(LoopTest, ASlowNodeIsNamedByTheStragglerPathInTwoWindowsInARowAndEvicted)
 // A slow window alone is no straggler to act on: the same machine slow for one window only
 // (it recovers) is named once, alerted, and kept.
 TEST_F(LoopTest, AStragglerNamedInOneWindowOnlyIsAlertedNotEvicted) {
-  options_ = Options(16, {"spare0"});
-  options_.straggler_every = 4;
-  options_.policy.straggler_windows = 2;
-  FakeFault slow{FakeFault::kSlow, "node1", 4};
-  slow.factor = 2.5;
-  FakeFault recovered{FakeFault::kSlow, "node1", 8};  // the later fault wins: back to 1
-  Fleet().Break(slow);
-  fleet_->Break(recovered);
-  fleet_->TraceSteps(0.1);
+  SlowFromStep4(16, "node1");
+  fleet_->Break({FakeFault::kSlow, "node1", 8});  // the later fault wins: factor 1 again
   EXPECT_EQ(Run(), kLaunchFinished);
   int named = 0;
   for (const Event& e : Events("verdict")) named += e.detail["cause"] == "compute_straggler";
@@ -362,14 +360,8 @@ TEST_F(LoopTest, AStragglerNamedInOneWindowOnlyIsAlertedNotEvicted) {
 // slow. No rank is slower than its peers at the same (pp, tp) -- they all are -- so no straggler is
 // named: the stage is reported as imbalance, an alert, and nothing is evicted.
 TEST_F(LoopTest, AStageSlowOnEveryReplicaIsImbalanceAndNothingIsEvicted) {
-  options_ = Options(16, {"spare0"});
-  options_.straggler_every = 4;
-  options_.policy.straggler_windows = 2;
+  SlowFromStep4(16, "node0", /*stages=*/2);
   options_.stage_of_rank = {0, 0, 1, 1};
-  FakeFault slow{FakeFault::kSlow, "node0", 4};
-  slow.factor = 2.5;
-  Fleet().Break(slow);
-  fleet_->TraceSteps(0.1, /*stages=*/2);
   EXPECT_EQ(Run(), kLaunchFinished);
   int imbalance = 0;
   for (const Event& e : Events("verdict")) {
