@@ -26,8 +26,19 @@ constexpr size_t kOptional = std::size(tracer::kOptionalTraceTables);
 // (open_ops, device_spans) are tables older files lack.
 struct NodeTables {
   bool copy = false, created = false;
+  RunScope scope;
   std::vector<std::string> parts[std::size(kTraceTables)];
   std::vector<std::string> optional_parts[kOptional];
+
+  // The rows of `table` the scope reads: a WHERE clause, or "".
+  std::string Where(std::string_view table) const {
+    if (scope.whole() || table == "ranks") return "";
+    if (table != "spans" && table != "collectives" && table != "heartbeats") return " WHERE 0";
+    std::string w = " WHERE step >= " + std::to_string(scope.first_step) +
+                    " AND step <= " + std::to_string(scope.last_step);
+    if (scope.attempt >= 0) w += " AND attempt = " + std::to_string(scope.attempt);
+    return w;
+  }
 
   // The node attached as `alias`.
   Status Add(tracer::sql::Database& db, const std::string& alias) {
@@ -40,14 +51,14 @@ struct NodeTables {
     }
     for (size_t t = 0; t < std::size(kTraceTables); ++t) {
       const std::string table(kTraceTables[t]);
+      const std::string rows = "SELECT * FROM " + alias + "." + table + Where(table);
       if (copy) {
-        RETURN_IF_ERROR(
-            db.Exec("INSERT INTO main." + table + " SELECT * FROM " + alias + "." + table));
+        RETURN_IF_ERROR(db.Exec("INSERT INTO main." + table + " " + rows));
       } else {
-        parts[t].push_back("SELECT * FROM " + alias + "." + table);
+        parts[t].push_back(rows);
       }
     }
-    for (size_t t = 0; t < kOptional; ++t) {
+    for (size_t t = 0; t < kOptional && scope.whole(); ++t) {
       const std::string table(tracer::kOptionalTraceTables[t].name);
       auto has = db.QueryInt("SELECT COUNT(*) FROM " + alias +
                              ".sqlite_master WHERE type = 'table' AND name = '" + table + "'");
@@ -94,7 +105,8 @@ struct NodeTables {
 
 }  // namespace
 
-Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_dir) {
+Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_dir,
+                                                       const RunScope& scope) {
   if (!fs::is_directory(run_dir)) return NotFound("run directory " + run_dir + " does not exist");
   std::vector<std::string> files;
   std::error_code ec;
@@ -114,6 +126,7 @@ Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_di
   const int limit = db.attach_limit();
   NodeTables tables;
   tables.copy = static_cast<int>(files.size()) > limit;
+  tables.scope = scope;
   for (size_t i = 0; i < files.size(); ++i) {
     const std::string alias = "n" + std::to_string(i % static_cast<size_t>(limit));
     // A node database that cannot be read (corrupt, cut short, not ours) is named and skipped:

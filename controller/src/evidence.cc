@@ -95,8 +95,9 @@ Result<std::optional<std::vector<StragglerWatch::Finding>>> StragglerWatch::Anal
     RETURN_IF_ERROR(stored_->Refresh());
     if (stored_->RanksThrough(attempt, last) < world) return std::optional<std::vector<Finding>>();
   }
-  // Opened once the window is stored: past SQLite's attach limit this copies the run.
-  ASSIGN_OR_RETURN(auto db, analyzer::RunDatabase::Open(run_dir));
+  // Opened once the window is stored, for the window alone: past SQLite's attach limit only its
+  // rows are copied, not the run's.
+  ASSIGN_OR_RETURN(auto db, analyzer::RunDatabase::Open(run_dir, {attempt, first, last}));
   ASSIGN_OR_RETURN(analyzer::SlowReport rep, analyzer::AnalyzeSlow(*db, options));
   std::vector<Verdict> slow;
   for (Verdict& v : rep.verdicts) {

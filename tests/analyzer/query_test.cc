@@ -11,6 +11,7 @@
 #include "megascope/runtime/data.h"
 #include "megascope/tracer/file_util.h"
 #include "megascope/tracer/trace_store.h"
+#include "store_run.h"
 #include "test_util.h"
 
 namespace megascope::analyzer {
@@ -181,6 +182,50 @@ TEST(RunDatabaseTest, MoreNodesThanSqliteAttachesAtOnce) {
   EXPECT_EQ((*db)->Query("SELECT COUNT(DISTINCT correlation) FROM device_spans")->rows[0][0],
             std::to_string(kNodes));
   EXPECT_FALSE((*db)->Query("DELETE FROM ranks").ok());
+}
+
+// A window of a run: its steps' spans (of its attempt) and every rank, nothing else -- attached
+// (3 nodes) or copied (14 nodes, past SQLite's attach limit) alike.
+TEST(RunDatabaseTest, AScopedOpenReadsOnlyItsWindow) {
+  for (int nodes : {3, 14}) {
+    megascope::testing::TempDir dir;
+    for (int n = 0; n < nodes; ++n) {
+      tracer::RankInfo info;
+      info.rank = n;
+      info.world_size = nodes;
+      info.node = "node" + std::to_string(n);
+      std::vector<tracer::Record> spans;
+      for (int step = 0; step < 10; ++step) {
+        tracer::Record r{};
+        r.span.type = tracer::RecordType::kSpan;
+        r.span.kind = tracer::SpanKind::kForward;
+        r.span.microbatch = -1;
+        r.span.step = step;
+        r.span.start_ticks = int64_t{1000} * step;
+        r.span.end_ticks = int64_t{1000} * step + 500;
+        spans.push_back(r);
+      }
+      WriteRankRecords(dir.path(), info, {"forward"}, {}, spans);
+    }
+    auto count = [](RunDatabase& db, const std::string& table) {
+      auto t = db.Query("SELECT COUNT(*) FROM " + table);
+      EXPECT_TRUE(t.ok()) << t.status().ToString();
+      return t.ok() ? std::stoi(t->rows[0][0]) : -1;
+    };
+    auto whole = RunDatabase::Open(dir.path());
+    ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+    EXPECT_EQ(count(**whole, "spans"), nodes * 10);
+    auto window = RunDatabase::Open(dir.path(), {0, 3, 5});
+    ASSERT_TRUE(window.ok()) << window.status().ToString();
+    EXPECT_EQ(count(**window, "spans"), nodes * 3) << nodes << " nodes";
+    EXPECT_EQ((*window)->Query("SELECT MIN(step), MAX(step) FROM spans")->rows[0],
+              (std::vector<std::string>{"3", "5"}));
+    EXPECT_EQ(count(**window, "ranks"), nodes);
+    EXPECT_EQ(count(**window, "device_spans"), 0);
+    auto other_attempt = RunDatabase::Open(dir.path(), {1, 0, 9});
+    ASSERT_TRUE(other_attempt.ok()) << other_attempt.status().ToString();
+    EXPECT_EQ(count(**other_attempt, "spans"), 0);
+  }
 }
 
 // One node's trace.db that cannot be read (here cut short) is named and skipped: every other

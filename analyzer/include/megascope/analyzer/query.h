@@ -4,7 +4,9 @@
 // waits, what each rank was doing at a moment). Writes are refused.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -21,12 +23,27 @@ struct Table {
   std::vector<std::vector<bool>> is_null;
 };
 
+// What of a run to read: all of it, or a window of steps (of one attempt). A window holds the
+// spans, collectives and heartbeats of its steps and every rank's row; metrics, drops and the
+// optional tables (open_ops, device_spans) read empty. The straggler watch reads its window so:
+// past SQLite's attach limit only the window is copied, not the run.
+struct RunScope {
+  int attempt = -1;  // -1: every attempt
+  int64_t first_step = std::numeric_limits<int64_t>::min();
+  int64_t last_step = std::numeric_limits<int64_t>::max();
+  bool whole() const {
+    return attempt < 0 && first_step == std::numeric_limits<int64_t>::min() &&
+           last_step == std::numeric_limits<int64_t>::max();
+  }
+};
+
 class RunDatabase {
  public:
   // Attaches every node database of `run_dir` read-only (in batches beyond SQLite's attach
-  // limit, copying into memory). One that cannot be read is skipped (warnings()); none readable,
-  // or a newer schema, is an error.
-  static Result<std::unique_ptr<RunDatabase>> Open(const std::string& run_dir);
+  // limit, copying into memory), or of them what `scope` asks for. One that cannot be read is
+  // skipped (warnings()); none readable, or a newer schema, is an error.
+  static Result<std::unique_ptr<RunDatabase>> Open(const std::string& run_dir,
+                                                   const RunScope& scope = {});
   ~RunDatabase();
   // One read-only statement; errors name what SQLite said.
   Result<Table> Query(const std::string& sql);
