@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "megascope/tracer/run_layout.h"
@@ -34,8 +35,12 @@ struct NodeTables {
   std::string Where(std::string_view table) const {
     if (scope.whole() || table == "ranks") return "";
     if (table != "spans" && table != "collectives" && table != "heartbeats") return " WHERE 0";
+    // A collective's step is the one it completed in: an asynchronous send issued in the
+    // window's last step may complete in the next, so that step's collectives are read too.
+    int64_t last = scope.last_step;
+    if (table == "collectives" && last < std::numeric_limits<int64_t>::max()) ++last;
     std::string w = " WHERE step >= " + std::to_string(scope.first_step) +
-                    " AND step <= " + std::to_string(scope.last_step);
+                    " AND step <= " + std::to_string(last);
     if (scope.attempt >= 0) w += " AND attempt = " + std::to_string(scope.attempt);
     return w;
   }

@@ -24,7 +24,9 @@ struct Table {
 };
 
 // What of a run to read: all of it, or a window of steps (of one attempt). A window holds the
-// spans, collectives and heartbeats of its steps and every rank's row; metrics, drops and the
+// spans and heartbeats of its steps, the collectives completed in them or in the step after (an
+// asynchronous send issued in the last step completes in the next), and every rank's row;
+// metrics, drops and the
 // optional tables (open_ops, device_spans) read empty. The straggler watch reads its window so:
 // past SQLite's attach limit only the window is copied, not the run.
 struct RunScope {
