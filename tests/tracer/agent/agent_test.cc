@@ -479,9 +479,12 @@ TEST_F(AgentTest, SurvivesSigkillWithoutLosingOrDuplicatingRows) {
   };
   constexpr int kTotal = 300000;
   int emitted = 0;
+  // Recorded now: each agent's first pass prunes what is older than its retention window, and a
+  // tick near 0 is the host's boot, more than a day ago on a host that has been up that long.
+  const int64_t now = (*t)->Ticks();
   auto emit = [&](int n) {
     for (int i = 0; i < n; ++i, ++emitted)
-      (*t)->RecordSpan(SpanKind::kForward, name, emitted, 0, 1, 2);
+      (*t)->RecordSpan(SpanKind::kForward, name, emitted, 0, now, now + 1);
   };
   emit(16384);  // one full lane
   // 1. Killed inside its first transaction, every row inserted, before COMMIT: nothing is kept.
@@ -667,8 +670,9 @@ TEST_F(AgentTest, ARerunThatReusesRingNamesStartsFromItsOwnBeginning) {
       auto t = Tracer::Create(Ring(0));
       if (!t.ok()) return 1;
       const NameId n = *(*t)->InternName("forward");
+      const int64_t now = (*t)->Ticks();  // not near 0: the host's boot is past retention
       for (int i = 0; i < count; ++i)
-        (*t)->RecordSpan(SpanKind::kForward, n, first_step + i, 0, 1, 2);
+        (*t)->RecordSpan(SpanKind::kForward, n, first_step + i, 0, now, now + 1);
       ::_exit(0);
       return 0;
     });
