@@ -93,31 +93,49 @@ int StoredSteps::RanksThrough(int attempt, int64_t step) const {
 
 namespace {
 
-// The window an analysis reads, loaded once (LoadWindow: every SQL statement of the analysis); the
-// phases after it only compute over it and add their verdicts to the report.
+// The window an analysis reads, indexed from its input (Index) for the phases, which only compute
+// over it and add their verdicts to the report.
 struct Window {
-  struct RankMeta {
-    std::string node;
-    int dp = 0, pp = 0, tp = 0;
-    int64_t offset = 0;
-  };
   // Indexed with operator[] by the phases: a rank with spans but no row in `ranks` reads as
   // coordinates 0 on node "".
-  std::map<int, RankMeta> meta;
+  std::map<int, SlowInput::Rank> meta;
   // Per rank and step: compute (without nested collectives), comm, wall. A step is (attempt,
   // step): a step run again after a restart is another step.
   using StepKey = std::pair<int64_t, int64_t>;
   std::map<StepKey, std::map<int, double>> compute;  // step -> rank -> s
   std::map<StepKey, double> wall, busy;  // step -> max wall; summed per-rank accounted time
   std::map<StepKey, int> ranks_in_step;
-  struct Op {
-    std::string grp;
-    int64_t seq;
-    int64_t enqueued, completed, bytes;
-    bool p2p;
-  };
-  std::map<int, std::vector<Op>> ops_of;  // rank -> its ops in the window
+  using Op = SlowInput::Op;
+  std::map<int, std::vector<Op>> ops_of;  // rank -> its ops in the window, as enqueued
 };
+
+// The input in a fixed order (by step and rank; ops by rank and time), whatever order its parts
+// came in: sums come out the same bit for bit from the databases or from the agents.
+Window Index(const SlowInput& in) {
+  Window w;
+  w.meta = in.ranks;
+  std::vector<const SlowInput::Step*> steps;
+  steps.reserve(in.steps.size());
+  for (const SlowInput::Step& s : in.steps) steps.push_back(&s);
+  std::sort(steps.begin(), steps.end(), [](const SlowInput::Step* a, const SlowInput::Step* b) {
+    return std::tie(a->attempt, a->step, a->rank) < std::tie(b->attempt, b->step, b->rank);
+  });
+  for (const SlowInput::Step* s : steps) {
+    const Window::StepKey step{s->attempt, s->step};
+    w.compute[step][s->rank] = s->compute / 1e9;
+    w.wall[step] = std::max(w.wall[step], s->wall / 1e9);
+    w.busy[step] += (s->compute + s->comm + s->data) / 1e9;
+    ++w.ranks_in_step[step];
+  }
+  for (const SlowInput::Op& op : in.ops) w.ops_of[op.rank].push_back(op);
+  for (auto& [rank, ops] : w.ops_of) {
+    std::sort(ops.begin(), ops.end(), [](const Window::Op& a, const Window::Op& b) {
+      return std::tie(a.enqueued, a.grp, a.seq, a.completed) <
+             std::tie(b.enqueued, b.grp, b.seq, b.completed);
+    });
+  }
+  return w;
+}
 
 std::string StepRange(const SlowOptions& o) {
   return "step >= " + std::to_string(o.first_step) + " AND step <= " + std::to_string(o.last_step);
@@ -127,23 +145,16 @@ std::string OfAttempt(const SlowOptions& o) {
 }
 
 // The ranks' coordinates and every rank's compute, wall and accounted time per step of the window.
-Status LoadSteps(RunDatabase& db, const SlowOptions& o, Window* win) {
-  Window& w = *win;
+Status LoadSteps(RunDatabase& db, const SlowOptions& o, SlowInput* in) {
   const std::string range = StepRange(o), of_attempt = OfAttempt(o);
-  auto& meta = w.meta;
-  auto& compute = w.compute;
-  auto& wall = w.wall;
-  auto& busy = w.busy;
-  auto& ranks_in_step = w.ranks_in_step;
-  using StepKey = Window::StepKey;
   RETURN_IF_ERROR(db.Scan(
       "SELECT rank, node, dp, pp, tp, MAX(clock_offset_ns) FROM ranks" +
           (o.attempt >= 0 ? " WHERE attempt = " + std::to_string(o.attempt) : std::string()) +
           " GROUP BY rank",
       [&](const RunDatabase::Row& r) {
-        meta[static_cast<int>(r.Int(0))] = {std::string(r.Text(1)), static_cast<int>(r.Int(2)),
-                                            static_cast<int>(r.Int(3)), static_cast<int>(r.Int(4)),
-                                            r.Int(5)};
+        in->ranks[static_cast<int>(r.Int(0))] = {std::string(r.Text(1)), static_cast<int>(r.Int(2)),
+                                                 static_cast<int>(r.Int(3)),
+                                                 static_cast<int>(r.Int(4)), r.Int(5)};
       }));
   // Only the window's spans are read (the CTE would otherwise group every span of the run).
   std::string cte = PerRankStepCte();
@@ -154,39 +165,27 @@ Status LoadSteps(RunDatabase& db, const SlowOptions& o, Window* win) {
   }
   const std::string sql =
       cte + "\nSELECT rank, step, wall, compute, comm, data, attempt FROM per_rank WHERE " + range;
-  RETURN_IF_ERROR(db.Scan(sql, [&](const RunDatabase::Row& r) {
-    const StepKey step{r.Int(6), r.Int(1)};
-    compute[step][static_cast<int>(r.Int(0))] = r.Double(3) / 1e9;
-    wall[step] = std::max(wall[step], r.Double(2) / 1e9);
-    busy[step] += (r.Double(3) + r.Double(4) + r.Double(5)) / 1e9;
-    ++ranks_in_step[step];
-  }));
-  return Status::Ok();
+  return db.Scan(sql, [&](const RunDatabase::Row& r) {
+    in->steps.push_back({static_cast<int>(r.Int(0)), r.Int(6), r.Int(1), r.Double(2), r.Double(3),
+                         r.Double(4), r.Double(5)});
+  });
 }
 
-// Every rank's ops enqueued while the window's steps ran.
-Status LoadOps(RunDatabase& db, const SlowOptions& o, Window* w) {
-  const std::string range = StepRange(o), of_attempt = OfAttempt(o);
-  auto& ops_of = w->ops_of;
-  // Only the window's ops: those enqueued while its steps ran (a collective's `step` is the step it
-  // completed in: an asynchronous send issued in one step may complete in the next).
-  int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
-  RETURN_IF_ERROR(
-      db.Scan("SELECT MIN(start_ns), MAX(end_ns) FROM spans WHERE " + range + of_attempt,
-              [&](const RunDatabase::Row& r) {
-                if (r.Int(1) == 0) return;  // a node without spans in the window
-                lo = std::min(lo, r.Int(0));
-                hi = std::max(hi, r.Int(1));
-              }));
-  RETURN_IF_ERROR(db.Scan(
-      "SELECT grp, seq, rank, enqueued_ns, completed_ns, op IN ('send', 'recv'), bytes FROM "
-      "collectives WHERE enqueued_ns BETWEEN " +
-          std::to_string(lo) + " AND " + std::to_string(hi) + of_attempt,
-      [&](const RunDatabase::Row& r) {
-        ops_of[static_cast<int>(r.Int(2))].push_back(
-            {std::string(r.Text(0)), r.Int(1), r.Int(3), r.Int(4), r.Int(6), r.Int(5) != 0});
-      }));
-  return Status::Ok();
+// Every rank's ops enqueued while its steps of the window ran (a collective's `step` is the step it
+// completed in: an asynchronous send issued in one step may complete in the next, so ops are picked
+// by time, each rank's by its own clock).
+Status LoadOps(RunDatabase& db, const SlowOptions& o, SlowInput* in) {
+  const std::string sql =
+      "WITH r AS (SELECT attempt, rank, MIN(start_ns) AS lo, MAX(end_ns) AS hi FROM spans WHERE " +
+      StepRange(o) + OfAttempt(o) +
+      " GROUP BY attempt, rank) "
+      "SELECT c.grp, c.seq, c.rank, c.enqueued_ns, c.completed_ns, c.op IN ('send', 'recv'), "
+      "c.bytes FROM collectives c JOIN r ON c.attempt = r.attempt AND c.rank = r.rank "
+      "WHERE c.enqueued_ns BETWEEN r.lo AND r.hi";
+  return db.Scan(sql, [&](const RunDatabase::Row& r) {
+    in->ops.push_back({std::string(r.Text(0)), r.Int(1), static_cast<int>(r.Int(2)), r.Int(3),
+                       r.Int(4), r.Int(6), r.Int(5) != 0});
+  });
 }
 
 // The window's steps, their mean time and the pipeline bubble's share.
@@ -309,7 +308,6 @@ void FindCommStragglers(Window& w, const SlowOptions& o, SlowReport* out) {
   SlowReport& rep = *out;
   auto& meta = w.meta;
   auto& ops_of = w.ops_of;
-  using Op = Window::Op;
   // 2. Communication stragglers: at every collective, the last rank to arrive makes the others
   // wait -- for the part of its lateness it caused itself. A rank that left the previous op late
   // (a ring's last receiver does, every time) and then worked as long as its peers arrives late
@@ -322,14 +320,12 @@ void FindCommStragglers(Window& w, const SlowOptions& o, SlowReport* out) {
     int64_t gap;  // since the rank's own previous op completed
   };
   std::map<std::pair<std::string, int64_t>, std::vector<Arrival>> by_op;
-  for (auto& [rank, ops] : ops_of) {
-    std::sort(ops.begin(), ops.end(),
-              [](const Op& a, const Op& b) { return a.enqueued < b.enqueued; });
+  for (auto& [rank, ops] : ops_of) {  // each rank's ops in the order it enqueued them
     for (size_t k = 1; k < ops.size(); ++k) {
       const int64_t prev_done = ops[k - 1].completed;
       if (ops[k].p2p || prev_done <= 0 || prev_done > ops[k].enqueued) continue;
       by_op[{ops[k].grp, ops[k].seq}].push_back(
-          {rank, ops[k].enqueued - meta[rank].offset, ops[k].enqueued - prev_done});
+          {rank, ops[k].enqueued - meta[rank].clock_offset_ns, ops[k].enqueued - prev_done});
     }
   }
   for (const auto& [key, arrivals] : by_op) {
@@ -400,8 +396,8 @@ GroupTimings TimeGroups(Window& w) {
     for (const Op& op : ops) {
       if (op.p2p || op.completed <= 0) continue;
       Span& sp = spans[{op.grp, op.seq}];
-      sp.arrive = std::max(sp.arrive, op.enqueued - meta[rank].offset);
-      sp.done = std::max(sp.done, op.completed - meta[rank].offset);
+      sp.arrive = std::max(sp.arrive, op.enqueued - meta[rank].clock_offset_ns);
+      sp.done = std::max(sp.done, op.completed - meta[rank].clock_offset_ns);
       sp.bytes = std::max(sp.bytes, op.bytes);
       ++sp.members;
       hosts[op.grp].insert(meta[rank].node);
@@ -599,14 +595,26 @@ void Conclude(const SlowOptions& o, SlowReport* out) {
 
 }  // namespace
 
-Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
-  Window w;
-  RETURN_IF_ERROR(LoadSteps(db, o, &w));
+void SlowInput::Merge(SlowInput&& part) {
+  ranks.merge(part.ranks);
+  steps.insert(steps.end(), part.steps.begin(), part.steps.end());
+  ops.insert(ops.end(), std::make_move_iterator(part.ops.begin()),
+             std::make_move_iterator(part.ops.end()));
+}
+
+Result<SlowInput> LoadSlowInput(RunDatabase& db, const SlowOptions& o) {
+  SlowInput in;
+  RETURN_IF_ERROR(LoadSteps(db, o, &in));
+  if (!in.steps.empty()) RETURN_IF_ERROR(LoadOps(db, o, &in));
+  return in;
+}
+
+Result<SlowReport> AnalyzeSlow(const SlowInput& in, const SlowOptions& o) {
+  Window w = Index(in);
   SlowReport rep;
   rep.steps = static_cast<int64_t>(w.compute.size());
   if (rep.steps == 0)
     return NotFound("no spans in steps " + std::to_string(o.first_step) + ".. of this run");
-  RETURN_IF_ERROR(LoadOps(db, o, &w));
   Summarize(w, &rep);
   FindComputeStragglers(w, o, &rep);  // 1.
   FindStageImbalance(w, o, &rep);     // 1b.
@@ -614,6 +622,11 @@ Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
   FindSlowLinks(w, o, &rep);          // 3.
   Conclude(o, &rep);
   return rep;
+}
+
+Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& o) {
+  ASSIGN_OR_RETURN(const SlowInput in, LoadSlowInput(db, o));
+  return AnalyzeSlow(in, o);
 }
 
 SlowOptions SlowOptionsFrom(const std::map<std::string, double>& t, SlowOptions o) {

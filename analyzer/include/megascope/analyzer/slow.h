@@ -8,6 +8,7 @@
 // or the layout, not a machine: the controller reports it and evicts nothing).
 #pragma once
 
+#include <cstdint>
 #include <limits>
 #include <map>
 #include <memory>
@@ -41,6 +42,41 @@ struct SlowReport {
   std::string thresholds;
 };
 
+// What a straggler analysis reads of a window of steps, and nothing else: the analysis is pure
+// over it. Loaded from trace databases (LoadSlowInput) or merged from the parts each node's agent
+// computes over its own trace.db (window.h): a part holds its node's ranks, parts merge.
+struct SlowInput {
+  struct Rank {
+    std::string node;
+    int dp = 0, pp = 0, tp = 0;
+    int64_t clock_offset_ns = 0;  // the rank's clock minus the common clock
+  };
+  // One rank's step, ns (per_rank of PerRankStepCte; a step run again after a restart is another
+  // row, of its attempt).
+  struct Step {
+    int rank = 0;
+    int64_t attempt = 0, step = 0;
+    double wall = 0, compute = 0, comm = 0, data = 0;
+  };
+  // An op the rank enqueued while its steps of the window ran, on the rank's own clock.
+  struct Op {
+    std::string grp;
+    int64_t seq = 0;
+    int rank = 0;
+    int64_t enqueued = 0, completed = 0, bytes = 0;
+    bool p2p = false;
+  };
+  std::map<int, Rank> ranks;
+  std::vector<Step> steps;
+  std::vector<Op> ops;
+  // Adds another node's part (its ranks' rows; a rank already here keeps its row).
+  void Merge(SlowInput&& part);
+};
+// The window `options` names (steps, attempt) of the databases. Every rank's ops are those it
+// enqueued between its first span's start and last span's end in the window (its own clock).
+Result<SlowInput> LoadSlowInput(RunDatabase& db, const SlowOptions& options);
+Result<SlowReport> AnalyzeSlow(const SlowInput& input, const SlowOptions& options = {});
+// LoadSlowInput, then AnalyzeSlow.
 Result<SlowReport> AnalyzeSlow(RunDatabase& db, const SlowOptions& options = {});
 // The options a verdict's `thresholds` were decided with (as AnalyzeSlow writes them), over
 // `defaults` for what it does not say.
