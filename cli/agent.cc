@@ -7,8 +7,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 
 #include "command.h"
+#include "megascope/analyzer/window.h"
 #include "megascope/launch/process.h"
 #include "megascope/tracer/file_util.h"
 #include "megascope/tracer/run_layout.h"
@@ -120,6 +122,9 @@ int RunAgent(const Args& args) {
   }
   if (std::string err = CheckAgentOptions(o, token_file, drain_priority); !err.empty())
     return Fail("agent", err, kExitUsage);
+  // GET /window: the node's part of a straggler window, over its own trace.db.
+  auto windows = std::make_shared<analyzer::WindowServer>(o.run_dir, o.node);
+  o.window = [windows](std::string_view query) { return windows->Serve(query); };
   auto agent = tracer::agent::Agent::Create(o);
   if (!agent.ok()) return Fail("agent", agent.status().ToString());
   g_agent = agent->get();

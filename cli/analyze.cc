@@ -101,7 +101,7 @@ int RunSlow(const AnalyzeArgs& a) {
     }
   }
   // Only the window asked for is read (past SQLite's attach limit, only it is copied).
-  auto db = analyzer::RunDatabase::Open(a.source, {so.attempt, so.first_step, so.last_step});
+  auto db = analyzer::RunDatabase::Open(a.source, {so.attempt, so.first_step, so.last_step, ""});
   if (!db.ok()) return Fail("analyze", db.status().message());
   Warn("analyze", (*db)->warnings());
   auto rep = analyzer::AnalyzeSlow(**db, so);

@@ -117,10 +117,13 @@ Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_di
   std::error_code ec;
   const RunLayout layout(run_dir);
   for (const auto& e : fs::directory_iterator(layout.nodes(), ec)) {
-    const std::string f = layout.trace_db(e.path().filename().string());
-    if (fs::exists(f)) files.push_back(f);
+    const std::string node = e.path().filename().string();
+    const std::string f = layout.trace_db(node);
+    if ((scope.node.empty() || node == scope.node) && fs::exists(f)) files.push_back(f);
   }
   std::sort(files.begin(), files.end());
+  if (files.empty() && !scope.node.empty())
+    return NotFound("no trace database " + layout.trace_db(scope.node));
   if (files.empty())
     return NotFound("no trace databases under " + run_dir +
                     "/nodes/*/trace.db (was the run started with agents?)");

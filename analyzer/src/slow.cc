@@ -32,7 +32,8 @@ struct StoredSteps::Node {
   int64_t rowid[2] = {0, 0};  // the last row read of span_rows, of collective_rows
 };
 
-StoredSteps::StoredSteps(std::string run_dir) : run_dir_(std::move(run_dir)) {}
+StoredSteps::StoredSteps(std::string run_dir, std::string node)
+    : run_dir_(std::move(run_dir)), node_(std::move(node)) {}
 StoredSteps::~StoredSteps() = default;
 StoredSteps::StoredSteps(StoredSteps&&) noexcept = default;
 StoredSteps& StoredSteps::operator=(StoredSteps&&) noexcept = default;
@@ -41,8 +42,15 @@ Status StoredSteps::Refresh() {
   namespace fs = std::filesystem;
   std::error_code ec;
   const RunLayout layout(run_dir_);
-  for (const auto& e : fs::directory_iterator(layout.nodes(), ec)) {
-    const std::string path = layout.trace_db(e.path().filename().string());
+  std::vector<std::string> nodes;
+  if (node_.empty()) {
+    for (const auto& e : fs::directory_iterator(layout.nodes(), ec))
+      nodes.push_back(e.path().filename().string());
+  } else {
+    nodes.push_back(node_);
+  }
+  for (const std::string& node : nodes) {
+    const std::string path = layout.trace_db(node);
     auto it = nodes_.find(path);
     if (it == nodes_.end()) {
       if (!fs::exists(path)) continue;
@@ -81,6 +89,14 @@ Status StoredSteps::Refresh() {
     }
   }
   return Status::Ok();
+}
+
+std::map<int, int64_t> StoredSteps::Through(int attempt) const {
+  std::map<int, int64_t> out;
+  for (const auto& [key, last] : last_step_) {
+    if (key.first == attempt) out[key.second] = last;
+  }
+  return out;
 }
 
 int StoredSteps::RanksThrough(int attempt, int64_t step) const {

@@ -1,11 +1,13 @@
 #include "evidence.h"
 
+#include <filesystem>
 #include <set>
 #include <sstream>
 
 #include "megascope/analyzer/query.h"
 #include "megascope/detector/prometheus_text.h"
 #include "megascope/tracer/metric_names.h"
+#include "megascope/tracer/run_layout.h"
 
 namespace megascope::controller {
 namespace {
@@ -84,21 +86,56 @@ std::vector<Verdict> OnlineDetector::Add(const MetricsRound& round) {
   return stream_.TakeVerdicts();
 }
 
+bool StragglerWatch::Gather(Fleet& fleet, const std::vector<std::string>& nodes,
+                            const std::string& token, const std::string& run_dir,
+                            const analyzer::WindowQuery& q,
+                            std::map<std::string, analyzer::WindowPart>* parts) {
+  constexpr int kTimeoutMs = 3000;
+  missing_.clear();
+  std::vector<Result<std::string>> answers =
+      fleet.AgentGetAll(nodes, analyzer::WindowPath(q), kTimeoutMs, token);
+  bool complete = true;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const std::string& node = nodes[i];
+    if (node.empty()) continue;  // a slot its evicted node left, not yet filled
+    Result<analyzer::WindowPart> part =
+        answers[i].ok() ? analyzer::ParseWindowPart(*answers[i]) : answers[i].status();
+    if (!part.ok()) {
+      // Its agent is gone or cannot answer: its database, where this machine has it.
+      const std::string db = RunLayout(run_dir).trace_db(node);
+      std::error_code ec;
+      if (std::filesystem::exists(db, ec)) {
+        auto& server = local_[db];
+        if (!server) server = std::make_unique<analyzer::WindowServer>(run_dir, node);
+        part = server->Part(q);
+      }
+    }
+    if (!part.ok()) {
+      missing_.push_back(node + ": " + part.status().message());
+      complete = false;
+      continue;
+    }
+    complete &= part->has_rows;
+    (*parts)[node] = std::move(*part);
+  }
+  return complete;
+}
+
 Result<std::optional<std::vector<StragglerWatch::Finding>>> StragglerWatch::Analyze(
+    Fleet& fleet, const std::vector<std::string>& nodes, const std::string& token,
     const std::string& run_dir, int attempt, int64_t first, int64_t last, int world, bool anyway,
     analyzer::SlowOptions options) {
   options.attempt = attempt;
   options.first_step = first;
   options.last_step = last;
-  if (!anyway) {
-    if (!stored_ || stored_->run_dir() != run_dir) stored_.emplace(run_dir);
-    RETURN_IF_ERROR(stored_->Refresh());
-    if (stored_->RanksThrough(attempt, last) < world) return std::optional<std::vector<Finding>>();
-  }
-  // Opened once the window is stored, for the window alone: past SQLite's attach limit only its
-  // rows are copied, not the run's.
-  ASSIGN_OR_RETURN(auto db, analyzer::RunDatabase::Open(run_dir, {attempt, first, last}));
-  ASSIGN_OR_RETURN(analyzer::SlowReport rep, analyzer::AnalyzeSlow(*db, options));
+  std::map<std::string, analyzer::WindowPart> parts;
+  const analyzer::WindowQuery q{attempt, first, last, anyway};
+  const bool complete = Gather(fleet, nodes, token, run_dir, q, &parts);
+  if (!anyway && (!complete || analyzer::RanksThrough(parts, last) < world))
+    return std::optional<std::vector<Finding>>();
+  analyzer::SlowInput input;
+  for (auto& [node, part] : parts) input.Merge(std::move(part.input));
+  ASSIGN_OR_RETURN(analyzer::SlowReport rep, analyzer::AnalyzeSlow(input, options));
   std::vector<Verdict> slow;
   for (Verdict& v : rep.verdicts) {
     if (v.kind == VerdictKind::kSlow) slow.push_back(std::move(v));

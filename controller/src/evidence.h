@@ -1,15 +1,18 @@
 // Online evidence of machine faults that do not stop a job (private to the controller): the
 // detector fed every tick from the agents' /metrics pages, and the straggler analysis over the
-// trace databases' recent steps. Both reuse the engines of `megascope detect` and `analyze slow`
-// as they are; this file only turns live sources into their inputs.
+// recent steps the agents compute from their trace databases. Both reuse the engines of `megascope
+// detect` and `analyze slow` as they are; this file only turns live sources into their inputs.
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "megascope/analyzer/slow.h"
+#include "megascope/analyzer/window.h"
+#include "megascope/controller/fleet.h"
 #include "megascope/controller/policy.h"
 #include "megascope/detector/detector.h"
 #include "megascope/tracer/status.h"
@@ -42,6 +45,11 @@ class OnlineDetector {
   detector::Stream stream_;
 };
 
+// Where a straggler window's parts come from: each node's agent computes its ranks' part over its
+// own trace.db (GET /window), so the watch never opens every node's database. A node whose agent
+// does not answer (gone, an older agent) is read from its trace.db here when this machine has it
+// (one machine, a shared run directory); otherwise the window waits for it, or is analysed
+// without it once `anyway` (the node is named).
 class StragglerWatch {
  public:
   struct Finding {
@@ -50,18 +58,31 @@ class StragglerWatch {
     // comm straggler counting as one cause (policy.h's Streak).
     Streak streak;
   };
-  // Straggler analysis over steps [first, last] of `attempt`, once the spans of all `world` ranks
-  // through `last` are in the trace databases: nullopt while some are not (their agents are still
+  // Straggler analysis over steps [first, last] of `attempt` on `nodes`, once the spans of all
+  // `world` ranks through `last` are stored: nullopt while some are not (their agents are still
   // storing them), unless `anyway` (a rank that stays behind: its agent may be gone). While it
-  // waits, each call reads only what was stored since the last (analyzer::StoredSteps).
-  Result<std::optional<std::vector<Finding>>> Analyze(const std::string& run_dir, int attempt,
+  // waits, each agent answers only how far its ranks are stored, reading only what was stored
+  // since it was last asked (analyzer::WindowServer).
+  Result<std::optional<std::vector<Finding>>> Analyze(Fleet& fleet,
+                                                      const std::vector<std::string>& nodes,
+                                                      const std::string& token,
+                                                      const std::string& run_dir, int attempt,
                                                       int64_t first, int64_t last, int world,
                                                       bool anyway, analyzer::SlowOptions options);
+  // The nodes the last analysis went without ("node: why"), for the log.
+  const std::vector<std::string>& missing() const { return missing_; }
   void Reset() { streaks_.Reset(); }
 
  private:
+  // Every node's part of the window, from its agent or its database; false: some part is not
+  // there yet.
+  bool Gather(Fleet& fleet, const std::vector<std::string>& nodes, const std::string& token,
+              const std::string& run_dir, const analyzer::WindowQuery& q,
+              std::map<std::string, analyzer::WindowPart>* parts);
+
   StragglerStreaks streaks_;
-  std::optional<analyzer::StoredSteps> stored_;
+  std::map<std::string, std::unique_ptr<analyzer::WindowServer>> local_;  // by trace.db path
+  std::vector<std::string> missing_;
 };
 
 }  // namespace megascope::controller

@@ -215,14 +215,14 @@ TEST(RunDatabaseTest, AScopedOpenReadsOnlyItsWindow) {
     auto whole = RunDatabase::Open(dir.path());
     ASSERT_TRUE(whole.ok()) << whole.status().ToString();
     EXPECT_EQ(count(**whole, "spans"), nodes * 10);
-    auto window = RunDatabase::Open(dir.path(), {0, 3, 5});
+    auto window = RunDatabase::Open(dir.path(), {0, 3, 5, ""});
     ASSERT_TRUE(window.ok()) << window.status().ToString();
     EXPECT_EQ(count(**window, "spans"), nodes * 3) << nodes << " nodes";
     EXPECT_EQ((*window)->Query("SELECT MIN(step), MAX(step) FROM spans")->rows[0],
               (std::vector<std::string>{"3", "5"}));
     EXPECT_EQ(count(**window, "ranks"), nodes);
     EXPECT_EQ(count(**window, "device_spans"), 0);
-    auto other_attempt = RunDatabase::Open(dir.path(), {1, 0, 9});
+    auto other_attempt = RunDatabase::Open(dir.path(), {1, 0, 9, ""});
     ASSERT_TRUE(other_attempt.ok()) << other_attempt.status().ToString();
     EXPECT_EQ(count(**other_attempt, "spans"), 0);
   }

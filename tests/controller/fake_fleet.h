@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "analyzer/store_run.h"
+#include "megascope/analyzer/window.h"
 #include "megascope/controller/controller.h"
 #include "megascope/controller/fleet.h"
 #include "megascope/launch/progress.h"
@@ -93,6 +95,9 @@ class FakeFleet final : public Fleet {
     compute_s_ = compute_s;
     stages_ = stages;
   }
+  // The nodes keep their trace.db on their own disks (under `root`, laid out as a run directory),
+  // as on a cluster without a shared run directory: only their agents' /window reads them.
+  void KeepTracesOnNodes(const std::string& root) { trace_root_ = root; }
   // Given the controller's options: where each attempt resumes (run.json's resume point).
   void Plan(const AttemptPlan& plan) { resume_step_ = plan.resume_set ? plan.resume.step : -1; }
 
@@ -125,6 +130,13 @@ class FakeFleet final : public Fleet {
                                const std::string&) override {
     if (!agents_.count(node))
       return Status(StatusCode::kUnavailable, node + "'s agent does not answer");
+    if (path.starts_with("/window?")) {  // the agent's own answer, over the node's trace.db
+      auto& server = windows_[node];
+      if (!server) server = std::make_unique<analyzer::WindowServer>(TraceRoot(), node);
+      auto [code, body] = server->Serve(path.substr(path.find('?') + 1));
+      if (code != 200) return Status(StatusCode::kUnavailable, body);
+      return body;
+    }
     if (path == "/metrics") {
       if (!metrics_) return std::string();
       return metrics_(
@@ -349,6 +361,7 @@ class FakeFleet final : public Fleet {
     }
     return factor;
   }
+  const std::string& TraceRoot() const { return trace_root_.empty() ? layout_.dir() : trace_root_; }
   // Step `step` of every rank into its node's trace.db.
   void Trace(int64_t step) {
     static const std::vector<std::string> kNames = {"forward"};
@@ -370,7 +383,7 @@ class FakeFleet final : public Fleet {
       rec.span.start_ticks = start;
       rec.span.end_ticks =
           start + static_cast<int64_t>(compute_s_ * 1e9 * SlowFactor(info.node, step));
-      analyzer::WriteRankRecords(layout_.dir(), info, kNames, {{"world", "world", {}}}, {rec});
+      analyzer::WriteRankRecords(TraceRoot(), info, kNames, {{"world", "world", {}}}, {rec});
     }
   }
   std::chrono::steady_clock::duration Step() const {
@@ -379,6 +392,8 @@ class FakeFleet final : public Fleet {
   }
 
   RunLayout layout_;
+  std::map<std::string, std::unique_ptr<analyzer::WindowServer>> windows_;  // the agents' /window
+  std::string trace_root_;  // where the nodes' trace.db are ("": the run directory)
   FakeClock* clock_;
   int64_t steps_;
   double step_s_;

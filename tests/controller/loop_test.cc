@@ -343,6 +343,22 @@ TEST_F(LoopTest, ASlowNodeIsNamedByTheStragglerPathInTwoWindowsInARowAndEvicted)
   EXPECT_EQ(fleet_->done(), 24);
 }
 
+// On a cluster without a shared run directory the nodes' databases are on their own disks: the
+// straggler watch merges what each node's agent computes over its own (GET /window), and evicts
+// the same straggler without reading a database.
+TEST_F(LoopTest, AStragglerIsNamedFromTheAgentsWindowsWhenTheDatabasesStayOnTheirNodes) {
+  SlowFromStep4(24, "node1");
+  megascope::testing::TempDir node_disks;
+  fleet_->KeepTracesOnNodes(node_disks.path());
+  EXPECT_EQ(Run(), kLaunchFinished);
+  EXPECT_TRUE(fs::exists(node_disks.path() + "/nodes/node1/trace.db"));
+  EXPECT_FALSE(fs::exists(options_.supervisor.run_dir + "/nodes/node1/trace.db"));
+  const auto evictions = Events("eviction");
+  ASSERT_EQ(evictions.size(), 1u);
+  EXPECT_EQ(evictions[0].node, "node1");
+  EXPECT_EQ(evictions[0].detail["reason"], "compute_straggler");
+}
+
 // A slow window alone is no straggler to act on: the same machine slow for one window only
 // (it recovers) is named once, alerted, and kept.
 TEST_F(LoopTest, AStragglerNamedInOneWindowOnlyIsAlertedNotEvicted) {

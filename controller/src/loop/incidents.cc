@@ -225,11 +225,13 @@ bool Controller::Impl::Watch() {
     so.compute_ratio = opt.straggler_ratio;
     so.min_cost_s = opt.straggler_min_cost_s;
     so.min_peers = 2;  // with one peer, shared-machine noise alone can make either look slow
-    auto found = stragglers.Analyze(layout.dir(), attempt, first, last, opt.world, anyway, so);
+    auto found = stragglers.Analyze(*fleet, active, agent_token, layout.dir(), attempt, first, last,
+                                    opt.world, anyway, so);
     const std::string steps =
         "straggler analysis of steps " + std::to_string(first) + ".." + std::to_string(last);
     if (found.ok() && !*found) return true;  // not stored yet: the next poll looks again
     straggler_from = last + 1;
+    for (const std::string& m : stragglers.missing()) Log(steps + ": without " + m);
     if (!found.ok()) {
       Log(steps + ": " + found.status().ToString());
       return true;

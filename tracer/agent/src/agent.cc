@@ -734,6 +734,20 @@ class TextHandler : public Handler {
   const char* type_;
 };
 
+// An answer computed whole from the URL's query string (GET /window?...).
+class QueryHandler : public Handler {
+ public:
+  using Fn = std::function<std::pair<int, std::string>(std::string_view query)>;
+  QueryHandler(Fn fn, const std::string& token) : Handler(token), fn_(std::move(fn)) {}
+
+ private:
+  void Serve(mg_connection* conn, const std::string&, const std::string& query) override {
+    auto [code, body] = fn_(query);
+    Reply(conn, code, "application/json", body);
+  }
+  Fn fn_;
+};
+
 // GET /dumps[?attempt=A][&form=json|binary], streamed in chunks (HTTP/1.1 chunked transfer): a
 // node of 1,000 ranks answers 70 MB of JSON (17 MB binary), written and sent a rank at a time.
 class DumpsHandler : public Handler {
@@ -834,6 +848,10 @@ Result<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& o) {
         "application/json", o.token));
     im->http->addHandler(prefix, im->handlers.back().get());
   };
+  if (o.window) {
+    im->handlers.push_back(std::make_unique<QueryHandler>(o.window, o.token));
+    im->http->addHandler("/window", im->handlers.back().get());
+  }
   per_rank("/dump/", [a](int r) { return a->DumpJson(r); });
   per_rank("/stacks/", [a](int r) { return a->StacksJson(r); });
   return agent;

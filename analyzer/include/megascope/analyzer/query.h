@@ -33,6 +33,8 @@ struct RunScope {
   int attempt = -1;  // -1: every attempt
   int64_t first_step = std::numeric_limits<int64_t>::min();
   int64_t last_step = std::numeric_limits<int64_t>::max();
+  std::string node;  // only this node's database ("": every node's)
+  // Every row (of the databases read).
   bool whole() const {
     return attempt < 0 && first_step == std::numeric_limits<int64_t>::min() &&
            last_step == std::numeric_limits<int64_t>::max();

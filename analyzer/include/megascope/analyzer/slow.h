@@ -91,7 +91,8 @@ SlowOptions SlowOptionsFrom(const std::map<std::string, double>& thresholds,
 // once a run has more nodes than SQLite attaches at once).
 class StoredSteps {
  public:
-  explicit StoredSteps(std::string run_dir);
+  // Every node of the run, or only `node` (an agent's own database).
+  explicit StoredSteps(std::string run_dir, std::string node = "");
   ~StoredSteps();
   StoredSteps(StoredSteps&&) noexcept;
   StoredSteps& operator=(StoredSteps&&) noexcept;
@@ -101,11 +102,13 @@ class StoredSteps {
   // Ranks of `attempt` (-1: of any) with spans of step `step` or a later one, as of the last
   // Refresh.
   int RanksThrough(int attempt, int64_t step) const;
+  // Each rank of `attempt` with spans stored: its newest stored step, as of the last Refresh.
+  std::map<int, int64_t> Through(int attempt) const;
   const std::string& run_dir() const { return run_dir_; }
 
  private:
   struct Node;
-  std::string run_dir_;
+  std::string run_dir_, node_;
   std::map<std::string, std::unique_ptr<Node>> nodes_;  // by trace.db path
   std::map<std::pair<int, int>, int64_t> last_step_;    // (attempt, rank) -> newest stored step
 };

@@ -63,6 +63,11 @@ struct AgentOptions {
   double retain_every_s = 60;
   DrainPriority drain_priority = DrainPriority::kBatch;
   WriteHook write_hook;  // the store's fault seam (trace_store.h); tests only
+  // GET /window?<query>: a straggler window's part computed over this node's trace.db, answered
+  // by this function as (HTTP status, JSON body); unset: /window is not served. The analyzer owns
+  // the answer (analyzer::WindowServer), a floor above the agent: whoever starts the agent (the
+  // `megascope agent` command) passes it in.
+  std::function<std::pair<int, std::string>(std::string_view query)> window;
 };
 
 class Agent {
