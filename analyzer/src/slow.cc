@@ -228,17 +228,22 @@ void FindComputeStragglers(Window& w, const SlowOptions& o, SlowReport* out) {
   std::map<int, int> slow_steps;
   std::map<int, double> extra;  // rank -> summed seconds above its peers' median
   for (const auto& [step, per] : compute) {
-    for (const auto& [rank, s] : per) {
-      // Its peers: the others at the same (pp, tp), whose median a straggler cannot drag along.
-      std::vector<double> others;
-      for (const auto& [r2, s2] : per) {
-        if (r2 != rank && meta[r2].pp == meta[rank].pp && meta[r2].tp == meta[rank].tp)
-          others.push_back(s2);
+    // A rank's peers: the others at the same (pp, tp), whose median a straggler cannot drag along.
+    // Each group is sorted once: the median of a rank's peers is the group's element at the
+    // median's index with the rank left out (linear in the ranks, not quadratic).
+    std::map<std::pair<int, int>, std::vector<std::pair<double, int>>> groups;
+    for (const auto& [rank, s] : per) groups[{meta[rank].pp, meta[rank].tp}].emplace_back(s, rank);
+    for (auto& [key, members] : groups) {
+      const size_t peers = members.size() - 1;
+      if (peers == 0 || static_cast<int>(peers) < o.min_peers) continue;
+      std::sort(members.begin(), members.end());
+      const size_t k = peers / 2;  // Median()'s index among the peers
+      for (size_t at = 0; at < members.size(); ++at) {
+        const auto [s, rank] = members[at];
+        const double med = members[k < at ? k : k + 1].first;
+        if (med > 0 && s > o.compute_ratio * med) ++slow_steps[rank];
+        extra[rank] += std::max(0.0, s - med);
       }
-      if (others.empty() || static_cast<int>(others.size()) < o.min_peers) continue;
-      const double med = Median(others);
-      if (med > 0 && s > o.compute_ratio * med) ++slow_steps[rank];
-      extra[rank] += std::max(0.0, s - med);
     }
   }
   for (const auto& [rank, n] : slow_steps) {
