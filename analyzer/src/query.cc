@@ -168,6 +168,34 @@ Result<std::unique_ptr<RunDatabase>> RunDatabase::Open(const std::string& run_di
 
 RunDatabase::~RunDatabase() = default;
 
+NodeScan::NodeScan(std::string run_dir, RunScope scope)
+    : run_dir_(std::move(run_dir)), scope_(std::move(scope)) {
+  std::error_code ec;
+  const RunLayout layout(run_dir_);
+  for (const auto& e : fs::directory_iterator(layout.nodes(), ec)) {
+    const std::string node = e.path().filename().string();
+    if (fs::exists(layout.trace_db(node))) nodes_.push_back(node);
+  }
+  std::sort(nodes_.begin(), nodes_.end());
+}
+
+Status NodeScan::Scan(const std::string& sql,
+                      const std::function<void(const RunDatabase::Row&)>& fn) {
+  if (nodes_.empty())
+    return NotFound("no trace databases under " + run_dir_ +
+                    "/nodes/*/trace.db (was the run started with agents?)");
+  warnings_.clear();
+  for (const std::string& node : nodes_) {
+    RunScope one = scope_;
+    one.node = node;
+    auto db = RunDatabase::Open(run_dir_, one);
+    Status st = db.ok() ? (*db)->Scan(sql, fn) : db.status();
+    if (!st.ok()) warnings_.push_back(node + ": " + st.message());
+  }
+  if (warnings_.size() == nodes_.size()) return DataLoss(warnings_.front());
+  return Status::Ok();
+}
+
 Result<Table> RunDatabase::Query(const std::string& sql) {
   std::string_view tail;
   auto prepared = db_.Prepare(sql, false, &tail);

@@ -178,7 +178,7 @@ std::string HangFigure(const RunReport& r, const Event& v) {
 
 // A straggler: its compute per step (or, for a slow link, its peers' waits in collectives)
 // against its peers at the same (pp, tp), over the steps that decided it.
-std::string SlowFigure(const Event& v, analyzer::RunDatabase* db, const Places& places) {
+std::string SlowFigure(const Event& v, analyzer::NodeScan* db, const Places& places) {
   const json th = v.detail.value("thresholds", json::object());
   if (db == nullptr || !th.contains("first_step") || v.rank < 0)
     return "<p class=\"note\">No window recorded for this verdict.</p>";
@@ -229,7 +229,7 @@ std::string SlowFigure(const Event& v, analyzer::RunDatabase* db, const Places& 
 }
 
 // A faulty machine: each metric its evidence names, around the verdict, the named node in red.
-std::string MachineFigure(const Event& v, analyzer::RunDatabase* db) {
+std::string MachineFigure(const Event& v, analyzer::NodeScan* db) {
   if (db == nullptr) return "";
   const int64_t det = v.detail.value("detected_at_ns", v.ts_ns);
   std::string h;
@@ -278,8 +278,8 @@ std::string MachineFigure(const Event& v, analyzer::RunDatabase* db) {
   return h;
 }
 
-std::string Card(const RunReport& r, const Event& v, analyzer::RunDatabase* db,
-                 const Places& places, const HtmlReportOptions& o) {
+std::string Card(const RunReport& r, const Event& v, analyzer::NodeScan* db, const Places& places,
+                 const HtmlReportOptions& o) {
   const json& d = v.detail;
   const std::string kind = d.value("kind", "");
   std::string named = v.node.empty() ? "" : v.node;
@@ -329,7 +329,7 @@ std::set<int64_t> ActedOn(const RunReport& r) {
   return out;
 }
 
-std::string Evidence(const RunReport& r, analyzer::RunDatabase* db, const Places& places,
+std::string Evidence(const RunReport& r, analyzer::NodeScan* db, const Places& places,
                      const HtmlReportOptions& o) {
   const std::set<int64_t> shown = ActedOn(r);
   std::string cards, rest;

@@ -28,15 +28,15 @@ std::vector<Restart> Restarts(const RunReport& r) {
   return out;
 }
 
-Places ReadPlaces(analyzer::RunDatabase* db) {
+Places ReadPlaces(analyzer::NodeScan* db, Status* status) {
   Places out;
   if (db == nullptr) return out;
-  (void)db->Scan("SELECT attempt, rank, dp, pp, tp, node FROM ranks",
-                 [&](const analyzer::RunDatabase::Row& row) {
-                   out[{row.Int(0), static_cast<int>(row.Int(1))}] = {
-                       static_cast<int>(row.Int(2)), static_cast<int>(row.Int(3)),
-                       static_cast<int>(row.Int(4)), std::string(row.Text(5))};
-                 });
+  *status = db->Scan("SELECT attempt, rank, dp, pp, tp, node FROM ranks",
+                     [&](const analyzer::RunDatabase::Row& row) {
+                       out[{row.Int(0), static_cast<int>(row.Int(1))}] = {
+                           static_cast<int>(row.Int(2)), static_cast<int>(row.Int(3)),
+                           static_cast<int>(row.Int(4)), std::string(row.Text(5))};
+                     });
   return out;
 }
 
@@ -230,28 +230,33 @@ struct HeatData {
   struct Cell {
     double s = 0;
     std::string node;  // where the kept run of the step ran
+    int64_t attempt = -1;
   };
   std::map<int64_t, std::map<int, Cell>> compute;    // step -> rank -> its kept run
   std::map<int, RankPlace> meta;                     // rank -> its coordinates
   std::map<int, std::vector<std::string>> nodes_of;  // where each rank ran, in order
 };
 
-HeatData ReadHeat(analyzer::RunDatabase* db, const Places& places) {
+HeatData ReadHeat(analyzer::NodeScan* db, const Places& places) {
   HeatData d;
   for (const auto& [key, place] : places) {  // by attempt, so nodes_of is in order
     d.meta[key.second] = place;
     auto& seen = d.nodes_of[key.second];
     if (std::find(seen.begin(), seen.end(), place.node) == seen.end()) seen.push_back(place.node);
   }
-  (void)db->Scan(analyzer::PerRankStepCte() +
-                     "\nSELECT p.rank, p.step, p.compute, p.attempt FROM per_rank p"
-                     " ORDER BY p.step, p.attempt",
-                 [&](const analyzer::RunDatabase::Row& row) {
-                   const int rank = static_cast<int>(row.Int(0));
-                   auto it = places.find({row.Int(3), rank});
-                   d.compute[row.Int(1)][rank] = {row.Double(2) / 1e9,
-                                                  it == places.end() ? "" : it->second.node};
-                 });
+  (void)db->Scan(
+      analyzer::PerRankStepCte() +
+          "\nSELECT p.rank, p.step, p.compute, p.attempt FROM per_rank p"
+          " ORDER BY p.step, p.attempt",
+      [&](const analyzer::RunDatabase::Row& row) {
+        const int rank = static_cast<int>(row.Int(0));
+        auto it = places.find({row.Int(3), rank});
+        // The newest attempt's run of a step is kept (the nodes are read one after another: a
+        // rank's attempts may come in any order).
+        HeatData::Cell& cell = d.compute[row.Int(1)][rank];
+        if (row.Int(3) >= cell.attempt)
+          cell = {row.Double(2) / 1e9, it == places.end() ? "" : it->second.node, row.Int(3)};
+      });
   return d;
 }
 
@@ -332,7 +337,7 @@ constexpr const char* kHeatScale =
     "y=\"30\">2.0x+</text><rect class=\"slow\" x=\"290\" y=\"4\" width=\"12\" height=\"12\" "
     "fill=\"#fcc\"/><text class=\"tick\" x=\"308\" y=\"14\">1.2x or slower</text></svg>";
 
-std::string HeatMap(const RunReport& r, analyzer::RunDatabase* db, const Places& places,
+std::string HeatMap(const RunReport& r, analyzer::NodeScan* db, const Places& places,
                     const std::vector<Restart>& restarts, const HtmlReportOptions& o) {
   std::string h = "<h2>Compute time per rank and step, against its peers at the same (pp, tp)</h2>";
   if (db == nullptr) return h + "<p>No trace database.</p>";
@@ -427,9 +432,11 @@ std::string LossPlot(const RunReport& r, const std::vector<Restart>& restarts) {
 
 Result<std::string> BuildHtmlReport(const std::string& run_dir, const HtmlReportOptions& o) {
   ASSIGN_OR_RETURN(RunReport r, ReadRunReport(run_dir));
-  auto opened = analyzer::RunDatabase::Open(run_dir);
-  analyzer::RunDatabase* db = opened.ok() ? opened->get() : nullptr;
-  const html::Places places = html::ReadPlaces(db);
+  // The nodes' databases one at a time, never a copy of the run (1,536 nodes' worth).
+  analyzer::NodeScan scan(run_dir);
+  Status traces = Status::Ok();
+  const html::Places places = html::ReadPlaces(&scan, &traces);
+  analyzer::NodeScan* db = traces.ok() ? &scan : nullptr;
   const std::vector<html::Restart> restarts = html::Restarts(r);
   std::string page =
       "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" "
@@ -440,8 +447,8 @@ Result<std::string> BuildHtmlReport(const std::string& run_dir, const HtmlReport
   page += html::Evidence(r, db, places, o);
   page += html::EventsChart(r, restarts);
   page += html::HeatMap(r, db, places, restarts, o);
-  if (!opened.ok())
-    page += "<p class=\"note\">Trace database: " + svg::Esc(opened.status().message()) + "</p>";
+  if (!traces.ok())
+    page += "<p class=\"note\">Trace database: " + svg::Esc(traces.message()) + "</p>";
   page += html::LossPlot(r, restarts);
   return page + "</body></html>\n";
 }

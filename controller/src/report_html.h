@@ -27,7 +27,8 @@ struct RankPlace {
   std::string node;
 };
 using Places = std::map<std::pair<int64_t, int>, RankPlace>;  // (attempt, rank) -> place
-Places ReadPlaces(analyzer::RunDatabase* db);
+// Every rank's place in each attempt; `status` says why none could be read.
+Places ReadPlaces(analyzer::NodeScan* db, Status* status);
 
 // The verdicts the controller acted on (ActedOnVerdicts) and those that opened an incident, by
 // VerdictId: the page draws these in full.
@@ -35,7 +36,7 @@ std::set<int64_t> ActedOn(const RunReport& r);
 
 // Each verdict: a card with its explanation, facts and thresholds, and the figure its kind calls
 // for; verdicts nothing acted on are listed in one table after the cards.
-std::string Evidence(const RunReport& r, analyzer::RunDatabase* db, const Places& places,
+std::string Evidence(const RunReport& r, analyzer::NodeScan* db, const Places& places,
                      const HtmlReportOptions& o);
 
 }  // namespace megascope::controller::html

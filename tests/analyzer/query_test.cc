@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "megascope/runtime/data.h"
 #include "megascope/tracer/file_util.h"
@@ -226,6 +227,65 @@ TEST(RunDatabaseTest, AScopedOpenReadsOnlyItsWindow) {
     ASSERT_TRUE(other_attempt.ok()) << other_attempt.status().ToString();
     EXPECT_EQ(count(**other_attempt, "spans"), 0);
   }
+}
+
+// Node by node: the same per-rank rows the unified database gives, one node's database attached at
+// a time (14 nodes: past the attach limit, where an open copies); an unreadable node is named and
+// skipped, a statement no node can answer is an error.
+TEST(NodeScanTest, ReadsEachNodeInTurnTheRowsTheUnifiedDatabaseHas) {
+  megascope::testing::TempDir dir;
+  constexpr int kNodes = 14;
+  for (int n = 0; n < kNodes; ++n) {
+    tracer::RankInfo info;
+    info.rank = n;
+    info.world_size = kNodes;
+    info.node = "node" + std::to_string(n);
+    std::vector<tracer::Record> spans;
+    for (int step = 0; step < 4; ++step) {
+      tracer::Record r{};
+      r.span.type = tracer::RecordType::kSpan;
+      r.span.kind = tracer::SpanKind::kForward;
+      r.span.microbatch = -1;
+      r.span.step = step;
+      r.span.start_ticks = int64_t{1000} * step;
+      r.span.end_ticks = int64_t{1000} * step + int64_t{100} * (n + 1);
+      spans.push_back(r);
+    }
+    WriteRankRecords(dir.path(), info, {"forward"}, {}, spans);
+  }
+  const std::string sql = PerRankStepCte() + "\nSELECT rank, step, compute FROM per_rank";
+  std::set<std::vector<int64_t>> unified, by_node;
+  auto db = RunDatabase::Open(dir.path());
+  ASSERT_TRUE(db.ok()) << db.status().ToString();
+  ASSERT_TRUE((*db)
+                  ->Scan(sql,
+                         [&](const RunDatabase::Row& r) {
+                           unified.insert({r.Int(0), r.Int(1), r.Int(2)});
+                         })
+                  .ok());
+  NodeScan scan(dir.path());
+  ASSERT_TRUE(scan.Scan(sql,
+                        [&](const RunDatabase::Row& r) {
+                          by_node.insert({r.Int(0), r.Int(1), r.Int(2)});
+                        })
+                  .ok());
+  EXPECT_EQ(unified.size(), size_t{kNodes} * 4);
+  EXPECT_EQ(by_node, unified);
+
+  const std::string bad = dir.path() + "/nodes/node3/trace.db";
+  std::ofstream(bad, std::ios::trunc | std::ios::binary) << "not a database";
+  by_node.clear();
+  ASSERT_TRUE(scan.Scan(sql,
+                        [&](const RunDatabase::Row& r) {
+                          by_node.insert({r.Int(0), r.Int(1), r.Int(2)});
+                        })
+                  .ok());
+  EXPECT_EQ(by_node.size(), size_t{kNodes - 1} * 4);
+  ASSERT_EQ(scan.warnings().size(), 1u);
+  EXPECT_EQ(scan.warnings()[0].rfind("node3: ", 0), 0u) << scan.warnings()[0];
+  const Status wrong = scan.Scan("SELECT no_such_column FROM spans", [](auto&) {});
+  EXPECT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.message().find("no_such_column"), std::string::npos) << wrong.message();
 }
 
 // One node's trace.db that cannot be read (here cut short) is named and skipped: every other

@@ -66,6 +66,25 @@ class RunDatabase {
   std::vector<std::string> warnings_;
 };
 
+// A run's node databases read one after another: each statement runs over every node's database
+// in turn (in node order), one attached at a time, never a copy of the run. For answers that are
+// unions of per-node rows (per rank, per node: a rank's rows of one attempt are all on its node);
+// ORDER BY orders each node's rows. What a report of a run of 1,536 nodes can afford.
+class NodeScan {
+ public:
+  explicit NodeScan(std::string run_dir, RunScope scope = {});
+  // Runs `sql` over each node's database; a node that cannot be read is skipped (warnings()),
+  // none readable is an error.
+  Status Scan(const std::string& sql, const std::function<void(const RunDatabase::Row&)>& fn);
+  const std::vector<std::string>& warnings() const { return warnings_; }
+
+ private:
+  std::string run_dir_;
+  RunScope scope_;
+  std::vector<std::string> nodes_;
+  std::vector<std::string> warnings_;
+};
+
 // The canned questions, as SQL over the unified views.
 // A WITH clause ending in per_rank(attempt, rank, step, wall, compute, comm, data), nanoseconds
 // (a step run again after a restart is a row per attempt): compute
