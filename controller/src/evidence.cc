@@ -90,7 +90,9 @@ bool StragglerWatch::Gather(Fleet& fleet, const std::vector<std::string>& nodes,
                             const std::string& token, const std::string& run_dir,
                             const analyzer::WindowQuery& q,
                             std::map<std::string, analyzer::WindowPart>* parts) {
-  constexpr int kTimeoutMs = 3000;
+  // As for /state and /metrics: a tick waits this long at most for a stuck agent (its part then
+  // comes from its database, where this machine has it).
+  constexpr int kTimeoutMs = 1000;
   missing_.clear();
   std::vector<Result<std::string>> answers =
       fleet.AgentGetAll(nodes, analyzer::WindowPath(q), kTimeoutMs, token);
