@@ -31,6 +31,7 @@
 #include "megascope/analyzer/window.h"
 #include "megascope/detector/detector.h"
 #include "megascope/detector/prometheus_text.h"
+#include "megascope/tracer/agent_state.h"
 #include "megascope/tracer/http_client.h"
 #include "megascope/tracer/http_serve.h"
 #include "megascope/tracer/parallel.h"
@@ -205,7 +206,7 @@ int Fail(const std::string& what) {
 }
 
 void MeasureTick(int port, const Shape& s) {
-  // 1. tick: every /state, parsed as Controller::Impl::Stalled does.
+  // 1. tick: every /state, read as Controller::Impl::Stalled reads it (tracer::ReadAgentState).
   std::vector<double> tick_s, tick_cpu, parse_s;
   int answered = 0;
   for (int t = 0; t < 10; ++t) {
@@ -217,9 +218,9 @@ void MeasureTick(int port, const Shape& s) {
       for (const auto& body : bodies) {
         if (!body.ok()) continue;
         ++answered;
-        const nlohmann::json j = nlohmann::json::parse(*body, nullptr, false);
-        for (const auto& r : j.value("ranks", nlohmann::json::array()))
-          steps[r.value("rank", -1)] = r["heartbeat"].value("step", int64_t{0});
+        (void)tracer::ReadAgentState(*body, [&](const tracer::RankBeat& r) {
+          if (r.attempt == 0) steps[r.rank] = r.step;
+        });
       }
     });
     tick_s.push_back(fetched.wall_s + parsed.wall_s);

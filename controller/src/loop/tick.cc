@@ -8,6 +8,7 @@
 #include "megascope/launch/link_seam.h"
 #include "megascope/launch/scrape_targets.h"
 #include "megascope/launch/slurm.h"
+#include "megascope/tracer/agent_state.h"
 #include "megascope/tracer/clock.h"
 
 namespace megascope::controller {
@@ -104,22 +105,16 @@ bool Controller::Impl::Stalled(std::string* why) {
   // and crash paths decide that).
   for (const Result<std::string>& body : fleet->AgentGetAll(active, "/state", 1000, agent_token)) {
     if (!body.ok()) continue;
-    json s = json::parse(*body, nullptr, false);
-    if (s.is_discarded()) continue;
-    for (const json& r : s.value("ranks", json::array())) {
-      if (r.value("attempt", -1) != attempt) continue;
-      const int rank = r.value("rank", -1);
-      const int64_t step = r["heartbeat"].value("step", int64_t{0});
-      auto it = hb_steps.find(rank);
-      if (it == hb_steps.end() || it->second != step) {
+    (void)tracer::ReadAgentState(*body, [&](const tracer::RankBeat& r) {
+      if (r.attempt != attempt) return;
+      auto it = hb_steps.find(r.rank);
+      if (it == hb_steps.end() || it->second != r.step) {
         moved = moved || it != hb_steps.end();
-        hb_steps[rank] = step;
+        hb_steps[r.rank] = r.step;
       }
-      for (const json& e : r.value("open_entries", json::array())) {
-        oldest_op_s =
-            std::max(oldest_op_s, static_cast<double>(now - e.value("enqueued_at_ns", now)) / 1e9);
-      }
-    }
+      if (r.oldest_enqueued_ns < now)
+        oldest_op_s = std::max(oldest_op_s, static_cast<double>(now - r.oldest_enqueued_ns) / 1e9);
+    });
   }
   if (moved) last_progress = clock.Now();
   const double threshold = HangThreshold();
