@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -185,29 +186,36 @@ TEST(RunDatabaseTest, MoreNodesThanSqliteAttachesAtOnce) {
   EXPECT_FALSE((*db)->Query("DELETE FROM ranks").ok());
 }
 
+// A run of `nodes` nodes, one rank each (rank n on node n), each recording a forward span of
+// `steps` steps; rank n's span of step s lasts `duration(n)` ticks.
+void WriteOneRankANode(const std::string& dir, int nodes, int steps,
+                       const std::function<int64_t(int)>& duration) {
+  for (int n = 0; n < nodes; ++n) {
+    tracer::RankInfo info;
+    info.rank = n;
+    info.world_size = nodes;
+    info.node = "node" + std::to_string(n);
+    std::vector<tracer::Record> spans;
+    for (int step = 0; step < steps; ++step) {
+      tracer::Record r{};
+      r.span.type = tracer::RecordType::kSpan;
+      r.span.kind = tracer::SpanKind::kForward;
+      r.span.microbatch = -1;
+      r.span.step = step;
+      r.span.start_ticks = int64_t{1000} * step;
+      r.span.end_ticks = int64_t{1000} * step + duration(n);
+      spans.push_back(r);
+    }
+    WriteRankRecords(dir, info, {"forward"}, {}, spans);
+  }
+}
+
 // A window of a run: its steps' spans (of its attempt) and every rank, nothing else -- attached
 // (3 nodes) or copied (14 nodes, past SQLite's attach limit) alike.
 TEST(RunDatabaseTest, AScopedOpenReadsOnlyItsWindow) {
   for (int nodes : {3, 14}) {
     megascope::testing::TempDir dir;
-    for (int n = 0; n < nodes; ++n) {
-      tracer::RankInfo info;
-      info.rank = n;
-      info.world_size = nodes;
-      info.node = "node" + std::to_string(n);
-      std::vector<tracer::Record> spans;
-      for (int step = 0; step < 10; ++step) {
-        tracer::Record r{};
-        r.span.type = tracer::RecordType::kSpan;
-        r.span.kind = tracer::SpanKind::kForward;
-        r.span.microbatch = -1;
-        r.span.step = step;
-        r.span.start_ticks = int64_t{1000} * step;
-        r.span.end_ticks = int64_t{1000} * step + 500;
-        spans.push_back(r);
-      }
-      WriteRankRecords(dir.path(), info, {"forward"}, {}, spans);
-    }
+    WriteOneRankANode(dir.path(), nodes, 10, [](int) { return 500; });
     auto count = [](RunDatabase& db, const std::string& table) {
       auto t = db.Query("SELECT COUNT(*) FROM " + table);
       EXPECT_TRUE(t.ok()) << t.status().ToString();
@@ -235,24 +243,7 @@ TEST(RunDatabaseTest, AScopedOpenReadsOnlyItsWindow) {
 TEST(NodeScanTest, ReadsEachNodeInTurnTheRowsTheUnifiedDatabaseHas) {
   megascope::testing::TempDir dir;
   constexpr int kNodes = 14;
-  for (int n = 0; n < kNodes; ++n) {
-    tracer::RankInfo info;
-    info.rank = n;
-    info.world_size = kNodes;
-    info.node = "node" + std::to_string(n);
-    std::vector<tracer::Record> spans;
-    for (int step = 0; step < 4; ++step) {
-      tracer::Record r{};
-      r.span.type = tracer::RecordType::kSpan;
-      r.span.kind = tracer::SpanKind::kForward;
-      r.span.microbatch = -1;
-      r.span.step = step;
-      r.span.start_ticks = int64_t{1000} * step;
-      r.span.end_ticks = int64_t{1000} * step + int64_t{100} * (n + 1);
-      spans.push_back(r);
-    }
-    WriteRankRecords(dir.path(), info, {"forward"}, {}, spans);
-  }
+  WriteOneRankANode(dir.path(), kNodes, 4, [](int n) { return int64_t{100} * (n + 1); });
   const std::string sql = PerRankStepCte() + "\nSELECT rank, step, compute FROM per_rank";
   std::set<std::vector<int64_t>> unified, by_node;
   auto db = RunDatabase::Open(dir.path());
