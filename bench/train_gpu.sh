@@ -35,7 +35,7 @@ for size in $sizes; do
   esac
   T=1024 V=50304 B=8
   rm -rf "$work/run"
-  if ! "$bin" train --device cuda --no-agents --data "$data" --run-dir "$work/run" --job "gpubench$size" \
+  if ! timeout 150 "$bin" train --device cuda --no-agents --data "$data" --run-dir "$work/run" --job "gpubench$size" \
     --layers $L --width $W --heads $H --seq $T --vocab $V --batch $B --microbatches 1 --steps "$steps" \
     --warmup 2 --trace-alternate 2 >"$work/train.log" 2>&1; then
     echo "$size: training failed; last lines:" | tee -a "$out"

@@ -15,7 +15,7 @@
 #            the device" from the watchdog, a hung op aborted at its deadline, the rebuild);
 #         2. a (1,1,1) run of 20 steps on CUDA whose losses match the CPU run of the same model
 #            step by step within bf16 tolerance (3 %), and the same run over NCCL (--comm nccl)
-#            with the same losses as over Gloo;
+#            as close to the run over Gloo as two runs over Gloo are to each other;
 #         3. a (2,2,2) job of 8 processes on the one GPU (CUDA compute, Gloo through pinned host
 #            buffers) under `megascope launch` with a hang injected: named, evicted, recovered;
 #            its trace.db holds compute spans timed by CUDA events and its timeline draws them;
@@ -30,6 +30,7 @@ pack=.gpu/megascope-gpu.tar.xz
 if [[ ${1:-} == pack ]]; then
   set -e
   command -v nvcc >/dev/null || { echo "gpu-check pack: nvcc is not on the PATH" >&2; exit 1; }
+  command -v patchelf >/dev/null || { echo "gpu-check pack: patchelf is missing (scripts/setup.sh installs it)" >&2; exit 1; }
   cmake --preset cuda -DMEGASCOPE_BUILD_TESTS=ON -DMEGASCOPE_BUILD_BENCH=OFF >/dev/null
   cmake --build --preset cuda --target megascope megascope_gpu_tests nccl_profiler_megascope
   stage=$(mktemp -d)
@@ -43,8 +44,13 @@ if [[ ${1:-} == pack ]]; then
   done
   # Shared libraries outside glibc and the CUDA toolkit (the GPU machine has both).
   for b in "${bins[@]}"; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
-    grep -v -E '/(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libgcc_s|libstdc\+\+)\.so|/usr/local/cuda|libcuda\.so|libnvidia' |
+    grep -v -E '/(libc|libm|libdl|librt|libpthread|libresolv|libnsl|libanl|libutil|libmvec|libnss_[a-z]+|libthread_db|ld-linux-x86-64|libgcc_s|libstdc\+\+)\.so|/usr/local/cuda|libcuda\.so|libnvidia' |
     while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+  # Each binary finds the libraries packed beside it through its own RPATH (transitively, as
+  # DT_RPATH is), so nothing of ours goes on LD_LIBRARY_PATH there: the PyTorch jobs that the
+  # checks start keep the machine's libraries.
+  for f in "$stage"/bin/*; do patchelf --force-rpath --set-rpath '$ORIGIN/../lib' "$f"; done
+  for f in "$stage"/lib/*.so*; do [[ -L $f ]] || patchelf --force-rpath --set-rpath '$ORIGIN' "$f"; done
   # megascope's in-process library (scripts/gpu-trace-check.sh): where `wrap` looks beside the
   # binary, with its second name.
   cp build/cuda/tracer/nccl/libnccl-profiler-megascope.so "$stage/lib/"
@@ -71,21 +77,27 @@ start=$(date +%s)
 say "# scripts/gpu-check.sh run: megascope $(cat "$root/commit") (built with the cuda preset elsewhere and carried)"
 say "# device: $device; driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1); $(nproc) cores; $(date -u +%FT%TZ)"
 
+"$bin" prepare-data tests/data/text/notes_on_training.txt -o "$work/data.bin" >/dev/null
+
 # 1. gpu tests
+if part 1; then
 for t in kernels_cuda_test tracer_cuda_timer_test runtime_nccl_test; do
-  timeout 180 "$root/bin/$t" --gtest_brief=1 >"$work/$t.log" 2>&1
+  timeout 120 "$root/bin/$t" --gtest_brief=1 >"$work/$t.log" 2>&1
   rc=$?
   check "$t" $rc "$(grep -E '^\[  (PASSED|FAILED)' "$work/$t.log" | tr '\n' ' ')"
   [[ $rc == 0 ]] || grep -E 'Failure|error|Expected|Which is|worst' "$work/$t.log" | head -20 | tee -a "$report"
 done
+fi
 
 # 2. CUDA vs CPU losses, (1,1,1), 20 steps
-"$bin" prepare-data tests/data/text/notes_on_training.txt -o "$work/data.bin" >/dev/null
+if part 2; then
 model=(--layers 4 --width 256 --heads 4 --seq 128 --batch 8 --microbatches 2 --steps 20 --lr 1e-3)
-for dev in cpu cuda nccl; do
-  flags=(--device "$dev")
+for dev in cpu cuda cuda2 nccl; do
+  flags=(--device "${dev%2}")
   [[ $dev == nccl ]] && flags=(--device cuda --comm nccl)
-  timeout 300 "$bin" train "${flags[@]}" --no-agents --data "$work/data.bin" --run-dir "$work/parity_$dev" \
+  limit=90
+  [[ $dev == cpu ]] && limit=180
+  timeout $limit "$bin" train "${flags[@]}" --no-agents --data "$work/data.bin" --run-dir "$work/parity_$dev" \
     --job "parity$dev" "${model[@]}" >"$work/parity_$dev.log" 2>&1
   echo "$?" >"$work/parity_$dev.rc"
 done
@@ -107,26 +119,34 @@ sys.exit(0 if rel[worst] <= 0.03 else 1)
 PY
 )
 check "cuda-vs-cpu losses" $? "$detail"
-detail=$(python3 - "$work/parity_cuda/progress.jsonl" "$work/parity_nccl/progress.jsonl" <<'PY'
+# Two CUDA runs over Gloo differ a little (atomicAdd sums gradients in no fixed order); the run over
+# NCCL must be as close to them as they are to each other.
+detail=$(python3 - "$work/parity_cuda/progress.jsonl" "$work/parity_cuda2/progress.jsonl" "$work/parity_nccl/progress.jsonl" <<'PY'
 import json, sys
 def losses(p):
     try:
         return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
     except OSError:
         return []
-gloo, nccl = losses(sys.argv[1]), losses(sys.argv[2])
-if len(gloo) != 20 or len(nccl) != 20:
-    print(f"steps: gloo {len(gloo)}, nccl {len(nccl)} (want 20 each)"); sys.exit(1)
-worst = max(abs(a - b) / abs(a) for a, b in zip(gloo, nccl))
-print(f"20 steps over NCCL; worst step {worst * 100:.5f} % from the run over Gloo (tolerance 0.001 %)")
-sys.exit(0 if worst <= 1e-5 else 1)
+gloo, again, nccl = (losses(p) for p in sys.argv[1:4])
+if len(gloo) != 20 or len(again) != 20 or len(nccl) != 20:
+    print(f"steps: gloo {len(gloo)}, gloo again {len(again)}, nccl {len(nccl)} (want 20 each)"); sys.exit(1)
+def worst(x, y):
+    return max(abs(a - b) / abs(a) for a, b in zip(x, y))
+aa, nv = worst(gloo, again), worst(gloo, nccl)
+limit = max(1e-5, 3 * aa)
+print(f"20 steps over NCCL; worst step {nv * 100:.4f} % from the run over Gloo; two runs over Gloo "
+      f"{aa * 100:.4f} % apart (tolerance: 3 times that, at least 0.001 %)")
+sys.exit(0 if nv <= limit else 1)
 PY
 )
 check "nccl-vs-gloo losses" $? "$detail"
 grep -h "computing on\|timed by" "$work/parity_cuda/ranks/0/worker.log" 2>/dev/null | head -2 | tee -a "$report"
+fi
 
 # 3. (2,2,2) on one GPU under launch, a hang injected at step 8
-timeout 420 "$bin" launch --device cuda --nodes 2 --spares 1 --dp 2 --tp 2 --pp 2 --data "$work/data.bin" \
+if part 3; then
+timeout 240 "$bin" launch --device cuda --nodes 2 --spares 1 --dp 2 --tp 2 --pp 2 --data "$work/data.bin" \
   --run-dir "$work/launch" --job gpulaunch --layers 4 --width 256 --heads 4 --seq 128 --batch 8 \
   --microbatches 2 --steps 24 --checkpoint-every 4 --inject hang:node=node1,at=8 >"$work/launch.log" 2>&1
 rc=$?
@@ -152,8 +172,10 @@ tl=$(grep -o '"ph": *"X"' "$work/timeline.json" 2>/dev/null | wc -l)
 timed=$(grep -l "CUDA events" "$work"/launch/ranks/*/worker.log 2>/dev/null | wc -l)
 [[ ${spans:-0} -gt 0 && $tl -gt 0 && $timed -gt 0 ]]
 check "CUDA-event spans" $? "trace.db: ${spans:-0} forward/backward spans; timeline of steps 2-4: $tl complete events; $timed worker logs say CUDA events time them"
+fi
 
 # 4. NVML metrics from an agent while a CUDA job trains
+if part 4; then
 "$bin" train --device cuda --data "$work/data.bin" --run-dir "$work/nvml" --job gpunvml --layers 4 \
   --width 256 --heads 4 --seq 128 --batch 8 --microbatches 2 --steps 400 >"$work/nvml.log" 2>&1 &
 job=$!
@@ -170,11 +192,21 @@ done
 kill -INT $job 2>/dev/null; wait $job 2>/dev/null
 [[ -n $found ]]
 check "NVML in /metrics" $? "$(echo "$found" | tr '\n' ';')"
+fi
 
-# 5. MFU and the cost of tracing
-if bench/train_gpu.sh "$bin" "$work/data.bin" "$work/train_gpu.txt"; then bench_rc=0; else bench_rc=1; fi
-sed 's/^/    /' "$work/train_gpu.txt" | tee -a "$report"
-check "bench/train_gpu.sh" $bench_rc "MFU and tracing cost above"
+# 5. MFU and the cost of tracing (MEGASCOPE_GPU_SKIP_MFU=1: not this time, e.g. to rerun the other
+if part 5; then
+# checks inside what is left of a lease)
+if [[ ${MEGASCOPE_GPU_SKIP_MFU:-} == 1 ]]; then
+  say "SKIP  bench/train_gpu.sh: MEGASCOPE_GPU_SKIP_MFU=1"
+elif bench/train_gpu.sh "$bin" "$work/data.bin" "$work/train_gpu.txt"; then
+  sed 's/^/    /' "$work/train_gpu.txt" | tee -a "$report"
+  check "bench/train_gpu.sh" 0 "MFU and tracing cost above"
+else
+  sed 's/^/    /' "$work/train_gpu.txt" | tee -a "$report"
+  check "bench/train_gpu.sh" 1 "MFU and tracing cost above"
+fi
+fi
 
 say "# $(( $(date +%s) - start )) s on $device"
 if [[ -n $outdir ]]; then

@@ -16,8 +16,8 @@
 #      and drawn by `megascope timeline`;
 #   3. a hang: rank 1 spins a kernel before its all-reduce; after 15 s wrap is interrupted (as an
 #      operator would) and `analyze hang` must name rank 1;
-#   4. the cost: the job's step time with and without wrap, one rank, four runs alternated, side by
-#      side with an A/A pair of the unwrapped runs for the noise; fails above 0.5 %;
+#   4. the cost: the job's step time with and without wrap, one rank, four runs of each alternated,
+#      with the spread of the unwrapped runs for the noise; fails above 0.5 %;
 #   5. scripts/record-pytorch-fr.py: real PyTorch Flight Recorder dumps into tests/data/pytorch/real
 #      (commit them; the analyzer's tests read every case there).
 # Results: bench/results/gpu_trace_<device>.txt (and OUT_DIR); exits 1 if any check failed.
@@ -41,7 +41,7 @@ versions=$(python3 -c "import torch; print(torch.__version__, '.'.join(map(str, 
 read -r torch_v nccl_v <<<"$versions"
 say "# scripts/gpu-trace-check.sh: megascope $(cat "$root/commit"); PyTorch $torch_v, NCCL $nccl_v"
 say "# device: $device; driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1); $(nproc) cores; $(date -u +%FT%TZ)"
-if command -v torchrun >/dev/null; then torchrun=(torchrun); else torchrun=(python3 -m torch.distributed.run); fi
+torchrun=("$(command -v python3)" -m torch.distributed.run)  # a full path: wrap runs its command as given
 world=2
 python3 -c "import sys; v=tuple(map(int, sys.argv[1].split('.'))); sys.exit(0 if v >= (2, 30) else 1)" "$nccl_v" || world=1
 export NCCL_MULTI_RANK_GPU_ENABLE=1
@@ -56,6 +56,7 @@ WRAP
 chmod +x "$work/wrapjob"
 
 # 1 and 2: a job of 20 steps under wrap
+if part 1; then
 timeout 150 "$work/wrapjob" "$work/run" gputrace "$world" --steps 20 --width 4096 --batch 4096 \
   --out "$work/job" >"$work/run.log" 2>&1
 rc=$?
@@ -78,8 +79,10 @@ check "device spans" $? "${kernels:-0} kernel spans (${gemm:-0} GEMM, ${ncclk:-0
 grep -h "megascope cupti" "$work/run.log" | head -3 | tee -a "$report"
 query "$work/run" "SELECT name, COUNT(*), SUM(end_ns - start_ns) / 1000 FROM spans WHERE kind = 'kernel' GROUP BY name ORDER BY 3 DESC LIMIT 5" |
   sed 's/^/    /' | tee -a "$report"
+fi
 
 # 3. a hang: rank 1 (rank 0 with one rank) spins before its all-reduce
+if part 3; then
 hang_rank=$((world - 1))
 "$work/wrapjob" "$work/hang" gpuhang "$world" --steps 20 --width 2048 --batch 2048 --hang-at 5 \
   --hang-rank "$hang_rank" --out "$work/hangjob" >"$work/hang.log" 2>&1 &
@@ -105,39 +108,53 @@ PY
 )
 check "spinning kernel hang" $? "wrap interrupted (exit $hrc); analyze hang: $named (want rank $hang_rank)"
 head -c 1500 "$work/hang.json" | sed 's/^/    /' | tee -a "$report"
+fi
 
 # 4. the cost of wrap: one rank, plain and wrapped runs alternated
-for i in 1 2; do
-  timeout 120 "${torchrun[@]}" --standalone --nproc-per-node 1 scripts/gpu_trace_job.py --steps 60 \
+if part 4; then
+# Four of each, alternated, 200 steps each: on the H200 two runs of 60 steps each put plain against
+# plain 0.63 % apart, more than the 0.5 % to be measured.
+for i in 1 2 3 4; do
+  timeout 120 "${torchrun[@]}" --standalone --nproc-per-node 1 scripts/gpu_trace_job.py --steps 200 \
     --out "$work/plain$i" >"$work/plain$i.log" 2>&1
-  timeout 120 "$work/wrapjob" "$work/cost$i" "gpucost$i" 1 --steps 60 --out "$work/wrapped$i" \
+  timeout 120 "$work/wrapjob" "$work/cost$i" "gpucost$i" 1 --steps 200 --out "$work/wrapped$i" \
     >"$work/wrapped$i.log" 2>&1
 done
 cost=$(python3 - "$work" <<'PY'
 import json, statistics, sys
 d = sys.argv[1]
-def steps(name):
+def median_step(name):
     try:
-        return json.load(open(f"{d}/{name}.rank0.json"))["step_s"][10:]  # past warm-up
-    except (OSError, KeyError, ValueError):
-        return []
-p1, p2, w1, w2 = steps("plain1"), steps("plain2"), steps("wrapped1"), steps("wrapped2")
-if not (p1 and p2 and w1 and w2):
+        return statistics.median(json.load(open(f"{d}/{name}.rank0.json"))["step_s"][20:])  # warm
+    except (OSError, KeyError, ValueError, statistics.StatisticsError):
+        return None
+plain = [median_step(f"plain{i}") for i in range(1, 5)]
+wrapped = [median_step(f"wrapped{i}") for i in range(1, 5)]
+if None in plain or None in wrapped:
     print("a run did not finish"); sys.exit(1)
-plain, wrapped = statistics.median(p1 + p2), statistics.median(w1 + w2)
-noise = abs(statistics.median(p1) / statistics.median(p2) - 1) * 100
-over = (wrapped / plain - 1) * 100
-print(f"median step {plain * 1e3:.3f} ms plain, {wrapped * 1e3:.3f} ms wrapped: {over:+.2f} % "
-      f"(plain vs plain: {noise:.2f} %; goal 0.3 %, limit 0.5 %)")
+p, w = statistics.median(plain), statistics.median(wrapped)
+noise = (max(plain) / min(plain) - 1) * 100
+over = (w / p - 1) * 100
+print(f"median of 4 runs' median steps: {p * 1e3:.3f} ms plain, {w * 1e3:.3f} ms wrapped: {over:+.2f} % "
+      f"(the plain runs spread {noise:.2f} %; goal 0.3 %, limit 0.5 %)")
 sys.exit(0 if over <= 0.5 else 1)
 PY
 )
 check "cost of wrap" $? "$cost"
+fi
 
 # 5. real PyTorch Flight Recorder dumps
-timeout 240 python3 scripts/record-pytorch-fr.py >"$work/record.log" 2>&1
+if part 5; then
+# (MEGASCOPE_RECORD_LOG=FILE: the caller ran it already, beside the other checks: its log.)
+if [[ -n ${MEGASCOPE_RECORD_LOG:-} ]]; then
+  cp "$MEGASCOPE_RECORD_LOG" "$work/record.log"
+  grep -q '^rc=0$' "$work/record.log"
+else
+  timeout 240 python3 scripts/record-pytorch-fr.py >"$work/record.log" 2>&1
+fi
 rc=$?
 check "record-pytorch-fr.py" $rc "$(ls -d tests/data/pytorch/real/*/ 2>/dev/null | wc -l) cases in tests/data/pytorch/real; $(tail -1 "$work/record.log")"
+fi
 
 say "# $(($(date +%s) - start)) s on $device"
 if [[ -n $outdir ]]; then

@@ -34,4 +34,11 @@ if command -v nvcc >/dev/null 2>&1; then
   echo "[test] nvcc found: compiling the cuda preset and its gpu tests (run on a GPU machine only: scripts/gpu-check.sh)"
   cmake --preset cuda -DMEGASCOPE_WERROR="$werror" -DMEGASCOPE_BUILD_TESTS=ON -DMEGASCOPE_BUILD_BENCH=OFF >/dev/null
   cmake --build --preset cuda --target megascope megascope_gpu_tests
+  # The CUDA build's own servers start without a GPU: its agent must listen (cuBLASLt's static TLS
+  # once left civetweb's threads no stack, cli/thread_stacks.cc).
+  smoke=$(mktemp -d)
+  timeout -s INT 3 build/cuda/cli/megascope agent --run-dir "$smoke" --node smoke >"$smoke/agent.log" 2>&1
+  grep -q 'http://127.0.0.1:' "$smoke/agent.log" ||
+    { echo "[test] the cuda build's agent did not start:" >&2; cat "$smoke/agent.log" >&2; exit 1; }
+  rm -rf "$smoke"
 fi

@@ -301,6 +301,7 @@ class Converter {
     }
     RETURN_IF_ERROR(Header(j, rank_hint));
     const json no_entries = json::array();
+    if (j.contains("entries")) NameTheUnnamedGroup(j["entries"]);
     uint64_t id = 0;  // entries read
     for (const auto& e : j.contains("entries") ? j["entries"] : no_entries) Entry(e, id++);
     if (!j.contains("entries")) FromPgStatus(j["pg_status"]);
@@ -370,16 +371,53 @@ class Converter {
     return Status::Ok();
   }
 
+  // The group name an entry gives ("" when it gives none).
+  static std::string GroupName(const json& e) {
+    if (e.contains("process_group") && e["process_group"].is_array() &&
+        !e["process_group"].empty() && e["process_group"][0].is_string())
+      return e["process_group"][0].get<std::string>();
+    if (e.contains("pg_id"))
+      return e["pg_id"].is_string() ? e["pg_id"].get<std::string>()
+                                    : std::to_string(IntOf(e["pg_id"], -1));
+    return "";
+  }
+
+  // PyTorch's Gloo backend gives the recorder its group's members before the group has a name:
+  // its dumps (seen from 2.11, tests/data/pytorch/real) hold pg_config {"": {"name": "", "desc":
+  // "", "ranks": ...}} while the entries name the group ("0", "default_pg"). When the dump has
+  // exactly one such unnamed group and its entries name exactly one group pg_config lacks, that is
+  // the unnamed group; anything less certain is left to GroupOfEntry's warning.
+  void NameTheUnnamedGroup(const json& entries) {
+    auto unnamed = group_of_.find("");
+    if (unnamed == group_of_.end() || !entries.is_array()) return;
+    std::set<std::string> missing;
+    for (const auto& e : entries) {
+      if (!e.is_object()) continue;
+      const std::string pg = GroupName(e);
+      if (!pg.empty() && group_of_.count(pg) == 0) missing.insert(pg);
+    }
+    if (missing.size() != 1) return;
+    const std::string& pg = *missing.begin();
+    const int g = unnamed->second;
+    group_of_.erase(unnamed);
+    group_of_[pg] = g;
+    s_.groups[g].name = pg;
+    out_.rank.pg_desc.erase("");
+    for (const auto& e : entries) {
+      if (e.is_object() && e.contains("process_group") && e["process_group"].is_array() &&
+          e["process_group"].size() > 1 && e["process_group"][1].is_string()) {
+        std::string desc = e["process_group"][1].get<std::string>();
+        out_.rank.pg_desc[pg] = desc;
+        if (desc.size() > 7) desc = desc.substr(0, 7);
+        s_.groups[g].kind = desc;
+        break;
+      }
+    }
+  }
+
   // The index of entry `e`'s process group, -1 (reported) when pg_config does not have it.
   int GroupOfEntry(const json& e, const std::string& where) {
-    std::string pg;
-    if (e.contains("process_group") && e["process_group"].is_array() &&
-        !e["process_group"].empty()) {
-      pg = e["process_group"][0].get<std::string>();
-    } else if (e.contains("pg_id")) {
-      pg = e["pg_id"].is_string() ? e["pg_id"].get<std::string>()
-                                  : std::to_string(IntOf(e["pg_id"], -1));
-    }
+    const std::string pg = GroupName(e);
     auto git = group_of_.find(pg);
     if (git != group_of_.end()) return git->second;
     // Its members are unknown: the entry cannot be placed.

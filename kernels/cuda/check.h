@@ -23,6 +23,10 @@ class StickyError {
   }
   bool Check(cudaError_t e, const char* call, const char* file, int line) {
     if (e == cudaSuccess) return true;
+    // The runtime also keeps a failed call's error as the thread's last error, which the next
+    // launch check would read as its own (and another backend's, after this one is gone): the
+    // error is kept here, so it is taken from there.
+    (void)cudaGetLastError();
     return Set(std::string(call) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e), file,
                line);
   }

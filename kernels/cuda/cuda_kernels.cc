@@ -44,6 +44,7 @@ class CudaKernels final : public Kernels {
                std::to_string(count) + " device(s))";
       return false;
     }
+    (void)cudaGetLastError();  // an error left by code before this backend is not its own
     cudaDeviceProp prop{};
     cudaMemPool_t pool = nullptr;
     const uint64_t keep_all = UINT64_MAX;  // the pool keeps freed memory for the next step

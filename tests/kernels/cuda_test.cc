@@ -338,6 +338,14 @@ TEST_F(CudaKernelsTest, AFailedCallIsKeptWithItsCallAndPlace) {
   EXPECT_NE(e.find("cuda_kernels.cc:"), std::string::npos) << e;
   EXPECT_EQ(gpu_->error(), e);  // sticky
   gpu_.reset();                 // no Synchronize check in TearDown: the error is the point
+  // ...and it stays this backend's: the next one's launches are not blamed for it (CUDA keeps a
+  // failed call's error as the thread's last error, which a launch check reads).
+  std::string why;
+  auto next = CreateKernels(Backend::kCuda, 0, &why);
+  ASSERT_NE(next, nullptr) << why;
+  Buffer<float> x(next.get(), 256);
+  next->Fill(x.data(), x.size(), 1.0f);
+  EXPECT_EQ(next->Synchronize(), "");
 }
 
 // A whole stage (embedding, two blocks, head) on both backends: the loss and every gradient.

@@ -1,7 +1,8 @@
 // The NCCL transport on the one GPU of a lent machine (label gpu: scripts/gpu-check.sh runs it).
 // One GPU holds one NCCL rank, so these are one-rank groups: enough to prove the stream-ordered
-// ops, the flight recorder's "started on the device" from the watchdog, the deadline that aborts a
-// hung op and reports it instead of hanging, and the rebuild after an abort.
+// ops, the flight recorder's "started on the device" from the watchdog, the deadline that aborts an
+// op stuck behind a kernel and reports it instead of hanging, and the rebuild after an abort. (A
+// one-rank op cannot wait for a peer, and NCCL refuses a send to itself that nobody receives.)
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -15,6 +16,10 @@ namespace megascope::runtime {
 namespace {
 
 using megascope::testing::TempDir;
+
+}  // namespace
+bool SpinOnStream(void* stream, int ms);  // cuda_spin.cu
+namespace {
 
 class NcclTest : public ::testing::Test {
  protected:
@@ -86,17 +91,18 @@ TEST_F(NcclTest, AHungOpIsAbortedAtTheDeadlineReportedAndTheCommunicatorRebuilt)
   ASSERT_NE(c, nullptr);
   const int world = c->Find("world");
   kernels::Buffer<float> x(k_.get(), 1024);
-  // A send to itself that nobody receives: NCCL waits on the device, forever.
-  ASSERT_TRUE(c->Send(world, 0, x.data(), x.size()).ok());
-  EXPECT_TRUE(c->WaitSends().ok());  // stream-ordered: waiting does not block the host
+  // The all-reduce waits on the stream behind a kernel that runs for 3 s: past the deadline, the
+  // watchdog aborts it and reports it, never started on the device.
+  ASSERT_TRUE(SpinOnStream(k_->stream(), 3000));
+  ASSERT_TRUE(c->AllReduce(world, x.data(), x.size(), ReduceOp::kSum).ok());  // stream-ordered
   EXPECT_EQ(LastStateOnce(tracer::OpState::kFailed), tracer::OpState::kFailed);
-  EXPECT_GT(tracer_->Snapshot().entries.back().started_at_ns, 0);  // it did start on the device
+  EXPECT_EQ(tracer_->Snapshot().entries.back().started_at_ns, 0);
   Status later = c->AllReduce(world, x.data(), x.size(), ReduceOp::kSum);
   EXPECT_EQ(later.code(), StatusCode::kDeadlineExceeded) << later.ToString();
-  EXPECT_NE(later.message().find("send to rank 0 in world not done after 1500 ms (started on the "
-                                 "device)"),
+  EXPECT_NE(later.message().find("allreduce in world not done after 1500 ms (never started)"),
             std::string::npos)
       << later.ToString();
+  EXPECT_EQ(k_->Synchronize(), "");  // the kernel ends; the stream is free again
   ASSERT_TRUE(c->Rebuild(1).ok());
   k_->Fill(x.data(), x.size(), 1.0f);
   ASSERT_TRUE(c->AllReduce(world, x.data(), x.size(), ReduceOp::kSum).ok());

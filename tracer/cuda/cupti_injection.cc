@@ -54,7 +54,8 @@ struct Api {
 // The process's CUPTI client: made once, never destroyed (CUPTI calls back until exit).
 struct Client {
   Api api;
-  Tracer* tracer = nullptr;
+  std::once_flag claimed;
+  Tracer* tracer = nullptr;  // set by Claim
   std::mutex names_mu;
   std::unordered_map<std::string, NameId> names;  // guarded by names_mu
   NameId fallback[4] = {};                        // by kind, when the name table is full
@@ -115,6 +116,28 @@ std::string Describe(const Api& a, CUptiResult r) {
   return s;
 }
 
+// The process's ring, claimed at the first span this process has to record, not when CUDA starts:
+// every process of the job inherits CUDA_INJECTION64_PATH, and one that starts CUDA without
+// running a kernel (torchrun's own process, seen on a GPU machine with PyTorch 2.11: it holds no
+// rank variable, so it took rank 0's ring before rank 0 could) must not take a rank's ring.
+// Null (said once) when the ring cannot be had.
+Tracer* Claim(Client* c) {
+  std::call_once(c->claimed, [c] {
+    const inproc::Process& proc = inproc::TheProcess();
+    if (proc.tracer == nullptr) {
+      std::fprintf(stderr, "megascope cupti: device spans off: no ring: %s\n", proc.error.c_str());
+      return;
+    }
+    const char* fallback[4] = {"kernel", "memcpy", "memset", "sync"};
+    for (size_t k = 0; k < 4; ++k) {
+      auto id = proc.tracer->InternName(fallback[k]);
+      if (id.ok()) c->fallback[k] = *id;
+    }
+    c->tracer = proc.tracer;
+  });
+  return c->tracer;
+}
+
 NameId Intern(Client* c, SpanKind kind, const std::string& name) {
   std::lock_guard<std::mutex> lock(c->names_mu);
   if (auto it = c->names.find(name); it != c->names.end()) return it->second;
@@ -142,9 +165,17 @@ void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size, size_t* max_record
 void CUPTIAPI BufferCompleted(CUcontext context, uint32_t stream, uint8_t* buffer, size_t /*size*/,
                               size_t valid) {
   Client* c = TheClient();
+  CUpti_Activity* record = nullptr;
+  bool any = false;  // a span to record: only then is the ring claimed
+  while (!any && c->api.next_record(buffer, valid, &record) == CUPTI_SUCCESS)
+    any = ToDeviceSpan(record).has_value();
+  if (!any || Claim(c) == nullptr) {
+    std::free(buffer);
+    return;
+  }
   const TimeMap map = Now(c);
   const int64_t step = c->tracer->step();
-  CUpti_Activity* record = nullptr;
+  record = nullptr;  // from the first record again
   while (c->api.next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
     const auto span = ToDeviceSpan(record);
     if (!span) continue;
@@ -168,6 +199,7 @@ void CUPTIAPI OnRuntimeCall(void* /*userdata*/, CUpti_CallbackDomain domain, CUp
   if (name == nullptr) return;
   const auto* call = static_cast<const CUpti_CallbackData*>(data);
   Client* c = TheClient();
+  if (Claim(c) == nullptr) return;
   if (call->callbackSite == CUPTI_API_ENTER) {
     *call->correlationData = static_cast<uint64_t>(c->tracer->Ticks());
     return;
@@ -197,14 +229,6 @@ std::string Start() {
   if (c->api.get_version(&version) != CUPTI_SUCCESS || version < kMinApi)
     return "CUPTI API version " + std::to_string(version) + " is older than " +
            std::to_string(kMinApi) + " (CUPTI 13), whose records this library reads";
-  const inproc::Process& proc = inproc::TheProcess();  // the ring, made once CUPTI is there
-  if (proc.tracer == nullptr) return "no ring: " + proc.error;
-  c->tracer = proc.tracer;
-  const char* fallback[4] = {"kernel", "memcpy", "memset", "sync"};
-  for (size_t k = 0; k < 4; ++k) {
-    auto id = c->tracer->InternName(fallback[k]);
-    if (id.ok()) c->fallback[k] = *id;
-  }
   CUptiResult r = c->api.register_callbacks(BufferRequested, BufferCompleted);
   if (r != CUPTI_SUCCESS) return "cuptiActivityRegisterCallbacks: " + Describe(c->api, r);
   for (CUpti_ActivityKind kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,

@@ -13,6 +13,16 @@
 namespace megascope::tracer {
 namespace {
 
+thread_local std::string start_errors;
+
+int KeepLogMessage(const mg_connection*, const char* message) {
+  if (message != nullptr) {
+    if (!start_errors.empty()) start_errors += "; ";
+    start_errors += message;
+  }
+  return 1;  // kept: civetweb prints nothing itself
+}
+
 const char* Reason(int code) {
   switch (code) {
     case 200:
@@ -69,6 +79,17 @@ void StopServerPromptly(std::string ip, int port, const std::function<void()>& s
   stop();
   stopped.store(true);
   knocker.join();
+}
+
+void KeepStartErrors(mg_callbacks* callbacks) {
+  start_errors.clear();
+  callbacks->log_message = KeepLogMessage;
+}
+
+std::string StartError() {
+  std::string e = std::move(start_errors);
+  start_errors.clear();
+  return e.empty() ? e : " (civetweb: " + e + ")";
 }
 
 }  // namespace megascope::tracer

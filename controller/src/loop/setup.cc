@@ -60,10 +60,12 @@ Status Controller::Impl::Setup() {
   const std::vector<std::string> civet = {
       "listening_ports", (opt.allow_remote ? "0.0.0.0:0" : "127.0.0.1:0"), "num_threads", "2"};
   try {
-    http = std::make_unique<CivetServer>(civet);
+    CivetCallbacks callbacks;
+    tracer::KeepStartErrors(&callbacks);
+    http = std::make_unique<CivetServer>(civet, &callbacks);
   } catch (const std::exception& e) {
-    return Status(StatusCode::kUnavailable,
-                  std::string("cannot start the control endpoint: ") + e.what());
+    return Status(StatusCode::kUnavailable, std::string("cannot start the control endpoint: ") +
+                                                e.what() + tracer::StartError());
   }
   http->addHandler("/stop", handler.get());
   http->addHandler("/evict", handler.get());

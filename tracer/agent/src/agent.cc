@@ -812,9 +812,12 @@ Result<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& o) {
   Impl* im = agent->impl_.get();
   try {
     std::vector<std::string> opts = {"listening_ports", o.listen, "num_threads", "4"};
-    im->http = std::make_unique<CivetServer>(opts);
+    CivetCallbacks callbacks;
+    KeepStartErrors(&callbacks);
+    im->http = std::make_unique<CivetServer>(opts, &callbacks);
   } catch (const std::exception& e) {
-    return Status(StatusCode::kUnavailable, "cannot listen on " + o.listen + ": " + e.what());
+    return Status(StatusCode::kUnavailable,
+                  "cannot listen on " + o.listen + ": " + e.what() + StartError());
   }
   Agent* a = agent.get();
   im->handlers.push_back(std::make_unique<TextHandler>(

@@ -7,6 +7,7 @@
 #include <string_view>
 
 struct mg_connection;
+struct mg_callbacks;
 
 namespace megascope::tracer {
 
@@ -23,5 +24,12 @@ bool HttpAuthorized(const mg_connection* conn, const std::string& token);
 // address; 0.0.0.0 is reached on 127.0.0.1) every few milliseconds until `stop` returns. An address
 // that is not IPv4 is left to the timeout.
 void StopServerPromptly(std::string ip, int port, const std::function<void()>& stop);
+
+// civetweb says why a server did not start only through its log callback (its C++ constructor
+// throws "null context ... Possible problem binding to port" whatever the cause): this sets
+// `callbacks`' log_message to keep the messages of the calling thread, and StartError() returns
+// (and forgets) them, to add to the error. Use both on the thread that constructs the server.
+void KeepStartErrors(mg_callbacks* callbacks);
+std::string StartError();
 
 }  // namespace megascope::tracer
