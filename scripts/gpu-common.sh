@@ -37,8 +37,14 @@ part() { [[ -z ${MEGASCOPE_GPU_PARTS:-} || " $MEGASCOPE_GPU_PARTS " == *" $1 "* 
 
 # The report: `say LINE` writes a line to the terminal and to $report; `check NAME STATUS DETAIL`
 # says PASS or FAIL and keeps the names of the failed checks in `failed`.
+# `owe NAME DETAIL`: a check this machine cannot decide (said as OWED, kept in `owed`).
 failed=()
+owed=()
 say() { echo "$*" | tee -a "$report"; }
 check() {
   if [[ $2 == 0 ]]; then say "PASS  $1: $3"; else say "FAIL  $1: $3"; failed+=("$1"); fi
+}
+owe() {
+  say "OWED  $1: $2"
+  owed+=("$1")
 }

@@ -104,7 +104,6 @@ class StoredSteps {
   int RanksThrough(int attempt, int64_t step) const;
   // Each rank of `attempt` with spans stored: its newest stored step, as of the last Refresh.
   std::map<int, int64_t> Through(int attempt) const;
-  const std::string& run_dir() const { return run_dir_; }
 
  private:
   struct Node;
