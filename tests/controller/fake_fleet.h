@@ -56,8 +56,11 @@ struct FakeFault {
     kFreeze,     // its first rank's process is stopped whole (its heartbeat too)
     kKillAgent,  // its agent dies
     kStallLink,  // its first rank's send to `peer`'s first rank stops moving (both posted)
-    kSlow        // its ranks compute `factor` times their peers' time in every step after
+    kSlow,       // its ranks compute `factor` times their peers' time in every step after
                  // `at_step`, in every attempt it is in (a machine that stays slow; traced steps)
+    kSlowNet     // its ranks compute as fast as their peers but reach every all-reduce `late_s`
+                 // late in every step after `at_step`, in every attempt it is in (a slow NIC or
+                 // link; traced steps with collectives)
   };
   Kind kind = kCrash;
   std::string node;
@@ -67,6 +70,7 @@ struct FakeFault {
   std::string log = "Segmentation fault (core dumped)";
   std::string peer{};  // kStallLink: the node at the far end
   double factor = 1;   // kSlow
+  double late_s = 0;   // kSlowNet
   bool fired = false;
   int fired_attempt = -1;
 };
@@ -91,9 +95,12 @@ class FakeFleet final : public Fleet {
   // have drained it -- what the controller's straggler watch reads.
   // `stages`: the job's pipeline stages, each rank's coordinates read as pp = rank / (world /
   // stages) and dp = rank % (world / stages) (a node then holds whole stages).
-  void TraceSteps(double compute_s, int stages = 1) {
+  // `collectives`: every rank then also all-reduces in the world group at the end of each step,
+  // the op completing 1 ms after the last rank reached it (what the comm-straggler analysis reads).
+  void TraceSteps(double compute_s, int stages = 1, bool collectives = false) {
     compute_s_ = compute_s;
     stages_ = stages;
+    collectives_ = collectives;
   }
   // The nodes keep their trace.db on their own disks (under `root`, laid out as a run directory),
   // as on a cluster without a shared run directory: only their agents' /window reads them.
@@ -335,6 +342,7 @@ class FakeFleet final : public Fleet {
             agent_exits_.push_back({f->node, {9}});
             break;
           case FakeFault::kSlow:  // read by Trace, step by step
+          case FakeFault::kSlowNet:
             break;
         }
       }
@@ -361,11 +369,24 @@ class FakeFleet final : public Fleet {
     }
     return factor;
   }
+  // How late `node`'s ranks reach the step's all-reduce, in ns (0: on time).
+  int64_t LateNs(const std::string& node, int64_t step) const {
+    double late = 0;
+    for (const FakeFault& f : faults_) {
+      if (f.kind == FakeFault::kSlowNet && f.node == node && step > f.at_step) late = f.late_s;
+    }
+    return static_cast<int64_t>(late * 1e9);
+  }
   const std::string& TraceRoot() const { return trace_root_.empty() ? layout_.dir() : trace_root_; }
   // Step `step` of every rank into its node's trace.db.
   void Trace(int64_t step) {
     static const std::vector<std::string> kNames = {"forward"};
     const int64_t start = clock_->WallNs();
+    int64_t last_arrival = start;  // of the step's all-reduce
+    for (int r = 0; r < world_; ++r) {
+      const std::string node = NodeOfRank(r);
+      last_arrival = std::max(last_arrival, start + ComputeNs(node, step) + LateNs(node, step));
+    }
     for (int r = 0; r < world_; ++r) {
       tracer::RankInfo info;
       info.job = "fake";
@@ -381,10 +402,29 @@ class FakeFleet final : public Fleet {
       rec.span.microbatch = -1;
       rec.span.step = step;
       rec.span.start_ticks = start;
-      rec.span.end_ticks =
-          start + static_cast<int64_t>(compute_s_ * 1e9 * SlowFactor(info.node, step));
-      analyzer::WriteRankRecords(TraceRoot(), info, kNames, {{"world", "world", {}}}, {rec});
+      rec.span.end_ticks = start + ComputeNs(info.node, step);
+      std::vector<tracer::Record> records = {rec};
+      if (collectives_) {
+        tracer::Record op{};
+        op.collective.type = tracer::RecordType::kCollective;
+        op.collective.op = tracer::OpType::kAllreduce;
+        op.collective.state = tracer::OpState::kCompleted;
+        op.collective.dtype = tracer::DType::kF32;
+        op.collective.peer = -1;
+        op.collective.step = static_cast<int32_t>(step);
+        op.collective.seq = static_cast<uint64_t>(step);
+        op.collective.bytes = 1 << 20;
+        op.collective.enqueued_ticks = rec.span.end_ticks + LateNs(info.node, step);
+        op.collective.started_ticks = op.collective.enqueued_ticks;
+        op.collective.completed_ticks = last_arrival + 1'000'000;
+        op.collective.entry_id = static_cast<uint64_t>(step);
+        records.push_back(op);
+      }
+      analyzer::WriteRankRecords(TraceRoot(), info, kNames, {{"world", "world", {}}}, records);
     }
+  }
+  int64_t ComputeNs(const std::string& node, int64_t step) const {
+    return static_cast<int64_t>(compute_s_ * 1e9 * SlowFactor(node, step));
   }
   std::chrono::steady_clock::duration Step() const {
     return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -399,6 +439,7 @@ class FakeFleet final : public Fleet {
   double step_s_;
   double compute_s_ = 0;  // TraceSteps
   int stages_ = 1;
+  bool collectives_ = false;
   std::vector<FakeFault> faults_;
   std::map<std::string, SelfCheckFigures> self_check_;
   std::function<std::string(const std::string&, double)> metrics_;

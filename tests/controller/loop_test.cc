@@ -359,6 +359,45 @@ TEST_F(LoopTest, AStragglerIsNamedFromTheAgentsWindowsWhenTheDatabasesStayOnThei
   EXPECT_EQ(evictions[0].detail["reason"], "compute_straggler");
 }
 
+// A node whose network is slow computes as fast as its peers but reaches every all-reduce 0.2 s
+// late from step 4 on: named a comm straggler (never a compute one) in two windows in a row, it
+// fails the bandwidth self-check that decides a comm straggler and is evicted; the job finishes on
+// the spare.
+TEST_F(LoopTest, ANodeWithASlowNetworkIsACommStragglerFailsItsBandwidthCheckAndIsEvicted) {
+  options_ = Options(24, {"spare0"});
+  options_.straggler_every = 4;
+  options_.policy.straggler_windows = 2;
+  FakeFault late{FakeFault::kSlowNet, "node1", 4};
+  late.late_s = 0.2;
+  Fleet().Break(late);
+  fleet_->TraceSteps(0.1, 1, /*collectives=*/true);
+  clock_.OnSleep([this] {
+    if (fleet_->done() != 4) return;  // after the launch's healthy figures
+    SelfCheckFigures slow_link;
+    slow_link.ok = true;
+    slow_link.gemm_gflops = 100;
+    slow_link.allreduce_gbps = 0.05;  // the healthy figure is 1
+    fleet_->SetSelfCheck("node1", slow_link);
+  });
+  EXPECT_EQ(Run(), kLaunchFinished);
+  bool named = false;
+  for (const Event& e : Events("verdict")) {
+    named |= e.detail["cause"] == "comm_straggler" && e.node == "node1";
+    EXPECT_NE(e.detail["cause"], "compute_straggler") << e.detail.dump();
+  }
+  EXPECT_TRUE(named);
+  bool failed_bandwidth = false;
+  for (const Event& e : Events("self_check"))
+    failed_bandwidth |= e.node == "node1" && !e.detail["passed"].get<bool>();
+  EXPECT_TRUE(failed_bandwidth);
+  const auto evictions = Events("eviction");
+  ASSERT_EQ(evictions.size(), 1u);
+  EXPECT_EQ(evictions[0].node, "node1");
+  EXPECT_EQ(evictions[0].detail["reason"], "comm_straggler");
+  EXPECT_EQ(fleet_->attempts().back(), (std::vector<std::string>{"node0", "spare0"}));
+  EXPECT_EQ(fleet_->done(), 24);
+}
+
 // A slow window alone is no straggler to act on: the same machine slow for one window only
 // (it recovers) is named once, alerted, and kept.
 TEST_F(LoopTest, AStragglerNamedInOneWindowOnlyIsAlertedNotEvicted) {
