@@ -86,6 +86,9 @@ class FakeFleet final : public Fleet {
   // --- the script
   void Break(FakeFault f) { faults_.push_back(std::move(f)); }
   void SetSelfCheck(const std::string& node, SelfCheckFigures f) { self_check_[node] = f; }
+  // Runs `f` while self-checks are measured (before their figures are returned).
+  void OnSelfCheck(std::function<void()> f) { on_self_check_ = std::move(f); }
+  int agents_running() const { return static_cast<int>(agents_.size()); }
   // What each agent's /metrics serves: `page(node, seconds since the clock's start)`; "" without.
   void ServeMetrics(std::function<std::string(const std::string&, double)> page) {
     metrics_ = std::move(page);
@@ -249,6 +252,7 @@ class FakeFleet final : public Fleet {
   std::vector<std::pair<SelfCheckFigures, SelfCheckFigures>> SelfCheckPairs(
       const std::vector<std::pair<std::string, std::string>>& pairs) override {
     std::vector<std::pair<SelfCheckFigures, SelfCheckFigures>> out;
+    if (on_self_check_) on_self_check_();
     for (const auto& [a, b] : pairs) {
       checked_pairs_.emplace_back(a, b);
       out.emplace_back(Figures(a), Figures(b));
@@ -443,6 +447,7 @@ class FakeFleet final : public Fleet {
   std::vector<FakeFault> faults_;
   std::map<std::string, SelfCheckFigures> self_check_;
   std::function<std::string(const std::string&, double)> metrics_;
+  std::function<void()> on_self_check_;
   std::map<std::string, int> agents_, agent_starts_;
   std::vector<launch::AgentExit> agent_exits_;
   std::vector<launch::RankExit> rank_exits_;

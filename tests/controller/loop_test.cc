@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -268,6 +269,21 @@ TEST_F(LoopTest, AStalledLinksEndsSlowedAlikeByALoadBothPass) {
   EXPECT_TRUE(Events("eviction").empty());
   ASSERT_EQ(fleet_->attempts().size(), 2u);
   EXPECT_EQ(fleet_->attempts()[1], (std::vector<std::string>{"node0", "node1"}));
+}
+
+// Ctrl-C while the launch is still starting (during its baseline self-check): it says it was
+// interrupted and where, stops what it started, starts no rank, and ends as stopped; the next run
+// in the same process (this binary's next test) is not interrupted by it.
+TEST_F(LoopTest, AnInterruptDuringStartUpIsSaidAndStopsWhatItStarted) {
+  Fleet().OnSelfCheck([] { std::raise(SIGINT); });  // caught by the controller's handler
+  ::testing::internal::CaptureStdout();
+  const int rc = Run();
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(rc, kLaunchStopped);
+  EXPECT_NE(out.find("interrupted during start-up (the baseline self-check)"), std::string::npos)
+      << out;
+  EXPECT_TRUE(fleet_->attempts().empty());
+  EXPECT_EQ(fleet_->agents_running(), 0);
 }
 
 TEST_F(LoopTest, ASpareThatFailsItsSelfCheckIsSkippedForTheNextOne) {

@@ -35,7 +35,10 @@ int Controller::Impl::StartFailed(const std::string& during, const std::string& 
 
 int Controller::Impl::Run() {
   // From the first moment: an interruption during start-up (the baseline self-check takes
-  // seconds) is said and cleaned up like one during training.
+  // seconds) is said and cleaned up like one during training. The latch starts clear: a signal
+  // before the handler is in place ended the process, and a controller run in a process that
+  // ran another (the loop's tests) must not inherit that one's interruption.
+  g_interrupted = 0;
   struct sigaction sa {
   }, old_int{}, old_term{};
   sa.sa_handler = &OnInterrupt;
