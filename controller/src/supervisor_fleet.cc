@@ -1,9 +1,12 @@
 // The real fleet: launch::Supervisor's processes, the agents' HTTP endpoints and `megascope
 // self-check` pairs (fleet.h).
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include "megascope/analyzer/live.h"
 #include "megascope/controller/fleet.h"
@@ -141,7 +144,10 @@ class SupervisorFleet final : public Fleet {
     c.deadline = Clock::now() + std::chrono::milliseconds(3 * kSelfCheckTimeoutMs);
     return c;
   }
-  // Waits for a pair; the figures of its first and second node.
+  // Waits for a pair; the figures of its first and second node. Once one side has failed the
+  // other is stopped: it waits for a partner that is gone (a dead link fails at once on one end
+  // while the other waits out its timeout: 15 s of a link fault's recovery), and its figures
+  // would not be used.
   static std::pair<SelfCheckFigures, SelfCheckFigures> FinishPair(PairCheck& c) {
     std::pair<SelfCheckFigures, SelfCheckFigures> out;
     if (!c.error.empty()) {
@@ -149,29 +155,43 @@ class SupervisorFleet final : public Fleet {
       out.second.error = c.error;
       return out;
     }
+    std::vector<std::optional<launch::ExitStatus>> ends(c.procs.size());
+    bool failed = false, all = false;
+    while (!all && !failed && Clock::now() < c.deadline) {
+      all = true;
+      for (size_t r = 0; r < c.procs.size(); ++r) {
+        if (!ends[r]) ends[r] = c.procs[r]->WaitFor(std::chrono::milliseconds(0));
+        all = all && ends[r].has_value();
+        failed = failed || (ends[r] && !ends[r]->success());
+      }
+      if (!all && !failed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     for (size_t r = 0; r < c.procs.size(); ++r) {
       SelfCheckFigures& f = r == 0 ? out.first : out.second;
-      auto e = c.procs[r]->WaitFor(std::chrono::duration_cast<std::chrono::milliseconds>(
-          std::max(Clock::duration::zero(), c.deadline - Clock::now())));
-      if (!e) {
+      if (!ends[r]) {
         c.procs[r]->Stop(std::chrono::milliseconds(0));
-        f.error =
-            "self-check did not finish in " + std::to_string(3 * kSelfCheckTimeoutMs / 1000) + " s";
+        f.error = failed ? "stopped: its partner's self-check failed"
+                         : "self-check did not finish in " +
+                               std::to_string(3 * kSelfCheckTimeoutMs / 1000) + " s";
         continue;
       }
-      const std::string text = tracer::ReadFile(c.procs[r]->log_path()).value_or("");
-      const auto brace = text.rfind('{');
-      const auto j = nlohmann::json::parse(brace == std::string::npos ? "" : text.substr(brace),
-                                           nullptr, false);
-      if (!e->success() || j.is_discarded()) {
-        f.error = "self-check " + e->Describe() + ": " + text.substr(0, 300);
-        continue;
-      }
-      f.ok = true;
-      f.gemm_gflops = j.value("gemm_gflops", 0.0);
-      f.allreduce_gbps = j.value("allreduce_gbps", 0.0);
+      ReadFigures(*c.procs[r], *ends[r], &f);
     }
     return out;
+  }
+  // A finished self-check's figures, from the JSON line its log ends with.
+  static void ReadFigures(launch::Process& p, const launch::ExitStatus& e, SelfCheckFigures* f) {
+    const std::string text = tracer::ReadFile(p.log_path()).value_or("");
+    const auto brace = text.rfind('{');
+    const auto j =
+        nlohmann::json::parse(brace == std::string::npos ? "" : text.substr(brace), nullptr, false);
+    if (!e.success() || j.is_discarded()) {
+      f->error = "self-check " + e.Describe() + ": " + text.substr(0, 300);
+      return;
+    }
+    f->ok = true;
+    f->gemm_gflops = j.value("gemm_gflops", 0.0);
+    f->allreduce_gbps = j.value("allreduce_gbps", 0.0);
   }
 
   launch::Supervisor sup_;

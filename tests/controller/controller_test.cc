@@ -1,4 +1,5 @@
-// Unit tests: fault-injection specs, the launch plan, control.db and the disk guard.
+// Unit tests: fault-injection specs, the launch plan, control.db, the disk guard and the real
+// fleet's self-check pairs.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -6,12 +7,39 @@
 
 #include "megascope/controller/control_db.h"
 #include "megascope/controller/disk_guard.h"
+#include "megascope/controller/fleet.h"
 #include "megascope/controller/inject.h"
 #include "megascope/controller/launch_plan.h"
 #include "test_util.h"
 
 namespace megascope::controller {
 namespace {
+
+// A self-check pair whose one side fails at once (its link is dead: the connect is refused) ends
+// then: the other side, which would wait out its timeout for a partner that is gone (15 s of a
+// link fault's recovery on the testbed), is stopped and says why. The "self-check" here is a
+// script in the binary's place: one side fails as a dead link does, the other waits a minute.
+TEST(SupervisorFleetTest, APairEndsWhenOneSideFailsInsteadOfWaitingForTheOther) {
+  megascope::testing::TempDir dir;
+  const std::string exe = dir.path() + "/self-check.sh";
+  std::ofstream(exe) << "#!/bin/sh\n"  // argv: self-check --dir D --rank R --timeout T
+                        "if [ \"$5\" = 1 ]; then\n"
+                        "  echo 'rendezvous failed: connect: Network is unreachable' >&2; exit 1\n"
+                        "fi\n"
+                        "exec sleep 60\n";
+  ASSERT_EQ(::chmod(exe.c_str(), 0755), 0);
+  launch::SupervisorOptions o;
+  o.self_exe = exe;
+  o.run_dir = dir.path() + "/run";
+  auto fleet = MakeSupervisorFleet(o);
+  const auto figures = fleet->SelfCheckPairs({{"node0", "node1"}});
+  ASSERT_EQ(figures.size(), 1u);
+  EXPECT_FALSE(figures[0].second.ok);
+  EXPECT_NE(figures[0].second.error.find("Network is unreachable"), std::string::npos)
+      << figures[0].second.error;
+  EXPECT_FALSE(figures[0].first.ok);
+  EXPECT_EQ(figures[0].first.error, "stopped: its partner's self-check failed");
+}
 
 TEST(InjectTest, ParsesEveryKindWithItsTarget) {
   auto c = ParseInjection("crash:node=node1,at=12");
