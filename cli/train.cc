@@ -124,11 +124,13 @@ int RunSelfCheckCommand(const Args& args) {
       "timeout", po::value(&o.timeout_ms)->default_value(o.timeout_ms),
       "rendezvous/collective timeout in milliseconds")(
       "connect-timeout", po::value(&o.connect_timeout_ms)->default_value(o.connect_timeout_ms),
-      "milliseconds to connect to the neighbour: past it the link is dead and the check fails");
+      "milliseconds to connect to the neighbour, and for any one all-reduce with it: past it the "
+      "link is dead (or crawls) and the check fails");
   po::variables_map vm;
   if (auto rc = ParseArgs("self-check", "megascope self-check --dir DIR --rank R [--world 2]", args,
                           opts, {}, &vm))
     return *rc;
+  o.exit_when_stalled = true;  // a process of its own: a dead or crawling link ends it
   auto r = runtime::RunSelfCheck(o);
   if (!r.ok()) return Fail("self-check", r.status().ToString());
   std::printf("{\"rank\": %d, \"gemm_gflops\": %.3f, \"allreduce_gbps\": %.4f}\n", o.rank,

@@ -4,11 +4,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "megascope/kernels/cpu.h"
@@ -42,6 +45,50 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 }
 
 constexpr std::string_view kSelfCheckJob = "selfcheck-";
+
+// Ends the process when a phase with the neighbour outlives its deadline (exit_when_stalled).
+class StallWatch {
+ public:
+  explicit StallWatch(bool on) : on_(on) {
+    if (on_) thread_ = std::thread([this] { Watch(); });
+  }
+  ~StallWatch() {
+    done_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+  // `what` must outlive the phase; Clear() ends it.
+  void Begin(const char* what, int timeout_ms) {
+    what_.store(what);
+    deadline_ns_.store(NowNs() + int64_t{timeout_ms} * 1'000'000);
+    timeout_ms_.store(timeout_ms);
+  }
+  void Clear() { deadline_ns_.store(0); }
+
+ private:
+  static int64_t NowNs() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+        .count();
+  }
+  void Watch() {
+    while (!done_.load()) {
+      const int64_t d = deadline_ns_.load();
+      if (d > 0 && NowNs() > d) {
+        std::fprintf(stderr,
+                     "megascope self-check: %s moved nothing with its neighbour within %d ms: "
+                     "the link is dead or crawls\n",
+                     what_.load(), timeout_ms_.load());
+        std::_Exit(1);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  bool on_;
+  std::atomic<bool> done_{false};
+  std::atomic<int64_t> deadline_ns_{0};
+  std::atomic<int> timeout_ms_{0};
+  std::atomic<const char*> what_{""};
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -100,15 +147,24 @@ Result<SelfCheckResult> RunSelfCheck(const SelfCheckOptions& o) {
   go.timeout = std::chrono::milliseconds(o.timeout_ms);
   go.connect_timeout = std::chrono::milliseconds(std::min(o.connect_timeout_ms, o.timeout_ms));
   go.faults = &faults;
+  StallWatch watch(o.exit_when_stalled);
+  const int probe_ms = std::min(o.connect_timeout_ms, o.timeout_ms);
+  watch.Begin("connecting", probe_ms);
   auto transport = CreateGlooCommunicator(o.rank, layout, go);
+  watch.Clear();
   if (!transport.ok()) return transport.status();
   std::unique_ptr<Communicator> comm = DelayLinks(std::move(*transport), &faults);
   std::vector<float> buf(o.allreduce_bytes / 4, 1.0f);
   const int world_group = comm->Find("world");
-  Status st = comm->AllReduce(world_group, buf.data(), buf.size(), ReduceOp::kSum);  // warm-up
+  auto all_reduce = [&] {
+    watch.Begin("an all-reduce", probe_ms);
+    Status s = comm->AllReduce(world_group, buf.data(), buf.size(), ReduceOp::kSum);
+    watch.Clear();
+    return s;
+  };
+  Status st = all_reduce();  // warm-up
   const auto r0 = Clock::now();
-  for (int i = 0; i < o.allreduce_iters && st.ok(); ++i)
-    st = comm->AllReduce(world_group, buf.data(), buf.size(), ReduceOp::kSum);
+  for (int i = 0; i < o.allreduce_iters && st.ok(); ++i) st = all_reduce();
   double ar_s = Seconds(r0, Clock::now());
   if (slow > 1 && st.ok()) {
     Burn(ar_s * (slow - 1));

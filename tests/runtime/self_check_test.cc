@@ -1,10 +1,12 @@
-// The self-check's housekeeping: rings left behind by self-checks that were killed.
+// The self-check's housekeeping (rings left behind by self-checks that were killed), and a pair of
+// real `megascope self-check` processes over a link that moves nothing.
 #include "megascope/runtime/self_check.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -39,6 +41,30 @@ TEST(SelfCheckTest, RingsOfKilledSelfChecksAreRemovedAndOthersKept) {
   EXPECT_TRUE(fs::exists(live));
   EXPECT_TRUE(fs::exists(job));
   EXPECT_TRUE(fs::exists(odd));
+}
+
+// A link that moves nothing (the link seam holds rank 1's data for an hour, as a link dropping its
+// packets or crawling at a few bytes a second would): the check fails within its probe time,
+// saying so, instead of waiting out the one-minute collective timeout (15 s where Gloo's connect
+// met unanswered SYNs on the testbed).
+TEST(SelfCheckTest, ALinkThatMovesNothingFailsWithinTheProbeTime) {
+  megascope::testing::TempDir dir;
+  std::ofstream(dir.path() + "/link") << "rate_mbps=0.001\n";
+  const std::string check = std::string(MEGASCOPE_BIN) + " self-check --dir " + dir.path() +
+                            "/store --timeout 60000 --connect-timeout 1500 --gemm-seconds 0.05";
+  const std::string cmd = "cd " + dir.path() + " && (MEGASCOPE_LINK_SEAM=" + dir.path() + "/link " +
+                          check + " --rank 1 >r1.log 2>&1 & " + check +
+                          " --rank 0 >r0.log 2>&1; echo $? >rc0; wait $!; echo $? >rc1)";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  auto read = [&](const std::string& name) {
+    std::ifstream f(dir.path() + "/" + name);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  EXPECT_EQ(read("rc0"), "1\n") << read("r0.log");
+  EXPECT_NE(read("r0.log").find("moved nothing with its neighbour within 1500 ms"),
+            std::string::npos)
+      << read("r0.log");
+  EXPECT_EQ(read("rc1"), "1\n") << read("r1.log");
 }
 
 }  // namespace

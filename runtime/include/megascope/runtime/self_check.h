@@ -23,6 +23,12 @@ struct SelfCheckOptions {
   // Connecting to the neighbour: both run their GEMMs for the same time first, so a link that
   // cannot connect within this is dead, and the check fails now instead of at timeout_ms.
   int connect_timeout_ms = 3000;
+  // A process of its own (`megascope self-check`): exits (code 1, saying so) when connecting to
+  // the neighbour or any one all-reduce with it takes longer than connect_timeout_ms. Gloo does
+  // not give up a connect while SYNs go unanswered (about 15 s where a link drops every packet),
+  // and a lossy link crawls; either moves nothing a healthy link would in that time. Off for a
+  // caller in a process of its own work (it cannot be stopped mid-call).
+  bool exit_when_stalled = false;
 };
 
 struct SelfCheckResult {
