@@ -18,7 +18,7 @@ namespace {
 using megascope::testing::TempDir;
 
 }  // namespace
-bool SpinOnStream(void* stream, int ms);  // cuda_spin.cu
+bool SpinOnStream(void* stream, int ms);  // cuda/spin.cu
 namespace {
 
 class NcclTest : public ::testing::Test {

@@ -60,11 +60,14 @@ TEST(SelfCheckTest, ALinkThatMovesNothingFailsWithinTheProbeTime) {
     std::ifstream f(dir.path() + "/" + name);
     return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   };
+  // Both fail; the one whose probe time runs out first says why (the other may then see its
+  // partner gone first).
   EXPECT_EQ(read("rc0"), "1\n") << read("r0.log");
-  EXPECT_NE(read("r0.log").find("moved nothing with its neighbour within 1500 ms"),
-            std::string::npos)
-      << read("r0.log");
   EXPECT_EQ(read("rc1"), "1\n") << read("r1.log");
+  const std::string said = "moved nothing with its neighbour within 1500 ms";
+  EXPECT_TRUE(read("r0.log").find(said) != std::string::npos ||
+              read("r1.log").find(said) != std::string::npos)
+      << read("r0.log") << read("r1.log");
 }
 
 }  // namespace
