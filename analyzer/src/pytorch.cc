@@ -358,9 +358,7 @@ class Converter {
     for (const auto& [key, pg] : j["pg_config"].items()) {
       tracer::GroupInfo g;
       g.name = pg.value("name", key);
-      g.kind = pg.value("desc", "pg");
-      out_.rank.pg_desc[g.name] = g.kind;
-      if (g.kind.size() > 7) g.kind = g.kind.substr(0, 7);
+      Describe(&g, pg.value("desc", "pg"));
       const std::vector<int32_t> ranks = ParseRanks(pg.value("ranks", json::array()));
       g.ranks.assign(ranks.begin(), ranks.end());
       for (int r : g.ranks) world = std::max(world, r + 1);
@@ -369,6 +367,13 @@ class Converter {
     }
     s_.info.world_size = world;
     return Status::Ok();
+  }
+
+  // A group's description (desc): kept whole for the evidence, its first 7 characters as the
+  // group's kind.
+  void Describe(tracer::GroupInfo* g, const std::string& desc) {
+    out_.rank.pg_desc[g->name] = desc;
+    g->kind = desc.substr(0, 7);
   }
 
   // The group name an entry gives ("" when it gives none).
@@ -406,10 +411,7 @@ class Converter {
     for (const auto& e : entries) {
       if (e.is_object() && e.contains("process_group") && e["process_group"].is_array() &&
           e["process_group"].size() > 1 && e["process_group"][1].is_string()) {
-        std::string desc = e["process_group"][1].get<std::string>();
-        out_.rank.pg_desc[pg] = desc;
-        if (desc.size() > 7) desc = desc.substr(0, 7);
-        s_.groups[g].kind = desc;
+        Describe(&s_.groups[g], e["process_group"][1].get<std::string>());
         break;
       }
     }

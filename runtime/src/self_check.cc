@@ -49,8 +49,8 @@ constexpr std::string_view kSelfCheckJob = "selfcheck-";
 // Ends the process when a phase with the neighbour outlives its deadline (exit_when_stalled).
 class StallWatch {
  public:
-  explicit StallWatch(bool on) : on_(on) {
-    if (on_) thread_ = std::thread([this] { Watch(); });
+  explicit StallWatch(bool on) {
+    if (on) thread_ = std::thread([this] { Watch(); });
   }
   ~StallWatch() {
     done_.store(true);
@@ -82,7 +82,6 @@ class StallWatch {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
-  bool on_;
   std::atomic<bool> done_{false};
   std::atomic<int64_t> deadline_ns_{0};
   std::atomic<int> timeout_ms_{0};
