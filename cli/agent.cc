@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "command.h"
+#include "megascope/analyzer/scatter.h"
 #include "megascope/analyzer/window.h"
 #include "megascope/launch/process.h"
 #include "megascope/tracer/file_util.h"
@@ -125,6 +126,9 @@ int RunAgent(const Args& args) {
   // GET /window: the node's part of a straggler window, over its own trace.db.
   auto windows = std::make_shared<analyzer::WindowServer>(o.run_dir, o.node);
   o.window = [windows](std::string_view query) { return windows->Serve(query); };
+  // GET /query: an SRE query's part, over the same database, read-only.
+  auto queries = std::make_shared<analyzer::QueryServer>(o.run_dir, o.node);
+  o.query = [queries](std::string_view query) { return queries->Serve(query); };
   auto agent = tracer::agent::Agent::Create(o);
   if (!agent.ok()) return Fail("agent", agent.status().ToString());
   g_agent = agent->get();
@@ -138,11 +142,12 @@ int RunAgent(const Args& args) {
   // The port file tells the launcher (and people) where to scrape.
   const std::string port_file = RunLayout(o.run_dir).agent_port(o.node);
   std::ofstream(port_file) << port << "\n";
-  std::fprintf(stderr,
-               "[agent %s] job %s: http://%s:%d/metrics, /state, /dump/<rank>%s; trace.db in "
-               "%s/nodes/%s\n",
-               o.node.c_str(), o.job.c_str(), host.c_str(), port,
-               o.token.empty() ? "" : " (with the run's token)", o.run_dir.c_str(), o.node.c_str());
+  std::fprintf(
+      stderr,
+      "[agent %s] job %s: http://%s:%d/metrics, /state, /dump/<rank>, /query%s; trace.db in "
+      "%s/nodes/%s\n",
+      o.node.c_str(), o.job.c_str(), host.c_str(), port,
+      o.token.empty() ? "" : " (with the run's token)", o.run_dir.c_str(), o.node.c_str());
   (*agent)->Run();
   std::fprintf(stderr, "[agent %s] stopped after %llu rows (%llu database errors); %s\n",
                o.node.c_str(), static_cast<unsigned long long>((*agent)->rows_written()),

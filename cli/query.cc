@@ -2,20 +2,228 @@
 // `megascope metrics export` (node and training metrics as the detector's CSV).
 #include "megascope/analyzer/query.h"
 
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
 
 #include "command.h"
+#include "megascope/analyzer/scatter.h"
 #include "megascope/detector/samples.h"
+#include "megascope/tracer/file_util.h"
+#include "megascope/tracer/http_client.h"
 #include "megascope/tracer/metric_names.h"
+#include "megascope/tracer/parallel.h"
+#include "megascope/tracer/run_layout.h"
 
 namespace megascope::cli {
 
+namespace {
+
+// "600", "600s", "10m", "2h" as nanoseconds; 0 for anything else.
+int64_t DurationNs(const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  const std::string unit = end == nullptr ? "" : end;
+  const double scale = unit.empty() || unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : 0;
+  return v > 0 ? static_cast<int64_t>(v * scale * 1e9) : 0;
+}
+
+// A TIME of 'at': epoch ns, epoch seconds, or +S seconds after `first_ns` (the run's first span;
+// asked only for +S).
+Result<int64_t> ParseTime(const std::string& arg,
+                          const std::function<Result<int64_t>()>& first_ns) {
+  try {
+    if (arg[0] == '+') {
+      ASSIGN_OR_RETURN(const int64_t first, first_ns());
+      return first + static_cast<int64_t>(std::stod(arg.substr(1)) * 1e9);
+    }
+    const double v = std::stod(arg);
+    return v > 1e15 ? static_cast<int64_t>(std::stoll(arg)) : static_cast<int64_t>(v * 1e9);
+  } catch (const std::exception&) {
+    return InvalidArgument("TIME '" + arg +
+                           "' is not a number (epoch ns, epoch seconds or +seconds)");
+  }
+}
+
+struct Agent {
+  std::string node, url;
+};
+
+// The agents to ask: --agent URLs as given, or the run's (RUN_DIR/prometheus_targets.json, which
+// `megascope launch` keeps current).
+Result<std::vector<Agent>> AgentsToAsk(const std::string& run_dir,
+                                       const std::vector<std::string>& urls) {
+  std::vector<Agent> agents;
+  agents.reserve(urls.size());
+  for (const std::string& u : urls)
+    agents.push_back({u, u.starts_with("http") ? u : "http://" + u});
+  if (!agents.empty()) return agents;
+  const std::string file = RunLayout(run_dir).prometheus_targets();
+  std::ifstream in(file);
+  if (!in)
+    return NotFound(file +
+                    " cannot be read: is this a `megascope launch` run? (or name the agents with "
+                    "--agent HOST:PORT)");
+  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  try {
+    for (const auto& group : j) {
+      const std::string node = group.at("labels").at("megascope_node").get<std::string>();
+      for (const auto& t : group.at("targets"))
+        agents.push_back({node, "http://" + t.get<std::string>()});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return DataLoss(file + " is not a Prometheus target list: " + e.what());
+  }
+  if (agents.empty()) return NotFound(file + " lists no agents");
+  return agents;
+}
+
+// Asks every agent side by side, with a progress line; the parts of those that answered, and a
+// line for each that did not.
+std::vector<analyzer::QueryPart> AskAgents(const std::vector<Agent>& agents,
+                                           const std::string& path, const std::string& token,
+                                           double timeout_s, std::vector<std::string>* missing) {
+  std::vector<Result<analyzer::QueryPart>> got(agents.size(),
+                                               Status(StatusCode::kInternal, "not asked"));
+  std::atomic<size_t> done{0};
+  std::mutex print;
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  const auto start = std::chrono::steady_clock::now();
+  tracer::ParallelFor(agents.size(), 64, [&](size_t i) {
+    auto body = tracer::HttpGet(agents[i].url + path, static_cast<int>(timeout_s * 1000), token);
+    got[i] =
+        body.ok() ? analyzer::ParseQueryPart(*body) : Result<analyzer::QueryPart>(body.status());
+    const size_t n = ++done;
+    if (tty && (n % 32 == 0 || n == agents.size())) {
+      std::lock_guard<std::mutex> lock(print);
+      std::fprintf(stderr, "\rquery: %zu of %zu agents answered", n, agents.size());
+    }
+  });
+  std::vector<analyzer::QueryPart> parts;
+  for (size_t i = 0; i < agents.size(); ++i) {
+    if (got[i].ok()) {
+      parts.push_back(std::move(*got[i]));
+      if (parts.back().truncated)
+        missing->push_back(
+            agents[i].node +
+            ": answered only its first rows (its agent's row bound): the answer lacks the rest");
+    } else {
+      missing->push_back(agents[i].node + " (" + agents[i].url + "): " + got[i].status().message());
+    }
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "%squery: %zu of %zu agents answered in %.1f s%s\n", tty ? "\r" : "",
+               parts.size(), agents.size(), s, missing->empty() ? "" : "; the answer is partial:");
+  return parts;
+}
+
+// The question over the node databases here (of the time window asked).
+Result<analyzer::Table> ReadHere(const std::string& run_dir, const std::string& arg,
+                                 analyzer::NodeQuery* q) {
+  ASSIGN_OR_RETURN(auto db, analyzer::RunDatabase::Open(run_dir, analyzer::QueryScope(*q)));
+  Warn("query", db->warnings());
+  switch (q->question) {
+    case analyzer::Question::kSteps:
+      return db->Query(analyzer::StepsSql());
+    case analyzer::Question::kStragglers:
+      return db->Query(analyzer::StragglersSql());
+    case analyzer::Question::kWaits:
+      return db->Query(analyzer::WaitsSql(q->limit));
+    case analyzer::Question::kAt: {
+      ASSIGN_OR_RETURN(const int64_t t, ParseTime(arg, [&]() -> Result<int64_t> {
+                         auto first = db->Query("SELECT MIN(start_ns) FROM spans");
+                         if (!first.ok() || first->rows.empty() || first->is_null[0][0])
+                           return NotFound("the run has no spans");
+                         return std::stoll(first->rows[0][0]);
+                       }));
+      return db->Query(analyzer::AtSql(t));
+    }
+    case analyzer::Question::kSql:
+      break;
+  }
+  return db->Query(q->sql);
+}
+
+// The question asked of the agents, their parts merged.
+Result<analyzer::Table> AskTheAgents(const std::string& run_dir,
+                                     const std::vector<std::string>& urls,
+                                     const std::string& token_file, double timeout_s,
+                                     const std::string& arg, const std::string& merge,
+                                     analyzer::NodeQuery* q) {
+  if (q->question == analyzer::Question::kAt) {
+    ASSIGN_OR_RETURN(q->at_ns, ParseTime(arg, []() -> Result<int64_t> {
+                       return InvalidArgument(
+                           "over agents, give 'at' an absolute TIME (epoch seconds or ns), not +S");
+                     }));
+  }
+  ASSIGN_OR_RETURN(const std::vector<Agent> agents, AgentsToAsk(run_dir, urls));
+  std::string token;
+  const std::string token_path = token_file.empty() ? RunLayout(run_dir).token() : token_file;
+  if (!token_file.empty() || std::filesystem::exists(token_path)) {
+    ASSIGN_OR_RETURN(token, tracer::ReadToken(token_path));
+  }
+  std::vector<std::string> missing;
+  const auto parts = AskAgents(agents, analyzer::NodeQueryPath(*q), token, timeout_s, &missing);
+  Warn("query", missing);
+  if (parts.empty()) return Status(StatusCode::kUnavailable, "no agent answered");
+  return analyzer::MergeParts(*q, parts, merge);
+}
+
+// The question the flags ask (a usage error otherwise).
+Result<analyzer::NodeQuery> QuestionOf(const std::string& question, const std::string& sql,
+                                       const std::string& arg, const std::string& last,
+                                       const std::string& merge, int limit) {
+  if (sql.empty() == question.empty())
+    return InvalidArgument("give one question (steps, stragglers, waits, at TIME) or --sql");
+  analyzer::NodeQuery q;
+  q.limit = limit;
+  q.sql = sql;
+  if (!last.empty()) {
+    const int64_t span = DurationNs(last);
+    if (span <= 0)
+      return InvalidArgument("--last '" + last +
+                             "': expected a duration such as 600, 600s, 10m or 2h");
+    q.to_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::system_clock::now().time_since_epoch())
+                  .count();
+    q.from_ns = q.to_ns - span;
+  }
+  const std::map<std::string, analyzer::Question> questions = {
+      {"steps", analyzer::Question::kSteps},
+      {"stragglers", analyzer::Question::kStragglers},
+      {"waits", analyzer::Question::kWaits},
+      {"at", analyzer::Question::kAt}};
+  q.question = analyzer::Question::kSql;
+  if (!question.empty()) {
+    auto it = questions.find(question);
+    if (it == questions.end())
+      return InvalidArgument("unknown question '" + question +
+                             "' (steps, stragglers, waits, at TIME)");
+    q.question = it->second;
+  }
+  if (q.question == analyzer::Question::kAt && arg.empty())
+    return InvalidArgument("'at' needs a TIME");
+  if (!merge.empty() && q.question != analyzer::Question::kSql)
+    return InvalidArgument("--merge goes with --sql");
+  return q;
+}
+
+}  // namespace
+
 int RunQuery(const Args& args) {
-  std::string run_dir, sql, question, arg;
+  std::string run_dir, sql, question, arg, last, merge, token_file;
+  std::vector<std::string> agent_urls;
   int limit = 20;
+  double timeout_s = 30;
   po::options_description opts("Options");
   opts.add_options()("help,h", "show this help")("run-dir", po::value(&run_dir)->required(),
                                                  "run directory")(
@@ -25,53 +233,37 @@ int RunQuery(const Args& args) {
       "sql", po::value(&sql),
       "a read-only SQL statement over the views ranks, spans, collectives, heartbeats, metrics, "
       "drops, open_ops, open_collectives, device_spans (docs/formats.md section 4)")(
-      "limit", po::value(&limit)->default_value(20), "rows for 'waits'")("csv", "CSV output")(
-      "json", "JSON output (an array of objects)");
+      "limit", po::value(&limit)->default_value(20), "rows for 'waits'")(
+      "last", po::value(&last),
+      "only the last DURATION of data (600, 600s, 10m, 2h): what is read, not only shown")(
+      "from-agents",
+      "ask the run's agents (RUN_DIR/prometheus_targets.json) instead of reading the node "
+      "databases here: each answers over its own trace.db, the answers are merged")(
+      "agent", po::value(&agent_urls)->composing(),
+      "HOST:PORT of an agent to ask (repeat it; implies --from-agents)")(
+      "token-file", po::value(&token_file),
+      "the run's token for agents that require one (default RUN_DIR/control.token when present)")(
+      "timeout", po::value(&timeout_s)->default_value(30),
+      "seconds to wait for each agent; those that do not answer are named and left out")(
+      "merge", po::value(&merge),
+      "with --sql and agents: SQL over table `part` (every agent's rows) giving the answer, "
+      "e.g. \"SELECT rank, SUM(n) FROM part GROUP BY rank\" (default: every row)")(
+      "csv", "CSV output")("json", "JSON output (an array of objects)");
   po::positional_options_description pos;
   pos.add("run-dir", 1).add("question", 1).add("arg", 1);
   po::variables_map vm;
-  if (auto rc = ParseArgs(
-          "query",
-          "megascope query RUN_DIR [steps|stragglers|waits|at TIME] [--sql SQL] [--csv|--json]",
-          args, opts, pos, &vm)) {
+  if (auto rc = ParseArgs("query",
+                          "megascope query RUN_DIR [steps|stragglers|waits|at TIME] [--sql SQL] "
+                          "[--last 10m] [--from-agents] [--csv|--json]",
+                          args, opts, pos, &vm)) {
     return *rc;
   }
-  if (sql.empty() == question.empty())
-    return Fail("query", "give one question (steps, stragglers, waits, at TIME) or --sql",
-                kExitUsage);
-  auto db = analyzer::RunDatabase::Open(run_dir);
-  if (!db.ok()) return Fail("query", db.status().message());
-  Warn("query", (*db)->warnings());
-  if (question == "steps") {
-    sql = analyzer::StepsSql();
-  } else if (question == "stragglers") {
-    sql = analyzer::StragglersSql();
-  } else if (question == "waits") {
-    sql = analyzer::WaitsSql(limit);
-  } else if (question == "at") {
-    if (arg.empty()) return Fail("query", "'at' needs a TIME", kExitUsage);
-    int64_t t = 0;
-    try {
-      if (arg[0] == '+') {
-        auto first = (*db)->Query("SELECT MIN(start_ns) FROM spans");
-        if (!first.ok() || first->rows.empty() || first->is_null[0][0])
-          return Fail("query", "the run has no spans");
-        t = std::stoll(first->rows[0][0]) + static_cast<int64_t>(std::stod(arg.substr(1)) * 1e9);
-      } else {
-        const double v = std::stod(arg);
-        t = v > 1e15 ? static_cast<int64_t>(std::stoll(arg)) : static_cast<int64_t>(v * 1e9);
-      }
-    } catch (const std::exception&) {
-      return Fail("query",
-                  "TIME '" + arg + "' is not a number (epoch ns, epoch seconds or +seconds)",
-                  kExitUsage);
-    }
-    sql = analyzer::AtSql(t);
-  } else if (!question.empty()) {
-    return Fail("query", "unknown question '" + question + "' (steps, stragglers, waits, at TIME)",
-                kExitUsage);
-  }
-  auto table = (*db)->Query(sql);
+  auto q = QuestionOf(question, sql, arg, last, merge, limit);
+  if (!q.ok()) return Fail("query", q.status().message(), kExitUsage);
+  const bool remote = vm.count("from-agents") > 0 || !agent_urls.empty();
+  Result<analyzer::Table> table =
+      remote ? AskTheAgents(run_dir, agent_urls, token_file, timeout_s, arg, merge, &*q)
+             : ReadHere(run_dir, arg, &*q);
   if (!table.ok()) return Fail("query", table.status().message());
   const std::string out = vm.count("json")  ? analyzer::FormatJson(*table)
                           : vm.count("csv") ? analyzer::FormatCsv(*table)

@@ -34,14 +34,25 @@ struct NodeTables {
   // The rows of `table` the scope reads: a WHERE clause, or "".
   std::string Where(std::string_view table) const {
     if (scope.whole() || table == "ranks") return "";
-    if (table != "spans" && table != "collectives" && table != "heartbeats") return " WHERE 0";
-    // A collective's step is the one it completed in: an asynchronous send issued in the
-    // window's last step may complete in the next, so that step's collectives are read too.
-    int64_t last = scope.last_step;
-    if (table == "collectives" && last < std::numeric_limits<int64_t>::max()) ++last;
-    std::string w = " WHERE step >= " + std::to_string(scope.first_step) +
-                    " AND step <= " + std::to_string(last);
-    if (scope.attempt >= 0) w += " AND attempt = " + std::to_string(scope.attempt);
+    const bool timed = table == "spans" || table == "collectives" || table == "heartbeats";
+    if (!timed && (table != "metrics" || !scope.all_steps())) return " WHERE 0";
+    std::string w = " WHERE 1";
+    if (!scope.all_steps()) {
+      // A collective's step is the one it completed in: an asynchronous send issued in the
+      // window's last step may complete in the next, so that step's collectives are read too.
+      int64_t last = scope.last_step;
+      if (table == "collectives" && last < std::numeric_limits<int64_t>::max()) ++last;
+      w += " AND step >= " + std::to_string(scope.first_step) +
+           " AND step <= " + std::to_string(last);
+      if (scope.attempt >= 0) w += " AND attempt = " + std::to_string(scope.attempt);
+    }
+    if (!scope.all_time()) {
+      const std::string_view column = table == "spans"         ? "start_ns"
+                                      : table == "collectives" ? "enqueued_ns"
+                                                               : "ts_ns";
+      w += " AND " + std::string(column) + " >= " + std::to_string(scope.from_ns) + " AND " +
+           std::string(column) + " < " + std::to_string(scope.to_ns);
+    }
     return w;
   }
 
@@ -196,7 +207,7 @@ Status NodeScan::Scan(const std::string& sql,
   return Status::Ok();
 }
 
-Result<Table> RunDatabase::Query(const std::string& sql) {
+Result<Table> RunDatabase::Query(const std::string& sql, size_t max_rows, bool* truncated) {
   std::string_view tail;
   auto prepared = db_.Prepare(sql, false, &tail);
   if (!prepared.ok()) {
@@ -217,12 +228,24 @@ Result<Table> RunDatabase::Query(const std::string& sql) {
   }
   if (tail.find_first_not_of(" \t\r\n;") != std::string_view::npos)
     return InvalidArgument("one statement at a time, please");
+  auto t = ReadTable(st, max_rows, truncated);
+  if (!t.ok() && db_.stopped())
+    return Status(StatusCode::kDeadlineExceeded, "the query ran out of time");
+  if (!t.ok()) return InvalidArgument("query failed: " + db_.LastMessage());
+  return t;
+}
+
+Result<Table> ReadTable(tracer::sql::Statement& st, size_t max_rows, bool* truncated) {
   Table t;
   for (int c = 0; c < st.columns(); ++c) t.columns.push_back(st.ColumnName(c));
+  if (truncated != nullptr) *truncated = false;
   for (;;) {
-    auto row = st.Step();
-    if (!row.ok()) return InvalidArgument("query failed: " + db_.LastMessage());
-    if (!*row) break;
+    ASSIGN_OR_RETURN(const bool row, st.Step());
+    if (!row) break;
+    if (t.rows.size() == max_rows) {
+      if (truncated != nullptr) *truncated = true;
+      break;
+    }
     std::vector<std::string> cells;
     std::vector<bool> nulls;
     for (int c = 0; c < st.columns(); ++c) {

@@ -3,19 +3,12 @@
 #include <charconv>
 #include <nlohmann/json.hpp>
 
+#include "agent_answer.h"
+
 namespace megascope::analyzer {
 namespace {
 
 using nlohmann::json;
-
-Result<int64_t> Integer(std::string_view key, std::string_view text) {
-  int64_t v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size())
-    return InvalidArgument("window query: " + std::string(key) + " is not an integer: '" +
-                           std::string(text) + "'");
-  return v;
-}
 
 json RowsJson(const SlowInput& in) {
   json ranks = json::array(), steps = json::array(), ops = json::array(), groups = json::array();
@@ -68,7 +61,7 @@ Result<WindowQuery> ParseWindowQuery(std::string_view query) {
     const std::string_view key = pair.substr(0, eq);
     const std::string_view value = eq == std::string_view::npos ? "" : pair.substr(eq + 1);
     if (key == "attempt" || key == "from" || key == "to") {
-      ASSIGN_OR_RETURN(const int64_t v, Integer(key, value));
+      ASSIGN_OR_RETURN(const int64_t v, answer::Integer("window query", key, value));
       if (key == "attempt") {
         if (v < 0 || v > INT32_MAX) return InvalidArgument("window query: attempt out of range");
         q.attempt = static_cast<int>(v);
@@ -111,15 +104,7 @@ std::string WindowPartJson(const WindowPart& part) {
 }
 
 Result<WindowPart> ParseWindowPart(std::string_view text) {
-  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return DataLoss("a /window answer is not a JSON object");
-  const auto version = j.find("version");
-  if (version == j.end() || !version->is_number_integer())
-    return DataLoss("a /window answer has no version");
-  if (*version != WindowPart::kVersion)
-    return InvalidArgument("a /window answer of format version " + version->dump() +
-                           ", this megascope reads version " +
-                           std::to_string(WindowPart::kVersion));
+  ASSIGN_OR_RETURN(const json j, answer::ReadVersioned(text, "/window", WindowPart::kVersion));
   WindowPart part;
   try {
     part.node = j.at("node").get<std::string>();

@@ -9,7 +9,11 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
+#include "megascope/analyzer/scatter.h"
+#include "megascope/launch/process.h"
+#include "megascope/launch/scrape_targets.h"
 #include "megascope/runtime/data.h"
 #include "megascope/tracer/file_util.h"
 #include "megascope/tracer/trace_store.h"
@@ -116,6 +120,159 @@ TEST_F(QueryTest, BadSqlWritesAndMissingRunsAreRefusedClearly) {
   EXPECT_NE(missing.out.find("does not exist"), std::string::npos);
   auto unknown = RunCommand(Bin() + " query " + run_ + " slowest");
   EXPECT_EQ(unknown.code, 2);
+}
+
+// Each node's part (as its agent sends it) merged over every node gives the answer the whole
+// run's databases give, for every canned question: the merges add, combine and pick across nodes
+// what the run-wide SQL computes (a dp group's members, a pp stage's peers, an all-reduce's waiters
+// are on different nodes here).
+TEST_F(QueryTest, EachNodesPartMergedGivesTheAnswerOfTheWholeRun) {
+  auto db = RunDatabase::Open(run_);
+  ASSERT_TRUE(db.ok()) << db.status().ToString();
+  auto first = (*db)->Query("SELECT MIN(start_ns) FROM spans");
+  ASSERT_TRUE(first.ok());
+  const int64_t mid = std::stoll(first->rows[0][0]) + 30000000;  // 30 ms in: ranks are busy
+  struct Case {
+    Question question;
+    std::string local_sql;
+  };
+  const std::vector<Case> cases = {{Question::kSteps, StepsSql()},
+                                   {Question::kStragglers, StragglersSql()},
+                                   {Question::kWaits, WaitsSql(1000)},
+                                   {Question::kAt, AtSql(mid)}};
+  for (const Case& c : cases) {
+    NodeQuery q;
+    q.question = c.question;
+    q.limit = 1000;
+    q.at_ns = mid;
+    std::vector<QueryPart> parts;
+    for (const char* node : {"node1", "node0"}) {
+      auto part = QueryServer(run_, node).Part(q);
+      ASSERT_TRUE(part.ok()) << part.status().ToString();
+      auto sent = ParseQueryPart(QueryPartJson(*part));
+      ASSERT_TRUE(sent.ok()) << sent.status().ToString();
+      parts.push_back(std::move(*sent));
+    }
+    auto merged = MergeParts(q, parts);
+    ASSERT_TRUE(merged.ok()) << merged.status().ToString();
+    auto whole = (*db)->Query(c.local_sql);
+    ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+    SCOPED_TRACE(std::string(QuestionName(c.question)));
+    EXPECT_GT(whole->rows.size(), 2u);
+    EXPECT_EQ(merged->columns, whole->columns);
+    EXPECT_EQ(FormatCsv(*merged), FormatCsv(*whole));
+  }
+}
+
+// A time window is what is read: the parts hold the window's rows only, and merged they give what
+// the run's databases opened over that window give.
+TEST_F(QueryTest, ATimeWindowReadsOnlyItsRows) {
+  auto all = RunDatabase::Open(run_);
+  ASSERT_TRUE(all.ok());
+  auto span = (*all)->Query("SELECT MIN(start_ns), MAX(start_ns) FROM spans");
+  ASSERT_TRUE(span.ok());
+  NodeQuery q;
+  q.question = Question::kSteps;
+  q.from_ns = (std::stoll(span->rows[0][0]) + std::stoll(span->rows[0][1])) / 2;
+  auto parse = ParseNodeQuery(NodeQueryPath(q).substr(std::string("/query?").size()));
+  ASSERT_TRUE(parse.ok()) << parse.status().ToString();
+  EXPECT_EQ(parse->from_ns, q.from_ns);
+  std::vector<QueryPart> parts;
+  for (const char* node : {"node0", "node1"}) {
+    auto part = QueryServer(run_, node).Part(*parse);
+    ASSERT_TRUE(part.ok()) << part.status().ToString();
+    parts.push_back(std::move(*part));
+  }
+  auto merged = MergeParts(q, parts);
+  ASSERT_TRUE(merged.ok()) << merged.status().ToString();
+  auto windowed = RunDatabase::Open(run_, QueryScope(q));
+  ASSERT_TRUE(windowed.ok());
+  auto expected = (*windowed)->Query(StepsSql());
+  ASSERT_TRUE(expected.ok());
+  EXPECT_EQ(FormatCsv(*merged), FormatCsv(*expected));
+  auto every = (*all)->Query(StepsSql());
+  ASSERT_TRUE(every.ok());
+  EXPECT_LT(merged->rows.size(), every->rows.size());  // the first steps are outside the window
+  auto outside = (*windowed)->Query("SELECT COUNT(*) FROM spans WHERE start_ns < " +
+                                    std::to_string(q.from_ns));
+  ASSERT_TRUE(outside.ok());
+  EXPECT_EQ(outside->rows[0][0], "0");
+}
+
+// What an agent answers others is bounded: rows (the part says it was cut), time (an error that
+// says so), writes refused, a bad query named.
+TEST_F(QueryTest, AnAgentsAnswerIsBoundedInRowsAndTimeAndRefusesWrites) {
+  QueryServer few(run_, "node0", /*max_rows=*/3);
+  auto [code, body] = few.Serve("q=sql&sql=SELECT%20rank%20FROM%20spans");
+  ASSERT_EQ(code, 200) << body;
+  auto part = ParseQueryPart(body);
+  ASSERT_TRUE(part.ok());
+  EXPECT_EQ(part->table.rows.size(), 3u);
+  EXPECT_TRUE(part->truncated);
+  QueryServer quick(run_, "node0", 100, /*max_seconds=*/0.05);
+  std::tie(code, body) = quick.Serve(
+      "q=sql&sql=" +
+      std::string("WITH%20RECURSIVE%20c(x)%20AS%20(SELECT%201%20UNION%20ALL%20SELECT%20x%2B1%20"
+                  "FROM%20c)%20SELECT%20MAX(x)%20FROM%20c"));  // counts for ever
+  EXPECT_EQ(code, 503);
+  EXPECT_NE(body.find("ran past this agent's limit"), std::string::npos) << body;
+  std::tie(code, body) = few.Serve("q=sql&sql=DELETE%20FROM%20spans");
+  EXPECT_EQ(code, 400);
+  EXPECT_NE(body.find("writes are refused"), std::string::npos) << body;
+  for (const char* bad : {"q=slowest", "sql=SELECT%201", "q=steps&sql=SELECT%201",
+                          "q=steps&from_ns=x", "q=steps&colour=red", "q=steps&from_ns=5&to_ns=5"}) {
+    std::tie(code, body) = few.Serve(bad);
+    EXPECT_EQ(code, 400) << bad << ": " << body;
+    EXPECT_NE(body.find("query: "), std::string::npos) << bad << ": " << body;
+  }
+  EXPECT_FALSE(ParseQueryPart(R"({"version": 2, "node": "n"})").ok());
+  EXPECT_FALSE(ParseQueryPart(R"({"version": 1, "node": "n", "truncated": false,
+                                  "columns": ["a"], "rows": [["1", "2"]]})")
+                   .ok());
+}
+
+// `megascope query --from-agents`: the run's real agents (with the run's token) each answer over
+// their own trace.db, the answers merged equal the local answer; an agent that does not answer is
+// named and the rest still answered.
+TEST_F(QueryTest, FromAgentsMergesTheirAnswersAndNamesThoseThatDoNotAnswer) {
+  TempDir shm;
+  const std::string token = run_ + "/control.token";
+  std::ofstream(token) << "s3cret\n";
+  std::vector<std::unique_ptr<launch::Process>> agents;
+  std::vector<launch::ScrapeTarget> targets;
+  for (const char* node : {"node0", "node1"}) {
+    std::filesystem::remove(RunLayout(run_).agent_port(node));
+    auto agent = launch::Process::Spawn(
+        launch::ProcessSpec({MEGASCOPE_BIN, "agent", "--node", node, "--job", "querytest",
+                             "--run-dir", run_, "--shm-dir", shm.path(), "--token-file", token},
+                            shm.path() + "/" + node + ".log"));
+    ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+    agents.push_back(std::move(*agent));
+    const std::string port_file = RunLayout(run_).agent_port(node);
+    for (int i = 0; i < 600 && !std::filesystem::exists(port_file); ++i)  // its start, up to 30 s
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    int port = 0;
+    std::ifstream(port_file) >> port;
+    ASSERT_GT(port, 0) << agents.back()->LogTail(20);
+    targets.push_back({node, "127.0.0.1", port});
+  }
+  targets.push_back({"node7", "127.0.0.1", 1});  // nobody listens there
+  ASSERT_TRUE(launch::WriteScrapeTargets(RunLayout(run_), targets).ok());
+  auto remote = RunCommand("(" + Bin() + " query " + run_ + " stragglers --from-agents --json 2>" +
+                           shm.path() + "/err)");
+  auto local = RunCommand(Bin() + " query " + run_ + " stragglers --json");
+  std::ifstream err_in(shm.path() + "/err");
+  const std::string err((std::istreambuf_iterator<char>(err_in)), {});
+  EXPECT_EQ(remote.code, 0) << remote.out << err;
+  EXPECT_EQ(remote.out, local.out);
+  EXPECT_NE(err.find("2 of 3 agents answered"), std::string::npos) << err;
+  EXPECT_NE(err.find("node7 (http://127.0.0.1:1)"), std::string::npos) << err;
+  std::filesystem::remove(token);  // the agents now refuse the query
+  auto refused = RunCommand(Bin() + " query " + run_ + " steps --from-agents");
+  EXPECT_EQ(refused.code, 1) << refused.out;
+  EXPECT_NE(refused.out.find("no agent answered"), std::string::npos) << refused.out;
+  for (auto& a : agents) EXPECT_TRUE(a->Stop(std::chrono::seconds(10)).success());
+  std::filesystem::remove(RunLayout(run_).prometheus_targets());
 }
 
 TEST_F(QueryTest, MetricsExportWritesTheDetectorCsv) {

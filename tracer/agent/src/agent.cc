@@ -734,7 +734,7 @@ class TextHandler : public Handler {
   const char* type_;
 };
 
-// An answer computed whole from the URL's query string (GET /window?...).
+// An answer computed whole from the URL's query string (GET /window?..., GET /query?...).
 class QueryHandler : public Handler {
  public:
   using Fn = std::function<std::pair<int, std::string>(std::string_view query)>;
@@ -854,6 +854,10 @@ Result<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& o) {
   if (o.window) {
     im->handlers.push_back(std::make_unique<QueryHandler>(o.window, o.token));
     im->http->addHandler("/window", im->handlers.back().get());
+  }
+  if (o.query) {
+    im->handlers.push_back(std::make_unique<QueryHandler>(o.query, o.token));
+    im->http->addHandler("/query", im->handlers.back().get());
   }
   per_rank("/dump/", [a](int r) { return a->DumpJson(r); });
   per_rank("/stacks/", [a](int r) { return a->StacksJson(r); });

@@ -4,6 +4,7 @@
 // waits, what each rank was doing at a moment). Writes are refused.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -34,12 +35,25 @@ struct RunScope {
   int64_t first_step = std::numeric_limits<int64_t>::min();
   int64_t last_step = std::numeric_limits<int64_t>::max();
   std::string node;  // only this node's database ("": every node's)
-  // Every row (of the databases read).
-  bool whole() const {
+  // A time window (epoch ns): spans by their start, collectives by their issue, heartbeats and
+  // metrics by their time; drops and the optional tables read empty.
+  int64_t from_ns = std::numeric_limits<int64_t>::min();
+  int64_t to_ns = std::numeric_limits<int64_t>::max();
+  bool all_steps() const {
     return attempt < 0 && first_step == std::numeric_limits<int64_t>::min() &&
            last_step == std::numeric_limits<int64_t>::max();
   }
+  bool all_time() const {
+    return from_ns == std::numeric_limits<int64_t>::min() &&
+           to_ns == std::numeric_limits<int64_t>::max();
+  }
+  // Every row (of the databases read).
+  bool whole() const { return all_steps() && all_time(); }
 };
+
+// The rows of a prepared statement: at most `max_rows` (`truncated` says whether more were left).
+Result<Table> ReadTable(tracer::sql::Statement& st, size_t max_rows = SIZE_MAX,
+                        bool* truncated = nullptr);
 
 class RunDatabase {
  public:
@@ -49,8 +63,12 @@ class RunDatabase {
   static Result<std::unique_ptr<RunDatabase>> Open(const std::string& run_dir,
                                                    const RunScope& scope = {});
   ~RunDatabase();
-  // One read-only statement; errors name what SQLite said.
-  Result<Table> Query(const std::string& sql);
+  // One read-only statement; errors name what SQLite said. At most `max_rows` rows are kept
+  // (`truncated` says whether there were more).
+  Result<Table> Query(const std::string& sql, size_t max_rows = SIZE_MAX,
+                      bool* truncated = nullptr);
+  // Statements still running at `deadline` stop with an error saying the time ran out.
+  void StopAt(std::chrono::steady_clock::time_point deadline) { db_.StopAt(deadline); }
   // A row of Scan(): typed access (Int, Double, Text, IsNull) without copying every cell.
   using Row = tracer::sql::Statement;
   // Streams the rows of a read-only statement through `fn` (for large results).

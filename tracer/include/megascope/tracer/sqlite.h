@@ -4,7 +4,9 @@
 // the tests all go through it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -88,14 +90,23 @@ class Database {
   // From now on every statement that would write (or attach, or change a setting) fails to
   // prepare with "not authorized": for connections that serve untrusted queries.
   void DenyWrites();
+  // Statements still running at `deadline` stop (SQLite's progress handler; their step fails and
+  // stopped() says why): for connections that serve queries from others.
+  void StopAt(std::chrono::steady_clock::time_point deadline);
+  bool stopped() const { return stop_ != nullptr && stop_->hit; }
   // "<label> <what> on <path>: <SQLite's message>".
   Status Error(std::string_view what) const;
   std::string LastMessage() const;
   const std::string& path() const { return path_; }
 
  private:
+  struct Stop {
+    std::chrono::steady_clock::time_point deadline;
+    bool hit = false;
+  };
   sqlite3* db_ = nullptr;
   std::string path_, label_;
+  std::unique_ptr<Stop> stop_;  // where the progress handler looks (kept in place across moves)
 };
 
 }  // namespace megascope::tracer::sql

@@ -68,6 +68,9 @@ struct AgentOptions {
   // the answer (analyzer::WindowServer), a floor above the agent: whoever starts the agent (the
   // `megascope agent` command) passes it in.
   std::function<std::pair<int, std::string>(std::string_view query)> window;
+  // GET /query?<query>: an SRE query's part over this node's trace.db (analyzer::QueryServer,
+  // passed in the same way); unset: /query is not served.
+  std::function<std::pair<int, std::string>(std::string_view query)> query;
 };
 
 class Agent {
