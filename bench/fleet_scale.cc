@@ -6,7 +6,13 @@
 //              second of data time, ROUNDS of them), one node failing from round 70 (its GPUs
 //              hot and idle, its steps longer);
 //   window:    every node's /window part of an 8-step straggler window, parsed, merged and
-//              analysed (analyzer::AnalyzeSlow), one node's ranks computing 1.5x longer.
+//              analysed (analyzer::AnalyzeSlow), one node's ranks computing 1.5x longer;
+//   query:     an SRE's `megascope query --from-agents stragglers --last 10m`: one node's part
+//              computed by the agents' own code (analyzer::QueryServer) over a real trace.db
+//              holding 10 minutes of 8 ranks (written through the real store), then every node's
+//              part asked for over HTTP, parsed and merged (analyzer::MergeParts). On a cluster
+//              each node computes its part on its own machine, side by side: the query takes one
+//              node's part plus the fan-out and merge.
 // The nodes run in a child process (one HTTP server, 8 threads) so that the parent's CPU time is
 // the controller's alone; on this 2-core machine they still share the cores, which a real
 // cluster's agents would not. What this does not run: the controller's loop itself (its tick
@@ -23,11 +29,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "megascope/analyzer/scatter.h"
 #include "megascope/analyzer/window.h"
 #include "megascope/detector/detector.h"
 #include "megascope/detector/prometheus_text.h"
@@ -35,6 +43,7 @@
 #include "megascope/tracer/http_client.h"
 #include "megascope/tracer/http_serve.h"
 #include "megascope/tracer/parallel.h"
+#include "megascope/tracer/trace_store.h"
 
 using namespace megascope;
 
@@ -138,13 +147,102 @@ std::string MetricsBody(const Shape& s, int n, int round, bool hot) {
   return out;
 }
 
+// RUN_DIR/nodes/node0/trace.db with the last 10 minutes of node 0's ranks, through the real store:
+// 200-ms steps, each a forward span and kTpOps + 1 all-reduces (the tp ones with the node, the dp
+// one across nodes). Returns the rows written.
+Result<size_t> WriteTenMinutes(const std::string& run_dir, const Shape& s, int64_t now_ns) {
+  ASSIGN_OR_RETURN(auto store, tracer::TraceStore::Open(run_dir + "/nodes/node0/trace.db"));
+  constexpr int64_t kMs = 1000000, kStep = 200 * kMs, kSteps = 600 * 1000 / 200;
+  const std::vector<std::string> names = {"forward"};
+  size_t rows = 0;
+  for (int l = 0; l < s.ranks_per_node; ++l) {
+    tracer::RankInfo info;
+    info.job = "fleet";
+    info.node = "node0";
+    info.rank = l;
+    info.world_size = s.World();
+    info.local_rank = l;
+    info.coords = {0, 0, l};
+    RETURN_IF_ERROR(store->UpsertRank(info));
+    const std::vector<tracer::GroupInfo> groups = {{"tp.0", "tp", {}},
+                                                   {"dp." + std::to_string(l), "dp", {}}};
+    std::vector<tracer::Record> recs;
+    for (int64_t step = 0; step < kSteps; ++step) {
+      const int64_t t0 = now_ns - kSteps * kStep + step * kStep;
+      const int64_t compute = 100 * kMs;
+      tracer::Record span{};
+      span.span = {tracer::RecordType::kSpan,
+                   tracer::SpanKind::kForward,
+                   0,
+                   -1,
+                   step,
+                   t0,
+                   t0 + compute,
+                   0,
+                   0,
+                   0,
+                   0,
+                   0,
+                   {}};
+      recs.push_back(span);
+      for (int k = 0; k <= kTpOps; ++k) {
+        tracer::Record op{};
+        auto& c = op.collective;
+        c.type = tracer::RecordType::kCollective;
+        c.op = tracer::OpType::kAllreduce;
+        c.state = tracer::OpState::kCompleted;
+        c.group = k < kTpOps ? 0 : 1;
+        c.peer = -1;
+        c.seq = static_cast<uint64_t>(step * (k < kTpOps ? kTpOps : 1) + (k % kTpOps) + 1);
+        c.bytes = 8 << 20;
+        c.enqueued_ticks = t0 + compute + k * kMs;
+        c.started_ticks = c.enqueued_ticks;
+        c.completed_ticks = c.enqueued_ticks + kMs;
+        c.entry_id = recs.size() + 1;
+        c.step = static_cast<int32_t>(step);
+        recs.push_back(op);
+      }
+    }
+    tracer::RingRows batch;
+    batch.info = &info;
+    batch.names = &names;
+    batch.groups = &groups;
+    batch.records = recs;
+    batch.ring = "rank" + std::to_string(l);
+    batch.lane_tails = {recs.size()};
+    RETURN_IF_ERROR(store->Write({&batch, 1}, {}, {}));
+    rows += recs.size();
+  }
+  return rows;
+}
+
+// Node n's part of the query: node 0's real part with node 0's ranks renamed node n's (dp = n); the
+// slow node's ranks computed 1.5x as long.
+std::string QueryBody(const Shape& s, const analyzer::QueryPart& node0, int n) {
+  analyzer::QueryPart part = node0;
+  part.node = NodeName(n);
+  const auto& cols = part.table.columns;
+  const auto col = [&](const char* name) {
+    return static_cast<size_t>(std::find(cols.begin(), cols.end(), name) - cols.begin());
+  };
+  for (auto& row : part.table.rows) {
+    row[col("rank")] = std::to_string(n * s.ranks_per_node + std::stoi(row[col("rank")]));
+    row[col("node")] = part.node;
+    row[col("dp")] = std::to_string(n);
+    if (n == s.SlowNode())
+      row[col("compute_sum")] = std::to_string(std::stoll(row[col("compute_sum")]) * 3 / 2);
+  }
+  return analyzer::QueryPartJson(part);
+}
+
 // Serves every node under /<node>/<endpoint>; /metrics pages follow the round in /round/<r>.
 class Nodes : public CivetHandler {
  public:
-  explicit Nodes(const Shape& s) : shape_(s) {
+  Nodes(const Shape& s, const analyzer::QueryPart& query) : shape_(s) {
     for (int n = 0; n < s.nodes; ++n) {
       window_.push_back(WindowBody(s, n));
       state_.push_back(StateBody(s, n, 107));
+      query_.push_back(QueryBody(s, query, n));
     }
   }
   bool handleGet(CivetServer*, mg_connection* conn) override {
@@ -158,6 +256,8 @@ class Nodes : public CivetHandler {
       tracer::HttpReply(conn, 200, "application/json", state_[n]);
     } else if (what == "window") {
       tracer::HttpReply(conn, 200, "application/json", window_[n]);
+    } else if (what == "query") {
+      tracer::HttpReply(conn, 200, "application/json", query_[n]);
     } else if (what.starts_with("metrics/")) {
       const int round = std::atoi(what.c_str() + 8);
       tracer::HttpReply(conn, 200, "text/plain",
@@ -175,7 +275,7 @@ class Nodes : public CivetHandler {
 
  private:
   Shape shape_;
-  std::vector<std::string> window_, state_;
+  std::vector<std::string> window_, state_, query_;
 };
 
 // Every node's `what`, at once (kPollWorkers side by side, as the controller's fleet asks).
@@ -324,6 +424,58 @@ int MeasureWindow(int port, const Shape& s) {
   return 0;
 }
 
+// 4. an SRE query: one node's part over its real 10-minute trace.db, then every node's part asked
+// for, parsed and merged.
+struct NodePart {
+  analyzer::QueryPart part;
+  double seconds = 0;  // the node's own work, the median of three
+  size_t rows = 0;     // in its trace.db
+};
+
+Result<NodePart> MeasureNodePart(const Shape& s, const analyzer::NodeQuery& q) {
+  char tmpl[] = "/tmp/fleet_scale_XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) return IoError("mkdtemp");
+  const std::string dir = tmpl;
+  NodePart out;
+  ASSIGN_OR_RETURN(out.rows, WriteTenMinutes(dir, s, q.to_ns));
+  std::vector<double> times;
+  for (int t = 0; t < 3; ++t) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(out.part, analyzer::QueryServer(dir, "node0").Part(q));
+    times.push_back(Since(t0));
+  }
+  std::sort(times.begin(), times.end());
+  out.seconds = times[1];
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return out;
+}
+
+int MeasureQuery(int port, const Shape& s, const analyzer::NodeQuery& q, const NodePart& node) {
+  const std::string path = analyzer::NodeQueryPath(q).substr(1);
+  for (int t = 0; t < 3; ++t) {
+    std::vector<analyzer::QueryPart> parts;
+    Result<analyzer::Table> merged = Status(StatusCode::kInternal, "not run");
+    const Timed fetch = Time([&] {
+      for (auto& body : AskAll(port, s, path)) {
+        if (!body.ok()) continue;
+        auto part = analyzer::ParseQueryPart(*body);
+        if (part.ok()) parts.push_back(std::move(*part));
+      }
+    });
+    const Timed merge = Time([&] { merged = analyzer::MergeParts(q, parts); });
+    if (!merged.ok()) return Fail(merged.status().ToString());
+    std::printf(
+        "query (stragglers, last 10 min): one node's part over its trace.db (%zu rows) %.2f s; "
+        "%zu parts fetched and parsed in %.2f s wall (%.2f s CPU), merged in %.2f s; in all "
+        "%.2f s; slowest rank: %s on %s (ratio %s)\n",
+        node.rows, node.seconds, parts.size(), fetch.wall_s, fetch.cpu_s, merge.wall_s,
+        node.seconds + fetch.wall_s + merge.wall_s, merged->rows.front()[1].c_str(),
+        merged->rows.front()[2].c_str(), merged->rows.front()[8].c_str());
+  }
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   Shape s;
   if (argc > 1) s.nodes = std::atoi(argv[1]);
@@ -331,12 +483,20 @@ int Run(int argc, char** argv) {
   if (argc > 3) s.rounds = std::atoi(argv[3]);
   if (s.nodes < 8 || s.ranks_per_node < 1 || s.rounds < 1)
     return Fail("usage: fleet_scale [NODES>=8] [RANKS_PER_NODE>=1] [ROUNDS>=1]");
+  analyzer::NodeQuery query;
+  query.question = analyzer::Question::kStragglers;
+  query.to_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::system_clock::now().time_since_epoch())
+                    .count();
+  query.from_ns = query.to_ns - 600 * 1000000000LL;
+  auto node_part = MeasureNodePart(s, query);
+  if (!node_part.ok()) return Fail(node_part.status().ToString());
   int ready[2];
   if (::pipe(ready) != 0) return Fail("pipe");
   const pid_t child = ::fork();
   if (child == 0) {  // the nodes
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    Nodes nodes(s);
+    Nodes nodes(s, node_part->part);
     CivetServer server({"listening_ports", "127.0.0.1:0", "num_threads", "8"});
     server.addHandler("/", nodes);
     const int port = server.getListeningPorts().front();
@@ -357,6 +517,7 @@ int Run(int argc, char** argv) {
   MeasureTick(port, s);
   MeasureDetector(port, s);
   if (MeasureWindow(port, s) != 0) return 1;
+  if (MeasureQuery(port, s, query, *node_part) != 0) return 1;
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);
   std::printf("controller-side peak memory (max RSS): %.0f MB\n",
