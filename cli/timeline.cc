@@ -50,7 +50,9 @@ int RunTimeline(const Args& args) {
     }
   }
   o.title = "megascope timeline of " + run_dir;
-  auto db = analyzer::RunDatabase::Open(run_dir);
+  analyzer::RunScope scope;  // with --steps, only those steps are read
+  if (!steps.empty()) scope = {-1, o.first_step, o.last_step, ""};
+  auto db = analyzer::RunDatabase::Open(run_dir, scope);
   if (!db.ok()) return Fail("timeline", db.status().message());
   Warn("timeline", (*db)->warnings());
   analyzer::TimelineStats stats;

@@ -56,6 +56,22 @@ struct NodeTables {
     return w;
   }
 
+  // The rows of an optional table the scope reads: the ops still open (few: those open at the
+  // agent's last look) whatever the steps, by issue time in a time window; device spans by time,
+  // in a step window within the time the node's spans of those steps cover.
+  std::string OptionalWhere(std::string_view table, const std::string& alias) const {
+    if (scope.whole()) return "";
+    const std::string column = table == "open_ops" ? "enqueued_ns" : "start_ns";
+    std::string w = " WHERE 1";
+    if (!scope.all_time())
+      w += " AND " + column + " >= " + std::to_string(scope.from_ns) + " AND " + column + " < " +
+           std::to_string(scope.to_ns);
+    if (table == "open_ops" || scope.all_steps()) return w;
+    const std::string steps = alias + ".spans" + Where("spans");
+    return w + " AND start_ns >= (SELECT MIN(start_ns) FROM " + steps +
+           ") AND start_ns <= (SELECT MAX(end_ns) FROM " + steps + ")";
+  }
+
   // The node attached as `alias`.
   Status Add(tracer::sql::Database& db, const std::string& alias) {
     if (copy && !created) {
@@ -74,18 +90,18 @@ struct NodeTables {
         parts[t].push_back(rows);
       }
     }
-    for (size_t t = 0; t < kOptional && scope.whole(); ++t) {
+    for (size_t t = 0; t < kOptional; ++t) {
       const std::string table(tracer::kOptionalTraceTables[t].name);
       auto has = db.QueryInt("SELECT COUNT(*) FROM " + alias +
                              ".sqlite_master WHERE type = 'table' AND name = '" + table + "'");
       if (!has.ok() || *has == 0) continue;
+      const std::string rows = "SELECT * FROM " + alias + "." + table + OptionalWhere(table, alias);
       if (!copy) {
-        optional_parts[t].push_back("SELECT * FROM " + alias + "." + table);
+        optional_parts[t].push_back(rows);
         continue;
       }
       RETURN_IF_ERROR(db.Exec(tracer::OptionalTableSql(tracer::kOptionalTraceTables[t], "main.")));
-      RETURN_IF_ERROR(
-          db.Exec("INSERT INTO main." + table + " SELECT * FROM " + alias + "." + table));
+      RETURN_IF_ERROR(db.Exec("INSERT INTO main." + table + " " + rows));
     }
     return copy ? db.Exec("DETACH " + alias) : Status::Ok();
   }

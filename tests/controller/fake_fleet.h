@@ -58,9 +58,11 @@ struct FakeFault {
     kStallLink,  // its first rank's send to `peer`'s first rank stops moving (both posted)
     kSlow,       // its ranks compute `factor` times their peers' time in every step after
                  // `at_step`, in every attempt it is in (a machine that stays slow; traced steps)
-    kSlowNet     // its ranks compute as fast as their peers but reach every all-reduce `late_s`
+    kSlowNet,    // its ranks compute as fast as their peers but reach every all-reduce `late_s`
                  // late in every step after `at_step`, in every attempt it is in (a slow NIC or
                  // link; traced steps with collectives)
+    kPowerOff    // the node goes silent: its agent answers nothing, its ranks stop where they are
+                 // (no exit status reaches anyone), its peers wait in their next all-reduce
   };
   Kind kind = kCrash;
   std::string node;
@@ -73,6 +75,7 @@ struct FakeFault {
   double late_s = 0;   // kSlowNet
   bool fired = false;
   int fired_attempt = -1;
+  int64_t fired_at_ns = 0;  // the clock's wall time when it last fired
 };
 
 class FakeFleet final : public Fleet {
@@ -121,6 +124,7 @@ class FakeFleet final : public Fleet {
   }
   const std::vector<std::vector<std::string>>& attempts() const { return attempts_; }
   int64_t done() const { return done_; }
+  const std::vector<FakeFault>& faults() const { return faults_; }
 
   // --- Fleet
   Result<int> StartAgent(const std::string& node) override {
@@ -140,6 +144,8 @@ class FakeFleet final : public Fleet {
                                const std::string&) override {
     if (!agents_.count(node))
       return Status(StatusCode::kUnavailable, node + "'s agent does not answer");
+    if (silent_.count(node))
+      return Status(StatusCode::kDeadlineExceeded, node + ": no answer before the deadline");
     if (path.starts_with("/window?")) {  // the agent's own answer, over the node's trace.db
       auto& server = windows_[node];
       if (!server) server = std::make_unique<analyzer::WindowServer>(TraceRoot(), node);
@@ -153,8 +159,8 @@ class FakeFleet final : public Fleet {
           node, std::chrono::duration<double>(clock_->Now() - LoopClock::TimePoint{}).count());
     }
     nlohmann::json ranks = nlohmann::json::array();
-    for (int r = 0; r < world_; ++r) {
-      if (NodeOfRank(r) != node) continue;
+    const int first = FirstRankOf(node);
+    for (int r = first; first >= 0 && r < world_ && NodeOfRank(r) == node; ++r) {
       ranks.push_back({{"attempt", attempt_},
                        {"rank", r},
                        {"heartbeat", {{"step", done_}}},
@@ -169,6 +175,7 @@ class FakeFleet final : public Fleet {
     for (int r = 0; r < world_; ++r) all[static_cast<size_t>(r)] = r;
     const int64_t now = clock_->WallNs();
     for (int r = 0; r < world_; ++r) {
+      if (silent_.count(NodeOfRank(r))) continue;  // nobody answers for its ranks
       tracer::Dump d;
       d.dumped_at_ns = now;
       auto& s = d.snapshot;
@@ -275,11 +282,10 @@ class FakeFleet final : public Fleet {
     f.allreduce_gbps = 1;
     return f;
   }
-  int FirstRankOf(const std::string& node) const {
-    for (int r = 0; r < world_; ++r) {
-      if (NodeOfRank(r) == node) return r;
-    }
-    return -1;
+  int FirstRankOf(const std::string& node) const {  // a node's ranks follow it
+    const auto it = std::find(nodes_.begin(), nodes_.end(), node);
+    if (it == nodes_.end() || world_ == 0) return -1;
+    return static_cast<int>(it - nodes_.begin()) * (world_ / static_cast<int>(nodes_.size()));
   }
   void Append(const nlohmann::json& line) {
     ASSERT_TRUE(launch::AppendProgress(layout_.progress(), line).ok());
@@ -292,6 +298,7 @@ class FakeFleet final : public Fleet {
       if (f.fired && !f.persistent) continue;
       f.fired = true;
       f.fired_attempt = attempt_;
+      f.fired_at_ns = clock_->WallNs();
       return &f;
     }
     return nullptr;
@@ -339,6 +346,11 @@ class FakeFleet final : public Fleet {
           case FakeFault::kStallLink:
             stuck_rank_ = rank;
             stall_peer_ = FirstRankOf(f->peer);
+            stuck_at_ns_ = clock_->WallNs();
+            break;
+          case FakeFault::kPowerOff:
+            silent_.insert(f->node);
+            stuck_rank_ = rank;
             stuck_at_ns_ = clock_->WallNs();
             break;
           case FakeFault::kKillAgent:
@@ -449,6 +461,7 @@ class FakeFleet final : public Fleet {
   std::function<std::string(const std::string&, double)> metrics_;
   std::function<void()> on_self_check_;
   std::map<std::string, int> agents_, agent_starts_;
+  std::set<std::string> silent_;  // kPowerOff: nodes that answer nothing, for good
   std::vector<launch::AgentExit> agent_exits_;
   std::vector<launch::RankExit> rank_exits_;
   std::vector<std::pair<std::string, std::string>> checked_pairs_;

@@ -217,6 +217,24 @@ TEST_F(LoopTest, AFrozenRankIsItsOwnRootAndItsNodeEvicted) {
   EXPECT_EQ(Nodes(Events("eviction")), std::vector<std::string>{"node0"});
 }
 
+// A node that loses power answers nothing: its agent is silent, its ranks leave no flight recorder
+// and no exit status. The hang analysis names its ranks dead without a node; the controller names
+// the node from where the attempt placed them, and evicts it (it restarted on it before).
+TEST_F(LoopTest, ANodeThatGoesSilentIsNamedFromWhereItsRanksRanAndEvicted) {
+  Fleet().Break({FakeFault::kPowerOff, "node1", 4});
+  EXPECT_EQ(Run(), kLaunchFinished);
+  const auto verdicts = Events("verdict");
+  ASSERT_FALSE(verdicts.empty());
+  EXPECT_EQ(verdicts[0].detail["cause"], "rank_dead") << verdicts[0].detail;
+  EXPECT_EQ(verdicts[0].detail["root_nodes"], nlohmann::json::array({"node1"}))
+      << verdicts[0].detail;
+  EXPECT_NE(verdicts[0].detail["explanation"].get<std::string>().find("answers nothing"),
+            std::string::npos);
+  EXPECT_EQ(Nodes(Events("eviction")), std::vector<std::string>{"node1"});
+  ASSERT_EQ(fleet_->attempts().size(), 2u);
+  EXPECT_EQ(fleet_->attempts()[1], (std::vector<std::string>{"node0", "spare0"}));
+}
+
 // A send that stops moving between node0 and node1 with both ends posted is a stalled link: both
 // ends are self-checked at once, both pass, and the job restarts in place with nothing evicted.
 TEST_F(LoopTest, AStalledLinkSelfChecksBothEndsAndRestartsInPlaceWhenBothPass) {

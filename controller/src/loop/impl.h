@@ -236,6 +236,9 @@ struct Controller::Impl {
   // ranks that died of their own failure, or -- when every rank failed of a peer's timeout -- the
   // flight recorders' analysis.
   std::vector<Verdict> DiagnoseCrash(const Trigger& t);
+  // Names the node of every root rank the evidence left without one (a rank whose agent did not
+  // answer left no flight recorder: a node that lost power), from where the attempt placed it.
+  void PlaceRootRanks(std::vector<Verdict>* verdicts) const;
   // The rank whose failure started the crash, and any other that died of its own at the time on
   // another node: each a rank_dead verdict.
   std::vector<Verdict> DeadRanks(const launch::RankExit& origin,

@@ -79,6 +79,7 @@ std::vector<Verdict> Controller::Impl::Diagnose(const Trigger& t) {
       Log("hang analysis could not read the agents: " + in.status().ToString());
     }
   }
+  PlaceRootRanks(&verdicts);
   if (verdicts.empty() || (verdicts.size() == 1 && verdicts[0].kind == VerdictKind::kHealthy)) {
     Verdict v;
     v.kind = VerdictKind::kHang;
@@ -89,6 +90,25 @@ std::vector<Verdict> Controller::Impl::Diagnose(const Trigger& t) {
     verdicts = {v};
   }
   return verdicts;
+}
+
+void Controller::Impl::PlaceRootRanks(std::vector<Verdict>* verdicts) const {
+  for (Verdict& v : *verdicts) {
+    std::erase(v.root_nodes, std::string("?"));  // the analyzer's "no dump, no node"
+    std::vector<std::string> placed;
+    for (const int rank : v.root_ranks) {
+      const std::string node = fleet->NodeOfRank(rank);
+      if (node.empty() ||
+          std::find(v.root_nodes.begin(), v.root_nodes.end(), node) != v.root_nodes.end())
+        continue;
+      v.root_nodes.push_back(node);
+      placed.push_back(node);
+    }
+    if (!placed.empty())
+      v.explanation += " (" + Join(placed) +
+                       ": where this attempt placed ranks the evidence has no node for; a node "
+                       "whose agent answers nothing left no flight recorder)";
+  }
 }
 
 std::vector<Verdict> Controller::Impl::DiagnoseCrash(const Trigger& t) {
@@ -122,7 +142,9 @@ std::vector<Verdict> Controller::Impl::DiagnoseCrash(const Trigger& t) {
   auto in = analyzer::LoadDumpDirectory(layout.dumps(attempt));
   if (!in.ok()) return {};
   for (const std::string& w : in->warnings) Log("warning: " + w);
-  return analyzer::AnalyzeHang(*in, IncidentHangOptions());
+  auto verdicts = analyzer::AnalyzeHang(*in, IncidentHangOptions());
+  PlaceRootRanks(&verdicts);
+  return verdicts;
 }
 
 std::vector<Verdict> Controller::Impl::DeadRanks(const launch::RankExit& origin,

@@ -121,7 +121,8 @@ void Controller::Impl::WriteTimeline() {
   o.highlight_ranks = incident_ranks;
   o.title = "megascope launch " + layout.dir() +
             (incident_ranks.empty() ? "" : ", steps around the last incident");
-  auto db = analyzer::RunDatabase::Open(layout.dir());
+  // Only those steps are read (a run of 1,536 nodes is past SQLite's attach limit: a copy).
+  auto db = analyzer::RunDatabase::Open(layout.dir(), {-1, o.first_step, o.last_step, ""});
   if (!db.ok()) return;
   auto j = analyzer::TimelineJson(**db, o);
   if (j.ok()) {

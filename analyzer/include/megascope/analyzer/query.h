@@ -26,17 +26,17 @@ struct Table {
 
 // What of a run to read: all of it, or a window of steps (of one attempt). A window holds the
 // spans and heartbeats of its steps, the collectives completed in them or in the step after (an
-// asynchronous send issued in the last step completes in the next), and every rank's row;
-// metrics, drops and the
-// optional tables (open_ops, device_spans) read empty. The straggler watch reads its window so:
-// past SQLite's attach limit only the window is copied, not the run.
+// asynchronous send issued in the last step completes in the next), every rank's row, the ops
+// still open, and the device spans within the time the node's spans of those steps cover; metrics
+// and drops read empty. The straggler watch and the launch's timeline read their windows so: past
+// SQLite's attach limit only the window is copied, not the run.
 struct RunScope {
   int attempt = -1;  // -1: every attempt
   int64_t first_step = std::numeric_limits<int64_t>::min();
   int64_t last_step = std::numeric_limits<int64_t>::max();
   std::string node;  // only this node's database ("": every node's)
-  // A time window (epoch ns): spans by their start, collectives by their issue, heartbeats and
-  // metrics by their time; drops and the optional tables read empty.
+  // A time window (epoch ns): spans by their start, collectives and open ops by their issue,
+  // heartbeats, metrics and device spans by their time; drops read empty.
   int64_t from_ns = std::numeric_limits<int64_t>::min();
   int64_t to_ns = std::numeric_limits<int64_t>::max();
   bool all_steps() const {

@@ -1,0 +1,164 @@
+// The real controller's loop at MegaScale's size (issue 44): controller::Controller -- its tick,
+// incident handling, the real hang analyzer, policy, control.db, progress stream and control
+// endpoint -- run against the scripted fleet of tests/controller/fake_fleet.h at 1,536 nodes x 8
+// ranks under a fake clock, once healthy and once for each machine fault: a crash, a rank hung in
+// compute (12,288 ranks' flight recorders analysed live), a rank frozen whole, a node gone silent
+// (power lost: its agent answers nothing, its ranks stop, no exit status arrives). For each run:
+//   - the time the fault takes to be named, its node evicted and the job resumed, on the fake clock
+//     (the controller's rules: its tick, hang threshold, analysis, restart), and
+//   - the wall time the run took on this machine per tick of the loop (the controller's work per
+//     tick, with the fake fleet's: it builds every agent's /state answer and, for a hang, every
+//     rank's flight recorder, in this process).
+// What it does not run: HTTP (bench/fleet_scale asks 1,536 real HTTP endpoints the tick's way) and
+// real processes (tests/controller/launch_test.cc, bench/recovery.sh).
+//
+// Usage: controller_scale [NODES=1536] [RANKS_PER_NODE=8]
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "controller/fake_fleet.h"
+#include "megascope/controller/control_db.h"
+#include "megascope/controller/controller.h"
+
+using namespace megascope;
+using controller::testing::FakeClock;
+using controller::testing::FakeFault;
+using controller::testing::FakeFleet;
+
+namespace {
+
+constexpr int64_t kSteps = 16;
+constexpr double kTickS = 0.25;
+
+struct Scenario {
+  const char* name;
+  bool faulty;
+  FakeFault::Kind kind;
+};
+
+struct Outcome {
+  int code = 0;
+  double wall_s = 0, fake_s = 0;
+  double verdict_s = -1, eviction_s = -1, resumed_s = -1;  // after the fault, fake clock
+  std::string verdict;
+  int evictions = 0;
+};
+
+controller::ControllerOptions Options(const std::string& dir, int nodes, int ranks_per_node) {
+  controller::ControllerOptions o;
+  o.supervisor.run_dir = dir + "/run";
+  o.supervisor.shm_dir = dir + "/shm";
+  o.supervisor.job = "scale";
+  o.world = nodes * ranks_per_node;
+  for (int n = 0; n < nodes; ++n) o.nodes.push_back("node" + std::to_string(n));
+  o.spares = {"spare0", "spare1"};
+  o.steps = kSteps;
+  o.tick_s = kTickS;
+  o.hang_after_s = 3;
+  o.startup_grace_s = 10;
+  o.detector_tick_s = 0;  // the detector and the straggler watch: bench/fleet_scale
+  o.straggler_every = 0;
+  o.min_free_bytes = 0;
+  return o;
+}
+
+Outcome RunOne(const Scenario& sc, int nodes, int ranks_per_node) {
+  char tmpl[] = "/tmp/controller_scale_XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl) != nullptr ? tmpl : "/tmp/controller_scale";
+  FakeClock clock;
+  controller::ControllerOptions o = Options(dir, nodes, ranks_per_node);
+  auto owned = std::make_unique<FakeFleet>(o.supervisor.run_dir, &clock, kSteps);
+  FakeFleet* fleet = owned.get();
+  const std::string victim = "node" + std::to_string(nodes / 2 - 68);
+  if (sc.faulty) fleet->Break({sc.kind, victim, 6});
+  o.write_run_json = [fleet](const controller::AttemptPlan& plan) {
+    fleet->Plan(plan);
+    return Status::Ok();
+  };
+  const int64_t start_ns = clock.WallNs();
+  controller::Controller c(o, std::move(owned), &clock);
+  // The controller's own lines (progress, verdicts) go to DIR/launch.log, not among the figures.
+  std::fflush(stdout);
+  const int saved = ::dup(STDOUT_FILENO);
+  const int log = ::open((dir + "/launch.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ::dup2(log, STDOUT_FILENO);
+  const auto t0 = std::chrono::steady_clock::now();
+  Outcome out;
+  out.code = c.Run();
+  out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::fflush(stdout);
+  ::dup2(saved, STDOUT_FILENO);
+  ::close(saved);
+  ::close(log);
+  out.fake_s = static_cast<double>(clock.WallNs() - start_ns) / 1e9;
+  const int64_t fault_ns = sc.faulty ? fleet->faults().front().fired_at_ns : 0;
+  auto db = controller::ControlDb::Open(o.supervisor.run_dir + "/control.db", true);
+  if (db.ok()) {
+    auto events = (*db)->Events();
+    for (const controller::Event& e : events.value_or(std::vector<controller::Event>{})) {
+      const double after = static_cast<double>(e.ts_ns - fault_ns) / 1e9;
+      if (!sc.faulty || e.ts_ns < fault_ns) continue;
+      if (e.kind_name == "verdict" && out.verdict_s < 0) {
+        out.verdict_s = after;
+        out.verdict = e.detail.value("cause", std::string()) + " on " + e.node;
+      } else if (e.kind_name == "eviction") {
+        if (out.eviction_s < 0) out.eviction_s = after;
+        ++out.evictions;
+      } else if (e.kind_name == "resumed" && out.resumed_s < 0) {
+        out.resumed_s = after;
+      }
+    }
+  }
+  std::error_code ec;
+  if (std::getenv("CONTROLLER_SCALE_KEEP") == nullptr)
+    std::filesystem::remove_all(dir, ec);
+  else
+    std::fprintf(stderr, "kept %s\n", dir.c_str());
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int nodes = argc > 1 ? std::atoi(argv[1]) : 1536;
+  const int ranks_per_node = argc > 2 ? std::atoi(argv[2]) : 8;
+  if (nodes < 140 || ranks_per_node < 1) {
+    std::fprintf(stderr, "usage: controller_scale [NODES>=140] [RANKS_PER_NODE>=1]\n");
+    return 2;
+  }
+  std::printf(
+      "controller_scale: the real controller over %d scripted nodes x %d ranks (%d ranks), "
+      "%lld steps of 0.5 s, tick %.2f s, hang threshold 3 s (fake clock)\n",
+      nodes, ranks_per_node, nodes * ranks_per_node, static_cast<long long>(kSteps), kTickS);
+  const Scenario scenarios[] = {{"healthy", false, FakeFault::kCrash},
+                                {"crash", true, FakeFault::kCrash},
+                                {"hang", true, FakeFault::kHang},
+                                {"frozen rank", true, FakeFault::kFreeze},
+                                {"silent node", true, FakeFault::kPowerOff}};
+  for (const Scenario& sc : scenarios) {
+    const Outcome r = RunOne(sc, nodes, ranks_per_node);
+    const double ticks = r.fake_s / kTickS;
+    std::printf("%-11s exit %d; %.1f s of job in %.1f s wall: %.1f ms wall a tick", sc.name, r.code,
+                r.fake_s, r.wall_s, 1e3 * r.wall_s / ticks);
+    if (sc.faulty) {
+      std::printf(
+          "; after the fault: verdict (%s) %.2f s, eviction %.2f s, resumed %.2f s; %d evicted",
+          r.verdict.c_str(), r.verdict_s, r.eviction_s, r.resumed_s, r.evictions);
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  std::printf("peak memory (max RSS, controller and fake fleet): %.0f MB\n",
+              static_cast<double>(u.ru_maxrss) / 1024.0);
+  return 0;
+}
