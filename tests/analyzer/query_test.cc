@@ -16,6 +16,7 @@
 #include "megascope/launch/scrape_targets.h"
 #include "megascope/runtime/data.h"
 #include "megascope/tracer/file_util.h"
+#include "megascope/tracer/trace_schema.h"
 #include "megascope/tracer/trace_store.h"
 #include "store_run.h"
 #include "test_util.h"
@@ -367,12 +368,35 @@ void WriteOneRankANode(const std::string& dir, int nodes, int steps,
   }
 }
 
-// A window of a run: its steps' spans (of its attempt) and every rank, nothing else -- attached
-// (3 nodes) or copied (14 nodes, past SQLite's attach limit) alike.
+// Each node's trace.db gains 100 device spans, one every 100 ns from 0, and an op still open,
+// issued at 9,000 ns.
+void AddDeviceSpansAndAnOpenOp(const std::string& dir, int nodes) {
+  for (int n = 0; n < nodes; ++n) {
+    auto db = tracer::sql::Database::Open(dir + "/nodes/node" + std::to_string(n) + "/trace.db",
+                                          tracer::sql::Database::Mode::kReadWrite);
+    ASSERT_TRUE(db.ok()) << db.status().ToString();
+    for (const auto& table : tracer::kOptionalTraceTables)
+      ASSERT_TRUE(db->Exec(tracer::OptionalTableSql(table)).ok());
+    for (int k = 0; k < 100; ++k) {
+      ASSERT_TRUE(db->Exec("INSERT INTO device_spans VALUES(" + std::to_string(n) +
+                           ", 0, 'kernel', " + std::to_string(100 * k) + ", 0, 0, 0, 0)")
+                      .ok());
+    }
+    ASSERT_TRUE(
+        db->Exec("INSERT INTO open_ops VALUES(" + std::to_string(n) +
+                 ", 0, 'world', 11, 'allreduce', -1, 4, 'f32', 'started', 9000, 9000, 9500)")
+            .ok());
+  }
+}
+
+// A window of a run: its steps' spans (of its attempt), every rank, the ops still open and the
+// device spans within its spans' time, nothing else -- attached (3 nodes) or copied (14 nodes,
+// past SQLite's attach limit) alike; a time window reads each table by its time.
 TEST(RunDatabaseTest, AScopedOpenReadsOnlyItsWindow) {
   for (int nodes : {3, 14}) {
     megascope::testing::TempDir dir;
     WriteOneRankANode(dir.path(), nodes, 10, [](int) { return 500; });
+    AddDeviceSpansAndAnOpenOp(dir.path(), nodes);
     auto count = [](RunDatabase& db, const std::string& table) {
       auto t = db.Query("SELECT COUNT(*) FROM " + table);
       EXPECT_TRUE(t.ok()) << t.status().ToString();
@@ -387,10 +411,21 @@ TEST(RunDatabaseTest, AScopedOpenReadsOnlyItsWindow) {
     EXPECT_EQ((*window)->Query("SELECT MIN(step), MAX(step) FROM spans")->rows[0],
               (std::vector<std::string>{"3", "5"}));
     EXPECT_EQ(count(**window, "ranks"), nodes);
-    EXPECT_EQ(count(**window, "device_spans"), 0);
+    EXPECT_EQ(count(**whole, "device_spans"), nodes * 100);
+    // Steps 3-5 run from 3,000 to 5,500 ns: device spans starting at 3,000, 3,100 ... 5,500.
+    EXPECT_EQ(count(**window, "device_spans"), nodes * 26) << nodes << " nodes";
+    EXPECT_EQ(count(**window, "open_ops"), nodes);
     auto other_attempt = RunDatabase::Open(dir.path(), {1, 0, 9, ""});
     ASSERT_TRUE(other_attempt.ok()) << other_attempt.status().ToString();
     EXPECT_EQ(count(**other_attempt, "spans"), 0);
+    RunScope time;
+    time.from_ns = 3000;
+    time.to_ns = 5000;
+    auto timed = RunDatabase::Open(dir.path(), time);
+    ASSERT_TRUE(timed.ok()) << timed.status().ToString();
+    EXPECT_EQ(count(**timed, "spans"), nodes * 2);  // steps 3 and 4 start in it
+    EXPECT_EQ(count(**timed, "device_spans"), nodes * 20);
+    EXPECT_EQ(count(**timed, "open_ops"), 0);  // issued at 9,000 ns
   }
 }
 
