@@ -94,4 +94,5 @@ def main():
         print("ETTR counts only step time of kept steps; the agents, the controller and the self-checks share the same 2 cores.")
 
 
-main()
+if __name__ == "__main__":
+    main()

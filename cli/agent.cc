@@ -68,6 +68,8 @@ po::options_description AgentOptionsOf(tracer::agent::AgentOptions& o, std::stri
       "trace.db keeps this many hours of rows: older spans and collectives are summed per step "
       "into step_rollups, then dropped with older heartbeats and metrics, once a minute (0: keep "
       "everything)")(
+      "retain-rollup-hours", Decimal(&o.retain_rollup_hours, o.retain_rollup_hours),
+      "the per-step rollups are kept this many hours, at least --retain-hours (0: for ever)")(
       "drain-priority", po::value(&drain_priority)->default_value(drain_priority),
       "CPU scheduling policy of the drain: batch (SCHED_BATCH: an equal share of the CPU, but "
       "never preempting a running rank when it wakes up), idle (SCHED_IDLE: only cores no rank "
@@ -88,6 +90,8 @@ std::string CheckAgentOptions(tracer::agent::AgentOptions& o, const std::string&
                               const std::string& drain_priority) {
   if (o.sample_interval_s <= 0) return "--sample-interval must be positive";
   if (!(o.retain_hours >= 0)) return "--retain-hours must be >= 0 (0: keep everything)";
+  if (!(o.retain_rollup_hours == 0 || o.retain_rollup_hours >= o.retain_hours))
+    return "--retain-rollup-hours must be 0 (for ever) or at least --retain-hours";
   if (!(o.drain_interval_s > 0 && o.drain_interval_s <= 60))
     return "--drain-interval must be above 0 and at most 60 seconds";
   auto p = tracer::agent::ParseDrainPriority(drain_priority);

@@ -58,7 +58,14 @@ po::options_description LoopOptions(LaunchArgs& a) {
       "launch does not start under it. Default: two checkpoints of this job plus 64. 0: pause "
       "only when the filesystem is full or a write fails")(
       "no-memory-snapshots",
-      "keep no every-step state in host memory (restart from disk checkpoints only)");
+      "keep no every-step state in host memory (restart from disk checkpoints only)")(
+      "retain-hours", Decimal(&co.supervisor.agent_retain_hours, co.supervisor.agent_retain_hours),
+      "hours of traces each node's trace.db keeps (older rows are summed per step into "
+      "step_rollups, then dropped); 0: keep everything")(
+      "retain-rollup-hours",
+      Decimal(&co.supervisor.agent_retain_rollup_hours, co.supervisor.agent_retain_rollup_hours),
+      "hours each node's trace.db keeps the per-step rollups, at least --retain-hours; 0: for "
+      "ever");
   return loop;
 }
 
@@ -122,6 +129,11 @@ po::options_description DetectionOptions(LaunchArgs& a) {
 std::string CheckLoopOptions(const po::variables_map& vm, LaunchArgs& a) {
   controller::ControllerOptions& co = a.co;
   if (a.spares < 0) return "--spares must be >= 0";
+  const double hours = co.supervisor.agent_retain_hours;
+  const double rollup_hours = co.supervisor.agent_retain_rollup_hours;
+  if (!(hours >= 0)) return "--retain-hours must be >= 0 (0: keep everything)";
+  if (!(rollup_hours == 0 || rollup_hours >= hours))
+    return "--retain-rollup-hours must be 0 (for ever) or at least --retain-hours";
   if (vm.count("min-free-mb")) {
     const double mb = vm["min-free-mb"].as<double>();
     if (!(mb >= 0)) return "--min-free-mb must be >= 0";

@@ -215,6 +215,19 @@ TEST_F(TraceStoreTest, RetentionDropsTheOldestRowsAndKeepsTheirPerStepRollups) {
   EXPECT_EQ(Column("SELECT COUNT(*) FROM metrics"), std::vector<std::string>{"250"});
   EXPECT_EQ(Column("SELECT SUM(count) FROM step_rollups WHERE what = 'forward'"),
             std::vector<std::string>{"250"});
+  // The rollups are kept longer, not for ever: those whose last row is older than their own cutoff
+  // go, the newer stay.
+  const std::vector<std::string> kept =
+      Column("SELECT COUNT(*) FROM step_rollups WHERE last_ns >= 3000");
+  dropped = (*store)->Prune(5500, /*rollups_before_ns=*/3000);
+  ASSERT_TRUE(dropped.ok()) << dropped.status().ToString();
+  EXPECT_GT(*dropped, 0);
+  EXPECT_EQ(Column("SELECT COUNT(*) FROM step_rollups"), kept);
+  EXPECT_NE(kept, std::vector<std::string>{"0"});
+  EXPECT_EQ(Column("SELECT COUNT(*) FROM step_rollups WHERE last_ns < 3000"),
+            std::vector<std::string>{"0"});
+  EXPECT_EQ(Column("SELECT COUNT(*), MIN(enqueued_ns) FROM collectives"),
+            (std::vector<std::string>{"125|5501"}));  // the window's rows stay
 }
 
 // A write that fails part-way leaves nothing of its rows behind: neither in the database nor

@@ -277,19 +277,19 @@ Status TraceStore::Write(std::span<const RingRows> rings, std::span<const Metric
   return Status::Ok();
 }
 
-Result<int64_t> TraceStore::Prune(int64_t before_ns) {
-  const std::string cutoff = std::to_string(before_ns);
+Result<int64_t> TraceStore::Prune(int64_t before_ns, int64_t rollups_before_ns) {
   // The rowid of a table's first row at or after the cutoff (past its last row when none is).
-  auto boundary = [&](const char* table, const char* time) {
+  auto boundary = [&](const char* table, const char* time, int64_t cutoff) {
     return db_.QueryInt(std::string("SELECT COALESCE((SELECT rowid FROM ") + table + " WHERE " +
-                        time + " >= " + cutoff + " ORDER BY rowid LIMIT 1), (SELECT " +
-                        "COALESCE(MAX(rowid), 0) + 1 FROM " + table + "))");
+                        time + " >= " + std::to_string(cutoff) + " ORDER BY rowid LIMIT 1), " +
+                        "(SELECT COALESCE(MAX(rowid), 0) + 1 FROM " + table + "))");
   };
-  ASSIGN_OR_RETURN(const int64_t spans, boundary("span_rows", "start_ns"));
-  ASSIGN_OR_RETURN(const int64_t colls, boundary("collective_rows", "enqueued_ns"));
-  ASSIGN_OR_RETURN(const int64_t beats, boundary("heartbeat_rows", "ts_ns"));
-  ASSIGN_OR_RETURN(const int64_t metrics, boundary("metrics", "ts_ns"));
-  ASSIGN_OR_RETURN(const int64_t drops, boundary("drops", "ts_ns"));
+  ASSIGN_OR_RETURN(const int64_t rollups, boundary("step_rollups", "last_ns", rollups_before_ns));
+  ASSIGN_OR_RETURN(const int64_t spans, boundary("span_rows", "start_ns", before_ns));
+  ASSIGN_OR_RETURN(const int64_t colls, boundary("collective_rows", "enqueued_ns", before_ns));
+  ASSIGN_OR_RETURN(const int64_t beats, boundary("heartbeat_rows", "ts_ns", before_ns));
+  ASSIGN_OR_RETURN(const int64_t metrics, boundary("metrics", "ts_ns", before_ns));
+  ASSIGN_OR_RETURN(const int64_t drops, boundary("drops", "ts_ns", before_ns));
   RETURN_IF_ERROR(db_.Exec("BEGIN"));
   Status st = db_.Exec(TraceRollupSql(spans, colls));
   Result<int64_t> before = db_.QueryInt("SELECT total_changes()");
@@ -300,6 +300,7 @@ Result<int64_t> TraceStore::Prune(int64_t before_ns) {
                   "; DELETE FROM heartbeat_rows WHERE rowid < " + std::to_string(beats) +
                   "; DELETE FROM metrics WHERE rowid < " + std::to_string(metrics) +
                   "; DELETE FROM drops WHERE rowid < " + std::to_string(drops) +
+                  "; DELETE FROM step_rollups WHERE rowid < " + std::to_string(rollups) +
                   "; DELETE FROM open_ops WHERE seen_ns < " + std::to_string(before_ns) +
                   "; DELETE FROM device_spans WHERE start_ns < " + std::to_string(before_ns) + ";");
   if (st.ok()) st = db_.Exec("COMMIT");

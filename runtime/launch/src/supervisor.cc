@@ -132,6 +132,14 @@ Result<int> Supervisor::StartAgent(const std::string& node) {
     argv.emplace_back("--token-file");
     argv.push_back(opt_.agent_token_file);
   }
+  for (const auto& [flag, hours] :
+       {std::pair{"--retain-hours", opt_.agent_retain_hours},
+        std::pair{"--retain-rollup-hours", opt_.agent_retain_rollup_hours}}) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", hours);
+    argv.emplace_back(flag);
+    argv.emplace_back(text);
+  }
   ProcessSpec spec = NodeProcess(node, "agent", std::move(argv), layout_.agent_log(node));
   spec.append_log = true;  // a restarted agent continues the log
   ASSIGN_OR_RETURN(std::unique_ptr<Process> p, Process::Spawn(spec));

@@ -153,12 +153,15 @@ TEST(PrometheusE2eTest, EveryPanelHasDataAcrossARestartThroughTheTargetsFile) {
                         "/prometheus.yml --storage.tsdb.path=" + dir.path() +
                         "/tsdb --web.listen-address=127.0.0.1:" + std::to_string(prom_port),
                     dir.path() + "/prometheus.log");
-  auto launch = Spawn(std::string(MEGASCOPE_BIN) + " launch --dp 2 --nodes 2 --spares 1 --data " +
-                          data + " --run-dir " + run + " --job " + job +
-                          " --steps 100000 --layers 2 --width 32 --heads 2 --seq 16 --batch 4"
-                          " --microbatches 2 --hang-after 2 --tick 0.1 --min-gemm-ratio 0.2"
-                          " --min-bandwidth-ratio 0.1 --inject crash:node=node1,at=5",
-                      dir.path() + "/launch.log");
+  // Its own shared-memory directory: the launch is stopped mid-run, and a stopped launch keeps its
+  // newest state in memory for a relaunch.
+  auto launch =
+      Spawn(std::string(MEGASCOPE_BIN) + " launch --dp 2 --nodes 2 --spares 1 --data " + data +
+                " --run-dir " + run + " --job " + job + " --shm-dir " + dir.path() + "/shm" +
+                " --steps 100000 --layers 2 --width 32 --heads 2 --seq 16 --batch 4"
+                " --microbatches 2 --hang-after 2 --tick 0.1 --min-gemm-ratio 0.2"
+                " --min-bandwidth-ratio 0.1 --inject crash:node=node1,at=5",
+            dir.path() + "/launch.log");
   ASSERT_NE(prom, nullptr);
   ASSERT_NE(launch, nullptr);
   std::ifstream dash(std::string(MEGASCOPE_DASHBOARDS) + "/grafana/megascope-job.json");

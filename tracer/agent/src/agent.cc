@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -887,8 +888,12 @@ Result<size_t> Agent::Poll(bool sample) {
   if (o.retain_hours > 0 &&
       now - impl_->last_prune > std::chrono::duration<double>(o.retain_every_s)) {
     impl_->last_prune = now;
+    const int64_t wall = WallNowNs();
     const auto window_ns = static_cast<int64_t>(o.retain_hours * 3600e9);
-    auto dropped = impl_->store->Prune(WallNowNs() - window_ns);
+    const int64_t rollups_before = o.retain_rollup_hours > 0
+                                       ? wall - static_cast<int64_t>(o.retain_rollup_hours * 3600e9)
+                                       : std::numeric_limits<int64_t>::min();
+    auto dropped = impl_->store->Prune(wall - window_ns, rollups_before);
     if (!dropped.ok())
       Log(o.node, "retention: " + dropped.status().message() + " (tried again later)");
   }

@@ -82,8 +82,11 @@ class TraceStore {
   // heartbeats, metrics and drops, summing the spans and collectives into step_rollups first, in
   // one transaction. Rows arrive about in time order, so a table's old rows are those before its
   // first row at or after the cutoff: the newest are never dropped, and the cost is that of the
-  // rows dropped, not of the table. Returns the rows dropped.
-  Result<int64_t> Prune(int64_t before_ns);
+  // rows dropped, not of the table. The per-step rollups are kept longer: those whose last row
+  // is older than `rollups_before_ns` go in the same pass (rollups are appended in time order
+  // too). Returns the rows dropped.
+  Result<int64_t> Prune(int64_t before_ns,
+                        int64_t rollups_before_ns = std::numeric_limits<int64_t>::min());
   // The consumed-through position per lane of `ring` (empty if never seen).
   Result<std::vector<uint64_t>> Cursors(const std::string& ring);
   const std::string& path() const { return path_; }

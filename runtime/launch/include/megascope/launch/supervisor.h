@@ -58,6 +58,8 @@ struct SupervisorOptions {
   std::chrono::milliseconds agent_start_timeout{10000};
   std::map<std::string, Host> hosts;  // node -> its own host; nodes not here run on this machine
   std::string agent_token_file;       // agents require this token (those beyond loopback)
+  double agent_retain_hours = 24;     // each agent's trace.db keeps this window (0: everything)
+  double agent_retain_rollup_hours = 24 * 7;  // and its per-step rollups this long (0: for ever)
 };
 
 struct RankExit {

@@ -60,6 +60,8 @@ struct AgentOptions {
   // Retention: trace.db keeps this many hours of rows (older ones are summed per step into
   // step_rollups, then dropped, every retain_every_s); 0: keeps everything.
   double retain_hours = 24;
+  // The per-step rollups are kept this many hours (0: for ever), at least the window above.
+  double retain_rollup_hours = 24 * 7;
   double retain_every_s = 60;
   DrainPriority drain_priority = DrainPriority::kBatch;
   WriteHook write_hook;  // the store's fault seam (trace_store.h); tests only
