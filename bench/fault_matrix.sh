@@ -9,7 +9,7 @@
 # Usage: bench/fault_matrix.sh [N=3] [ROWS...]   (rows: crash hang freeze stall-send kill-agent
 #        two-persistent spare-fault job-error full-disk killed-controller; default all)
 # Results: bench/results/fault_matrix.txt (with the command). MEGASCOPE_BIN overrides the binary
-# (default: the release build, built here). full-disk mounts a 64 MB tmpfs (root only; skipped
+# (default: the release build, built here); FAULT_MATRIX_KEEP=1 keeps the runs. full-disk mounts a 64 MB tmpfs (root only; skipped
 # otherwise); the disk is filled once the job has done 5 steps, and emptied once it pauses.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +28,7 @@ work=$(mktemp -d /tmp/fault_matrix.XXXXXX)
 mounts=()
 cleanup() {
   for m in "${mounts[@]}"; do umount "$m" 2>/dev/null; done
-  rm -rf "$work"
+  if [[ -n ${FAULT_MATRIX_KEEP:-} ]]; then echo "kept $work" >&2; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 "$bin" prepare-data tests/data/text/notes_on_training.txt -o "$work/data.bin" >/dev/null
@@ -67,9 +67,9 @@ run_one() {  # ROW I
     two-persistent)
       args=(--inject crash:node=node0,at=8,persist --inject hang:node=node1,at=8,persist)
       faulty="node0 node1" spares=2 ;;
-    spare-fault)  # node1 crashes; the spare that joins for it crashes too, two steps later
-      args=(--inject crash:node=node1,at=6 --inject crash:node=spare0,at=9)
-      faulty="node1 spare0" spares=2 ;;
+    spare-fault)  # node1 crashes; the spare that joins for it (node2) crashes too, three steps on
+      args=(--inject crash:node=node1,at=6 --inject crash:node=node2,at=9)
+      faulty="node1 node2" spares=2 ;;
     job-error) data=$work/not-tokens.txt ;;
     full-disk | killed-controller) ;;
   esac
@@ -98,9 +98,11 @@ run_one() {  # ROW I
       "${cmd[@]}" --run-dir "$run" --steps 30 >"$work/$row-$i.log" 2>&1 &
       local pid=$!
       wait_for "[[ \$(newest_step $run) -ge 10 ]]" 60
-      echo "$(newest_step "$run")" >"$work/$row-$i.killed_at"
       kill -9 "$pid"; wait "$pid" 2>/dev/null
-      sleep 1
+      # Its ranks and agents stop by themselves (the ranks save their newest state to disk): the
+      # newest step done is read once they are gone.
+      wait_for "! pgrep -f -- '--run-dir $run' >/dev/null" 30
+      echo "$(newest_step "$run")" >"$work/$row-$i.killed_at"
       "${cmd[@]}" --run-dir "$run" --steps 30 >>"$work/$row-$i.log" 2>&1; rc=$?
       ;;
     *)

@@ -70,6 +70,9 @@ def main():
             times = incident_times(r["events"])
             inc += times
             lost += [t["steps_lost"] for t in times if t["steps_lost"] is not None]
+            adopted = [e for e in r["events"] if e["kind"] == "restart" and e["d"].get("cause") == "adopted"]
+            if adopted and r["killed_at"].isdigit():  # the relaunch resumed from where
+                lost.append(int(r["killed_at"]) - int(adopted[-1]["d"].get("resume_step", 0)))
             ok, why = judge(row, r)
             passed += ok
             if why:

@@ -79,6 +79,27 @@ TEST(ProcessTest, StopEscalatesToSigkillAfterTheGraceAndReaps) {
   EXPECT_TRUE(state.empty() || state == "Z" || state == "X") << "grandchild still " << state;
 }
 
+// A child stopped whole (SIGSTOP: a frozen rank) is woken to handle its SIGTERM within the grace,
+// not killed when the grace runs out: its handler (a rank's: saving its state) runs.
+TEST(ProcessTest, AFrozenChildIsWokenToHandleItsStop) {
+  TempDir dir;
+  auto p = Process::Spawn({{"/bin/sh", "-c",
+                            "trap 'exit 3' TERM; echo ready; while :; do sleep "
+                            "0.05; done"},
+                           dir.path() + "/log"});
+  ASSERT_TRUE(p.ok());
+  std::string ready;
+  for (int i = 0; i < 1000 && ready != "ready"; ++i) {  // the trap is in place once it says so
+    std::ifstream log(dir.path() + "/log");
+    if (!(log >> ready)) ASSERT_FALSE((*p)->WaitFor(std::chrono::milliseconds(20)).has_value());
+  }
+  ASSERT_EQ(ready, "ready");
+  ASSERT_TRUE((*p)->Signal(SIGSTOP));
+  const ExitStatus e = (*p)->Stop(std::chrono::seconds(20));
+  EXPECT_TRUE(e.exited()) << e.Describe();
+  EXPECT_EQ(e.code(), 3) << e.Describe();
+}
+
 TEST(ProcessTest, DestructorStopsARunningChild) {
   pid_t pid;
   {

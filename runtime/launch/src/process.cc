@@ -203,7 +203,12 @@ std::string Process::LogTail(size_t lines) const { return FileTail(log_, lines);
 
 void StopAll(const std::vector<Process*>& processes, std::chrono::milliseconds grace) {
   if (grace.count() > 0) {
-    for (Process* p : processes) p->Signal(SIGTERM);
+    // SIGCONT after SIGTERM: a stopped process (a frozen rank) handles its SIGTERM only once it
+    // runs again; otherwise it would sit out the grace and lose what its handler saves.
+    for (Process* p : processes) {
+      p->Signal(SIGTERM);
+      p->Signal(SIGCONT);
+    }
     const auto deadline = std::chrono::steady_clock::now() + grace;
     for (;;) {
       bool all = true;

@@ -121,6 +121,10 @@ Result<int> Supervisor::StartAgent(const std::string& node) {
     }
   }
   fs::create_directories(layout_.node_dir(node), ec);
+  // Where the rings and memory snapshots live: a --shm-dir of the user's may not exist yet (every
+  // rank failed its set-up then, on every node alike).
+  if (fs::create_directories(opt_.shm_dir, ec); ec)
+    return IoError("cannot create --shm-dir " + opt_.shm_dir + ": " + ec.message());
   fs::remove(layout_.agent_port(node), ec);
   const Host* host = HostOf(node);
   std::vector<std::string> argv = {
