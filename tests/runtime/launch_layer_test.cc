@@ -91,7 +91,9 @@ TEST(ProcessTest, AFrozenChildIsWokenToHandleItsStop) {
   std::string ready;
   for (int i = 0; i < 1000 && ready != "ready"; ++i) {  // the trap is in place once it says so
     std::ifstream log(dir.path() + "/log");
-    if (!(log >> ready)) ASSERT_FALSE((*p)->WaitFor(std::chrono::milliseconds(20)).has_value());
+    if (!(log >> ready)) {
+      ASSERT_FALSE((*p)->WaitFor(std::chrono::milliseconds(20)).has_value());
+    }
   }
   ASSERT_EQ(ready, "ready");
   ASSERT_TRUE((*p)->Signal(SIGSTOP));
