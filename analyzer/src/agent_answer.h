@@ -7,10 +7,26 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "megascope/tracer/status.h"
 
 namespace megascope::analyzer::answer {
+
+// The fields of a URL's query string ("a=1&b=2"), in order, as (key, value) as sent.
+inline std::vector<std::pair<std::string_view, std::string_view>> Fields(std::string_view query) {
+  std::vector<std::pair<std::string_view, std::string_view>> out;
+  while (!query.empty()) {
+    const size_t amp = query.find('&');
+    const std::string_view pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    const size_t eq = pair.find('=');
+    out.emplace_back(pair.substr(0, eq),
+                     eq == std::string_view::npos ? std::string_view() : pair.substr(eq + 1));
+  }
+  return out;
+}
 
 // `key`'s value as an integer; the error names `what` ("window query") and the field.
 inline Result<int64_t> Integer(std::string_view what, std::string_view key, std::string_view text) {

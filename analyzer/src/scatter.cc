@@ -123,13 +123,8 @@ std::string_view QuestionName(Question q) { return kQuestions[static_cast<int>(q
 Result<NodeQuery> ParseNodeQuery(std::string_view query) {
   NodeQuery q;
   bool asked = false;
-  while (!query.empty()) {
-    const size_t amp = query.find('&');
-    const std::string_view pair = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    const size_t eq = pair.find('=');
-    const std::string_view key = pair.substr(0, eq);
-    const std::string value = Decode(eq == std::string_view::npos ? "" : pair.substr(eq + 1));
+  for (const auto& [key, raw] : answer::Fields(query)) {
+    const std::string value = Decode(raw);
     if (key == "q") {
       const auto* it = std::find(std::begin(kQuestions), std::end(kQuestions), value);
       if (it == std::end(kQuestions))

@@ -53,13 +53,7 @@ std::string ErrorJson(const std::string& message) { return json{{"error", messag
 Result<WindowQuery> ParseWindowQuery(std::string_view query) {
   WindowQuery q;
   bool from = false, to = false, attempt = false;
-  while (!query.empty()) {
-    const size_t amp = query.find('&');
-    const std::string_view pair = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    const size_t eq = pair.find('=');
-    const std::string_view key = pair.substr(0, eq);
-    const std::string_view value = eq == std::string_view::npos ? "" : pair.substr(eq + 1);
+  for (const auto& [key, value] : answer::Fields(query)) {
     if (key == "attempt" || key == "from" || key == "to") {
       ASSIGN_OR_RETURN(const int64_t v, answer::Integer("window query", key, value));
       if (key == "attempt") {
