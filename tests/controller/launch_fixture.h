@@ -133,9 +133,12 @@ class LaunchTest : public ::testing::Test {
     const std::string s = ss.str();
     return s.size() > 6000 ? s.substr(s.size() - 6000) : s;
   }
+  // The events so far: none while control.db is not there or not set up yet (a test polls while
+  // the launch starts; the controller creates the file before its tables), so a test's own
+  // assertions on them say what is missing.
   std::vector<Event> Events() const {
     auto db = ControlDb::Open(Run() + "/control.db", true);
-    EXPECT_TRUE(db.ok()) << db.status().ToString();
+    if (!db.ok()) return {};
     auto ev = (*db)->Events();
     return ev.ok() ? *ev : std::vector<Event>{};
   }
