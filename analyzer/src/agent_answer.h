@@ -28,6 +28,11 @@ inline std::vector<std::pair<std::string_view, std::string_view>> Fields(std::st
   return out;
 }
 
+// The body of an answer that is an error: {"error": message}.
+inline std::string ErrorJson(const std::string& message) {
+  return nlohmann::json{{"error", message}}.dump() + "\n";
+}
+
 // `key`'s value as an integer; the error names `what` ("window query") and the field.
 inline Result<int64_t> Integer(std::string_view what, std::string_view key, std::string_view text) {
   int64_t v = 0;

@@ -51,8 +51,6 @@ std::string Encode(std::string_view s) {
   return out;
 }
 
-std::string ErrorJson(const std::string& message) { return json{{"error", message}}.dump() + "\n"; }
-
 // Each question's part (per node) and merge (over the union of the parts, table `part`).
 // steps: per (attempt, step) the ranks, the slowest wall and sums that average after the merge.
 constexpr const char* kStepsPart = R"sql(
@@ -323,13 +321,13 @@ Result<QueryPart> QueryServer::Part(const NodeQuery& q) const {
 
 std::pair<int, std::string> QueryServer::Serve(std::string_view query) const {
   auto q = ParseNodeQuery(query);
-  if (!q.ok()) return {400, ErrorJson(q.status().message())};
+  if (!q.ok()) return {400, answer::ErrorJson(q.status().message())};
   auto part = Part(*q);
   if (!part.ok()) {
     const StatusCode code = part.status().code();
     const bool theirs =
         code == StatusCode::kInvalidArgument || code == StatusCode::kPermissionDenied;
-    return {theirs ? 400 : 503, ErrorJson(node_ + ": " + part.status().message())};
+    return {theirs ? 400 : 503, answer::ErrorJson(node_ + ": " + part.status().message())};
   }
   return {200, QueryPartJson(*part)};
 }

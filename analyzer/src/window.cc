@@ -46,8 +46,6 @@ void ReadRows(const json& j, SlowInput* in) {
                        o.at(5).get<int64_t>(), o.at(6).get<bool>()});
 }
 
-std::string ErrorJson(const std::string& message) { return json{{"error", message}}.dump() + "\n"; }
-
 }  // namespace
 
 Result<WindowQuery> ParseWindowQuery(std::string_view query) {
@@ -146,9 +144,9 @@ Result<WindowPart> WindowServer::Part(const WindowQuery& q) {
 
 std::pair<int, std::string> WindowServer::Serve(std::string_view query) {
   auto q = ParseWindowQuery(query);
-  if (!q.ok()) return {400, ErrorJson(q.status().message())};
+  if (!q.ok()) return {400, answer::ErrorJson(q.status().message())};
   auto part = Part(*q);
-  if (!part.ok()) return {503, ErrorJson(node_ + ": " + part.status().message())};
+  if (!part.ok()) return {503, answer::ErrorJson(node_ + ": " + part.status().message())};
   return {200, WindowPartJson(*part)};
 }
 
