@@ -12,6 +12,8 @@
 #
 # Usage: bench/train_gpu.sh BIN DATA OUT_FILE [sizes]   (sizes: any of 124m 350m 1b; all three by
 # default). Called by scripts/gpu-check.sh on a GPU machine; needs `megascope` built with CUDA.
+# MEGASCOPE_BENCH_BATCH (global batch in sequences of 1,024 tokens, default 8) and
+# MEGASCOPE_BENCH_MICROBATCHES (default 1) set the batch; MEGASCOPE_BENCH_STEPS the steps (16).
 set -euo pipefail
 bin=$1 data=$2 out=$3
 sizes=${4:-"124m 350m 1b"}
@@ -22,7 +24,8 @@ peak=${MEGASCOPE_PEAK_TFLOPS:-989}
 steps=${MEGASCOPE_BENCH_STEPS:-16}
 {
   echo "# bench/train_gpu.sh on $device (dense bf16 peak taken as $peak TFLOP/s)"
-  echo "# date: $(date -u +%FT%TZ); $steps steps per model, the first 4 dropped; tracing alternates in blocks of 2 steps"
+  echo "# date: $(date -u +%FT%TZ); $steps steps per model, the first 4 dropped; tracing alternates in blocks of 2 steps;" \
+    "global batch ${MEGASCOPE_BENCH_BATCH:-8} x 1024 tokens in ${MEGASCOPE_BENCH_MICROBATCHES:-1} microbatch(es)"
   printf "%-6s %6s %6s %5s %6s %7s %9s %11s %11s %8s %9s\n" model params layers width heads seq tokens/stp \
     "step_on(s)" "step_off(s)" "MFU_off" "trace_cost"
 } | tee "$out"
@@ -33,10 +36,10 @@ for size in $sizes; do
     1b) L=18 W=2048 H=16 ;;
     *) echo "bench/train_gpu.sh: unknown size $size (124m, 350m, 1b)" >&2; exit 2 ;;
   esac
-  T=1024 V=50304 B=8
+  T=1024 V=50304 B=${MEGASCOPE_BENCH_BATCH:-8} M=${MEGASCOPE_BENCH_MICROBATCHES:-1}
   rm -rf "$work/run"
   if ! timeout 150 "$bin" train --device cuda --no-agents --data "$data" --run-dir "$work/run" --job "gpubench$size" \
-    --layers $L --width $W --heads $H --seq $T --vocab $V --batch $B --microbatches 1 --steps "$steps" \
+    --layers $L --width $W --heads $H --seq $T --vocab $V --batch $B --microbatches $M --steps "$steps" \
     --warmup 2 --trace-alternate 2 >"$work/train.log" 2>&1; then
     echo "$size: training failed; last lines:" | tee -a "$out"
     tail -20 "$work/train.log" | tee -a "$out"
