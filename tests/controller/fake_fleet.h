@@ -61,8 +61,10 @@ struct FakeFault {
     kSlowNet,    // its ranks compute as fast as their peers but reach every all-reduce `late_s`
                  // late in every step after `at_step`, in every attempt it is in (a slow NIC or
                  // link; traced steps with collectives)
-    kPowerOff    // the node goes silent: its agent answers nothing, its ranks stop where they are
+    kPowerOff,   // the node goes silent: its agent answers nothing, its ranks stop where they are
                  // (no exit status reaches anyone), its peers wait in their next all-reduce
+    kEveryRank   // every rank of the job, on every node, exits `exit_raw` with `log` (what no
+                 // machine causes: a directory the job needs is missing, a shared input is bad)
   };
   Kind kind = kCrash;
   std::string node;
@@ -303,6 +305,16 @@ class FakeFleet final : public Fleet {
     }
     return nullptr;
   }
+  // Ends every rank of the attempt with `raw`, each with `log` as its last line.
+  void FailEveryRank(int raw, const std::string& log) {
+    for (int r = 0; r < world_; ++r) {
+      ASSERT_TRUE(tracer::WriteFileAtomic(layout_.worker_log(r),
+                                          "[worker] rank " + std::to_string(r) + "\n" + log + "\n")
+                      .ok());
+      rank_exits_.push_back({r, {raw}});
+    }
+    running_ = false;
+  }
   // Ends the attempt's ranks: `rank` with `raw`, its peers of a failed collective.
   void Fail(int rank, int raw, const std::string& log) {
     ASSERT_TRUE(
@@ -352,6 +364,9 @@ class FakeFleet final : public Fleet {
             silent_.insert(f->node);
             stuck_rank_ = rank;
             stuck_at_ns_ = clock_->WallNs();
+            break;
+          case FakeFault::kEveryRank:
+            FailEveryRank(f->exit_raw, f->log);
             break;
           case FakeFault::kKillAgent:
             agents_.erase(f->node);

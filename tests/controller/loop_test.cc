@@ -185,6 +185,35 @@ TEST_F(LoopTest, TheSameFailureAtTheSameStepOnAFreshNodeIsTheJobsAndEvictsNoMore
   EXPECT_EQ(verdicts[1].detail["cause"], "repeated_failure");
 }
 
+// Every rank of every node fails at start-up in the same words (here the directory for the ranks'
+// snapshots cannot be made): no machine causes that. Nothing is evicted, not even first: the job
+// stops at once, saying what failed.
+TEST_F(LoopTest, AFailureEveryNodeMeetsAtOnceIsTheJobsAndEvictsNothing) {
+  Fleet().Break({FakeFault::kEveryRank, "node0", 0, true, launch::kExitSetup << 8,
+                 "cannot create /run/megascope-shm/job.r0: No such file or directory"});
+  options_.spares = {"spare0", "spare1"};
+  EXPECT_EQ(Run(), kLaunchPaused);
+  EXPECT_TRUE(Events("eviction").empty());
+  const auto verdicts = Events("verdict");
+  ASSERT_EQ(verdicts.size(), 1u);
+  EXPECT_EQ(verdicts[0].detail["kind"], "job_error");
+  EXPECT_EQ(verdicts[0].detail["cause"], "same_failure_everywhere");
+  ASSERT_EQ(Events("paused").size(), 1u);
+  EXPECT_NE(Events("paused")[0].detail["reason"].get<std::string>().find("/run/megascope-shm"),
+            std::string::npos)
+      << Events("paused")[0].detail;
+  EXPECT_EQ(fleet_->attempts().size(), 1u);  // no spare was tried
+}
+
+// The same words on one node only are that node's: it is evicted and the job goes on.
+TEST_F(LoopTest, AFailureOfOneNodesRanksIsThatMachines) {
+  Fleet().Break({FakeFault::kCrash, "node1", 3, false, launch::kExitSetup << 8,
+                 "cannot create /run/megascope-shm/job.r2: No space left on device"});
+  options_.spares = {"spare0"};
+  EXPECT_EQ(Run(), kLaunchFinished);
+  EXPECT_EQ(Nodes(Events("eviction")), std::vector<std::string>{"node1"});
+}
+
 TEST_F(LoopTest, ADifferentFailureOnTheFreshNodeIsAnotherMachinesAndEvictsIt) {
   Fleet().Break({FakeFault::kCrash, "node1", 5, false, 6 << 8, "assertion failed"});
   fleet_->Break({FakeFault::kCrash, "spare0", 5, false, 9, "Segmentation fault"});

@@ -28,7 +28,8 @@ constexpr std::pair<Cause, std::string_view> kCauses[] = {
     {Cause::kMetricOutlier, "metric_outlier"},
     {Cause::kMachineSilent, "machine_silent"},
     {Cause::kBadInput, "bad_input"},
-    {Cause::kRepeatedFailure, "repeated_failure"}};
+    {Cause::kRepeatedFailure, "repeated_failure"},
+    {Cause::kSameFailureEverywhere, "same_failure_everywhere"}};
 
 template <typename E, size_t N>
 std::string_view Spelling(const std::pair<E, std::string_view> (&table)[N], E e) {

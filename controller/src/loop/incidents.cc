@@ -4,6 +4,8 @@
 #include <cctype>
 #include <cstdio>
 #include <fstream>
+#include <optional>
+#include <set>
 
 #include "impl.h"
 #include "megascope/tracer/file_util.h"
@@ -134,6 +136,7 @@ std::vector<Verdict> Controller::Impl::DiagnoseCrash(const Trigger& t) {
                      origin)};
   }
   if (!(origin.status.exited() && origin.status.code() == launch::kExitCommFailure)) {
+    if (auto everywhere = SameFailureEverywhere(origin, others, how)) return {*everywhere};
     last_failure = {how, last_step_done, node};
     return DeadRanks(origin, others);
   }
@@ -145,6 +148,37 @@ std::vector<Verdict> Controller::Impl::DiagnoseCrash(const Trigger& t) {
   auto verdicts = analyzer::AnalyzeHang(*in, IncidentHangOptions());
   PlaceRootRanks(&verdicts);
   return verdicts;
+}
+
+std::optional<Verdict> Controller::Impl::SameFailureEverywhere(
+    const launch::RankExit& origin, const std::vector<launch::RankExit>& others,
+    const std::string& how) {
+  if (active.size() < 2) return std::nullopt;
+  std::set<std::string> nodes;
+  int ranks = 0;
+  auto note = [&](const launch::RankExit& e) {
+    const bool own =
+        !e.status.success() && !(e.status.exited() && e.status.code() == launch::kExitCommFailure);
+    if (!own ||
+        MaskDigits(e.status.Describe() + ": " + LastLogLine(layout.worker_log(e.rank))) != how)
+      return;
+    nodes.insert(fleet->NodeOfRank(e.rank));
+    ++ranks;
+  };
+  note(origin);
+  for (const launch::RankExit& e : others) note(e);
+  for (const std::string& n : active) {
+    if (!nodes.count(n)) return std::nullopt;
+  }
+  const std::string node = fleet->NodeOfRank(origin.rank);
+  return JobError("same_failure_everywhere", origin.rank, node,
+                  std::to_string(ranks) + " ranks on all " + std::to_string(nodes.size()) +
+                      " nodes failed at once in the same words (rank " +
+                      std::to_string(origin.rank) + " on " + node + ": " +
+                      origin.status.Describe() + ": " +
+                      LastLogLine(layout.worker_log(origin.rank)) +
+                      "): no machine causes that, and a spare would fail the same way",
+                  origin);
 }
 
 std::vector<Verdict> Controller::Impl::DeadRanks(const launch::RankExit& origin,

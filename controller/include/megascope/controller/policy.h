@@ -21,7 +21,8 @@
 //                                         alert below
 //   job_error                             stop: the job's own input or code failed (a data file,
 //                                         the config, a job name in use, a failure that followed
-//                                         the job to a fresh node): every machine would fail the
+//                                         the job to a fresh node or that every node met at once
+//                                         in the same words): every machine would fail the
 //                                         same way, so nothing is evicted and a person is told
 //                                         what failed and where
 //   healthy, anything unknown             alert only (an unknown kind is reported, never acted on)

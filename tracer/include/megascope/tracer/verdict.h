@@ -35,6 +35,7 @@ enum class Cause : uint8_t {
   kMachineSilent,
   kBadInput,
   kRepeatedFailure,
+  kSameFailureEverywhere,
   kOther,
 };
 std::string_view Name(Cause c);  // kOther: "other"
