@@ -47,6 +47,9 @@ po::options_description TrainingOptions(runtime::TrainConfig* c_ptr) {
       "global gradient-norm clip (0: off)")("checkpoint-every",
                                             po::value(&c.checkpoint_every)->default_value(0),
                                             "checkpoint to disk every K steps (0: never)")(
+      "keep-checkpoints", po::value(&c.keep_checkpoints)->default_value(3),
+      "the newest complete disk checkpoints kept; older ones (and partial ones a crash left) are "
+      "removed once a newer one is complete (0: keep every one)")(
       "device", po::value(&c.device)->default_value("cpu"),
       "compute backend: cpu, or cuda (a build with the cuda preset; see --comm for how ranks "
       "share GPUs)")(

@@ -92,6 +92,7 @@ std::string TrainConfig::Validate() const {
       return "--fault stall-send stalls a Gloo send: it needs --comm gloo";
   }
   if (trace_alternate < 0) return "--trace-alternate must be 0 (off) or a number of steps";
+  if (keep_checkpoints < 0) return "--keep-checkpoints must be 0 (keep every one) or more";
   if (trace_alternate > 0 && !trace) return "--trace-alternate and --no-trace exclude each other";
   for (const Fault& f : faults) {
     if (f.rank >= world)
@@ -138,6 +139,7 @@ std::string TrainConfig::ToJson() const {
                 {"grad_clip", grad_clip},
                 {"weight_decay", weight_decay},
                 {"checkpoint_every", checkpoint_every},
+                {"keep_checkpoints", keep_checkpoints},
                 {"timeout_ms", timeout_ms},
                 {"device", device},
                 {"cuda_device", cuda_device},
@@ -232,6 +234,11 @@ Status ReadTrainOptional(const JsonFields& t, const std::string& source, TrainCo
   }
   if (t.Has("trace_alternate")) {
     ASSIGN_OR_RETURN(c.trace_alternate, t.IntIn("trace_alternate", 0, kMaxInt));
+  }
+  if (t.Has("keep_checkpoints")) {  // absent before checkpoints rotated: every one kept
+    ASSIGN_OR_RETURN(c.keep_checkpoints, t.IntIn("keep_checkpoints", 0, kMaxInt));
+  } else {
+    c.keep_checkpoints = 0;
   }
   if (t.Has("memory_snapshots")) {
     ASSIGN_OR_RETURN(c.memory_snapshots, t.Bool("memory_snapshots"));

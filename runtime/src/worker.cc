@@ -689,8 +689,14 @@ class Worker {
       // Rank 0 writes the manifest last, once every shard is on disk.
       if (Status st =
               launch::WriteCheckpointManifest(layout_, step, cfg_.layout.world(), 60000, &stop_);
-          !st.ok())
+          !st.ok()) {
         std::fprintf(stderr, "[checkpoint] %s\n", st.message().c_str());
+        return;
+      }
+      // Only once this one is complete do older ones go (never the newest complete one).
+      auto pruned = launch::PruneCheckpoints(layout_, cfg_.keep_checkpoints);
+      if (!pruned.ok())
+        std::fprintf(stderr, "[checkpoint] %s\n", pruned.status().ToString().c_str());
     });
   }
 

@@ -249,6 +249,34 @@ TEST(StateFilesTest, AnOrphanedRanksMemoryStateMovesToADiskCheckpoint) {
   EXPECT_EQ(x[0], 24);
 }
 
+// Weeks of --checkpoint-every: the newest complete checkpoints stay, older ones and the partial
+// ones a crash left go, and a partial one newer than every complete one (being written) stays.
+TEST(StateFilesTest, PruningKeepsTheNewestCompleteCheckpointsAndOneBeingWritten) {
+  TempDir dir;
+  RunLayout layout(dir.path() + "/run");
+  auto make = [&](int64_t step, bool complete) {
+    const std::string d = layout.checkpoint(step);
+    fs::create_directories(d);
+    ASSERT_TRUE(WriteShard(d + "/rank_0.bin", EncodeShard(step, 0, 1, {}), true).ok());
+    if (complete) ASSERT_TRUE(WriteCheckpointManifest(layout, step, 1, 0).ok());
+  };
+  for (int64_t s : {2, 4, 8, 10, 12}) make(s, true);
+  make(6, false);                                                // a write that died
+  make(14, false);                                               // the one in flight
+  fs::create_directories(layout.checkpoints() + "/step_notes");  // not ours: left alone
+  auto removed = PruneCheckpoints(layout, 2);
+  ASSERT_TRUE(removed.ok()) << removed.status().ToString();
+  EXPECT_EQ(*removed, (std::vector<int64_t>{8, 6, 4, 2}));
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(layout.checkpoints()))
+    left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"step_10", "step_12", "step_14", "step_notes"}));
+  EXPECT_EQ(FindDiskCheckpoint(layout, 1).step, 12);
+  ASSERT_TRUE(PruneCheckpoints(layout, 0).ok());  // 0: every one kept
+  EXPECT_TRUE(fs::exists(layout.checkpoint(10)));
+}
+
 TEST(StateFilesTest, ACorruptShardFallsBackToAnotherCopyOrAnOlderStep) {
   TempDir dir;
   const std::string n0 = dir.path() + "/node0", n1 = dir.path() + "/node1";

@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -185,6 +186,18 @@ TEST_F(TrainTest, ACorruptCheckpointIsReportedAndSkipped) {
       << text;
   EXPECT_NE(text.find("skipping step_2: no manifest (partial)"), std::string::npos) << text;
   EXPECT_EQ(Losses("c").size(), 6u);  // trained from scratch
+}
+
+// A long run with --checkpoint-every keeps only the newest complete checkpoints on disk.
+TEST_F(TrainTest, OnlyTheNewestCheckpointsAreKept) {
+  ASSERT_EQ(
+      Megascope(Args("--dp 2", "keep", 9) + " --checkpoint-every 2 --keep-checkpoints 2").code, 0);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir_.path() + "/keep/checkpoints"))
+    left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"step_6", "step_8"}));
+  EXPECT_TRUE(fs::exists(dir_.path() + "/keep/checkpoints/step_8/manifest.json"));
 }
 
 TEST_F(TrainTest, ACheckpointCanBeRequestedForAStep) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "megascope/tracer/dump.h"
 #include "megascope/tracer/file_util.h"
@@ -257,6 +258,39 @@ Status WriteCheckpointManifest(const RunLayout& layout, int64_t step, int world,
                                 {"world", world},
                                 {"shards", files}};
   return tracer::WriteFileAtomic(dir + "/manifest.json", man.dump(1) + "\n");
+}
+
+Result<std::vector<int64_t>> PruneCheckpoints(const RunLayout& layout, int keep) {
+  std::vector<int64_t> removed;
+  if (keep <= 0) return removed;
+  std::vector<std::pair<int64_t, bool>> found;  // step, complete
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(layout.checkpoints(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step_", 0) != 0 || !e.is_directory(ec)) continue;
+    const int64_t step = std::atoll(name.c_str() + 5);
+    if (layout.checkpoint(step) != e.path().string()) continue;  // not one of ours (step_x)
+    found.emplace_back(step, fs::exists(e.path() / "manifest.json", ec));
+  }
+  std::sort(found.rbegin(), found.rend());
+  int complete = 0;
+  bool seen_complete = false;
+  Status first_error;
+  for (const auto& [step, done] : found) {
+    const bool drop = done ? ++complete > keep : seen_complete;
+    seen_complete = seen_complete || done;
+    if (!drop) continue;
+    fs::remove_all(layout.checkpoint(step), ec);
+    if (ec) {
+      if (first_error.ok())
+        first_error = Internal("cannot remove " + layout.checkpoint(step) + ": " + ec.message());
+      ec.clear();
+      continue;
+    }
+    removed.push_back(step);
+  }
+  if (!first_error.ok()) return first_error;
+  return removed;
 }
 
 Result<std::string> PersistMemoryShards(const RunLayout& layout,

@@ -45,6 +45,7 @@ struct TrainConfig {
   float grad_clip = 1.0f;
   float weight_decay = 0.1f;
   int checkpoint_every = 0;  // 0: only on request
+  int keep_checkpoints = 3;  // the newest complete disk checkpoints kept (0: every one)
   int timeout_ms = 30000;    // collective timeout
   // The compute backend: "cpu", or "cuda" (every rank on CUDA device `cuda_device`; with NCCL,
   // on `cuda_device` + its local rank, one GPU each).

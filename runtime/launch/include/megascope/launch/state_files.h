@@ -49,6 +49,13 @@ ResumePoint FindMemorySnapshot(const std::vector<std::string>& node_memory_dirs,
 Status WriteCheckpointManifest(const RunLayout& layout, int64_t step, int world, int wait_ms,
                                const std::atomic<bool>* stop = nullptr);
 
+// Keeps the `keep` newest complete disk checkpoints (those with a manifest) and removes the older
+// ones, with every partial checkpoint older than the newest complete one (a write that died: each
+// rank writes its shards in step order, one at a time). A partial checkpoint newer than every
+// complete one may be in progress and stays. keep 0: nothing is removed. Returns the steps
+// removed; a directory that cannot be removed is an error naming it (the others are still tried).
+Result<std::vector<int64_t>> PruneCheckpoints(const RunLayout& layout, int keep);
+
 // A rank whose launcher is gone (no one will restart from memory) moves its state out of host
 // memory: each valid shard of `rank` of the two newest steps in `node_memory_dirs` becomes its
 // shard of the disk checkpoint of that step (rank 0 then writes the manifest of the newest step
