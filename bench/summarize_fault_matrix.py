@@ -8,7 +8,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from summarize_recovery import events, fmt, incident_times  # noqa: E402
 
-JOB_ERRORS = {"bad_input", "repeated_failure"}
+JOB_ERRORS = {"bad_input", "repeated_failure", "same_failure_everywhere"}
+INCOMPLETE = 4  # launch finished every step but could not keep every record (and said which)
 
 
 def judge(row, run):
@@ -16,12 +17,16 @@ def judge(row, run):
     ev, rc = run["events"], run["rc"]
     finished = [e for e in ev if e["kind"] == "job_finished"]
     status = finished[-1]["d"].get("status") if finished else "none"
+    note = ""
     if row == "job-error":
         causes = {e["d"].get("cause") for e in ev if e["kind"] == "verdict"}
         if rc == 0:
             return False, "exit 0"
         if not causes & JOB_ERRORS:
             return False, f"no job-error verdict ({sorted(c for c in causes if c)})"
+    elif row == "full-disk" and rc == INCOMPLETE and status == "finished":
+        # a line written as the disk filled is lost: launch names it and exits 4, as it must
+        note = "exit 4 (a record lost to the full disk, named)"
     elif rc != 0 or status != "finished":
         return False, f"exit {rc}, {status}"
     if run["healthy"]:
@@ -33,7 +38,7 @@ def judge(row, run):
         return False, "never paused"
     if run["procs"] or (run["shm"] and status == "finished"):
         return False, f"left {run['procs']} processes, {run['shm']} shm files"
-    return True, ""
+    return True, note
 
 
 def main():

@@ -258,7 +258,9 @@ TEST(StateFilesTest, PruningKeepsTheNewestCompleteCheckpointsAndOneBeingWritten)
     const std::string d = layout.checkpoint(step);
     fs::create_directories(d);
     ASSERT_TRUE(WriteShard(d + "/rank_0.bin", EncodeShard(step, 0, 1, {}), true).ok());
-    if (complete) ASSERT_TRUE(WriteCheckpointManifest(layout, step, 1, 0).ok());
+    if (complete) {
+      ASSERT_TRUE(WriteCheckpointManifest(layout, step, 1, 0).ok());
+    }
   };
   for (int64_t s : {2, 4, 8, 10, 12}) make(s, true);
   make(6, false);                                                // a write that died
@@ -354,6 +356,23 @@ TEST(ProgressTest, ATornLineIsCountedAndTheNextRecordSurvivesIt) {
   EXPECT_EQ(lines[0]["step"], 3);
   EXPECT_EQ(reader.damaged(), 1);
   EXPECT_EQ(reader.unterminated(), 0u);
+}
+
+// A fragment another process left (an earlier attempt's rank, cut short by a full disk) is ended
+// before the next line, which stays whole on its own line.
+TEST(ProgressTest, AnAppendAfterAnotherWritersFragmentStartsOnAFreshLine) {
+  TempDir dir;
+  const std::string path = dir.path() + "/progress.jsonl";
+  ASSERT_TRUE(AppendProgress(path, {{"step", 1}}).ok());
+  std::ofstream(path, std::ios::app) << "{\"attempt\":0,\"grad_norm\":1.91";
+  ASSERT_TRUE(AppendProgress(path, {{"event", "ready"}, {"attempt", 1}}).ok());
+  ASSERT_TRUE(AppendProgress(path, {{"step", 2}}).ok());
+  ProgressReader reader(path);
+  const auto lines = reader.Poll();
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[1]["event"], "ready");
+  EXPECT_EQ(lines[2]["step"], 2);
+  EXPECT_EQ(reader.damaged(), 1);
 }
 
 TEST(ProgressTest, AFailedAppendSaysWhereAndWhy) {

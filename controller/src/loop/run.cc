@@ -99,15 +99,15 @@ int Controller::Impl::RunInterruptible() {
   WriteTimeline();  // before the HTML report, which links it
   WriteOwnFile(layout.dir() + "/report.html", BuildHtmlReport(layout.dir()),
                "report: " + layout.dir() + "/report.html (megascope report --html)");
+  if (rc == kLaunchFinished) {  // the state in memory is only needed to resume
+    std::error_code ec;
+    fs::remove_all(MemoryRoot(opt.supervisor.shm_dir, opt.supervisor.job), ec);
+  }
   if (const std::string lost = LostRecords(); !lost.empty()) {
     std::fprintf(stderr,
                  "megascope launch: the run could not keep all its records (a full disk?): %s\n",
                  lost.c_str());
     if (rc == kLaunchFinished) rc = kLaunchIncomplete;
-  }
-  if (rc == kLaunchFinished) {  // the state in memory is only needed to resume
-    std::error_code ec;
-    fs::remove_all(MemoryRoot(opt.supervisor.shm_dir, opt.supervisor.job), ec);
   }
   return rc;
 }

@@ -1,9 +1,10 @@
 #include "megascope/launch/progress.h"
 
 #include <fcntl.h>
+#include <linux/falloc.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <string>
@@ -40,19 +41,27 @@ void ProgressReader::SkipExisting() {
 }
 
 Status AppendProgress(const std::string& path, const nlohmann::json& line) {
-  // Per process: whether this writer's last line was cut short (its fragment has no newline).
-  static std::atomic<bool> torn{false};
-  const std::string text = (torn.load() ? "\n" : "") + line.dump() + "\n";
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  std::string text = line.dump() + "\n";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError("cannot append to " + path, errno);
+  struct stat st {};
+  char last = '\n';
+  // A fragment any writer left (a line cut short by a full disk, a process killed mid-write; this
+  // one or an earlier attempt's) is ended first, so it costs one damaged line and not this one.
+  if (::fstat(fd, &st) == 0 && st.st_size > 0 && ::pread(fd, &last, 1, st.st_size - 1) == 1 &&
+      last != '\n')
+    text.insert(0, "\n");
+  // Room first (blocks past the end, the size unchanged): on a full disk the line is refused whole
+  // instead of cut short. Filesystems without fallocate just write.
+  if (::fallocate(fd, FALLOC_FL_KEEP_SIZE, st.st_size, static_cast<off_t>(text.size())) != 0 &&
+      errno == ENOSPC) {
+    ::close(fd);
+    return ErrnoError("cannot append to " + path, ENOSPC);
+  }
   const ssize_t n = ::write(fd, text.data(), text.size());
   const int err = errno;
   ::close(fd);
-  if (n == static_cast<ssize_t>(text.size())) {
-    torn.store(false);
-    return Status::Ok();
-  }
-  if (n > 0) torn.store(true);
+  if (n == static_cast<ssize_t>(text.size())) return Status::Ok();
   return n < 0 ? ErrnoError("cannot append to " + path, err)
                : IoError("a line of " + path + " was cut short (" + std::to_string(n) + " of " +
                          std::to_string(text.size()) + " bytes written): disk full?");
