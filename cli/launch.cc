@@ -39,9 +39,10 @@ po::options_description LoopOptions(LaunchArgs& a) {
       "a hang: no rank's step advances for this many seconds (or --hang-factor median step times, "
       "if longer)")("hang-factor", Decimal(&co.hang_factor, co.hang_factor), "see --hang-after")(
       "startup-grace", Decimal(&co.startup_grace_s, co.startup_grace_s),
-      "seconds an attempt may take to its first step")("op-timeout",
-                                                       Decimal(&co.op_timeout_s, co.op_timeout_s),
-                                                       "an op open this many seconds is a hang")(
+      "seconds an attempt's ranks may take to meet and load their state (a first attempt's: to its "
+      "first step; a restart's ready ranks get the hang threshold plus max(--hang-after, 3 load "
+      "times))")("op-timeout", Decimal(&co.op_timeout_s, co.op_timeout_s),
+                 "an op open this many seconds is a hang")(
       "max-evictions", po::value(&co.max_evictions)->default_value(co.max_evictions),
       "evictions allowed per --eviction-window before pausing for a person")(
       "eviction-window", Decimal(&co.eviction_window_s, co.eviction_window_s), "seconds")(

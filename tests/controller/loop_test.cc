@@ -235,6 +235,27 @@ TEST_F(LoopTest, AHangInComputeIsNamedFromTheLiveStateAndItsNodeEvicted) {
   EXPECT_EQ(Nodes(Events("eviction")), std::vector<std::string>{"node1"});
 }
 
+// The spare that replaces a crashed node hangs in the restart's first step: once the ranks are
+// ready, the job's usual threshold applies (8 steps of 0.5 s here) with a first step's allowance
+// (hang_after, 3 s), not the start-up grace (60 s by default, 10 s here; the fault matrix saw 61 s
+// to such a verdict).
+TEST_F(LoopTest, AHangInTheFirstStepAfterARestartIsNamedAtTheUsualPace) {
+  Fleet().Break({FakeFault::kCrash, "node1", 6});
+  fleet_->Break({FakeFault::kHang, "spare0", 0});  // before its first step there
+  options_.spares = {"spare0", "spare1"};
+  EXPECT_EQ(Run(), kLaunchFinished);
+  const auto triggers = Events("trigger");
+  ASSERT_EQ(triggers.size(), 2u);
+  EXPECT_EQ(triggers[1].detail["cause"], "hang");
+  EXPECT_NE(triggers[1].detail["detail"].get<std::string>().find("(threshold 7.0 s)"),
+            std::string::npos)
+      << triggers[1].detail;
+  const auto restarts = Events("restart");
+  ASSERT_GE(restarts.size(), 2u);
+  EXPECT_LT(triggers[1].ts_ns - restarts[1].ts_ns, 10'000'000'000) << "named within 10 s";
+  EXPECT_EQ(Nodes(Events("eviction")), (std::vector<std::string>{"node1", "spare0"}));
+}
+
 TEST_F(LoopTest, AFrozenRankIsItsOwnRootAndItsNodeEvicted) {
   Fleet().Break({FakeFault::kFreeze, "node0", 4});
   EXPECT_EQ(Run(), kLaunchFinished);

@@ -67,6 +67,7 @@ Status Controller::Impl::StartAttempt(const launch::ResumePoint* resume) {
   WriteScrapeTargets();
   attempt_start = last_progress = clock.Now();
   attempt_stepped = false;
+  ready_load_s.reset();
   straggler_from = resume ? std::max<int64_t>(0, resume->step) : 0;
   stragglers.Reset();
   alerted.clear();

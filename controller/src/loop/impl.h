@@ -81,6 +81,10 @@ struct Controller::Impl {
   Clock::time_point launch_start, attempt_start;
   int64_t last_step_done = 0;  // completed steps of the job so far (the newest step line)
   bool attempt_stepped = false;
+  // The attempt's ranks met and its reporting rank loaded its state ("ready"), that load's seconds:
+  // from then on a restart of a job with a step history is held to its steps' pace, not the
+  // start-up grace (a rank that hangs in the first step after a restart is named as fast as later).
+  std::optional<double> ready_load_s;
   int fruitless_attempts = 0;  // consecutive attempts that ended before their first step
   bool adopted = false;        // this launch took over an unfinished run of the run directory
   // The last crash blamed on a machine: how it failed, at what step, and the node evicted for it.

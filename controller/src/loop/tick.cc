@@ -33,6 +33,8 @@ void Controller::Impl::PumpProgress() {
       // Where the attempt starts: a launch in a run directory with a checkpoint (an earlier
       // launch's) starts past step 0, and the steps before are not missing from the stream.
       last_step_done = std::max(last_step_done, line.value("step", int64_t{0}));
+      ready_load_s = line.value("load_s", 0.0);
+      last_progress = clock.Now();  // the stall clock starts when the ranks are ready
       Record(EventKind::kCheckpointLoaded, "", -1,
              {{"step", line.value("step", 0)},
               {"source", line.value("source", "none")},
@@ -83,7 +85,11 @@ void Controller::Impl::RecordSlurmSteps() {
 }
 
 double Controller::Impl::HangThreshold() const {
-  if (!attempt_stepped) return std::max(opt.startup_grace_s, opt.hang_after_s);
+  // Before its first step an attempt may rendezvous and load for the start-up grace; once ready, a
+  // restart (steps already timed) gets its usual threshold plus a first step's allowance: three of
+  // its reporting rank's load times (the other ranks load theirs meanwhile), at least hang_after.
+  if (!attempt_stepped && (!ready_load_s || step_times.empty()))
+    return std::max(opt.startup_grace_s, opt.hang_after_s);
   const auto n = static_cast<std::ptrdiff_t>(std::min<size_t>(step_times.size(), 20));
   std::vector<double> recent(step_times.end() - n, step_times.end());
   double median = 0;
@@ -92,7 +98,8 @@ double Controller::Impl::HangThreshold() const {
                      recent.begin() + static_cast<std::ptrdiff_t>(recent.size() / 2), recent.end());
     median = recent[recent.size() / 2];
   }
-  return std::max(opt.hang_after_s, opt.hang_factor * median);
+  const double usual = std::max(opt.hang_after_s, opt.hang_factor * median);
+  return attempt_stepped ? usual : usual + std::max(opt.hang_after_s, 3 * *ready_load_s);
 }
 
 // Reads every agent's /state; true when the job has stalled (no rank's step moved for the
