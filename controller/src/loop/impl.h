@@ -248,11 +248,12 @@ struct Controller::Impl {
   std::vector<Verdict> DeadRanks(const launch::RankExit& origin,
                                  const std::vector<launch::RankExit>& others);
   // When every node of the attempt (two or more) has a rank that failed on its own in the words
-  // `how` (exit and last log line, digits masked), the origin's: a job_error, since no machine
-  // causes that and evicting would only move the failure to a spare. Nothing otherwise.
+  // `how` (exit and last log line, digits masked), the origin's (whose last line is `log_line`): a
+  // job_error, since no machine causes that and evicting would only move the failure to a spare.
+  // Nothing otherwise.
   std::optional<Verdict> SameFailureEverywhere(const launch::RankExit& origin,
                                                const std::vector<launch::RankExit>& others,
-                                               const std::string& how);
+                                               const std::string& how, const std::string& log_line);
 
   void RecordDecision(const Verdict& v, const Decision& d, Streak streak = {});
 

@@ -23,6 +23,11 @@ std::string LastLogLine(const std::string& path) {
                      end - (begin == std::string::npos ? 0 : begin + 1) + 1);
 }
 
+// A rank that failed of its own accord, not of a peer's timeout (kExitCommFailure) nor cleanly.
+bool OwnFailure(const launch::RankExit& e) {
+  return !e.status.success() && !(e.status.exited() && e.status.code() == launch::kExitCommFailure);
+}
+
 // `s` with every run of digits as one '#': two failures that differ only in a rank, a pid or a
 // node's number read the same.
 std::string MaskDigits(const std::string& s) {
@@ -135,8 +140,9 @@ std::vector<Verdict> Controller::Impl::DiagnoseCrash(const Trigger& t) {
                          origin.status.Describe() + ": " + log_line + ")",
                      origin)};
   }
-  if (!(origin.status.exited() && origin.status.code() == launch::kExitCommFailure)) {
-    if (auto everywhere = SameFailureEverywhere(origin, others, how)) return {*everywhere};
+  if (OwnFailure(origin)) {
+    if (auto everywhere = SameFailureEverywhere(origin, others, how, log_line))
+      return {*everywhere};
     last_failure = {how, last_step_done, node};
     return DeadRanks(origin, others);
   }
@@ -152,14 +158,12 @@ std::vector<Verdict> Controller::Impl::DiagnoseCrash(const Trigger& t) {
 
 std::optional<Verdict> Controller::Impl::SameFailureEverywhere(
     const launch::RankExit& origin, const std::vector<launch::RankExit>& others,
-    const std::string& how) {
+    const std::string& how, const std::string& log_line) {
   if (active.size() < 2) return std::nullopt;
   std::set<std::string> nodes;
   int ranks = 0;
   auto note = [&](const launch::RankExit& e) {
-    const bool own =
-        !e.status.success() && !(e.status.exited() && e.status.code() == launch::kExitCommFailure);
-    if (!own ||
+    if (!OwnFailure(e) ||
         MaskDigits(e.status.Describe() + ": " + LastLogLine(layout.worker_log(e.rank))) != how)
       return;
     nodes.insert(fleet->NodeOfRank(e.rank));
@@ -175,8 +179,7 @@ std::optional<Verdict> Controller::Impl::SameFailureEverywhere(
                   std::to_string(ranks) + " ranks on all " + std::to_string(nodes.size()) +
                       " nodes failed at once in the same words (rank " +
                       std::to_string(origin.rank) + " on " + node + ": " +
-                      origin.status.Describe() + ": " +
-                      LastLogLine(layout.worker_log(origin.rank)) +
+                      origin.status.Describe() + ": " + log_line +
                       "): no machine causes that, and a spare would fail the same way",
                   origin);
 }
@@ -199,10 +202,8 @@ std::vector<Verdict> Controller::Impl::DeadRanks(const launch::RankExit& origin,
   // root: both machines are acted on in this incident.
   std::set<std::string> named = {v.root_nodes[0]};
   for (const launch::RankExit& o : others) {
-    const bool own =
-        !o.status.success() && !(o.status.exited() && o.status.code() == launch::kExitCommFailure);
     const std::string o_node = fleet->NodeOfRank(o.rank);
-    if (!own || !named.insert(o_node).second) continue;
+    if (!OwnFailure(o) || !named.insert(o_node).second) continue;
     Verdict w = v;
     w.root_ranks = {o.rank};
     w.root_nodes = {o_node};
