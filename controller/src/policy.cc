@@ -7,6 +7,28 @@ namespace megascope::controller {
 
 namespace {
 
+// The detector's findings: only a faulty machine is acted on (a self-check confirms it first).
+Decision DecideDetector(const Verdict& v, const std::string& conf, bool confident, Decision d) {
+  if (v.kind == VerdictKind::kMonitoringGap) {
+    d.reason = "a monitoring source of the machine stopped (" + v.cause +
+               ") while the machine works on: the exporter is at fault, not the machine";
+  } else if (v.kind == VerdictKind::kSharedComponent) {
+    d.reason = "machines stand out together (" + (v.group.empty() ? v.cause : v.group) +
+               "): a shared rack, switch or PDU, not one machine; nothing is evicted";
+  } else if (v.level == VerdictLevel::kSuspect) {
+    d.reason = "the detector only suspects the machine (" + conf +
+               "): no hard error, no harm to the job, no lasting agreement of two metric "
+               "families; reported only";
+  } else if (confident) {
+    d.action = Action::kSelfCheck;
+    d.reason =
+        "the detector names the machine (" + conf + "): a self-check confirms before it is evicted";
+  } else {
+    d.reason = "the detector's evidence is weak: " + conf;
+  }
+  return d;
+}
+
 Decision DecideFresh(const Verdict& v, Streak streak, const PolicyOptions& o) {
   char conf[96];
   std::snprintf(conf, sizeof(conf), "confidence %.2f (acting at %.2f)", v.confidence,
@@ -61,14 +83,9 @@ Decision DecideFresh(const Verdict& v, Streak streak, const PolicyOptions& o) {
       }
       return d;
     case VerdictKind::kFaultyMachine:
-      if (confident) {
-        d.action = Action::kSelfCheck;
-        d.reason = std::string("the detector names the machine (") + conf +
-                   "): a self-check confirms before it is evicted";
-      } else {
-        d.reason = std::string("the detector's evidence is weak: ") + conf;
-      }
-      return d;
+    case VerdictKind::kMonitoringGap:
+    case VerdictKind::kSharedComponent:
+      return DecideDetector(v, conf, confident, std::move(d));
     case VerdictKind::kJobError:
       d.action = Action::kStop;
       d.reason = "the job's own error (" + v.cause +

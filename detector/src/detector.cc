@@ -1,11 +1,13 @@
 #include "megascope/detector/detector.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <set>
+#include <utility>
 
 #include "megascope/tracer/metric_names.h"
 
@@ -57,22 +59,25 @@ MetricFamily ClassifyMetric(std::string_view name) {
   // "nvlink_tx" is NVLink before it is network.
   if (has({"xid", "xids", "ecc", "error", "errors", "sbe", "dbe", "retired", "remapped",
            "faults"}) ||
-      (has({"carrier"}) && has({"changes", "flaps"}))) {
+      (has({"carrier"}) && has({"changes", "flaps"})) ||
+      (has({"link"}) && has({"downed", "flaps", "flapped"}))) {
     return MetricFamily::kErrors;
   }
+  // A rank's own step, compute or collective wait time: how much it holds the job back.
   if (has({"step", "steps", "iteration", "mfu", "tokens"}) ||
-      (has({"compute"}) && has({"seconds", "s"}))) {
+      (has({"compute"}) && has({"seconds", "s", "ms", "time"})) ||
+      (has({"wait"}) && has({"allreduce", "collective", "collectives", "nccl", "comm"}))) {
     return MetricFamily::kTraining;
   }
   if (has({"nvlink", "nvl"})) return MetricFamily::kNvlink;
-  if (has({"net", "network", "nic", "pfc", "rdma", "ib", "roce", "tx", "rx", "transmit",
-           "receive"})) {
+  if (has({"net", "network", "nic", "pfc", "rdma", "ib", "infiniband", "roce", "tx", "rx",
+           "transmit", "transmitted", "receive", "received", "xmit", "rcv"})) {
     return MetricFamily::kNetwork;
   }
   if (has({"gpu", "dcgm", "sm", "tensor", "power", "temp", "temperature", "fb", "clock", "pcie"})) {
     return MetricFamily::kGpu;
   }
-  if (has({"cpu", "load"})) return MetricFamily::kCpu;
+  if (has({"cpu", "load", "load1", "load5", "load15"})) return MetricFamily::kCpu;
   if (has({"mem", "memory"})) return MetricFamily::kMemory;
   return MetricFamily::kOther;
 }
@@ -97,6 +102,73 @@ const char* MetricFamilyName(MetricFamily f) {
       return "other";
   }
   return "other";
+}
+
+MetricSource ClassifySource(std::string_view name) {
+  const std::vector<std::string> w = Words(name);
+  // The exporter's prefix when there is one (megascope's own names carry theirs after it).
+  const size_t at = !w.empty() && w[0] == "megascope" ? 1 : 0;
+  const std::string lead = at < w.size() ? w[at] : "";
+  for (const char* g : {"dcgm", "nvidia", "nvml", "gpu", "nvsmi"}) {
+    if (lead == g) return MetricSource::kGpu;
+  }
+  for (const char* h : {"node", "host", "ipmi", "process"}) {
+    if (lead == h) return MetricSource::kHost;
+  }
+  switch (ClassifyMetric(name)) {
+    case MetricFamily::kTraining:
+      return MetricSource::kTrainer;
+    case MetricFamily::kGpu:
+    case MetricFamily::kNvlink:
+      return MetricSource::kGpu;
+    case MetricFamily::kCpu:
+    case MetricFamily::kMemory:
+    case MetricFamily::kNetwork:
+      return MetricSource::kHost;
+    case MetricFamily::kErrors:
+      for (const std::string& word : w) {
+        for (const char* g : {"xid", "xids", "ecc", "sbe", "dbe", "retired", "remapped"}) {
+          if (word == g) return MetricSource::kGpu;
+        }
+      }
+      return MetricSource::kHost;  // a NIC's carrier changes, link errors
+    case MetricFamily::kOther:
+      break;
+  }
+  return MetricSource::kOther;
+}
+
+const char* MetricSourceName(MetricSource s) {
+  switch (s) {
+    case MetricSource::kGpu:
+      return "gpu_exporter";
+    case MetricSource::kHost:
+      return "node_exporter";
+    case MetricSource::kTrainer:
+      return "trainer";
+    case MetricSource::kOther:
+      return "other";
+  }
+  return "other";
+}
+
+bool IsWorkMetric(std::string_view name) {
+  const MetricFamily f = ClassifyMetric(name);
+  if (f != MetricFamily::kGpu && f != MetricFamily::kNetwork && f != MetricFamily::kNvlink)
+    return false;
+  bool work = false;
+  for (const std::string& w : Words(name)) {
+    for (const char* no :
+         {"pfc", "pause", "drop", "drops", "dropped", "temp", "temperature", "mem", "memory", "fb",
+          "power", "clock", "errors", "discard", "discards", "wait", "waits"}) {
+      if (w == no) return false;
+    }
+    for (const char* yes : {"util", "utilization", "active", "tx", "rx", "transmit", "receive",
+                            "bytes", "gbps", "throughput", "bandwidth", "bw", "packets"}) {
+      work = work || w == yes;
+    }
+  }
+  return work;
 }
 
 bool IsCumulativeCounter(std::string_view name) {
@@ -215,6 +287,11 @@ void Stream::Flush() {
 namespace {
 
 constexpr int64_t kNever = std::numeric_limits<int64_t>::min() / 2;
+constexpr int kFamilies = static_cast<int>(MetricFamily::kOther) + 1;
+constexpr int64_t kRunGap = 5;
+constexpr double kStoppedShare = 0.02;  // a work metric this far below its peers' median: stopped
+                                        // // ticks without a hit that end a run of outlier ticks
+constexpr uint32_t Bit(MetricFamily f) { return 1u << static_cast<int>(f); }
 
 // Tick `tick`'s slot in a ring of `n` (ticks before the epoch included).
 size_t Slot(int64_t tick, int64_t n) { return static_cast<size_t>(((tick % n) + n) % n); }
@@ -272,10 +349,13 @@ class Rolling {
 struct Detector::Impl {
   DetectorConfig cfg;
 
-  // One (machine, metric) history: the last `denoise_window` values by tick.
+  // One (machine, metric) history: its last `denoise_window` samples, and how often it reports (an
+  // exporter scraped every 5 s, a trainer that reports once a step).
   struct Series {
     std::vector<double> values;
     std::vector<int64_t> ticks;
+    size_t next = 0;      // slot of the next sample
+    double interval = 1;  // ticks between its samples (a moving average)
     int64_t last_tick = kNever;
     // This machine's usual offset from its peers on this metric (raw units): learned from ticks
     // where it did not stand out, so healthy heterogeneity (a GPU that always runs 3 C warmer)
@@ -287,10 +367,32 @@ struct Detector::Impl {
             prev_burst = 2 * kNever;  // starts of its last two runs of outlier ticks
     int64_t learned = 0;              // ticks seen in warm-up
     std::vector<double> warm;         // deviations seen in warm-up; their median becomes the bias
-    double Denoised(int64_t now, int min_valid, std::vector<double>& scratch) const {
+    void Add(int64_t now, double v) {
+      if (last_tick == now) {  // a second sample in one tick replaces the first
+        values[(next + values.size() - 1) % values.size()] = v;
+        return;
+      }
+      if (last_tick != kNever && now > last_tick)
+        interval += (std::min(60.0, static_cast<double>(now - last_tick)) - interval) / 8;
+      values[next] = v;
+      ticks[next] = now;
+      next = (next + 1) % values.size();
+      last_tick = now;
+    }
+    double Latest() const { return values[(next + values.size() - 1) % values.size()]; }
+    // Ticks after which it counts as silent: `quiet`, or three of its usual intervals.
+    int64_t Quiet(int quiet) const { return std::max<int64_t>(quiet, std::llround(3 * interval)); }
+    // Its samples of the last `window` ticks (of three intervals when it reports more rarely),
+    // denoised; NaN when fewer than half of those expected are there.
+    double Denoised(int64_t now, std::vector<double>& scratch) const {
+      const int window = static_cast<int>(values.size());
+      const double horizon = std::max<double>(window, std::ceil(3 * interval));
+      const int min_valid =
+          std::max(1, std::min(window / 2, static_cast<int>(std::lround(horizon / interval / 2))));
       scratch.clear();
       for (size_t i = 0; i < ticks.size(); ++i) {
-        if (ticks[i] > now - static_cast<int64_t>(ticks.size())) scratch.push_back(values[i]);
+        if (static_cast<double>(ticks[i]) > static_cast<double>(now) - horizon)
+          scratch.push_back(values[i]);
       }
       const size_t n = scratch.size();
       if (static_cast<int>(n) < min_valid) return std::nan("");
@@ -310,19 +412,52 @@ struct Detector::Impl {
     }
   };
   struct Hit {   // why a machine stood out in one tick
-    int metric;  // -1: the whole machine went silent
+    int metric;  // -1: the whole machine went silent; -2: two of its sources stopped together
     double z;
     bool silent;
+    bool stopped = false;  // a work metric at zero while its peers' is not: the job waits on it
+    // Off its peers, but with company (a few machines together): no evidence against it, only a
+    // sign for GroupCohorts that a shared component moved them.
+    bool company = false;
   };
   struct MachineState {
     int group = 0;
+    std::vector<int> components;  // ids in component_names
     int64_t first_tick = kNever, last_tick = kNever;
-    Rolling strong, strong_long;  // ticks with strong or corroborated evidence
-    Rolling weak, weak_long;      // ticks with any evidence
+    Rolling hard, hard_long;      // hard evidence: errors, silence, the job hurt (faulty)
+    Rolling corr, corr_long;      // two families or three metrics agree (faulty when it lasts)
+    Rolling strong, strong_long;  // hard or corroborated, over the short windows (suspect)
+    Rolling weak, weak_long;      // ticks with any evidence (suspect)
     Rolling recent;               // ticks with any evidence, over the continuity window (re-arming)
-    int named =
-        0;  // evidence level of its last verdict while not re-armed: 0 none, 1 weak, 2 strong
+    Rolling explained;  // ticks a cohort explained away some of its evidence (lone outliers)
+    Rolling grouped;    // ticks it was in a cohort found through a component of the topology
+    int named = 0;      // level of its last verdict while not re-armed: 0 none, 1 suspect, 2 faulty
+    bool component_named = false;  // a shared_component verdict named it (until re-armed)
     std::map<int, std::pair<int, double>> evidence;  // metric (-1 silent) -> (ticks, max |z|)
+    std::set<int> stopped;                           // work metrics of the evidence at zero
+    // Per source: its last report; the last stop looked at and whether the peers still reported
+    // that source when it stopped; sources whose gap a monitoring_gap verdict named.
+    std::array<int64_t, kMetricSources> source_last, stop_seen;
+    std::array<bool, kMetricSources> stop_alone{};
+    std::array<int, kMetricSources> gap_run{};  // ticks in a row silent while the peers report it
+    std::array<double, kMetricSources> source_interval;  // ticks between its reports (average)
+    uint32_t gap_named = 0;
+    // Per family: the current run of outlier ticks (gaps up to kRunGap ticks inside).
+    std::array<int64_t, kFamilies> run_start, run_last;
+    MachineState() {
+      source_last.fill(kNever);
+      source_interval.fill(1);
+      stop_seen.fill(kNever);
+      run_start.fill(kNever);
+      run_last.fill(kNever);
+    }
+  };
+  // Machines that stand out together on one family: one cause (formats.md's shared_component).
+  struct Cohort {
+    int component;  // -1: found by their onsets alone
+    MetricFamily family;
+    std::vector<int> members;
+    int64_t onset;
   };
 
   std::vector<std::vector<Series>> series;  // [metric][machine]
@@ -330,8 +465,14 @@ struct Detector::Impl {
   std::vector<double> spread_ewma;  // per metric: long-run typical spread (a floor for quiet times)
   std::vector<int> priority_rank;   // per metric
   std::vector<MetricFamily> family;  // per metric
-  std::vector<double> level_ewma;    // per metric: long-run typical |median| (a floor when idle)
-  std::vector<double> thresholds;    // per metric
+  std::vector<MetricSource> source;  // per metric
+  std::vector<uint8_t> work;         // per metric: IsWorkMetric
+  std::array<bool, kMetricSources> source_present{};
+  std::map<std::string, int> component_ids;
+  std::vector<std::string> component_names;
+  std::vector<Cohort> cohorts;     // this tick's
+  std::vector<double> level_ewma;  // per metric: long-run typical |median| (a floor when idle)
+  std::vector<double> thresholds;  // per metric
   std::map<std::string, int> group_ids;
   std::set<std::string> seen;  // machines given a group
   std::vector<double> scratch, vals, sorted;
@@ -351,6 +492,21 @@ struct Detector::Impl {
       m.weak = Rolling(cfg.weak_continuity);
       m.weak_long = Rolling(cfg.weak_long_window);
       m.recent = Rolling(cfg.continuity);
+      m.hard = Rolling(cfg.continuity);
+      m.hard_long = Rolling(cfg.long_window);
+      m.corr = Rolling(cfg.weak_continuity);
+      m.corr_long = Rolling(cfg.weak_long_window);
+      m.explained = Rolling(cfg.continuity);
+      m.grouped = Rolling(cfg.continuity);
+      auto c = cfg.components.find(name);
+      if (c != cfg.components.end()) {
+        for (const std::string& comp : c->second) {
+          auto [it, added] =
+              component_ids.try_emplace(comp, static_cast<int>(component_names.size()));
+          if (added) component_names.push_back(comp);
+          m.components.push_back(it->second);
+        }
+      }
       machines.push_back(std::move(m));
     }
     while (static_cast<int>(series.size()) < reg.metrics()) {
@@ -361,6 +517,9 @@ struct Detector::Impl {
       });
       priority_rank.push_back(static_cast<int>(p - cfg.priority.begin()));
       family.push_back(ClassifyMetric(name));
+      source.push_back(ClassifySource(name));
+      work.push_back(IsWorkMetric(name) ? 1 : 0);
+      source_present[static_cast<int>(source.back())] = true;
       level_ewma.push_back(0);
       auto t = cfg.metric_thresholds.find(name);
       thresholds.push_back(t == cfg.metric_thresholds.end() ? cfg.threshold : t->second);
@@ -395,11 +554,25 @@ struct Detector::Impl {
              std::vector<Hit>* hits, double* score);
   // Machines that stopped reporting metric k (k < 0: anything) while their peers still do.
   void NoteSilences(int k, int64_t now, std::vector<std::vector<Hit>>* hits);
+  // Per machine and source: a source stopped alone is a monitoring gap (a verdict of its own once
+  // it lasts); two stopped together are strong evidence against the machine.
+  void NoteSources(int64_t now, std::vector<std::vector<Hit>>* hits, const Frame& f,
+                   const Registry& reg, std::vector<Verdict>* out);
+  // Machines standing out together on one family (by onset, or sharing a component): that
+  // family's hits are explained away, and a lasting cohort is named as a shared component.
+  void GroupCohorts(int64_t now, std::vector<std::vector<Hit>>* hits, const Frame& f,
+                    const Registry& reg, std::vector<Verdict>* out);
+  void FindCohorts(std::vector<int> ms, MetricFamily fam, int component, int min, int window);
+  Verdict ComponentVerdict(const Cohort& c, const std::vector<std::vector<Hit>>& hits,
+                           const Frame& f, const Registry& reg) const;
   // Each machine's hits against the continuity windows: a verdict when it stands out long enough.
   void Conclude(int64_t now, const std::vector<std::vector<Hit>>& hits, const Frame& f,
                 const Registry& reg, std::vector<Verdict>* out);
 
-  // Whether a majority of `group` reported `metric` (or anything, metric < 0) within 2 ticks.
+  // Whether machine m is past its warm-up on metric k (its usual place known).
+  bool Learned(int k, int m) const { return series[k][m].learned >= cfg.warmup_ticks; }
+  // Whether a majority of `group` reported `metric` (or anything, metric < 0) within 2 ticks (or
+  // two of the metric's intervals).
   bool PeersActive(int group, int metric, int64_t now) const {
     int active = 0, total = 0;
     for (size_t m = 0; m < machines.size(); ++m) {
@@ -407,7 +580,22 @@ struct Detector::Impl {
       int64_t last = metric < 0 ? machines[m].last_tick : series[metric][m].last_tick;
       if (metric >= 0 && last == kNever) continue;
       ++total;
-      if (last >= now - 2) ++active;
+      const double interval = metric < 0 ? 1.0 : series[metric][m].interval;
+      if (last >= now - std::max<int64_t>(2, std::llround(2 * interval))) ++active;
+    }
+    return total >= cfg.min_peers && 2 * active > total;
+  }
+  // The same for a source: a majority of the group's machines that ever reported it did so
+  // lately.
+  bool SourceActive(int group, int src, int64_t now) const {
+    int active = 0, total = 0;
+    for (const MachineState& m : machines) {
+      if (m.group != group || m.source_last[src] == kNever) continue;
+      ++total;
+      // Within two ticks, or two of its intervals (a trainer that reports once a step).
+      if (m.source_last[src] >=
+          now - std::max<int64_t>(2, std::llround(2 * m.source_interval[src])))
+        ++active;
     }
     return total >= cfg.min_peers && 2 * active > total;
   }
@@ -429,21 +617,22 @@ bool Detector::SetPeerGroup(const std::string& machine, const std::string& group
 void Detector::Impl::Ingest(const Frame& f) {
   const int64_t now = f.tick;
   for (const Frame::Cell& c : f.cells) {
-    Series& s = series[c.metric][c.machine];
-    const size_t slot = Slot(now, cfg.denoise_window);
-    s.values[slot] = c.value;
-    s.ticks[slot] = now;
-    s.last_tick = now;
+    series[c.metric][c.machine].Add(now, c.value);
     MachineState& m = machines[c.machine];
     if (m.first_tick == kNever) m.first_tick = now;
     m.last_tick = now;
+    const int src = static_cast<int>(source[c.metric]);
+    if (m.source_last[src] != kNever && now > m.source_last[src]) {
+      m.source_interval[src] +=
+          (std::min(60.0, static_cast<double>(now - m.source_last[src])) - m.source_interval[src]) /
+          8;
+    }
+    m.source_last[src] = now;
   }
 }
 
 void Detector::Impl::Denoise(int k, int64_t now, std::vector<double>* denoised) {
-  const int min_valid = std::max(1, cfg.denoise_window / 2);
-  for (size_t m = 0; m < machines.size(); ++m)
-    (*denoised)[m] = series[k][m].Denoised(now, min_valid, scratch);
+  for (size_t m = 0; m < machines.size(); ++m) (*denoised)[m] = series[k][m].Denoised(now, scratch);
 }
 
 void Detector::Impl::ScoreGroup(int k, int g, int64_t now, std::vector<double>& denoised,
@@ -493,17 +682,33 @@ void Detector::Impl::ScoreGroup(int k, int g, int64_t now, std::vector<double>& 
   sorted.clear();
   for (int m : members) sorted.push_back(denoised[m]);
   std::sort(sorted.begin(), sorted.end());
-  int outliers = 0;
+  int outliers = 0, together = 0;
   lone.assign(nmach, 0);
   for (int m : members) {
-    if (std::fabs(denoised[m] - med) / scale > thr && alone(sorted, denoised[m])) {
+    if (std::fabs(denoised[m] - med) / scale <= thr) continue;
+    if (alone(sorted, denoised[m])) {
       lone[m] = 1;
       ++outliers;
+    } else {
+      lone[m] = 2;
+      ++together;
     }
   }
   if (outliers > std::max(1.0, cfg.job_wide_fraction * n)) return;  // the job moved
-  for (int m : members)
-    Judge(k, m, now, denoised[m] - med, scale, thr, lone[m] != 0, &hits[m], &last_scores[m]);
+  const bool few = outliers + together <= cfg.job_wide_fraction * n;
+  for (int m : members) {
+    if (lone[m] == 2 && few && Learned(k, m))
+      hits[m].push_back({k, (denoised[m] - med) / scale, false, false, true});
+    const size_t before = hits[m].size();
+    Judge(k, m, now, denoised[m] - med, scale, thr, lone[m] == 1, &hits[m], &last_scores[m]);
+    // A work metric (utilisation, traffic) at nothing while the peers' is busy: the machine stopped
+    // working and the job waits on it -- as hard as an error counter.
+    // Its latest sample decides (a flapping link is at nothing only while it is down).
+    const Series& sm = series[k][m];
+    if (work[k] && hits[m].size() > before && med > 0 &&
+        now - sm.last_tick <= std::llround(sm.interval) && sm.Latest() <= kStoppedShare * med)
+      hits[m].back().stopped = true;
+  }
 }
 
 void Detector::Impl::Judge(int k, int m, int64_t now, double offset, double scale, double thr,
@@ -535,10 +740,12 @@ void Detector::Impl::Judge(int k, int m, int64_t now, double offset, double scal
     }
     s.last_hit = now;
     s.last_z = z;
-  } else if (family[k] == MetricFamily::kErrors && now - s.last_hit <= cfg.error_memory_ticks &&
-             s.last_burst - s.prev_burst <= cfg.continuity) {
-    // Errors that repeat with quiet seconds between (a flapping link, ECC corrections) stay
-    // evidence through the quiet seconds; a single burst never does.
+  } else if (family[k] == MetricFamily::kErrors && s.last_burst - s.prev_burst <= cfg.long_window &&
+             now - s.last_hit <=
+                 std::max<int64_t>(cfg.error_memory_ticks, s.last_burst - s.prev_burst)) {
+    // Errors that repeat with quiet seconds between (a flapping link going down every minute, ECC
+    // corrections) stay evidence through the quiet spell, as long as the last one between bursts;
+    // a single burst never does.
     hits->push_back({k, s.last_z, false});
   } else if (family[k] != MetricFamily::kErrors) {  // errors are never anyone's usual place
     // Not alone: wherever it sits is its usual place among its peers, so its offset follows
@@ -566,8 +773,13 @@ void Detector::Impl::NoteSilences(int k, int64_t now, std::vector<std::vector<Hi
   // A machine that stopped reporting this metric while its peers still do.
   for (int m = 0; m < nmach; ++m) {
     const int64_t last = series[k][m].last_tick;
-    if (last == kNever || now - last < cfg.silence_ticks || now - last > cfg.forget_ticks) continue;
+    if (last == kNever || now - last < series[k][m].Quiet(cfg.silence_ticks) ||
+        now - last > cfg.forget_ticks)
+      continue;
     if (machines[m].last_tick < now - cfg.silence_ticks) continue;  // whole machine silent
+    const int src = static_cast<int>(source[k]);
+    if (machines[m].source_last[src] < now - series[k][m].Quiet(cfg.silence_ticks))
+      continue;  // the whole source: NoteSources'
     if (PeersActive(machines[m].group, k, now)) (*hits)[m].push_back({k, 0, true});
   }
 }
@@ -575,10 +787,12 @@ void Detector::Impl::NoteSilences(int k, int64_t now, std::vector<std::vector<Hi
 void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& hits,
                               const Frame& f, const Registry& reg, std::vector<Verdict>* out) {
   const int nmach = static_cast<int>(machines.size());
-  // Continuity: the same machine must stand out for most of a window. Strong evidence (silence, an
-  // error counter, a training metric) or two metric families at once count in the short window;
-  // one family alone only in the weak window, longer than a benign excursion. A machine that flaps
-  // (a NIC going up and down) stands out only part of the time: the long windows catch it at half.
+  // Continuity: the same machine must stand out for most of a window. Hard evidence (silence, two
+  // sources stopping together, an error counter, a training metric: the job is hurt) names it
+  // faulty over the short window; two families agreeing (or three metrics of one) only over the
+  // weak window, longer than any benign excursion -- over the short one they make it a suspect,
+  // as one family alone does over the weak window. A machine that flaps (a NIC going up and down)
+  // stands out only part of the time: the long windows catch it at half.
   auto need = [](double fraction, int window) {
     return static_cast<int>(std::ceil(fraction * window));
   };
@@ -586,40 +800,56 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
   const int strong_long_need = need(cfg.long_fraction, cfg.long_window);
   const int weak_need = need(cfg.weak_fraction, cfg.weak_continuity);
   const int weak_long_need = need(cfg.long_fraction, cfg.weak_long_window);
+  auto held = [&](const Rolling& a, const Rolling& b, int na, int nb) -> const Rolling* {
+    if (a.Count() >= na) return &a;
+    return b.Count() >= nb ? &b : nullptr;
+  };
   for (int m = 0; m < nmach; ++m) {
     MachineState& s = machines[m];
-    bool strong = false;
+    bool hard = false;
     uint32_t families = 0;
+    std::array<int, kFamilies> metrics{};
     for (const Hit& h : hits[m]) {
-      // The whole machine silent is strong; one metric missing (its ranks between steps while
+      // The whole machine silent is hard; one metric missing (its ranks between steps while
       // their peers finish one) only counts for its family.
       const MetricFamily fam = h.metric < 0 ? MetricFamily::kErrors : family[h.metric];
-      strong = strong || h.metric < 0 || (!h.silent && IsStrong(fam));
-      families |= 1u << static_cast<int>(fam);
+      hard = hard || h.metric < 0 || h.stopped || (!h.silent && IsStrong(fam));
+      families |= Bit(fam);
+      if (!h.silent) ++metrics[static_cast<int>(fam)];
     }
     // Corroborated: two families agree, or three sensors of one device (a GPU's utilisation,
     // power and memory all off its peers); the benign excursions move one metric, two at most.
-    strong = strong || (families & (families - 1)) != 0 || hits[m].size() >= 3;
+    const bool corr =
+        (families & (families - 1)) != 0 || *std::max_element(metrics.begin(), metrics.end()) >= 3;
     const bool any = !hits[m].empty();
-    s.strong.Push(now, strong);
-    s.strong_long.Push(now, strong);
+    s.hard.Push(now, hard);
+    s.hard_long.Push(now, hard);
+    s.corr.Push(now, corr);
+    s.corr_long.Push(now, corr);
+    s.strong.Push(now, hard || corr);
+    s.strong_long.Push(now, hard || corr);
     s.weak.Push(now, any);
     s.weak_long.Push(now, any);
     s.recent.Push(now, any);
-    if (s.weak_long.Count() == 0) s.evidence.clear();
+    if (s.weak_long.Count() == 0) {
+      s.evidence.clear();
+      s.stopped.clear();
+    }
     for (const Hit& h : hits[m]) {
+      if (h.stopped) s.stopped.insert(h.metric);
       auto& e = s.evidence[h.metric];
       ++e.first;
       e.second = std::max(e.second, std::fabs(h.z));
     }
     int level = 0;
-    const Rolling* window = nullptr;
-    if (s.strong.Count() >= strong_need || s.strong_long.Count() >= strong_long_need) {
+    const Rolling* window = held(s.hard, s.hard_long, strong_need, strong_long_need);
+    if (window == nullptr) window = held(s.corr, s.corr_long, weak_need, weak_long_need);
+    if (window != nullptr) {
       level = 2;
-      window = s.strong.Count() >= strong_need ? &s.strong : &s.strong_long;
-    } else if (s.weak.Count() >= weak_need || s.weak_long.Count() >= weak_long_need) {
-      level = 1;
-      window = s.weak.Count() >= weak_need ? &s.weak : &s.weak_long;
+    } else {
+      window = held(s.strong, s.strong_long, strong_need, strong_long_need);
+      if (window == nullptr) window = held(s.weak, s.weak_long, weak_need, weak_long_need);
+      if (window != nullptr) level = 1;
     }
     // Re-armed once it no longer stands out (the fault is over, or was never one).
     if (level == 0 && s.recent.Count() <= cfg.rearm_fraction * cfg.continuity) s.named = 0;
@@ -627,6 +857,212 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
     s.named = level;
     out->push_back(MakeVerdict(m, *window, f, reg));
   }
+}
+
+void Detector::Impl::NoteSources(int64_t now, std::vector<std::vector<Hit>>* hits, const Frame& f,
+                                 const Registry& reg, std::vector<Verdict>* out) {
+  for (size_t m = 0; m < machines.size(); ++m) {
+    MachineState& s = machines[m];
+    if (s.last_tick == kNever || now - s.last_tick >= cfg.silence_ticks) continue;  // all silent
+    uint32_t gaps = 0, alone = 0;
+    for (int src = 0; src < kMetricSources; ++src) {
+      const int64_t last = s.source_last[src];
+      const int run = std::exchange(s.gap_run[src], 0);
+      if (!source_present[src] || (last != kNever && now - last > cfg.forget_ticks)) continue;
+      if (last != kNever && now - last == 2 && s.stop_seen[src] != last) {
+        // Two ticks after it stopped (a lost scrape is one): did its peers go on reporting it?
+        s.stop_seen[src] = last;
+        s.stop_alone[src] = SourceActive(s.group, src, now);
+      }
+      const int64_t quiet =
+          std::max<int64_t>(cfg.silence_ticks, std::llround(3 * s.source_interval[src]));
+      if (last != kNever && now - last < quiet) {
+        s.gap_named &= ~(1u << src);  // reporting
+        continue;
+      }
+      if (last == kNever && now - s.first_tick < cfg.silence_ticks) continue;
+      if (last != kNever && s.stop_seen[src] == last && s.stop_alone[src]) alone |= 1u << src;
+      if (SourceActive(s.group, src, now)) {
+        gaps |= 1u << src;
+        s.gap_run[src] = run + 1;
+      }
+    }
+    if (gaps == 0) continue;
+    // Two sources that each stopped while the peers went on, within seconds: the machine failed.
+    bool together = false;
+    for (int a = 0; a < kMetricSources; ++a) {
+      for (int b = a + 1; b < kMetricSources; ++b) {
+        together =
+            together || ((alone >> a & 1u) && (alone >> b & 1u) &&
+                         std::llabs(s.source_last[a] - s.source_last[b]) <= cfg.together_ticks);
+      }
+    }
+    if (together) {
+      (*hits)[m].push_back({-2, 0, true});
+      continue;
+    }
+    // A machine that stands out otherwise: the gap is part of what is wrong with it, not a
+    // monitoring problem.
+    if (s.named > 0 || s.recent.Count() > cfg.rearm_fraction * cfg.continuity) continue;
+    for (int src = 0; src < kMetricSources; ++src) {
+      if (!(gaps >> src & 1u) || (s.gap_named >> src & 1u) || s.gap_run[src] < cfg.gap_report_ticks)
+        continue;
+      const int64_t since = now - s.gap_run[src] + 1;  // since its peers report it
+      s.gap_named |= 1u << src;
+      Verdict v;
+      v.kind = VerdictKind::kMonitoringGap;
+      v.cause = megascope::Name(Cause::kSourceSilent);
+      v.root_nodes = {reg.machine_name(static_cast<int>(m))};
+      v.detected_at_ns = static_cast<int64_t>(f.end_s * 1e9);
+      v.onset_at_ns = static_cast<int64_t>(static_cast<double>(since) * cfg.tick_s * 1e9);
+      v.confidence = 0.9;
+      const char* name = MetricSourceName(static_cast<MetricSource>(src));
+      v.evidence.emplace_back(name);
+      char buf[320];
+      std::snprintf(buf, sizeof(buf),
+                    "%s's %s sent nothing for %d s (%s) while its other sources and its "
+                    "peers' %s report: a monitoring gap (an exporter restarting or not deployed), "
+                    "not evidence against the machine",
+                    reg.machine_name(static_cast<int>(m)).c_str(), name, s.gap_run[src],
+                    s.source_last[src] == kNever ? "never since it joined" : "it stopped", name);
+      v.explanation = buf;
+      out->push_back(std::move(v));
+    }
+  }
+}
+
+void Detector::Impl::FindCohorts(std::vector<int> ms, MetricFamily fam, int component, int min,
+                                 int window) {
+  const int fi = static_cast<int>(fam);
+  std::sort(ms.begin(), ms.end(),
+            [&](int a, int b) { return machines[a].run_start[fi] < machines[b].run_start[fi]; });
+  size_t i = 0;
+  while (i < ms.size()) {
+    size_t j = i;
+    const int64_t first = machines[ms[i]].run_start[fi];
+    while (j < ms.size() && machines[ms[j]].run_start[fi] - first <= window) ++j;
+    if (static_cast<int>(j - i) < min) {
+      ++i;
+      continue;
+    }
+    cohorts.push_back(
+        {component, fam,
+         std::vector<int>(ms.begin() + static_cast<long>(i), ms.begin() + static_cast<long>(j)),
+         first});
+    i = j;
+  }
+}
+
+void Detector::Impl::GroupCohorts(int64_t now, std::vector<std::vector<Hit>>* hits_io,
+                                  const Frame& f, const Registry& reg, std::vector<Verdict>* out) {
+  std::vector<std::vector<Hit>>& hits = *hits_io;
+  const int nmach = static_cast<int>(machines.size());
+  std::array<std::vector<int>, kFamilies> on;  // machines standing out on each family now
+  for (int m = 0; m < nmach; ++m) {
+    uint32_t fams = 0;
+    for (const Hit& h : hits[m]) {
+      if (h.metric >= 0 && !h.stopped && family[h.metric] != MetricFamily::kErrors)
+        fams |= Bit(family[h.metric]);
+    }
+
+    MachineState& s = machines[m];
+    for (int fi = 0; fi < kFamilies; ++fi) {
+      if (!(fams >> fi & 1u)) continue;
+      if (now - s.run_last[fi] > kRunGap) s.run_start[fi] = now;
+      s.run_last[fi] = now;
+      on[fi].push_back(m);
+    }
+  }
+  cohorts.clear();
+  for (int fi = 0; fi < kFamilies; ++fi) {
+    if (on[fi].size() < 2) continue;
+    const auto fam = static_cast<MetricFamily>(fi);
+    FindCohorts(on[fi], fam, -1, cfg.cohort_min, cfg.cohort_ticks);
+    std::map<int, std::vector<int>> by_component;
+    for (int m : on[fi]) {
+      for (int c : machines[m].components) by_component[c].push_back(m);
+    }
+    for (auto& [c, ms] : by_component) {
+      if (ms.size() >= 2) FindCohorts(std::move(ms), fam, c, 2, cfg.component_ticks);
+    }
+  }
+  std::vector<uint32_t> explained(nmach, 0);
+  std::vector<uint8_t> grouped(nmach, 0);
+  for (const Cohort& c : cohorts) {
+    for (int m : c.members) {
+      explained[m] |= Bit(c.family);
+      grouped[m] = grouped[m] || c.component >= 0;
+    }
+  }
+  const int need = static_cast<int>(std::ceil(cfg.continuity_fraction * cfg.continuity));
+  for (int m = 0; m < nmach; ++m) {
+    // Explained away: evidence (not mere company) of a family its cohort moved on.
+    bool lone = false;
+    for (const Hit& h : hits[m]) {
+      lone = lone || (h.metric >= 0 && !h.company && !h.stopped &&
+                      (explained[m] & Bit(family[h.metric])) != 0);
+    }
+    machines[m].explained.Push(now, lone);
+    machines[m].grouped.Push(now, grouped[m] != 0);
+  }
+  // Named once it held for most of the continuity window: a cohort by onset alone only when it
+  // explained evidence away (machines that merely keep company -- another GPU generation at a
+  // change of regime -- are a sub-population, never named); one the topology knows always.
+  for (const Cohort& c : cohorts) {
+    bool due = false, fresh = false;
+    for (int m : c.members) {
+      const MachineState& s = machines[m];
+      due = due || (c.component >= 0 ? s.grouped : s.explained).Count() >= need;
+      fresh = fresh || !s.component_named;
+    }
+    if (!due || !fresh) continue;
+    for (int m : c.members) machines[m].component_named = true;
+    out->push_back(ComponentVerdict(c, hits, f, reg));
+  }
+  for (int m = 0; m < nmach; ++m) {
+    MachineState& s = machines[m];
+    if (std::max(s.explained.Count(), s.grouped.Count()) <= cfg.rearm_fraction * cfg.continuity)
+      s.component_named = false;
+    auto& h = hits[m];
+    h.erase(std::remove_if(h.begin(), h.end(),
+                           [&](const Hit& x) {
+                             return x.company || (x.metric >= 0 && !x.stopped &&
+                                                  (explained[m] & Bit(family[x.metric])) != 0);
+                           }),
+            h.end());
+  }
+}
+
+Verdict Detector::Impl::ComponentVerdict(const Cohort& c, const std::vector<std::vector<Hit>>& hits,
+                                         const Frame& f, const Registry& reg) const {
+  Verdict v;
+  v.kind = VerdictKind::kSharedComponent;
+  v.cause =
+      megascope::Name(c.component >= 0 ? Cause::kComponentOutlier : Cause::kSimultaneousOnset);
+  if (c.component >= 0) v.group = component_names[c.component];
+  std::set<std::string> metrics;
+  std::string names;
+  for (int m : c.members) {
+    v.root_nodes.push_back(reg.machine_name(m));
+    names += (names.empty() ? "" : ", ") + reg.machine_name(m);
+    for (const Hit& h : hits[m]) {
+      if (h.metric >= 0 && family[h.metric] == c.family) metrics.insert(reg.metric_name(h.metric));
+    }
+  }
+  v.evidence.assign(metrics.begin(), metrics.end());
+  v.detected_at_ns = static_cast<int64_t>(f.end_s * 1e9);
+  v.onset_at_ns = static_cast<int64_t>(static_cast<double>(c.onset) * cfg.tick_s * 1e9);
+  v.confidence = c.component >= 0 ? 0.9 : 0.7;
+  const std::string where = c.component >= 0
+                                ? "sharing " + v.group
+                                : "their deviations beginning within " +
+                                      std::to_string(cfg.cohort_ticks) + " s of each other";
+  v.explanation = std::to_string(c.members.size()) + " machines (" + names +
+                  ") stand out together on " + MetricFamilyName(c.family) + " metrics, " + where +
+                  ": one shared cause (a switch, a rack's cooling or power), not " +
+                  std::to_string(c.members.size()) +
+                  " faulty machines; none is blamed for that evidence";
+  return v;
 }
 
 void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>* out) {
@@ -646,6 +1082,8 @@ void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>
     d.NoteSilences(k, now, &hits);
   }
   d.NoteSilences(-1, now, &hits);
+  d.NoteSources(now, &hits, f, reg, out);
+  d.GroupCohorts(now, &hits, f, reg, out);
   d.Conclude(now, hits, f, reg, out);
 }
 
@@ -673,7 +1111,7 @@ Verdict Detector::Impl::MakeVerdict(int m, const Rolling& window, const Frame& f
   // for most ticks, then Minder's order.
   std::vector<std::pair<int, std::pair<int, double>>> ev(s.evidence.begin(), s.evidence.end());
   const int half = window.Size() / 2;
-  auto rank = [&](int metric) { return metric < 0 ? -1 : d.priority_rank[metric]; };
+  auto rank = [&](int metric) { return metric < 0 ? metric : d.priority_rank[metric]; };
   auto strong = [&](int metric) { return metric < 0 || IsStrong(d.family[metric]); };
   std::sort(ev.begin(), ev.end(), [&](const auto& a, const auto& b) {
     const bool a_major = a.second.first >= half, b_major = b.second.first >= half;
@@ -685,25 +1123,39 @@ Verdict Detector::Impl::MakeVerdict(int m, const Rolling& window, const Frame& f
   std::vector<EvidenceItem> items;
   items.reserve(ev.size());
   for (const auto& [metric, stat] : ev) {
-    items.push_back({metric < 0 ? MetricFamily::kOther : d.family[metric], metric < 0, stat.first});
+    items.push_back({metric < 0 ? MetricFamily::kOther : d.family[metric],
+                     metric < 0 || s.stopped.count(metric) > 0, stat.first});
   }
   Verdict v;
   v.kind = VerdictKind::kFaultyMachine;
+  v.level = s.named >= 2 ? VerdictLevel::kFaulty : VerdictLevel::kSuspect;
   v.root_nodes = {reg.machine_name(m)};
   v.detected_at_ns = static_cast<int64_t>(f.end_s * 1e9);
   v.onset_at_ns = static_cast<int64_t>(static_cast<double>(onset) * cfg.tick_s * 1e9);
-  v.confidence = Confidence(items, cfg.continuity);
-  const bool silent = !ev.empty() && ev.front().first < 0;
+  // Held as long as a verdict needs: full weight (a hard signal at 0.9 when it is named).
+  v.confidence =
+      Confidence(items, static_cast<int>(std::ceil(cfg.continuity_fraction * cfg.continuity)));
+  const bool silent = !ev.empty() && ev.front().first == -1;
   v.cause = silent ? "machine_silent" : "metric_outlier";
   std::string facts;
   for (const auto& [metric, stat] : ev) {
-    std::string name = metric < 0 ? "no_samples" : reg.metric_name(metric);
+    std::string name = metric == -1   ? "no_samples"
+                       : metric == -2 ? "sources_stopped"
+                                      : reg.metric_name(metric);
     v.evidence.push_back(name);
     if (facts.size() >= 240) continue;
     char buf[200];
     const char* sep = facts.empty() ? "" : "; ";
-    if (metric < 0) {
+    if (metric == -1) {
       std::snprintf(buf, sizeof(buf), "%ssent no samples for %d s", sep, stat.first);
+    } else if (metric == -2) {
+      std::snprintf(buf, sizeof(buf),
+                    "%stwo of its sources stopped within %d s of each other while its peers' "
+                    "went on (%d ticks)",
+                    sep, cfg.together_ticks, stat.first);
+    } else if (s.stopped.count(metric) > 0) {
+      std::snprintf(buf, sizeof(buf), "%s%s [%s] at nothing while its peers work (%d ticks)", sep,
+                    name.c_str(), MetricFamilyName(d.family[metric]), stat.first);
     } else if (stat.second == 0) {
       std::snprintf(buf, sizeof(buf), "%s%s missing while peers report it (%d ticks)", sep,
                     name.c_str(), stat.first);
@@ -716,12 +1168,14 @@ Verdict Detector::Impl::MakeVerdict(int m, const Rolling& window, const Frame& f
     }
     facts += buf;
   }
-  char head[160];
-  std::snprintf(
-      head, sizeof(head),
-      " stood out from its peers for %d of the last %d ticks (%s evidence, confidence %.2f): ",
-      window.Count(), window.Size(), s.named >= 2 ? "strong or corroborated" : "single-family",
-      v.confidence);
+  char head[256];
+  std::snprintf(head, sizeof(head),
+                " stood out from its peers for %d of the last %d ticks (%s, confidence %.2f): ",
+                window.Count(), window.Size(),
+                s.named >= 2 ? "faulty: a hard signal, or two families agreeing for longer than "
+                               "a benign excursion lasts"
+                             : "suspect: corroborated only briefly, or one family alone",
+                v.confidence);
   v.explanation = reg.machine_name(m) + head + facts;
   return v;
 }

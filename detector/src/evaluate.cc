@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 
 namespace megascope::detector {
 namespace {
@@ -16,6 +17,26 @@ double Quantile(std::vector<double> v, double q) {
 }
 
 }  // namespace
+
+std::string FormatCalibration(const std::vector<std::pair<double, bool>>& scored) {
+  static constexpr double kEdges[] = {0, 0.6, 0.75, 0.9, 1.01};
+  std::string out = "calibration (faulty verdicts by confidence):\n";
+  char buf[160];
+  for (size_t b = 0; b + 1 < std::size(kEdges); ++b) {
+    int n = 0, good = 0;
+    for (const auto& [c, ok] : scored) {
+      if (c >= kEdges[b] && c < kEdges[b + 1]) {
+        ++n;
+        good += ok ? 1 : 0;
+      }
+    }
+    std::snprintf(buf, sizeof(buf), "  confidence [%.2f, %.2f)  %4d verdicts  %4d true  %s\n",
+                  kEdges[b], std::min(1.0, kEdges[b + 1]), n, good,
+                  n == 0 ? "-" : (std::to_string(100 * good / n) + " % true").c_str());
+    out += buf;
+  }
+  return out;
+}
 
 double Score::precision() const {
   int n = true_positives + false_positives;
@@ -41,6 +62,10 @@ Evaluation Evaluate(const std::vector<Verdict>& verdicts, const std::vector<Labe
     return a->detected_at_ns < b->detected_at_ns;
   });
   for (const Verdict* v : ordered) {
+    if (v->kind != VerdictKind::kFaultyMachine) {
+      ++e.alerts;
+      continue;
+    }
     const double t = static_cast<double>(v->detected_at_ns) / 1e9;
     const std::string machine = v->root_nodes.empty() ? "" : v->root_nodes.front();
     int match = -1;
@@ -51,6 +76,11 @@ Evaluation Evaluate(const std::vector<Verdict>& verdicts, const std::vector<Labe
         if (!detected[i]) break;  // prefer an undetected fault
       }
     }
+    if (v->level == VerdictLevel::kSuspect) {
+      ++(match < 0 ? e.suspects_false : e.suspects_true);
+      continue;
+    }
+    if (match < 0 || !detected[match]) e.calibration.emplace_back(v->confidence, match >= 0);
     if (match < 0) {
       ++e.total.false_positives;
     } else if (detected[match]) {
@@ -79,6 +109,12 @@ std::string FormatEvaluation(const Evaluation& e) {
                 s.precision(), s.recall(), s.f1(), s.true_positives, s.false_positives,
                 s.duplicates, s.detected, s.faults, s.median_delay_s(), s.p90_delay_s());
   out += buf;
+  std::snprintf(buf, sizeof(buf),
+                "not counted: %d suspects (%d on a labelled fault, %d not), %d alerts naming no "
+                "machine (monitoring gaps, shared components)\n",
+                e.suspects_true + e.suspects_false, e.suspects_true, e.suspects_false, e.alerts);
+  out += buf;
+  out += FormatCalibration(e.calibration);
   out += "by fault type:\n";
   for (const auto& [type, t] : e.by_type) {
     std::snprintf(buf, sizeof(buf),

@@ -46,6 +46,9 @@ TEST(PolicyTest, TheTable) {
       {"slow", "a_cause_from_2030", 1.0, 10, Action::kAlert},
       {"faulty_machine", "node_network_receive_errors_total", 0.95, 1, Action::kSelfCheck},
       {"faulty_machine", "node_memory_used_bytes", 0.5, 1, Action::kAlert},
+      {"monitoring_gap", "source_silent", 0.9, 5, Action::kAlert},  // an exporter, not a machine
+      {"shared_component", "component_outlier", 0.9, 5, Action::kAlert},  // evicts none of them
+      {"shared_component", "simultaneous_onset", 0.7, 5, Action::kAlert},
       {"job_error", "bad_input", 1.0, 1, Action::kStop},  // no machine would do better
       {"job_error", "repeated_failure", 0.1, 1, Action::kStop},
       {"healthy", "", 1.0, 1, Action::kAlert},
@@ -58,6 +61,20 @@ TEST(PolicyTest, TheTable) {
                                 << ")";
     EXPECT_FALSE(d.reason.empty());
   }
+}
+
+// The detector's suspects are reported, never acted on, however confident: only `faulty` acts.
+TEST(PolicyTest, OnlyAFaultyMachineIsActedOnNotASuspect) {
+  Verdict v = V("faulty_machine", "metric_outlier", 0.95, {"node4"});
+  EXPECT_EQ(Decide(v, {1}).action, Action::kSelfCheck);
+  v.level = VerdictLevel::kSuspect;
+  const Decision d = Decide(v, {1});
+  EXPECT_EQ(d.action, Action::kAlert);
+  EXPECT_NE(d.reason.find("only suspects"), std::string::npos);
+  // The level survives the verdict's JSON.
+  EXPECT_NE(VerdictToJson(v).find("\"level\":\"suspect\""), std::string::npos);
+  EXPECT_EQ(ParseVerdictLevel("suspect"), VerdictLevel::kSuspect);
+  EXPECT_EQ(ParseVerdictLevel("faulty"), VerdictLevel::kFaulty);
 }
 
 // The reason a person reads says what the evidence is: a slow link is not a straggling rank.

@@ -40,18 +40,26 @@ TEST(DetectorTest, HealthyFleetRaisesNothing) {
 }
 
 TEST(DetectorTest, NamesTheMachineThatShiftsAndWhen) {
+  // Two families (GPU power and CPU) off their peers, no hard signal: a suspect once the short
+  // window fills, faulty once the agreement outlasts any benign excursion (the weak window).
   auto v =
       RunFleet(12, 600, [](int m, int t, double x) { return m == 5 && t >= 300 ? x + 40 : x; });
-  ASSERT_EQ(v.size(), 1u);
-  EXPECT_EQ(v[0].root_nodes, std::vector<std::string>{"node5"});
-  EXPECT_EQ(v[0].cause, "metric_outlier");
-  const double onset = static_cast<double>(v[0].onset_at_ns) / 1e9,
-               detected = static_cast<double>(v[0].detected_at_ns) / 1e9;
-  EXPECT_GE(onset, 300);
-  EXPECT_LE(onset, 310);
-  EXPECT_GE(detected - 300, 24);  // the continuity window had to fill
-  EXPECT_LE(detected - 300, 45);
-  EXPECT_NE(v[0].explanation.find("node5"), std::string::npos);
+  ASSERT_EQ(v.size(), 2u);
+  for (const Verdict& x : v) {
+    EXPECT_EQ(x.root_nodes, std::vector<std::string>{"node5"});
+    EXPECT_EQ(x.cause, "metric_outlier");
+    const double onset = static_cast<double>(x.onset_at_ns) / 1e9;
+    EXPECT_GE(onset, 300);
+    EXPECT_LE(onset, 310);
+    EXPECT_NE(x.explanation.find("node5"), std::string::npos);
+  }
+  auto after = [](const Verdict& x) { return static_cast<double>(x.detected_at_ns) / 1e9 - 300; };
+  EXPECT_EQ(v[0].level, VerdictLevel::kSuspect);
+  EXPECT_GE(after(v[0]), 24);  // the continuity window had to fill
+  EXPECT_LE(after(v[0]), 45);
+  EXPECT_EQ(v[1].level, VerdictLevel::kFaulty);
+  EXPECT_GE(after(v[1]), 72);  // 80 % of the 90-s weak window
+  EXPECT_LE(after(v[1]), 100);
 }
 
 TEST(DetectorTest, ShortJitterDoesNotAlarm) {
@@ -116,6 +124,7 @@ TEST(EvaluateTest, ScoresAsFormatsDefines) {
   std::vector<Label> labels = {{"n1", 100, 200, "ecc_error"}, {"n2", 300, 400, "xid_error"}};
   auto verdict = [](const char* machine, double t) {
     Verdict v;
+    v.kind = VerdictKind::kFaultyMachine;
     v.root_nodes = {machine};
     v.detected_at_ns = static_cast<int64_t>(t * 1e9);
     return v;
@@ -131,6 +140,24 @@ TEST(EvaluateTest, ScoresAsFormatsDefines) {
   EXPECT_DOUBLE_EQ(e.total.median_delay_s(), 30);
   EXPECT_EQ(e.by_type["ecc_error"].detected, 1);
   EXPECT_EQ(e.by_type["xid_error"].detected, 0);
+  ASSERT_EQ(e.calibration.size(), 3u);  // the duplicate left out
+  EXPECT_EQ(e.suspects_true + e.suspects_false + e.alerts, 0);
+
+  // A suspect (even on a labelled fault) and alerts that blame no machine are tallied apart.
+  Verdict suspect = verdict("n2", 350), gap = verdict("n3", 360), rack = verdict("n2", 370);
+  suspect.level = VerdictLevel::kSuspect;
+  gap.kind = VerdictKind::kMonitoringGap;
+  rack.kind = VerdictKind::kSharedComponent;
+  vs.insert(vs.end(), {suspect, gap, rack, verdict("n3", 500)});
+  vs.back().level = VerdictLevel::kSuspect;
+  Evaluation f = Evaluate(vs, labels);
+  EXPECT_EQ(f.total.false_positives, 2);
+  EXPECT_EQ(f.by_type["xid_error"].detected, 0);
+  EXPECT_EQ(f.suspects_true, 1);
+  EXPECT_EQ(f.suspects_false, 1);
+  EXPECT_EQ(f.alerts, 2);
+  EXPECT_NE(FormatEvaluation(f).find("2 suspects (1 on a labelled fault, 1 not), 2 alerts"),
+            std::string::npos);
 }
 
 // A fleet of `machines` reporting the given metrics every second around 100 with noise;
@@ -260,19 +287,20 @@ TEST(DetectorTest, AFalseVerdictDoesNotBlindTheDetectorToTheNextFault) {
     if (m == 1 && t >= 1100) return x - 60;
     return x;
   });
-  std::vector<std::pair<std::string, double>> named;
-  named.reserve(v.size());
-  for (const Verdict& x : v)
-    named.emplace_back(x.root_nodes[0], static_cast<double>(x.detected_at_ns) / 1e9);
-  ASSERT_GE(named.size(), 3u);
-  auto count = [&](const std::string& node, double from, double to) {
+  auto count = [&](const std::string& node, double from, double to, VerdictLevel level) {
     int n = 0;
-    for (const auto& [name, at] : named) n += name == node && at >= from && at <= to ? 1 : 0;
+    for (const Verdict& x : v) {
+      const double at = static_cast<double>(x.detected_at_ns) / 1e9;
+      n += x.root_nodes[0] == node && at >= from && at <= to && x.level == level ? 1 : 0;
+    }
     return n;
   };
-  EXPECT_EQ(count("node8", 200, 400), 1);
-  EXPECT_EQ(count("node8", 520, 600), 1);
-  EXPECT_EQ(count("node1", 1100, 1160), 1);
+  // One family alone, however long: a suspect, never faulty.
+  EXPECT_EQ(count("node8", 200, 400, VerdictLevel::kSuspect), 1);
+  EXPECT_EQ(count("node8", 0, 519, VerdictLevel::kFaulty), 0);
+  EXPECT_EQ(count("node8", 520, 640, VerdictLevel::kFaulty), 1);
+  EXPECT_EQ(count("node1", 1100, 1200, VerdictLevel::kFaulty), 1);
+  EXPECT_EQ(count("node1", 0, 1099, VerdictLevel::kFaulty), 0);
 }
 
 TEST(DetectorTest, ConfidenceIsMonotoneInTheEvidence) {

@@ -12,7 +12,9 @@ constexpr std::pair<VerdictKind, std::string_view> kKinds[] = {
     {VerdictKind::kHang, "hang"},
     {VerdictKind::kSlow, "slow"},
     {VerdictKind::kFaultyMachine, "faulty_machine"},
-    {VerdictKind::kJobError, "job_error"}};
+    {VerdictKind::kJobError, "job_error"},
+    {VerdictKind::kMonitoringGap, "monitoring_gap"},
+    {VerdictKind::kSharedComponent, "shared_component"}};
 
 constexpr std::pair<Cause, std::string_view> kCauses[] = {
     {Cause::kRankDead, "rank_dead"},
@@ -29,7 +31,10 @@ constexpr std::pair<Cause, std::string_view> kCauses[] = {
     {Cause::kMachineSilent, "machine_silent"},
     {Cause::kBadInput, "bad_input"},
     {Cause::kRepeatedFailure, "repeated_failure"},
-    {Cause::kSameFailureEverywhere, "same_failure_everywhere"}};
+    {Cause::kSameFailureEverywhere, "same_failure_everywhere"},
+    {Cause::kSourceSilent, "source_silent"},
+    {Cause::kComponentOutlier, "component_outlier"},
+    {Cause::kSimultaneousOnset, "simultaneous_onset"}};
 
 template <typename E, size_t N>
 std::string_view Spelling(const std::pair<E, std::string_view> (&table)[N], E e) {
@@ -57,6 +62,7 @@ J Build(const Verdict& v) {
   j["format"] = "megascope-verdict";
   j["version"] = 1;
   j["kind"] = Name(v.kind);
+  if (v.kind == VerdictKind::kFaultyMachine) j["level"] = Name(v.level);  // added in version 1
   j["cause"] = or_null(v.cause);
   j["root_ranks"] = v.root_ranks;
   j["root_nodes"] = v.root_nodes;
@@ -82,6 +88,10 @@ VerdictKind ParseVerdictKind(std::string_view kind) {
 }
 std::string_view Name(Cause c) { return Spelling(kCauses, c); }
 Cause ParseCause(std::string_view cause) { return Parse(kCauses, cause, Cause::kOther); }
+std::string_view Name(VerdictLevel l) { return l == VerdictLevel::kSuspect ? "suspect" : "faulty"; }
+VerdictLevel ParseVerdictLevel(std::string_view level) {
+  return level == "suspect" ? VerdictLevel::kSuspect : VerdictLevel::kFaulty;
+}
 
 std::string VerdictToJson(const Verdict& v) { return Build<nlohmann::ordered_json>(v).dump(); }
 

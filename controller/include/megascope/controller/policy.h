@@ -16,9 +16,13 @@
 //   slow link_slow                        self-check, same persistence
 //   slow stage_imbalance                  alert only: every replica of the stage is slow; evicting
 //                                         a machine cannot help
-//   faulty_machine                        self-check the suspect at confidence >= check_confidence
+//   faulty_machine (level faulty)         self-check the machine at confidence >= check_confidence
 //                                         (it stays when it passes: the verdict is not confirmed);
 //                                         alert below
+//   faulty_machine (level suspect)        alert only: no hard error, no harm to the job, no
+//                                         lasting agreement of two metric families
+//   monitoring_gap, shared_component      alert only: an exporter stopped, or a rack, switch or
+//                                         PDU moved several machines at once; none is blamed
 //   job_error                             stop: the job's own input or code failed (a data file,
 //                                         the config, a job name in use, a failure that followed
 //                                         the job to a fresh node or that every node met at once

@@ -39,6 +39,19 @@ const char* MetricFamilyName(MetricFamily f);
 inline bool IsStrong(MetricFamily f) {
   return f == MetricFamily::kErrors || f == MetricFamily::kTraining;
 }
+// Which exporter a metric comes from, from its name (DCGM_FI_*, nvidia_*, gpu_* -> the GPU
+// exporter; node_*, cpu, memory, network -> the host's; step and compute times -> the trainer). A
+// machine is silent only when every source stops; one source stopping while the others report is a
+// monitoring gap (an exporter restarting or not deployed), never evidence against the machine --
+// unless two of its sources stop together (its GPU fell off the bus and its trainer with it).
+enum class MetricSource { kGpu, kHost, kTrainer, kOther };
+constexpr int kMetricSources = 4;
+MetricSource ClassifySource(std::string_view name);
+const char* MetricSourceName(MetricSource s);  // gpu_exporter, node_exporter, trainer, other
+// A metric of work done (utilisation, traffic: not temperature, power, memory or pause frames):
+// such a metric at nothing while the peers' is busy means the machine stopped working -- hard
+// evidence, the job waits on it.
+bool IsWorkMetric(std::string_view name);
 // A cumulative counter by Prometheus's naming rule (ends in `_total`, any case): Stream turns its
 // samples into per-second rates.
 bool IsCumulativeCounter(std::string_view name);
@@ -115,6 +128,21 @@ struct DetectorConfig {
   // in any of its spellings (with or without `megascope_`, `_total` or `_per_second`).
   std::vector<std::string> priority = DefaultPriority();
   std::map<std::string, std::string> groups;  // machine -> peer group; others share one group
+  // Sources (ClassifySource): one silent this long while the machine's others and its peers'
+  // report is a monitoring_gap verdict; two of a machine's sources that stop within
+  // `together_ticks` of each other are its failure (strong evidence).
+  int gap_report_ticks = 30;
+  int together_ticks = 10;
+  // Shared components: machines whose runs of outliers on one family begin within `cohort_ticks`
+  // of each other, at least `cohort_min` of them (or 2 that share a component of `components`,
+  // within `component_ticks`), move together for one cause -- a switch, a rack's cooling, a PDU.
+  // That family's evidence is not held against any of them; once the cohort held for most of the
+  // continuity window, a shared_component verdict names it. Hard evidence (errors, silence) is
+  // never explained away.
+  int cohort_ticks = 10;
+  int cohort_min = 3;
+  int component_ticks = 30;
+  std::map<std::string, std::vector<std::string>> components;  // machine -> "rack:r07", ...
 };
 
 class Detector final : public FrameDetector {

@@ -13,7 +13,19 @@ namespace megascope {
 
 // docs/formats.md section 2's kinds, spelled there (one table, verdict.cc). kOther: a kind this
 // build does not know (ParseVerdictKind of a newer writer's); no verdict made here has it.
-enum class VerdictKind : uint8_t { kHealthy, kHang, kSlow, kFaultyMachine, kJobError, kOther };
+// kMonitoringGap (a machine's metric source stopped while the machine and its peers go on) and
+// kSharedComponent (machines that stand out together: their rack, switch or PDU) name no faulty
+// machine: they are alerts, never evictions, and never count as a machine's fault.
+enum class VerdictKind : uint8_t {
+  kHealthy,
+  kHang,
+  kSlow,
+  kFaultyMachine,
+  kJobError,
+  kMonitoringGap,
+  kSharedComponent,
+  kOther
+};
 std::string_view Name(VerdictKind k);  // kOther: "other"
 VerdictKind ParseVerdictKind(std::string_view kind);
 
@@ -36,13 +48,24 @@ enum class Cause : uint8_t {
   kBadInput,
   kRepeatedFailure,
   kSameFailureEverywhere,
+  kSourceSilent,
+  kComponentOutlier,
+  kSimultaneousOnset,
   kOther,
 };
 std::string_view Name(Cause c);  // kOther: "other"
 Cause ParseCause(std::string_view cause);
 
+// How sure a faulty_machine verdict is that the machine is broken (formats.md section 2's `level`):
+// kFaulty (a hard error signal, silence, the job hurt, or two families agreeing longer than any
+// benign excursion: the policy acts) or kSuspect (worth a look: the policy alerts only).
+enum class VerdictLevel : uint8_t { kFaulty, kSuspect };
+std::string_view Name(VerdictLevel l);
+VerdictLevel ParseVerdictLevel(std::string_view level);  // anything but "suspect": kFaulty
+
 struct Verdict {
   VerdictKind kind = VerdictKind::kHealthy;
+  VerdictLevel level = VerdictLevel::kFaulty;  // written for faulty_machine verdicts only
   std::string cause;  // Name(Cause) of what this build knows, e.g. rank_not_joined
   std::vector<int32_t> root_ranks;
   std::vector<std::string> root_nodes;

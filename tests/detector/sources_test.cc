@@ -1,0 +1,237 @@
+// The detector's sources, shared components and two levels (issue 41): an exporter that stops is a
+// monitoring gap, not a faulty machine; machines that move together are one shared component; a
+// machine is faulty only on hard evidence or on two families agreeing for longer than a benign
+// excursion lasts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "megascope/detector/detector.h"
+
+namespace megascope::detector {
+namespace {
+
+// `machines` machines report `metrics` every second around 100 with noise; `tweak(machine, t,
+// metric, value)` may change a value or drop it (NaN).
+std::vector<Verdict> RunFleet(int machines, int seconds, const std::vector<std::string>& metrics,
+                              const std::function<double(int, int, int, double)>& tweak,
+                              DetectorConfig cfg = {}) {
+  Detector det(std::move(cfg));
+  Stream stream(&det);
+  std::mt19937 rng(11);
+  std::normal_distribution<double> noise(0, 1);
+  for (int t = 0; t < seconds; ++t) {
+    for (int m = 0; m < machines; ++m) {
+      for (int k = 0; k < static_cast<int>(metrics.size()); ++k) {
+        const double v = tweak(m, t, k, 100 + noise(rng));
+        if (!std::isnan(v))
+          stream.Add({static_cast<double>(t), "node" + std::to_string(m), metrics[k], v});
+      }
+    }
+  }
+  stream.Flush();
+  return stream.TakeVerdicts();
+}
+
+std::vector<const Verdict*> Of(const std::vector<Verdict>& vs, VerdictKind kind) {
+  std::vector<const Verdict*> out;
+  for (const Verdict& v : vs) {
+    if (v.kind == kind) out.push_back(&v);
+  }
+  return out;
+}
+
+// Three exporters' metrics: the GPU exporter's (0-2), the node exporter's (3-4), the trainer's (5).
+const std::vector<std::string> kMetrics = {"DCGM_FI_DEV_GPU_UTIL",   "DCGM_FI_DEV_POWER_USAGE",
+                                           "DCGM_FI_DEV_GPU_TEMP",   "node_load1",
+                                           "node_memory_used_bytes", "trainer_step_compute_ms"};
+
+TEST(SourcesTest, MetricsBelongToTheirExporter) {
+  EXPECT_EQ(ClassifySource("DCGM_FI_DEV_GPU_UTIL"), MetricSource::kGpu);
+  EXPECT_EQ(ClassifySource("nvidia_smi_power_draw_watts"), MetricSource::kGpu);
+  EXPECT_EQ(ClassifySource("gpu_xid_errors"), MetricSource::kGpu);
+  EXPECT_EQ(ClassifySource("megascope_gpu_utilization_ratio"), MetricSource::kGpu);
+  EXPECT_EQ(ClassifySource("node_network_carrier_changes_total"), MetricSource::kHost);
+  EXPECT_EQ(ClassifySource("node_load1"), MetricSource::kHost);
+  EXPECT_EQ(ClassifySource("cpu_util"), MetricSource::kHost);
+  EXPECT_EQ(ClassifySource("step_time_s"), MetricSource::kTrainer);
+  EXPECT_EQ(ClassifySource("trainer_allreduce_wait_ms"), MetricSource::kTrainer);
+  EXPECT_EQ(ClassifySource("fan_speed_rpm"), MetricSource::kOther);
+  // Names no earlier generator used.
+  EXPECT_EQ(ClassifyMetric("node_load1"), MetricFamily::kCpu);
+  EXPECT_EQ(ClassifyMetric("node_infiniband_port_data_transmitted_bytes_total"),
+            MetricFamily::kNetwork);
+  EXPECT_EQ(ClassifyMetric("node_infiniband_link_downed_total"), MetricFamily::kErrors);
+  EXPECT_EQ(ClassifyMetric("trainer_allreduce_wait_ms"), MetricFamily::kTraining);
+  EXPECT_EQ(ClassifyMetric("trainer_step_compute_ms"), MetricFamily::kTraining);
+  // Work done, whose zero means the machine stopped: not temperatures, power or waits.
+  EXPECT_TRUE(IsWorkMetric("DCGM_FI_PROF_SM_ACTIVE"));
+  EXPECT_TRUE(IsWorkMetric("node_network_transmit_bytes_total"));
+  EXPECT_FALSE(IsWorkMetric("node_infiniband_port_transmit_wait_total"));
+  EXPECT_FALSE(IsWorkMetric("DCGM_FI_DEV_GPU_TEMP"));
+  EXPECT_FALSE(IsWorkMetric("pfc_tx_pause_pps"));
+}
+
+TEST(SourcesTest, AnExporterThatRestartsIsAMonitoringGapNotAFaultyMachine) {
+  // node3's GPU exporter is away for 90 s while its node exporter and trainer report as usual.
+  auto v = RunFleet(12, 900, kMetrics, [](int m, int t, int k, double x) {
+    return m == 3 && k <= 2 && t >= 400 && t < 490 ? std::nan("") : x;
+  });
+  EXPECT_TRUE(Of(v, VerdictKind::kFaultyMachine).empty());
+  const auto gaps = Of(v, VerdictKind::kMonitoringGap);
+  ASSERT_EQ(gaps.size(), 1u);
+  EXPECT_EQ(gaps[0]->root_nodes, std::vector<std::string>{"node3"});
+  EXPECT_EQ(gaps[0]->cause, "source_silent");
+  EXPECT_EQ(gaps[0]->evidence, std::vector<std::string>{"gpu_exporter"});
+  EXPECT_NEAR(gaps[0]->onset_at_ns / 1e9, 400, 12);
+}
+
+TEST(SourcesTest, AnExporterNeverDeployedIsAMonitoringGapOnce) {
+  auto v = RunFleet(12, 900, kMetrics, [](int m, int, int k, double x) {
+    return m == 5 && k <= 2 ? std::nan("") : x;
+  });
+  EXPECT_TRUE(Of(v, VerdictKind::kFaultyMachine).empty());
+  const auto gaps = Of(v, VerdictKind::kMonitoringGap);
+  ASSERT_EQ(gaps.size(), 1u);
+  EXPECT_EQ(gaps[0]->root_nodes, std::vector<std::string>{"node5"});
+}
+
+TEST(SourcesTest, TwoSourcesThatStopTogetherAreTheMachinesFailure) {
+  // node7's GPU falls off the bus: its GPU exporter and its trainer stop in the same second; its
+  // node exporter goes on. Faulty, on the sources' stop alone.
+  auto v = RunFleet(12, 900, kMetrics, [](int m, int t, int k, double x) {
+    return m == 7 && (k <= 2 || k == 5) && t >= 400 ? std::nan("") : x;
+  });
+  const auto faulty = Of(v, VerdictKind::kFaultyMachine);
+  ASSERT_FALSE(faulty.empty());
+  EXPECT_EQ(faulty[0]->root_nodes, std::vector<std::string>{"node7"});
+  EXPECT_EQ(faulty[0]->level, VerdictLevel::kFaulty);
+  EXPECT_EQ(faulty[0]->evidence.front(), "sources_stopped");
+  EXPECT_LE(faulty[0]->detected_at_ns / 1e9 - 400, 50);
+  EXPECT_TRUE(Of(v, VerdictKind::kMonitoringGap).empty());
+}
+
+TEST(SourcesTest, AFaultOnAMachineWhoseExporterIsAwayIsStillNamed) {
+  // node2's GPU exporter is away for good; from t=400 its trainer's compute time is 40 % up.
+  auto v = RunFleet(12, 900, kMetrics, [](int m, int t, int k, double x) {
+    if (m == 2 && k <= 2 && t >= 300) return std::nan("");
+    return m == 2 && k == 5 && t >= 400 ? x * 1.4 : x;
+  });
+  const auto faulty = Of(v, VerdictKind::kFaultyMachine);
+  ASSERT_EQ(faulty.size(), 1u);
+  EXPECT_EQ(faulty[0]->root_nodes, std::vector<std::string>{"node2"});
+  EXPECT_EQ(faulty[0]->level, VerdictLevel::kFaulty);
+  EXPECT_GE(faulty[0]->detected_at_ns / 1e9, 400);
+  EXPECT_EQ(Of(v, VerdictKind::kMonitoringGap).size(), 1u);  // the gap before the fault
+}
+
+// A rack of four whose switch congests from t=400 for `len` seconds: three network metrics (PFC
+// pauses up, traffic down) on all four, each starting up to 3 s after the first; GPU power as
+// usual, no XID errors.
+double SwitchEvent(int m, int t, int k, double x, int len) {
+  if (k == 4) return 0;  // node_xid_errors: none
+  const bool in = m >= 4 && m < 8 && t >= 400 + (m % 4) && t < 400 + len;
+  if (!in || k == 3) return x;
+  return k == 0 ? x * 6 : x * 0.6;
+}
+const std::vector<std::string> kNet = {"pfc_tx_pause_pps", "net_tx_gbps", "net_rx_gbps",
+                                       "gpu_power_w", "node_xid_errors"};
+
+TEST(SharedComponentTest, MachinesThatMoveTogetherAreOneComponentNotThreeFaults) {
+  // Three machines of the rack congest (its fourth is idle): without a topology, their onsets
+  // within seconds of each other make them one cohort.
+  auto v = RunFleet(32, 900, kNet, [](int m, int t, int k, double x) {
+    return m == 7 ? (k == 4 ? 0 : x) : SwitchEvent(m, t, k, x, 150);
+  });
+  EXPECT_TRUE(Of(v, VerdictKind::kFaultyMachine).empty());
+  const auto shared = Of(v, VerdictKind::kSharedComponent);
+  ASSERT_EQ(shared.size(), 1u);
+  EXPECT_EQ(shared[0]->cause, "simultaneous_onset");
+  EXPECT_EQ(shared[0]->root_nodes.size(), 3u);
+  EXPECT_EQ(shared[0]->evidence.size(), 3u);  // the three network metrics
+}
+
+TEST(SharedComponentTest, AWholeRackMovingTogetherIsNeverFaulty) {
+  // All four machines of the rack: a sub-population as far as peers can tell (no evidence), and
+  // with a topology, the rack named.
+  auto v = RunFleet(32, 900, kNet,
+                    [](int m, int t, int k, double x) { return SwitchEvent(m, t, k, x, 150); });
+  EXPECT_TRUE(v.empty());
+  DetectorConfig cfg;
+  for (int m = 0; m < 32; ++m)
+    cfg.components["node" + std::to_string(m)] = {"switch:leaf" + std::to_string(m / 4)};
+  auto w = RunFleet(
+      32, 900, kNet, [](int m, int t, int k, double x) { return SwitchEvent(m, t, k, x, 150); },
+      cfg);
+  EXPECT_TRUE(Of(w, VerdictKind::kFaultyMachine).empty());
+  const auto shared = Of(w, VerdictKind::kSharedComponent);
+  ASSERT_EQ(shared.size(), 1u);
+  EXPECT_EQ(shared[0]->group, "switch:leaf1");
+  EXPECT_EQ(shared[0]->root_nodes.size(), 4u);
+}
+
+TEST(SharedComponentTest, ATopologyNamesTheComponentEvenForTwoMachines) {
+  DetectorConfig cfg;
+  for (int m = 0; m < 32; ++m) {
+    cfg.components["node" + std::to_string(m)] = {"rack:r" + std::to_string(m / 2),
+                                                  "switch:leaf" + std::to_string(m / 2)};
+  }
+  // Two machines of one rack (node4, node5; racks of two) congest together.
+  auto v = RunFleet(
+      32, 900, kNet,
+      [](int m, int t, int k, double x) { return m < 6 ? SwitchEvent(m, t, k, x, 200) : x; }, cfg);
+  EXPECT_TRUE(Of(v, VerdictKind::kFaultyMachine).empty());
+  const auto shared = Of(v, VerdictKind::kSharedComponent);
+  ASSERT_FALSE(shared.empty());
+  EXPECT_EQ(shared[0]->cause, "component_outlier");
+  EXPECT_EQ(shared[0]->group, "rack:r2");
+  EXPECT_EQ(shared[0]->root_nodes, (std::vector<std::string>{"node4", "node5"}));
+}
+
+TEST(SharedComponentTest, AFaultOnOneMachineOfTheRackIsStillNamed) {
+  // During the switch event node6 also starts reporting XID errors (a hard signal): it alone is
+  // named faulty; the switch still is a shared component.
+  DetectorConfig cfg;
+  for (int m = 0; m < 32; ++m)
+    cfg.components["node" + std::to_string(m)] = {"switch:leaf" + std::to_string(m / 4)};
+  auto v = RunFleet(
+      32, 900, kNet,
+      [](int m, int t, int k, double x) {
+        if (k == 4) return m == 6 && t >= 420 && t < 600 ? 13.0 : 0.0;
+        return SwitchEvent(m, t, k, x, 150);
+      },
+      cfg);
+  const auto faulty = Of(v, VerdictKind::kFaultyMachine);
+  ASSERT_EQ(faulty.size(), 1u);
+  EXPECT_EQ(faulty[0]->root_nodes, std::vector<std::string>{"node6"});
+  EXPECT_EQ(faulty[0]->level, VerdictLevel::kFaulty);
+  EXPECT_EQ(faulty[0]->evidence.front(), "node_xid_errors");
+  EXPECT_EQ(Of(v, VerdictKind::kSharedComponent).size(), 1u);
+}
+
+TEST(LevelsTest, OneFamilyForMinutesIsASuspectNeverFaulty) {
+  // A backup job holds node9's CPU for ten minutes.
+  auto v = RunFleet(12, 1200, kMetrics, [](int m, int t, int k, double x) {
+    return m == 9 && k == 3 && t >= 300 && t < 900 ? x + 60 : x;
+  });
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, VerdictKind::kFaultyMachine);
+  EXPECT_EQ(v[0].level, VerdictLevel::kSuspect);
+  EXPECT_LT(v[0].confidence, 0.9);
+}
+
+TEST(LevelsTest, AHardSignalIsFaultyAtOnceWithHighConfidence) {
+  // node1's trainer: compute time 30 % up (the job waits on it).
+  auto v = RunFleet(12, 900, kMetrics, [](int m, int t, int k, double x) {
+    return m == 1 && k == 5 && t >= 400 ? x * 1.3 : x;
+  });
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].level, VerdictLevel::kFaulty);
+  EXPECT_GE(v[0].confidence, 0.9);
+  EXPECT_LE(v[0].detected_at_ns / 1e9 - 400, 45);
+}
+
+}  // namespace
+}  // namespace megascope::detector
