@@ -19,6 +19,7 @@
 #include "megascope/detector/detector.h"
 #include "megascope/detector/evaluate.h"
 #include "megascope/detector/fleet_sim.h"
+#include "megascope/detector/incident_fleet.h"
 #include "megascope/detector/prom_fleet.h"
 
 namespace megascope::cli {
@@ -86,7 +87,7 @@ namespace {
 
 // What `detect` was asked.
 struct DetectArgs {
-  std::string metrics, labels, groups, baseline = "megascope";
+  std::string metrics, labels, groups, topology, baseline = "megascope";
   bool json = false;
   double lateness = 60;
   DetectorConfig cfg;
@@ -101,6 +102,9 @@ po::options_description DetectOptions(DetectArgs& a) {
       "labels CSV (machine,fault_start_s,fault_end_s,fault_type): score the verdicts")(
       "groups", po::value(&a.groups),
       "peer groups CSV (machine,group): compare machines only within a group")(
+      "topology", po::value(&a.topology),
+      "shared components CSV (machine,component; component as kind:name, e.g. rack:r03): machines "
+      "of one component that stand out together are named as that component, not as faulty")(
       "json", po::bool_switch(&a.json), "print verdicts as JSON lines (docs/formats.md section 2)")(
       "window", po::value(&cfg.denoise_window)->default_value(cfg.denoise_window),
       "denoising window (ticks)")("continuity",
@@ -120,6 +124,19 @@ po::options_description DetectOptions(DetectArgs& a) {
   return opts;
 }
 
+// The topology and peer groups files (either may be empty: none) into the detector's settings.
+Status ReadPeers(const std::string& topology, const std::string& groups, DetectorConfig* cfg) {
+  if (!topology.empty()) {
+    ASSIGN_OR_RETURN(auto t, ReadTopologyCsv(topology));
+    for (auto& [machine, component] : t) cfg->components[machine].push_back(component);
+  }
+  if (!groups.empty()) {
+    ASSIGN_OR_RETURN(auto g, ReadGroupsCsv(groups));
+    for (auto& [machine, group] : g) cfg->groups[machine] = group;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 int RunDetect(const Args& args) {
@@ -131,9 +148,10 @@ int RunDetect(const Args& args) {
   DetectorConfig& cfg = a.cfg;
   po::options_description opts = DetectOptions(a);
   po::variables_map vm;
-  if (auto rc = ParseArgs(
-          "detect", "megascope detect --metrics M.csv [--labels L.csv] [--groups G.csv] [--json]",
-          args, opts, {}, &vm)) {
+  if (auto rc = ParseArgs("detect",
+                          "megascope detect --metrics M.csv [--labels L.csv] [--groups G.csv] "
+                          "[--topology T.csv] [--json]",
+                          args, opts, {}, &vm)) {
     return *rc;
   }
   if (cfg.denoise_window < 1 || cfg.continuity < 1 || cfg.weak_continuity < 1 || cfg.tick_s <= 0 ||
@@ -143,11 +161,8 @@ int RunDetect(const Args& args) {
         "--window, --continuity, --weak-continuity, --tick and --threshold must be positive",
         kExitUsage);
   }
-  if (!groups.empty()) {
-    auto g = ReadGroupsCsv(groups);
-    if (!g.ok()) return Fail("detect", g.status().message());
-    for (auto& [machine, group] : *g) cfg.groups[machine] = group;
-  }
+  if (Status st = ReadPeers(a.topology, groups, &cfg); !st.ok())
+    return Fail("detect", st.message());
   std::vector<Label> truth;
   if (!labels.empty()) {
     auto l = ReadLabelsCsv(labels);
@@ -166,8 +181,13 @@ int RunDetect(const Args& args) {
       if (json) {
         std::printf("%s\n", VerdictToJson(v).c_str());
       } else {
-        std::printf("%s  %s  faulty_machine (%s), onset %s\n  %s\n", When(v.detected_at_ns).c_str(),
-                    v.root_nodes[0].c_str(), v.cause.c_str(), When(v.onset_at_ns).c_str(),
+        std::string nodes;
+        for (const std::string& n : v.root_nodes) nodes += (nodes.empty() ? "" : ",") + n;
+        const std::string kind =
+            std::string(Name(v.kind)) +
+            (v.kind == VerdictKind::kFaultyMachine ? " " + std::string(Name(v.level)) : "");
+        std::printf("%s  %s  %s (%s), onset %s\n  %s\n", When(v.detected_at_ns).c_str(),
+                    nodes.c_str(), kind.c_str(), v.cause.c_str(), When(v.onset_at_ns).c_str(),
                     v.explanation.c_str());
       }
       all.push_back(std::move(v));
@@ -205,6 +225,7 @@ struct FleetSource {
   std::vector<std::string> machines, metrics;
   std::vector<Label> labels;
   std::vector<std::pair<std::string, std::string>> groups;
+  std::vector<std::pair<std::string, std::vector<std::string>>> topology;  // incident only
   std::function<void(const std::function<void(int, int, double, double)>&)> run;
   double start_s = 0;
 };
@@ -213,6 +234,23 @@ struct FleetSource {
 Result<FleetSource> MakeFleet(const FleetSimConfig& cfg, const std::string& family) {
   FleetSource f;
   f.start_s = cfg.start_s;
+  if (family == "incident") {
+    IncidentFleetConfig ic;
+    ic.machines = cfg.machines;
+    ic.minutes = cfg.hours * 60;
+    ic.seed = cfg.seed;
+    ic.random_faults = cfg.faults;
+    ic.random_fault_types = cfg.fault_types;
+    ASSIGN_OR_RETURN(IncidentFleet made, IncidentFleet::Make(ic));
+    auto sim = std::make_shared<IncidentFleet>(std::move(made));
+    f.machines = sim->machines();
+    f.metrics = sim->metrics();
+    f.labels = sim->labels();
+    f.topology = sim->Topology();
+    f.run = [sim](const auto& sink) { sim->Run(sink); };
+    f.start_s = ic.start_s;
+    return f;
+  }
   if (family == "prom") {
     PromFleetConfig pc;
     pc.machines = cfg.machines;
@@ -246,13 +284,15 @@ std::string CheckFleetArgs(const std::string& family, const std::string& types,
   if (cfg.machines < 2 || cfg.hours <= 0 || cfg.faults < 0 || cfg.stages < 1 ||
       cfg.stages > cfg.machines)
     return "need --machines >= 2, --hours > 0, --faults >= 0, 1 <= --stages <= --machines";
-  if (family != "fleet-sim" && family != "prom")
-    return "unknown --family '" + family + "' (known: fleet-sim, prom)";
+  if (family != "fleet-sim" && family != "prom" && family != "incident")
+    return "unknown --family '" + family + "' (known: fleet-sim, prom, incident)";
   if (family == "fleet-sim" && cfg.faults > 0 && cfg.hours * 3600 / cfg.faults < 600)
     return "at most one fault per 10 minutes fits (fleet-sim's faults never overlap)";
   std::stringstream ss(types);
   for (std::string t; std::getline(ss, t, ',');) {
-    const auto& known = family == "prom" ? PromFleetFaultTypes() : FleetFaultTypes();
+    const auto& known = family == "prom"       ? PromFleetFaultTypes()
+                        : family == "incident" ? IncidentFleetFaultTypes()
+                                               : FleetFaultTypes();
     if (std::find(known.begin(), known.end(), t) == known.end()) {
       std::string list;
       for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
@@ -303,9 +343,12 @@ int RunFleetSim(const Args& args) {
       "family", po::value(&family)->default_value(family),
       "generator: fleet-sim, or prom (written independently: exporter names and units, cumulative "
       "counters, pipeline stages and two GPU generations without a groups file, clock skew, "
-      "exporter gaps, benign excursions, faults that may overlap)")(
+      "exporter gaps, benign excursions, faults that may overlap), or incident (written from "
+      "production incident reports: Llama 3's fault causes, exporter restarts, switch congestion, "
+      "backups and cooling rows, three exporters with their own cadences, racks behind leaf "
+      "switches; writes topology.csv)")(
       "out,o", po::value(&out_dir)->required(),
-      "output directory (metrics.csv, labels.csv, groups.csv)");
+      "output directory (metrics.csv, labels.csv, groups.csv or topology.csv)");
   po::variables_map vm;
   if (auto rc = ParseArgs("fleet-sim",
                           "megascope fleet-sim --machines N --hours H --faults F --seed S -o DIR",
@@ -329,12 +372,17 @@ int RunFleetSim(const Args& args) {
     if (Status st = WriteGroupsCsv(out_dir + "/groups.csv", fleet->groups); !st.ok())
       return Fail("fleet-sim", st.message());
   }
+  if (!fleet->topology.empty()) {
+    if (Status st = WriteTopologyCsv(out_dir + "/topology.csv", fleet->topology); !st.ok())
+      return Fail("fleet-sim", st.message());
+  }
   std::printf(
       "wrote %s (%lld samples: %d machines x %zu metrics x %.0f s), labels.csv (%zu faults)%s\n",
       mpath.c_str(), static_cast<long long>(*rows), cfg.machines, fleet->metrics.size(), total_s,
       fleet->labels.size(),
-      fleet->groups.empty() ? " (no groups file: the detector finds peers itself)"
-                            : ", groups.csv");
+      !fleet->topology.empty() ? ", topology.csv (use it with detect --topology)"
+      : fleet->groups.empty()  ? " (no groups file: the detector finds peers itself)"
+                               : ", groups.csv");
   return 0;
 }
 

@@ -431,6 +431,7 @@ struct Detector::Impl {
     Rolling recent;               // ticks with any evidence, over the continuity window (re-arming)
     Rolling explained;  // ticks a cohort explained away some of its evidence (lone outliers)
     Rolling grouped;    // ticks it was in a cohort found through a component of the topology
+    Rolling cohort;     // ticks it was in any cohort (re-arming its shared_component verdict)
     int named = 0;      // level of its last verdict while not re-armed: 0 none, 1 suspect, 2 faulty
     bool component_named = false;  // a shared_component verdict named it (until re-armed)
     std::map<int, std::pair<int, double>> evidence;  // metric (-1 silent) -> (ticks, max |z|)
@@ -442,6 +443,7 @@ struct Detector::Impl {
     std::array<int, kMetricSources> gap_run{};  // ticks in a row silent while the peers report it
     std::array<double, kMetricSources> source_interval;  // ticks between its reports (average)
     uint32_t gap_named = 0;
+    uint32_t stopped_together = 0;  // the sources of its last sources_stopped evidence
     // Per family: the current run of outlier ticks (gaps up to kRunGap ticks inside).
     std::array<int64_t, kFamilies> run_start, run_last;
     MachineState() {
@@ -470,9 +472,10 @@ struct Detector::Impl {
   std::array<bool, kMetricSources> source_present{};
   std::map<std::string, int> component_ids;
   std::vector<std::string> component_names;
-  std::vector<Cohort> cohorts;     // this tick's
-  std::vector<double> level_ewma;  // per metric: long-run typical |median| (a floor when idle)
-  std::vector<double> thresholds;  // per metric
+  std::vector<int> component_size;  // machines per component
+  std::vector<Cohort> cohorts;      // this tick's
+  std::vector<double> level_ewma;   // per metric: long-run typical |median| (a floor when idle)
+  std::vector<double> thresholds;   // per metric
   std::map<std::string, int> group_ids;
   std::set<std::string> seen;  // machines given a group
   std::vector<double> scratch, vals, sorted;
@@ -498,12 +501,17 @@ struct Detector::Impl {
       m.corr_long = Rolling(cfg.weak_long_window);
       m.explained = Rolling(cfg.continuity);
       m.grouped = Rolling(cfg.continuity);
+      m.cohort = Rolling(cfg.continuity);
       auto c = cfg.components.find(name);
       if (c != cfg.components.end()) {
         for (const std::string& comp : c->second) {
           auto [it, added] =
               component_ids.try_emplace(comp, static_cast<int>(component_names.size()));
-          if (added) component_names.push_back(comp);
+          if (added) {
+            component_names.push_back(comp);
+            component_size.push_back(0);
+          }
+          ++component_size[it->second];
           m.components.push_back(it->second);
         }
       }
@@ -537,6 +545,9 @@ struct Detector::Impl {
   }
 
   Verdict MakeVerdict(int m, const Rolling& window, const Frame& f, const Registry& reg) const;
+  // One piece of machine m's evidence as a reader reads it ("X [gpu] off its peers by ...").
+  std::string Fact(int m, int metric, int ticks, double z, const char* sep,
+                   const std::string& name) const;
 
   // One frame, in phases over the detector's state (OnFrame is the driver): its cells stored,
   // every metric scored within every peer group, silences noted, then each machine's evidence held
@@ -563,6 +574,12 @@ struct Detector::Impl {
   void GroupCohorts(int64_t now, std::vector<std::vector<Hit>>* hits, const Frame& f,
                     const Registry& reg, std::vector<Verdict>* out);
   void FindCohorts(std::vector<int> ms, MetricFamily fam, int component, int min, int window);
+  // This tick's cohorts (`cohorts`), each machine's runs of outliers per family updated.
+  void FindAllCohorts(int64_t now, const std::vector<std::vector<Hit>>& hits);
+  // Each member's explained and grouped ticks; a cohort that held is named (`out`).
+  void NameCohorts(int64_t now, const std::vector<std::vector<Hit>>& hits,
+                   const std::vector<uint32_t>& explained, const std::vector<uint8_t>& grouped,
+                   const Frame& f, const Registry& reg, std::vector<Verdict>* out);
   Verdict ComponentVerdict(const Cohort& c, const std::vector<std::vector<Hit>>& hits,
                            const Frame& f, const Registry& reg) const;
   // Each machine's hits against the continuity windows: a verdict when it stands out long enough.
@@ -584,6 +601,17 @@ struct Detector::Impl {
       if (last >= now - std::max<int64_t>(2, std::llround(2 * interval))) ++active;
     }
     return total >= cfg.min_peers && 2 * active > total;
+  }
+  // Whether a majority of the group's machines that ever reported source `src` reported it after
+  // tick `after`.
+  bool SourceContinued(int group, int src, int64_t after) const {
+    int went_on = 0, total = 0;
+    for (const MachineState& m : machines) {
+      if (m.group != group || m.source_last[src] == kNever) continue;
+      ++total;
+      if (m.source_last[src] > after) ++went_on;
+    }
+    return total >= cfg.min_peers && 2 * went_on > total;
   }
   // The same for a source: a majority of the group's machines that ever reported it did so
   // lately.
@@ -869,10 +897,12 @@ void Detector::Impl::NoteSources(int64_t now, std::vector<std::vector<Hit>>* hit
       const int64_t last = s.source_last[src];
       const int run = std::exchange(s.gap_run[src], 0);
       if (!source_present[src] || (last != kNever && now - last > cfg.forget_ticks)) continue;
-      if (last != kNever && now - last == 2 && s.stop_seen[src] != last) {
-        // Two ticks after it stopped (a lost scrape is one): did its peers go on reporting it?
+      const int64_t every = std::max<int64_t>(1, std::llround(s.source_interval[src]));
+      if (last != kNever && now - last == 2 * every && s.stop_seen[src] != last) {
+        // Two of its intervals after its last report (a lost scrape is one): did its peers
+        // report it since, a whole interval later? (At a checkpoint every trainer stops.)
         s.stop_seen[src] = last;
-        s.stop_alone[src] = SourceActive(s.group, src, now);
+        s.stop_alone[src] = SourceContinued(s.group, src, last + every - 1);
       }
       const int64_t quiet =
           std::max<int64_t>(cfg.silence_ticks, std::llround(3 * s.source_interval[src]));
@@ -889,15 +919,16 @@ void Detector::Impl::NoteSources(int64_t now, std::vector<std::vector<Hit>>* hit
     }
     if (gaps == 0) continue;
     // Two sources that each stopped while the peers went on, within seconds: the machine failed.
-    bool together = false;
+    uint32_t together = 0;
     for (int a = 0; a < kMetricSources; ++a) {
       for (int b = a + 1; b < kMetricSources; ++b) {
-        together =
-            together || ((alone >> a & 1u) && (alone >> b & 1u) &&
-                         std::llabs(s.source_last[a] - s.source_last[b]) <= cfg.together_ticks);
+        if ((alone >> a & 1u) && (alone >> b & 1u) &&
+            std::llabs(s.source_last[a] - s.source_last[b]) <= cfg.together_ticks)
+          together |= (1u << a) | (1u << b);
       }
     }
-    if (together) {
+    if (together != 0) {
+      s.stopped_together = together;
       (*hits)[m].push_back({-2, 0, true});
       continue;
     }
@@ -957,6 +988,29 @@ void Detector::Impl::GroupCohorts(int64_t now, std::vector<std::vector<Hit>>* hi
                                   const Frame& f, const Registry& reg, std::vector<Verdict>* out) {
   std::vector<std::vector<Hit>>& hits = *hits_io;
   const int nmach = static_cast<int>(machines.size());
+  FindAllCohorts(now, hits);
+  std::vector<uint32_t> explained(nmach, 0);
+  std::vector<uint8_t> grouped(nmach, 0);
+  for (const Cohort& c : cohorts) {
+    for (int m : c.members) {
+      explained[m] |= Bit(c.family);
+      grouped[m] = grouped[m] || c.component >= 0;
+    }
+  }
+  NameCohorts(now, hits, explained, grouped, f, reg, out);
+  for (int m = 0; m < nmach; ++m) {
+    auto& h = hits[m];
+    h.erase(std::remove_if(h.begin(), h.end(),
+                           [&](const Hit& x) {
+                             return x.company || (x.metric >= 0 && !x.stopped &&
+                                                  (explained[m] & Bit(family[x.metric])) != 0);
+                           }),
+            h.end());
+  }
+}
+
+void Detector::Impl::FindAllCohorts(int64_t now, const std::vector<std::vector<Hit>>& hits) {
+  const int nmach = static_cast<int>(machines.size());
   std::array<std::vector<int>, kFamilies> on;  // machines standing out on each family now
   for (int m = 0; m < nmach; ++m) {
     uint32_t fams = 0;
@@ -982,18 +1036,21 @@ void Detector::Impl::GroupCohorts(int64_t now, std::vector<std::vector<Hit>>* hi
     for (int m : on[fi]) {
       for (int c : machines[m].components) by_component[c].push_back(m);
     }
+    // At least two of the component's machines, and a quarter of them (a row of 32 racks' worth
+    // of machines is no cohort because two of them deviate).
     for (auto& [c, ms] : by_component) {
-      if (ms.size() >= 2) FindCohorts(std::move(ms), fam, c, 2, cfg.component_ticks);
+      const int need = std::max(2, (component_size[c] + 3) / 4);
+      if (static_cast<int>(ms.size()) >= need)
+        FindCohorts(std::move(ms), fam, c, need, cfg.component_ticks);
     }
   }
-  std::vector<uint32_t> explained(nmach, 0);
-  std::vector<uint8_t> grouped(nmach, 0);
-  for (const Cohort& c : cohorts) {
-    for (int m : c.members) {
-      explained[m] |= Bit(c.family);
-      grouped[m] = grouped[m] || c.component >= 0;
-    }
-  }
+}
+
+void Detector::Impl::NameCohorts(int64_t now, const std::vector<std::vector<Hit>>& hits,
+                                 const std::vector<uint32_t>& explained,
+                                 const std::vector<uint8_t>& grouped, const Frame& f,
+                                 const Registry& reg, std::vector<Verdict>* out) {
+  const int nmach = static_cast<int>(machines.size());
   const int need = static_cast<int>(std::ceil(cfg.continuity_fraction * cfg.continuity));
   for (int m = 0; m < nmach; ++m) {
     // Explained away: evidence (not mere company) of a family its cohort moved on.
@@ -1004,6 +1061,7 @@ void Detector::Impl::GroupCohorts(int64_t now, std::vector<std::vector<Hit>>* hi
     }
     machines[m].explained.Push(now, lone);
     machines[m].grouped.Push(now, grouped[m] != 0);
+    machines[m].cohort.Push(now, explained[m] != 0);
   }
   // Named once it held for most of the continuity window: a cohort by onset alone only when it
   // explained evidence away (machines that merely keep company -- another GPU generation at a
@@ -1019,17 +1077,8 @@ void Detector::Impl::GroupCohorts(int64_t now, std::vector<std::vector<Hit>>* hi
     for (int m : c.members) machines[m].component_named = true;
     out->push_back(ComponentVerdict(c, hits, f, reg));
   }
-  for (int m = 0; m < nmach; ++m) {
-    MachineState& s = machines[m];
-    if (std::max(s.explained.Count(), s.grouped.Count()) <= cfg.rearm_fraction * cfg.continuity)
-      s.component_named = false;
-    auto& h = hits[m];
-    h.erase(std::remove_if(h.begin(), h.end(),
-                           [&](const Hit& x) {
-                             return x.company || (x.metric >= 0 && !x.stopped &&
-                                                  (explained[m] & Bit(family[x.metric])) != 0);
-                           }),
-            h.end());
+  for (MachineState& s : machines) {
+    if (s.cohort.Count() <= cfg.rearm_fraction * cfg.continuity) s.component_named = false;
   }
 }
 
@@ -1102,6 +1151,38 @@ double Detector::Confidence(const std::vector<EvidenceItem>& evidence, int conti
   return std::min(0.99, 1 - miss);
 }
 
+std::string Detector::Impl::Fact(int m, int metric, int ticks, double z, const char* sep,
+                                 const std::string& name) const {
+  const MachineState& s = machines[m];
+  char buf[240];
+  if (metric == -1) {
+    std::snprintf(buf, sizeof(buf), "%ssent no samples for %d s", sep, ticks);
+  } else if (metric == -2) {
+    std::string which;
+    for (int src = 0; src < kMetricSources; ++src) {
+      if (s.stopped_together >> src & 1u)
+        which += (which.empty() ? "" : " and ") +
+                 std::string(MetricSourceName(static_cast<MetricSource>(src)));
+    }
+    std::snprintf(buf, sizeof(buf),
+                  "%sits %s stopped within %d s of each other while its peers' went on (%d ticks)",
+                  sep, which.c_str(), cfg.together_ticks, ticks);
+  } else if (s.stopped.count(metric) > 0) {
+    std::snprintf(buf, sizeof(buf), "%s%s [%s] at nothing while its peers work (%d ticks)", sep,
+                  name.c_str(), MetricFamilyName(family[metric]), ticks);
+  } else if (z == 0) {
+    std::snprintf(buf, sizeof(buf), "%s%s missing while peers report it (%d ticks)", sep,
+                  name.c_str(), ticks);
+  } else if (z > 1000) {  // the peers are flat (an event counter at zero)
+    std::snprintf(buf, sizeof(buf), "%s%s nonzero while its peers stay flat (%d ticks)", sep,
+                  name.c_str(), ticks);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%s%s [%s] off its peers by up to %.1f robust sd (%d ticks)",
+                  sep, name.c_str(), MetricFamilyName(family[metric]), z, ticks);
+  }
+  return buf;
+}
+
 Verdict Detector::Impl::MakeVerdict(int m, const Rolling& window, const Frame& f,
                                     const Registry& reg) const {
   const Impl& d = *this;
@@ -1144,29 +1225,7 @@ Verdict Detector::Impl::MakeVerdict(int m, const Rolling& window, const Frame& f
                                       : reg.metric_name(metric);
     v.evidence.push_back(name);
     if (facts.size() >= 240) continue;
-    char buf[200];
-    const char* sep = facts.empty() ? "" : "; ";
-    if (metric == -1) {
-      std::snprintf(buf, sizeof(buf), "%ssent no samples for %d s", sep, stat.first);
-    } else if (metric == -2) {
-      std::snprintf(buf, sizeof(buf),
-                    "%stwo of its sources stopped within %d s of each other while its peers' "
-                    "went on (%d ticks)",
-                    sep, cfg.together_ticks, stat.first);
-    } else if (s.stopped.count(metric) > 0) {
-      std::snprintf(buf, sizeof(buf), "%s%s [%s] at nothing while its peers work (%d ticks)", sep,
-                    name.c_str(), MetricFamilyName(d.family[metric]), stat.first);
-    } else if (stat.second == 0) {
-      std::snprintf(buf, sizeof(buf), "%s%s missing while peers report it (%d ticks)", sep,
-                    name.c_str(), stat.first);
-    } else if (stat.second > 1000) {  // the peers are flat (an event counter at zero)
-      std::snprintf(buf, sizeof(buf), "%s%s nonzero while its peers stay flat (%d ticks)", sep,
-                    name.c_str(), stat.first);
-    } else {
-      std::snprintf(buf, sizeof(buf), "%s%s [%s] off its peers by up to %.1f robust sd (%d ticks)",
-                    sep, name.c_str(), MetricFamilyName(d.family[metric]), stat.second, stat.first);
-    }
-    facts += buf;
+    facts += Fact(m, metric, stat.first, stat.second, facts.empty() ? "" : "; ", name);
   }
   char head[256];
   std::snprintf(head, sizeof(head),

@@ -188,7 +188,7 @@ struct JobEvent {
   bool checkpoint;
 };
 struct Restart {
-  double hang, restart;
+  double hang, restart, repaired;  // the job hangs, restarts without it; it is back once repaired
   int machine;
 };
 
@@ -233,7 +233,7 @@ JobSecond JobAt(const IncidentFleetConfig& c, const std::vector<IncidentEpisode>
   for (const Restart& r : restarts) {
     j.hung = j.hung || (t >= r.hang && t < r.restart);
     j.warm = j.warm || (t >= r.restart && t < r.restart + 90);
-    if (t >= r.hang) j.out[r.machine] = 1;
+    if (t >= r.hang && t < r.repaired) j.out[r.machine] = 1;
   }
   for (const JobEvent& e : events) {
     if (t >= e.start && t < e.end) (e.checkpoint ? j.checkpoint : j.eval) = true;
@@ -426,7 +426,8 @@ void IncidentFleet::Run(
   }
   for (int m = 0; m < n; ++m) run[m].off_temp += hot_[m] ? 8 : 0;
   // The job's own events: checkpoints every 20-40 min, evaluations hourly; a fatal fault hangs
-  // the job from a few seconds after it until a restart 3-7 minutes later, without the machine.
+  // the job from a few seconds after it until a restart 3-7 minutes later without the machine,
+  // which is back (repaired, a spare in its place) when the fault's window ends.
   std::vector<JobEvent> events;
   const auto span = static_cast<double>(total);
   if (c.job_events) {
@@ -438,7 +439,7 @@ void IncidentFleet::Run(
   std::vector<Restart> restarts;
   for (const IncidentEpisode& e : faults_) {
     if (Fatal(e.kind))
-      restarts.push_back({e.start + 2 + 8 * e.size, e.start + 180 + 240 * e.size, e.target});
+      restarts.push_back({e.start + 2 + 8 * e.size, e.start + 180 + 240 * e.size, e.end, e.target});
   }
   for (int64_t ti = 0; ti < total; ++ti) {
     const auto t = static_cast<double>(ti);

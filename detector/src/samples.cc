@@ -245,4 +245,32 @@ Status WriteGroupsCsv(const std::string& path,
   return WriteSmallCsv(path, text);
 }
 
+Result<std::vector<std::pair<std::string, std::string>>> ReadTopologyCsv(const std::string& path) {
+  std::vector<std::pair<std::string, std::string>> rows;
+  Status st = ReadSmallCsv(path, {"machine", "component"},
+                           [&](const std::vector<std::string_view>& f) -> Status {
+                             const std::string_view machine = Trim(f[0]), comp = Trim(f[1]);
+                             const size_t colon = comp.find(':');
+                             if (machine.empty() || colon == 0 || colon == std::string_view::npos ||
+                                 colon + 1 == comp.size())
+                               return InvalidArgument(
+                                   "want machine,kind:name (e.g. node7,rack:r03)"
+                                   ", got '" +
+                                   std::string(machine) + "," + std::string(comp) + "'");
+                             rows.emplace_back(machine, comp);
+                             return Status::Ok();
+                           });
+  if (!st.ok()) return st;
+  return rows;
+}
+
+Status WriteTopologyCsv(const std::string& path,
+                        const std::vector<std::pair<std::string, std::vector<std::string>>>& t) {
+  std::string text = "machine,component\n";
+  for (const auto& [machine, components] : t) {
+    for (const std::string& c : components) text += machine + "," + c + "\n";
+  }
+  return WriteSmallCsv(path, text);
+}
+
 }  // namespace megascope::detector

@@ -83,5 +83,22 @@ TEST(SamplesTest, LabelsAndGroups) {
   EXPECT_NE(g2.status().message().find("g2.csv:2: expected 2 fields"), std::string::npos);
 }
 
+TEST(SamplesTest, TopologyRoundTripsAndABadComponentNamesItsLine) {
+  const std::string path = ::testing::TempDir() + "/topology.csv";
+  ASSERT_TRUE(WriteTopologyCsv(path, {{"node7", {"rack:r03", "switch:leaf03"}}}).ok());
+  auto t = ReadTopologyCsv(path);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_EQ(t->size(), 2u);
+  EXPECT_EQ((*t)[1], (std::pair<std::string, std::string>{"node7", "switch:leaf03"}));
+  {
+    std::ofstream out(path);
+    out << "machine,component\nnode7,rack:r03\nnode8,rack\n";
+  }
+  auto bad = ReadTopologyCsv(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find(":3"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("kind:name"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace megascope::detector

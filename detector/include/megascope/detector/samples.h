@@ -79,6 +79,13 @@ Result<std::vector<std::pair<std::string, std::string>>> ReadGroupsCsv(const std
 Status WriteGroupsCsv(const std::string& path,
                       const std::vector<std::pair<std::string, std::string>>& groups);
 
+// The topology (docs/formats.md section 3): one row per machine and shared component, spelled
+// kind:name ("node7,rack:r03"); a machine may have several (its rack, switch, PDU).
+Result<std::vector<std::pair<std::string, std::string>>> ReadTopologyCsv(const std::string& path);
+Status WriteTopologyCsv(
+    const std::string& path,
+    const std::vector<std::pair<std::string, std::vector<std::string>>>& topology);
+
 // Parses one "timestamp_s,machine,metric,value" line (exposed for tests).
 Status ParseMetricsLine(std::string_view line, Sample* s);
 
