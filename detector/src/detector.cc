@@ -365,6 +365,7 @@ struct Detector::Impl {
     double last_z = 0;
     int64_t last_burst = kNever,
             prev_burst = 2 * kNever;  // starts of its last two runs of outlier ticks
+    int64_t third_burst = kNever;     // and of the one before (kNever: none)
     int64_t learned = 0;              // ticks seen in warm-up
     std::vector<double> warm;         // deviations seen in warm-up; their median becomes the bias
     void Add(int64_t now, double v) {
@@ -426,6 +427,7 @@ struct Detector::Impl {
     int64_t first_tick = kNever, last_tick = kNever;
     Rolling hard, hard_long;      // hard evidence: errors, silence, the job hurt (faulty)
     Rolling corr, corr_long;      // two families or three metrics agree (faulty when it lasts)
+    Rolling two;                  // two families agree (faulty over the corroborated window)
     Rolling strong, strong_long;  // hard or corroborated, over the short windows (suspect)
     Rolling weak, weak_long;      // ticks with any evidence (suspect)
     Rolling recent;               // ticks with any evidence, over the continuity window (re-arming)
@@ -499,6 +501,7 @@ struct Detector::Impl {
       m.hard_long = Rolling(cfg.long_window);
       m.corr = Rolling(cfg.weak_continuity);
       m.corr_long = Rolling(cfg.weak_long_window);
+      m.two = Rolling(cfg.corroborated_continuity);
       m.explained = Rolling(cfg.continuity);
       m.grouped = Rolling(cfg.continuity);
       m.cohort = Rolling(cfg.continuity);
@@ -586,6 +589,16 @@ struct Detector::Impl {
   void Conclude(int64_t now, const std::vector<std::vector<Hit>>& hits, const Frame& f,
                 const Registry& reg, std::vector<Verdict>* out);
 
+  // Whether an error counter's last burst still counts: bursts within the continuity window keep
+  // it for `error_memory_ticks`; three within the long window (a link that flaps every minute)
+  // for as long as the last gap between them.
+  bool RepeatingErrors(const Series& s, int64_t now) const {
+    const int64_t quiet = now - s.last_hit;
+    if (s.last_burst - s.prev_burst <= cfg.continuity && quiet <= cfg.error_memory_ticks)
+      return true;
+    return s.third_burst != kNever && s.last_burst - s.third_burst <= cfg.long_window &&
+           quiet <= s.last_burst - s.prev_burst;
+  }
   // Whether machine m is past its warm-up on metric k (its usual place known).
   bool Learned(int k, int m) const { return series[k][m].learned >= cfg.warmup_ticks; }
   // Whether a majority of `group` reported `metric` (or anything, metric < 0) within 2 ticks (or
@@ -763,17 +776,17 @@ void Detector::Impl::Judge(int k, int m, int64_t now, double offset, double scal
   if (lone) {
     hits->push_back({k, z, false});
     if (s.last_hit != now - 1) {  // a new burst
+      s.third_burst = s.prev_burst < kNever ? kNever : s.prev_burst;
       s.prev_burst = s.last_burst;
       s.last_burst = now;
     }
     s.last_hit = now;
     s.last_z = z;
-  } else if (family[k] == MetricFamily::kErrors && s.last_burst - s.prev_burst <= cfg.long_window &&
-             now - s.last_hit <=
-                 std::max<int64_t>(cfg.error_memory_ticks, s.last_burst - s.prev_burst)) {
-    // Errors that repeat with quiet seconds between (a flapping link going down every minute, ECC
-    // corrections) stay evidence through the quiet spell, as long as the last one between bursts;
-    // a single burst never does.
+  } else if (family[k] == MetricFamily::kErrors && RepeatingErrors(s, now)) {
+    // Errors that repeat with quiet seconds between (ECC corrections; a flapping link going down
+    // every minute: three bursts within the long window) stay evidence through the quiet spell,
+    // as long as the last one between bursts; a single burst never does, nor two a minute apart
+    // (a healthy card corrects an error now and then).
     hits->push_back({k, s.last_z, false});
   } else if (family[k] != MetricFamily::kErrors) {  // errors are never anyone's usual place
     // Not alone: wherever it sits is its usual place among its peers, so its offset follows
@@ -828,6 +841,7 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
   const int strong_long_need = need(cfg.long_fraction, cfg.long_window);
   const int weak_need = need(cfg.weak_fraction, cfg.weak_continuity);
   const int weak_long_need = need(cfg.long_fraction, cfg.weak_long_window);
+  const int two_need = need(cfg.continuity_fraction, cfg.corroborated_continuity);
   auto held = [&](const Rolling& a, const Rolling& b, int na, int nb) -> const Rolling* {
     if (a.Count() >= na) return &a;
     return b.Count() >= nb ? &b : nullptr;
@@ -847,12 +861,13 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
     }
     // Corroborated: two families agree, or three sensors of one device (a GPU's utilisation,
     // power and memory all off its peers); the benign excursions move one metric, two at most.
-    const bool corr =
-        (families & (families - 1)) != 0 || *std::max_element(metrics.begin(), metrics.end()) >= 3;
+    const bool two = (families & (families - 1)) != 0;
+    const bool corr = two || *std::max_element(metrics.begin(), metrics.end()) >= 3;
     const bool any = !hits[m].empty();
     s.hard.Push(now, hard);
     s.hard_long.Push(now, hard);
     s.corr.Push(now, corr);
+    s.two.Push(now, two);
     s.corr_long.Push(now, corr);
     s.strong.Push(now, hard || corr);
     s.strong_long.Push(now, hard || corr);
@@ -871,6 +886,7 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
     }
     int level = 0;
     const Rolling* window = held(s.hard, s.hard_long, strong_need, strong_long_need);
+    if (window == nullptr) window = held(s.two, s.two, two_need, two_need);
     if (window == nullptr) window = held(s.corr, s.corr_long, weak_need, weak_long_need);
     if (window != nullptr) {
       level = 2;

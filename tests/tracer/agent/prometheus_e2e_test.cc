@@ -60,9 +60,15 @@ TEST(PrometheusE2eTest, PrometheusScrapesEveryRanksStepAndDashboardsUseRealMetri
                          data + " --run-dir " + run + " --job e2e" + std::to_string(::getpid()) +
                          " --steps 100000 --layers 2 --width 32 --heads 2 --seq 16 --batch 4",
                      dir.path() + "/train.log");
-  // The agents' ports are in run.json once the launcher has started them.
+  // The agents' ports are in run.json once the launcher has started them; the file_sd list is
+  // written just after it (a reader between the two once found no list).
   std::vector<int> ports;
-  for (int i = 0; i < 200 && ports.size() < 2; ++i) {
+  auto targets_ready = [&] {
+    std::ifstream in(run + "/prometheus_targets.json");
+    const auto t = nlohmann::json::parse(in, nullptr, false);
+    return t.is_array() && t.size() == 2;
+  };
+  for (int i = 0; i < 200 && (ports.size() < 2 || !targets_ready()); ++i) {
     std::ifstream in(run + "/run.json");
     if (in) {
       try {
@@ -72,7 +78,8 @@ TEST(PrometheusE2eTest, PrometheusScrapesEveryRanksStepAndDashboardsUseRealMetri
       } catch (...) {
       }
     }
-    if (ports.size() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (ports.size() < 2 || !targets_ready())
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_EQ(ports.size(), 2u);
   {  // the same agents in the file_sd list

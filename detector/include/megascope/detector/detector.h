@@ -117,6 +117,10 @@ struct DetectorConfig {
   // benign single-metric excursions production shows last up to a minute (a cron job, an incast
   // burst, a NIC dip, a temperature bump), so the weak window is 90 s.
   int weak_continuity = 90;
+  // Two metric families agreeing name a machine faulty over this window (80 % of it): longer than
+  // the benign excursions of one metric (up to a minute); three metrics of one family need the
+  // weak window.
+  int corroborated_continuity = 60;
   double weak_fraction = 0.8;
   int weak_long_window = 300;
   // A named machine can be named again once it stood out in at most this share of the last
