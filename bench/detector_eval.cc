@@ -156,6 +156,10 @@ void Accumulate(Evaluation* into, const Evaluation& e) {
   };
   add(&into->total, e.total);
   for (const auto& [type, s] : e.by_type) add(&into->by_type[type], s);
+  into->suspects_true += e.suspects_true;
+  into->suspects_false += e.suspects_false;
+  into->alerts += e.alerts;
+  into->calibration.insert(into->calibration.end(), e.calibration.begin(), e.calibration.end());
 }
 
 bool Matches(const Verdict& v, const std::vector<Label>& labels) {
