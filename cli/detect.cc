@@ -230,10 +230,19 @@ struct FleetSource {
   double start_s = 0;
 };
 
+// What every generator offers, taken from `sim` (kept alive by the source's run).
+template <typename Sim>
+void Adopt(std::shared_ptr<Sim> sim, double start_s, FleetSource* f) {
+  f->machines = sim->machines();
+  f->metrics = sim->metrics();
+  f->labels = sim->labels();
+  f->start_s = start_s;
+  f->run = [sim](const auto& sink) { sim->Run(sink); };
+}
+
 // The generator --family names, configured from `cfg`.
 Result<FleetSource> MakeFleet(const FleetSimConfig& cfg, const std::string& family) {
   FleetSource f;
-  f.start_s = cfg.start_s;
   if (family == "incident") {
     IncidentFleetConfig ic;
     ic.machines = cfg.machines;
@@ -242,13 +251,8 @@ Result<FleetSource> MakeFleet(const FleetSimConfig& cfg, const std::string& fami
     ic.random_faults = cfg.faults;
     ic.random_fault_types = cfg.fault_types;
     ASSIGN_OR_RETURN(IncidentFleet made, IncidentFleet::Make(ic));
-    auto sim = std::make_shared<IncidentFleet>(std::move(made));
-    f.machines = sim->machines();
-    f.metrics = sim->metrics();
-    f.labels = sim->labels();
-    f.topology = sim->Topology();
-    f.run = [sim](const auto& sink) { sim->Run(sink); };
-    f.start_s = ic.start_s;
+    f.topology = made.Topology();
+    Adopt(std::make_shared<IncidentFleet>(std::move(made)), ic.start_s, &f);
     return f;
   }
   if (family == "prom") {
@@ -261,20 +265,12 @@ Result<FleetSource> MakeFleet(const FleetSimConfig& cfg, const std::string& fami
     pc.random_fault_types = cfg.fault_types;
     pc.hot_machines = std::max(1, cfg.machines / 32);
     ASSIGN_OR_RETURN(PromFleet made, PromFleet::Make(pc));
-    auto sim = std::make_shared<PromFleet>(std::move(made));
-    f.machines = sim->machines();
-    f.metrics = sim->metrics();
-    f.labels = sim->labels();
-    f.run = [sim](const auto& sink) { sim->Run(sink); };
-    f.start_s = pc.start_s;
+    Adopt(std::make_shared<PromFleet>(std::move(made)), pc.start_s, &f);
     return f;
   }
   auto sim = std::make_shared<FleetSim>(cfg);
-  f.machines = sim->machines();
-  f.metrics = sim->metrics();
-  f.labels = sim->labels();
   f.groups = sim->Groups();
-  f.run = [sim](const auto& sink) { sim->Run(sink); };
+  Adopt(std::move(sim), cfg.start_s, &f);
   return f;
 }
 
