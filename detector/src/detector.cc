@@ -604,41 +604,47 @@ struct Detector::Impl {
   // Whether a majority of `group` reported `metric` (or anything, metric < 0) within 2 ticks (or
   // two of the metric's intervals).
   bool PeersActive(int group, int metric, int64_t now) const {
-    int active = 0, total = 0;
-    for (size_t m = 0; m < machines.size(); ++m) {
-      if (machines[m].group != group || machines[m].first_tick == kNever) continue;
-      int64_t last = metric < 0 ? machines[m].last_tick : series[metric][m].last_tick;
-      if (metric >= 0 && last == kNever) continue;
-      ++total;
+    return Majority(group, [&](size_t m) {
+      if (machines[m].first_tick == kNever) return -1;
+      const int64_t last = metric < 0 ? machines[m].last_tick : series[metric][m].last_tick;
+      if (metric >= 0 && last == kNever) return -1;
       const double interval = metric < 0 ? 1.0 : series[metric][m].interval;
-      if (last >= now - std::max<int64_t>(2, std::llround(2 * interval))) ++active;
-    }
-    return total >= cfg.min_peers && 2 * active > total;
+      return last >= now - Lately(interval) ? 1 : 0;
+    });
   }
   // Whether a majority of the group's machines that ever reported source `src` reported it after
   // tick `after`.
   bool SourceContinued(int group, int src, int64_t after) const {
-    int went_on = 0, total = 0;
-    for (const MachineState& m : machines) {
-      if (m.group != group || m.source_last[src] == kNever) continue;
-      ++total;
-      if (m.source_last[src] > after) ++went_on;
-    }
-    return total >= cfg.min_peers && 2 * went_on > total;
+    return Majority(group, [&](size_t m) {
+      const int64_t last = machines[m].source_last[src];
+      return last == kNever ? -1 : last > after ? 1 : 0;
+    });
   }
   // The same for a source: a majority of the group's machines that ever reported it did so
-  // lately.
+  // lately (a trainer that reports once a step: within two of its intervals).
   bool SourceActive(int group, int src, int64_t now) const {
-    int active = 0, total = 0;
-    for (const MachineState& m : machines) {
-      if (m.group != group || m.source_last[src] == kNever) continue;
+    return Majority(group, [&](size_t m) {
+      const int64_t last = machines[m].source_last[src];
+      if (last == kNever) return -1;
+      return last >= now - Lately(machines[m].source_interval[src]) ? 1 : 0;
+    });
+  }
+  // Ticks within which a series reporting every `interval` ticks counts as reporting lately.
+  static int64_t Lately(double interval) {
+    return std::max<int64_t>(2, std::llround(2 * interval));
+  }
+  // Whether at least min_peers machines of `group` count (vote(m) >= 0) and most of them vote 1.
+  template <typename Vote>
+  bool Majority(int group, Vote vote) const {
+    int yes = 0, total = 0;
+    for (size_t m = 0; m < machines.size(); ++m) {
+      if (machines[m].group != group) continue;
+      const int v = vote(m);
+      if (v < 0) continue;
       ++total;
-      // Within two ticks, or two of its intervals (a trainer that reports once a step).
-      if (m.source_last[src] >=
-          now - std::max<int64_t>(2, std::llround(2 * m.source_interval[src])))
-        ++active;
+      yes += v;
     }
-    return total >= cfg.min_peers && 2 * active > total;
+    return total >= cfg.min_peers && 2 * yes > total;
   }
 };
 
