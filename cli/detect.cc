@@ -301,7 +301,7 @@ std::string CheckFleetArgs(const std::string& family, const std::string& types,
 
 // Writes the fleet's samples to `path`, with progress on stderr: how many.
 Result<int64_t> WriteSamples(const FleetSource& f, const std::string& path, double total_s) {
-  ASSIGN_OR_RETURN(auto out, MetricsCsvWriter::Open(path, 1, 6));
+  ASSIGN_OR_RETURN(auto out, MetricsCsvWriter::Open(path, 1, 12));
   int64_t rows = 0;
   auto last_report = std::chrono::steady_clock::now();
   f.run([&](int m, int k, double t, double v) {

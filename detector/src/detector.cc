@@ -794,13 +794,17 @@ void Detector::Impl::Judge(int k, int m, int64_t now, double offset, double scal
     // as long as the last one between bursts; a single burst never does, nor two a minute apart
     // (a healthy card corrects an error now and then).
     hits->push_back({k, s.last_z, false});
-  } else if (family[k] != MetricFamily::kErrors) {  // errors are never anyone's usual place
+  } else if (family[k] != MetricFamily::kErrors &&
+             machines[m].named < 2) {  // errors are never anyone's usual place
     // Not alone: wherever it sits is its usual place among its peers, so its offset follows
     // it. Offsets are thus learned in every regime: an older GPU generation runs cooler
     // under load but idles like everyone, and all of its machines move together when the
     // job changes regime (a sub-population, never alone). A machine that moves by itself --
     // a throttled GPU landing on the older generation's levels -- is alone against its own
-    // usual place, and does not learn while it is.
+    // usual place, and does not learn while it is. Nor does a machine named faulty: a fault that
+    // moves one metric less than the threshold (the slowest machine waits least in the all-reduce)
+    // would otherwise become its usual place, and once the fault is over its healthy level would
+    // stand out for good.
     s.bias += offset / cfg.bias_ticks;
   }
 }
@@ -1099,8 +1103,12 @@ void Detector::Impl::NameCohorts(int64_t now, const std::vector<std::vector<Hit>
     for (int m : c.members) machines[m].component_named = true;
     out->push_back(ComponentVerdict(c, hits, f, reg));
   }
-  for (MachineState& s : machines) {
-    if (s.cohort.Count() <= cfg.rearm_fraction * cfg.continuity) s.component_named = false;
+  // Re-armed once out of every cohort for most of the window (not while a member that just
+  // joined has few cohort ticks yet: that named the same cohort again every tick).
+  for (int m = 0; m < nmach; ++m) {
+    MachineState& s = machines[m];
+    if (explained[m] == 0 && s.cohort.Count() <= cfg.rearm_fraction * cfg.continuity)
+      s.component_named = false;
   }
 }
 

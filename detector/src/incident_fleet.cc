@@ -83,6 +83,15 @@ Result<IncidentFleet> IncidentFleet::Make(IncidentFleetConfig config) {
   if (c.machines < 4 || c.minutes <= 0 || c.rack_size < 2) {
     return InvalidArgument("incident fleet: need machines >= 4, minutes > 0, rack_size >= 2");
   }
+  // Random faults take a slot of at least 5 minutes each between a 10-minute warm-up and end;
+  // fewer minutes would drop faults (or overlap them) without a word.
+  if (c.random_faults > 0 && (c.minutes - 10) / c.random_faults < 5) {
+    return InvalidArgument("incident fleet: " + std::to_string(c.random_faults) +
+                           " random faults need at least " +
+                           std::to_string(10 + 5 * c.random_faults) + " minutes (" +
+                           std::to_string(static_cast<int>(c.minutes)) +
+                           " asked): one fault per 5 minutes after a 10-minute warm-up");
+  }
   auto type_of = [](const std::string& name) {
     auto it = std::find(kFaultNames.begin(), kFaultNames.end(), name);
     return it == kFaultNames.end() ? -1 : static_cast<int>(it - kFaultNames.begin());

@@ -125,6 +125,33 @@ TEST(CliTest, FleetSimThenDetectScoresAgainstLabels) {
   EXPECT_NE(det.out.find("\"false_positives\":0"), std::string::npos) << det.out;
 }
 
+// fleet-sim's CSV keeps what a rate needs: a cumulative counter near 1e13 bytes written to 6
+// significant digits moves in steps of 1e7, and its rate turns into noise (every value to 12
+// digits); a run too short for its faults is an error, not a fleet with none.
+TEST(CliTest, FleetSimKeepsCountersPreciseAndRefusesFaultsThatDoNotFit) {
+  megascope::testing::TempDir dir;
+  CliRun sim = Megascope("fleet-sim --family incident --machines 8 --hours 0.25 --faults 0 -o " +
+                         dir.path());
+  ASSERT_EQ(sim.code, 0) << sim.out;
+  std::ifstream in(dir.path() + "/metrics.csv");
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (line.find(",h100-000-0,node_infiniband_port_data_transmitted_bytes_total,") !=
+        std::string::npos)
+      last = line;
+  }
+  const std::string value = last.substr(last.rfind(',') + 1);
+  ASSERT_GT(std::stod(value), 1e13) << last;
+  int digits = 0;
+  for (char c : value.substr(0, value.find('e'))) digits += std::isdigit(c) != 0;
+  EXPECT_GE(digits, 10) << last;
+  CliRun tight = Megascope("fleet-sim --family incident --machines 8 --hours 0.25 --faults 3 -o " +
+                           dir.path() + "/tight");
+  EXPECT_NE(tight.code, 0);
+  EXPECT_NE(tight.out.find("3 random faults need at least 25 minutes"), std::string::npos)
+      << tight.out;
+}
+
 // What a person reads: a missing argument named as the usage names it (not the internal
 // '--what'), help for one command, and defaults as written (0.3, not 0.29999999999999999).
 TEST(CliTest, ErrorsAndHelpSpeakTheUsersWords) {

@@ -139,6 +139,14 @@ double SwitchEvent(int m, int t, int k, double x, int len) {
 const std::vector<std::string> kNet = {"pfc_tx_pause_pps", "net_tx_gbps", "net_rx_gbps",
                                        "gpu_power_w", "node_xid_errors"};
 
+// A topology of 32 machines, four behind each leaf switch.
+DetectorConfig LeafSwitches() {
+  DetectorConfig cfg;
+  for (int m = 0; m < 32; ++m)
+    cfg.components["node" + std::to_string(m)] = {"switch:leaf" + std::to_string(m / 4)};
+  return cfg;
+}
+
 TEST(SharedComponentTest, MachinesThatMoveTogetherAreOneComponentNotThreeFaults) {
   // Three machines of the rack congest (its fourth is idle): without a topology, their onsets
   // within seconds of each other make them one cohort.
@@ -159,9 +167,7 @@ TEST(SharedComponentTest, AWholeRackMovingTogetherIsNeverFaulty) {
   auto v = RunFleet(32, 900, kNet,
                     [](int m, int t, int k, double x) { return SwitchEvent(m, t, k, x, 150); });
   EXPECT_TRUE(v.empty());
-  DetectorConfig cfg;
-  for (int m = 0; m < 32; ++m)
-    cfg.components["node" + std::to_string(m)] = {"switch:leaf" + std::to_string(m / 4)};
+  const DetectorConfig cfg = LeafSwitches();
   auto w = RunFleet(
       32, 900, kNet, [](int m, int t, int k, double x) { return SwitchEvent(m, t, k, x, 150); },
       cfg);
@@ -193,9 +199,7 @@ TEST(SharedComponentTest, ATopologyNamesTheComponentEvenForTwoMachines) {
 TEST(SharedComponentTest, AFaultOnOneMachineOfTheRackIsStillNamed) {
   // During the switch event node6 also starts reporting XID errors (a hard signal): it alone is
   // named faulty; the switch still is a shared component.
-  DetectorConfig cfg;
-  for (int m = 0; m < 32; ++m)
-    cfg.components["node" + std::to_string(m)] = {"switch:leaf" + std::to_string(m / 4)};
+  const DetectorConfig cfg = LeafSwitches();
   auto v = RunFleet(
       32, 900, kNet,
       [](int m, int t, int k, double x) {
@@ -209,6 +213,28 @@ TEST(SharedComponentTest, AFaultOnOneMachineOfTheRackIsStillNamed) {
   EXPECT_EQ(faulty[0]->level, VerdictLevel::kFaulty);
   EXPECT_EQ(faulty[0]->evidence.front(), "node_xid_errors");
   EXPECT_EQ(Of(v, VerdictKind::kSharedComponent).size(), 1u);
+}
+
+TEST(SharedComponentTest, AMemberThatJoinsLateRenamesTheComponentOnce) {
+  // node4 and node5 congest at t=400; the cohort is named once it held (24 s); node6 joins at
+  // t=426, within the component window: the component is named again with three machines, once
+  // (not every tick while node6's own cohort ticks are still few).
+  const DetectorConfig cfg = LeafSwitches();
+  auto v = RunFleet(
+      32, 900, kNet,
+      [](int m, int t, int k, double x) {
+        if (k == 4) return 0.0;
+        const bool in =
+            ((m == 4 || m == 5) && t >= 400 && t < 600) || (m == 6 && t >= 426 && t < 600);
+        if (!in || k == 3) return x;
+        return k == 0 ? x * 6 : x * 0.6;
+      },
+      cfg);
+  EXPECT_TRUE(Of(v, VerdictKind::kFaultyMachine).empty());
+  const auto shared = Of(v, VerdictKind::kSharedComponent);
+  ASSERT_EQ(shared.size(), 2u);
+  EXPECT_EQ(shared[0]->root_nodes, (std::vector<std::string>{"node4", "node5"}));
+  EXPECT_EQ(shared[1]->root_nodes, (std::vector<std::string>{"node4", "node5", "node6"}));
 }
 
 TEST(LevelsTest, OneFamilyForMinutesIsASuspectNeverFaulty) {
@@ -231,6 +257,28 @@ TEST(LevelsTest, AHardSignalIsFaultyAtOnceWithHighConfidence) {
   EXPECT_EQ(v[0].level, VerdictLevel::kFaulty);
   EXPECT_GE(v[0].confidence, 0.9);
   EXPECT_LE(v[0].detected_at_ns / 1e9 - 400, 45);
+}
+
+TEST(LevelsTest, AFaultOverLeavesNoShadowOnTheMachinesUsualPlace) {
+  // node1 reports XID errors from t=300 to t=1800 (named faulty at once); meanwhile, in a noisy
+  // phase of the whole job, the slow machine waits less in the all-reduce than its peers, by less
+  // than the threshold. The job restarts (no trainer metrics for 400 s) and node1, repaired, waits
+  // like everyone: it must not have learned the fault's level as its usual place while it was
+  // named, or its healthy level would stand out for good and name it again with no fault at all.
+  const std::vector<std::string> metrics = {"DCGM_FI_DEV_XID_ERRORS", "trainer_allreduce_wait_ms",
+                                            "DCGM_FI_DEV_POWER_USAGE"};
+  auto v = RunFleet(12, 3000, metrics, [](int m, int t, int k, double x) {
+    const bool fault = m == 1 && t >= 300 && t < 1800;
+    if (k == 0) return fault ? 79.0 : 0.0;
+    if (k == 1 && t >= 1800 && t < 2200) return std::nan("");  // the job restarts without it
+    if (k != 1 || t >= 1800) return x;
+    const double noisy = 100 + (x - 100) * 12;  // the job's noisy phase
+    return fault ? noisy - 20 : noisy;
+  });
+  const auto faulty = Of(v, VerdictKind::kFaultyMachine);
+  ASSERT_EQ(faulty.size(), 1u);
+  EXPECT_EQ(faulty[0]->root_nodes, std::vector<std::string>{"node1"});
+  EXPECT_LT(faulty[0]->detected_at_ns / 1e9, 360);
 }
 
 }  // namespace
