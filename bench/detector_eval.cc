@@ -7,10 +7,10 @@
 // continuity; Mahalanobis distance), with the confidence of true and false verdicts and the
 // precision-recall curve over a confidence threshold. Plus the cost of one detector step over
 // 1,024 machines x 20 metrics.
-//   detector_eval                 the frozen held-out set of both families (tests/data/detector/
-//                                 heldout_fleets.json; never used for tuning)
+//   detector_eval                 the frozen held-out set of every family (tests/data/
+//                                 detector-eval/heldout_fleets.json; never used for tuning)
 //   detector_eval --tune          the tuning seeds
-//   detector_eval --family=prom   one family only (fleet or prom)
+//   detector_eval --family=prom   one family only (fleet, prom or incident)
 //   detector_eval --verbose       print every false verdict and missed fault of the detector
 //   detector_eval --cross         choose settings on one family's tuning seeds (a grid), score them
 //                                 on both families' held-out seeds; both directions
@@ -428,21 +428,72 @@ void RunFleet(const Fleet& fl, const DetectorConfig& dcfg, bool verbose,
   std::fflush(stdout);
 }
 
-int Run(int argc, char** argv) {
-  bool tune = false, verbose = false, cross = false, loo = false;
-  std::string only;
+constexpr const char* kUsage =
+    "usage: detector_eval [--tune] [--family=fleet|prom|incident] [--verbose] [--cross]\n"
+    "                     [--leave-one-out] [--threshold=Z] [--continuity=TICKS]\n"
+    "                     [--weak-continuity=TICKS]\n"
+    "  (no flag)        the frozen held-out set (tests/data/detector-eval/heldout_fleets.json)\n"
+    "  --tune           the tuning seeds instead\n"
+    "  --family=F       one generator only: fleet (fleet-sim), prom (prom-fleet), incident\n"
+    "  --verbose        every false verdict and missed fault of the detector\n"
+    "  --cross          settings chosen on one family's tuning seeds, scored on the others'\n"
+    "  --leave-one-out  settings chosen on two families, scored on the third; every direction\n"
+    "  --threshold, --continuity, --weak-continuity  the detector's settings (defaults: its own)\n";
+
+struct Args {
+  bool tune = false, verbose = false, cross = false, loo = false, help = false;
+  std::string only, error;
   DetectorConfig dcfg;
+};
+
+Args Parse(int argc, char** argv) {
+  Args a;
+  auto value = [](const char* arg, const char* flag) -> const char* {
+    const size_t n = std::strlen(flag);
+    return std::strncmp(arg, flag, n) == 0 ? arg + n : nullptr;
+  };
   for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--threshold=", 12) == 0) dcfg.threshold = std::atof(argv[i] + 12);
-    if (std::strncmp(argv[i], "--continuity=", 13) == 0) dcfg.continuity = std::atoi(argv[i] + 13);
-    if (std::strncmp(argv[i], "--weak-continuity=", 18) == 0)
-      dcfg.weak_continuity = std::atoi(argv[i] + 18);
-    if (std::strncmp(argv[i], "--family=", 9) == 0) only = argv[i] + 9;
-    tune = tune || std::strcmp(argv[i], "--tune") == 0;
-    cross = cross || std::strcmp(argv[i], "--cross") == 0;
-    loo = loo || std::strcmp(argv[i], "--leave-one-out") == 0;
-    verbose = verbose || std::strcmp(argv[i], "--verbose") == 0;
+    const char* arg = argv[i];
+    if (const char* v = value(arg, "--threshold=")) {
+      a.dcfg.threshold = std::atof(v);
+    } else if (const char* v = value(arg, "--continuity=")) {
+      a.dcfg.continuity = std::atoi(v);
+    } else if (const char* v = value(arg, "--weak-continuity=")) {
+      a.dcfg.weak_continuity = std::atoi(v);
+    } else if (const char* v = value(arg, "--family=")) {
+      a.only = v;
+      if (a.only != "fleet" && a.only != "prom" && a.only != "incident")
+        a.error = "unknown family '" + a.only + "' (known: fleet, prom, incident)";
+    } else if (std::strcmp(arg, "--tune") == 0) {
+      a.tune = true;
+    } else if (std::strcmp(arg, "--cross") == 0) {
+      a.cross = true;
+    } else if (std::strcmp(arg, "--leave-one-out") == 0) {
+      a.loo = true;
+    } else if (std::strcmp(arg, "--verbose") == 0) {
+      a.verbose = true;
+    } else if (std::strcmp(arg, "--help") == 0 || std::strcmp(arg, "-h") == 0) {
+      a.help = true;
+    } else {
+      a.error = std::string("unknown argument '") + arg + "'";
+    }
   }
+  return a;
+}
+
+int Run(int argc, char** argv) {
+  const Args args = Parse(argc, argv);
+  if (args.help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (!args.error.empty()) {
+    std::fprintf(stderr, "detector_eval: %s\n%s", args.error.c_str(), kUsage);
+    return 2;
+  }
+  const bool tune = args.tune, verbose = args.verbose, cross = args.cross, loo = args.loo;
+  const std::string& only = args.only;
+  const DetectorConfig& dcfg = args.dcfg;
   if (cross) return Cross();
   if (loo) return LeaveOneOut();
   const std::vector<Fleet> fleets = Fleets(!tune);
