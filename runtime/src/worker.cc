@@ -634,12 +634,17 @@ class Worker {
   }
 
   // A line of the progress stream. A failed write is said once (on stderr, which may sit on the
-  // same full disk: the controller also watches the space and pauses the job) until one succeeds.
+  // same full disk: the controller also watches the space and pauses the job) until one succeeds;
+  // the lines are kept meanwhile and written, in order, once the disk takes them.
   void AppendProgress(const nlohmann::json& line) {
-    const Status st = launch::AppendProgress(layout_.progress(), line);
+    const Status st = progress_.Append(line);
     if (!st.ok() && !progress_failing_) {
-      std::fprintf(stderr, "[progress] rank %d: %s (the line is lost)\n", rank_,
+      std::fprintf(stderr, "[progress] rank %d: %s (kept; written once the disk takes it)\n", rank_,
                    st.ToString().c_str());
+    }
+    if (st.ok() && progress_failing_) {
+      std::fprintf(stderr, "[progress] rank %d: progress lines written again%s\n", rank_,
+                   progress_.dropped() > 0 ? " (the oldest kept ones were dropped)" : "");
     }
     progress_failing_ = !st.ok();
   }
@@ -747,6 +752,7 @@ class Worker {
   bool progress_failing_ = false;  // the last progress line could not be written
   double last_unslowed_s_ = 0;     // the previous step's time without an injected slowdown
   RunLayout layout_;
+  launch::ProgressWriter progress_{layout_.progress()};  // after layout_, which names its file
   std::atomic<bool> stop_{false};
   std::thread beat_, ckpt_thread_, mem_thread_;
   std::future<Batches> prefetch_;

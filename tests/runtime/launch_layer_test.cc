@@ -384,5 +384,42 @@ TEST(ProgressTest, AFailedAppendSaysWhereAndWhy) {
   EXPECT_NE(missing.message().find("/nonexistent-dir/progress.jsonl"), std::string::npos);
 }
 
+// Lines written while the disk is full are kept and written, in order, once it takes writes
+// again (the disk is a seam: full until `free_after` writes were refused); past the bound the
+// oldest are dropped and counted.
+TEST(ProgressTest, LinesRefusedByAFullDiskAreWrittenInOrderOnceItFreesUp) {
+  TempDir dir;
+  const std::string path = dir.path() + "/progress.jsonl";
+  int refusals = 0, free_after = 2;
+  auto disk = [&](const std::string& p, const nlohmann::json& line) {
+    if (refusals < free_after) {
+      ++refusals;
+      return ErrnoError("cannot append to " + p, ENOSPC);
+    }
+    return AppendProgress(p, line);
+  };
+  ProgressWriter writer(path, 3, disk);
+  EXPECT_FALSE(writer.Append({{"step", 1}}).ok());
+  EXPECT_FALSE(writer.Append({{"step", 2}}).ok());
+  EXPECT_EQ(writer.pending(), 2u);
+  ASSERT_TRUE(writer.Append({{"step", 3}}).ok());
+  EXPECT_EQ(writer.pending(), 0u);
+  ProgressReader reader(path);
+  auto lines = reader.Poll();
+  ASSERT_EQ(lines.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(lines[i]["step"], i + 1);
+  // Full for five lines with room for three: the two oldest are dropped, the rest kept in order.
+  refusals = 0;
+  free_after = 5;
+  for (int step = 4; step <= 8; ++step) EXPECT_FALSE(writer.Append({{"step", step}}).ok());
+  ASSERT_TRUE(writer.Append({{"step", 9}}).ok());
+  EXPECT_EQ(writer.dropped(), 3);
+  lines = reader.Poll();
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0]["step"], 7);
+  EXPECT_EQ(lines[2]["step"], 9);
+  EXPECT_EQ(reader.damaged(), 0);
+}
+
 }  // namespace
 }  // namespace megascope::launch

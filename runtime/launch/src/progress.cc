@@ -67,6 +67,19 @@ Status AppendProgress(const std::string& path, const nlohmann::json& line) {
                          std::to_string(text.size()) + " bytes written): disk full?");
 }
 
+Status ProgressWriter::Append(const nlohmann::json& line) {
+  pending_.push_back(line);
+  if (pending_.size() > max_pending_) {
+    pending_.pop_front();
+    ++dropped_;
+  }
+  while (!pending_.empty()) {
+    RETURN_IF_ERROR(append_(path_, pending_.front()));
+    pending_.pop_front();
+  }
+  return Status::Ok();
+}
+
 std::string FormatStepLine(const nlohmann::json& j, long long steps) {
   char buf[256];
   std::snprintf(

@@ -4,12 +4,16 @@
 // (each line is one short O_APPEND write, so lines never interleave). ProgressReader follows the
 // file as it grows and never returns a line still being written.
 //
-// A write that fails (a full disk) loses its line; one cut short leaves a torn fragment. The reader
-// counts both kinds of damage it sees (`damaged`), so the launcher can say records were lost.
+// A write that fails (a full disk) is refused whole where the filesystem can reserve the room
+// first; ProgressWriter keeps such lines and writes them, in order, once a write succeeds again.
+// One cut short leaves a torn fragment. The reader counts the damage it sees (`damaged`), so the
+// launcher can say records were lost.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -41,6 +45,29 @@ class ProgressReader {
 // is lost; after a write cut short, the next line starts on a fresh line so the fragment stays
 // one damaged line instead of spoiling the next record.
 Status AppendProgress(const std::string& path, const nlohmann::json& line);
+
+// A writer's progress lines, none lost to a full disk that frees up again: a line that cannot be
+// written is kept (up to `max_pending`, the oldest dropped past that and counted) and written
+// before the next one, in order, once the disk takes writes again.
+class ProgressWriter {
+ public:
+  using AppendFn = std::function<Status(const std::string& path, const nlohmann::json& line)>;
+  explicit ProgressWriter(std::string path, size_t max_pending = 4096,
+                          AppendFn append = AppendProgress)
+      : path_(std::move(path)), max_pending_(max_pending), append_(std::move(append)) {}
+  // Writes what is pending, then `line`: OK once everything is written; else why not (`line`
+  // kept).
+  Status Append(const nlohmann::json& line);
+  size_t pending() const { return pending_.size(); }
+  int64_t dropped() const { return dropped_; }
+
+ private:
+  std::string path_;
+  size_t max_pending_;
+  AppendFn append_;
+  std::deque<nlohmann::json> pending_;
+  int64_t dropped_ = 0;
+};
 
 // "step   12/40 | loss 2.5123 | ..." for a step line.
 std::string FormatStepLine(const nlohmann::json& line, long long steps);
