@@ -30,6 +30,16 @@ std::vector<std::string> Words(std::string_view name) {
   return words;
 }
 
+// Whether any of `words` is one of `any`.
+bool HasWord(const std::vector<std::string>& words, std::initializer_list<const char*> any) {
+  for (const std::string& word : words) {
+    for (const char* a : any) {
+      if (word == a) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 std::vector<std::string> DefaultPriority() {
@@ -47,20 +57,12 @@ std::vector<std::string> DefaultPriority() {
 
 MetricFamily ClassifyMetric(std::string_view name) {
   const std::vector<std::string> w = Words(name);
-  auto has = [&](std::initializer_list<const char*> any) {
-    for (const std::string& word : w) {
-      for (const char* a : any) {
-        if (word == a) return true;
-      }
-    }
-    return false;
-  };
+  auto has = [&](std::initializer_list<const char*> any) { return HasWord(w, any); };
   // Order matters: "gpu_xid_errors" is an error counter before it is a GPU metric, and
   // "nvlink_tx" is NVLink before it is network.
   if (has({"xid", "xids", "ecc", "error", "errors", "sbe", "dbe", "retired", "remapped",
            "faults"}) ||
-      (has({"carrier"}) && has({"changes", "flaps"})) ||
-      (has({"link"}) && has({"downed", "flaps", "flapped"}))) {
+      IsLinkStateCounter(name)) {
     return MetricFamily::kErrors;
   }
   // A rank's own step, compute or collective wait time: how much it holds the job back.
@@ -169,6 +171,13 @@ bool IsWorkMetric(std::string_view name) {
     }
   }
   return work;
+}
+
+bool IsLinkStateCounter(std::string_view name) {
+  const std::vector<std::string> words = Words(name);
+  auto has = [&](std::initializer_list<const char*> any) { return HasWord(words, any); };
+  return (has({"carrier"}) && has({"changes", "flaps"})) ||
+         (has({"link"}) && has({"downed", "flaps", "flapped"}));
 }
 
 bool IsCumulativeCounter(std::string_view name) {
@@ -471,6 +480,7 @@ struct Detector::Impl {
   std::vector<MetricFamily> family;  // per metric
   std::vector<MetricSource> source;  // per metric
   std::vector<uint8_t> work;         // per metric: IsWorkMetric
+  std::vector<uint8_t> link_state;   // per metric: IsLinkStateCounter
   std::array<bool, kMetricSources> source_present{};
   std::map<std::string, int> component_ids;
   std::vector<std::string> component_names;
@@ -530,6 +540,7 @@ struct Detector::Impl {
       family.push_back(ClassifyMetric(name));
       source.push_back(ClassifySource(name));
       work.push_back(IsWorkMetric(name) ? 1 : 0);
+      link_state.push_back(IsLinkStateCounter(name) ? 1 : 0);
       source_present[static_cast<int>(source.back())] = true;
       level_ewma.push_back(0);
       auto t = cfg.metric_thresholds.find(name);
@@ -589,15 +600,20 @@ struct Detector::Impl {
   void Conclude(int64_t now, const std::vector<std::vector<Hit>>& hits, const Frame& f,
                 const Registry& reg, std::vector<Verdict>* out);
 
-  // Whether an error counter's last burst still counts: bursts within the continuity window keep
+  // Whether error counter k's last burst still counts: bursts within the continuity window keep
   // it for `error_memory_ticks`; three within the long window (a link that flaps every minute)
-  // for as long as the last gap between them.
-  bool RepeatingErrors(const Series& s, int64_t now) const {
+  // for as long as the last gap between them. A link's state changes come in pairs (down, then
+  // up seconds later), so three within the weak window's length (a link that goes down every two
+  // minutes) keep it for as long as those three span.
+  bool RepeatingErrors(int k, const Series& s, int64_t now) const {
     const int64_t quiet = now - s.last_hit;
     if (s.last_burst - s.prev_burst <= cfg.continuity && quiet <= cfg.error_memory_ticks)
       return true;
-    return s.third_burst != kNever && s.last_burst - s.third_burst <= cfg.long_window &&
-           quiet <= s.last_burst - s.prev_burst;
+    if (s.third_burst == kNever) return false;
+    const int64_t span = s.last_burst - s.third_burst;
+    if (link_state[k])
+      return span <= std::max(cfg.long_window, cfg.weak_long_window) && quiet <= span;
+    return span <= cfg.long_window && quiet <= s.last_burst - s.prev_burst;
   }
   // Whether machine m is past its warm-up on metric k (its usual place known).
   bool Learned(int k, int m) const { return series[k][m].learned >= cfg.warmup_ticks; }
@@ -788,7 +804,7 @@ void Detector::Impl::Judge(int k, int m, int64_t now, double offset, double scal
     }
     s.last_hit = now;
     s.last_z = z;
-  } else if (family[k] == MetricFamily::kErrors && RepeatingErrors(s, now)) {
+  } else if (family[k] == MetricFamily::kErrors && RepeatingErrors(k, s, now)) {
     // Errors that repeat with quiet seconds between (ECC corrections; a flapping link going down
     // every minute: three bursts within the long window) stay evidence through the quiet spell,
     // as long as the last one between bursts; a single burst never does, nor two a minute apart

@@ -259,6 +259,36 @@ TEST(LevelsTest, AHardSignalIsFaultyAtOnceWithHighConfidence) {
   EXPECT_LE(v[0].detected_at_ns / 1e9 - 400, 45);
 }
 
+TEST(LevelsTest, ALinkThatKeepsGoingDownIsFaultyOnceARareErrorCounterIsNot) {
+  // node3's link goes down for 10 s every 100 s from t=400 (its carrier changes twice, its traffic
+  // stops): three link state changes within five minutes are a flapping link, hard evidence.
+  // node8's ECC counter counts one correction every 100 s: a card that corrects now and then, not a
+  // fault.
+  const std::vector<std::string> metrics = {"node_network_carrier_changes_total",
+                                            "gpu_ecc_corrected_errors_total", "net_tx_gbps"};
+  auto v = RunFleet(16, 1200, metrics, [](int m, int t, int k, double x) {
+    const int cycles = t >= 400 ? (t - 400) / 100 + 1 : 0;
+    const bool down = m == 3 && t >= 400 && (t - 400) % 100 < 10;
+    if (k == 0) return 2.0 + (m == 3 ? 2.0 * cycles - (down ? 1 : 0) : 0);
+    if (k == 1) return m == 8 ? static_cast<double>(cycles) : 0.0;
+    return down ? 0.0 : x;
+  });
+  EXPECT_TRUE(IsLinkStateCounter("node_infiniband_link_downed_total"));
+  EXPECT_TRUE(IsLinkStateCounter(metrics[0]));
+  EXPECT_FALSE(IsLinkStateCounter(metrics[1]));
+  // Named at its first flap, and once more when its third makes it a flapping link -- not once
+  // per flap (eight), as when each flap's quiet minute re-armed it.
+  const auto faulty = Of(v, VerdictKind::kFaultyMachine);
+  ASSERT_FALSE(faulty.empty());
+  EXPECT_LE(faulty.size(), 2u);
+  for (const Verdict* f : faulty) {
+    EXPECT_EQ(f->root_nodes, std::vector<std::string>{"node3"});
+    EXPECT_EQ(f->level, VerdictLevel::kFaulty);
+    EXPECT_EQ(f->evidence.front(), "node_network_carrier_changes_total");
+  }
+  EXPECT_LE(faulty[0]->detected_at_ns / 1e9 - 400, 30);
+}
+
 TEST(LevelsTest, AFaultOverLeavesNoShadowOnTheMachinesUsualPlace) {
   // node1 reports XID errors from t=300 to t=1800 (named faulty at once); meanwhile, in a noisy
   // phase of the whole job, the slow machine waits less in the all-reduce than its peers, by less

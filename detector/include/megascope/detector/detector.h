@@ -52,6 +52,10 @@ const char* MetricSourceName(MetricSource s);  // gpu_exporter, node_exporter, t
 // such a metric at nothing while the peers' is busy means the machine stopped working -- hard
 // evidence, the job waits on it.
 bool IsWorkMetric(std::string_view name);
+// A counter of a link's state changes (carrier changes, link downed, flaps): each count is a link
+// going down, never a healthy card's routine correction, so three within the weak window's
+// length are a flapping link, whatever its period.
+bool IsLinkStateCounter(std::string_view name);
 // A cumulative counter by Prometheus's naming rule (ends in `_total`, any case): Stream turns its
 // samples into per-second rates.
 bool IsCumulativeCounter(std::string_view name);
