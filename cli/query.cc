@@ -147,6 +147,11 @@ Result<analyzer::Table> ReadHere(const std::string& run_dir, const std::string& 
                        }));
       return db->Query(analyzer::AtSql(t));
     }
+    case analyzer::Question::kQuantiles: {
+      // The whole run as one part, merged as the agents' parts are: one sketch, one answer.
+      ASSIGN_OR_RETURN(analyzer::Table all, db->Query(analyzer::PartSql(*q)));
+      return analyzer::MergeParts(*q, {analyzer::QueryPart{"here", std::move(all), false}});
+    }
     case analyzer::Question::kSql:
       break;
   }
@@ -183,7 +188,8 @@ Result<analyzer::NodeQuery> QuestionOf(const std::string& question, const std::s
                                        const std::string& arg, const std::string& last,
                                        const std::string& merge, int limit) {
   if (sql.empty() == question.empty())
-    return InvalidArgument("give one question (steps, stragglers, waits, at TIME) or --sql");
+    return InvalidArgument(
+        "give one question (steps, stragglers, waits, at TIME, quantiles [OF]) or --sql");
   analyzer::NodeQuery q;
   q.limit = limit;
   q.sql = sql;
@@ -201,14 +207,22 @@ Result<analyzer::NodeQuery> QuestionOf(const std::string& question, const std::s
       {"steps", analyzer::Question::kSteps},
       {"stragglers", analyzer::Question::kStragglers},
       {"waits", analyzer::Question::kWaits},
-      {"at", analyzer::Question::kAt}};
+      {"at", analyzer::Question::kAt},
+      {"quantiles", analyzer::Question::kQuantiles}};
   q.question = analyzer::Question::kSql;
   if (!question.empty()) {
     auto it = questions.find(question);
     if (it == questions.end())
       return InvalidArgument("unknown question '" + question +
-                             "' (steps, stragglers, waits, at TIME)");
+                             "' (steps, stragglers, waits, at TIME, quantiles [OF])");
     q.question = it->second;
+  }
+  if (q.question == analyzer::Question::kQuantiles && !arg.empty()) {
+    const auto& ofs = analyzer::QuantileOfs();
+    if (std::find(ofs.begin(), ofs.end(), arg) == ofs.end())
+      return InvalidArgument("quantiles of '" + arg +
+                             "': expected step, compute, comm_wait or data");
+    q.of = arg;
   }
   if (q.question == analyzer::Question::kAt && arg.empty())
     return InvalidArgument("'at' needs a TIME");
@@ -227,9 +241,12 @@ int RunQuery(const Args& args) {
   po::options_description opts("Options");
   opts.add_options()("help,h", "show this help")("run-dir", po::value(&run_dir)->required(),
                                                  "run directory")(
-      "question", po::value(&question), "steps | stragglers | waits | at TIME")(
+      "question", po::value(&question), "steps | stragglers | waits | at TIME | quantiles [OF]")(
       "arg", po::value(&arg),
-      "TIME for 'at': epoch ns, epoch seconds, or +S seconds after the run's first span")(
+      "TIME for 'at': epoch ns, epoch seconds, or +S seconds after the run's first span; OF for "
+      "'quantiles': the per-rank, per-step duration -- step (default), compute, comm_wait or "
+      "data -- whose p50, p90, p99 and max are given per attempt (within 1 %, merged by sketch "
+      "over agents)")(
       "sql", po::value(&sql),
       "a read-only SQL statement over the views ranks, spans, collectives, heartbeats, metrics, "
       "drops, open_ops, open_collectives, device_spans (docs/formats.md section 4)")(
@@ -253,7 +270,8 @@ int RunQuery(const Args& args) {
   pos.add("run-dir", 1).add("question", 1).add("arg", 1);
   po::variables_map vm;
   if (auto rc = ParseArgs("query",
-                          "megascope query RUN_DIR [steps|stragglers|waits|at TIME] [--sql SQL] "
+                          "megascope query RUN_DIR [steps|stragglers|waits|at TIME|quantiles "
+                          "[OF]] [--sql SQL] "
                           "[--last 10m] [--from-agents] [--csv|--json]",
                           args, opts, pos, &vm)) {
     return *rc;

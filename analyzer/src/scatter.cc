@@ -12,7 +12,8 @@ namespace megascope::analyzer {
 namespace {
 
 using nlohmann::json;
-constexpr std::string_view kQuestions[] = {"steps", "stragglers", "waits", "at", "sql"};
+constexpr std::string_view kQuestions[] = {"steps", "stragglers", "waits",
+                                           "at",    "sql",        "quantiles"};
 
 std::string Decode(std::string_view s) {
   std::string out;
@@ -108,6 +109,44 @@ WITH pick AS (SELECT rank, CASE WHEN MAX(begun) > 0 THEN MAX(CASE WHEN begun > 0
 SELECT p.rank, p.attempt, p.node, p.dp, p.pp, p.tp, p.doing, p.last_heartbeat
 FROM part p JOIN pick ON pick.rank = p.rank AND pick.attempt = p.attempt GROUP BY p.rank ORDER BY p.rank)sql";
 
+// quantiles: DDSketch's buckets (Masson et al., VLDB 2019) with relative accuracy a = 1 %: a
+// duration x > 0 falls in bucket i = ceil(log_g x), g = (1 + a) / (1 - a), whose every value is
+// within a of 2 g^i / (g + 1); zero (and below) is a bucket of its own. A node sends per attempt
+// its buckets' counts and its least and greatest value; the merge adds the counts and reads each
+// quantile (the least value with at least q of the samples at or below it) from the cumulative
+// counts, kept within the least and greatest value seen.
+constexpr const char* kGamma = "1.0202020202020202";
+std::string QuantilesPart(const std::string& column) {
+  return std::string(",\nv AS (SELECT attempt, ") + column + R"sql( AS x FROM per_rank)
+SELECT attempt, CASE WHEN x > 0 THEN CAST(CEIL(LN(x) / LN()sql" +
+         kGamma + R"sql()) AS INTEGER) END AS bin,
+       COUNT(*) AS n, MIN(x) AS lo, MAX(x) AS hi
+FROM v GROUP BY attempt, bin)sql";
+}
+std::string QuantilesMerge(std::string of) {
+  const auto& ofs = QuantileOfs();
+  if (std::find(ofs.begin(), ofs.end(), of) == ofs.end()) of = "?";  // never text into the SQL
+  auto at = [](const char* q) {
+    return std::string(
+               "ROUND(MAX(a.lo, MIN(a.hi, (SELECT CASE WHEN c.bin IS NULL THEN 0 ELSE "
+               "2 * POW(") +
+           kGamma + ", c.bin) / (" + kGamma +
+           " + 1) END FROM c WHERE c.attempt = a.attempt AND c.cum >= " + q +
+           " * a.samples ORDER BY c.cum LIMIT 1))) / 1e6, 3)";
+  };
+  return std::string(R"sql(
+WITH b AS (SELECT attempt, bin, SUM(n) AS n, MIN(lo) AS lo, MAX(hi) AS hi FROM part GROUP BY attempt, bin),
+c AS (SELECT attempt, bin, SUM(n) OVER (PARTITION BY attempt ORDER BY bin NULLS FIRST
+                                        ROWS UNBOUNDED PRECEDING) AS cum FROM b),
+a AS (SELECT attempt, SUM(n) AS samples, MIN(lo) AS lo, MAX(hi) AS hi FROM b GROUP BY attempt)
+SELECT a.attempt, ')sql") +
+         of + "' AS of, a.samples, " + at("0.5") + " AS p50_ms, " + at("0.9") + " AS p90_ms, " +
+         at("0.99") + " AS p99_ms, ROUND(a.hi / 1e6, 3) AS max_ms FROM a ORDER BY a.attempt";
+}
+// The per_rank column of each duration `quantiles` can be asked of.
+constexpr std::pair<const char*, const char*> kQuantileColumns[] = {
+    {"step", "wall"}, {"compute", "compute"}, {"comm_wait", "comm"}, {"data", "data"}};
+
 std::string Quoted(const std::string& name) {
   std::string q = "\"";
   for (char c : name) q += c == '"' ? "\"\"" : std::string(1, c);
@@ -118,6 +157,15 @@ std::string Quoted(const std::string& name) {
 
 std::string_view QuestionName(Question q) { return kQuestions[static_cast<int>(q)]; }
 
+const std::vector<std::string>& QuantileOfs() {
+  static const std::vector<std::string> ofs = [] {
+    std::vector<std::string> v;
+    for (const auto& [of, column] : kQuantileColumns) v.emplace_back(of);
+    return v;
+  }();
+  return ofs;
+}
+
 Result<NodeQuery> ParseNodeQuery(std::string_view query) {
   NodeQuery q;
   bool asked = false;
@@ -127,11 +175,17 @@ Result<NodeQuery> ParseNodeQuery(std::string_view query) {
       const auto* it = std::find(std::begin(kQuestions), std::end(kQuestions), value);
       if (it == std::end(kQuestions))
         return InvalidArgument("query: unknown question '" + value +
-                               "' (steps, stragglers, waits, at, sql)");
+                               "' (steps, stragglers, waits, at, sql, quantiles)");
       q.question = static_cast<Question>(it - std::begin(kQuestions));
       asked = true;
     } else if (key == "sql") {
       q.sql = value;
+    } else if (key == "of") {
+      const auto& ofs = QuantileOfs();
+      if (std::find(ofs.begin(), ofs.end(), value) == ofs.end())
+        return InvalidArgument("query: unknown of '" + value +
+                               "' (step, compute, comm_wait, data)");
+      q.of = value;
     } else if (key == "at" || key == "from_ns" || key == "to_ns" || key == "limit") {
       ASSIGN_OR_RETURN(const int64_t v, answer::Integer("query", key, value));
       if (key == "at") q.at_ns = v;
@@ -143,7 +197,7 @@ Result<NodeQuery> ParseNodeQuery(std::string_view query) {
       }
     } else {
       return InvalidArgument("query: unknown field '" + std::string(key) +
-                             "' (q, sql, at, from_ns, to_ns, limit)");
+                             "' (q, sql, at, of, from_ns, to_ns, limit)");
     }
   }
   if (!asked) return InvalidArgument("query: q (the question) is needed");
@@ -158,6 +212,7 @@ std::string NodeQueryPath(const NodeQuery& q) {
   if (q.question == Question::kSql) p += "&sql=" + Encode(q.sql);
   if (q.question == Question::kAt) p += "&at=" + std::to_string(q.at_ns);
   if (q.question == Question::kWaits) p += "&limit=" + std::to_string(q.limit);
+  if (q.question == Question::kQuantiles) p += "&of=" + Encode(q.of);
   if (q.from_ns != std::numeric_limits<int64_t>::min())
     p += "&from_ns=" + std::to_string(q.from_ns);
   if (q.to_ns != std::numeric_limits<int64_t>::max()) p += "&to_ns=" + std::to_string(q.to_ns);
@@ -185,6 +240,11 @@ std::string PartSql(const NodeQuery& q) {
              std::to_string(q.at_ns) + ") AS begun FROM (" + AtSql(q.at_ns) + ") a";
     case Question::kSql:
       return q.sql;
+    case Question::kQuantiles:
+      for (const auto& [of, column] : kQuantileColumns) {
+        if (q.of == of) return PerRankStepCte() + QuantilesPart(column);
+      }
+      break;
   }
   return q.sql;
 }
@@ -199,6 +259,8 @@ std::string MergeSql(const NodeQuery& q, const std::string& merge_sql) {
       return kWaitsMerge + std::to_string(q.limit);
     case Question::kAt:
       return kAtMerge;
+    case Question::kQuantiles:
+      return QuantilesMerge(q.of);
     case Question::kSql:
       break;
   }

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -198,6 +200,62 @@ TEST_F(QueryTest, ATimeWindowReadsOnlyItsRows) {
                                     std::to_string(q.from_ns));
   ASSERT_TRUE(outside.ok());
   EXPECT_EQ(outside->rows[0][0], "0");
+}
+
+// Quantiles merge by sketch: each node's buckets, added, give p50/p90/p99 within 1 % of the exact
+// quantiles over every rank of the run (the least duration with at least q of them at or below
+// it), the exact count and maximum; the question travels in the URL; asked of the run directory,
+// the answer is the same.
+TEST_F(QueryTest, QuantilesMergedFromEachNodesSketchAreWithinOnePercentOfTheExactOnes) {
+  auto db = RunDatabase::Open(run_);
+  ASSERT_TRUE(db.ok());
+  for (const std::string of : {"step", "compute", "comm_wait"}) {
+    SCOPED_TRACE(of);
+    NodeQuery asked;
+    asked.question = Question::kQuantiles;
+    asked.of = of;
+    auto q = ParseNodeQuery(NodeQueryPath(asked).substr(std::string("/query?").size()));
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    EXPECT_EQ(q->of, of);
+    std::vector<QueryPart> parts;
+    for (const char* node : {"node1", "node0"}) {
+      auto part = QueryServer(run_, node).Part(*q);
+      ASSERT_TRUE(part.ok()) << part.status().ToString();
+      auto sent = ParseQueryPart(QueryPartJson(*part));
+      ASSERT_TRUE(sent.ok());
+      parts.push_back(std::move(*sent));
+    }
+    auto merged = MergeParts(*q, parts);
+    ASSERT_TRUE(merged.ok()) << merged.status().ToString();
+    ASSERT_EQ(merged->rows.size(), 1u) << FormatCsv(*merged);  // one attempt
+    const std::string column = of == "step" ? "wall" : of == "compute" ? "compute" : "comm";
+    auto exact = (*db)->Query(PerRankStepCte() + " SELECT " + column + " FROM per_rank ORDER BY 1");
+    ASSERT_TRUE(exact.ok()) << exact.status().ToString();
+    std::vector<double> xs;
+    for (const auto& row : exact->rows) xs.push_back(std::stod(row[0]) / 1e6);
+    ASSERT_EQ(xs.size(), 32u);  // 4 steps x 8 ranks
+    auto cell = [&](const std::string& name) {
+      const auto it = std::find(merged->columns.begin(), merged->columns.end(), name);
+      EXPECT_NE(it, merged->columns.end()) << name;
+      return merged->rows[0][static_cast<size_t>(it - merged->columns.begin())];
+    };
+    EXPECT_EQ(cell("of"), of);
+    EXPECT_EQ(cell("samples"), "32");
+    for (const auto& [name, p] : std::vector<std::pair<std::string, double>>{
+             {"p50_ms", 0.5}, {"p90_ms", 0.9}, {"p99_ms", 0.99}}) {
+      const double want = xs[static_cast<size_t>(std::ceil(p * 32)) - 1];
+      EXPECT_NEAR(std::stod(cell(name)), want, 0.01 * want + 0.0005) << name;
+    }
+    EXPECT_NEAR(std::stod(cell("max_ms")), xs.back(), 0.0005);
+    auto here = RunCommand(Bin() + " query " + run_ + " quantiles " + of + " --csv");
+    ASSERT_EQ(here.code, 0) << here.out;
+    EXPECT_EQ(here.out, FormatCsv(*merged));
+  }
+  EXPECT_FALSE(ParseNodeQuery("q=quantiles&of=loss").ok());
+  auto bad = RunCommand(Bin() + " query " + run_ + " quantiles loss");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("expected step, compute, comm_wait or data"), std::string::npos)
+      << bad.out;
 }
 
 // What an agent answers others is bounded: rows (the part says it was cut), time (an error that
