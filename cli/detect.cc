@@ -240,29 +240,31 @@ void Adopt(std::shared_ptr<Sim> sim, double start_s, FleetSource* f) {
   f->run = [sim](const auto& sink) { sim->Run(sink); };
 }
 
+// The settings every generator shares, from fleet-sim's flags.
+template <typename Config>
+Config FromFlags(const FleetSimConfig& cfg) {
+  Config c;
+  c.machines = cfg.machines;
+  c.minutes = cfg.hours * 60;
+  c.seed = cfg.seed;
+  c.random_faults = cfg.faults;
+  c.random_fault_types = cfg.fault_types;
+  return c;
+}
+
 // The generator --family names, configured from `cfg`.
 Result<FleetSource> MakeFleet(const FleetSimConfig& cfg, const std::string& family) {
   FleetSource f;
   if (family == "incident") {
-    IncidentFleetConfig ic;
-    ic.machines = cfg.machines;
-    ic.minutes = cfg.hours * 60;
-    ic.seed = cfg.seed;
-    ic.random_faults = cfg.faults;
-    ic.random_fault_types = cfg.fault_types;
+    const auto ic = FromFlags<IncidentFleetConfig>(cfg);
     ASSIGN_OR_RETURN(IncidentFleet made, IncidentFleet::Make(ic));
     f.topology = made.Topology();
     Adopt(std::make_shared<IncidentFleet>(std::move(made)), ic.start_s, &f);
     return f;
   }
   if (family == "prom") {
-    PromFleetConfig pc;
-    pc.machines = cfg.machines;
-    pc.minutes = cfg.hours * 60;
-    pc.seed = cfg.seed;
+    auto pc = FromFlags<PromFleetConfig>(cfg);
     pc.stages = cfg.stages;
-    pc.random_faults = cfg.faults;
-    pc.random_fault_types = cfg.fault_types;
     pc.hot_machines = std::max(1, cfg.machines / 32);
     ASSIGN_OR_RETURN(PromFleet made, PromFleet::Make(pc));
     Adopt(std::make_shared<PromFleet>(std::move(made)), pc.start_s, &f);
@@ -373,9 +375,9 @@ int RunFleetSim(const Args& args) {
       return Fail("fleet-sim", st.message());
   }
   std::printf(
-      "wrote %s (%lld samples: %d machines x %zu metrics x %.0f s), labels.csv (%zu faults)%s\n",
+      "wrote %s (%lld samples: %d machines x %zu metrics x %.0f s), labels.csv (%zu fault%s)%s\n",
       mpath.c_str(), static_cast<long long>(*rows), cfg.machines, fleet->metrics.size(), total_s,
-      fleet->labels.size(),
+      fleet->labels.size(), fleet->labels.size() == 1 ? "" : "s",
       !fleet->topology.empty() ? ", topology.csv (use it with detect --topology)"
       : fleet->groups.empty()  ? " (no groups file: the detector finds peers itself)"
                                : ", groups.csv");
