@@ -810,8 +810,8 @@ void Detector::Impl::Judge(int k, int m, int64_t now, double offset, double scal
     // as long as the last one between bursts; a single burst never does, nor two a minute apart
     // (a healthy card corrects an error now and then).
     hits->push_back({k, s.last_z, false});
-  } else if (family[k] != MetricFamily::kErrors &&
-             machines[m].named < 2) {  // errors are never anyone's usual place
+  } else if (family[k] != MetricFamily::kErrors && machines[m].named < 2) {
+    // Errors are never anyone's usual place.
     // Not alone: wherever it sits is its usual place among its peers, so its offset follows
     // it. Offsets are thus learned in every regime: an older GPU generation runs cooler
     // under load but idles like everyone, and all of its machines move together when the
