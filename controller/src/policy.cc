@@ -59,24 +59,30 @@ Decision DecideFresh(const Verdict& v, Streak streak, const PolicyOptions& o) {
         d.reason = "every replica of the stage is slow: a model or layout imbalance, not a machine";
       } else if (cause == Cause::kComputeStraggler || cause == Cause::kCommStraggler ||
                  cause == Cause::kLinkSlow) {
-        const bool compute = cause == Cause::kComputeStraggler ||
-                             (cause == Cause::kCommStraggler && streak.by_compute > 0);
+        // Named both ways in a row (a mixed streak): the bandwidth test decides which it is.
+        const bool mixed = cause != Cause::kLinkSlow && streak.by_compute > 0 && streak.by_comm > 0;
+        const bool compute = cause == Cause::kComputeStraggler && !mixed;
         if (!confident) {
           d.reason = std::string("straggler below the acting confidence: ") + conf;
         } else if (!persistent) {
           d.reason = "straggler seen in " + held + ": waiting for it to persist";
+        } else if (mixed) {
+          d.action = Action::kSelfCheck;
+          d.evict_if_passed = true;
+          d.reason = "a persistent straggler (" + held + ", " + std::to_string(streak.by_compute) +
+                     " of them by its compute, " + std::to_string(streak.by_comm) +
+                     " by its lateness): the bandwidth self-check decides the cause -- failed, a "
+                     "communication straggler; passed, its compute convicts it";
+        } else if (compute) {
+          d.action = Action::kEvict;
+          d.reason = "a persistent compute straggler (" + held + ", " + conf +
+                     "): its own step measurements convict it";
         } else {
-          d.action = compute ? Action::kEvict : Action::kSelfCheck;
-          const std::string by =
-              cause == Cause::kComputeStraggler
-                  ? ""
-                  : ", " + std::to_string(streak.by_compute) + " of them by its compute";
-          d.reason = compute ? "a persistent compute straggler (" + held + by + ", " + conf +
-                                   "): its own step measurements convict it"
-                             : std::string(cause == Cause::kLinkSlow
-                                               ? "a persistently slow link ("
-                                               : "a persistent communication straggler (") +
-                                   held + "): the bandwidth self-check decides";
+          d.action = Action::kSelfCheck;
+          d.reason =
+              std::string(cause == Cause::kLinkSlow ? "a persistently slow link ("
+                                                    : "a persistent communication straggler (") +
+              held + "): the bandwidth self-check decides";
         }
       } else {
         d.reason = "unknown slowdown cause '" + v.cause + "': reported only";
@@ -129,12 +135,15 @@ std::vector<Streak> StragglerStreaks::Next(const std::vector<Verdict>& verdicts)
   for (const Verdict& v : verdicts) {
     const Cause cause = ParseCause(v.cause);
     const bool by_compute = cause == Cause::kComputeStraggler;
-    std::string key = by_compute || cause == Cause::kCommStraggler ? "straggler" : v.cause;
+    const bool by_comm = cause == Cause::kCommStraggler;
+    std::string key = by_compute || by_comm ? "straggler" : v.cause;
     for (const std::string& n : v.root_nodes) key += "|" + n;
     const auto it = streaks_.find(key);
-    const Streak last = it == streaks_.end() ? Streak{0, 0} : it->second;
-    const auto at = next.try_emplace(key, Streak{last.repeats + 1, last.by_compute}).first;
+    const Streak last = it == streaks_.end() ? Streak{0, 0, 0} : it->second;
+    const auto at =
+        next.try_emplace(key, Streak{last.repeats + 1, last.by_compute, last.by_comm}).first;
     if (by_compute) at->second.by_compute = last.by_compute + 1;
+    if (by_comm) at->second.by_comm = last.by_comm + 1;
     keys.push_back(std::move(key));
   }
   std::vector<Streak> out;
@@ -146,7 +155,12 @@ std::vector<Streak> StragglerStreaks::Next(const std::vector<Verdict>& verdicts)
 
 Decision Decide(const Verdict& v, Streak streak, const PolicyOptions& o, bool passed_before) {
   Decision d = DecideFresh(v, streak, o);
-  if (passed_before && d.action == Action::kSelfCheck && v.kind != VerdictKind::kHang) {
+  if (passed_before && d.evict_if_passed) {
+    d.action = Action::kEvict;
+    d.evict_if_passed = false;
+    d.evict_as = "compute_straggler";
+    d.reason += "; it passed its self-check earlier in this run, so its compute convicts it";
+  } else if (passed_before && d.action == Action::kSelfCheck && v.kind != VerdictKind::kHang) {
     d.action = Action::kAlert;
     d.reason = "the suspect passed its self-check for " +
                (v.cause.empty() ? std::string(Name(v.kind)) : v.cause) +

@@ -440,10 +440,10 @@ TEST_F(LaunchTest, ASlowedNodeIsNamedByTheStragglerPathEvictedAndTheJobResumes) 
   // bandwidth self-check passes it (policy.h's Streak).
   const std::string reason = Of(ev, "eviction")[0].detail["reason"];
   EXPECT_TRUE(reason == "compute_straggler" || reason == "comm_straggler") << reason;
-  bool decided = false;
+  bool decided = false;  // evicted, or self-checked first in a streak also named by lateness
   for (const Event& e : Of(ev, "decision"))
-    decided |= e.detail["action"] == "evict" && e.node == "node2" &&
-               e.detail.value("repeats_by_compute", 0) >= 1;
+    decided |= (e.detail["action"] == "evict" || e.detail["action"] == "self_check") &&
+               e.node == "node2" && e.detail.value("repeats_by_compute", 0) >= 1;
   EXPECT_TRUE(decided) << r.out;
   // Re-analysed offline, the run reproduces the straggler verdict the controller acted on (its
   // window and thresholds come from control.db), where the whole run dilutes it -- not a later
@@ -541,14 +541,13 @@ TEST_F(LaunchTest, ANodeWithASlowNetworkIsACommStragglerFailsItsBandwidthCheckAn
                                            "--inject link:node=node2,kind=slow,rate=10,at=10"));
   ASSERT_EQ(r.code, 0) << r.out;
   const auto ev = Events();
+  // Named by its lateness; a window where two loaded cores push its compute just over the bar may
+  // name it by its compute too (CI saw 5 of 8 steps over 1.2x, costing 0.0202 s against 0.020):
+  // the policy then self-checks it first, and the failed all-reduce names the cause. That its
+  // compute is never named on quiet machines is LoopTest's, under a fake clock.
   bool named = false;
-  for (const Event& e : Of(ev, "verdict")) {
+  for (const Event& e : Of(ev, "verdict"))
     named |= e.detail["cause"] == "comm_straggler" && e.node == "node2";
-    if (e.node == "node2") {
-      EXPECT_NE(e.detail["cause"], "compute_straggler")
-          << "its compute is not slower: " << e.detail.dump();
-    }
-  }
   EXPECT_TRUE(named) << r.out;
   bool failed_bandwidth = false;
   for (const Event& e : Of(ev, "self_check")) {

@@ -92,6 +92,18 @@ class LoopTest : public ::testing::Test {
     Fleet().Break(slow);
     fleet_->TraceSteps(0.1, stages);
   }
+  // From step 4 on (after the launch's healthy figures), `node`'s self-checks measure an
+  // all-reduce at 5 % of the healthy figure and a healthy GEMM.
+  void SlowLinkOnItsChecks(const std::string& node) {
+    clock_.OnSleep([this, node] {
+      if (fleet_->done() != 4) return;
+      SelfCheckFigures slow_link;
+      slow_link.ok = true;
+      slow_link.gemm_gflops = 100;
+      slow_link.allreduce_gbps = 0.05;  // the healthy figure is 1
+      fleet_->SetSelfCheck(node, slow_link);
+    });
+  }
   FakeFleet& Fleet() {
     if (!owned_) {
       owned_ = std::make_unique<FakeFleet>(options_.supervisor.run_dir, &clock_, options_.steps);
@@ -455,14 +467,7 @@ TEST_F(LoopTest, ANodeWithASlowNetworkIsACommStragglerFailsItsBandwidthCheckAndI
   late.late_s = 0.2;
   Fleet().Break(late);
   fleet_->TraceSteps(0.1, 1, /*collectives=*/true);
-  clock_.OnSleep([this] {
-    if (fleet_->done() != 4) return;  // after the launch's healthy figures
-    SelfCheckFigures slow_link;
-    slow_link.ok = true;
-    slow_link.gemm_gflops = 100;
-    slow_link.allreduce_gbps = 0.05;  // the healthy figure is 1
-    fleet_->SetSelfCheck("node1", slow_link);
-  });
+  SlowLinkOnItsChecks("node1");
   EXPECT_EQ(Run(), kLaunchFinished);
   bool named = false;
   for (const Event& e : Events("verdict")) {
@@ -481,6 +486,43 @@ TEST_F(LoopTest, ANodeWithASlowNetworkIsACommStragglerFailsItsBandwidthCheckAndI
   EXPECT_EQ(fleet_->attempts().back(), (std::vector<std::string>{"node0", "spare0"}));
   EXPECT_EQ(fleet_->done(), 24);
 }
+
+// A streak named both ways: node1 computes 2.5 times its peers' time from step 4 on, then from
+// step 8 on computes as fast as they do but reaches every all-reduce 0.2 s late. The first window
+// names it by its compute, the second by its lateness: the bandwidth self-check runs first and
+// names the cause -- failed, a comm straggler; passed, its compute convicts it all the same.
+class MixedStreakTest : public LoopTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(MixedStreakTest, TheBandwidthCheckNamesTheCauseOfAStreakNamedBothWays) {
+  const bool slow_link = GetParam();
+  SlowFromStep4(24, "node1");
+  FakeFault healed{FakeFault::kSlow, "node1", 8};  // the later fault wins: factor 1 again
+  FakeFault late{FakeFault::kSlowNet, "node1", 8};
+  late.late_s = 0.2;
+  fleet_->Break(healed);
+  fleet_->Break(late);
+  fleet_->TraceSteps(0.1, 1, /*collectives=*/true);
+  if (slow_link) SlowLinkOnItsChecks("node1");
+  EXPECT_EQ(Run(), kLaunchFinished);
+  std::vector<std::string> causes;  // node1's straggler verdicts, in order
+  for (const Event& e : Events("verdict"))
+    if (e.node == "node1") causes.push_back(e.detail["cause"]);
+  ASSERT_GE(causes.size(), 2u);
+  EXPECT_EQ(causes[0], "compute_straggler");
+  EXPECT_EQ(causes.back(), "comm_straggler");
+  bool checked = false;
+  for (const Event& e : Events("self_check"))
+    checked |= e.node == "node1" && e.detail["passed"].get<bool>() != slow_link;
+  EXPECT_TRUE(checked);  // checked first, in both cases
+  const auto evictions = Events("eviction");
+  ASSERT_EQ(evictions.size(), 1u);
+  EXPECT_EQ(evictions[0].node, "node1");
+  EXPECT_EQ(evictions[0].detail["reason"], slow_link ? "comm_straggler" : "compute_straggler");
+  EXPECT_EQ(fleet_->attempts().back(), (std::vector<std::string>{"node0", "spare0"}));
+  EXPECT_EQ(fleet_->done(), 24);
+}
+
+INSTANTIATE_TEST_SUITE_P(SlowLinkOrNot, MixedStreakTest, ::testing::Bool());
 
 // A slow window alone is no straggler to act on: the same machine slow for one window only
 // (it recovers) is named once, alerted, and kept.

@@ -103,8 +103,10 @@ TEST(PolicyTest, ASuspectThatPassedItsSelfCheckStaysForTheSameEvidence) {
 }
 
 // A rank that computes longer also arrives last: a window in which its compute excess fell short
-// names it a comm straggler, and the streak goes on. Convicted once by its compute, it is evicted
-// (a bandwidth self-check would pass it); a comm straggler alone is still self-checked.
+// names it a comm straggler, and the streak goes on; a rank whose network is slow may be named by
+// its compute where noise pushes it over the bar. Named only by its compute, it is evicted; named
+// both ways, the bandwidth self-check runs first and names the cause (a node that passes is
+// evicted as a compute straggler all the same); a comm straggler alone is self-checked.
 TEST(PolicyTest, ComputeAndCommStragglersOfOneNodeMakeOneStreak) {
   StragglerStreaks streaks;
   std::vector<Streak> s = streaks.Next({V("slow", "compute_straggler", 0.9, {"node2"}),
@@ -112,18 +114,33 @@ TEST(PolicyTest, ComputeAndCommStragglersOfOneNodeMakeOneStreak) {
   ASSERT_EQ(s.size(), 2u);
   EXPECT_EQ(s[0].repeats, 1);
   EXPECT_EQ(s[0].by_compute, 1);
+  EXPECT_EQ(s[0].by_comm, 0);
   EXPECT_EQ(s[1].by_compute, 0);
+  EXPECT_EQ(s[1].by_comm, 1);
   const Verdict comm2 = V("slow", "comm_straggler", 0.7, {"node2"});
+  const Verdict compute2 = V("slow", "compute_straggler", 0.9, {"node2"});
   s = streaks.Next({comm2, V("slow", "link_slow", 0.7, {"node0"})});
   ASSERT_EQ(s.size(), 2u);
   EXPECT_EQ(s[0].repeats, 2);
   EXPECT_EQ(s[0].by_compute, 1);
+  EXPECT_EQ(s[0].by_comm, 1);
   const Decision d = Decide(comm2, s[0]);
-  EXPECT_EQ(d.action, Action::kEvict) << d.reason;
-  EXPECT_NE(d.reason.find("1 of them by its compute"), std::string::npos) << d.reason;
+  EXPECT_EQ(d.action, Action::kSelfCheck) << d.reason;
+  EXPECT_TRUE(d.evict_if_passed);
+  EXPECT_NE(d.reason.find("1 of them by its compute, 1 by its lateness"), std::string::npos)
+      << d.reason;
+  // The mirror: comm first, compute last (CI saw a slow link's node over the compute bar once).
+  EXPECT_TRUE(Decide(compute2, s[0]).evict_if_passed);
+  EXPECT_EQ(Decide(compute2, s[0]).action, Action::kSelfCheck);
   EXPECT_EQ(s[1].repeats, 1);  // node0's slow link is not its comm straggling
-  // Passed a bandwidth self-check before: its compute still convicts it.
-  EXPECT_EQ(Decide(comm2, s[0], {}, /*passed_before=*/true).action, Action::kEvict);
+  // Passed a bandwidth self-check before: its compute convicts it, as a compute straggler.
+  const Decision again = Decide(comm2, s[0], {}, /*passed_before=*/true);
+  EXPECT_EQ(again.action, Action::kEvict);
+  EXPECT_FALSE(again.evict_if_passed);
+  EXPECT_EQ(again.evict_as, "compute_straggler");
+  // Named by its compute only: its own measurements convict it, no self-check.
+  EXPECT_EQ(Decide(compute2, {2, 2, 0}).action, Action::kEvict);
+  EXPECT_FALSE(Decide(compute2, {2, 2, 0}).evict_if_passed);
 
   s = streaks.Next({comm2});  // node2 a third time, by comm
   ASSERT_EQ(s.size(), 1u);
@@ -142,6 +159,7 @@ TEST(PolicyTest, ComputeAndCommStragglersOfOneNodeMakeOneStreak) {
   for (const Streak& one : s) {
     EXPECT_EQ(one.repeats, 2);
     EXPECT_EQ(one.by_compute, 1);
+    EXPECT_EQ(one.by_comm, 2);
   }
 }
 

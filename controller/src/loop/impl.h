@@ -165,17 +165,22 @@ struct Controller::Impl {
   struct NodeCheck {
     std::string node, partner, why;
   };
+  struct CheckResult {
+    bool passed = false;
+    bool compute_ok = false;  // its GEMM held (a failure was its network or its error counters)
+  };
   bool SelfCheck(const std::string& node, const std::string& partner, const std::string& why);
   // Several at once (both ends of a stalled link): each pair runs beside the others, so a dead
   // end's check costs no more than its own, not its peer's too.
-  std::vector<bool> SelfCheckAll(const std::vector<NodeCheck>& todo);
+  std::vector<CheckResult> SelfCheckAll(const std::vector<NodeCheck>& todo);
   // The node's GEMM is judged against its healthy partner's, measured at the same time on the same
   // machines (capped by the launch's healthy figure): a load that slows both -- other jobs, two
   // shared cores -- is no fault of the node, and a node slower than its partner is (CI saw a
   // healthy spare measure 1/8 of the launch's figure while its partner was as slow). `partner_now`:
   // the figures measured beside it (not ok: none).
-  bool Judge(const NodeCheck& c, const SelfCheckFigures& f, const SelfCheckFigures& partner_now,
-             const std::map<std::string, double>& errors_before, Clock::time_point t0);
+  CheckResult Judge(const NodeCheck& c, const SelfCheckFigures& f,
+                    const SelfCheckFigures& partner_now,
+                    const std::map<std::string, double>& errors_before, Clock::time_point t0);
 
   Status Baseline();
 
@@ -274,11 +279,16 @@ struct Controller::Impl {
   // The incident's stop: the survivors' flight recorders (not for an online verdict: the job still
   // runs), why they were taken, then every rank stopped.
   void StopForIncident(const Trigger& t);
-  // Self-checks the suspects `nodes` of `v` (each once per incident: `checked_now`); those that
-  // fail join `to_evict`, those that pass are cleared of the verdict's cause for the run.
-  void ConfirmBySelfCheck(const Verdict& v, const std::vector<std::string>& nodes,
-                          std::map<std::string, bool>* checked_now,
-                          std::vector<std::pair<std::string, json>>* to_evict);
+  // A node to evict: the cause it is evicted for, and the verdict that named it.
+  struct ToEvict {
+    std::string node, reason;
+    json verdict;
+  };
+  // Self-checks the suspects `d.nodes` of `v` (each once per incident: `checked_now`); those that
+  // fail join `to_evict`, those that pass are cleared of the verdict's cause for the run (or, for
+  // `d.evict_if_passed`, evicted as compute stragglers).
+  void ConfirmBySelfCheck(const Verdict& v, const Decision& d,
+                          std::map<std::string, bool>* checked_now, std::vector<ToEvict>* to_evict);
 
   // Starts the next attempt on the active nodes from the newest state (a memory snapshot, else a
   // disk checkpoint); `lost`: the steps done before the stop. False when the controller paused.

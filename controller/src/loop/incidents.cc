@@ -383,11 +383,11 @@ void Controller::Impl::StopForIncident(const Trigger& t) {
   Record(EventKind::kStopped, "", -1, {{"seconds", Since(stop0)}, {"ranks_without_dump", no_dump}});
 }
 
-void Controller::Impl::ConfirmBySelfCheck(const Verdict& v, const std::vector<std::string>& nodes,
+void Controller::Impl::ConfirmBySelfCheck(const Verdict& v, const Decision& d,
                                           std::map<std::string, bool>* checked_now,
-                                          std::vector<std::pair<std::string, json>>* to_evict) {
+                                          std::vector<ToEvict>* to_evict) {
   const json vj = VerdictToJsonValue(v);
-  std::set<std::string> suspects(nodes.begin(), nodes.end());
+  std::set<std::string> suspects(d.nodes.begin(), d.nodes.end());
   std::vector<NodeCheck> todo;
   for (const std::string& n : suspects) {
     const std::string partner = HealthyPartner(suspects);
@@ -399,19 +399,30 @@ void Controller::Impl::ConfirmBySelfCheck(const Verdict& v, const std::vector<st
                     : ParseCause(v.cause) == Cause::kLinkStall ? "end of a stalled link"
                                                                : "suspect: " + v.cause});
   }
-  const std::vector<bool> results = SelfCheckAll(todo);  // every suspect at once
+  const std::vector<CheckResult> results = SelfCheckAll(todo);  // every suspect at once
   for (size_t i = 0; i < todo.size(); ++i) {
     const std::string& n = todo[i].node;
-    const bool passed = results[i];
-    (*checked_now)[n] = passed;
+    const CheckResult r = results[i];
+    (*checked_now)[n] = r.passed;
+    // A mixed straggler streak: the check names the cause, and passing does not clear the node.
+    std::string reason = r.passed ? "passed its self-check: the verdict is not confirmed"
+                                  : "failed its self-check: the verdict is confirmed";
+    std::string cause = v.cause;
+    if (d.evict_if_passed) {
+      cause = r.passed || !r.compute_ok ? "compute_straggler" : "comm_straggler";
+      reason = r.passed ? "passed its bandwidth self-check: its own compute, which named it in "
+                          "the streak, convicts it"
+               : r.compute_ok ? "failed its bandwidth self-check: a communication straggler"
+                              : "failed its GEMM self-check: a compute straggler";
+    }
+    const bool evict = !r.passed || d.evict_if_passed;
     Record(EventKind::kDecision, n, -1,
-           {{"action", passed ? "keep" : "evict"},
-            {"confirmed", !passed},
-            {"reason", passed ? "passed its self-check: the verdict is not confirmed"
-                              : "failed its self-check: the verdict is confirmed"},
+           {{"action", evict ? "evict" : "keep"},
+            {"confirmed", evict},
+            {"reason", reason},
             {"verdict", vj}});
-    if (!passed) to_evict->emplace_back(n, vj);
-    if (passed) cleared.insert(n + "|" + v.cause);
+    if (evict) to_evict->push_back({n, cause, vj});
+    if (r.passed) cleared.insert(n + "|" + v.cause);
   }
 }
 
@@ -438,11 +449,11 @@ bool Controller::Impl::Incident(Trigger t) {
   StopForIncident(t);
   const int64_t lost = last_step_done;
   // The policy (policy.h) decides per verdict; the controller carries it out.
-  std::vector<std::pair<std::string, json>> to_evict;
+  std::vector<ToEvict> to_evict;
   std::map<std::string, bool> checked_now;  // node -> passed its self-check in this incident
   std::string restart_cause(Name(t.cause));
   if (t.cause == TriggerCause::kManual)
-    to_evict.emplace_back(t.manual_node, json{{"kind", "manual"}});
+    to_evict.push_back({t.manual_node, "manual", json{{"kind", "manual"}}});
   for (const Verdict& v : verdicts) {
     const json vj = VerdictToJsonValue(v);
     restart_cause = v.cause;
@@ -455,9 +466,11 @@ bool Controller::Impl::Incident(Trigger t) {
       return false;
     }
     if (d.action == Action::kEvict) {
-      for (const std::string& n : d.nodes) to_evict.emplace_back(n, vj);
+      const std::string reason =
+          !d.evict_as.empty() ? d.evict_as : vj.value("cause", std::string(Name(t.cause)));
+      for (const std::string& n : d.nodes) to_evict.push_back({n, reason, vj});
     } else if (d.action == Action::kSelfCheck) {
-      ConfirmBySelfCheck(v, d.nodes, &checked_now, &to_evict);
+      ConfirmBySelfCheck(v, d, &checked_now, &to_evict);
       if (to_evict.empty())
         Log("every suspect passed its self-check (the verdict is not confirmed): restarting in "
             "place");
@@ -466,14 +479,10 @@ bool Controller::Impl::Incident(Trigger t) {
     }
   }
   std::set<std::string> done;
-  for (const auto& [node, vj] : to_evict) {
-    if (node.empty() || !done.insert(node).second) continue;
-    if (std::find(active.begin(), active.end(), node) == active.end()) continue;
-    if (!Evict(node,
-               t.cause == TriggerCause::kManual ? "manual"
-                                                : vj.value("cause", std::string(Name(t.cause))),
-               vj))
-      return false;
+  for (const ToEvict& e : to_evict) {
+    if (e.node.empty() || !done.insert(e.node).second) continue;
+    if (std::find(active.begin(), active.end(), e.node) == active.end()) continue;
+    if (!Evict(e.node, e.reason, e.verdict)) return false;
   }
   if (fruitless_attempts >= 3) {
     Pause(std::to_string(fruitless_attempts) +

@@ -21,12 +21,13 @@ std::map<std::string, double> Controller::Impl::NodeErrorCounters(const std::str
 
 bool Controller::Impl::SelfCheck(const std::string& node, const std::string& partner,
                                  const std::string& why) {
-  return SelfCheckAll({{node, partner, why}}).at(0);
+  return SelfCheckAll({{node, partner, why}}).at(0).passed;
 }
 
 // Several at once (both ends of a stalled link): each pair runs beside the others, so a dead
 // end's check costs no more than its own, not its peer's too.
-std::vector<bool> Controller::Impl::SelfCheckAll(const std::vector<NodeCheck>& todo) {
+std::vector<Controller::Impl::CheckResult> Controller::Impl::SelfCheckAll(
+    const std::vector<NodeCheck>& todo) {
   const auto t0 = clock.Now();
   std::vector<std::map<std::string, double>> errors_before;
   std::vector<std::pair<std::string, std::string>> pairs;
@@ -35,7 +36,7 @@ std::vector<bool> Controller::Impl::SelfCheckAll(const std::vector<NodeCheck>& t
     pairs.emplace_back(c.node, c.partner);
   }
   const auto figures = fleet->SelfCheckPairs(pairs);
-  std::vector<bool> passed;
+  std::vector<CheckResult> passed;
   for (size_t i = 0; i < todo.size(); ++i) {
     const SelfCheckFigures& node = figures.at(i).first;
     // What the node is measured against now: its partner's figures; a node checked with itself
@@ -58,10 +59,9 @@ std::vector<bool> Controller::Impl::SelfCheckAll(const std::vector<NodeCheck>& t
 // machines (capped by the launch's healthy figure): a load that slows both -- other jobs, two
 // shared cores -- is no fault of the node, and a node slower than its partner is (CI saw a
 // healthy spare measure 1/8 of the launch's figure while its partner was as slow).
-bool Controller::Impl::Judge(const NodeCheck& c, const SelfCheckFigures& f,
-                             const SelfCheckFigures& partner_now,
-                             const std::map<std::string, double>& errors_before,
-                             Clock::time_point t0) {
+Controller::Impl::CheckResult Controller::Impl::Judge(
+    const NodeCheck& c, const SelfCheckFigures& f, const SelfCheckFigures& partner_now,
+    const std::map<std::string, double>& errors_before, Clock::time_point t0) {
   const std::string& node = c.node;
   const std::string& partner = c.partner;
   const std::string& why = c.why;
@@ -116,7 +116,7 @@ bool Controller::Impl::Judge(const NodeCheck& c, const SelfCheckFigures& f,
           {"errors_rose", errors_rose},
           {"seconds", Since(t0)}});
   if (!pass) failed_self_check.insert(node);
-  return pass;
+  return {pass, gemm_ok};
 }
 
 Status Controller::Impl::Baseline() {

@@ -10,9 +10,11 @@
 //        unknown
 //   slow compute_straggler                evict when it held in `straggler_windows` analyses in a
 //                                         row with confidence >= check_confidence; else alert
-//   slow comm_straggler                   the same, when one of the analyses in a row named the
-//                                         node by its compute; else self-check (the bandwidth
-//                                         test decides), same persistence
+//   slow comm_straggler                   self-check (the bandwidth test decides), same persistence
+//   slow compute + comm_straggler         self-check first when the analyses in a row named the
+//        (one streak, mixed)              node both ways: a failed bandwidth test evicts it as a
+//                                         comm straggler, a passed one lets its compute convict
+//                                         it (evicted as a compute straggler); same persistence
 //   slow link_slow                        self-check, same persistence
 //   slow stage_imbalance                  alert only: every replica of the stage is slow; evicting
 //                                         a machine cannot help
@@ -57,17 +59,27 @@ struct Decision {
   Action action = Action::kAlert;
   std::vector<std::string> nodes;  // whom the action is for
   std::string reason;              // why, in words (logged and recorded)
+  // kSelfCheck only: a node that passes is evicted all the same, as a compute straggler (a mixed
+  // straggler streak: the check decides the cause, its compute already convicted it).
+  bool evict_if_passed = false;
+  // kEvict: the cause the eviction is recorded under when it is not the verdict's (a mixed streak
+  // whose node passed its bandwidth check before is a compute straggler, whatever named it last).
+  std::string evict_as;
 };
 
 // What the analyses in a row said of the verdict's nodes. A rank that computes longer than its
 // peers also arrives last at their collectives: in a window where its compute excess falls short
 // of the analyzer's bar in too many steps, the same slow rank is named a comm_straggler instead.
-// So compute and comm stragglers of the same nodes make one streak, and a streak in which the
-// rank's own compute convicted it once is a compute straggler's; a bandwidth self-check cannot
-// confirm that (on shared cores its GEMM still passes at 1.5x slower).
+// A rank whose network is slow may, the other way round, be named by its compute in a window
+// where noise pushes its compute just over the bar. So compute and comm stragglers of the same
+// nodes make one streak; one named only by its compute is convicted by its own measurements, one
+// named both ways is self-checked first, and the bandwidth test says which it is (a compute
+// straggler's GEMM may pass a self-check on shared cores at 1.5x slower, so passing cannot clear
+// a node its compute convicted).
 struct Streak {
   int repeats = 1;     // analyses in a row (this one included) that named the nodes
   int by_compute = 0;  // ... of which named them compute_straggler
+  int by_comm = 0;     // ... of which named them comm_straggler
 };
 
 // The streaks of successive straggler analyses (the controller's online watch): Next() takes one
