@@ -125,6 +125,9 @@ class Worker {
  public:
   Worker(TrainConfig cfg, int rank) : cfg_(std::move(cfg)), rank_(rank), layout_(cfg_.run_dir) {}
   ~Worker() {
+    // The dumper's thread first: a SIGUSR1 that arrives while a failed rank unwinds (the
+    // controller asks every rank for its dump) must not write to a dump path already freed.
+    dumper_.reset();
     stop_ = true;
     if (beat_.joinable()) beat_.join();
     if (ckpt_thread_.joinable()) ckpt_thread_.join();
@@ -736,6 +739,7 @@ class Worker {
   int rank_;
   tracer::Coords coords_;
   std::unique_ptr<tracer::Tracer> tracer_;
+  std::string dump_path_;  // outlives dumper_, whose thread writes it
   std::unique_ptr<tracer::SignalDumper> dumper_;
   std::unique_ptr<kernels::Kernels> kernels_;  // outlives everything that holds its memory
   std::unique_ptr<tracer::SpanTimer> timer_;   // compute spans: host clock or CUDA events
@@ -745,7 +749,6 @@ class Worker {
   kernels::Buffer<float> m_, v_;  // AdamW's moments
   TokenFile data_;
   std::map<std::string, tracer::NameId> names_;
-  std::string dump_path_;
   std::string step_costs_;  // --trace-alternate: the CSV rows so far
   int64_t start_step_ = 0;
   bool fault_announced_ = false;
