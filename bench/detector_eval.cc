@@ -431,14 +431,15 @@ void RunFleet(const Fleet& fl, const DetectorConfig& dcfg, bool verbose,
 constexpr const char* kUsage =
     "usage: detector_eval [--tune] [--family=fleet|prom|incident] [--verbose] [--cross]\n"
     "                     [--leave-one-out] [--threshold=Z] [--continuity=TICKS]\n"
-    "                     [--weak-continuity=TICKS]\n"
+    "                     [--weak-continuity=TICKS] [--pace-change=SHARE]\n"
     "  (no flag)        the frozen held-out set (tests/data/detector-eval/heldout_fleets.json)\n"
     "  --tune           the tuning seeds instead\n"
     "  --family=F       one generator only: fleet (fleet-sim), prom (prom-fleet), incident\n"
     "  --verbose        every false verdict and missed fault of the detector\n"
     "  --cross          settings chosen on one family's tuning seeds, scored on the others'\n"
     "  --leave-one-out  settings chosen on two families, scored on the third; every direction\n"
-    "  --threshold, --continuity, --weak-continuity  the detector's settings (defaults: its own)\n";
+    "  --threshold, --continuity, --weak-continuity, --pace-change  the detector's settings\n"
+    "                   (defaults: its own; --pace-change=inf turns the job's-pace evidence off)\n";
 
 struct Args {
   bool tune = false, verbose = false, cross = false, loo = false, help = false;
@@ -460,6 +461,8 @@ Args Parse(int argc, char** argv) {
       a.dcfg.continuity = std::atoi(v);
     } else if (const char* v = value(arg, "--weak-continuity=")) {
       a.dcfg.weak_continuity = std::atoi(v);
+    } else if (const char* v = value(arg, "--pace-change=")) {
+      a.dcfg.pace_change = std::atof(v);
     } else if (const char* v = value(arg, "--family=")) {
       a.only = v;
       if (a.only != "fleet" && a.only != "prom" && a.only != "incident")

@@ -173,6 +173,10 @@ bool IsWorkMetric(std::string_view name) {
   return work;
 }
 
+bool IsDuration(std::string_view name) {
+  return HasWord(Words(name), {"time", "seconds", "ms", "duration", "wait", "latency"});
+}
+
 bool IsLinkStateCounter(std::string_view name) {
   const std::vector<std::string> words = Words(name);
   auto has = [&](std::initializer_list<const char*> any) { return HasWord(words, any); };
@@ -297,9 +301,11 @@ namespace {
 
 constexpr int64_t kNever = std::numeric_limits<int64_t>::min() / 2;
 constexpr int kFamilies = static_cast<int>(MetricFamily::kOther) + 1;
-constexpr int64_t kRunGap = 5;
+constexpr int64_t kRunGap = 5;          // ticks without a hit that end a run of outlier ticks
 constexpr double kStoppedShare = 0.02;  // a work metric this far below its peers' median: stopped
-                                        // // ticks without a hit that end a run of outlier ticks
+// Evidence "metrics" beside the real ones: -1 the machine silent, -2 two sources stopped together,
+// -3 the job's pace changed as it began to deviate.
+constexpr int kPaceLed = -3;
 constexpr uint32_t Bit(MetricFamily f) { return 1u << static_cast<int>(f); }
 
 // Tick `tick`'s slot in a ring of `n` (ticks before the epoch included).
@@ -481,13 +487,19 @@ struct Detector::Impl {
   std::vector<MetricSource> source;  // per metric
   std::vector<uint8_t> work;         // per metric: IsWorkMetric
   std::vector<uint8_t> link_state;   // per metric: IsLinkStateCounter
+  std::vector<uint8_t> duration;     // per metric: a training metric that is a duration
   std::array<bool, kMetricSources> source_present{};
   std::map<std::string, int> component_ids;
   std::vector<std::string> component_names;
   std::vector<int> component_size;  // machines per component
   std::vector<Cohort> cohorts;      // this tick's
   std::vector<double> level_ewma;   // per metric: long-run typical |median| (a floor when idle)
-  std::vector<double> thresholds;   // per metric
+  // The job's pace, per training metric: its usual median over every machine, and since when it
+  // moved off it (kNever: it did not); `pace_since` the earliest such change still on.
+  std::vector<double> pace_usual;
+  std::vector<int64_t> pace_moved;
+  int64_t pace_since = kNever;
+  std::vector<double> thresholds;  // per metric
   std::map<std::string, int> group_ids;
   std::set<std::string> seen;  // machines given a group
   std::vector<double> scratch, vals, sorted;
@@ -541,8 +553,12 @@ struct Detector::Impl {
       source.push_back(ClassifySource(name));
       work.push_back(IsWorkMetric(name) ? 1 : 0);
       link_state.push_back(IsLinkStateCounter(name) ? 1 : 0);
+      duration.push_back(ClassifyMetric(name) == MetricFamily::kTraining && IsDuration(name) ? 1
+                                                                                             : 0);
       source_present[static_cast<int>(source.back())] = true;
       level_ewma.push_back(0);
+      pace_usual.push_back(std::nan(""));
+      pace_moved.push_back(kNever);
       auto t = cfg.metric_thresholds.find(name);
       thresholds.push_back(t == cfg.metric_thresholds.end() ? cfg.threshold : t->second);
       spread_ewma.push_back(0);
@@ -596,6 +612,10 @@ struct Detector::Impl {
                    const Frame& f, const Registry& reg, std::vector<Verdict>* out);
   Verdict ComponentVerdict(const Cohort& c, const std::vector<std::vector<Hit>>& hits,
                            const Frame& f, const Registry& reg) const;
+  // Training metric k's median over every machine against its usual level (pace_moved[k]).
+  void NotePace(int k, int64_t now, const std::vector<double>& denoised);
+  // The one machine whose deviation began with the job's pace change (-1: none, or several).
+  int PaceLeader(int64_t now, const std::vector<std::vector<Hit>>& hits) const;
   // Each machine's hits against the continuity windows: a verdict when it stands out long enough.
   void Conclude(int64_t now, const std::vector<std::vector<Hit>>& hits, const Frame& f,
                 const Registry& reg, std::vector<Verdict>* out);
@@ -851,6 +871,55 @@ void Detector::Impl::NoteSilences(int k, int64_t now, std::vector<std::vector<Hi
   }
 }
 
+void Detector::Impl::NotePace(int k, int64_t now, const std::vector<double>& denoised) {
+  vals.clear();
+  for (double x : denoised) {
+    if (!std::isnan(x)) vals.push_back(x);
+  }
+  if (static_cast<int>(vals.size()) < cfg.min_peers) {
+    pace_moved[k] = kNever;  // the job does not step now: no pace to compare
+    return;
+  }
+  const double median = MedianInPlace(vals);
+  double& usual = pace_usual[k];
+  if (std::isnan(usual)) usual = median;
+  // Slower: a duration (the step, the peers' wait) longer than usual. While it is, the usual level
+  // holds still; back within half the bar the change is over, and one held past the long weak
+  // window is the job's new pace. Otherwise the usual level follows a drift over a minute.
+  const double slower = (median - usual) / std::max(std::fabs(usual), 1e-12);
+  if (slower > (pace_moved[k] == kNever ? cfg.pace_change : cfg.pace_change / 2)) {
+    if (pace_moved[k] == kNever) pace_moved[k] = now;
+    if (now - pace_moved[k] <= cfg.weak_long_window) return;
+    usual = median;
+  }
+  pace_moved[k] = kNever;
+  usual += (median - usual) / 60;
+}
+
+int Detector::Impl::PaceLeader(int64_t now, const std::vector<std::vector<Hit>>& hits) const {
+  if (pace_since == kNever) return -1;
+  int leader = -1;
+  for (size_t m = 0; m < machines.size(); ++m) {
+    // Its GPU must be off its peers: a machine that slows the job computes slower (a cron job's
+    // CPU or a switch's pause frames do not set the job's pace).
+    bool gpu = false;
+    for (const Hit& h : hits[m])
+      gpu = gpu || (h.metric >= 0 && family[h.metric] == MetricFamily::kGpu);
+    if (!gpu) continue;
+    const MachineState& s = machines[m];
+    int64_t onset = kNever;  // where its deviation began: its earliest run still on
+    for (int fi = 0; fi < kFamilies; ++fi) {
+      if (s.run_last[fi] != kNever && now - s.run_last[fi] <= kRunGap &&
+          (onset == kNever || s.run_start[fi] < onset))
+        onset = s.run_start[fi];
+    }
+    if (onset == kNever || std::llabs(onset - pace_since) > cfg.pace_onset_ticks) continue;
+    if (leader >= 0) return -1;  // two began with it: no one machine is to blame
+    leader = static_cast<int>(m);
+  }
+  return leader;
+}
+
 void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& hits,
                               const Frame& f, const Registry& reg, std::vector<Verdict>* out) {
   const int nmach = static_cast<int>(machines.size());
@@ -872,9 +941,10 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
     if (a.Count() >= na) return &a;
     return b.Count() >= nb ? &b : nullptr;
   };
+  const int leader = PaceLeader(now, hits);
   for (int m = 0; m < nmach; ++m) {
     MachineState& s = machines[m];
-    bool hard = false;
+    bool hard = m == leader;  // the job slowed with it
     uint32_t families = 0;
     std::array<int, kFamilies> metrics{};
     for (const Hit& h : hits[m]) {
@@ -910,6 +980,7 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
       ++e.first;
       e.second = std::max(e.second, std::fabs(h.z));
     }
+    if (m == leader) ++s.evidence[kPaceLed].first;
     int level = 0;
     const Rolling* window = held(s.hard, s.hard_long, strong_need, strong_long_need);
     if (window == nullptr) window = held(s.two, s.two, two_need, two_need);
@@ -1172,9 +1243,14 @@ void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>
   std::vector<double> denoised(nmach);
   for (int k = 0; k < static_cast<int>(d.series.size()); ++k) {
     d.Denoise(k, now, &denoised);
+    if (d.duration[k]) d.NotePace(k, now, denoised);
     for (int g = 0; g < static_cast<int>(d.group_ids.size()); ++g)
       d.ScoreGroup(k, g, now, denoised, &hits, &last_scores_);
     d.NoteSilences(k, now, &hits);
+  }
+  d.pace_since = kNever;
+  for (int64_t moved : d.pace_moved) {
+    if (moved != kNever && (d.pace_since == kNever || moved < d.pace_since)) d.pace_since = moved;
   }
   d.NoteSilences(-1, now, &hits);
   d.NoteSources(now, &hits, f, reg, out);
@@ -1203,6 +1279,11 @@ std::string Detector::Impl::Fact(int m, int metric, int ticks, double z, const c
   char buf[240];
   if (metric == -1) {
     std::snprintf(buf, sizeof(buf), "%ssent no samples for %d s", sep, ticks);
+  } else if (metric == kPaceLed) {
+    std::snprintf(buf, sizeof(buf),
+                  "%sits deviation began within %d s of the job's pace changing by over %.0f%% "
+                  "(its step time, or its peers' wait), and no other machine's did (%d ticks)",
+                  sep, cfg.pace_onset_ticks, 100 * cfg.pace_change, ticks);
   } else if (metric == -2) {
     std::string which;
     for (int src = 0; src < kMetricSources; ++src) {
@@ -1266,9 +1347,10 @@ Verdict Detector::Impl::MakeVerdict(int m, const Rolling& window, const Frame& f
   v.cause = silent ? "machine_silent" : "metric_outlier";
   std::string facts;
   for (const auto& [metric, stat] : ev) {
-    std::string name = metric == -1   ? "no_samples"
-                       : metric == -2 ? "sources_stopped"
-                                      : reg.metric_name(metric);
+    std::string name = metric == -1         ? "no_samples"
+                       : metric == -2       ? "sources_stopped"
+                       : metric == kPaceLed ? "job_slowed_with_it"
+                                            : reg.metric_name(metric);
     v.evidence.push_back(name);
     if (facts.size() >= 240) continue;
     facts += Fact(m, metric, stat.first, stat.second, facts.empty() ? "" : "; ", name);

@@ -289,6 +289,44 @@ TEST(LevelsTest, ALinkThatKeepsGoingDownIsFaultyOnceARareErrorCounterIsNot) {
   EXPECT_LE(faulty[0]->detected_at_ns / 1e9 - 400, 30);
 }
 
+// Two GPU sensors of node5 move from t=500 (utilisation and temperature up: one family, two
+// metrics, a suspect at most on their own). When the job's step time grows by 15 % as they move,
+// node5 is the machine the job waits on: faulty. The same deviation while the job keeps its pace
+// (a hot but working GPU), or two machines that begin to deviate with the job's slowdown (no one
+// machine to blame), stays a suspect.
+enum class Pace { kJobSlowsWithIt, kJobKeepsItsPace, kTwoMachinesWithIt };
+class PaceTest : public ::testing::TestWithParam<Pace> {};
+
+TEST_P(PaceTest, AMachineWhoseDeviationBeganAsTheJobSlowedIsFaulty) {
+  const Pace pace = GetParam();
+  const std::vector<std::string> metrics = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_TEMP",
+                                            "step_time_s"};
+  auto v = RunFleet(16, 1200, metrics, [pace](int m, int t, int k, double x) {
+    const bool fault = t >= 500 && (m == 5 || (m == 9 && pace == Pace::kTwoMachinesWithIt));
+    if (k == 2) return pace != Pace::kJobKeepsItsPace && t >= 500 ? 1.15 * x : x;
+    return fault ? x + 15 : x;
+  });
+  const auto named = Of(v, VerdictKind::kFaultyMachine);
+  ASSERT_FALSE(named.empty());
+  const Verdict* faulty = nullptr;
+  for (const Verdict* n : named) {
+    EXPECT_NE(n->root_nodes, std::vector<std::string>{"node0"}) << n->explanation;
+    if (n->level == VerdictLevel::kFaulty && faulty == nullptr) faulty = n;
+  }
+  if (pace != Pace::kJobSlowsWithIt) {
+    EXPECT_EQ(faulty, nullptr) << faulty->explanation;
+    return;
+  }
+  ASSERT_NE(faulty, nullptr);
+  EXPECT_EQ(faulty->root_nodes, std::vector<std::string>{"node5"});
+  EXPECT_EQ(faulty->evidence.front(), "job_slowed_with_it") << faulty->explanation;
+  EXPECT_LE(faulty->detected_at_ns / 1e9 - 500, 60);  // the short window, not the weak one
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, PaceTest,
+                         ::testing::Values(Pace::kJobSlowsWithIt, Pace::kJobKeepsItsPace,
+                                           Pace::kTwoMachinesWithIt));
+
 TEST(LevelsTest, AFaultOverLeavesNoShadowOnTheMachinesUsualPlace) {
   // node1 reports XID errors from t=300 to t=1800 (named faulty at once); meanwhile, in a noisy
   // phase of the whole job, the slow machine waits less in the all-reduce than its peers, by less

@@ -56,6 +56,9 @@ bool IsWorkMetric(std::string_view name);
 // going down, never a healthy card's routine correction, so three within the weak window's
 // length are a flapping link, whatever its period.
 bool IsLinkStateCounter(std::string_view name);
+// A duration by its name's words (step_time_s, trainer_allreduce_wait_ms, ..._seconds): for a
+// training metric, longer is slower.
+bool IsDuration(std::string_view name);
 // A cumulative counter by Prometheus's naming rule (ends in `_total`, any case): Stream turns its
 // samples into per-second rates.
 bool IsCumulativeCounter(std::string_view name);
@@ -149,6 +152,13 @@ struct DetectorConfig {
   // never explained away.
   int cohort_ticks = 10;
   int cohort_min = 3;
+  // The job's pace: a training duration's median over every machine (the step time, the peers'
+  // wait in the all-reduce) longer by `pace_change` than its usual level is the job slowing. The
+  // one machine whose deviation began within `pace_onset_ticks` of that change, alone, hurts the
+  // job: hard evidence against it for as long as the pace stays changed (a thermally throttled GPU
+  // sets every rank's step; a cron job or a hot but working machine does not slow the job).
+  double pace_change = 0.08;
+  int pace_onset_ticks = 15;
   int component_ticks = 30;
   std::map<std::string, std::vector<std::string>> components;  // machine -> "rack:r07", ...
 };
