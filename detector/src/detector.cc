@@ -494,11 +494,10 @@ struct Detector::Impl {
   std::vector<int> component_size;  // machines per component
   std::vector<Cohort> cohorts;      // this tick's
   std::vector<double> level_ewma;   // per metric: long-run typical |median| (a floor when idle)
-  // The job's pace, per training metric: its usual median over every machine, and since when it
-  // moved off it (kNever: it did not); `pace_since` the earliest such change still on.
+  // The job's pace, per training duration: its usual median over every machine, and since when it
+  // moved off it (kNever: it did not).
   std::vector<double> pace_usual;
   std::vector<int64_t> pace_moved;
-  int64_t pace_since = kNever;
   std::vector<double> thresholds;  // per metric
   std::map<std::string, int> group_ids;
   std::set<std::string> seen;  // machines given a group
@@ -612,7 +611,7 @@ struct Detector::Impl {
                    const Frame& f, const Registry& reg, std::vector<Verdict>* out);
   Verdict ComponentVerdict(const Cohort& c, const std::vector<std::vector<Hit>>& hits,
                            const Frame& f, const Registry& reg) const;
-  // Training metric k's median over every machine against its usual level (pace_moved[k]).
+  // Training duration k's median over every machine against its usual level (pace_moved[k]).
   void NotePace(int k, int64_t now, const std::vector<double>& denoised);
   // The one machine whose deviation began with the job's pace change (-1: none, or several).
   int PaceLeader(int64_t now, const std::vector<std::vector<Hit>>& hits) const;
@@ -897,6 +896,10 @@ void Detector::Impl::NotePace(int k, int64_t now, const std::vector<double>& den
 }
 
 int Detector::Impl::PaceLeader(int64_t now, const std::vector<std::vector<Hit>>& hits) const {
+  int64_t pace_since = kNever;  // the earliest change of the job's pace still on
+  for (int64_t moved : pace_moved) {
+    if (moved != kNever && (pace_since == kNever || moved < pace_since)) pace_since = moved;
+  }
   if (pace_since == kNever) return -1;
   int leader = -1;
   for (size_t m = 0; m < machines.size(); ++m) {
@@ -1247,10 +1250,6 @@ void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>
     for (int g = 0; g < static_cast<int>(d.group_ids.size()); ++g)
       d.ScoreGroup(k, g, now, denoised, &hits, &last_scores_);
     d.NoteSilences(k, now, &hits);
-  }
-  d.pace_since = kNever;
-  for (int64_t moved : d.pace_moved) {
-    if (moved != kNever && (d.pace_since == kNever || moved < d.pace_since)) d.pace_since = moved;
   }
   d.NoteSilences(-1, now, &hits);
   d.NoteSources(now, &hits, f, reg, out);
