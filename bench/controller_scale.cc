@@ -9,10 +9,14 @@
 //   - the wall time the run took on this machine per tick of the loop (the controller's work per
 //     tick, with the fake fleet's: it builds every agent's /state answer and, for a hang, every
 //     rank's flight recorder, in this process).
-// What it does not run: HTTP (bench/fleet_scale asks 1,536 real HTTP endpoints the tick's way) and
-// real processes (tests/controller/launch_test.cc, bench/recovery.sh).
+// Each scenario runs twice: with the fleet's answers handed over in-process, then over real HTTP
+// (tests/controller/http_fleet.h: one civetweb server in this process answers every agent
+// endpoint from the same script, the controller asks it as it asks real agents -- a connection and
+// a request per agent each tick, the hang analysis over the agents' binary dump stream). The
+// second is the controller's tick as on a cluster, plus the agents' side on the same two cores.
+// What it does not run: real processes (tests/controller/launch_test.cc, bench/recovery.sh).
 //
-// Usage: controller_scale [NODES=1536] [RANKS_PER_NODE=8]
+// Usage: controller_scale [NODES=1536] [RANKS_PER_NODE=8] [direct|http|both (default)]
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -25,6 +29,7 @@
 #include <vector>
 
 #include "controller/fake_fleet.h"
+#include "controller/http_fleet.h"
 #include "megascope/controller/control_db.h"
 #include "megascope/controller/controller.h"
 
@@ -32,6 +37,7 @@ using namespace megascope;
 using controller::testing::FakeClock;
 using controller::testing::FakeFault;
 using controller::testing::FakeFleet;
+using controller::testing::HttpFleet;
 
 namespace {
 
@@ -70,7 +76,7 @@ controller::ControllerOptions Options(const std::string& dir, int nodes, int ran
   return o;
 }
 
-Outcome RunOne(const Scenario& sc, int nodes, int ranks_per_node) {
+Outcome RunOne(const Scenario& sc, int nodes, int ranks_per_node, bool http) {
   char tmpl[] = "/tmp/controller_scale_XXXXXX";
   const std::string dir = ::mkdtemp(tmpl) != nullptr ? tmpl : "/tmp/controller_scale";
   FakeClock clock;
@@ -84,7 +90,12 @@ Outcome RunOne(const Scenario& sc, int nodes, int ranks_per_node) {
     return Status::Ok();
   };
   const int64_t start_ns = clock.WallNs();
-  controller::Controller c(o, std::move(owned), &clock);
+  std::unique_ptr<controller::Fleet> as_run;
+  if (http)
+    as_run = std::make_unique<HttpFleet>(std::move(owned));
+  else
+    as_run = std::move(owned);
+  controller::Controller c(o, std::move(as_run), &clock);
   // The controller's own lines (progress, verdicts) go to DIR/launch.log, not among the figures.
   std::fflush(stdout);
   const int saved = ::dup(STDOUT_FILENO);
@@ -130,8 +141,10 @@ Outcome RunOne(const Scenario& sc, int nodes, int ranks_per_node) {
 int main(int argc, char** argv) {
   const int nodes = argc > 1 ? std::atoi(argv[1]) : 1536;
   const int ranks_per_node = argc > 2 ? std::atoi(argv[2]) : 8;
-  if (nodes < 140 || ranks_per_node < 1) {
-    std::fprintf(stderr, "usage: controller_scale [NODES>=140] [RANKS_PER_NODE>=1]\n");
+  const std::string mode = argc > 3 ? argv[3] : "both";
+  if (nodes < 140 || ranks_per_node < 1 || (mode != "direct" && mode != "http" && mode != "both")) {
+    std::fprintf(stderr,
+                 "usage: controller_scale [NODES>=140] [RANKS_PER_NODE>=1] [direct|http|both]\n");
     return 2;
   }
   std::printf(
@@ -143,22 +156,28 @@ int main(int argc, char** argv) {
                                 {"hang", true, FakeFault::kHang},
                                 {"frozen rank", true, FakeFault::kFreeze},
                                 {"silent node", true, FakeFault::kPowerOff}};
-  for (const Scenario& sc : scenarios) {
-    const Outcome r = RunOne(sc, nodes, ranks_per_node);
-    const double ticks = r.fake_s / kTickS;
-    std::printf("%-11s exit %d; %.1f s of job in %.1f s wall: %.1f ms wall a tick", sc.name, r.code,
-                r.fake_s, r.wall_s, 1e3 * r.wall_s / ticks);
-    if (sc.faulty) {
-      std::printf(
-          "; after the fault: verdict (%s) %.2f s, eviction %.2f s, resumed %.2f s; %d evicted",
-          r.verdict.c_str(), r.verdict_s, r.eviction_s, r.resumed_s, r.evictions);
+  for (const bool http : {false, true}) {
+    if ((http && mode == "direct") || (!http && mode == "http")) continue;
+    std::printf("%s\n", http
+                            ? "over HTTP (every agent endpoint served by civetweb in this process):"
+                            : "in-process (the fleet's answers handed over, no HTTP):");
+    for (const Scenario& sc : scenarios) {
+      const Outcome r = RunOne(sc, nodes, ranks_per_node, http);
+      const double ticks = r.fake_s / kTickS;
+      std::printf("  %-11s exit %d; %.1f s of job in %.1f s wall: %.1f ms wall a tick", sc.name,
+                  r.code, r.fake_s, r.wall_s, 1e3 * r.wall_s / ticks);
+      if (sc.faulty) {
+        std::printf(
+            "; after the fault: verdict (%s) %.2f s, eviction %.2f s, resumed %.2f s; %d evicted",
+            r.verdict.c_str(), r.verdict_s, r.eviction_s, r.resumed_s, r.evictions);
+      }
+      std::printf("\n");
+      std::fflush(stdout);
     }
-    std::printf("\n");
-    std::fflush(stdout);
   }
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);
-  std::printf("peak memory (max RSS, controller and fake fleet): %.0f MB\n",
+  std::printf("peak memory (max RSS, controller, fake fleet and its server): %.0f MB\n",
               static_cast<double>(u.ru_maxrss) / 1024.0);
   return 0;
 }

@@ -29,6 +29,28 @@ Decision DecideDetector(const Verdict& v, const std::string& conf, bool confiden
   return d;
 }
 
+// A stopped job: evict the node of a dead rank, self-check the nodes a link or a connection
+// names, restart in place on a cause that names no machine.
+Decision DecideHang(const Verdict& v, Cause cause, Decision d) {
+  if (cause == Cause::kRankDead || cause == Cause::kRankNotJoined) {
+    d.action = Action::kEvict;
+    d.reason = "a rank of the node is gone or never joined";
+  } else if (cause == Cause::kLinkStall) {
+    d.action = Action::kSelfCheck;
+    d.reason = "data stopped between two nodes: both ends are self-checked";
+  } else if (cause == Cause::kConnectFailed) {
+    d.action = Action::kSelfCheck;
+    d.reason =
+        "ranks could not reach their peers at the start: the nodes where the failed "
+        "connections meet are self-checked";
+  } else {
+    d.action = Action::kRestartInPlace;
+    d.reason = "hang cause " + v.cause + " names no machine";
+    d.nodes.clear();
+  }
+  return d;
+}
+
 Decision DecideFresh(const Verdict& v, Streak streak, const PolicyOptions& o) {
   char conf[96];
   std::snprintf(conf, sizeof(conf), "confidence %.2f (acting at %.2f)", v.confidence,
@@ -42,18 +64,7 @@ Decision DecideFresh(const Verdict& v, Streak streak, const PolicyOptions& o) {
   const Cause cause = ParseCause(v.cause);
   switch (v.kind) {
     case VerdictKind::kHang:
-      if (cause == Cause::kRankDead || cause == Cause::kRankNotJoined) {
-        d.action = Action::kEvict;
-        d.reason = "a rank of the node is gone or never joined";
-      } else if (cause == Cause::kLinkStall) {
-        d.action = Action::kSelfCheck;
-        d.reason = "data stopped between two nodes: both ends are self-checked";
-      } else {
-        d.action = Action::kRestartInPlace;
-        d.reason = "hang cause " + v.cause + " names no machine";
-        d.nodes.clear();
-      }
-      return d;
+      return DecideHang(v, cause, std::move(d));
     case VerdictKind::kSlow:
       if (cause == Cause::kStageImbalance) {
         d.reason = "every replica of the stage is slow: a model or layout imbalance, not a machine";

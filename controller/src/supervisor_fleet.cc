@@ -24,8 +24,6 @@ using Clock = std::chrono::steady_clock;
 // The self-check's rendezvous and collective timeout; a pair gets three of them in all (a rank
 // whose link is dead can block in connect() past its own rendezvous timeout).
 constexpr int kSelfCheckTimeoutMs = 10000;
-// Agents asked at once by AgentGetAll.
-constexpr size_t kPollWorkers = 64;
 
 class SupervisorFleet final : public Fleet {
  public:
@@ -50,26 +48,10 @@ class SupervisorFleet final : public Fleet {
   std::vector<Result<std::string>> AgentGetAll(const std::vector<std::string>& nodes,
                                                const std::string& path, int timeout_ms,
                                                const std::string& token) override {
-    // Side by side, as many at once as the machine's sockets comfortably take; the ones not
-    // started by the deadline are not asked.
-    const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
     std::vector<std::string> urls;  // read here: the supervisor is driven by this thread only
     urls.reserve(nodes.size());
     for (const std::string& n : nodes) urls.push_back(sup_.AgentUrl(n));
-    std::vector<Result<std::string>> out(nodes.size(), Status(StatusCode::kInternal, "not asked"));
-    tracer::ParallelFor(nodes.size(), kPollWorkers, [&](size_t i) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      if (urls[i].empty()) {
-        out[i] = NotFound(nodes[i] + " has no agent running");
-      } else if (left <= 0) {
-        out[i] =
-            Status(StatusCode::kDeadlineExceeded, nodes[i] + ": not asked before the deadline");
-      } else {
-        out[i] = tracer::HttpGet(urls[i] + path, static_cast<int>(left), token);
-      }
-    });
-    return out;
+    return AskAgents(nodes, urls, path, timeout_ms, token);
   }
   Result<analyzer::HangInput> LiveHangInput(const std::vector<std::string>& nodes, int attempt,
                                             const std::string& token) override {
@@ -213,6 +195,29 @@ std::vector<Result<std::string>> Fleet::AgentGetAll(const std::vector<std::strin
   std::vector<Result<std::string>> out;
   out.reserve(nodes.size());
   for (const std::string& n : nodes) out.push_back(AgentGet(n, path, timeout_ms, token));
+  return out;
+}
+
+std::vector<Result<std::string>> AskAgents(const std::vector<std::string>& nodes,
+                                           const std::vector<std::string>& urls,
+                                           const std::string& path, int timeout_ms,
+                                           const std::string& token) {
+  // Side by side, as many at once as the machine's sockets comfortably take; the ones not started
+  // by the deadline are not asked.
+  constexpr size_t kPollWorkers = 64;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::vector<Result<std::string>> out(nodes.size(), Status(StatusCode::kInternal, "not asked"));
+  tracer::ParallelFor(nodes.size(), kPollWorkers, [&](size_t i) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (urls[i].empty()) {
+      out[i] = NotFound(nodes[i] + " has no agent running");
+    } else if (left <= 0) {
+      out[i] = Status(StatusCode::kDeadlineExceeded, nodes[i] + ": not asked before the deadline");
+    } else {
+      out[i] = tracer::HttpGet(urls[i] + path, static_cast<int>(left), token);
+    }
+  });
   return out;
 }
 

@@ -72,6 +72,43 @@ ReduceFn ReduceFor(DType dtype, ReduceOp op) {
   }
 }
 
+// The store a group's rendezvous goes through, noting whose address was asked for last: Gloo's
+// connectFullMesh waits for, reads and connects to one peer at a time, keyed by the peer's index in
+// the group, so when connecting fails that is the peer it could not reach.
+class WatchedStore final : public gloo::rendezvous::Store {
+ public:
+  explicit WatchedStore(gloo::rendezvous::Store& inner) : inner_(inner) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    inner_.set(key, data);
+  }
+  std::vector<char> get(const std::string& key) override {
+    Note({key});
+    return inner_.get(key);
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    Note(keys);
+    inner_.wait(keys);
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    Note(keys);
+    inner_.wait(keys, timeout);
+  }
+  // The group index of the peer asked for last; -1 for none, several, or a key not an index.
+  int LastPeer() const { return last_peer_; }
+
+ private:
+  void Note(const std::vector<std::string>& keys) {
+    last_peer_ = -1;
+    if (keys.size() != 1 || keys[0].empty() ||
+        keys[0].find_first_not_of("0123456789") != std::string::npos || keys[0].size() > 6)
+      return;
+    last_peer_ = std::stoi(keys[0]);
+  }
+  gloo::rendezvous::Store& inner_;
+  int last_peer_ = -1;
+};
+
 class GlooCommunicator;
 
 // A send or receive in flight: Wait waits for its chunks, reporting the bytes moved.
@@ -127,10 +164,21 @@ class GlooCommunicator final : public Communicator {
       store_ = std::make_unique<gloo::rendezvous::FileStore>(o.rendezvous_dir);
       for (const GroupSpec& g : groups_) {
         gloo::rendezvous::PrefixStore prefix(g.name, *store_);
+        WatchedStore watched(prefix);
         auto ctx = std::make_shared<gloo::rendezvous::Context>(g.IndexOf(rank),
                                                                static_cast<int>(g.ranks.size()));
         ctx->setTimeout(o.connect_timeout.count() > 0 ? o.connect_timeout : o.timeout);
-        ctx->connectFullMesh(prefix, device_);
+        try {
+          ctx->connectFullMesh(watched, device_);
+        } catch (const std::exception& e) {
+          const int peer = watched.LastPeer();
+          if (peer < 0 || peer >= static_cast<int>(g.ranks.size()) || peer == g.IndexOf(rank))
+            throw;
+          return Status(StatusCode::kUnavailable,
+                        "[gloo] rendezvous failed: " +
+                            launch::CannotReach(g.ranks[static_cast<size_t>(peer)]) + " in " +
+                            g.name + ": " + e.what());
+        }
         ctx->setTimeout(o.timeout);
         contexts_.push_back(ctx);
         send_seq_.emplace_back(g.ranks.size(), 0);

@@ -100,7 +100,7 @@ std::optional<launch::RankExit> WatchRanks(launch::Supervisor& sup, const TrainC
   }
   pump();
   if (!failures.empty()) {
-    // Peers of a dead rank fail right after it (kExitCommFailure): name the one that did not.
+    // Peers of a dead rank fail right after it (launch::PeersFailure): name the one that did not.
     failure = sup.FindOrigin(failures, std::chrono::seconds(2), nullptr);
   }
   if (failure || g_interrupted) {

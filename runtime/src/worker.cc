@@ -145,7 +145,7 @@ class Worker {
       const bool job = st.code() == StatusCode::kInvalidArgument ||
                        st.code() == StatusCode::kDataLoss ||
                        st.code() == StatusCode::kAlreadyExists;
-      return job ? kExitJobError : kExitSetup;
+      return job ? kExitJobError : unreachable_ ? kExitUnreachable : kExitSetup;
     }
     for (int64_t step = start_step_; step < cfg_.steps; ++step) {
       if (g_stop_requested.load()) {  // no new work once asked to stop; the writes finish
@@ -290,7 +290,15 @@ class Worker {
     go.timeout = std::chrono::milliseconds(cfg_.timeout_ms);
     RETURN_IF_ERROR(StartKernels());
     const auto t_rdzv = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(comm_, Connect(go));
+    auto comm = Connect(go);
+    if (!comm.ok()) {
+      // Timed out reaching its peers: the far end or the link as much as this one (the log line
+      // names the peer where the transport knows it).
+      unreachable_ = comm.status().code() == StatusCode::kUnavailable ||
+                     comm.status().code() == StatusCode::kDeadlineExceeded;
+      return comm.status();
+    }
+    comm_ = std::move(comm).value();
     const auto t_load = std::chrono::steady_clock::now();
     model_ = std::make_unique<GptStage>(cfg_.model, l, rank_, comm_.get(), kernels_.get());
     m_ = kernels::Buffer<float>(kernels_.get(), model_->count());
@@ -745,6 +753,7 @@ class Worker {
   std::unique_ptr<tracer::SpanTimer> timer_;   // compute spans: host clock or CUDA events
   std::unique_ptr<CommFaults> faults_;         // outlives comm_, which obeys it
   std::unique_ptr<Communicator> comm_;
+  bool unreachable_ = false;  // Setup could not connect to its peers (kExitUnreachable)
   std::unique_ptr<GptStage> model_;
   kernels::Buffer<float> m_, v_;  // AdamW's moments
   TokenFile data_;

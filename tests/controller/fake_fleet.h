@@ -63,8 +63,11 @@ struct FakeFault {
                  // link; traced steps with collectives)
     kPowerOff,   // the node goes silent: its agent answers nothing, its ranks stop where they are
                  // (no exit status reaches anyone), its peers wait in their next all-reduce
-    kEveryRank   // every rank of the job, on every node, exits `exit_raw` with `log` (what no
+    kEveryRank,  // every rank of the job, on every node, exits `exit_raw` with `log` (what no
                  // machine causes: a directory the job needs is missing, a shared input is bad)
+    kUnreachable  // nobody reaches the node at the start of an attempt that begins at `at_step`:
+                  // every rank exits kExitUnreachable, the other nodes' naming its first rank as
+                  // the peer they could not reach, its own naming the next node's first rank
   };
   Kind kind = kCrash;
   std::string node;
@@ -173,54 +176,74 @@ class FakeFleet final : public Fleet {
   Result<analyzer::HangInput> LiveHangInput(const std::vector<std::string>&, int attempt,
                                             const std::string&) override {
     std::vector<std::pair<std::string, tracer::Dump>> dumps;
-    std::vector<int32_t> all(static_cast<size_t>(world_));
-    for (int r = 0; r < world_; ++r) all[static_cast<size_t>(r)] = r;
-    const int64_t now = clock_->WallNs();
+    const tracer::RankList world = WorldGroup();
     for (int r = 0; r < world_; ++r) {
       if (silent_.count(NodeOfRank(r))) continue;  // nobody answers for its ranks
-      tracer::Dump d;
-      d.dumped_at_ns = now;
-      auto& s = d.snapshot;
-      s.info.job = "fake";
-      s.info.node = NodeOfRank(r);
-      s.info.rank = r;
-      s.info.world_size = world_;
-      s.info.attempt = attempt;
-      s.info.pid = 1000 + r;
-      s.groups.push_back({"0", "world", tracer::RankList(all.begin(), all.end())});
-      const bool stuck = r == stuck_rank_ && stall_peer_ < 0;
-      s.heartbeat.step = done_;
-      s.heartbeat.phase = stuck ? tracer::Phase::kForward : tracer::Phase::kBackward;
-      s.heartbeat.updated_at_ns = stuck && frozen_ ? stuck_at_ns_ : now;
-      tracer::FlightEntry last;  // the all-reduce of the last step, done everywhere
-      last.id = 1;
-      last.seq = static_cast<uint64_t>(done_);
-      last.bytes = 4096;
-      last.enqueued_at_ns = last.started_at_ns = stuck_at_ns_ - 2'000'000;
-      last.completed_at_ns = stuck_at_ns_ - 1'000'000;
-      last.state = tracer::OpState::kCompleted;
-      s.entries.push_back(last);
-      tracer::FlightEntry open = last;  // where it waits now
-      open.id = 2;
-      open.enqueued_at_ns = open.started_at_ns = stuck_at_ns_;
-      open.completed_at_ns = 0;
-      open.state = tracer::OpState::kStarted;
-      if (stall_peer_ >= 0 && (r == stuck_rank_ || r == stall_peer_)) {
-        // The two ends of the stalled transfer: both posted, 64 KiB of 1 MiB across.
-        const bool sender = r == stuck_rank_;
-        open.seq = 0;
-        open.op = sender ? tracer::OpType::kSend : tracer::OpType::kRecv;
-        open.peer = sender ? stall_peer_ : stuck_rank_;
-        open.bytes = 1 << 20;
-        (sender ? open.bytes_sent : open.bytes_received) = 65536;
-        s.entries.push_back(open);
-      } else if (!stuck) {  // its peers wait in the next all-reduce
-        open.seq = last.seq + 1;
-        s.entries.push_back(open);
-      }
-      dumps.emplace_back("fake://rank_" + std::to_string(r), std::move(d));
+      dumps.emplace_back("fake://rank_" + std::to_string(r), RankDump(r, attempt, world));
     }
     return analyzer::MakeHangInput(std::move(dumps));
+  }
+  // What `node`'s agent answers for its ranks' flight recorders now (an agent's /dumps); nothing
+  // for a silent node.
+  std::vector<tracer::Dump> NodeDumps(const std::string& node, int attempt) const {
+    std::vector<tracer::Dump> out;
+    const tracer::RankList world = WorldGroup();
+    const int first = FirstRankOf(node);
+    for (int r = first; first >= 0 && !silent_.count(node) && r < world_ && NodeOfRank(r) == node;
+         ++r)
+      out.push_back(RankDump(r, attempt, world));
+    return out;
+  }
+  // Rank `r`'s flight recorder now: the last step's all-reduce done, the next one open (or, for
+  // the stuck rank, none; for a stalled link's ends, the send and the receive).
+  tracer::RankList WorldGroup() const {
+    std::vector<int32_t> all(static_cast<size_t>(world_));
+    for (int k = 0; k < world_; ++k) all[static_cast<size_t>(k)] = k;
+    return tracer::RankList(all.begin(), all.end());
+  }
+  tracer::Dump RankDump(int r, int attempt, const tracer::RankList& world) const {
+    const int64_t now = clock_->WallNs();
+    tracer::Dump d;
+    d.dumped_at_ns = now;
+    auto& s = d.snapshot;
+    s.info.job = "fake";
+    s.info.node = NodeOfRank(r);
+    s.info.rank = r;
+    s.info.world_size = world_;
+    s.info.attempt = attempt;
+    s.info.pid = 1000 + r;
+    s.groups.push_back({"0", "world", world});
+    const bool stuck = r == stuck_rank_ && stall_peer_ < 0;
+    s.heartbeat.step = done_;
+    s.heartbeat.phase = stuck ? tracer::Phase::kForward : tracer::Phase::kBackward;
+    s.heartbeat.updated_at_ns = stuck && frozen_ ? stuck_at_ns_ : now;
+    tracer::FlightEntry last;  // the all-reduce of the last step, done everywhere
+    last.id = 1;
+    last.seq = static_cast<uint64_t>(done_);
+    last.bytes = 4096;
+    last.enqueued_at_ns = last.started_at_ns = stuck_at_ns_ - 2'000'000;
+    last.completed_at_ns = stuck_at_ns_ - 1'000'000;
+    last.state = tracer::OpState::kCompleted;
+    s.entries.push_back(last);
+    tracer::FlightEntry open = last;  // where it waits now
+    open.id = 2;
+    open.enqueued_at_ns = open.started_at_ns = stuck_at_ns_;
+    open.completed_at_ns = 0;
+    open.state = tracer::OpState::kStarted;
+    if (stall_peer_ >= 0 && (r == stuck_rank_ || r == stall_peer_)) {
+      // The two ends of the stalled transfer: both posted, 64 KiB of 1 MiB across.
+      const bool sender = r == stuck_rank_;
+      open.seq = 0;
+      open.op = sender ? tracer::OpType::kSend : tracer::OpType::kRecv;
+      open.peer = sender ? stall_peer_ : stuck_rank_;
+      open.bytes = 1 << 20;
+      (sender ? open.bytes_sent : open.bytes_received) = 65536;
+      s.entries.push_back(open);
+    } else if (!stuck) {  // its peers wait in the next all-reduce
+      open.seq = last.seq + 1;
+      s.entries.push_back(open);
+    }
+    return d;
   }
 
   Status StartRanks(int attempt, const std::vector<std::string>& nodes, int world) override {
@@ -240,7 +263,7 @@ class FakeFleet final : public Fleet {
                               std::chrono::milliseconds,
                               std::vector<launch::RankExit>* others) override {
     auto origin = std::find_if(failures.begin(), failures.end(), [](const launch::RankExit& e) {
-      return !(e.status.exited() && e.status.code() == launch::kExitCommFailure);
+      return !(e.status.exited() && launch::PeersFailure(e.status.code()));
     });
     if (origin == failures.end()) origin = failures.begin();
     for (auto it = failures.begin(); it != failures.end(); ++it) {
@@ -292,11 +315,13 @@ class FakeFleet final : public Fleet {
   void Append(const nlohmann::json& line) {
     ASSERT_TRUE(launch::AppendProgress(layout_.progress(), line).ok());
   }
-  // A fault due now on a node of this attempt, marked fired; nullptr when none.
-  FakeFault* Due() {
+  // A fault due now on a node of this attempt, marked fired; nullptr when none. `at_start`: one
+  // of those that strike as the ranks connect (kUnreachable), else one of those between steps.
+  FakeFault* Due(bool at_start = false) {
     for (FakeFault& f : faults_) {
       const bool in_job = std::find(nodes_.begin(), nodes_.end(), f.node) != nodes_.end();
       if (!in_job || f.at_step != done_ || f.fired_attempt == attempt_) continue;
+      if ((f.kind == FakeFault::kUnreachable) != at_start) continue;
       if (f.fired && !f.persistent) continue;
       f.fired = true;
       f.fired_attempt = attempt_;
@@ -327,10 +352,30 @@ class FakeFleet final : public Fleet {
     }
     running_ = false;
   }
+  // Nobody reaches `node`: every rank fails to connect (kUnreachable).
+  void Unreachable(const std::string& node) {
+    const int first = FirstRankOf(node), per = world_ / static_cast<int>(nodes_.size());
+    for (int r = 0; r < world_; ++r) {
+      const int peer = NodeOfRank(r) == node ? (first + per) % world_ : first;
+      ASSERT_TRUE(tracer::WriteFileAtomic(
+                      layout_.worker_log(r),
+                      "[worker] rank " + std::to_string(r) +
+                          ": setup failed: [gloo] rendezvous failed: " + launch::CannotReach(peer) +
+                          " in world: Connect "
+                          "timeout [10.0.0.9]:4100\n")
+                      .ok());
+      rank_exits_.push_back({r, {launch::kExitUnreachable << 8}});
+    }
+    running_ = false;
+  }
   // The job moves to the clock's time.
   void Advance() {
     if (!running_ || stuck_rank_ >= 0) return;
     if (!ready_) {
+      if (FakeFault* f = Due(true)) {
+        Unreachable(f->node);
+        return;
+      }
       ready_ = true;
       next_step_ = clock_->Now() + Step();
       Append({{"event", "ready"},
@@ -374,6 +419,7 @@ class FakeFleet final : public Fleet {
             break;
           case FakeFault::kSlow:  // read by Trace, step by step
           case FakeFault::kSlowNet:
+          case FakeFault::kUnreachable:  // at the start (Due(true))
             break;
         }
       }

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <thread>
 
+#include "megascope/launch/exit_codes.h"
 #include "test_util.h"
 
 namespace megascope::runtime {
@@ -136,6 +137,20 @@ TEST(GlooCommTest, ADeadPeerFailsTheOpAndTheFlightRecorderSaysSo) {
         EXPECT_EQ(t.Snapshot().entries.back().state, tracer::OpState::kFailed);
       },
       opts);
+}
+
+// A peer that never comes to the rendezvous: connecting fails as unreachable and names that peer
+// in the words the controller reads (launch::CannotReachPeer), so the node that cannot be reached
+// is the suspect, not the one left waiting.
+TEST(GlooCommTest, APeerThatNeverArrivesIsNamedAsTheOneNotReached) {
+  TempDir dir;
+  GlooOptions o;
+  o.rendezvous_dir = dir.path() + "/rdzv";
+  o.connect_timeout = std::chrono::milliseconds(300);
+  auto c = CreateGlooCommunicator(0, Layout{2, 1, 1}, o);  // rank 1 never starts
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(launch::CannotReachPeer(c.status().message()), 1) << c.status().ToString();
 }
 
 // bf16 is the top half of an fp32: exact for these small values.

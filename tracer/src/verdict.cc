@@ -34,7 +34,8 @@ constexpr std::pair<Cause, std::string_view> kCauses[] = {
     {Cause::kSameFailureEverywhere, "same_failure_everywhere"},
     {Cause::kSourceSilent, "source_silent"},
     {Cause::kComponentOutlier, "component_outlier"},
-    {Cause::kSimultaneousOnset, "simultaneous_onset"}};
+    {Cause::kSimultaneousOnset, "simultaneous_onset"},
+    {Cause::kConnectFailed, "connect_failed"}};
 
 template <typename E, size_t N>
 std::string_view Spelling(const std::pair<E, std::string_view> (&table)[N], E e) {

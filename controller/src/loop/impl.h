@@ -73,6 +73,9 @@ struct Controller::Impl {
   std::deque<std::string> spares;
   std::map<std::string, Clock::time_point> evicted;  // node -> when
   std::set<std::string> failed_self_check;
+  // Spares self-checked in this incident beside its suspects, ready to replace one that fails
+  // (spare -> passed): their check is not run again, nor waited for after the suspects'.
+  std::map<std::string, bool> spares_checked;
   std::vector<Clock::time_point> eviction_times;
   double baseline_gemm = 0, baseline_bw = 0;
   int checks = 0;
@@ -164,6 +167,9 @@ struct Controller::Impl {
   // it runs). Records and returns whether it passed.
   struct NodeCheck {
     std::string node, partner, why;
+    // Measured once the other pairs are done (a spare ready for whichever suspect fails): not
+    // slowed by them, its error counters watched in the same wait as theirs.
+    bool after = false;
   };
   struct CheckResult {
     bool passed = false;
@@ -171,7 +177,7 @@ struct Controller::Impl {
   };
   bool SelfCheck(const std::string& node, const std::string& partner, const std::string& why);
   // Several at once (both ends of a stalled link): each pair runs beside the others, so a dead
-  // end's check costs no more than its own, not its peer's too.
+  // end's check costs no more than its own, not its peer's too; then the pairs marked `after`.
   std::vector<CheckResult> SelfCheckAll(const std::vector<NodeCheck>& todo);
   // The node's GEMM is judged against its healthy partner's, measured at the same time on the same
   // machines (capped by the launch's healthy figure): a load that slows both -- other jobs, two
@@ -252,6 +258,11 @@ struct Controller::Impl {
   // another node: each a rank_dead verdict.
   std::vector<Verdict> DeadRanks(const launch::RankExit& origin,
                                  const std::vector<launch::RankExit>& others);
+  // Ranks that could not reach their peers at the attempt's start (kExitUnreachable): a
+  // connect_failed verdict naming the nodes where the failed connections meet -- those failing with
+  // the most other nodes (both ends when only one pair failed); nothing when no rank exited so.
+  std::optional<Verdict> ConnectFailed(const launch::RankExit& origin,
+                                       const std::vector<launch::RankExit>& others);
   // When every node of the attempt (two or more) has a rank that failed on its own in the words
   // `how` (exit and last log line, digits masked), the origin's (whose last line is `log_line`): a
   // job_error, since no machine causes that and evicting would only move the failure to a spare.
@@ -286,7 +297,8 @@ struct Controller::Impl {
   };
   // Self-checks the suspects `d.nodes` of `v` (each once per incident: `checked_now`); those that
   // fail join `to_evict`, those that pass are cleared of the verdict's cause for the run (or, for
-  // `d.evict_if_passed`, evicted as compute stragglers).
+  // `d.evict_if_passed`, evicted as compute stragglers). As many spares as suspects are checked
+  // in the same round, measured after them (spares_checked).
   void ConfirmBySelfCheck(const Verdict& v, const Decision& d,
                           std::map<std::string, bool>* checked_now, std::vector<ToEvict>* to_evict);
 

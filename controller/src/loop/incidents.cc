@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -23,9 +24,9 @@ std::string LastLogLine(const std::string& path) {
                      end - (begin == std::string::npos ? 0 : begin + 1) + 1);
 }
 
-// A rank that failed of its own accord, not of a peer's timeout (kExitCommFailure) nor cleanly.
+// A rank that failed of its own accord, not because of a peer (launch::PeersFailure) nor cleanly.
 bool OwnFailure(const launch::RankExit& e) {
-  return !e.status.success() && !(e.status.exited() && e.status.code() == launch::kExitCommFailure);
+  return !e.status.success() && !(e.status.exited() && launch::PeersFailure(e.status.code()));
 }
 
 // `s` with every run of digits as one '#': two failures that differ only in a rank, a pid or a
@@ -146,6 +147,7 @@ std::vector<Verdict> Controller::Impl::DiagnoseCrash(const Trigger& t) {
     last_failure = {how, last_step_done, node};
     return DeadRanks(origin, others);
   }
+  if (auto v = ConnectFailed(origin, others)) return {*v};
   // Every failure was a peer's timeout: the cause is in the flight recorders.
   fleet->CollectDumps(std::chrono::seconds(3));
   auto in = analyzer::LoadDumpDirectory(layout.dumps(attempt));
@@ -154,6 +156,52 @@ std::vector<Verdict> Controller::Impl::DiagnoseCrash(const Trigger& t) {
   auto verdicts = analyzer::AnalyzeHang(*in, IncidentHangOptions());
   PlaceRootRanks(&verdicts);
   return verdicts;
+}
+
+std::optional<Verdict> Controller::Impl::ConnectFailed(
+    const launch::RankExit& origin, const std::vector<launch::RankExit>& others) {
+  std::map<std::string, std::set<std::string>> failed_with;  // node -> the nodes it failed with
+  std::map<int, std::string> ranks;                          // rank -> its node
+  std::vector<std::string> evidence;
+  auto note = [&](const launch::RankExit& e) {
+    if (!e.status.exited() || e.status.code() != launch::kExitUnreachable) return;
+    const std::string line = LastLogLine(layout.worker_log(e.rank));
+    const std::string node = fleet->NodeOfRank(e.rank);
+    const int peer = launch::CannotReachPeer(line);
+    const std::string far = peer >= 0 ? fleet->NodeOfRank(peer) : "";
+    failed_with[node];
+    ranks[e.rank] = node;
+    if (!far.empty() && far != node) {  // ranks of one node reach each other without the network
+      failed_with[node].insert(far);
+      failed_with[far].insert(node);
+      ranks[peer] = far;
+    }
+    evidence.push_back("rank " + std::to_string(e.rank) + " (" + node + "): " + line);
+  };
+  note(origin);
+  for (const launch::RankExit& e : others) note(e);
+  if (evidence.empty()) return std::nullopt;
+  size_t most = 0;
+  for (const auto& [node, with] : failed_with) most = std::max(most, with.size());
+  Verdict v;
+  v.kind = VerdictKind::kHang;
+  v.cause = Name(Cause::kConnectFailed);
+  for (const auto& [node, with] : failed_with) {
+    if (with.size() == most) v.root_nodes.push_back(node);
+  }
+  for (const auto& [rank, node] : ranks) {
+    if (std::find(v.root_nodes.begin(), v.root_nodes.end(), node) != v.root_nodes.end())
+      v.root_ranks.push_back(rank);
+  }
+  v.detected_at_ns = clock.WallNs();
+  v.confidence = 0.5;  // the node, its link or the far end: the self-check decides
+  v.explanation = std::to_string(evidence.size()) + " ranks could not reach their peers at the " +
+                  "start of attempt " + std::to_string(attempt) +
+                  "; the failed connections meet at " + Join(v.root_nodes) +
+                  (most > 0 ? " (each with " + std::to_string(most) + " other nodes)" : "") +
+                  ": its network end, its link or the node itself";
+  v.evidence = std::move(evidence);
+  return v;
 }
 
 std::optional<Verdict> Controller::Impl::SameFailureEverywhere(
@@ -355,7 +403,10 @@ bool Controller::Impl::Evict(const std::string& node, const std::string& reason,
   while (!spares.empty()) {
     const std::string spare = spares.front();
     spares.pop_front();
-    if (SelfCheck(spare, HealthyPartner({node}), "spare for " + node)) {
+    auto checked = spares_checked.find(spare);
+    if (checked != spares_checked.end()
+            ? checked->second
+            : SelfCheck(spare, HealthyPartner({node}), "spare for " + node)) {
       *slot = spare;
       Log(spare + " joins in place of " + node);
       return true;
@@ -397,10 +448,25 @@ void Controller::Impl::ConfirmBySelfCheck(const Verdict& v, const Decision& d,
     todo.push_back({n, partner.empty() ? n : partner,
                     v.kind == VerdictKind::kFaultyMachine      ? "suspect of the detector"
                     : ParseCause(v.cause) == Cause::kLinkStall ? "end of a stalled link"
-                                                               : "suspect: " + v.cause});
+                    : ParseCause(v.cause) == Cause::kConnectFailed
+                        ? "where the failed connections meet"
+                        : "suspect: " + v.cause});
   }
-  const std::vector<CheckResult> results = SelfCheckAll(todo);  // every suspect at once
-  for (size_t i = 0; i < todo.size(); ++i) {
+  // The spares that would replace them, checked in the same round once the suspects' pairs are
+  // done: an eviction then waits for no check of its own (a round watches the error counters for
+  // 2 s at least, and the measurements take a fraction of that).
+  const size_t suspects_checked = todo.size();
+  for (const std::string& spare : spares) {
+    if (todo.size() >= 2 * suspects_checked) break;
+    if (spares_checked.count(spare)) continue;
+    const std::string partner = HealthyPartner(suspects);
+    todo.push_back({spare, partner.empty() ? spare : partner,
+                    "spare, checked beside the suspects of " + v.cause, true});
+  }
+  const std::vector<CheckResult> results = SelfCheckAll(todo);  // every one at once
+  for (size_t i = suspects_checked; i < todo.size(); ++i)
+    spares_checked[todo[i].node] = results[i].passed;
+  for (size_t i = 0; i < suspects_checked; ++i) {
     const std::string& n = todo[i].node;
     const CheckResult r = results[i];
     (*checked_now)[n] = r.passed;
@@ -431,6 +497,7 @@ bool Controller::Impl::Incident(Trigger t) {
   // An attempt that failed before completing a step, three times in a row, is a loop, not bad
   // luck.
   fruitless_attempts = attempt_stepped ? 0 : fruitless_attempts + 1;
+  spares_checked.clear();
   const int64_t trigger_ns = clock.WallNs();
   incident_start_ns = trigger_ns;
   Log("trigger: " + std::string(Name(t.cause)) + (t.detail.empty() ? "" : " (" + t.detail + ")"));

@@ -30,12 +30,21 @@ std::vector<Controller::Impl::CheckResult> Controller::Impl::SelfCheckAll(
     const std::vector<NodeCheck>& todo) {
   const auto t0 = clock.Now();
   std::vector<std::map<std::string, double>> errors_before;
-  std::vector<std::pair<std::string, std::string>> pairs;
-  for (const NodeCheck& c : todo) {
-    errors_before.push_back(NodeErrorCounters(c.node));
-    pairs.emplace_back(c.node, c.partner);
+  errors_before.reserve(todo.size());
+  for (const NodeCheck& c : todo) errors_before.push_back(NodeErrorCounters(c.node));
+  std::vector<std::pair<SelfCheckFigures, SelfCheckFigures>> figures(todo.size());
+  for (const bool after : {false, true}) {
+    std::vector<std::pair<std::string, std::string>> pairs;
+    std::vector<size_t> index;
+    for (size_t i = 0; i < todo.size(); ++i) {
+      if (todo[i].after != after) continue;
+      pairs.emplace_back(todo[i].node, todo[i].partner);
+      index.push_back(i);
+    }
+    if (pairs.empty()) continue;
+    const auto measured = fleet->SelfCheckPairs(pairs);
+    for (size_t k = 0; k < index.size(); ++k) figures[index[k]] = measured.at(k);
   }
-  const auto figures = fleet->SelfCheckPairs(pairs);
   std::vector<CheckResult> passed;
   for (size_t i = 0; i < todo.size(); ++i) {
     const SelfCheckFigures& node = figures.at(i).first;
@@ -47,7 +56,8 @@ std::vector<Controller::Impl::CheckResult> Controller::Impl::SelfCheckAll(
     if (todo[i].partner != todo[i].node) now = figures[i].second;
     for (size_t j = 0; j < todo.size() && todo[i].partner == todo[i].node; ++j) {
       const SelfCheckFigures& other = figures[j].first;
-      if (todo[j].node != todo[i].node && other.ok && other.gemm_gflops > now.gemm_gflops)
+      if (todo[j].after == todo[i].after && todo[j].node != todo[i].node && other.ok &&
+          other.gemm_gflops > now.gemm_gflops)
         now = other;
     }
     passed.push_back(Judge(todo[i], node, now, errors_before[i], t0));

@@ -300,7 +300,7 @@ std::vector<AgentExit> Supervisor::PollAgents() {
 
 RankExit Supervisor::FindOrigin(const std::vector<RankExit>& failures,
                                 std::chrono::milliseconds window, std::vector<RankExit>* others) {
-  auto is_victim = [](const ExitStatus& s) { return s.exited() && s.code() == kExitCommFailure; };
+  auto is_victim = [](const ExitStatus& s) { return s.exited() && PeersFailure(s.code()); };
   RankExit origin = failures.at(0);
   for (const RankExit& f : failures) {
     if (is_victim(origin.status) && !is_victim(f.status)) origin = f;

@@ -65,7 +65,7 @@ class Fleet {
   // Ranks that ended since the last call (never blocks).
   virtual std::vector<launch::RankExit> PollRanks() = 0;
   // Given the failures seen so far, waits up to `window` for the rank whose failure started them
-  // (one that did not exit with kExitCommFailure); what else ended goes to `others`.
+  // (one whose exit is not a peer's, launch::PeersFailure); what else ended goes to `others`.
   virtual launch::RankExit FindOrigin(const std::vector<launch::RankExit>& failures,
                                       std::chrono::milliseconds window,
                                       std::vector<launch::RankExit>* others) = 0;
@@ -89,6 +89,14 @@ class Fleet {
   // The node's own host (a testbed's namespace, a cluster node), or nullptr: this machine.
   virtual const launch::Host* HostOf(const std::string& node) const = 0;
 };
+
+// GET `path` from the agents of `nodes` at `urls` (in the same order; "" for a node without one)
+// side by side, all within one deadline `timeout_ms` from now (Fleet::AgentGetAll): one answer per
+// node, an error for a node not asked in time.
+std::vector<Result<std::string>> AskAgents(const std::vector<std::string>& nodes,
+                                           const std::vector<std::string>& urls,
+                                           const std::string& path, int timeout_ms,
+                                           const std::string& token);
 
 // The fleet of processes on this machine, its hosts' namespaces or a Slurm allocation.
 std::unique_ptr<Fleet> MakeSupervisorFleet(const launch::SupervisorOptions& options);

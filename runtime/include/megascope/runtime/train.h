@@ -83,6 +83,7 @@ using launch::kExitJobError;
 using launch::kExitOk;
 using launch::kExitSetup;
 using launch::kExitStopped;
+using launch::kExitUnreachable;
 
 // Runs rank `rank` of the job in RUN_DIR/run.json; returns the process exit code.
 int RunWorker(const std::string& run_dir, int rank);

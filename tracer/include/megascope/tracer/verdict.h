@@ -51,6 +51,7 @@ enum class Cause : uint8_t {
   kSourceSilent,
   kComponentOutlier,
   kSimultaneousOnset,
+  kConnectFailed,
   kOther,
 };
 std::string_view Name(Cause c);  // kOther: "other"

@@ -4,6 +4,10 @@
 // kExitUsage on bad flags (cli/).
 #pragma once
 
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
 namespace megascope::launch {
 
 inline constexpr int kExitUsage = 2;  // any command: bad flags or arguments, nothing started
@@ -15,8 +19,31 @@ inline constexpr int kExitSetup = 4;
 // The job's own input is wrong (a data file, the config, its job name held by a live process):
 // the same on any machine.
 inline constexpr int kExitJobError = 5;
+// Could not connect to its peers at the attempt's start (the rendezvous or a connection timed
+// out): the far end, the link or this end -- not this rank's fault alone. Its last log line names
+// the peer it was reaching (CannotReach) where it knows it.
+inline constexpr int kExitUnreachable = 6;
 // Stopped on request (SIGTERM) after its state writes in flight finished: 128 + SIGTERM.
 inline constexpr int kExitStopped = 143;
+
+// A rank that ended because of a peer (a collective failed, a peer could not be reached): the
+// cause is elsewhere, and the supervisor and the controller look for it there.
+inline constexpr bool PeersFailure(int exit_code) {
+  return exit_code == kExitCommFailure || exit_code == kExitUnreachable;
+}
+
+// The words a worker's log uses for the peer it could not reach, and their reader: the rank named,
+// or -1 when the line names none.
+inline std::string CannotReach(int peer) { return "cannot reach rank " + std::to_string(peer); }
+inline int CannotReachPeer(std::string_view line) {
+  constexpr std::string_view kWords = "cannot reach rank ";
+  const size_t at = line.find(kWords);
+  if (at == std::string_view::npos) return -1;
+  const std::string rest(line.substr(at + kWords.size()));
+  char* end = nullptr;
+  const long peer = std::strtol(rest.c_str(), &end, 10);
+  return end == rest.c_str() || peer < 0 ? -1 : static_cast<int>(peer);
+}
 
 // `megascope launch` (controller::Controller::Run).
 inline constexpr int kLaunchFinished = 0;

@@ -1,10 +1,10 @@
 // Supervisor: a job on a set of nodes. Starts each node's agent, then the job's ranks on them
 // (`megascope worker`, one process per rank, rank r on nodes[r / ranks_per_node]); reports exits
 // and names the origin of a failure (a rank that failed on its own beats the peers that then
-// exited with kExitCommFailure); asks survivors for their flight recorders and waits until the
-// dumps are written before anything is killed; stops ranks and agents with a grace. A restart is
-// StopRanks + StartRanks with attempt + 1 and a new node list. Links without Gloo, BLAS or the
-// model.
+// exited with kExitCommFailure or kExitUnreachable); asks survivors for their flight recorders and
+// waits until the dumps are written before anything is killed; stops ranks and agents with a grace.
+// A restart is StopRanks + StartRanks with attempt + 1 and a new node list. Links without Gloo,
+// BLAS or the model.
 //
 // Thread safety: one thread drives a Supervisor.
 #pragma once
@@ -119,7 +119,8 @@ class Supervisor {
   std::vector<RankExit> PollRanks();
   std::vector<AgentExit> PollAgents();
   // Given the failures seen so far, waits up to `window` for the rank whose failure started it: a
-  // failure that is not kExitCommFailure. Returns the origin; adds what else ended to `others`.
+  // failure that is not a peer's (PeersFailure). Returns the origin; adds what else ended to
+  // `others`.
   RankExit FindOrigin(const std::vector<RankExit>& failures, std::chrono::milliseconds window,
                       std::vector<RankExit>* others);
 
