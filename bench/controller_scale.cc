@@ -3,7 +3,9 @@
 // endpoint -- run against the scripted fleet of tests/controller/fake_fleet.h at 1,536 nodes x 8
 // ranks under a fake clock, once healthy and once for each machine fault: a crash, a rank hung in
 // compute (12,288 ranks' flight recorders analysed live), a rank frozen whole, a node gone silent
-// (power lost: its agent answers nothing, its ranks stop, no exit status arrives). For each run:
+// (power lost: its agent answers nothing, its ranks stop, no exit status arrives), a node whose
+// ranks compute 1.5x longer (the straggler watch merging every agent's /window part of a 4-step
+// window, acting on the second window in a row). For each run:
 //   - the time the fault takes to be named, its node evicted and the job resumed, on the fake clock
 //     (the controller's rules: its tick, hang threshold, analysis, restart), and
 //   - the wall time the run took on this machine per tick of the loop (the controller's work per
@@ -84,7 +86,19 @@ Outcome RunOne(const Scenario& sc, int nodes, int ranks_per_node, bool http) {
   auto owned = std::make_unique<FakeFleet>(o.supervisor.run_dir, &clock, kSteps);
   FakeFleet* fleet = owned.get();
   const std::string victim = "node" + std::to_string(nodes / 2 - 68);
-  if (sc.faulty) fleet->Break({sc.kind, victim, 6});
+  if (sc.faulty && sc.kind == FakeFault::kSlow) {
+    // Its ranks compute 1.5x longer from step 2 on; the straggler watch reads a window of 4 steps
+    // from every agent's /window (made from the script: no trace.db at this size) and the policy
+    // acts on the second window in a row that names it.
+    o.straggler_every = 4;
+    o.policy.straggler_windows = 2;
+    fleet->SynthesizeWindows(0.1);
+    FakeFault slow{FakeFault::kSlow, victim, 2};
+    slow.factor = 1.5;
+    fleet->Break(slow);
+  } else if (sc.faulty) {
+    fleet->Break({sc.kind, victim, 6});
+  }
   o.write_run_json = [fleet](const controller::AttemptPlan& plan) {
     fleet->Plan(plan);
     return Status::Ok();
@@ -155,7 +169,8 @@ int main(int argc, char** argv) {
                                 {"crash", true, FakeFault::kCrash},
                                 {"hang", true, FakeFault::kHang},
                                 {"frozen rank", true, FakeFault::kFreeze},
-                                {"silent node", true, FakeFault::kPowerOff}};
+                                {"silent node", true, FakeFault::kPowerOff},
+                                {"slow node", true, FakeFault::kSlow}};
   for (const bool http : {false, true}) {
     if ((http && mode == "direct") || (!http && mode == "http")) continue;
     std::printf("%s\n", http

@@ -113,6 +113,15 @@ class FakeFleet final : public Fleet {
     stages_ = stages;
     collectives_ = collectives;
   }
+  // The agents' /window answers made from the script instead of read from trace.db (TraceSteps
+  // writes every rank's steps there, which a fleet of thousands of nodes cannot afford here): each
+  // rank computes `compute_s` (times a kSlow fault's factor) in every step it has done, in the
+  // pipeline stage TraceSteps would give it. No collectives: the compute-straggler analysis.
+  void SynthesizeWindows(double compute_s, int stages = 1) {
+    compute_s_ = compute_s;
+    stages_ = stages;
+    synthesize_windows_ = true;
+  }
   // The nodes keep their trace.db on their own disks (under `root`, laid out as a run directory),
   // as on a cluster without a shared run directory: only their agents' /window reads them.
   void KeepTracesOnNodes(const std::string& root) { trace_root_ = root; }
@@ -151,6 +160,8 @@ class FakeFleet final : public Fleet {
       return Status(StatusCode::kUnavailable, node + "'s agent does not answer");
     if (silent_.count(node))
       return Status(StatusCode::kDeadlineExceeded, node + ": no answer before the deadline");
+    if (path.starts_with("/window?") && synthesize_windows_)
+      return SynthesizedWindow(node, path.substr(path.find('?') + 1));
     if (path.starts_with("/window?")) {  // the agent's own answer, over the node's trace.db
       auto& server = windows_[node];
       if (!server) server = std::make_unique<analyzer::WindowServer>(TraceRoot(), node);
@@ -252,6 +263,7 @@ class FakeFleet final : public Fleet {
     world_ = world;
     attempts_.push_back(nodes);
     done_ = std::max<int64_t>(0, resume_step_);
+    attempt_from_ = done_;
     running_ = true;
     ready_ = false;
     stuck_rank_ = stall_peer_ = -1;
@@ -425,7 +437,7 @@ class FakeFleet final : public Fleet {
       }
       if (!running_ || stuck_rank_ >= 0) return;
       ++done_;
-      if (compute_s_ > 0) Trace(done_);
+      if (compute_s_ > 0 && !synthesize_windows_) Trace(done_);
       Append({{"step", done_},
               {"loss", 5.0 - 0.01 * static_cast<double>(done_)},
               {"step_time_s", step_s_},
@@ -500,6 +512,28 @@ class FakeFleet final : public Fleet {
       analyzer::WriteRankRecords(TraceRoot(), info, kNames, {{"world", "world", {}}}, records);
     }
   }
+  // `node`'s /window part for the query string `query`, from the script (SynthesizeWindows).
+  Result<std::string> SynthesizedWindow(const std::string& node, std::string_view query) const {
+    auto q = analyzer::ParseWindowQuery(query);
+    if (!q.ok()) return q.status();
+    analyzer::WindowPart part;
+    part.node = node;
+    const int first = FirstRankOf(node);
+    const int per = world_ / static_cast<int>(nodes_.size()), replicas = world_ / stages_;
+    for (int r = first; first >= 0 && q->attempt == attempt_ && r < first + per; ++r) {
+      part.through[r] = done_;
+      part.input.ranks[r] = {node, r % replicas, r / replicas, 0, 0};
+    }
+    part.has_rows = !part.through.empty() && (done_ >= q->last_step || q->anyway);
+    for (const auto& [r, through] : part.through) {
+      for (int64_t step = std::max(q->first_step, attempt_from_ + 1);
+           part.has_rows && step <= std::min(q->last_step, through); ++step) {
+        part.input.steps.push_back(
+            {r, attempt_, step, step_s_ * 1e9, static_cast<double>(ComputeNs(node, step)), 0, 0});
+      }
+    }
+    return analyzer::WindowPartJson(part);
+  }
   int64_t ComputeNs(const std::string& node, int64_t step) const {
     return static_cast<int64_t>(compute_s_ * 1e9 * SlowFactor(node, step));
   }
@@ -517,6 +551,8 @@ class FakeFleet final : public Fleet {
   double compute_s_ = 0;  // TraceSteps
   int stages_ = 1;
   bool collectives_ = false;
+  bool synthesize_windows_ = false;  // SynthesizeWindows
+  int64_t attempt_from_ = 0;         // the steps done when the attempt started
   std::vector<FakeFault> faults_;
   std::map<std::string, SelfCheckFigures> self_check_;
   std::function<std::string(const std::string&, double)> metrics_;
