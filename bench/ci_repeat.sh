@@ -26,8 +26,9 @@ passed=0
     (cd "$work/clone" && CI=true bash .ci/run > "$work/ci-$i.log" 2>&1) || rc=$?
     secs=$(($(date +%s) - start))
     # ctest's summary lists each failed test as "  <n> - <name> (<why>)".
-    failed=$(grep -E '^[[:space:]]+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Not Run)' \
-      "$work/ci-$i.log" | sed -E 's/^[[:space:]]+[0-9]+ - //' | paste -sd ';' -)
+    failed=$({ grep -E '^[[:space:]]+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Not Run)' \
+      "$work/ci-$i.log" || true; } | sed -E 's/^[[:space:]]+[0-9]+ - //' | paste -sd ';' -)
+    cp "$work/ci-$i.log" "/tmp/ci_repeat-$i.log"  # the whole log, for a person to read
     echo "run $i: rc=$rc, $((secs / 60)) min $((secs % 60)) s, failed tests: ${failed:-none}"
     if [[ $rc == 0 ]]; then
       passed=$((passed + 1))

@@ -5,7 +5,9 @@
 // compute (12,288 ranks' flight recorders analysed live), a rank frozen whole, a node gone silent
 // (power lost: its agent answers nothing, its ranks stop, no exit status arrives), a node whose
 // ranks compute 1.5x longer (the straggler watch merging every agent's /window part of a 4-step
-// window, acting on the second window in a row). For each run:
+// window, acting on the second window in a row), a node whose GPUs fail (hot and a third less busy,
+// steps 1.5x longer: the detector scraping every agent's /metrics each second names it; its
+// self-check's GEMM fails). For each run:
 //   - the time the fault takes to be named, its node evicted and the job resumed, on the fake clock
 //     (the controller's rules: its tick, hang threshold, analysis, restart), and
 //   - the wall time the run took on this machine per tick of the loop (the controller's work per
@@ -32,6 +34,7 @@
 
 #include "controller/fake_fleet.h"
 #include "controller/http_fleet.h"
+#include "fleet_metrics.h"
 #include "megascope/controller/control_db.h"
 #include "megascope/controller/controller.h"
 
@@ -50,7 +53,14 @@ struct Scenario {
   const char* name;
   bool faulty;
   FakeFault::Kind kind;
+  bool detector = false;  // no scripted fault: the victim's metrics go bad (the detector's case)
 };
+
+// The detector's case: every agent's /metrics page (bench/fleet_metrics.h), the victim's GPUs
+// failing from kHotFromS on (after the detector's 60 s of learning); the controller scrapes each
+// second. Its self-check then measures a fifth of the healthy GEMM (a failing GPU).
+constexpr double kHotFromS = 70;
+constexpr int64_t kDetectorSteps = 200;
 
 struct Outcome {
   int code = 0;
@@ -60,7 +70,8 @@ struct Outcome {
   int evictions = 0;
 };
 
-controller::ControllerOptions Options(const std::string& dir, int nodes, int ranks_per_node) {
+controller::ControllerOptions Options(const std::string& dir, int nodes, int ranks_per_node,
+                                      int64_t steps) {
   controller::ControllerOptions o;
   o.supervisor.run_dir = dir + "/run";
   o.supervisor.shm_dir = dir + "/shm";
@@ -68,7 +79,7 @@ controller::ControllerOptions Options(const std::string& dir, int nodes, int ran
   o.world = nodes * ranks_per_node;
   for (int n = 0; n < nodes; ++n) o.nodes.push_back("node" + std::to_string(n));
   o.spares = {"spare0", "spare1"};
-  o.steps = kSteps;
+  o.steps = steps;
   o.tick_s = kTickS;
   o.hang_after_s = 3;
   o.startup_grace_s = 10;
@@ -82,8 +93,9 @@ Outcome RunOne(const Scenario& sc, int nodes, int ranks_per_node, bool http) {
   char tmpl[] = "/tmp/controller_scale_XXXXXX";
   const std::string dir = ::mkdtemp(tmpl) != nullptr ? tmpl : "/tmp/controller_scale";
   FakeClock clock;
-  controller::ControllerOptions o = Options(dir, nodes, ranks_per_node);
-  auto owned = std::make_unique<FakeFleet>(o.supervisor.run_dir, &clock, kSteps);
+  const int64_t steps = sc.detector ? kDetectorSteps : kSteps;
+  controller::ControllerOptions o = Options(dir, nodes, ranks_per_node, steps);
+  auto owned = std::make_unique<FakeFleet>(o.supervisor.run_dir, &clock, steps);
   FakeFleet* fleet = owned.get();
   const std::string victim = "node" + std::to_string(nodes / 2 - 68);
   if (sc.faulty && sc.kind == FakeFault::kSlow) {
@@ -96,6 +108,17 @@ Outcome RunOne(const Scenario& sc, int nodes, int ranks_per_node, bool http) {
     FakeFault slow{FakeFault::kSlow, victim, 2};
     slow.factor = 1.5;
     fleet->Break(slow);
+  } else if (sc.detector) {
+    o.detector_tick_s = 1;
+    fleet->ServeMetrics([victim, ranks_per_node](const std::string& node, double t) {
+      return bench::FleetMetricsPage(node, std::atoi(node.c_str() + 4), ranks_per_node,
+                                     static_cast<int>(t), node == victim && t >= kHotFromS);
+    });
+    controller::SelfCheckFigures failing;
+    failing.ok = true;
+    failing.gemm_gflops = 20;  // the healthy figure is 100
+    failing.allreduce_gbps = 1;
+    fleet->SetSelfCheck(victim, failing);
   } else if (sc.faulty) {
     fleet->Break({sc.kind, victim, 6});
   }
@@ -124,7 +147,9 @@ Outcome RunOne(const Scenario& sc, int nodes, int ranks_per_node, bool http) {
   ::close(saved);
   ::close(log);
   out.fake_s = static_cast<double>(clock.WallNs() - start_ns) / 1e9;
-  const int64_t fault_ns = sc.faulty ? fleet->faults().front().fired_at_ns : 0;
+  const int64_t fault_ns = sc.detector ? start_ns + static_cast<int64_t>(kHotFromS * 1e9)
+                           : sc.faulty ? fleet->faults().front().fired_at_ns
+                                       : 0;
   auto db = controller::ControlDb::Open(o.supervisor.run_dir + "/control.db", true);
   if (db.ok()) {
     auto events = (*db)->Events();
@@ -170,7 +195,8 @@ int main(int argc, char** argv) {
                                 {"hang", true, FakeFault::kHang},
                                 {"frozen rank", true, FakeFault::kFreeze},
                                 {"silent node", true, FakeFault::kPowerOff},
-                                {"slow node", true, FakeFault::kSlow}};
+                                {"slow node", true, FakeFault::kSlow},
+                                {"failing GPUs", true, FakeFault::kCrash, true}};
   for (const bool http : {false, true}) {
     if ((http && mode == "direct") || (!http && mode == "http")) continue;
     std::printf("%s\n", http
