@@ -89,15 +89,10 @@ controller::ControllerOptions Options(const std::string& dir, int nodes, int ran
   return o;
 }
 
-Outcome RunOne(const Scenario& sc, int nodes, int ranks_per_node, bool http) {
-  char tmpl[] = "/tmp/controller_scale_XXXXXX";
-  const std::string dir = ::mkdtemp(tmpl) != nullptr ? tmpl : "/tmp/controller_scale";
-  FakeClock clock;
-  const int64_t steps = sc.detector ? kDetectorSteps : kSteps;
-  controller::ControllerOptions o = Options(dir, nodes, ranks_per_node, steps);
-  auto owned = std::make_unique<FakeFleet>(o.supervisor.run_dir, &clock, steps);
-  FakeFleet* fleet = owned.get();
-  const std::string victim = "node" + std::to_string(nodes / 2 - 68);
+// The scenario's fault on `victim`, scripted into `fleet` (and the options it needs).
+void Script(const Scenario& sc, const std::string& victim, int ranks_per_node,
+            controller::ControllerOptions* options, FakeFleet* fleet) {
+  controller::ControllerOptions& o = *options;
   if (sc.faulty && sc.kind == FakeFault::kSlow) {
     // Its ranks compute 1.5x longer from step 2 on; the straggler watch reads a window of 4 steps
     // from every agent's /window (made from the script: no trace.db at this size) and the policy
@@ -122,6 +117,18 @@ Outcome RunOne(const Scenario& sc, int nodes, int ranks_per_node, bool http) {
   } else if (sc.faulty) {
     fleet->Break({sc.kind, victim, 6});
   }
+}
+
+Outcome RunOne(const Scenario& sc, int nodes, int ranks_per_node, bool http) {
+  char tmpl[] = "/tmp/controller_scale_XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl) != nullptr ? tmpl : "/tmp/controller_scale";
+  FakeClock clock;
+  const int64_t steps = sc.detector ? kDetectorSteps : kSteps;
+  controller::ControllerOptions o = Options(dir, nodes, ranks_per_node, steps);
+  auto owned = std::make_unique<FakeFleet>(o.supervisor.run_dir, &clock, steps);
+  FakeFleet* fleet = owned.get();
+  const std::string victim = "node" + std::to_string(nodes / 2 - 68);
+  Script(sc, victim, ranks_per_node, &o, fleet);
   o.write_run_json = [fleet](const controller::AttemptPlan& plan) {
     fleet->Plan(plan);
     return Status::Ok();
