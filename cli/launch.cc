@@ -113,6 +113,10 @@ po::options_description DetectionOptions(LaunchArgs& a) {
       "straggler analyses in a row naming a node before the policy acts")(
       "act-confidence", Decimal(&co.policy.check_confidence, co.policy.check_confidence),
       "verdicts of the detector and straggler analysis below this confidence only alert")(
+      "convict-confidence", Decimal(&co.policy.convict_confidence, co.policy.convict_confidence),
+      "a compute straggler slow in at least this share of its window's steps, in "
+      "--straggler-windows analyses, is evicted without a self-check; a weaker one is "
+      "self-checked and stays when it passes")(
       "inject", po::value(&a.injects)->composing(),
       "inject a fault into the real processes (repeatable): "
       "crash|hang|freeze|stall-send:node=N|rank=R,at=STEP; "
@@ -144,6 +148,8 @@ std::string CheckLoopOptions(const po::variables_map& vm, LaunchArgs& a) {
                             static_cast<uint64_t>(a.c.layout.dp) +
                         64000000;
   }
+  if (!(co.policy.convict_confidence >= 0 && co.policy.convict_confidence <= 1))
+    return "--convict-confidence must be between 0 and 1";
   if (co.tick_s <= 0 || co.hang_after_s <= 0 || co.max_evictions < 0)
     return "--tick and --hang-after must be positive, --max-evictions >= 0";
   if (co.detector_tick_s < 0 || co.straggler_every < 0 || co.policy.straggler_windows < 1 ||

@@ -446,18 +446,19 @@ GroupTimings TimeGroups(Window& w) {
 struct SlowGroup {
   std::string name;
   const GroupTiming* timing = nullptr;
-  double ratio = 0, cost = 0;  // the largest ratio over its classes; the cost summed
+  double ratio = 0, cost = 0;      // the largest ratio over its classes; the cost summed
+  std::vector<SizeClass> classes;  // where it is slow
 };
+using FastGroups = std::map<SizeClass, std::vector<const GroupTiming*>>;
 
 // In every size class with two groups or more across hosts: the groups well above the fastest
 // (`slow`), and those that are not (`fast_groups`) in a class where another group is slow.
 void ClassifyGroups(const GroupTimings& timing, const SlowOptions& o, int64_t steps,
-                    std::map<std::string, SlowGroup>* slow,
-                    std::vector<const GroupTiming*>* fast_groups) {
+                    std::map<std::string, SlowGroup>* slow, FastGroups* fast_groups) {
   std::map<std::string, SlowGroup>& slow_by_group = *slow;
   // Cross-host groups that are not slow in a class where another group is. (Where no group of a
   // class is slow, the link does not slow collectives of that size: it tells nothing.)
-  std::vector<const GroupTiming*>& fast = *fast_groups;
+  FastGroups& fast = *fast_groups;
   for (const auto& [size_class, groups] : timing) {
     double fastest = std::numeric_limits<double>::max();
     int crossing = 0;
@@ -483,10 +484,64 @@ void ClassifyGroups(const GroupTimings& timing, const SlowOptions& o, int64_t st
         g.timing = &t;
         g.ratio = std::max(g.ratio, med / std::max(fastest, 1e-9));
         g.cost += cost;
+        g.classes.push_back(size_class);
       }
     }
-    if (any_slow) fast.insert(fast.end(), fast_here.begin(), fast_here.end());
+    if (any_slow) fast[size_class] = std::move(fast_here);
   }
+}
+
+// The hosts a slow link is suspected at (empty: none), the slow groups that name them, and the
+// link's cost per step.
+struct LinkSuspects {
+  std::set<std::string> hosts;
+  std::vector<std::string> groups;  // "name (ratio x)", sorted
+  double cost = 0;
+};
+
+LinkSuspects PickSuspects(const std::map<std::string, SlowGroup>& slow_by_group,
+                          const FastGroups& fast, double jitter_s) {
+  std::vector<SlowGroup> slower;
+  slower.reserve(slow_by_group.size());
+  for (const auto& [grp, g] : slow_by_group) slower.push_back(g);
+  // The suspects are the hosts common to the slow groups, the costliest first. A cheap slow group
+  // over none of them (a healthy transfer of a millisecond stretched by a preempted rank on a busy
+  // machine) is jitter beside them, not a second slow link that would empty the set.
+  std::sort(slower.begin(), slower.end(),
+            [](const SlowGroup& a, const SlowGroup& b) { return a.cost > b.cost; });
+  LinkSuspects out;
+  std::vector<std::string>& slow_groups = out.groups;
+  std::set<std::string>& suspects = out.hosts;
+  std::set<SizeClass> slow_classes;  // where the groups over the suspects are slow
+  for (const SlowGroup& g : slower) {
+    std::set<std::string> both = g.timing->hosts;
+    if (!slow_groups.empty()) {
+      both.clear();
+      std::set_intersection(suspects.begin(), suspects.end(), g.timing->hosts.begin(),
+                            g.timing->hosts.end(), std::inserter(both, both.end()));
+      if (both.empty() && g.cost < jitter_s) continue;
+    }
+    suspects = std::move(both);
+    slow_groups.push_back(g.name + " (" + Fmt("%.1f", g.ratio) + "x)");
+    slow_classes.insert(g.classes.begin(), g.classes.end());
+    out.cost = std::max(out.cost, g.cost);
+  }
+  std::sort(slow_groups.begin(), slow_groups.end());
+  // A slow link slows every group that crosses it: a group over the suspects' links that is not
+  // slow, in a size class where the slow groups are, contradicts the finding (one slow group among
+  // several over the same hosts is jitter). A class where only jitter beside them was slow tells
+  // nothing of the suspects: a preempted rank stretching another group's tiny transfers must not
+  // turn the suspects' fast tiny ones into evidence against their link.
+  for (const SizeClass& c : slow_classes) {
+    const auto it = fast.find(c);
+    if (it == fast.end()) continue;
+    for (const GroupTiming* t : it->second) {
+      if (!suspects.empty() &&
+          std::includes(t->hosts.begin(), t->hosts.end(), suspects.begin(), suspects.end()))
+        suspects.clear();
+    }
+  }
+  return out;
 }
 
 void FindSlowLinks(Window& w, const SlowOptions& o, SlowReport* out) {
@@ -502,40 +557,13 @@ void FindSlowLinks(Window& w, const SlowOptions& o, SlowReport* out) {
   // between them: their self-checks decide).
   const GroupTimings timing = TimeGroups(w);
   std::map<std::string, SlowGroup> slow_by_group;
-  std::vector<const GroupTiming*> fast;
+  FastGroups fast;
   ClassifyGroups(timing, o, rep.steps, &slow_by_group, &fast);
-  std::vector<SlowGroup> slower;
-  slower.reserve(slow_by_group.size());
-  for (const auto& [grp, g] : slow_by_group) slower.push_back(g);
-  // The suspects are the hosts common to the slow groups, the costliest first. A cheap slow group
-  // over none of them (a healthy transfer of a millisecond stretched by a preempted rank on a busy
-  // machine) is jitter beside them, not a second slow link that would empty the set.
-  std::sort(slower.begin(), slower.end(),
-            [](const SlowGroup& a, const SlowGroup& b) { return a.cost > b.cost; });
   const double jitter_s = std::max(o.min_cost_s, o.link_min_step_share * rep.mean_step_s);
-  std::vector<std::string> slow_groups;
-  std::set<std::string> suspects;
-  double link_cost = 0;
-  for (const SlowGroup& g : slower) {
-    std::set<std::string> both = g.timing->hosts;
-    if (!slow_groups.empty()) {
-      both.clear();
-      std::set_intersection(suspects.begin(), suspects.end(), g.timing->hosts.begin(),
-                            g.timing->hosts.end(), std::inserter(both, both.end()));
-      if (both.empty() && g.cost < jitter_s) continue;
-    }
-    suspects = std::move(both);
-    slow_groups.push_back(g.name + " (" + Fmt("%.1f", g.ratio) + "x)");
-    link_cost = std::max(link_cost, g.cost);
-  }
-  std::sort(slow_groups.begin(), slow_groups.end());
-  // A slow link slows every group that crosses it: a group over the suspects' links that is not
-  // slow contradicts the finding (one slow group among several over the same hosts is jitter).
-  for (const GroupTiming* t : fast) {
-    if (!suspects.empty() &&
-        std::includes(t->hosts.begin(), t->hosts.end(), suspects.begin(), suspects.end()))
-      suspects.clear();
-  }
+  const LinkSuspects found = PickSuspects(slow_by_group, fast, jitter_s);
+  const std::set<std::string>& suspects = found.hosts;
+  const std::vector<std::string>& slow_groups = found.groups;
+  const double link_cost = found.cost;
   // ... and costs a real share of the step, not a few milliseconds of jitter.
   if (!slow_groups.empty() && !suspects.empty() && link_cost >= jitter_s) {
     Verdict v;

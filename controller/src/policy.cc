@@ -1,11 +1,18 @@
 #include "megascope/controller/policy.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 
 namespace megascope::controller {
 
 namespace {
+
+std::string Fmt2(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f", x);
+  return buf;
+}
 
 // The detector's findings: only a faulty machine is acted on (a self-check confirms it first).
 Decision DecideDetector(const Verdict& v, const std::string& conf, bool confident, Decision d) {
@@ -51,14 +58,14 @@ Decision DecideHang(const Verdict& v, Cause cause, Decision d) {
   return d;
 }
 
-Decision DecideFresh(const Verdict& v, Streak streak, const PolicyOptions& o) {
+Decision DecideFresh(const Verdict& v, const Streak& streak, const PolicyOptions& o) {
   char conf[96];
   std::snprintf(conf, sizeof(conf), "confidence %.2f (acting at %.2f)", v.confidence,
                 o.check_confidence);
   const bool confident = v.confidence >= o.check_confidence;
   const bool persistent = streak.repeats >= o.straggler_windows;
-  const std::string held = std::to_string(streak.repeats) + " of " +
-                           std::to_string(o.straggler_windows) + " analyses in a row";
+  const std::string held = "named in " + std::to_string(streak.repeats) +
+                           " analyses in a row, acting at " + std::to_string(o.straggler_windows);
   Decision d;
   d.nodes = v.root_nodes;
   const Cause cause = ParseCause(v.cause);
@@ -70,24 +77,34 @@ Decision DecideFresh(const Verdict& v, Streak streak, const PolicyOptions& o) {
         d.reason = "every replica of the stage is slow: a model or layout imbalance, not a machine";
       } else if (cause == Cause::kComputeStraggler || cause == Cause::kCommStraggler ||
                  cause == Cause::kLinkSlow) {
-        // Named both ways in a row (a mixed streak): the bandwidth test decides which it is.
+        // Named both ways in a row (a mixed streak): the self-check decides which it is.
         const bool mixed = cause != Cause::kLinkSlow && streak.by_compute > 0 && streak.by_comm > 0;
-        const bool compute = cause == Cause::kComputeStraggler && !mixed;
+        const int strong = StrongComputeRun(streak, o.convict_confidence);
+        const bool convicted = cause != Cause::kLinkSlow && strong >= o.straggler_windows;
         if (!confident) {
           d.reason = std::string("straggler below the acting confidence: ") + conf;
         } else if (!persistent) {
-          d.reason = "straggler seen in " + held + ": waiting for it to persist";
+          d.reason = "straggler " + held + ": waiting for it to persist";
+        } else if (convicted) {
+          d.action = Action::kEvict;
+          if (cause != Cause::kComputeStraggler) d.evict_as = "compute_straggler";
+          d.reason = "a persistent compute straggler (" + held + ", named by its compute at " +
+                     "confidence >= " + Fmt2(o.convict_confidence) + " in " +
+                     std::to_string(strong) + " of them): its own step measurements convict it";
         } else if (mixed) {
           d.action = Action::kSelfCheck;
-          d.evict_if_passed = true;
           d.reason = "a persistent straggler (" + held + ", " + std::to_string(streak.by_compute) +
                      " of them by its compute, " + std::to_string(streak.by_comm) +
-                     " by its lateness): the bandwidth self-check decides the cause -- failed, a "
-                     "communication straggler; passed, its compute convicts it";
-        } else if (compute) {
-          d.action = Action::kEvict;
+                     " by its lateness): the self-check decides the cause -- a failed GEMM, a "
+                     "compute straggler; a failed bandwidth test, a communication straggler; "
+                     "passed, it stays until its compute convicts it";
+        } else if (cause == Cause::kComputeStraggler) {
+          d.action = Action::kSelfCheck;
           d.reason = "a persistent compute straggler (" + held + ", " + conf +
-                     "): its own step measurements convict it";
+                     "), slow in too few of its steps to convict it (below " +
+                     Fmt2(o.convict_confidence) +
+                     "): the self-check decides; a node that passes stays until its compute "
+                     "convicts it";
         } else {
           d.action = Action::kSelfCheck;
           d.reason =
@@ -151,9 +168,19 @@ std::vector<Streak> StragglerStreaks::Next(const std::vector<Verdict>& verdicts)
     for (const std::string& n : v.root_nodes) key += "|" + n;
     const auto it = streaks_.find(key);
     const Streak last = it == streaks_.end() ? Streak{0, 0, 0} : it->second;
-    const auto at =
-        next.try_emplace(key, Streak{last.repeats + 1, last.by_compute, last.by_comm}).first;
-    if (by_compute) at->second.by_compute = last.by_compute + 1;
+    const auto at = next.try_emplace(key, Streak{last.repeats + 1, last.by_compute, last.by_comm,
+                                                 last.compute_confidence})
+                        .first;
+    if (by_compute && at->second.by_compute == last.by_compute) {
+      at->second.by_compute = last.by_compute + 1;
+      at->second.compute_confidence = last.compute_confidence;
+      at->second.compute_confidence.push_back(v.confidence);
+      if (at->second.compute_confidence.size() > 64)
+        at->second.compute_confidence.erase(at->second.compute_confidence.begin());
+    } else if (by_compute) {  // a second rank of the node in the same analysis: the stronger
+      double& newest = at->second.compute_confidence.back();
+      newest = std::max(newest, v.confidence);
+    }
     if (by_comm) at->second.by_comm = last.by_comm + 1;
     keys.push_back(std::move(key));
   }
@@ -164,14 +191,18 @@ std::vector<Streak> StragglerStreaks::Next(const std::vector<Verdict>& verdicts)
   return out;
 }
 
-Decision Decide(const Verdict& v, Streak streak, const PolicyOptions& o, bool passed_before) {
+int StrongComputeRun(const Streak& streak, double bar) {
+  int n = 0;
+  for (auto it = streak.compute_confidence.rbegin();
+       it != streak.compute_confidence.rend() && *it >= bar; ++it)
+    ++n;
+  return n;
+}
+
+Decision Decide(const Verdict& v, const Streak& streak, const PolicyOptions& o,
+                bool passed_before) {
   Decision d = DecideFresh(v, streak, o);
-  if (passed_before && d.evict_if_passed) {
-    d.action = Action::kEvict;
-    d.evict_if_passed = false;
-    d.evict_as = "compute_straggler";
-    d.reason += "; it passed its self-check earlier in this run, so its compute convicts it";
-  } else if (passed_before && d.action == Action::kSelfCheck && v.kind != VerdictKind::kHang) {
+  if (passed_before && d.action == Action::kSelfCheck && v.kind != VerdictKind::kHang) {
     d.action = Action::kAlert;
     d.reason = "the suspect passed its self-check for " +
                (v.cause.empty() ? std::string(Name(v.kind)) : v.cause) +

@@ -37,9 +37,10 @@ TEST(PolicyTest, TheTable) {
       {"hang", "op_mismatch", 1.0, 1, Action::kRestartInPlace},
       {"hang", "order_mismatch", 1.0, 1, Action::kRestartInPlace},
       {"hang", "unknown", 0.0, 1, Action::kRestartInPlace},
-      {"slow", "compute_straggler", 0.9, 1, Action::kAlert},  // not persistent yet
-      {"slow", "compute_straggler", 0.9, 2, Action::kEvict},
-      {"slow", "compute_straggler", 0.3, 5, Action::kAlert},  // persistent but not confident
+      {"slow", "compute_straggler", 0.9, 1, Action::kAlert},        // not persistent yet
+      {"slow", "compute_straggler", 0.9, 2, Action::kEvict},        // its compute convicts it
+      {"slow", "compute_straggler", 0.625, 2, Action::kSelfCheck},  // too weak to convict
+      {"slow", "compute_straggler", 0.3, 5, Action::kAlert},        // persistent but not confident
       {"slow", "comm_straggler", 0.7, 2, Action::kSelfCheck},
       {"slow", "link_slow", 0.7, 3, Action::kSelfCheck},
       {"slow", "stage_imbalance", 1.0, 10, Action::kAlert},  // never evicts
@@ -55,7 +56,12 @@ TEST(PolicyTest, TheTable) {
       {"gremlins", "x", 1.0, 9, Action::kAlert},
   };
   for (const Row& r : rows) {
-    const Decision d = Decide(V(r.kind, r.cause, r.confidence), {r.repeats});
+    Streak streak{r.repeats};
+    if (std::string_view(r.cause) == "compute_straggler") {
+      streak.by_compute = r.repeats;
+      streak.compute_confidence.assign(r.repeats, r.confidence);
+    }
+    const Decision d = Decide(V(r.kind, r.cause, r.confidence), streak);
     EXPECT_EQ(d.action, r.want) << r.kind << "/" << r.cause << " conf " << r.confidence << " x"
                                 << r.repeats << ": got " << Name(d.action) << " (" << d.reason
                                 << ")";
@@ -87,7 +93,7 @@ TEST(PolicyTest, TheReasonNamesASlowLinkAsALink) {
 TEST(PolicyTest, ActsOnTheNamedMachineNeverItsGroup) {
   Verdict v = V("slow", "compute_straggler", 0.9, {"node3"});
   v.root_ranks = {6};
-  const Decision d = Decide(v, {2});
+  const Decision d = Decide(v, {2, 2, 0, {0.9, 0.9}});
   EXPECT_EQ(d.action, Action::kEvict);
   EXPECT_EQ(d.nodes, std::vector<std::string>{"node3"});
   EXPECT_TRUE(Decide(V("hang", "op_mismatch"), {1}).nodes.empty());
@@ -97,16 +103,21 @@ TEST(PolicyTest, ASuspectThatPassedItsSelfCheckStaysForTheSameEvidence) {
   EXPECT_EQ(Decide(V("slow", "comm_straggler"), {3}, {}, /*passed_before=*/true).action,
             Action::kAlert);
   EXPECT_EQ(Decide(V("faulty_machine", "x", 0.9), {1}, {}, true).action, Action::kAlert);
-  // A hang is a new fault whatever happened before; a compute straggler is convicted by its steps.
+  // A hang is a new fault whatever happened before; a compute straggler whose compute convicts it
+  // is evicted though it passed before, a weak one stays.
   EXPECT_EQ(Decide(V("hang", "link_stall"), {1}, {}, true).action, Action::kSelfCheck);
-  EXPECT_EQ(Decide(V("slow", "compute_straggler"), {2}, {}, true).action, Action::kEvict);
+  EXPECT_EQ(Decide(V("slow", "compute_straggler"), {2, 2, 0, {0.9, 0.9}}, {}, true).action,
+            Action::kEvict);
+  EXPECT_EQ(
+      Decide(V("slow", "compute_straggler", 0.625), {2, 2, 0, {0.625, 0.625}}, {}, true).action,
+      Action::kAlert);
 }
 
 // A rank that computes longer also arrives last: a window in which its compute excess fell short
 // names it a comm straggler, and the streak goes on; a rank whose network is slow may be named by
-// its compute where noise pushes it over the bar. Named only by its compute, it is evicted; named
-// both ways, the bandwidth self-check runs first and names the cause (a node that passes is
-// evicted as a compute straggler all the same); a comm straggler alone is self-checked.
+// its compute where noise pushes it over the bar. Its compute convicts it only when strong (the
+// conviction bar, in straggler_windows of its compute verdicts in a row, comm verdicts between
+// them skipped); otherwise the self-check decides, and a node that passes stays.
 TEST(PolicyTest, ComputeAndCommStragglersOfOneNodeMakeOneStreak) {
   StragglerStreaks streaks;
   std::vector<Streak> s = streaks.Next({V("slow", "compute_straggler", 0.9, {"node2"}),
@@ -115,6 +126,7 @@ TEST(PolicyTest, ComputeAndCommStragglersOfOneNodeMakeOneStreak) {
   EXPECT_EQ(s[0].repeats, 1);
   EXPECT_EQ(s[0].by_compute, 1);
   EXPECT_EQ(s[0].by_comm, 0);
+  EXPECT_EQ(s[0].compute_confidence, std::vector<double>{0.9});
   EXPECT_EQ(s[1].by_compute, 0);
   EXPECT_EQ(s[1].by_comm, 1);
   const Verdict comm2 = V("slow", "comm_straggler", 0.7, {"node2"});
@@ -126,40 +138,53 @@ TEST(PolicyTest, ComputeAndCommStragglersOfOneNodeMakeOneStreak) {
   EXPECT_EQ(s[0].by_comm, 1);
   const Decision d = Decide(comm2, s[0]);
   EXPECT_EQ(d.action, Action::kSelfCheck) << d.reason;
-  EXPECT_TRUE(d.evict_if_passed);
   EXPECT_NE(d.reason.find("1 of them by its compute, 1 by its lateness"), std::string::npos)
       << d.reason;
-  // The mirror: comm first, compute last (CI saw a slow link's node over the compute bar once).
-  EXPECT_TRUE(Decide(compute2, s[0]).evict_if_passed);
-  EXPECT_EQ(Decide(compute2, s[0]).action, Action::kSelfCheck);
+  EXPECT_EQ(Decide(compute2, s[0]).action, Action::kSelfCheck);  // the mirror: comm, then compute
   EXPECT_EQ(s[1].repeats, 1);  // node0's slow link is not its comm straggling
-  // Passed a bandwidth self-check before: its compute convicts it, as a compute straggler.
-  const Decision again = Decide(comm2, s[0], {}, /*passed_before=*/true);
-  EXPECT_EQ(again.action, Action::kEvict);
-  EXPECT_FALSE(again.evict_if_passed);
-  EXPECT_EQ(again.evict_as, "compute_straggler");
-  // Named by its compute only: its own measurements convict it, no self-check.
-  EXPECT_EQ(Decide(compute2, {2, 2, 0}).action, Action::kEvict);
-  EXPECT_FALSE(Decide(compute2, {2, 2, 0}).evict_if_passed);
-
-  s = streaks.Next({comm2});  // node2 a third time, by comm
+  // A second strong compute verdict, the comm one between them skipped: its compute convicts it,
+  // passed check or not, as a compute straggler whatever named it last.
+  s = streaks.Next({compute2});
   ASSERT_EQ(s.size(), 1u);
-  EXPECT_EQ(s[0].repeats, 3);
+  EXPECT_EQ(StrongComputeRun(s[0], 0.75), 2);
+  for (bool passed_before : {false, true}) {
+    const Decision convicted = Decide(comm2, s[0], {}, passed_before);
+    EXPECT_EQ(convicted.action, Action::kEvict) << convicted.reason;
+    EXPECT_EQ(convicted.evict_as, "compute_straggler");
+  }
+  EXPECT_EQ(Decide(compute2, s[0]).action, Action::kEvict);
+  EXPECT_TRUE(Decide(compute2, s[0]).evict_as.empty());  // the verdict's own cause
+  // A weak compute verdict breaks the run: the node is self-checked again, not evicted.
+  const Verdict weak2 = V("slow", "compute_straggler", 0.625, {"node2"});
+  s = streaks.Next({weak2});
+  EXPECT_EQ(s[0].repeats, 4);
+  EXPECT_EQ(StrongComputeRun(s[0], 0.75), 0);
+  EXPECT_EQ(Decide(weak2, s[0]).action, Action::kSelfCheck);
+  EXPECT_EQ(Decide(weak2, s[0], {}, /*passed_before=*/true).action, Action::kAlert);
+  // Named by its compute only, strongly: its own measurements convict it, no self-check.
+  EXPECT_EQ(Decide(compute2, {2, 2, 0, {0.9, 0.9}}).action, Action::kEvict);
+
+  s = streaks.Next({comm2});  // node2 a fifth time, by comm
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].repeats, 5);
   streaks.Next({});  // a window that names nobody ends every streak
   s = streaks.Next({comm2});
   EXPECT_EQ(s[0].repeats, 1);
   EXPECT_EQ(s[0].by_compute, 0);
+  EXPECT_TRUE(s[0].compute_confidence.empty());
   s = streaks.Next({comm2});
   EXPECT_EQ(Decide(comm2, s[0]).action, Action::kSelfCheck);  // comm only: the bandwidth decides
   streaks.Reset();
   EXPECT_EQ(streaks.Next({comm2})[0].repeats, 1);
-  // Two ranks of node2 in one analysis, one late and one slow: one more analysis, by compute.
-  s = streaks.Next({comm2, V("slow", "compute_straggler", 0.9, {"node2"})});
-  ASSERT_EQ(s.size(), 2u);
+  // Two ranks of node2 in one analysis, one late and one slow: one more analysis, by compute,
+  // with the stronger of its compute verdicts.
+  s = streaks.Next({comm2, weak2, compute2});
+  ASSERT_EQ(s.size(), 3u);
   for (const Streak& one : s) {
     EXPECT_EQ(one.repeats, 2);
     EXPECT_EQ(one.by_compute, 1);
     EXPECT_EQ(one.by_comm, 2);
+    EXPECT_EQ(one.compute_confidence, std::vector<double>{0.9});
   }
 }
 
@@ -168,8 +193,12 @@ TEST(PolicyTest, OptionsMoveTheThresholds) {
   o.check_confidence = 0.95;
   o.straggler_windows = 3;
   EXPECT_EQ(Decide(V("faulty_machine", "x", 0.9), {1}, o).action, Action::kAlert);
-  EXPECT_EQ(Decide(V("slow", "compute_straggler", 0.99), {2}, o).action, Action::kAlert);
-  EXPECT_EQ(Decide(V("slow", "compute_straggler", 0.99), {3}, o).action, Action::kEvict);
+  const Streak three{3, 3, 0, {0.99, 0.99, 0.99}};
+  EXPECT_EQ(Decide(V("slow", "compute_straggler", 0.99), {2, 2, 0, {0.99, 0.99}}, o).action,
+            Action::kAlert);
+  EXPECT_EQ(Decide(V("slow", "compute_straggler", 0.99), three, o).action, Action::kEvict);
+  o.convict_confidence = 1.0;  // nothing short of every step slow convicts without a check
+  EXPECT_EQ(Decide(V("slow", "compute_straggler", 0.99), three, o).action, Action::kSelfCheck);
 }
 
 TEST(PolicyTest, SpellingsRoundTrip) {

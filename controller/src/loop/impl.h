@@ -271,11 +271,11 @@ struct Controller::Impl {
                                                const std::vector<launch::RankExit>& others,
                                                const std::string& how, const std::string& log_line);
 
-  void RecordDecision(const Verdict& v, const Decision& d, Streak streak = {});
+  void RecordDecision(const Verdict& v, const Decision& d, const Streak& streak = {});
 
   // An online verdict (detector, straggler): recorded with the policy's decision; an alert is
   // reported once per attempt, anything more opens an incident. False: the controller paused.
-  bool Act(TriggerCause source, const Verdict& v, Streak streak);
+  bool Act(TriggerCause source, const Verdict& v, const Streak& streak);
 
   // The online evidence of this tick; false: the controller paused.
   bool Watch();
@@ -296,9 +296,9 @@ struct Controller::Impl {
     json verdict;
   };
   // Self-checks the suspects `d.nodes` of `v` (each once per incident: `checked_now`); those that
-  // fail join `to_evict`, those that pass are cleared of the verdict's cause for the run (or, for
-  // `d.evict_if_passed`, evicted as compute stragglers). As many spares as suspects are checked
-  // in the same round, measured after them (spares_checked).
+  // fail join `to_evict` (a straggler's under the cause its check names), those that pass are
+  // cleared of the verdict's cause for the run (ClearedKey). As many spares as suspects are
+  // checked in the same round, measured after them (spares_checked).
   void ConfirmBySelfCheck(const Verdict& v, const Decision& d,
                           std::map<std::string, bool>* checked_now, std::vector<ToEvict>* to_evict);
 

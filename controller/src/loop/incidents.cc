@@ -42,6 +42,14 @@ std::string MaskDigits(const std::string& s) {
   return out;
 }
 
+// What a node that passed its self-check is cleared of: the verdict's cause, with compute and comm
+// stragglers one cause (one streak names a node both ways; the policy's StragglerStreaks).
+std::string ClearedKey(const std::string& node, const Verdict& v) {
+  const Cause c = ParseCause(v.cause);
+  const bool straggler = c == Cause::kComputeStraggler || c == Cause::kCommStraggler;
+  return node + "|" + (straggler ? std::string("straggler") : v.cause);
+}
+
 }  // namespace
 
 bool Controller::Impl::Online(const Trigger& t) {
@@ -263,26 +271,27 @@ std::vector<Verdict> Controller::Impl::DeadRanks(const launch::RankExit& origin,
   return verdicts;
 }
 
-void Controller::Impl::RecordDecision(const Verdict& v, const Decision& d, Streak streak) {
+void Controller::Impl::RecordDecision(const Verdict& v, const Decision& d, const Streak& streak) {
   Record(EventKind::kDecision, d.nodes.empty() ? "" : d.nodes[0],
          v.root_ranks.empty() ? -1 : v.root_ranks[0],
          {{"action", Name(d.action)},
           {"reason", d.reason},
           {"repeats", streak.repeats},
           {"repeats_by_compute", streak.by_compute},
+          {"compute_confidence", streak.compute_confidence},
           {"nodes", d.nodes},
           {"verdict", VerdictToJsonValue(v)}});
 }
 
 // An online verdict (detector, straggler): recorded with the policy's decision; an alert is
 // reported once per attempt, anything more opens an incident. False: the controller paused.
-bool Controller::Impl::Act(TriggerCause source, const Verdict& v, Streak streak) {
+bool Controller::Impl::Act(TriggerCause source, const Verdict& v, const Streak& streak) {
   bool in_job = v.root_nodes.empty();
   for (const std::string& n : v.root_nodes)
     in_job |= std::find(active.begin(), active.end(), n) != active.end();
   if (!in_job) return true;  // an evicted node's silence, or a node that left meanwhile
   bool passed_before = false;
-  for (const std::string& n : v.root_nodes) passed_before |= cleared.count(n + "|" + v.cause) > 0;
+  for (const std::string& n : v.root_nodes) passed_before |= cleared.count(ClearedKey(n, v)) > 0;
   const Decision d = Decide(v, streak, opt.policy, passed_before);
   std::string key = std::string(Name(d.action)) + "|" + std::string(Name(v.kind)) + "|" + v.cause;
   for (const std::string& n : v.root_nodes) key += "|" + n;
@@ -456,10 +465,10 @@ void Controller::Impl::ConfirmBySelfCheck(const Verdict& v, const Decision& d,
   // done: an eviction then waits for no check of its own (a round watches the error counters for
   // 2 s at least, and the measurements take a fraction of that).
   const size_t suspects_checked = todo.size();
+  const std::string partner = HealthyPartner(suspects);
   for (const std::string& spare : spares) {
     if (todo.size() >= 2 * suspects_checked) break;
     if (spares_checked.count(spare)) continue;
-    const std::string partner = HealthyPartner(suspects);
     todo.push_back({spare, partner.empty() ? spare : partner,
                     "spare, checked beside the suspects of " + v.cause, true});
   }
@@ -470,25 +479,23 @@ void Controller::Impl::ConfirmBySelfCheck(const Verdict& v, const Decision& d,
     const std::string& n = todo[i].node;
     const CheckResult r = results[i];
     (*checked_now)[n] = r.passed;
-    // A mixed straggler streak: the check names the cause, and passing does not clear the node.
-    std::string reason = r.passed ? "passed its self-check: the verdict is not confirmed"
-                                  : "failed its self-check: the verdict is confirmed";
+    // A straggler's failed check names its cause: its GEMM, its compute; else its bandwidth.
     std::string cause = v.cause;
-    if (d.evict_if_passed) {
-      cause = r.passed || !r.compute_ok ? "compute_straggler" : "comm_straggler";
-      reason = r.passed ? "passed its bandwidth self-check: its own compute, which named it in "
-                          "the streak, convicts it"
-               : r.compute_ok ? "failed its bandwidth self-check: a communication straggler"
-                              : "failed its GEMM self-check: a compute straggler";
-    }
-    const bool evict = !r.passed || d.evict_if_passed;
+    const Cause named = ParseCause(v.cause);
+    const bool straggler = named == Cause::kComputeStraggler || named == Cause::kCommStraggler;
+    if (straggler && !r.passed) cause = r.compute_ok ? "comm_straggler" : "compute_straggler";
+    const std::string reason =
+        r.passed    ? "passed its self-check: the verdict is not confirmed"
+        : straggler ? (r.compute_ok ? "failed its bandwidth self-check: a communication straggler"
+                                    : "failed its GEMM self-check: a compute straggler")
+                    : "failed its self-check: the verdict is confirmed";
     Record(EventKind::kDecision, n, -1,
-           {{"action", evict ? "evict" : "keep"},
-            {"confirmed", evict},
+           {{"action", r.passed ? "keep" : "evict"},
+            {"confirmed", !r.passed},
             {"reason", reason},
             {"verdict", vj}});
-    if (evict) to_evict->push_back({n, cause, vj});
-    if (r.passed) cleared.insert(n + "|" + v.cause);
+    if (!r.passed) to_evict->push_back({n, cause, vj});
+    if (r.passed) cleared.insert(ClearedKey(n, v));
   }
 }
 

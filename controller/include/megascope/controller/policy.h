@@ -8,13 +8,18 @@
 //   hang link_stall                       self-check both ends; evict the one that fails
 //   hang op_mismatch | order_mismatch |   restart in place (software, not a machine)
 //        unknown
-//   slow compute_straggler                evict when it held in `straggler_windows` analyses in a
-//                                         row with confidence >= check_confidence; else alert
+//   slow compute_straggler                held in `straggler_windows` analyses in a row with
+//                                         confidence >= check_confidence: evict when its compute
+//                                         convicts it (named by its compute at confidence >=
+//                                         convict_confidence in `straggler_windows` of the
+//                                         streak's analyses in a row); else self-check, and a
+//                                         node that passes stays until its compute convicts it
 //   slow comm_straggler                   self-check (the bandwidth test decides), same persistence
-//   slow compute + comm_straggler         self-check first when the analyses in a row named the
-//        (one streak, mixed)              node both ways: a failed bandwidth test evicts it as a
-//                                         comm straggler, a passed one lets its compute convict
-//                                         it (evicted as a compute straggler); same persistence
+//   slow compute + comm_straggler         one streak (the analyses in a row named the node both
+//        (one streak, mixed)              ways): self-check (failed GEMM: a compute straggler;
+//                                         failed bandwidth: a comm straggler; passed: it stays),
+//                                         unless its compute convicts it: evicted as a compute
+//                                         straggler; same persistence
 //   slow link_slow                        self-check, same persistence
 //   slow stage_imbalance                  alert only: every replica of the stage is slow; evicting
 //                                         a machine cannot help
@@ -53,17 +58,19 @@ std::string_view Name(Action a);  // alert, restart_in_place, self_check, evict,
 struct PolicyOptions {
   double check_confidence = 0.6;  // below: alert only
   int straggler_windows = 2;      // straggler analyses in a row naming the rank before acting
+  // A compute straggler verdict this confident (slow in at least this share of the window's
+  // steps) is strong enough to convict without a self-check. Below it, the node may be a healthy
+  // one on cores shared with something else: a share of 5 of 8 steps is what noise gave a healthy
+  // node on a loaded 2-core machine, a node slowed 1.5x gave 6-8 of 8.
+  double convict_confidence = 0.75;
 };
 
 struct Decision {
   Action action = Action::kAlert;
   std::vector<std::string> nodes;  // whom the action is for
   std::string reason;              // why, in words (logged and recorded)
-  // kSelfCheck only: a node that passes is evicted all the same, as a compute straggler (a mixed
-  // straggler streak: the check decides the cause, its compute already convicted it).
-  bool evict_if_passed = false;
-  // kEvict: the cause the eviction is recorded under when it is not the verdict's (a mixed streak
-  // whose node passed its bandwidth check before is a compute straggler, whatever named it last).
+  // kEvict: the cause the eviction is recorded under when it is not the verdict's (a streak its
+  // compute convicts is a compute straggler's, whatever named it last).
   std::string evict_as;
 };
 
@@ -72,15 +79,21 @@ struct Decision {
 // of the analyzer's bar in too many steps, the same slow rank is named a comm_straggler instead.
 // A rank whose network is slow may, the other way round, be named by its compute in a window
 // where noise pushes its compute just over the bar. So compute and comm stragglers of the same
-// nodes make one streak; one named only by its compute is convicted by its own measurements, one
-// named both ways is self-checked first, and the bandwidth test says which it is (a compute
-// straggler's GEMM may pass a self-check on shared cores at 1.5x slower, so passing cannot clear
-// a node its compute convicted).
+// nodes make one streak. Its compute verdicts convict the node only when they are strong (a
+// compute straggler's GEMM may pass a self-check on shared cores at 1.5x slower, so a strong
+// compute record needs no check); weak ones, or a streak named both ways, are self-checked, and
+// the check says which it is.
 struct Streak {
   int repeats = 1;     // analyses in a row (this one included) that named the nodes
   int by_compute = 0;  // ... of which named them compute_straggler
   int by_comm = 0;     // ... of which named them comm_straggler
+  // The confidences of the streak's compute_straggler verdicts, oldest first (the last 64).
+  std::vector<double> compute_confidence{};
 };
+
+// How many of the streak's compute verdicts, counted back from its newest, are at or above `bar`
+// in a row (a comm verdict between them neither breaks nor adds to the run).
+int StrongComputeRun(const Streak& streak, double bar);
 
 // The streaks of successive straggler analyses (the controller's online watch): Next() takes one
 // analysis's slow verdicts and returns each one's streak, in order. A suspect that an analysis
@@ -96,7 +109,7 @@ class StragglerStreaks {
 
 // `passed_before`: the suspect already passed a self-check for this cause in this run; it stays,
 // and the verdict is an alert (a self-check that passed once is not re-run for the same evidence).
-Decision Decide(const Verdict& v, Streak streak, const PolicyOptions& options = {},
+Decision Decide(const Verdict& v, const Streak& streak, const PolicyOptions& options = {},
                 bool passed_before = false);
 
 }  // namespace megascope::controller
