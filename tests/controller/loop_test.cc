@@ -626,7 +626,9 @@ TEST_P(MixedStreakTest, TheBandwidthCheckNamesTheCauseOfAStreakNamedBothWays) {
   EXPECT_EQ(evictions[0].detail["reason"], slow_link ? "comm_straggler" : "compute_straggler");
   // Passed, it stayed (the restart in place replays the scripted faults) until its compute
   // convicted it.
-  if (!slow_link) EXPECT_EQ(causes.back(), "compute_straggler");
+  if (!slow_link) {
+    EXPECT_EQ(causes.back(), "compute_straggler");
+  }
   EXPECT_EQ(fleet_->attempts().back(), (std::vector<std::string>{"node0", "spare0"}));
   EXPECT_EQ(fleet_->done(), 24);
 }
