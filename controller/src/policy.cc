@@ -75,8 +75,7 @@ Decision DecideFresh(const Verdict& v, const Streak& streak, const PolicyOptions
     case VerdictKind::kSlow:
       if (cause == Cause::kStageImbalance) {
         d.reason = "every replica of the stage is slow: a model or layout imbalance, not a machine";
-      } else if (cause == Cause::kComputeStraggler || cause == Cause::kCommStraggler ||
-                 cause == Cause::kLinkSlow) {
+      } else if (IsStraggler(cause) || cause == Cause::kLinkSlow) {
         // Named both ways in a row (a mixed streak): the self-check decides which it is.
         const bool mixed = cause != Cause::kLinkSlow && streak.by_compute > 0 && streak.by_comm > 0;
         const int strong = StrongComputeRun(streak, o.convict_confidence);
@@ -164,7 +163,7 @@ std::vector<Streak> StragglerStreaks::Next(const std::vector<Verdict>& verdicts)
     const Cause cause = ParseCause(v.cause);
     const bool by_compute = cause == Cause::kComputeStraggler;
     const bool by_comm = cause == Cause::kCommStraggler;
-    std::string key = by_compute || by_comm ? "straggler" : v.cause;
+    std::string key = IsStraggler(cause) ? "straggler" : v.cause;
     for (const std::string& n : v.root_nodes) key += "|" + n;
     const auto it = streaks_.find(key);
     const Streak last = it == streaks_.end() ? Streak{0, 0, 0} : it->second;
@@ -173,7 +172,6 @@ std::vector<Streak> StragglerStreaks::Next(const std::vector<Verdict>& verdicts)
                         .first;
     if (by_compute && at->second.by_compute == last.by_compute) {
       at->second.by_compute = last.by_compute + 1;
-      at->second.compute_confidence = last.compute_confidence;
       at->second.compute_confidence.push_back(v.confidence);
       if (at->second.compute_confidence.size() > 64)
         at->second.compute_confidence.erase(at->second.compute_confidence.begin());

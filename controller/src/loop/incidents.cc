@@ -45,9 +45,7 @@ std::string MaskDigits(const std::string& s) {
 // What a node that passed its self-check is cleared of: the verdict's cause, with compute and comm
 // stragglers one cause (one streak names a node both ways; the policy's StragglerStreaks).
 std::string ClearedKey(const std::string& node, const Verdict& v) {
-  const Cause c = ParseCause(v.cause);
-  const bool straggler = c == Cause::kComputeStraggler || c == Cause::kCommStraggler;
-  return node + "|" + (straggler ? std::string("straggler") : v.cause);
+  return node + "|" + (IsStraggler(ParseCause(v.cause)) ? std::string("straggler") : v.cause);
 }
 
 }  // namespace
@@ -481,8 +479,7 @@ void Controller::Impl::ConfirmBySelfCheck(const Verdict& v, const Decision& d,
     (*checked_now)[n] = r.passed;
     // A straggler's failed check names its cause: its GEMM, its compute; else its bandwidth.
     std::string cause = v.cause;
-    const Cause named = ParseCause(v.cause);
-    const bool straggler = named == Cause::kComputeStraggler || named == Cause::kCommStraggler;
+    const bool straggler = IsStraggler(ParseCause(v.cause));
     if (straggler && !r.passed) cause = r.compute_ok ? "comm_straggler" : "compute_straggler";
     const std::string reason =
         r.passed    ? "passed its self-check: the verdict is not confirmed"

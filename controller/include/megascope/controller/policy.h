@@ -83,6 +83,12 @@ struct Decision {
 // compute straggler's GEMM may pass a self-check on shared cores at 1.5x slower, so a strong
 // compute record needs no check); weak ones, or a streak named both ways, are self-checked, and
 // the check says which it is.
+// A compute or a comm straggler: one cause to a streak and to a passed self-check (a node named
+// both ways in a row is one suspect; the self-check says which it is).
+inline bool IsStraggler(Cause c) {
+  return c == Cause::kComputeStraggler || c == Cause::kCommStraggler;
+}
+
 struct Streak {
   int repeats = 1;     // analyses in a row (this one included) that named the nodes
   int by_compute = 0;  // ... of which named them compute_straggler
