@@ -98,7 +98,9 @@ struct Streak {
 };
 
 // How many of the streak's compute verdicts, counted back from its newest, are at or above `bar`
-// in a row (a comm verdict between them neither breaks nor adds to the run).
+// in a row (a comm verdict between them neither breaks nor adds to the run). The streak's first
+// compute verdict counts below the bar too when all after it are strong: its window began before
+// the slowdown did.
 int StrongComputeRun(const Streak& streak, double bar);
 
 // The streaks of successive straggler analyses (the controller's online watch): Next() takes one
