@@ -304,8 +304,9 @@ constexpr int kFamilies = static_cast<int>(MetricFamily::kOther) + 1;
 constexpr int64_t kRunGap = 5;          // ticks without a hit that end a run of outlier ticks
 constexpr double kStoppedShare = 0.02;  // a work metric this far below its peers' median: stopped
 // Evidence "metrics" beside the real ones: -1 the machine silent, -2 two sources stopped together,
-// -3 the job's pace changed as it began to deviate.
+// -3 the job's pace changed as it began to deviate, -4 a source stopped alone as the job stopped.
 constexpr int kPaceLed = -3;
+constexpr int kStoppedWithJob = -4;
 constexpr uint32_t Bit(MetricFamily f) { return 1u << static_cast<int>(f); }
 
 // Tick `tick`'s slot in a ring of `n` (ticks before the epoch included).
@@ -428,7 +429,7 @@ struct Detector::Impl {
     }
   };
   struct Hit {   // why a machine stood out in one tick
-    int metric;  // -1: the whole machine went silent; -2: two of its sources stopped together
+    int metric;  // >= 0, or the evidence codes above (kPaceLed, kStoppedWithJob, ...)
     double z;
     bool silent;
     bool stopped = false;  // a work metric at zero while its peers' is not: the job waits on it
@@ -598,6 +599,10 @@ struct Detector::Impl {
   // it lasts); two stopped together are strong evidence against the machine.
   void NoteSources(int64_t now, std::vector<std::vector<Hit>>* hits, const Frame& f,
                    const Registry& reg, std::vector<Verdict>* out);
+  // The sources of machine m (its bits in `alone`) that stopped alone as the whole job stopped
+  // stepping, while its other metrics stand out (0: none).
+  uint32_t StoppedWithJob(size_t m, int64_t now, uint32_t alone,
+                          const std::vector<Hit>& hits) const;
   // Machines standing out together on one family (by onset, or sharing a component): that
   // family's hits are explained away, and a lasting cohort is named as a shared component.
   void GroupCohorts(int64_t now, std::vector<std::vector<Hit>>* hits, const Frame& f,
@@ -1003,6 +1008,39 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
   }
 }
 
+uint32_t Detector::Impl::StoppedWithJob(size_t m, int64_t now, uint32_t alone,
+                                        const std::vector<Hit>& hits) const {
+  // A GPU that falls off the bus stops its exporter, and the job stops at its next collective,
+  // within a step: every trainer stops, so the machine's own trainer never stopped alone (its
+  // peers never reported a step after it). A source that stopped alone as the job's trainers
+  // stopped is its failure. Not when the machine is otherwise like its peers: an exporter that
+  // restarts as a checkpoint begins stops alone as the job stops too, and leaves the host as it
+  // was.
+  const MachineState& s = machines[m];
+  const int job = static_cast<int>(MetricSource::kTrainer);
+  const int64_t job_last = s.source_last[job];
+  if (job_last == kNever || SourceActive(s.group, job, now)) return 0;  // the job steps
+  const auto every = std::max<int64_t>(1, std::llround(s.source_interval[job]));
+  uint32_t found = 0;
+  for (int src = 0; src < kMetricSources; ++src) {
+    if (src == job || !(alone >> src & 1u)) continue;
+    const int64_t last = s.source_last[src];
+    // The peers' trainers stepped until about then (one step before it at most) and not after.
+    if (std::llabs(job_last - last) <= cfg.together_ticks + every &&
+        SourceContinued(s.group, job, last - cfg.together_ticks - every) &&
+        !SourceContinued(s.group, job, last + cfg.together_ticks))
+      found |= 1u << src;
+  }
+  if (found == 0) return 0;
+  for (const Hit& h : hits) {
+    if (h.metric >= 0 && !h.silent && !h.company &&
+        !(found >> static_cast<int>(source[h.metric]) & 1u) &&
+        static_cast<int>(source[h.metric]) != job)
+      return found | 1u << job;
+  }
+  return 0;
+}
+
 void Detector::Impl::NoteSources(int64_t now, std::vector<std::vector<Hit>>* hits, const Frame& f,
                                  const Registry& reg, std::vector<Verdict>* out) {
   for (size_t m = 0; m < machines.size(); ++m) {
@@ -1034,6 +1072,11 @@ void Detector::Impl::NoteSources(int64_t now, std::vector<std::vector<Hit>>* hit
       }
     }
     if (gaps == 0) continue;
+    if (const uint32_t with_job = StoppedWithJob(m, now, alone, (*hits)[m]); with_job != 0) {
+      s.stopped_together = with_job;
+      (*hits)[m].push_back({kStoppedWithJob, 0, true});
+      continue;
+    }
     // Two sources that each stopped while the peers went on, within seconds: the machine failed.
     uint32_t together = 0;
     for (int a = 0; a < kMetricSources; ++a) {
@@ -1283,16 +1326,25 @@ std::string Detector::Impl::Fact(int m, int metric, int ticks, double z, const c
                   "%sits deviation began within %d s of the job's pace changing by over %.0f%% "
                   "(its step time, or its peers' wait), and no other machine's did (%d ticks)",
                   sep, cfg.pace_onset_ticks, 100 * cfg.pace_change, ticks);
-  } else if (metric == -2) {
+  } else if (metric == -2 || metric == kStoppedWithJob) {
     std::string which;
     for (int src = 0; src < kMetricSources; ++src) {
       if (s.stopped_together >> src & 1u)
         which += (which.empty() ? "" : " and ") +
                  std::string(MetricSourceName(static_cast<MetricSource>(src)));
     }
-    std::snprintf(buf, sizeof(buf),
-                  "%sits %s stopped within %d s of each other while its peers' went on (%d ticks)",
-                  sep, which.c_str(), cfg.together_ticks, ticks);
+    if (metric == -2) {
+      std::snprintf(
+          buf, sizeof(buf),
+          "%sits %s stopped within %d s of each other while its peers' went on (%d ticks)", sep,
+          which.c_str(), cfg.together_ticks, ticks);
+    } else {
+      std::snprintf(buf, sizeof(buf),
+                    "%sits %s stopped as the whole job's trainers did (within %d s), the "
+                    "exporter's alone while its peers' went on, and its other metrics stand out: "
+                    "the job stopped with it (%d ticks)",
+                    sep, which.c_str(), cfg.together_ticks, ticks);
+    }
   } else if (s.stopped.count(metric) > 0) {
     std::snprintf(buf, sizeof(buf), "%s%s [%s] at nothing while its peers work (%d ticks)", sep,
                   name.c_str(), MetricFamilyName(family[metric]), ticks);
@@ -1346,10 +1398,11 @@ Verdict Detector::Impl::MakeVerdict(int m, const Rolling& window, const Frame& f
   v.cause = silent ? "machine_silent" : "metric_outlier";
   std::string facts;
   for (const auto& [metric, stat] : ev) {
-    std::string name = metric == -1         ? "no_samples"
-                       : metric == -2       ? "sources_stopped"
-                       : metric == kPaceLed ? "job_slowed_with_it"
-                                            : reg.metric_name(metric);
+    std::string name = metric == -1                ? "no_samples"
+                       : metric == -2              ? "sources_stopped"
+                       : metric == kPaceLed        ? "job_slowed_with_it"
+                       : metric == kStoppedWithJob ? "stopped_with_job"
+                                                   : reg.metric_name(metric);
     v.evidence.push_back(name);
     if (facts.size() >= 240) continue;
     facts += Fact(m, metric, stat.first, stat.second, facts.empty() ? "" : "; ", name);

@@ -113,6 +113,41 @@ TEST(SourcesTest, TwoSourcesThatStopTogetherAreTheMachinesFailure) {
   EXPECT_TRUE(Of(v, VerdictKind::kMonitoringGap).empty());
 }
 
+// The trainer reports once a 5 s step, each machine at its own phase; `job_stops` on, no one steps.
+double Stepping(int m, int t, int k, double x, int job_stops) {
+  if (k != 5) return x;
+  return t % 5 != m % 5 || t >= job_stops ? std::nan("") : x;
+}
+
+TEST(SourcesTest, AGpuThatStopsAsTheWholeJobStopsIsTheMachinesFailure) {
+  // node7's GPU falls off the bus at t=400: its GPU exporter stops, its host idles (no process
+  // left to drive it) and the job stops at its next collective, 3 s later: every trainer stops.
+  // node7's trainer never stopped alone (no peer reported a step after its last), so the two
+  // sources are not seen stopping together; its GPU stopping alone as the job stopped is the fault.
+  auto v = RunFleet(12, 900, kMetrics, [](int m, int t, int k, double x) {
+    if (m == 7 && t >= 400 && (k <= 2 || k == 5)) return std::nan("");
+    if (m == 7 && t >= 400 && k == 3) return x * 0.2;
+    return Stepping(m, t, k, x, 403);
+  });
+  const auto faulty = Of(v, VerdictKind::kFaultyMachine);
+  ASSERT_FALSE(faulty.empty());
+  for (const Verdict* f : faulty) EXPECT_EQ(f->root_nodes, std::vector<std::string>{"node7"});
+  const Verdict& last = *faulty.back();
+  EXPECT_EQ(last.level, VerdictLevel::kFaulty);
+  EXPECT_EQ(last.evidence.front(), "stopped_with_job") << last.explanation;
+  EXPECT_LE(last.detected_at_ns / 1e9 - 400, 50);
+}
+
+TEST(SourcesTest, AnExporterRestartingAsACheckpointBeginsIsNotTheMachinesFailure) {
+  // A checkpoint stops every trainer from t=400 to 460; node4's GPU exporter restarts at t=401
+  // for 70 s. Its GPU stops alone as the job stops, but the machine is otherwise like its peers.
+  auto v = RunFleet(12, 900, kMetrics, [](int m, int t, int k, double x) {
+    if (m == 4 && k <= 2 && t >= 401 && t < 471) return std::nan("");
+    return k == 5 && t >= 400 && t < 460 ? std::nan("") : Stepping(m, t, k, x, 900);
+  });
+  const auto faulty = Of(v, VerdictKind::kFaultyMachine);
+  EXPECT_TRUE(faulty.empty()) << faulty.front()->explanation;
+}
 TEST(SourcesTest, AFaultOnAMachineWhoseExporterIsAwayIsStillNamed) {
   // node2's GPU exporter is away for good; from t=400 its trainer's compute time is 40 % up.
   auto v = RunFleet(12, 900, kMetrics, [](int m, int t, int k, double x) {
