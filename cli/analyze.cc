@@ -44,9 +44,15 @@ std::optional<SlowIncident> NewestSlowIncident(const std::string& run_dir) {
   auto events = (*db)->Events();
   if (!events.ok()) return std::nullopt;
   // The incident is the straggler the controller acted on (a decision other than an alert, or an
-  // eviction, carries its verdict); a run where it only alerted falls back to its newest verdict.
+  // eviction, carries its verdict), the one it evicted for first of all: a later self-check that
+  // cleared a node changed nothing. A run where it only alerted falls back to its newest verdict.
   const std::set<int64_t> acted = controller::ActedOnVerdicts(*events);
-  std::optional<SlowIncident> newest, newest_acted;
+  std::set<int64_t> evicted;
+  for (const controller::Event& e : *events) {
+    if (e.kind == controller::EventKind::kEviction && e.detail.contains("verdict"))
+      evicted.insert(controller::VerdictId(e.detail["verdict"]));
+  }
+  std::optional<SlowIncident> newest, newest_acted, newest_evicted;
   for (const controller::Event& e : *events) {
     if (e.kind != controller::EventKind::kVerdict || e.detail.value("kind", "") != "slow") continue;
     const auto t = e.detail.find("thresholds");
@@ -60,9 +66,12 @@ std::optional<SlowIncident> NewestSlowIncident(const std::string& run_dir) {
               std::to_string(static_cast<int64_t>(in.thresholds["first_step"])) + ".." +
               std::to_string(static_cast<int64_t>(in.thresholds["last_step"])) + " of attempt " +
               std::to_string(static_cast<int64_t>(in.thresholds["attempt"]));
-    if (acted.count(controller::VerdictId(e.detail))) newest_acted = in;
+    const int64_t id = controller::VerdictId(e.detail);
+    if (evicted.count(id)) newest_evicted = in;
+    if (acted.count(id)) newest_acted = in;
     newest = std::move(in);
   }
+  if (newest_evicted) return newest_evicted;
   return newest_acted ? newest_acted : newest;
 }
 

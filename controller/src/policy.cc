@@ -193,10 +193,6 @@ int StrongComputeRun(const Streak& streak, double bar) {
   const std::vector<double>& c = streak.compute_confidence;
   int n = 0;
   for (auto it = c.rbegin(); it != c.rend() && *it >= bar; ++it) ++n;
-  // The window that first named it by its compute began before its slowdown did (a node slowed
-  // from step 10 is slow in at most 6 of the window of steps 8..15): that one counts, weak or not,
-  // when every later one is strong.
-  if (n > 0 && n + 1 == static_cast<int>(c.size()) && streak.by_compute == n + 1) ++n;
   return n;
 }
 

@@ -163,14 +163,13 @@ TEST(PolicyTest, ComputeAndCommStragglersOfOneNodeMakeOneStreak) {
   EXPECT_EQ(Decide(weak2, s[0], {}, /*passed_before=*/true).action, Action::kAlert);
   // Named by its compute only, strongly: its own measurements convict it, no self-check.
   EXPECT_EQ(Decide(compute2, {2, 2, 0, {0.9, 0.9}}).action, Action::kEvict);
-  // The window its slowdown began in is weak by construction (slow from step 10: at most 6 of the
-  // 8 steps 8..15): the first compute verdict may be weak, no later one.
-  EXPECT_EQ(StrongComputeRun({3, 3, 0, {0.625, 0.875, 0.875}}, 0.75), 3);
-  EXPECT_EQ(Decide(compute2, {3, 3, 0, {0.625, 0.875, 0.875}}).action, Action::kEvict);
-  EXPECT_EQ(StrongComputeRun({3, 3, 0, {0.875, 0.625, 0.875}}, 0.75), 1);
-  EXPECT_EQ(StrongComputeRun({3, 3, 0, {0.625, 0.625, 0.875}}, 0.75), 1);
-  EXPECT_EQ(StrongComputeRun({3, 2, 1, {0.625, 0.875}}, 0.75), 2);
-  EXPECT_EQ(StrongComputeRun({2, 2, 0, {0.625, 0.625}}, 0.75), 0);
+  // A weak first window breaks the run too: CI saw a healthy spare on loaded cores named at 0.625,
+  // then 0.75 twice. It is checked, not convicted.
+  EXPECT_EQ(StrongComputeRun({3, 3, 0, {0.625, 0.75, 0.75}}, 0.75), 2);
+  PolicyOptions three;
+  three.straggler_windows = 3;
+  EXPECT_EQ(Decide(compute2, {3, 3, 0, {0.625, 0.75, 0.75}}, three).action, Action::kSelfCheck);
+  EXPECT_EQ(Decide(compute2, {3, 3, 0, {0.75, 0.75, 0.75}}, three).action, Action::kEvict);
 
   s = streaks.Next({comm2});  // node2 a fifth time, by comm
   ASSERT_EQ(s.size(), 1u);

@@ -98,9 +98,9 @@ struct Streak {
 };
 
 // How many of the streak's compute verdicts, counted back from its newest, are at or above `bar`
-// in a row (a comm verdict between them neither breaks nor adds to the run). The streak's first
-// compute verdict counts below the bar too when all after it are strong: its window began before
-// the slowdown did.
+// in a row (a comm verdict between them neither breaks nor adds to the run). No exception for the
+// window the slowdown began in: a spare that just joined on loaded cores was named at 0.625, then
+// 0.75 twice, and would have been evicted (the slowed node it replaced: 0.625, then 0.875).
 int StrongComputeRun(const Streak& streak, double bar);
 
 // The streaks of successive straggler analyses (the controller's online watch): Next() takes one
