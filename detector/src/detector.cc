@@ -494,7 +494,14 @@ struct Detector::Impl {
   std::vector<std::string> component_names;
   std::vector<int> component_size;  // machines per component
   std::vector<Cohort> cohorts;      // this tick's
-  std::vector<double> level_ewma;   // per metric: long-run typical |median| (a floor when idle)
+  // Per peer group, the job's pauses (its trainers stop stepping: a checkpoint, an evaluation):
+  // whether it steps, since when its last pause began and when it last resumed.
+  struct JobPause {
+    bool stepping = false;
+    int64_t paused = kNever, resumed = kNever;
+  };
+  std::vector<JobPause> pauses;
+  std::vector<double> level_ewma;  // per metric: long-run typical |median| (a floor when idle)
   // The job's pace, per training duration: its usual median over every machine, and since when it
   // moved off it (kNever: it did not).
   std::vector<double> pace_usual;
@@ -1170,6 +1177,26 @@ void Detector::Impl::GroupCohorts(int64_t now, std::vector<std::vector<Hit>>* hi
 
 void Detector::Impl::FindAllCohorts(int64_t now, const std::vector<std::vector<Hit>>& hits) {
   const int nmach = static_cast<int>(machines.size());
+  pauses.resize(group_ids.size());
+  for (size_t g = 0; g < pauses.size(); ++g) {
+    JobPause& p = pauses[g];
+    const bool stepping =
+        SourceActive(static_cast<int>(g), static_cast<int>(MetricSource::kTrainer), now);
+    if (p.stepping && !stepping) p.paused = now;
+    if (!p.stepping && stepping) p.resumed = now;
+    p.stepping = stepping;
+  }
+  // A deviation that ceased only while the whole job paused and came back as it resumed is the
+  // same deviation: its onset stays where it began. Else every machine still faulty after a
+  // checkpoint would begin again at the same tick, a cohort by onset, and be explained away.
+  // (The trainers' pause is seen up to two steps late; the deviation may return a step before
+  // they report again.)
+  const int64_t slack = kRunGap + cfg.cohort_ticks;
+  auto across_pause = [&](const MachineState& s, int fi) {
+    const JobPause& p = pauses[static_cast<size_t>(s.group)];
+    return p.paused != kNever && s.run_last[fi] != kNever && s.run_last[fi] >= p.paused - slack &&
+           (!p.stepping || (p.resumed > p.paused && now - p.resumed <= slack));
+  };
   std::array<std::vector<int>, kFamilies> on;  // machines standing out on each family now
   for (int m = 0; m < nmach; ++m) {
     uint32_t fams = 0;
@@ -1181,7 +1208,7 @@ void Detector::Impl::FindAllCohorts(int64_t now, const std::vector<std::vector<H
     MachineState& s = machines[m];
     for (int fi = 0; fi < kFamilies; ++fi) {
       if (!(fams >> fi & 1u)) continue;
-      if (now - s.run_last[fi] > kRunGap) s.run_start[fi] = now;
+      if (now - s.run_last[fi] > kRunGap && !across_pause(s, fi)) s.run_start[fi] = now;
       s.run_last[fi] = now;
       on[fi].push_back(m);
     }

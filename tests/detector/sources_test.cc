@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <set>
 
 #include "megascope/detector/detector.h"
 
@@ -194,6 +195,28 @@ TEST(SharedComponentTest, MachinesThatMoveTogetherAreOneComponentNotThreeFaults)
   EXPECT_EQ(shared[0]->cause, "simultaneous_onset");
   EXPECT_EQ(shared[0]->root_nodes.size(), 3u);
   EXPECT_EQ(shared[0]->evidence.size(), 3u);  // the three network metrics
+}
+
+TEST(SharedComponentTest, FaultsThatOutlastACheckpointDoNotBeginAgainTogether) {
+  // node3's GPU is off its peers from t=300, node8's from 560 and node10's from 570 (three GPU
+  // metrics each). A checkpoint from 600 to 660 stops every trainer and idles every GPU: no one
+  // stands out. When the job resumes the three stand out again in the same second; they are
+  // still three machines whose faults began minutes apart, not one cohort.
+  auto v = RunFleet(16, 1200, kMetrics, [](int m, int t, int k, double x) {
+    const bool checkpoint = t >= 600 && t < 660;
+    if (k == 5) return checkpoint ? std::nan("") : Stepping(m, t, k, x, 1200);
+    if (k > 2) return x;
+    if (checkpoint) return 5 + 0.05 * (x - 100);
+    const int from = m == 3 ? 300 : m == 8 ? 560 : m == 10 ? 570 : 100000;
+    return t >= from ? x * 0.6 : x;
+  });
+  EXPECT_TRUE(Of(v, VerdictKind::kSharedComponent).empty())
+      << Of(v, VerdictKind::kSharedComponent).front()->explanation;
+  std::set<std::string> named;
+  for (const Verdict* f : Of(v, VerdictKind::kFaultyMachine)) {
+    if (f->level == VerdictLevel::kFaulty) named.insert(f->root_nodes.front());
+  }
+  EXPECT_EQ(named, (std::set<std::string>{"node3", "node8", "node10"}));
 }
 
 TEST(SharedComponentTest, AWholeRackMovingTogetherIsNeverFaulty) {
