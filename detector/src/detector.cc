@@ -608,8 +608,9 @@ struct Detector::Impl {
                    const Registry& reg, std::vector<Verdict>* out);
   // The sources of machine m (its bits in `alone`) that stopped alone as the whole job stopped
   // stepping, while its other metrics stand out (0: none).
-  uint32_t StoppedWithJob(size_t m, int64_t now, uint32_t alone,
-                          const std::vector<Hit>& hits) const;
+  // Each peer group's pauses this tick (`pauses`).
+  void NotePauses(int64_t now);
+  uint32_t StoppedWithJob(size_t m, uint32_t alone, const std::vector<Hit>& hits) const;
   // Machines standing out together on one family (by onset, or sharing a component): that
   // family's hits are explained away, and a lasting cohort is named as a shared component.
   void GroupCohorts(int64_t now, std::vector<std::vector<Hit>>* hits, const Frame& f,
@@ -1015,7 +1016,19 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
   }
 }
 
-uint32_t Detector::Impl::StoppedWithJob(size_t m, int64_t now, uint32_t alone,
+void Detector::Impl::NotePauses(int64_t now) {
+  pauses.resize(group_ids.size());
+  for (size_t g = 0; g < pauses.size(); ++g) {
+    JobPause& p = pauses[g];
+    const bool stepping =
+        SourceActive(static_cast<int>(g), static_cast<int>(MetricSource::kTrainer), now);
+    if (p.stepping && !stepping) p.paused = now;
+    if (!p.stepping && stepping) p.resumed = now;
+    p.stepping = stepping;
+  }
+}
+
+uint32_t Detector::Impl::StoppedWithJob(size_t m, uint32_t alone,
                                         const std::vector<Hit>& hits) const {
   // A GPU that falls off the bus stops its exporter, and the job stops at its next collective,
   // within a step: every trainer stops, so the machine's own trainer never stopped alone (its
@@ -1026,7 +1039,7 @@ uint32_t Detector::Impl::StoppedWithJob(size_t m, int64_t now, uint32_t alone,
   const MachineState& s = machines[m];
   const int job = static_cast<int>(MetricSource::kTrainer);
   const int64_t job_last = s.source_last[job];
-  if (job_last == kNever || SourceActive(s.group, job, now)) return 0;  // the job steps
+  if (job_last == kNever || pauses[static_cast<size_t>(s.group)].stepping) return 0;
   const auto every = std::max<int64_t>(1, std::llround(s.source_interval[job]));
   uint32_t found = 0;
   for (int src = 0; src < kMetricSources; ++src) {
@@ -1079,7 +1092,7 @@ void Detector::Impl::NoteSources(int64_t now, std::vector<std::vector<Hit>>* hit
       }
     }
     if (gaps == 0) continue;
-    if (const uint32_t with_job = StoppedWithJob(m, now, alone, (*hits)[m]); with_job != 0) {
+    if (const uint32_t with_job = StoppedWithJob(m, alone, (*hits)[m]); with_job != 0) {
       s.stopped_together = with_job;
       (*hits)[m].push_back({kStoppedWithJob, 0, true});
       continue;
@@ -1177,15 +1190,6 @@ void Detector::Impl::GroupCohorts(int64_t now, std::vector<std::vector<Hit>>* hi
 
 void Detector::Impl::FindAllCohorts(int64_t now, const std::vector<std::vector<Hit>>& hits) {
   const int nmach = static_cast<int>(machines.size());
-  pauses.resize(group_ids.size());
-  for (size_t g = 0; g < pauses.size(); ++g) {
-    JobPause& p = pauses[g];
-    const bool stepping =
-        SourceActive(static_cast<int>(g), static_cast<int>(MetricSource::kTrainer), now);
-    if (p.stepping && !stepping) p.paused = now;
-    if (!p.stepping && stepping) p.resumed = now;
-    p.stepping = stepping;
-  }
   // A deviation that ceased only while the whole job paused and came back as it resumed is the
   // same deviation: its onset stays where it began. Else every machine still faulty after a
   // checkpoint would begin again at the same tick, a cohort by onset, and be explained away.
@@ -1322,6 +1326,7 @@ void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>
     d.NoteSilences(k, now, &hits);
   }
   d.NoteSilences(-1, now, &hits);
+  d.NotePauses(now);
   d.NoteSources(now, &hits, f, reg, out);
   d.GroupCohorts(now, &hits, f, reg, out);
   d.Conclude(now, hits, f, reg, out);
