@@ -338,6 +338,10 @@ class Rolling {
     last_ = tick;
   }
   int Count() const { return count_; }
+  void Clear() {  // forget every flag, keep the clock
+    std::fill(flags_.begin(), flags_.end(), 0);
+    count_ = 0;
+  }
   int Size() const { return static_cast<int>(flags_.size()); }
   // The earliest flagged tick still in the window (now when none).
   int64_t Onset() const {
@@ -602,6 +606,7 @@ struct Detector::Impl {
              std::vector<Hit>* hits, double* score);
   // Machines that stopped reporting metric k (k < 0: anything) while their peers still do.
   void NoteSilences(int k, int64_t now, std::vector<std::vector<Hit>>* hits);
+  void Rearm(int64_t now, MachineState* s) const;
   // Per machine and source: a source stopped alone is a monitoring gap (a verdict of its own once
   // it lasts); two stopped together are strong evidence against the machine.
   void NoteSources(int64_t now, std::vector<std::vector<Hit>>* hits, const Frame& f,
@@ -976,6 +981,8 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
     const bool two = (families & (families - 1)) != 0;
     const bool corr = two || *std::max_element(metrics.begin(), metrics.end()) >= 3;
     const bool any = !hits[m].empty();
+    s.recent.Push(now, any);
+    Rearm(now, &s);
     s.hard.Push(now, hard);
     s.hard_long.Push(now, hard);
     s.corr.Push(now, corr);
@@ -985,7 +992,6 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
     s.strong_long.Push(now, hard || corr);
     s.weak.Push(now, any);
     s.weak_long.Push(now, any);
-    s.recent.Push(now, any);
     if (s.weak_long.Count() == 0) {
       s.evidence.clear();
       s.stopped.clear();
@@ -1008,12 +1014,25 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
       if (window == nullptr) window = held(s.weak, s.weak_long, weak_need, weak_long_need);
       if (window != nullptr) level = 1;
     }
-    // Re-armed once it no longer stands out (the fault is over, or was never one).
-    if (level == 0 && s.recent.Count() <= cfg.rearm_fraction * cfg.continuity) s.named = 0;
     if (level <= s.named) continue;
     s.named = level;
     out->push_back(MakeVerdict(m, *window, f, reg));
   }
+}
+
+// Re-armed once it no longer stands out while its job steps (the fault is over, or was never one;
+// a checkpoint idles every machine, and the fault is back as the job resumes). Its windows still
+// hold the old fault's evidence -- the long ones for minutes after it ended -- so they are emptied:
+// a new fault soon after is judged on its own evidence, not hidden behind the verdict given.
+void Detector::Impl::Rearm(int64_t now, MachineState* s) const {
+  const JobPause& job = pauses[s->group];
+  const bool stepped =
+      job.paused == kNever || (job.stepping && now - job.resumed >= cfg.continuity);
+  if (s->named == 0 || !stepped || s->recent.Count() > cfg.rearm_fraction * cfg.continuity) return;
+  s->named = 0;
+  for (Rolling* r : {&s->hard, &s->hard_long, &s->corr, &s->two, &s->corr_long, &s->strong,
+                     &s->strong_long, &s->weak, &s->weak_long})
+    r->Clear();
 }
 
 void Detector::Impl::NotePauses(int64_t now) {

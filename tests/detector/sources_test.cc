@@ -219,6 +219,47 @@ TEST(SharedComponentTest, FaultsThatOutlastACheckpointDoNotBeginAgainTogether) {
   EXPECT_EQ(named, (std::set<std::string>{"node3", "node8", "node10"}));
 }
 
+// node4's GPU is off its peers (three GPU metrics) from t=200 to `end` and again from `second`.
+// A checkpoint from 1000 to 1060 stops every trainer and idles every GPU.
+std::vector<const Verdict*> FaultyNode4(const std::vector<Verdict>& v) {
+  std::vector<const Verdict*> out;
+  for (const Verdict* f : Of(v, VerdictKind::kFaultyMachine)) {
+    if (f->level == VerdictLevel::kFaulty && f->root_nodes.front() == "node4") out.push_back(f);
+  }
+  return out;
+}
+
+std::vector<Verdict> TwoFaults(int end, int second) {
+  return RunFleet(16, 1500, kMetrics, [end, second](int m, int t, int k, double x) {
+    const bool checkpoint = t >= 1000 && t < 1060;
+    if (k == 5) return checkpoint ? std::nan("") : Stepping(m, t, k, x, 1500);
+    if (k > 2) return x;
+    if (checkpoint) return 5 + 0.05 * (x - 100);
+    const bool off = m == 4 && ((t >= 200 && t < end) || t >= second);
+    return off ? x * 0.6 : x;
+  });
+}
+
+TEST(LevelsTest, AFaultSoonAfterTheMachinesLastIsNamedOnItsOwn) {
+  // The second fault begins 100 s after the first ended (a card that fails once more). The
+  // first's evidence still filled the long windows for up to 150 s, which kept the machine from
+  // re-arming until the new fault's own evidence kept it from ever being quiet: it was named only
+  // after the checkpoint's quiet minute, 210 s late (on a fleet without checkpoints, never).
+  const auto faulty = FaultyNode4(TwoFaults(800, 900));
+  ASSERT_EQ(faulty.size(), 2u);
+  EXPECT_NEAR(faulty[0]->onset_at_ns / 1e9, 200, 30);
+  EXPECT_NEAR(faulty[1]->onset_at_ns / 1e9, 900, 30);
+  EXPECT_LE(faulty[1]->detected_at_ns / 1e9, 1000);
+}
+
+TEST(LevelsTest, AFaultThatOutlastsACheckpointIsNamedOnce) {
+  // One fault from t=200 on, through the checkpoint: quiet while the job paused is not the fault
+  // ending, so it is not named again as the job resumes.
+  const auto faulty = FaultyNode4(TwoFaults(100000, 100000));
+  ASSERT_EQ(faulty.size(), 1u);
+  EXPECT_NEAR(faulty[0]->onset_at_ns / 1e9, 200, 30);
+}
+
 TEST(SharedComponentTest, AWholeRackMovingTogetherIsNeverFaulty) {
   // All four machines of the rack: a sub-population as far as peers can tell (no evidence), and
   // with a topology, the rack named.

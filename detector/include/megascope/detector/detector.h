@@ -131,8 +131,8 @@ struct DetectorConfig {
   double weak_fraction = 0.8;
   int weak_long_window = 300;
   // A named machine can be named again once it stood out in at most this share of the last
-  // `continuity` ticks (the fault it was named for is over, or was never one), or at once when
-  // stronger evidence appears than the verdict had.
+  // `continuity` ticks while its job stepped (the fault it was named for is over, or was never
+  // one), or at once when stronger evidence appears than the verdict had.
   double rearm_fraction = 0.1;
   // Metrics walked first: the detector inputs of the metric-name registry
   // (megascope/tracer/metric_names.h) in its order; the rest follow in name order. A name matches
