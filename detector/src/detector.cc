@@ -1022,8 +1022,9 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
 
 // Re-armed once it no longer stands out while its job steps (the fault is over, or was never one;
 // a checkpoint idles every machine, and the fault is back as the job resumes). Its windows still
-// hold the old fault's evidence -- the long ones for minutes after it ended -- so they are emptied:
-// a new fault soon after is judged on its own evidence, not hidden behind the verdict given.
+// hold the old fault's evidence -- the long ones for minutes after it ended -- so they are emptied,
+// with the evidence they gathered: a new fault soon after is judged, explained and weighed on its
+// own evidence, not hidden behind the verdict given.
 void Detector::Impl::Rearm(int64_t now, MachineState* s) const {
   const JobPause& job = pauses[s->group];
   const bool stepped =
@@ -1033,6 +1034,8 @@ void Detector::Impl::Rearm(int64_t now, MachineState* s) const {
   for (Rolling* r : {&s->hard, &s->hard_long, &s->corr, &s->two, &s->corr_long, &s->strong,
                      &s->strong_long, &s->weak, &s->weak_long})
     r->Clear();
+  s->evidence.clear();
+  s->stopped.clear();
 }
 
 void Detector::Impl::NotePauses(int64_t now) {
