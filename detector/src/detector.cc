@@ -606,6 +606,7 @@ struct Detector::Impl {
              std::vector<Hit>* hits, double* score);
   // Machines that stopped reporting metric k (k < 0: anything) while their peers still do.
   void NoteSilences(int k, int64_t now, std::vector<std::vector<Hit>>* hits);
+  // A named machine quiet while its job steps is re-armed, its evidence windows emptied.
   void Rearm(int64_t now, MachineState* s) const;
   // Per machine and source: a source stopped alone is a monitoring gap (a verdict of its own once
   // it lasts); two stopped together are strong evidence against the machine.
@@ -1026,7 +1027,7 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
 // with the evidence they gathered: a new fault soon after is judged, explained and weighed on its
 // own evidence, not hidden behind the verdict given.
 void Detector::Impl::Rearm(int64_t now, MachineState* s) const {
-  const JobPause& job = pauses[s->group];
+  const JobPause& job = pauses[static_cast<size_t>(s->group)];
   const bool stepped =
       job.paused == kNever || (job.stepping && now - job.resumed >= cfg.continuity);
   if (s->named == 0 || !stepped || s->recent.Count() > cfg.rearm_fraction * cfg.continuity) return;

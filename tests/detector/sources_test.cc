@@ -219,8 +219,7 @@ TEST(SharedComponentTest, FaultsThatOutlastACheckpointDoNotBeginAgainTogether) {
   EXPECT_EQ(named, (std::set<std::string>{"node3", "node8", "node10"}));
 }
 
-// node4's GPU is off its peers (three GPU metrics) from t=200 to `end` and again from `second`.
-// A checkpoint from 1000 to 1060 stops every trainer and idles every GPU.
+// node4's faulty verdicts.
 std::vector<const Verdict*> FaultyNode4(const std::vector<Verdict>& v) {
   std::vector<const Verdict*> out;
   for (const Verdict* f : Of(v, VerdictKind::kFaultyMachine)) {
@@ -229,6 +228,8 @@ std::vector<const Verdict*> FaultyNode4(const std::vector<Verdict>& v) {
   return out;
 }
 
+// node4's GPU is off its peers (three GPU metrics) from t=200 to `end` and again from `second`.
+// A checkpoint from 1000 to 1060 stops every trainer and idles every GPU.
 std::vector<Verdict> TwoFaults(int end, int second) {
   return RunFleet(16, 1500, kMetrics, [end, second](int m, int t, int k, double x) {
     const bool checkpoint = t >= 1000 && t < 1060;
