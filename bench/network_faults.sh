@@ -69,6 +69,9 @@ for spec, rs in rows.items():
     ev = ", ".join(sorted({r["evicted"] for r in rs}))
     fin = ", ".join(str(r["steps"]) for r in rs)
     print(f"{spec + ' on ' + rs[0]['host']:24} {len(rs):>4}  {causes:34} {med('to_verdict'):>14.1f} s {med('to_resumed'):>15.1f} s {med('act_to_resumed'):>13.1f} s  {ev:8} {fin}")
+for spec, rs in rows.items():
+    runs = ", ".join("-" if r["to_resumed"] is None else f"{r['to_resumed']:.1f}" for r in rs)
+    print(f"  {spec + ' on ' + rs[0]['host']:22} verdict->resumed per run: {runs} s")
 print("(medians over the runs; 'acted': the policy's first decision to self-check or evict the host -- an")
 print("online finding is an alert until a second window in a row names it; 'finished': steps completed of")
 print("60 in each run)")

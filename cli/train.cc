@@ -127,8 +127,11 @@ int RunSelfCheckCommand(const Args& args) {
       "timeout", po::value(&o.timeout_ms)->default_value(o.timeout_ms),
       "rendezvous/collective timeout in milliseconds")(
       "connect-timeout", po::value(&o.connect_timeout_ms)->default_value(o.connect_timeout_ms),
-      "milliseconds to connect to the neighbour, and for any one all-reduce with it: past it the "
-      "link is dead (or crawls) and the check fails");
+      "milliseconds to connect to the neighbour once both processes are there (twice it for any "
+      "one all-reduce with it): past it the link is dead (or crawls) and the check fails")(
+      "min-gbps", Decimal(&o.min_allreduce_gbps, o.min_allreduce_gbps),
+      "all-reduce bandwidth floor in GB/s (0: none): all-reduces that move under half of it fail "
+      "the check at once (the controller passes --min-bandwidth-ratio of its healthy figure)");
   po::variables_map vm;
   if (auto rc = ParseArgs("self-check", "megascope self-check --dir DIR --rank R [--world 2]", args,
                           opts, {}, &vm))

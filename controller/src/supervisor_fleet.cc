@@ -79,10 +79,11 @@ class SupervisorFleet final : public Fleet {
   std::string NodeOfRank(int rank) const override { return sup_.NodeOfRank(rank); }
 
   std::vector<std::pair<SelfCheckFigures, SelfCheckFigures>> SelfCheckPairs(
-      const std::vector<std::pair<std::string, std::string>>& pairs) override {
+      const std::vector<std::pair<std::string, std::string>>& pairs,
+      double min_allreduce_gbps) override {
     std::vector<PairCheck> running;
     running.reserve(pairs.size());
-    for (const auto& [a, b] : pairs) running.push_back(StartPair(a, b));
+    for (const auto& [a, b] : pairs) running.push_back(StartPair(a, b, min_allreduce_gbps));
     std::vector<std::pair<SelfCheckFigures, SelfCheckFigures>> out;
     out.reserve(running.size());
     for (PairCheck& c : running) out.push_back(FinishPair(c));
@@ -104,7 +105,7 @@ class SupervisorFleet final : public Fleet {
     Clock::time_point deadline;
     std::string error;  // the pair could not start
   };
-  PairCheck StartPair(const std::string& a, const std::string& b) {
+  PairCheck StartPair(const std::string& a, const std::string& b, double min_gbps) {
     const std::string dir = sup_.layout().self_check_dir("check_" + std::to_string(checks_++));
     std::error_code ec;
     fs::remove_all(dir, ec);
@@ -115,7 +116,8 @@ class SupervisorFleet final : public Fleet {
       auto p = launch::Process::Spawn(sup_.NodeProcess(
           nodes[r], "self-check",
           {sup_.options().self_exe, "self-check", "--dir", dir + "/store", "--rank",
-           std::to_string(r), "--timeout", std::to_string(kSelfCheckTimeoutMs)},
+           std::to_string(r), "--timeout", std::to_string(kSelfCheckTimeoutMs), "--min-gbps",
+           std::to_string(min_gbps)},
           dir + "/rank_" + std::to_string(r) + ".log"));
       if (!p.ok()) {
         c.error = p.status().ToString();

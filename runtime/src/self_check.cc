@@ -56,38 +56,132 @@ class StallWatch {
     done_.store(true);
     if (thread_.joinable()) thread_.join();
   }
-  // `what` must outlive the phase; Clear() ends it.
-  void Begin(const char* what, int timeout_ms) {
-    what_.store(what);
-    deadline_ns_.store(NowNs() + int64_t{timeout_ms} * 1'000'000);
-    timeout_ms_.store(timeout_ms);
+  // Past `deadline` the process says `message` and ends; the message must outlive the phase, and
+  // Clear() ends it.
+  void Begin(const char* message, Clock::time_point deadline) {
+    message_.store(message);
+    deadline_ns_.store(std::max<int64_t>(1, deadline.time_since_epoch().count()));
   }
   void Clear() { deadline_ns_.store(0); }
 
  private:
-  static int64_t NowNs() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-        .count();
-  }
   void Watch() {
     while (!done_.load()) {
       const int64_t d = deadline_ns_.load();
-      if (d > 0 && NowNs() > d) {
-        std::fprintf(stderr,
-                     "megascope self-check: %s moved nothing with its neighbour within %d ms: "
-                     "the link is dead or crawls\n",
-                     what_.load(), timeout_ms_.load());
+      if (d > 0 && Clock::now().time_since_epoch().count() > d) {
+        std::fprintf(stderr, "megascope self-check: %s\n", message_.load());
         std::_Exit(1);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
   std::atomic<bool> done_{false};
-  std::atomic<int64_t> deadline_ns_{0};
-  std::atomic<int> timeout_ms_{0};
-  std::atomic<const char*> what_{""};
+  std::atomic<int64_t> deadline_ns_{0};  // steady clock ticks; 0: no phase
+  std::atomic<const char*> message_{""};
   std::thread thread_;
 };
+
+std::filesystem::path PresenceMark(const std::string& dir, int rank) {
+  return std::filesystem::path(dir) / ("megascope-present-" + std::to_string(rank));
+}
+
+// Says this process is here: a file in the rendezvous directory, written as it starts.
+Status MarkPresent(const std::string& dir, int rank) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  std::FILE* f = std::fopen(PresenceMark(dir, rank).c_str(), "w");
+  if (f == nullptr) return ErrnoError("cannot write " + PresenceMark(dir, rank).string(), errno);
+  std::fclose(f);
+  return Status::Ok();
+}
+
+// Waits until every process of the check has said it is here, for at most `timeout`: a neighbour
+// that a loaded host started late is no dead link.
+Status AwaitNeighbours(const std::string& dir, int world, std::chrono::milliseconds timeout) {
+  const auto end = Clock::now() + timeout;
+  std::error_code ec;
+  for (int r = 0; r < world; ++r) {
+    while (!std::filesystem::exists(PresenceMark(dir, r), ec)) {
+      if (Clock::now() > end)
+        return {StatusCode::kDeadlineExceeded,
+                "self-check rank " + std::to_string(r) + " did not start within " +
+                    std::to_string(timeout.count()) + " ms (" + dir + ")"};
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  return Status::Ok();
+}
+
+// GEMM throughput: 256^3 single precision, repeated for `seconds`, stretched by `slow`.
+double MeasureGemm(double seconds, double slow) {
+  constexpr int kN = 256;
+  constexpr size_t kElems = static_cast<size_t>(kN) * kN;
+  std::vector<float> a(kElems, 0.5f), b(kElems, 0.25f), c(kElems);
+  int64_t reps = 0;
+  const auto g0 = Clock::now();
+  while (Seconds(g0, Clock::now()) < seconds) {
+    kernels::Gemm(false, false, kN, kN, kN, 1.0f, a.data(), b.data(), 0.0f, c.data());
+    ++reps;
+  }
+  double gemm_s = Seconds(g0, Clock::now());
+  if (slow > 1) {
+    Burn(gemm_s * (slow - 1));
+    gemm_s *= slow;
+  }
+  return 2.0 * kN * kN * kN * static_cast<double>(reps) / gemm_s / 1e9;
+}
+
+std::string Stalled(const char* what, int ms) {
+  return std::string(what) + " moved nothing with its neighbour within " + std::to_string(ms) +
+         " ms: the link is dead or crawls";
+}
+
+// All-reduce bandwidth with the neighbour (GB/s, stretched by `slow`): a warm-up, then
+// allreduce_iters timed ones, each watched for `op_ms`, all of them for the floor.
+Result<double> MeasureAllReduce(Communicator& comm, const SelfCheckOptions& o, int op_ms,
+                                double slow, StallWatch* watch) {
+  std::vector<float> buf(o.allreduce_bytes / 4, 1.0f);
+  const int world_group = comm.Find("world");
+  const std::string op_stalled = Stalled("an all-reduce", op_ms);
+  // The floor: all-reduces that have run longer than their bytes take at half of it (0.5 s at
+  // least) are a link that crawls, and the controller would fail the check on its figure anyway.
+  auto phase_end = Clock::time_point::max();
+  std::string under_floor;
+  if (o.min_allreduce_gbps > 0) {
+    const double bytes = static_cast<double>(o.allreduce_bytes) * (o.allreduce_iters + 1);
+    const double budget_s = std::max(0.5, bytes / (0.5e9 * o.min_allreduce_gbps));
+    phase_end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(budget_s));
+    char line[200];
+    std::snprintf(line, sizeof(line),
+                  "the all-reduces with its neighbour moved under half of the %.3f GB/s floor "
+                  "(%.0f ms for their %.1f MB): the link crawls",
+                  o.min_allreduce_gbps, 1e3 * budget_s, bytes / 1e6);
+    under_floor = line;
+  }
+  auto all_reduce = [&] {
+    const auto op_end = Clock::now() + std::chrono::milliseconds(op_ms);
+    if (phase_end < op_end) {
+      watch->Begin(under_floor.c_str(), phase_end);
+    } else {
+      watch->Begin(op_stalled.c_str(), op_end);
+    }
+    Status s = comm.AllReduce(world_group, buf.data(), buf.size(), ReduceOp::kSum);
+    watch->Clear();
+    return s;
+  };
+  Status st = all_reduce();  // warm-up
+  const auto r0 = Clock::now();
+  for (int i = 0; i < o.allreduce_iters && st.ok(); ++i) st = all_reduce();
+  double ar_s = Seconds(r0, Clock::now());
+  if (slow > 1 && st.ok()) {
+    Burn(ar_s * (slow - 1));
+    ar_s *= slow;
+  }
+  if (st.ok()) st = comm.Barrier(world_group);
+  RETURN_IF_ERROR(st);
+  return static_cast<double>(o.allreduce_bytes) * o.allreduce_iters / ar_s / 1e9;
+}
 
 }  // namespace
 
@@ -115,25 +209,11 @@ int RemoveStaleSelfCheckRings(const std::string& dir) {
 Result<SelfCheckResult> RunSelfCheck(const SelfCheckOptions& o) {
   if (o.rank < 0 || o.rank >= o.world)
     return InvalidArgument("self-check rank must be in [0, world)");
+  RETURN_IF_ERROR(MarkPresent(o.dir, o.rank));
   kernels::SetBlasThreads(1);
   const double slow = InjectedSlowdown();
   SelfCheckResult out;
-  // GEMM: 256^3 single precision, repeated for gemm_seconds.
-  constexpr int kN = 256;
-  constexpr size_t kElems = static_cast<size_t>(kN) * kN;
-  std::vector<float> a(kElems, 0.5f), b(kElems, 0.25f), c(kElems);
-  int64_t reps = 0;
-  const auto g0 = Clock::now();
-  while (Seconds(g0, Clock::now()) < o.gemm_seconds) {
-    kernels::Gemm(false, false, kN, kN, kN, 1.0f, a.data(), b.data(), 0.0f, c.data());
-    ++reps;
-  }
-  double gemm_s = Seconds(g0, Clock::now());
-  if (slow > 1) {
-    Burn(gemm_s * (slow - 1));
-    gemm_s *= slow;
-  }
-  out.gemm_gflops = 2.0 * kN * kN * kN * static_cast<double>(reps) / gemm_s / 1e9;
+  out.gemm_gflops = MeasureGemm(o.gemm_seconds, slow);
 
   // All-reduce with the neighbour.
   Layout layout{o.world, 1, 1};
@@ -148,30 +228,18 @@ Result<SelfCheckResult> RunSelfCheck(const SelfCheckOptions& o) {
   go.faults = &faults;
   StallWatch watch(o.exit_when_stalled);
   const int probe_ms = std::min(o.connect_timeout_ms, o.timeout_ms);
-  watch.Begin("connecting", probe_ms);
+  // The connect deadline counts once both ends are there; a neighbour that never starts fails
+  // the check as a link that never connects did before (its host is gone).
+  RETURN_IF_ERROR(AwaitNeighbours(o.dir, o.world,
+                                  std::chrono::milliseconds(std::min(2 * probe_ms, o.timeout_ms))));
+  const std::string connect_stalled = Stalled("connecting", probe_ms);
+  watch.Begin(connect_stalled.c_str(), Clock::now() + std::chrono::milliseconds(probe_ms));
   auto transport = CreateGlooCommunicator(o.rank, layout, go);
   watch.Clear();
   if (!transport.ok()) return transport.status();
   std::unique_ptr<Communicator> comm = DelayLinks(std::move(*transport), &faults);
-  std::vector<float> buf(o.allreduce_bytes / 4, 1.0f);
-  const int world_group = comm->Find("world");
-  auto all_reduce = [&] {
-    watch.Begin("an all-reduce", probe_ms);
-    Status s = comm->AllReduce(world_group, buf.data(), buf.size(), ReduceOp::kSum);
-    watch.Clear();
-    return s;
-  };
-  Status st = all_reduce();  // warm-up
-  const auto r0 = Clock::now();
-  for (int i = 0; i < o.allreduce_iters && st.ok(); ++i) st = all_reduce();
-  double ar_s = Seconds(r0, Clock::now());
-  if (slow > 1 && st.ok()) {
-    Burn(ar_s * (slow - 1));
-    ar_s *= slow;
-  }
-  if (st.ok()) st = comm->Barrier(world_group);
-  RETURN_IF_ERROR(st);
-  out.allreduce_gbps = static_cast<double>(o.allreduce_bytes) * o.allreduce_iters / ar_s / 1e9;
+  ASSIGN_OR_RETURN(out.allreduce_gbps,
+                   MeasureAllReduce(*comm, o, std::min(2 * probe_ms, o.timeout_ms), slow, &watch));
   return out;
 }
 

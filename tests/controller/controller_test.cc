@@ -32,7 +32,7 @@ TEST(SupervisorFleetTest, APairEndsWhenOneSideFailsInsteadOfWaitingForTheOther) 
   o.self_exe = exe;
   o.run_dir = dir.path() + "/run";
   auto fleet = MakeSupervisorFleet(o);
-  const auto figures = fleet->SelfCheckPairs({{"node0", "node1"}});
+  const auto figures = fleet->SelfCheckPairs({{"node0", "node1"}}, 0);
   ASSERT_EQ(figures.size(), 1u);
   EXPECT_FALSE(figures[0].second.ok);
   EXPECT_NE(figures[0].second.error.find("Network is unreachable"), std::string::npos)

@@ -136,6 +136,8 @@ class FakeFleet final : public Fleet {
   const std::vector<std::pair<std::string, std::string>>& checked_pairs() const {
     return checked_pairs_;
   }
+  // The bandwidth floor of each round of self-checks (SelfCheckPairs' min_allreduce_gbps).
+  const std::vector<double>& check_floors() const { return check_floors_; }
   const std::vector<std::vector<std::string>>& attempts() const { return attempts_; }
   int64_t done() const { return done_; }
   const std::vector<FakeFault>& faults() const { return faults_; }
@@ -294,9 +296,11 @@ class FakeFleet final : public Fleet {
     return nodes_.at(static_cast<size_t>(rank / (world_ / static_cast<int>(nodes_.size()))));
   }
   std::vector<std::pair<SelfCheckFigures, SelfCheckFigures>> SelfCheckPairs(
-      const std::vector<std::pair<std::string, std::string>>& pairs) override {
+      const std::vector<std::pair<std::string, std::string>>& pairs,
+      double min_allreduce_gbps) override {
     std::vector<std::pair<SelfCheckFigures, SelfCheckFigures>> out;
     if (on_self_check_) on_self_check_();
+    check_floors_.push_back(min_allreduce_gbps);
     for (const auto& [a, b] : pairs) {
       checked_pairs_.emplace_back(a, b);
       out.emplace_back(Figures(a), Figures(b));
@@ -562,6 +566,7 @@ class FakeFleet final : public Fleet {
   std::vector<launch::AgentExit> agent_exits_;
   std::vector<launch::RankExit> rank_exits_;
   std::vector<std::pair<std::string, std::string>> checked_pairs_;
+  std::vector<double> check_floors_;
   std::vector<std::vector<std::string>> attempts_;
   std::map<std::string, std::vector<std::pair<std::string, std::string>>> env_;
   int attempt_ = 0, world_ = 0;

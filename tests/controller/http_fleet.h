@@ -85,8 +85,9 @@ class HttpFleet final : public Fleet {
   bool SignalRank(int rank, int sig) override { return inner_->SignalRank(rank, sig); }
   std::string NodeOfRank(int rank) const override { return inner_->NodeOfRank(rank); }
   std::vector<std::pair<SelfCheckFigures, SelfCheckFigures>> SelfCheckPairs(
-      const std::vector<std::pair<std::string, std::string>>& pairs) override {
-    return inner_->SelfCheckPairs(pairs);
+      const std::vector<std::pair<std::string, std::string>>& pairs,
+      double min_allreduce_gbps) override {
+    return inner_->SelfCheckPairs(pairs, min_allreduce_gbps);
   }
   void AddNodeEnv(const std::string& node, const std::string& key,
                   const std::string& value) override {

@@ -320,6 +320,13 @@ TEST_F(LoopTest, AStalledLinkSelfChecksBothEndsAndRestartsInPlaceWhenBothPass) {
   EXPECT_EQ(kept, (std::set<std::string>{"node0", "node1"}));
   // The baseline, then both ends in one round, and the spare that would have replaced one.
   EXPECT_EQ(fleet_->checked_pairs().size(), 4u);
+  // The baseline accepts any bandwidth; the suspects' round is held to what Judge accepts (the
+  // healthy figure, 1 GB/s here, times the ratio), so a crawling link ends its check at once.
+  ASSERT_GE(fleet_->check_floors().size(), 2u);
+  EXPECT_EQ(fleet_->check_floors()[0], 0);
+  EXPECT_GT(options_.min_bandwidth_ratio, 0);
+  for (size_t i = 1; i < fleet_->check_floors().size(); ++i)
+    EXPECT_DOUBLE_EQ(fleet_->check_floors()[i], options_.min_bandwidth_ratio * 1.0);
   EXPECT_TRUE(Events("eviction").empty());
   ASSERT_EQ(fleet_->attempts().size(), 2u);
   EXPECT_EQ(fleet_->attempts()[1], (std::vector<std::string>{"node0", "node1"}));

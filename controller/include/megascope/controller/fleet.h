@@ -79,8 +79,10 @@ class Fleet {
 
   // --- self-checks
   // Runs every pair (a, b) at once (`megascope self-check` on both nodes); the figures of a and b.
+  // `min_allreduce_gbps` (0: none) is the bandwidth the caller will accept: a pair whose
+  // all-reduces move under half of it ends at once (`self-check --min-gbps`).
   virtual std::vector<std::pair<SelfCheckFigures, SelfCheckFigures>> SelfCheckPairs(
-      const std::vector<std::pair<std::string, std::string>>& pairs) = 0;
+      const std::vector<std::pair<std::string, std::string>>& pairs, double min_allreduce_gbps) = 0;
 
   // --- the nodes' environments and hosts (fault seams)
   // Adds KEY=VALUE to the environment of every process started on `node` from now on.

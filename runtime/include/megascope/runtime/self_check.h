@@ -20,11 +20,18 @@ struct SelfCheckOptions {
   size_t allreduce_bytes = 4 << 20;
   int allreduce_iters = 8;
   int timeout_ms = 15000;
-  // Connecting to the neighbour: both run their GEMMs for the same time first, so a link that
-  // cannot connect within this is dead, and the check fails now instead of at timeout_ms.
-  int connect_timeout_ms = 3000;
+  // Connecting to the neighbour, counted from when both processes are there (each marks itself
+  // in `dir` and waits for the other, up to twice this): a healthy link connects in milliseconds,
+  // so one that cannot within this is dead or drops packets (a lost SYN is retried after 1 s), and
+  // the check fails now instead of at timeout_ms. Any one all-reduce may take twice this.
+  int connect_timeout_ms = 1500;
+  // The all-reduce bandwidth the caller will accept (GB/s; 0: any). All-reduces that move under
+  // half of it -- their bytes not done in the time they take at that rate, 0.5 s at least -- fail
+  // the check at once instead of crawling on (exit_when_stalled).
+  double min_allreduce_gbps = 0;
   // A process of its own (`megascope self-check`): exits (code 1, saying so) when connecting to
-  // the neighbour or any one all-reduce with it takes longer than connect_timeout_ms. Gloo does
+  // the neighbour or any one all-reduce with it takes longer than its deadline above, or the
+  // all-reduces fall under their floor. Gloo does
   // not give up a connect while SYNs go unanswered (about 15 s where a link drops every packet),
   // and a lossy link crawls; either moves nothing a healthy link would in that time. Off for a
   // caller in a process of its own work (it cannot be stopped mid-call).
