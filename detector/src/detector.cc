@@ -177,12 +177,24 @@ bool IsDuration(std::string_view name) {
   return HasWord(Words(name), {"time", "seconds", "ms", "duration", "wait", "latency"});
 }
 
-bool IsLinkStateCounter(std::string_view name) {
+int HoldsJobBackSign(std::string_view name) {
+  const std::vector<std::string> w = Words(name);
+  if (HasWord(w, {"wait", "waits", "waiting"})) return -1;
+  return IsDuration(name) ? 1 : -1;
+}
+
+int CountsPerLinkFlap(std::string_view name) {
   const std::vector<std::string> words = Words(name);
   auto has = [&](std::initializer_list<const char*> any) { return HasWord(words, any); };
-  return (has({"carrier"}) && has({"changes", "flaps"})) ||
-         (has({"link"}) && has({"downed", "flaps", "flapped"}));
+  if (has({"carrier"}) && has({"changes"}))
+    return has({"down", "up"}) ? 1 : 2;  // node_exporter's carrier_down_changes: downs alone
+  return (has({"carrier"}) && has({"flaps"})) ||
+                 (has({"link"}) && has({"downed", "flaps", "flapped"}))
+             ? 1
+             : 0;
 }
+
+bool IsLinkStateCounter(std::string_view name) { return CountsPerLinkFlap(name) > 0; }
 
 bool IsCumulativeCounter(std::string_view name) {
   if (name.size() < 6) return false;
@@ -441,6 +453,12 @@ struct Detector::Impl {
     // sign for GroupCohorts that a shared component moved them.
     bool company = false;
   };
+  // A training metric off its peers in the direction that says they hold it back (it waits on
+  // them longer than they do): evidence that it stands out, never that it hurts the job.
+  bool Aside(const Hit& h) const {
+    return !h.silent && h.metric >= 0 && family[h.metric] == MetricFamily::kTraining &&
+           h.z * holds_back[h.metric] < 0;
+  }
   struct MachineState {
     int group = 0;
     std::vector<int> components;  // ids in component_names
@@ -456,8 +474,9 @@ struct Detector::Impl {
     Rolling cohort;     // ticks it was in any cohort (re-arming its shared_component verdict)
     int named = 0;      // level of its last verdict while not re-armed: 0 none, 1 suspect, 2 faulty
     bool component_named = false;  // a shared_component verdict named it (until re-armed)
-    std::map<int, std::pair<int, double>> evidence;  // metric (-1 silent) -> (ticks, max |z|)
-    std::set<int> stopped;                           // work metrics of the evidence at zero
+    // metric (-1 silent) -> (ticks, the z of largest magnitude)
+    std::map<int, std::pair<int, double>> evidence;
+    std::set<int> stopped;  // work metrics of the evidence at zero
     // Per source: its last report; the last stop looked at and whether the peers still reported
     // that source when it stopped; sources whose gap a monitoring_gap verdict named.
     std::array<int64_t, kMetricSources> source_last, stop_seen;
@@ -491,8 +510,10 @@ struct Detector::Impl {
   std::vector<MetricFamily> family;  // per metric
   std::vector<MetricSource> source;  // per metric
   std::vector<uint8_t> work;         // per metric: IsWorkMetric
-  std::vector<uint8_t> link_state;   // per metric: IsLinkStateCounter
+  std::vector<uint8_t> link_state;   // per metric: CountsPerLinkFlap
   std::vector<uint8_t> duration;     // per metric: a training metric that is a duration
+  // Per metric: the sign of a deviation that holds the job back (HoldsJobBackSign; training only)
+  std::vector<int8_t> holds_back;
   std::array<bool, kMetricSources> source_present{};
   std::map<std::string, int> component_ids;
   std::vector<std::string> component_names;
@@ -563,9 +584,10 @@ struct Detector::Impl {
       family.push_back(ClassifyMetric(name));
       source.push_back(ClassifySource(name));
       work.push_back(IsWorkMetric(name) ? 1 : 0);
-      link_state.push_back(IsLinkStateCounter(name) ? 1 : 0);
+      link_state.push_back(static_cast<uint8_t>(CountsPerLinkFlap(name)));
       duration.push_back(ClassifyMetric(name) == MetricFamily::kTraining && IsDuration(name) ? 1
                                                                                              : 0);
+      holds_back.push_back(static_cast<int8_t>(HoldsJobBackSign(name)));
       source_present[static_cast<int>(source.back())] = true;
       level_ewma.push_back(0);
       pace_usual.push_back(std::nan(""));
@@ -640,15 +662,17 @@ struct Detector::Impl {
 
   // Whether error counter k's last burst still counts: bursts within the continuity window keep
   // it for `error_memory_ticks`; three within the long window (a link that flaps every minute)
-  // for as long as the last gap between them. A link's state changes come in pairs (down, then
-  // up seconds later), so three within the weak window's length (a link that goes down every two
-  // minutes) keep it for as long as those three span.
+  // for as long as the last gap between them. A link that went down twice within the weak
+  // window's length (a link that goes down every two minutes) keeps it for as long as those
+  // downs span: two bursts of a counter of downs, three of one that counts every change (down,
+  // then up seconds later: one flap can be two bursts).
   bool RepeatingErrors(int k, const Series& s, int64_t now) const {
     const int64_t quiet = now - s.last_hit;
     if (s.last_burst - s.prev_burst <= cfg.continuity && quiet <= cfg.error_memory_ticks)
       return true;
-    if (s.third_burst == kNever) return false;
-    const int64_t span = s.last_burst - s.third_burst;
+    const int64_t first = link_state[k] == 1 ? s.prev_burst : s.third_burst;
+    if (first == kNever) return false;
+    const int64_t span = s.last_burst - first;
     if (link_state[k])
       return span <= std::max(cfg.long_window, cfg.weak_long_window) && quiet <= span;
     return span <= cfg.long_window && quiet <= s.last_burst - s.prev_burst;
@@ -973,7 +997,7 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
       // The whole machine silent is hard; one metric missing (its ranks between steps while
       // their peers finish one) only counts for its family.
       const MetricFamily fam = h.metric < 0 ? MetricFamily::kErrors : family[h.metric];
-      hard = hard || h.metric < 0 || h.stopped || (!h.silent && IsStrong(fam));
+      hard = hard || h.metric < 0 || h.stopped || (!h.silent && IsStrong(fam) && !Aside(h));
       families |= Bit(fam);
       if (!h.silent) ++metrics[static_cast<int>(fam)];
     }
@@ -1001,7 +1025,7 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
       if (h.stopped) s.stopped.insert(h.metric);
       auto& e = s.evidence[h.metric];
       ++e.first;
-      e.second = std::max(e.second, std::fabs(h.z));
+      if (std::fabs(h.z) > std::fabs(e.second)) e.second = h.z;
     }
     if (m == leader) ++s.evidence[kPaceLed].first;
     int level = 0;
@@ -1360,7 +1384,7 @@ double Detector::Confidence(const std::vector<EvidenceItem>& evidence, int conti
   // weighted by its kind and by how long it held. Adding evidence never lowers the result.
   std::map<MetricFamily, double> best;
   for (const EvidenceItem& e : evidence) {
-    const double weight = e.silent || IsStrong(e.family) ? 0.9 : 0.5;
+    const double weight = e.silent || (IsStrong(e.family) && !e.aside) ? 0.9 : 0.5;
     const double p = weight * std::min(1.0, static_cast<double>(e.ticks) / std::max(1, continuity));
     double& b = best[e.silent ? MetricFamily::kErrors : e.family];
     b = std::max(b, p);
@@ -1410,8 +1434,9 @@ std::string Detector::Impl::Fact(int m, int metric, int ticks, double z, const c
     std::snprintf(buf, sizeof(buf), "%s%s nonzero while its peers stay flat (%d ticks)", sep,
                   name.c_str(), ticks);
   } else {
-    std::snprintf(buf, sizeof(buf), "%s%s [%s] off its peers by up to %.1f robust sd (%d ticks)",
-                  sep, name.c_str(), MetricFamilyName(family[metric]), z, ticks);
+    std::snprintf(buf, sizeof(buf), "%s%s [%s] off its peers by up to %.1f robust sd%s (%d ticks)",
+                  sep, name.c_str(), MetricFamilyName(family[metric]), std::fabs(z),
+                  Aside({metric, z, false}) ? ", held back by them" : "", ticks);
   }
   return buf;
 }
@@ -1426,11 +1451,14 @@ Verdict Detector::Impl::MakeVerdict(int m, const Rolling& window, const Frame& f
   std::vector<std::pair<int, std::pair<int, double>>> ev(s.evidence.begin(), s.evidence.end());
   const int half = window.Size() / 2;
   auto rank = [&](int metric) { return metric < 0 ? metric : d.priority_rank[metric]; };
-  auto strong = [&](int metric) { return metric < 0 || IsStrong(d.family[metric]); };
+  auto strong = [&](const auto& e) {
+    return e.first < 0 ||
+           (IsStrong(d.family[e.first]) && !d.Aside({e.first, e.second.second, false}));
+  };
   std::sort(ev.begin(), ev.end(), [&](const auto& a, const auto& b) {
     const bool a_major = a.second.first >= half, b_major = b.second.first >= half;
     if (a_major != b_major) return a_major;
-    if (strong(a.first) != strong(b.first)) return strong(a.first);
+    if (strong(a) != strong(b)) return strong(a);
     if (rank(a.first) != rank(b.first)) return rank(a.first) < rank(b.first);
     return a.first < b.first;
   });
@@ -1438,7 +1466,8 @@ Verdict Detector::Impl::MakeVerdict(int m, const Rolling& window, const Frame& f
   items.reserve(ev.size());
   for (const auto& [metric, stat] : ev) {
     items.push_back({metric < 0 ? MetricFamily::kOther : d.family[metric],
-                     metric < 0 || s.stopped.count(metric) > 0, stat.first});
+                     metric < 0 || s.stopped.count(metric) > 0, stat.first,
+                     metric >= 0 && d.Aside({metric, stat.second, false})});
   }
   Verdict v;
   v.kind = VerdictKind::kFaultyMachine;

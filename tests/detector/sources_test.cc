@@ -359,6 +359,38 @@ TEST(LevelsTest, AHardSignalIsFaultyAtOnceWithHighConfidence) {
   EXPECT_LE(v[0].detected_at_ns / 1e9 - 400, 45);
 }
 
+TEST(LevelsTest, ATrainingMetricHurtsTheJobOnlyInItsDirection) {
+  EXPECT_EQ(HoldsJobBackSign("step_time_s"), 1);
+  EXPECT_EQ(HoldsJobBackSign("trainer_step_compute_ms"), 1);
+  EXPECT_EQ(HoldsJobBackSign("trainer_allreduce_wait_ms"), -1);
+  EXPECT_EQ(HoldsJobBackSign("megascope_step_comm_wait_seconds"), -1);
+  EXPECT_EQ(HoldsJobBackSign("tokens_per_second"), -1);
+  EXPECT_EQ(HoldsJobBackSign("megascope_mfu"), -1);
+}
+
+// node1's all-reduce wait from t=400 times `factor`, its other metrics as its peers'.
+std::vector<Verdict> WaitMoves(double factor) {
+  std::vector<std::string> metrics = kMetrics;
+  metrics[5] = "trainer_allreduce_wait_ms";
+  return RunFleet(12, 900, metrics, [factor](int m, int t, int k, double x) {
+    return m == 1 && k == 5 && t >= 400 ? x * factor : x;
+  });
+}
+
+TEST(LevelsTest, AMachineThatWaitsLongerThanItsPeersIsHeldBackNotFaulty) {
+  // Its peers arrive late at every all-reduce: they hold it back, it holds back no one.
+  auto v = WaitMoves(1.3);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].level, VerdictLevel::kSuspect);
+  EXPECT_LT(v[0].confidence, 0.9);
+  EXPECT_NE(v[0].explanation.find("held back by them"), std::string::npos) << v[0].explanation;
+  // The machine every peer waits on waits least: that one hurts the job.
+  auto w = WaitMoves(0.7);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].level, VerdictLevel::kFaulty);
+  EXPECT_GE(w[0].confidence, 0.9);
+}
+
 TEST(LevelsTest, ALinkThatKeepsGoingDownIsFaultyOnceARareErrorCounterIsNot) {
   // node3's link goes down for 10 s every 100 s from t=400 (its carrier changes twice, its traffic
   // stops): three link state changes within five minutes are a flapping link, hard evidence.
@@ -387,6 +419,28 @@ TEST(LevelsTest, ALinkThatKeepsGoingDownIsFaultyOnceARareErrorCounterIsNot) {
     EXPECT_EQ(f->evidence.front(), "node_network_carrier_changes_total");
   }
   EXPECT_LE(faulty[0]->detected_at_ns / 1e9 - 400, 30);
+}
+
+TEST(LevelsTest, ALinkThatWentDownTwiceIsFlappingOneThatWentDownOnceIsNot) {
+  EXPECT_EQ(CountsPerLinkFlap("node_network_carrier_changes_total"), 2);
+  EXPECT_EQ(CountsPerLinkFlap("node_network_carrier_down_changes_total"), 1);
+  EXPECT_EQ(CountsPerLinkFlap("node_infiniband_link_downed_total"), 1);
+  EXPECT_EQ(CountsPerLinkFlap("node_infiniband_port_transmit_wait_total"), 0);
+  // InfiniBand counts each time a port went down. node3's goes down for 10 s every 80 s from
+  // t=400; node7's once, at t=400. Two downs are a flapping link: named faulty once it is down
+  // the second time, not only at its third (t=560); one down is no verdict.
+  const std::vector<std::string> metrics = {"node_infiniband_link_downed_total", "net_tx_gbps"};
+  auto v = RunFleet(16, 1000, metrics, [](int m, int t, int k, double x) {
+    const int downs = t < 400 ? 0 : m == 3 ? (t - 400) / 80 + 1 : m == 7 ? 1 : 0;
+    const bool down = (m == 3 || (m == 7 && t < 480)) && t >= 400 && (t - 400) % 80 < 10;
+    if (k == 0) return static_cast<double>(downs);
+    return down ? 0.0 : x;
+  });
+  const auto faulty = Of(v, VerdictKind::kFaultyMachine);
+  ASSERT_EQ(faulty.size(), 1u);
+  EXPECT_EQ(faulty[0]->root_nodes, std::vector<std::string>{"node3"});
+  EXPECT_EQ(faulty[0]->evidence.front(), "node_infiniband_link_downed_total");
+  EXPECT_LT(faulty[0]->detected_at_ns / 1e9, 560);
 }
 
 // Two GPU sensors of node5 move from t=500 (utilisation and temperature up: one family, two

@@ -53,12 +53,22 @@ const char* MetricSourceName(MetricSource s);  // gpu_exporter, node_exporter, t
 // evidence, the job waits on it.
 bool IsWorkMetric(std::string_view name);
 // A counter of a link's state changes (carrier changes, link downed, flaps): each count is a link
-// going down, never a healthy card's routine correction, so three within the weak window's
-// length are a flapping link, whatever its period.
+// going down or coming back, never a healthy card's routine correction, so a link that went down
+// twice within the weak window's length is a flapping link, whatever its period.
 bool IsLinkStateCounter(std::string_view name);
+// How many counts one flap (down, then up) adds to a link state counter: 2 for one of every
+// carrier change (node_exporter's carrier_changes_total), 1 for one of downs alone (InfiniBand's
+// link_downed, carrier_down_changes, flaps); 0 for any other metric.
+int CountsPerLinkFlap(std::string_view name);
 // A duration by its name's words (step_time_s, trainer_allreduce_wait_ms, ..._seconds): for a
 // training metric, longer is slower.
 bool IsDuration(std::string_view name);
+// For a training metric, the sign of a deviation from its peers that says the machine holds its
+// job back: +1 for a time of its own work (step_time_s, compute seconds: slower), -1 for a wait on
+// its peers (in a collective the slowest machine waits least, and its peers wait on it) and for a
+// rate of work (tokens, MFU, steps). A machine that waits longer than its peers is held back by
+// them; that is no evidence that it is at fault.
+int HoldsJobBackSign(std::string_view name);
 // A cumulative counter by Prometheus's naming rule (ends in `_total`, any case): Stream turns its
 // samples into per-second rates.
 bool IsCumulativeCounter(std::string_view name);
@@ -181,10 +191,13 @@ class Detector final : public FrameDetector {
     MetricFamily family = MetricFamily::kOther;
     bool silent = false;
     int ticks = 0;
+    // A strong family's evidence that does not say the machine is at fault (it waits on its
+    // peers longer than they do): it weighs as a weak family's.
+    bool aside = false;
   };
   // A verdict's confidence from its evidence: a noisy-OR over families (strong ones weigh 0.9, the
-  // others 0.5, each in proportion to how much of `continuity` it held), at most 0.99. Monotone:
-  // more evidence, or evidence held longer, never lowers it.
+  // others and evidence set aside 0.5, each in proportion to how much of `continuity` it held), at
+  // most 0.99. Monotone: more evidence, or evidence held longer, never lowers it.
   static double Confidence(const std::vector<EvidenceItem>& evidence, int continuity);
 
  private:
