@@ -137,6 +137,12 @@ int RunSelfCheckCommand(const Args& args) {
                           opts, {}, &vm))
     return *rc;
   o.exit_when_stalled = true;  // a process of its own: a dead or crawling link ends it
+  // The GEMM's figure first, on a line of its own (flushed: a stalled link ends the process with
+  // _Exit), so a check that fails on its link still says whether its compute held.
+  o.on_gemm = [&o](double gemm_gflops) {
+    std::printf("{\"rank\": %d, \"gemm_gflops\": %.3f}\n", o.rank, gemm_gflops);
+    std::fflush(stdout);
+  };
   auto r = runtime::RunSelfCheck(o);
   if (!r.ok()) return Fail("self-check", r.status().ToString());
   std::printf("{\"rank\": %d, \"gemm_gflops\": %.3f, \"allreduce_gbps\": %.4f}\n", o.rank,

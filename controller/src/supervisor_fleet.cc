@@ -163,14 +163,22 @@ class SupervisorFleet final : public Fleet {
     }
     return out;
   }
-  // A finished self-check's figures, from the JSON line its log ends with.
+  // A finished self-check's figures, from the JSON line its log ends with; a failed one keeps the
+  // GEMM figure it printed before it reached its neighbour (its compute held or not).
   static void ReadFigures(launch::Process& p, const launch::ExitStatus& e, SelfCheckFigures* f) {
     const std::string text = tracer::ReadFile(p.log_path()).value_or("");
     const auto brace = text.rfind('{');
     const auto j =
         nlohmann::json::parse(brace == std::string::npos ? "" : text.substr(brace), nullptr, false);
-    if (!e.success() || j.is_discarded()) {
-      f->error = "self-check " + e.Describe() + ": " + text.substr(0, 300);
+    if (!e.success() || j.is_discarded() || !j.contains("allreduce_gbps")) {
+      std::string said = text;
+      if (text.starts_with('{')) {  // the GEMM's line, then what ended the check
+        const size_t eol = std::min(text.find('\n'), text.size());
+        const auto gemm = nlohmann::json::parse(text.substr(0, eol), nullptr, false);
+        if (!gemm.is_discarded()) f->gemm_gflops = gemm.value("gemm_gflops", 0.0);
+        said = text.substr(std::min(eol + 1, text.size()));
+      }
+      f->error = "self-check " + e.Describe() + ": " + said.substr(0, 300);
       return;
     }
     f->ok = true;

@@ -214,6 +214,7 @@ Result<SelfCheckResult> RunSelfCheck(const SelfCheckOptions& o) {
   const double slow = InjectedSlowdown();
   SelfCheckResult out;
   out.gemm_gflops = MeasureGemm(o.gemm_seconds, slow);
+  if (o.on_gemm) o.on_gemm(out.gemm_gflops);
 
   // All-reduce with the neighbour.
   Layout layout{o.world, 1, 1};

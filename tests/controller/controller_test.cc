@@ -18,12 +18,14 @@ namespace {
 // A self-check pair whose one side fails at once (its link is dead: the connect is refused) ends
 // then: the other side, which would wait out its timeout for a partner that is gone (15 s of a
 // link fault's recovery on the testbed), is stopped and says why. The "self-check" here is a
-// script in the binary's place: one side fails as a dead link does, the other waits a minute.
+// script in the binary's place: one side fails as a dead link does, after its GEMM's figure (which
+// the fleet keeps: its compute held), the other waits a minute.
 TEST(SupervisorFleetTest, APairEndsWhenOneSideFailsInsteadOfWaitingForTheOther) {
   megascope::testing::TempDir dir;
   const std::string exe = dir.path() + "/self-check.sh";
   std::ofstream(exe) << "#!/bin/sh\n"  // argv: self-check --dir D --rank R --timeout T
                         "if [ \"$5\" = 1 ]; then\n"
+                        "  echo '{\"rank\": 1, \"gemm_gflops\": 12.500}'\n"
                         "  echo 'rendezvous failed: connect: Network is unreachable' >&2; exit 1\n"
                         "fi\n"
                         "exec sleep 60\n";
@@ -37,6 +39,9 @@ TEST(SupervisorFleetTest, APairEndsWhenOneSideFailsInsteadOfWaitingForTheOther) 
   EXPECT_FALSE(figures[0].second.ok);
   EXPECT_NE(figures[0].second.error.find("Network is unreachable"), std::string::npos)
       << figures[0].second.error;
+  EXPECT_EQ(figures[0].second.error.find("gemm_gflops"), std::string::npos)
+      << figures[0].second.error;
+  EXPECT_DOUBLE_EQ(figures[0].second.gemm_gflops, 12.5);
   EXPECT_FALSE(figures[0].first.ok);
   EXPECT_EQ(figures[0].first.error, "stopped: its partner's self-check failed");
 }

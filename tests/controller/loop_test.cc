@@ -100,15 +100,33 @@ class LoopTest : public ::testing::Test {
   }
   // From step 4 on (after the launch's healthy figures), `node`'s self-checks measure an
   // all-reduce at 5 % of the healthy figure and a healthy GEMM.
-  void SlowLinkOnItsChecks(const std::string& node) {
-    clock_.OnSleep([this, node] {
+  // From step 4 the node's self-checks measure a slow all-reduce and a GEMM that holds; with
+  // `under_floor`, as a real check under the controller's bandwidth floor does, the check ends at
+  // once with no all-reduce figure (`self-check --min-gbps`), its GEMM's figure said first.
+  void SlowLinkOnItsChecks(const std::string& node, bool under_floor = false) {
+    clock_.OnSleep([this, node, under_floor] {
       if (fleet_->done() != 4) return;
       SelfCheckFigures slow_link;
-      slow_link.ok = true;
+      slow_link.ok = !under_floor;
       slow_link.gemm_gflops = 100;
-      slow_link.allreduce_gbps = 0.05;  // the healthy figure is 1
+      slow_link.allreduce_gbps = under_floor ? 0 : 0.05;  // the healthy figure is 1
+      if (under_floor)
+        slow_link.error =
+            "self-check exited with code 1: the all-reduces with its neighbour "
+            "moved under half of the 0.300 GB/s floor";
       fleet_->SetSelfCheck(node, slow_link);
     });
+  }
+  // node1's network is slow from step 4: it reaches every all-reduce 0.2 s late.
+  void SlowNetworkOfNode1(bool under_floor) {
+    options_ = Options(24, {"spare0"});
+    options_.straggler_every = 4;
+    options_.policy.straggler_windows = 2;
+    FakeFault late{FakeFault::kSlowNet, "node1", 4};
+    late.late_s = 0.2;
+    Fleet().Break(late);
+    fleet_->TraceSteps(0.1, 1, /*collectives=*/true);
+    SlowLinkOnItsChecks("node1", under_floor);
   }
   FakeFleet& Fleet() {
     if (!owned_) {
@@ -563,14 +581,7 @@ TEST_F(LoopTest, AStragglerIsNamedFromTheAgentsWindowsWhenTheDatabasesStayOnThei
 // fails the bandwidth self-check that decides a comm straggler and is evicted; the job finishes on
 // the spare.
 TEST_F(LoopTest, ANodeWithASlowNetworkIsACommStragglerFailsItsBandwidthCheckAndIsEvicted) {
-  options_ = Options(24, {"spare0"});
-  options_.straggler_every = 4;
-  options_.policy.straggler_windows = 2;
-  FakeFault late{FakeFault::kSlowNet, "node1", 4};
-  late.late_s = 0.2;
-  Fleet().Break(late);
-  fleet_->TraceSteps(0.1, 1, /*collectives=*/true);
-  SlowLinkOnItsChecks("node1");
+  SlowNetworkOfNode1(/*under_floor=*/false);
   EXPECT_EQ(Run(), kLaunchFinished);
   bool named = false;
   for (const Event& e : Events("verdict")) {
@@ -588,6 +599,18 @@ TEST_F(LoopTest, ANodeWithASlowNetworkIsACommStragglerFailsItsBandwidthCheckAndI
   EXPECT_EQ(evictions[0].detail["reason"], "comm_straggler");
   EXPECT_EQ(fleet_->attempts().back(), (std::vector<std::string>{"node0", "spare0"}));
   EXPECT_EQ(fleet_->done(), 24);
+}
+
+// The same node whose check ends at once under the bandwidth floor: its GEMM held, so the failure
+// is its network's -- a comm straggler, not a compute one (CI evicted a slow-network node as a
+// compute straggler when a check that ended early read as a failed GEMM).
+TEST_F(LoopTest, ACheckThatEndsUnderTheFloorStillSaysItsComputeHeld) {
+  SlowNetworkOfNode1(/*under_floor=*/true);
+  EXPECT_EQ(Run(), kLaunchFinished);
+  const auto evictions = Events("eviction");
+  ASSERT_EQ(evictions.size(), 1u);
+  EXPECT_EQ(evictions[0].node, "node1");
+  EXPECT_EQ(evictions[0].detail["reason"], "comm_straggler");
 }
 
 // A streak named both ways: node1 computes 2.5 times its peers' time from step 4 on, then from

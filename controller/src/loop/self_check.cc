@@ -93,7 +93,8 @@ Controller::Impl::CheckResult Controller::Impl::Judge(
   const double gemm_ref = partner_now.ok && partner_now.gemm_gflops > 0
                               ? std::min(baseline_gemm, partner_now.gemm_gflops)
                               : baseline_gemm;
-  const bool gemm_ok = f.ok && f.gemm_gflops >= opt.min_gemm_ratio * gemm_ref;
+  // A check that failed on its link has still measured its GEMM.
+  const bool gemm_ok = f.gemm_gflops > 0 && f.gemm_gflops >= opt.min_gemm_ratio * gemm_ref;
   const bool bw_ok = f.ok && f.allreduce_gbps >= opt.min_bandwidth_ratio * baseline_bw;
   const bool pass = gemm_ok && bw_ok && errors_rose.empty();
   std::string verdict = pass ? "passed" : "FAILED";

@@ -27,8 +27,8 @@ namespace megascope::controller {
 // What one node of a self-check pair measured (`megascope self-check`'s JSON line).
 struct SelfCheckFigures {
   bool ok = false;
-  double gemm_gflops = 0, allreduce_gbps = 0;
-  std::string error;  // why it did not finish (ok false)
+  double gemm_gflops = 0, allreduce_gbps = 0;  // the GEMM's also when it failed on its link
+  std::string error;                           // why it did not finish (ok false)
 };
 
 class Fleet {

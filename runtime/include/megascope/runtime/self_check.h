@@ -1,11 +1,13 @@
 // The self-check a node passes before it joins a job (MegaScale's idea): a GEMM throughput test
 // and a collective bandwidth test with a healthy neighbour (two processes, Gloo over TCP, a fresh
-// FileStore rendezvous in `dir`). Each process prints one JSON line
-// {"rank", "gemm_gflops", "allreduce_gbps"}; the controller compares them with the figures of
+// FileStore rendezvous in `dir`). Each process prints a JSON line {"rank", "gemm_gflops"} once
+// its GEMMs are done, then {"rank", "gemm_gflops", "allreduce_gbps"} as the last line of a check
+// that finished; the controller compares them with the figures of
 // nodes known to be healthy. A node's injected slowdown (MEGASCOPE_INJECT_SLOWDOWN=F, the fault
 // seam the launcher sets for a degraded node) stretches both tests by F, as stolen CPU would.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "megascope/tracer/status.h"
@@ -36,6 +38,9 @@ struct SelfCheckOptions {
   // and a lossy link crawls; either moves nothing a healthy link would in that time. Off for a
   // caller in a process of its own work (it cannot be stopped mid-call).
   bool exit_when_stalled = false;
+  // Called with the GEMM figure once it is measured, before the neighbour is reached: a check that
+  // then fails on its link has still said that its compute held (`megascope self-check` prints it).
+  std::function<void(double gemm_gflops)> on_gemm;
 };
 
 struct SelfCheckResult {
