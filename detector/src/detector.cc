@@ -455,10 +455,10 @@ struct Detector::Impl {
   };
   // A training metric off its peers in the direction that says they hold it back (it waits on
   // them longer than they do): evidence that it stands out, never that it hurts the job.
-  bool Aside(const Hit& h) const {
-    return !h.silent && h.metric >= 0 && family[h.metric] == MetricFamily::kTraining &&
-           h.z * holds_back[h.metric] < 0;
+  bool Aside(int metric, double z) const {
+    return metric >= 0 && family[metric] == MetricFamily::kTraining && z * holds_back[metric] < 0;
   }
+  bool Aside(const Hit& h) const { return !h.silent && Aside(h.metric, h.z); }
   struct MachineState {
     int group = 0;
     std::vector<int> components;  // ids in component_names
@@ -1436,7 +1436,7 @@ std::string Detector::Impl::Fact(int m, int metric, int ticks, double z, const c
   } else {
     std::snprintf(buf, sizeof(buf), "%s%s [%s] off its peers by up to %.1f robust sd%s (%d ticks)",
                   sep, name.c_str(), MetricFamilyName(family[metric]), std::fabs(z),
-                  Aside({metric, z, false}) ? ", held back by them" : "", ticks);
+                  Aside(metric, z) ? ", held back by them" : "", ticks);
   }
   return buf;
 }
@@ -1452,8 +1452,7 @@ Verdict Detector::Impl::MakeVerdict(int m, const Rolling& window, const Frame& f
   const int half = window.Size() / 2;
   auto rank = [&](int metric) { return metric < 0 ? metric : d.priority_rank[metric]; };
   auto strong = [&](const auto& e) {
-    return e.first < 0 ||
-           (IsStrong(d.family[e.first]) && !d.Aside({e.first, e.second.second, false}));
+    return e.first < 0 || (IsStrong(d.family[e.first]) && !d.Aside(e.first, e.second.second));
   };
   std::sort(ev.begin(), ev.end(), [&](const auto& a, const auto& b) {
     const bool a_major = a.second.first >= half, b_major = b.second.first >= half;
@@ -1467,7 +1466,7 @@ Verdict Detector::Impl::MakeVerdict(int m, const Rolling& window, const Frame& f
   for (const auto& [metric, stat] : ev) {
     items.push_back({metric < 0 ? MetricFamily::kOther : d.family[metric],
                      metric < 0 || s.stopped.count(metric) > 0, stat.first,
-                     metric >= 0 && d.Aside({metric, stat.second, false})});
+                     d.Aside(metric, stat.second)});
   }
   Verdict v;
   v.kind = VerdictKind::kFaultyMachine;
