@@ -3,11 +3,13 @@
 # while another process keeps one core busy (what a shared CI runner sees). Each run's outcome,
 # its time and the tests that failed go to bench/results/ci_repeat.txt; a failed run's log tail
 # too. A flaky test shows up here, not on someone's landing.
-# Usage: bench/ci_repeat.sh [N]   (default 3; every run is a fresh clone and a fresh build)
+# Usage: bench/ci_repeat.sh [N]   (default 3; every run is a fresh clone of the commit that was HEAD
+# when the series began, and a fresh build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-3}
 repo=$(pwd)
+commit=$(git rev-parse HEAD)  # every run tests this commit, whatever lands meanwhile
 work=$(mktemp -d)
 yes > /dev/null &  # the busy core
 spinner=$!
@@ -17,10 +19,11 @@ passed=0
 {
   echo "# command: bench/ci_repeat.sh $n"
   echo "# date: $(date -u +%FT%TZ)  host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
-  echo "# commit: $(git rev-parse --short HEAD); each run a clean clone; one core kept busy by \`yes > /dev/null\`"
+  echo "# commit: ${commit:0:7}; each run a clean clone; one core kept busy by \`yes > /dev/null\`"
   for i in $(seq "$n"); do
     rm -rf "$work/clone"
     git clone -q "$repo" "$work/clone"
+    git -C "$work/clone" checkout -q "$commit"
     start=$(date +%s)
     rc=0
     (cd "$work/clone" && CI=true bash .ci/run > "$work/ci-$i.log" 2>&1) || rc=$?
