@@ -196,6 +196,14 @@ int CountsPerLinkFlap(std::string_view name) {
 
 bool IsLinkStateCounter(std::string_view name) { return CountsPerLinkFlap(name) > 0; }
 
+bool IsErrorCode(std::string_view name) {
+  std::string lower(name);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "dcgm_fi_dev_xid_errors") return true;
+  const std::vector<std::string> words = Words(name);
+  return HasWord(words, {"xid", "xids"}) && HasWord(words, {"code"}) && !IsCumulativeCounter(name);
+}
+
 bool IsCumulativeCounter(std::string_view name) {
   if (name.size() < 6) return false;
   std::string tail(name.substr(name.size() - 6));
@@ -469,10 +477,14 @@ struct Detector::Impl {
     Rolling strong, strong_long;  // hard or corroborated, over the short windows (suspect)
     Rolling weak, weak_long;      // ticks with any evidence (suspect)
     Rolling recent;               // ticks with any evidence, over the continuity window (re-arming)
+    Rolling fresh;   // named faulty: ticks of a hard signal it was not named for (a second fault)
+    Rolling former;  // named faulty: ticks it still showed what it was named for
     Rolling explained;  // ticks a cohort explained away some of its evidence (lone outliers)
     Rolling grouped;    // ticks it was in a cohort found through a component of the topology
     Rolling cohort;     // ticks it was in any cohort (re-arming its shared_component verdict)
     int named = 0;      // level of its last verdict while not re-armed: 0 none, 1 suspect, 2 faulty
+    std::set<int> named_for;  // named faulty: the metrics (and evidence codes) its verdicts gave
+    std::set<std::pair<int, double>> named_codes;  // and the error codes (an XID) they showed
     bool component_named = false;  // a shared_component verdict named it (until re-armed)
     // metric (-1 silent) -> (ticks, the z of largest magnitude)
     std::map<int, std::pair<int, double>> evidence;
@@ -511,6 +523,7 @@ struct Detector::Impl {
   std::vector<MetricSource> source;  // per metric
   std::vector<uint8_t> work;         // per metric: IsWorkMetric
   std::vector<uint8_t> link_state;   // per metric: CountsPerLinkFlap
+  std::vector<uint8_t> error_code;   // per metric: IsErrorCode
   std::vector<uint8_t> duration;     // per metric: a training metric that is a duration
   // Per metric: the sign of a deviation that holds the job back (HoldsJobBackSign; training only)
   std::vector<int8_t> holds_back;
@@ -551,6 +564,8 @@ struct Detector::Impl {
       m.weak = Rolling(cfg.weak_continuity);
       m.weak_long = Rolling(cfg.weak_long_window);
       m.recent = Rolling(cfg.continuity);
+      m.fresh = Rolling(cfg.continuity);
+      m.former = Rolling(cfg.continuity);
       m.hard = Rolling(cfg.continuity);
       m.hard_long = Rolling(cfg.long_window);
       m.corr = Rolling(cfg.weak_continuity);
@@ -585,6 +600,7 @@ struct Detector::Impl {
       source.push_back(ClassifySource(name));
       work.push_back(IsWorkMetric(name) ? 1 : 0);
       link_state.push_back(static_cast<uint8_t>(CountsPerLinkFlap(name)));
+      error_code.push_back(IsErrorCode(name) ? 1 : 0);
       duration.push_back(ClassifyMetric(name) == MetricFamily::kTraining && IsDuration(name) ? 1
                                                                                              : 0);
       holds_back.push_back(static_cast<int8_t>(HoldsJobBackSign(name)));
@@ -608,6 +624,13 @@ struct Detector::Impl {
   }
 
   Verdict MakeVerdict(int m, const Rolling& window, const Frame& f, const Registry& reg) const;
+  // A machine named faulty: a hard signal it was not named for (NoteFresh), what its verdicts
+  // named (NoteNamed), and a verdict on what is new once that held (NameAgain).
+  void NoteFresh(int64_t now, int m, const std::vector<Hit>& hits, bool leads_pace);
+  void NoteNamed(int m);
+  bool NewCode(int k, int m) const;
+  Verdict Name(int m, int level, const Rolling& window, const Frame& f, const Registry& reg);
+  Verdict NameAgain(int m, const Frame& f, const Registry& reg);
   // One piece of machine m's evidence as a reader reads it ("X [gpu] off its peers by ...").
   std::string Fact(int m, int metric, int ticks, double z, const char* sep,
                    const std::string& name) const;
@@ -811,6 +834,12 @@ void Detector::Impl::ScoreGroup(int k, int g, int64_t now, std::vector<double>& 
   lone.assign(nmach, 0);
   for (int m : members) {
     if (std::fabs(denoised[m] - med) / scale <= thr) continue;
+    // A training metric off only against its own usual offset, its value among its peers': back
+    // in the pack (an offset learned while its job warmed up), and no machine among its peers
+    // holds the job back; it learns its place again.
+    if (family[k] == MetricFamily::kTraining &&
+        std::fabs(denoised[m] + series[k][m].bias - med) / scale <= thr)
+      continue;
     if (alone(sorted, denoised[m])) {
       lone[m] = 1;
       ++outliers;
@@ -1008,6 +1037,7 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
     const bool any = !hits[m].empty();
     s.recent.Push(now, any);
     Rearm(now, &s);
+    if (s.named >= 2) NoteFresh(now, m, hits[m], m == leader);
     s.hard.Push(now, hard);
     s.hard_long.Push(now, hard);
     s.corr.Push(now, corr);
@@ -1039,10 +1069,73 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
       if (window == nullptr) window = held(s.weak, s.weak_long, weak_need, weak_long_need);
       if (window != nullptr) level = 1;
     }
-    if (level <= s.named) continue;
-    s.named = level;
-    out->push_back(MakeVerdict(m, *window, f, reg));
+    if (level > s.named) {
+      out->push_back(Name(m, level, *window, f, reg));
+    } else if (s.named >= 2 && s.fresh.Count() >= strong_need) {
+      out->push_back(NameAgain(m, f, reg));
+    }
   }
+}
+
+// A hard signal of a machine named faulty that its verdicts did not give: a second fault that
+// began before the first ended (a repaired machine back with a new one). An error it had not shown
+// -- a counter, or a code (XID 74 after XID 48) -- is news at once; the job hurt by it (longer
+// steps, the job's pace) only once what it was named for is over, as the first fault's course
+// hurts the job too. Its going silent or stopping work once named is that course, never news.
+void Detector::Impl::NoteFresh(int64_t now, int m, const std::vector<Hit>& hits, bool leads_pace) {
+  MachineState& s = machines[static_cast<size_t>(m)];
+  bool error = false, hurt = leads_pace && s.named_for.count(kPaceLed) == 0, former = false;
+  for (const Hit& h : hits) {
+    former = former || s.named_for.count(h.metric) > 0;
+    if (h.metric < 0 || h.silent || !IsStrong(family[h.metric]) || Aside(h)) continue;
+    const bool is_error = family[h.metric] == MetricFamily::kErrors;
+    if (s.named_for.count(h.metric) > 0 && !NewCode(h.metric, m)) continue;
+    if (error_code[h.metric] && series[h.metric][m].Latest() == 0) continue;  // no code now
+    (is_error ? error : hurt) = true;
+  }
+  s.former.Push(now, former);
+  s.fresh.Push(now, error || (hurt && s.former.Count() == 0));
+}
+
+// Whether error code metric k of machine m shows a code its verdicts have not given.
+bool Detector::Impl::NewCode(int k, int m) const {
+  if (!error_code[k]) return false;
+  const double code = series[k][m].Latest();
+  return code != 0 && machines[static_cast<size_t>(m)].named_codes.count({k, code}) == 0;
+}
+
+// What a faulty verdict on machine m gave: its evidence's metrics and the error codes they show.
+void Detector::Impl::NoteNamed(int m) {
+  MachineState& s = machines[static_cast<size_t>(m)];
+  for (const auto& e : s.evidence) {
+    s.named_for.insert(e.first);
+    if (e.first >= 0 && error_code[e.first]) {
+      const double code = series[e.first][m].Latest();
+      if (code != 0) s.named_codes.insert({e.first, code});
+    }
+  }
+}
+
+// Named at `level` over `window` (a suspect, or faulty).
+Verdict Detector::Impl::Name(int m, int level, const Rolling& window, const Frame& f,
+                             const Registry& reg) {
+  machines[static_cast<size_t>(m)].named = level;
+  Verdict v = MakeVerdict(m, window, f, reg);
+  if (level >= 2) NoteNamed(m);
+  return v;
+}
+
+// Named faulty again on what is new: the evidence its earlier verdicts gave is left out, so the
+// verdict says what the second fault shows, and its window is the one the new signal held over.
+Verdict Detector::Impl::NameAgain(int m, const Frame& f, const Registry& reg) {
+  MachineState& s = machines[static_cast<size_t>(m)];
+  for (int k : s.named_for) {
+    if (k < 0 || !NewCode(k, m)) s.evidence.erase(k);
+  }
+  Verdict v = MakeVerdict(m, s.fresh, f, reg);
+  NoteNamed(m);
+  s.fresh.Clear();
+  return v;
 }
 
 // Re-armed once it no longer stands out while its job steps (the fault is over, or was never one;
@@ -1056,8 +1149,10 @@ void Detector::Impl::Rearm(int64_t now, MachineState* s) const {
       job.paused == kNever || (job.stepping && now - job.resumed >= cfg.continuity);
   if (s->named == 0 || !stepped || s->recent.Count() > cfg.rearm_fraction * cfg.continuity) return;
   s->named = 0;
+  s->named_for.clear();
+  s->named_codes.clear();
   for (Rolling* r : {&s->hard, &s->hard_long, &s->corr, &s->two, &s->corr_long, &s->strong,
-                     &s->strong_long, &s->weak, &s->weak_long})
+                     &s->strong_long, &s->weak, &s->weak_long, &s->fresh, &s->former})
     r->Clear();
   s->evidence.clear();
   s->stopped.clear();

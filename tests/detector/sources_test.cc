@@ -4,8 +4,10 @@
 // excursion lasts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <random>
 #include <set>
 
@@ -441,6 +443,68 @@ TEST(LevelsTest, ALinkThatWentDownTwiceIsFlappingOneThatWentDownOnceIsNot) {
   EXPECT_EQ(faulty[0]->root_nodes, std::vector<std::string>{"node3"});
   EXPECT_EQ(faulty[0]->evidence.front(), "node_infiniband_link_downed_total");
   EXPECT_LT(faulty[0]->detected_at_ns / 1e9, 560);
+}
+
+// A second fault on a machine still named for its first: named again, on what is new.
+// node3: XID 48 from t=300, then XID 74 from t=600 (a new error code: news at once).
+// node6: its link goes down every 30 s from t=300 to t=600, then from t=650 its steps take 25 %
+// longer (the job hurt once what it was named for is over). node9: XID 48 from t=300, and its steps
+// take longer from t=450 while the XID holds -- the first fault's course, one verdict only.
+TEST(LevelsTest, ASecondFaultOnAMachineStillNamedIsNamedOnWhatIsNew) {
+  EXPECT_TRUE(IsErrorCode("DCGM_FI_DEV_XID_ERRORS"));
+  EXPECT_TRUE(IsErrorCode("gpu_active_xid_code"));
+  EXPECT_FALSE(IsErrorCode("gpu_xid_errors"));  // how many, not which
+  EXPECT_FALSE(IsErrorCode("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"));
+  const std::vector<std::string> metrics = {"DCGM_FI_DEV_XID_ERRORS",
+                                            "node_infiniband_link_downed_total",
+                                            "trainer_step_compute_ms", "DCGM_FI_DEV_GPU_UTIL"};
+  auto v = RunFleet(16, 1000, metrics, [](int m, int t, int k, double x) {
+    if (k == 0) {
+      if ((m == 3 || m == 9) && t >= 300) return m == 3 && t >= 600 ? 74.0 : 48.0;
+      return 0.0;
+    }
+    if (k == 1) return m == 6 && t >= 300 ? 1.0 + std::floor(std::min(t - 300, 300) / 30.0) : 0.0;
+    if (k == 2) return (m == 6 && t >= 650) || (m == 9 && t >= 450) ? 1.25 * x : x;
+    return x;
+  });
+  std::map<std::string, std::vector<const Verdict*>> faulty;
+  for (const Verdict* f : Of(v, VerdictKind::kFaultyMachine)) {
+    if (f->level == VerdictLevel::kFaulty) faulty[f->root_nodes.at(0)].push_back(f);
+  }
+  ASSERT_EQ(faulty.size(), 3u);
+  ASSERT_EQ(faulty["node3"].size(), 2u);
+  const Verdict& xid74 = *faulty["node3"][1];
+  EXPECT_GE(xid74.detected_at_ns / 1e9, 600);
+  EXPECT_LE(xid74.detected_at_ns / 1e9 - 600, 40);
+  EXPECT_EQ(xid74.evidence.front(), "DCGM_FI_DEV_XID_ERRORS") << xid74.explanation;
+  ASSERT_EQ(faulty["node6"].size(), 2u);
+  const Verdict& slow = *faulty["node6"][1];
+  EXPECT_GE(slow.detected_at_ns / 1e9, 650);
+  EXPECT_LE(slow.detected_at_ns / 1e9 - 650, 150);
+  EXPECT_EQ(
+      std::count(slow.evidence.begin(), slow.evidence.end(), "node_infiniband_link_downed_total"),
+      0)
+      << slow.explanation;  // the verdict says what the second fault shows
+  EXPECT_EQ(faulty["node9"].size(), 1u) << faulty["node9"].back()->explanation;
+}
+
+// node4's trainer waited 60 % longer than its peers in its first minutes (it joined while they
+// were already stepping), then waits like them. Against the offset it learned it now waits far
+// less -- the sign of the machine everyone waits on -- but its waits sit among its peers': no
+// machine holds the job back, and no verdict names it. node9, whose compute is 25 % longer from
+// t=400 (its waits shorter than every peer's), is still named faulty.
+TEST(LevelsTest, AMachineBackInThePackAfterAnOffsetLearnedAtItsStartIsNoCulprit) {
+  const std::vector<std::string> metrics = {"trainer_allreduce_wait_ms", "trainer_step_compute_ms"};
+  auto v = RunFleet(16, 900, metrics, [](int m, int t, int k, double x) {
+    if (k == 0 && m == 4 && t < 90) return 1.6 * x;
+    if (m == 9 && t >= 400) return k == 0 ? 0.75 * x : 1.25 * x;
+    return x;
+  });
+  std::vector<std::string> named;
+  for (const Verdict* f : Of(v, VerdictKind::kFaultyMachine)) {
+    if (f->level == VerdictLevel::kFaulty) named.push_back(f->root_nodes.at(0));
+  }
+  EXPECT_EQ(named, std::vector<std::string>{"node9"});
 }
 
 // Two GPU sensors of node5 move from t=500 (utilisation and temperature up: one family, two

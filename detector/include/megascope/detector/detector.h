@@ -56,6 +56,11 @@ bool IsWorkMetric(std::string_view name);
 // going down or coming back, never a healthy card's routine correction, so a link that went down
 // twice within the weak window's length is a flapping link, whatever its period.
 bool IsLinkStateCounter(std::string_view name);
+// An error gauge whose value names the error, not a count of them: DCGM's DCGM_FI_DEV_XID_ERRORS
+// ("value of the last XID error encountered", dcgm-exporter) or an `..._xid_code` of another
+// exporter. A new value is a new error (XID 74, an NVLink error, after XID 48, a double-bit ECC
+// one).
+bool IsErrorCode(std::string_view name);
 // How many counts one flap (down, then up) adds to a link state counter: 2 for one of every
 // carrier change (node_exporter's carrier_changes_total), 1 for one of downs alone (InfiniBand's
 // link_downed, carrier_down_changes, flaps); 0 for any other metric.
