@@ -10,6 +10,8 @@
 //   detector_eval                 the frozen held-out set of every family (tests/data/
 //                                 detector-eval/heldout_fleets.json; never used for tuning)
 //   detector_eval --tune          the tuning seeds
+//   detector_eval --dev           the development seeds: neither tuned on nor held out, the set
+//                                 whose misses and false verdicts may be studied one by one
 //   detector_eval --family=prom   one family only (fleet, prom or incident)
 //   detector_eval --verbose       print every false verdict and missed fault of the detector
 //   detector_eval --cross         choose settings on one family's tuning seeds (a grid), score them
@@ -209,8 +211,22 @@ void PrintConfidence(const char* family, const std::vector<Outcome>& outcomes) {
 }
 
 // The tuning fleets, or (held_out) the frozen evaluation set in tests/data/detector.
-std::vector<Fleet> Fleets(bool held_out) {
-  if (!held_out) {
+enum class Set { kHeldOut, kTune, kDev };
+
+std::vector<Fleet> Fleets(Set set) {
+  if (set == Set::kDev) {
+    // Studied miss by miss while a change is made, so the held-out set stays unseen.
+    return {
+        {"fleet", 16, 8, 32, 201},     {"fleet", 16, 8, 32, 202},     {"fleet", 128, 3, 14, 203},
+        {"fleet", 128, 3, 14, 204},    {"prom", 16, 8, 24, 211},      {"prom", 16, 8, 24, 212},
+        {"prom", 128, 3, 14, 213},     {"prom", 128, 3, 14, 214},     {"incident", 16, 8, 24, 301},
+        {"incident", 16, 8, 24, 302},  {"incident", 16, 8, 24, 303},  {"incident", 16, 8, 24, 304},
+        {"incident", 16, 8, 24, 305},  {"incident", 16, 8, 24, 306},  {"incident", 16, 8, 24, 307},
+        {"incident", 16, 8, 24, 308},  {"incident", 128, 3, 14, 311}, {"incident", 128, 3, 14, 312},
+        {"incident", 128, 3, 14, 313}, {"incident", 128, 3, 14, 314},
+    };
+  }
+  if (set == Set::kTune) {
     // fleet-sim's faults never overlap; prom-fleet draws them independently, so they may.
     return {
         {"fleet", 16, 8, 32, 1},      {"fleet", 16, 8, 32, 2},      {"fleet", 128, 3, 14, 3},
@@ -243,7 +259,7 @@ std::vector<Evaluation> RunConfigs(const std::vector<DetectorConfig>& configs,
                                    const std::string& family, bool held_out,
                                    int max_machines = 1 << 30) {
   std::vector<Evaluation> total(configs.size());
-  for (const Fleet& fl : Fleets(held_out)) {
+  for (const Fleet& fl : Fleets(held_out ? Set::kHeldOut : Set::kTune)) {
     if (family != fl.family || fl.machines > max_machines) continue;
     Source src = Make(fl);
     std::vector<std::unique_ptr<Detector>> dets;
@@ -429,11 +445,13 @@ void RunFleet(const Fleet& fl, const DetectorConfig& dcfg, bool verbose,
 }
 
 constexpr const char* kUsage =
-    "usage: detector_eval [--tune] [--family=fleet|prom|incident] [--verbose] [--cross]\n"
+    "usage: detector_eval [--tune | --dev] [--family=fleet|prom|incident] [--verbose] [--cross]\n"
     "                     [--leave-one-out] [--threshold=Z] [--continuity=TICKS]\n"
     "                     [--weak-continuity=TICKS] [--pace-change=SHARE]\n"
     "  (no flag)        the frozen held-out set (tests/data/detector-eval/heldout_fleets.json)\n"
     "  --tune           the tuning seeds instead\n"
+    "  --dev            the development seeds: neither tuned on nor held out, the set whose\n"
+    "                   misses and false verdicts may be studied one by one\n"
     "  --family=F       one generator only: fleet (fleet-sim), prom (prom-fleet), incident\n"
     "  --verbose        every false verdict and missed fault of the detector\n"
     "  --cross          settings chosen on one family's tuning seeds, scored on the others'\n"
@@ -442,7 +460,7 @@ constexpr const char* kUsage =
     "                   (defaults: its own; --pace-change=inf turns the job's-pace evidence off)\n";
 
 struct Args {
-  bool tune = false, verbose = false, cross = false, loo = false, help = false;
+  bool tune = false, dev = false, verbose = false, cross = false, loo = false, help = false;
   std::string only, error;
   DetectorConfig dcfg;
 };
@@ -469,6 +487,8 @@ Args Parse(int argc, char** argv) {
         a.error = "unknown family '" + a.only + "' (known: fleet, prom, incident)";
     } else if (std::strcmp(arg, "--tune") == 0) {
       a.tune = true;
+    } else if (std::strcmp(arg, "--dev") == 0) {
+      a.dev = true;
     } else if (std::strcmp(arg, "--cross") == 0) {
       a.cross = true;
     } else if (std::strcmp(arg, "--leave-one-out") == 0) {
@@ -499,10 +519,18 @@ int Run(int argc, char** argv) {
   const DetectorConfig& dcfg = args.dcfg;
   if (cross) return Cross();
   if (loo) return LeaveOneOut();
-  const std::vector<Fleet> fleets = Fleets(!tune);
-  std::printf("detector evaluation on the %s\n",
-              tune ? "TUNING seeds (fleet-sim 1..6, prom-fleet 11..16, incident-fleet 21..26)"
-                   : "frozen held-out set (tests/data/detector-eval/heldout_fleets.json)");
+  if (tune && args.dev) {
+    std::fprintf(stderr, "detector_eval: --tune and --dev name two sets; give one\n%s", kUsage);
+    return 2;
+  }
+  const Set set = tune ? Set::kTune : args.dev ? Set::kDev : Set::kHeldOut;
+  const std::vector<Fleet> fleets = Fleets(set);
+  std::printf(
+      "detector evaluation on the %s\n",
+      set == Set::kTune  ? "TUNING seeds (fleet-sim 1..6, prom-fleet 11..16, incident-fleet 21..26)"
+      : set == Set::kDev ? "DEVELOPMENT seeds (fleet-sim 201..204, prom-fleet 211..214, "
+                           "incident-fleet 301..308, 311..314; neither tuned nor held out)"
+                         : "frozen held-out set (tests/data/detector-eval/heldout_fleets.json)");
   std::map<std::string, std::array<Evaluation, 3>> totals;
   std::map<std::string, std::vector<Outcome>> outcomes;
   for (const Fleet& fl : fleets) {
