@@ -323,6 +323,7 @@ constexpr int64_t kNever = std::numeric_limits<int64_t>::min() / 2;
 constexpr int kFamilies = static_cast<int>(MetricFamily::kOther) + 1;
 constexpr int64_t kRunGap = 5;          // ticks without a hit that end a run of outlier ticks
 constexpr double kStoppedShare = 0.02;  // a work metric this far below its peers' median: stopped
+constexpr int kStopRun = 3;  // ticks stopped in a row that count as one stop of a flapping link
 // Evidence "metrics" beside the real ones: -1 the machine silent, -2 two sources stopped together,
 // -3 the job's pace changed as it began to deviate, -4 a source stopped alone as the job stopped.
 constexpr int kPaceLed = -3;
@@ -406,8 +407,15 @@ struct Detector::Impl {
     int64_t last_burst = kNever,
             prev_burst = 2 * kNever;  // starts of its last two runs of outlier ticks
     int64_t third_burst = kNever;     // and of the one before (kNever: none)
-    int64_t learned = 0;              // ticks seen in warm-up
-    std::vector<double> warm;         // deviations seen in warm-up; their median becomes the bias
+    // A work metric's stops: runs of ticks at nothing while its peers worked at their usual level
+    // (a flapping link stops again and again). `busy_since`: since when its peers have; the
+    // current run's start and last tick; the starts of the last three runs that count -- at least
+    // `kStopRun` ticks, its peers busy from before its samples fell until after they came back. A
+    // machine first into or last out of a stall of the whole job has no such run.
+    int64_t busy_since = kNever, stop_start = kNever, last_stop = kNever;
+    std::array<int64_t, 3> stop_runs{kNever, kNever, kNever};
+    int64_t learned = 0;       // ticks seen in warm-up
+    std::vector<double> warm;  // deviations seen in warm-up; their median becomes the bias
     void Add(int64_t now, double v) {
       if (last_tick == now) {  // a second sample in one tick replaces the first
         values[(next + values.size() - 1) % values.size()] = v;
@@ -677,8 +685,12 @@ struct Detector::Impl {
                            const Frame& f, const Registry& reg) const;
   // Training duration k's median over every machine against its usual level (pace_moved[k]).
   void NotePace(int k, int64_t now, const std::vector<double>& denoised);
-  // The one machine whose deviation began with the job's pace change (-1: none, or several).
-  int PaceLeader(int64_t now, const std::vector<std::vector<Hit>>& hits) const;
+  // The one machine whose deviation began with the job's pace change (-1: none, or several);
+  // `*by_links`: only its links, not its GPU, were off its peers.
+  int PaceLeader(int64_t now, const std::vector<std::vector<Hit>>& hits, bool* by_links) const;
+  // One tick of machine `s` into its continuity windows and its evidence tally.
+  void Remember(int64_t now, const std::vector<Hit>& hits, bool hard, bool corr, bool two,
+                bool leads_pace, MachineState* s) const;
   // Each machine's hits against the continuity windows: a verdict when it stands out long enough.
   void Conclude(int64_t now, const std::vector<std::vector<Hit>>& hits, const Frame& f,
                 const Registry& reg, std::vector<Verdict>* out);
@@ -699,6 +711,21 @@ struct Detector::Impl {
     if (link_state[k])
       return span <= std::max(cfg.long_window, cfg.weak_long_window) && quiet <= span;
     return span <= cfg.long_window && quiet <= s.last_burst - s.prev_burst;
+  }
+  // Work metric k of machine m this tick (its peers' median `med`; `hit`: it stood out): stopped,
+  // or flapping.
+  void NoteWork(int k, int m, int64_t now, double med, bool hit, std::vector<Hit>* hits);
+  // A work metric's tick for its stops (Series::stop_runs): its peers `busy`, it `stopped` (a
+  // stopped hit), its latest sample `at_nothing`.
+  void NoteStop(Series* s, int64_t now, bool busy, bool stopped, bool at_nothing) const;
+  // Whether work metric series `s` is flapping: three stops within the long window, the last of
+  // them begun within the last long window, and its last tick stopped no longer ago than the spell
+  // between the last two stops.
+  bool Flapping(const Series& s, int64_t now) const {
+    if (s.stop_runs[2] == kNever || s.stop_runs[0] - s.stop_runs[2] > cfg.long_window ||
+        now - s.stop_runs[0] > cfg.long_window)
+      return false;
+    return now - s.last_stop <= s.stop_runs[0] - s.stop_runs[1];
   }
   // Whether machine m is past its warm-up on metric k (its usual place known).
   bool Learned(int k, int m) const { return series[k][m].learned >= cfg.warmup_ticks; }
@@ -855,14 +882,45 @@ void Detector::Impl::ScoreGroup(int k, int g, int64_t now, std::vector<double>& 
       hits[m].push_back({k, (denoised[m] - med) / scale, false, false, true});
     const size_t before = hits[m].size();
     Judge(k, m, now, denoised[m] - med, scale, thr, lone[m] == 1, &hits[m], &last_scores[m]);
-    // A work metric (utilisation, traffic) at nothing while the peers' is busy: the machine stopped
-    // working and the job waits on it -- as hard as an error counter.
-    // Its latest sample decides (a flapping link is at nothing only while it is down).
-    const Series& sm = series[k][m];
-    if (work[k] && hits[m].size() > before && med > 0 &&
-        now - sm.last_tick <= std::llround(sm.interval) && sm.Latest() <= kStoppedShare * med)
-      hits[m].back().stopped = true;
+    if (work[k] && med > 0) NoteWork(k, m, now, med, hits[m].size() > before, &hits[m]);
   }
+}
+
+void Detector::Impl::NoteWork(int k, int m, int64_t now, double med, bool hit,
+                              std::vector<Hit>* hits) {
+  // A work metric (utilisation, traffic) at nothing while the peers' is busy: the machine stopped
+  // working and the job waits on it -- as hard as an error counter.
+  // Its latest sample decides (a flapping link is at nothing only while it is down).
+  Series& sm = series[k][m];
+  const bool busy = med >= 0.5 * level_ewma[k];  // its peers at their usual work
+  const bool at_nothing = sm.Latest() <= kStoppedShare * med;
+  if (hit && now - sm.last_tick <= std::llround(sm.interval) && at_nothing) {
+    hits->back().stopped = true;
+    NoteStop(&sm, now, busy, true, at_nothing);
+    return;
+  }
+  NoteStop(&sm, now, busy, false, at_nothing);
+  // Stopped three times within the long window (a link going down and up): it stays stopped
+  // through the spells between, as long as the last one lasted.
+  if (!hit && Flapping(sm, now)) hits->push_back({k, sm.last_z, false, true});
+}
+
+void Detector::Impl::NoteStop(Series* s, int64_t now, bool busy, bool stopped,
+                              bool at_nothing) const {
+  if (!busy) {
+    s->busy_since = kNever;
+    return;
+  }
+  if (s->busy_since == kNever) s->busy_since = now;
+  if (stopped) {
+    if (s->last_stop != now - 1) s->stop_start = now;
+    s->last_stop = now;
+    return;
+  }
+  if (s->last_stop != now - 1 || at_nothing) return;  // no run just ended, or not back at work
+  if (s->last_stop - s->stop_start + 1 >= kStopRun &&
+      s->busy_since <= s->stop_start - cfg.denoise_window)
+    s->stop_runs = {s->stop_start, s->stop_runs[0], s->stop_runs[1]};
 }
 
 void Detector::Impl::Judge(int k, int m, int64_t now, double offset, double scale, double thr,
@@ -967,7 +1025,8 @@ void Detector::Impl::NotePace(int k, int64_t now, const std::vector<double>& den
   usual += (median - usual) / 60;
 }
 
-int Detector::Impl::PaceLeader(int64_t now, const std::vector<std::vector<Hit>>& hits) const {
+int Detector::Impl::PaceLeader(int64_t now, const std::vector<std::vector<Hit>>& hits,
+                               bool* by_links) const {
   int64_t pace_since = kNever;  // the earliest change of the job's pace still on
   for (int64_t moved : pace_moved) {
     if (moved != kNever && (pace_since == kNever || moved < pace_since)) pace_since = moved;
@@ -975,12 +1034,18 @@ int Detector::Impl::PaceLeader(int64_t now, const std::vector<std::vector<Hit>>&
   if (pace_since == kNever) return -1;
   int leader = -1;
   for (size_t m = 0; m < machines.size(); ++m) {
-    // Its GPU must be off its peers: a machine that slows the job computes slower (a cron job's
-    // CPU or a switch's pause frames do not set the job's pace).
-    bool gpu = false;
-    for (const Hit& h : hits[m])
-      gpu = gpu || (h.metric >= 0 && family[h.metric] == MetricFamily::kGpu);
-    if (!gpu) continue;
+    // What a step is made of must be off its peers, by itself: its GPU (it computes slower) or its
+    // links (it moves the job's data slower: a NIC on a downgraded PCIe link stalls its peers with
+    // pause frames). A cron job's CPU does not set the job's pace, nor a switch's pause frames,
+    // which move several machines together.
+    bool gpu = false, links = false;
+    for (const Hit& h : hits[m]) {
+      if (h.metric < 0 || h.company) continue;
+      const MetricFamily fam = family[h.metric];
+      gpu = gpu || fam == MetricFamily::kGpu;
+      links = links || fam == MetricFamily::kNvlink || fam == MetricFamily::kNetwork;
+    }
+    if (!gpu && !links) continue;
     const MachineState& s = machines[m];
     int64_t onset = kNever;  // where its deviation began: its earliest run still on
     for (int fi = 0; fi < kFamilies; ++fi) {
@@ -991,6 +1056,7 @@ int Detector::Impl::PaceLeader(int64_t now, const std::vector<std::vector<Hit>>&
     if (onset == kNever || std::llabs(onset - pace_since) > cfg.pace_onset_ticks) continue;
     if (leader >= 0) return -1;  // two began with it: no one machine is to blame
     leader = static_cast<int>(m);
+    *by_links = !gpu;
   }
   return leader;
 }
@@ -1016,10 +1082,14 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
     if (a.Count() >= na) return &a;
     return b.Count() >= nb ? &b : nullptr;
   };
-  const int leader = PaceLeader(now, hits);
+  // The job slowed with it: hard when its GPU is off its peers; with only its links off them, the
+  // job's pace is a second family agreeing, held over the weak window -- an incast burst that
+  // happens to begin as the job slows lasts a minute at most.
+  bool by_links = false;
+  const int leader = PaceLeader(now, hits, &by_links);
   for (int m = 0; m < nmach; ++m) {
     MachineState& s = machines[m];
-    bool hard = m == leader;  // the job slowed with it
+    bool hard = m == leader && !by_links;
     uint32_t families = 0;
     std::array<int, kFamilies> metrics{};
     for (const Hit& h : hits[m]) {
@@ -1033,31 +1103,12 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
     // Corroborated: two families agree, or three sensors of one device (a GPU's utilisation,
     // power and memory all off its peers); the benign excursions move one metric, two at most.
     const bool two = (families & (families - 1)) != 0;
-    const bool corr = two || *std::max_element(metrics.begin(), metrics.end()) >= 3;
+    const bool corr = two || m == leader || *std::max_element(metrics.begin(), metrics.end()) >= 3;
     const bool any = !hits[m].empty();
     s.recent.Push(now, any);
     Rearm(now, &s);
     if (s.named >= 2) NoteFresh(now, m, hits[m], m == leader);
-    s.hard.Push(now, hard);
-    s.hard_long.Push(now, hard);
-    s.corr.Push(now, corr);
-    s.two.Push(now, two);
-    s.corr_long.Push(now, corr);
-    s.strong.Push(now, hard || corr);
-    s.strong_long.Push(now, hard || corr);
-    s.weak.Push(now, any);
-    s.weak_long.Push(now, any);
-    if (s.weak_long.Count() == 0) {
-      s.evidence.clear();
-      s.stopped.clear();
-    }
-    for (const Hit& h : hits[m]) {
-      if (h.stopped) s.stopped.insert(h.metric);
-      auto& e = s.evidence[h.metric];
-      ++e.first;
-      if (std::fabs(h.z) > std::fabs(e.second)) e.second = h.z;
-    }
-    if (m == leader) ++s.evidence[kPaceLed].first;
+    Remember(now, hits[m], hard, corr, two, m == leader, &s);
     int level = 0;
     const Rolling* window = held(s.hard, s.hard_long, strong_need, strong_long_need);
     if (window == nullptr) window = held(s.two, s.two, two_need, two_need);
@@ -1075,6 +1126,31 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
       out->push_back(NameAgain(m, f, reg));
     }
   }
+}
+
+void Detector::Impl::Remember(int64_t now, const std::vector<Hit>& hits, bool hard, bool corr,
+                              bool two, bool leads_pace, MachineState* s) const {
+  const bool any = !hits.empty();
+  s->hard.Push(now, hard);
+  s->hard_long.Push(now, hard);
+  s->corr.Push(now, corr);
+  s->two.Push(now, two);
+  s->corr_long.Push(now, corr);
+  s->strong.Push(now, hard || corr);
+  s->strong_long.Push(now, hard || corr);
+  s->weak.Push(now, any);
+  s->weak_long.Push(now, any);
+  if (s->weak_long.Count() == 0) {
+    s->evidence.clear();
+    s->stopped.clear();
+  }
+  for (const Hit& h : hits) {
+    if (h.stopped) s->stopped.insert(h.metric);
+    auto& e = s->evidence[h.metric];
+    ++e.first;
+    if (std::fabs(h.z) > std::fabs(e.second)) e.second = h.z;
+  }
+  if (leads_pace) ++s->evidence[kPaceLed].first;
 }
 
 // A hard signal of a machine named faulty that its verdicts did not give: a second fault that

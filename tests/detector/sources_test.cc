@@ -445,6 +445,58 @@ TEST(LevelsTest, ALinkThatWentDownTwiceIsFlappingOneThatWentDownOnceIsNot) {
   EXPECT_LT(faulty[0]->detected_at_ns / 1e9, 560);
 }
 
+// A NIC that flaps with no carrier counter to tell: its traffic at nothing for 8 s of every 24
+// from t=400 to t=640 (node3). Each stop is hard evidence only while it lasts, far less than half
+// of the long window; three stops within it make the link flapping, and the spells between count
+// too; long after, its last stop (12 s late out of a stall of the whole job) is no flap. node7
+// is 8 s late out of each of the whole job's stalls (15 s of every 40 from t=700): its peers were
+// not at work when its stops began, so it is no flapping link.
+TEST(LevelsTest, TrafficThatKeepsStoppingIsAFlappingLinkWithoutACounter) {
+  const std::vector<std::string> metrics = {"net_tx_gbps", "net_rx_gbps", "DCGM_FI_DEV_GPU_UTIL"};
+  auto v = RunFleet(16, 1300, metrics, [](int m, int t, int k, double x) {
+    if (k == 2) return x;
+    if (m == 3 && t >= 400 && t < 640 && (t - 400) % 24 >= 16) return 0.0;
+    if (t >= 1190 && t < (m == 3 ? 1217 : 1205)) return 0.0;  // long after, late out of a stall
+    const int phase = (t - 700) % 40;
+    const bool stall = t >= 700 && t < 1100 && phase < 15;
+    const bool node7_stalls = t >= 700 && t < 1108 && phase < 23;
+    return (m == 7 ? node7_stalls : stall) ? 0.0 : x;
+  });
+  std::vector<const Verdict*> faulty;
+  for (const Verdict* f : Of(v, VerdictKind::kFaultyMachine)) {
+    if (f->level == VerdictLevel::kFaulty) faulty.push_back(f);
+  }
+  ASSERT_EQ(faulty.size(), 1u) << (faulty.empty() ? "" : faulty.back()->explanation);
+  EXPECT_EQ(faulty[0]->root_nodes, std::vector<std::string>{"node3"});
+  EXPECT_LT(faulty[0]->detected_at_ns / 1e9, 640);
+}
+
+// node5's links alone stand out from t=500 (pause frames 8 times its peers', a NIC on a downgraded
+// PCIe link) as the job's steps take 20 % longer: the machine the job waits on, but a link's
+// deviation beginning as the job slows is named only once it held longer than a benign burst
+// lasts (the weak window), not over the short one. node11's pause frames burst for 50 s from
+// t=1000, as the job's steps take 20 % longer again for those 50 s: no verdict of faulty.
+TEST(LevelsTest, LinksThatBeganToStandOutAsTheJobSlowedAreFaultyOverTheWeakWindow) {
+  const std::vector<std::string> metrics = {"pfc_tx_pause_pps", "net_tx_gbps", "step_time_s"};
+  auto v = RunFleet(16, 1300, metrics, [](int m, int t, int k, double x) {
+    const bool burst = t >= 1000 && t < 1050;
+    if (k == 2) return x * (t >= 500 ? 1.2 : 1.0) * (burst ? 1.2 : 1.0);
+    if (k == 0 && ((m == 5 && t >= 500) || (m == 11 && burst))) return 8 * x;
+    return x;
+  });
+  std::vector<const Verdict*> faulty;
+  for (const Verdict* f : Of(v, VerdictKind::kFaultyMachine)) {
+    if (f->level == VerdictLevel::kFaulty) faulty.push_back(f);
+  }
+  ASSERT_EQ(faulty.size(), 1u) << (faulty.empty() ? "" : faulty.back()->explanation);
+  EXPECT_EQ(faulty[0]->root_nodes, std::vector<std::string>{"node5"});
+  EXPECT_EQ(
+      std::count(faulty[0]->evidence.begin(), faulty[0]->evidence.end(), "job_slowed_with_it"), 1)
+      << faulty[0]->explanation;
+  EXPECT_GE(faulty[0]->detected_at_ns / 1e9 - 500, 72);
+  EXPECT_LE(faulty[0]->detected_at_ns / 1e9 - 500, 100);
+}
+
 // A second fault on a machine still named for its first: named again, on what is new.
 // node3: XID 48 from t=300, then XID 74 from t=600 (a new error code: news at once).
 // node6: its link goes down every 30 s from t=300 to t=600, then from t=650 its steps take 25 %
