@@ -1107,7 +1107,7 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
     const bool any = !hits[m].empty();
     s.recent.Push(now, any);
     Rearm(now, &s);
-    if (s.named >= 2) NoteFresh(now, m, hits[m], m == leader);
+    if (s.named >= 2) NoteFresh(now, m, hits[m], m == leader && !by_links);
     Remember(now, hits[m], hard, corr, two, m == leader, &s);
     int level = 0;
     const Rolling* window = held(s.hard, s.hard_long, strong_need, strong_long_need);
