@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Recovery on evidence (faults that do not stop the job): runs `megascope launch` N times with a
-# node slowed 1.5x (named by the straggler analysis or the detector), N times with a failing NIC
+# node slowed 1.5x for good (`persist`: a machine that stays slow until evicted, as a broken one
+# does; named by the straggler analysis or the detector), N times with a failing NIC
 # error counter on one node (named by the detector, confirmed by the self-check) and N times with a
 # node whose outgoing data is shaped to 40 MB/s (a communication straggler, confirmed by the
 # all-reduce bandwidth of its self-check), then a healthy
@@ -41,7 +42,7 @@ after_eviction="kind = 'resumed' AND ts_ns > (SELECT MIN(ts_ns) FROM events WHER
   echo "# date: $(date -u +%FT%TZ)  host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
   echo "# job: (dp,tp,pp) = (4,1,1), 4 ranks on 4 simulated nodes + 1 spare, $model; launch defaults (detector tick 1 s, warm-up 60 ticks, straggler analysis every 20 steps, 2 windows)"
   for i in $(seq "$n"); do
-    run_until "$work/slow-$i" "--inject slow:node=node2,at=1500,factor=1.5" "$after_eviction" 400
+    run_until "$work/slow-$i" "--inject slow:node=node2,at=1500,factor=1.5,persist" "$after_eviction" 400
     echo "RUN slow $work/slow-$i"
     run_until "$work/metric-$i" "--inject metric:node=node1,what=nic-errors,at=90s" "$after_eviction" 400
     echo "RUN metric $work/metric-$i"
