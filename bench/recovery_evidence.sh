@@ -8,7 +8,8 @@
 # soak of SOAK_S seconds with a benign 20-60 s metric excursion on some node every ~2 minutes.
 # Reports per fault: injection -> verdict, verdict -> resumed, the node evicted; for the soak:
 # evictions (the target is none) and verdicts. Usage: bench/recovery_evidence.sh [N] [SOAK_S]
-# (defaults 3, 1200; results: bench/results/recovery_evidence.txt)
+# (defaults 3, 1200; results: bench/results/recovery_evidence.txt). A fault run that ends without an
+# eviction keeps its run directory and log under KEEP_DIR (default /tmp/recovery_evidence-kept-DATE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-3}
@@ -18,6 +19,7 @@ cmake --preset release >/dev/null
 cmake --build --preset release --target megascope >/dev/null
 bin=build/release/cli/megascope
 work=$(mktemp -d)
+keep=${KEEP_DIR:-/tmp/recovery_evidence-kept-$(date -u +%Y%m%dT%H%M%SZ)}
 trap 'pkill -f "megascope agent --node .* --run-dir $work" 2>/dev/null || true; rm -rf "$work" /dev/shm/megascope-ev$$-*-memory' EXIT
 $bin prepare-data tests/data/text/notes_on_training.txt -o "$work/data.bin" >/dev/null
 model="--layers 2 --width 64 --heads 4 --seq 32 --batch 8 --microbatches 2"
@@ -26,14 +28,19 @@ common="--dp 4 --nodes 4 --spares 1 --data $work/data.bin $model --min-gemm-rati
 run_until() {  # run inject until limit
   local run=$1 inject=$2 until=$3 limit=$4
   $bin launch $common --run-dir "$run" --job "ev$$-$(basename "$run")" --steps 10000000 $inject > "$run.log" 2>&1 &
-  local pid=$! t=0
+  local pid=$! t=0 met=0
   while [ $t -lt "$limit" ]; do
     sleep 1; t=$((t + 1))
-    if [ -f "$run/control.db" ] && [ "$(sqlite3 "$run/control.db" "SELECT COUNT(*) > 0 FROM events WHERE $until" 2>/dev/null || echo 0)" = 1 ]; then break; fi
+    if [ -f "$run/control.db" ] && [ "$(sqlite3 "$run/control.db" "SELECT COUNT(*) > 0 FROM events WHERE $until" 2>/dev/null || echo 0)" = 1 ]; then met=1; break; fi
     kill -0 $pid 2>/dev/null || break
   done
   $bin stop --run-dir "$run" >/dev/null 2>&1 || true
   wait $pid || true
+  # A fault run that never got there keeps its run directory and log for a look afterwards.
+  if [ $met = 0 ] && [ "$until" != 0 ]; then
+    mkdir -p "$keep" && cp -r "$run" "$run.log" "$keep/" 2>/dev/null || true
+    echo "# kept $run's run directory and log (no eviction within $limit s): $keep/$(basename "$run")"
+  fi
 }
 # The first step done after an eviction (a false suspect's restart in place does not end a run).
 after_eviction="kind = 'resumed' AND ts_ns > (SELECT MIN(ts_ns) FROM events WHERE kind = 'eviction')"
