@@ -548,6 +548,9 @@ struct Detector::Impl {
   };
   std::vector<JobPause> pauses;
   std::vector<double> level_ewma;  // per metric: long-run typical |median| (a floor when idle)
+  // Per work metric and peer group: the group's long-run typical median (its usual work; groups
+  // differ, a pipeline stage with a lighter load works less).
+  std::vector<std::vector<double>> work_level;
   // The job's pace, per training duration: its usual median over every machine, and since when it
   // moved off it (kNever: it did not).
   std::vector<double> pace_usual;
@@ -712,9 +715,12 @@ struct Detector::Impl {
       return span <= std::max(cfg.long_window, cfg.weak_long_window) && quiet <= span;
     return span <= cfg.long_window && quiet <= s.last_burst - s.prev_burst;
   }
-  // Work metric k of machine m this tick (its peers' median `med`; `hit`: it stood out): stopped,
-  // or flapping.
-  void NoteWork(int k, int m, int64_t now, double med, bool hit, std::vector<Hit>* hits);
+  // Work metric k of machine m this tick (its peers' median `med`, their usual one `usual`; `hit`:
+  // it stood out): stopped, or flapping.
+  void NoteWork(int k, int m, int64_t now, double med, double usual, bool hit,
+                std::vector<Hit>* hits);
+  // Work metric k's usual median in peer group g, taught this tick's `med` (work_level).
+  double UsualWork(int k, int g, double med);
   // A work metric's tick for its stops (Series::stop_runs): its peers `busy`, it `stopped` (a
   // stopped hit), its latest sample `at_nothing`.
   void NoteStop(Series* s, int64_t now, bool busy, bool stopped, bool at_nothing) const;
@@ -842,6 +848,7 @@ void Detector::Impl::ScoreGroup(int k, int g, int64_t now, std::vector<double>& 
   }
   double& level = level_ewma[k];
   level += (std::fabs(med) - level) / (level == 0 ? 1.0 : 600.0);
+  const double usual = work[k] ? UsualWork(k, g, med) : 0;
   const double scale = std::max({spread, cfg.spread_floor * typical,
                                  cfg.relative_floor * std::max(std::fabs(med), 0.5 * level), 1e-6});
   // An outlier is a machine off its peers and alone there: when at least `min_peers` machines
@@ -882,17 +889,17 @@ void Detector::Impl::ScoreGroup(int k, int g, int64_t now, std::vector<double>& 
       hits[m].push_back({k, (denoised[m] - med) / scale, false, false, true});
     const size_t before = hits[m].size();
     Judge(k, m, now, denoised[m] - med, scale, thr, lone[m] == 1, &hits[m], &last_scores[m]);
-    if (work[k] && med > 0) NoteWork(k, m, now, med, hits[m].size() > before, &hits[m]);
+    if (work[k] && med > 0) NoteWork(k, m, now, med, usual, hits[m].size() > before, &hits[m]);
   }
 }
 
-void Detector::Impl::NoteWork(int k, int m, int64_t now, double med, bool hit,
+void Detector::Impl::NoteWork(int k, int m, int64_t now, double med, double usual, bool hit,
                               std::vector<Hit>* hits) {
   // A work metric (utilisation, traffic) at nothing while the peers' is busy: the machine stopped
   // working and the job waits on it -- as hard as an error counter.
   // Its latest sample decides (a flapping link is at nothing only while it is down).
   Series& sm = series[k][m];
-  const bool busy = med >= 0.5 * level_ewma[k];  // its peers at their usual work
+  const bool busy = med >= 0.5 * usual;  // its peers at their usual work
   const bool at_nothing = sm.Latest() <= kStoppedShare * med;
   if (hit && now - sm.last_tick <= std::llround(sm.interval) && at_nothing) {
     hits->back().stopped = true;
@@ -903,6 +910,15 @@ void Detector::Impl::NoteWork(int k, int m, int64_t now, double med, bool hit,
   // Stopped three times within the long window (a link going down and up): it stays stopped
   // through the spells between, as long as the last one lasted.
   if (!hit && Flapping(sm, now)) hits->push_back({k, sm.last_z, false, true});
+}
+
+double Detector::Impl::UsualWork(int k, int g, double med) {
+  if (work_level.size() <= static_cast<size_t>(k)) work_level.resize(static_cast<size_t>(k) + 1);
+  std::vector<double>& levels = work_level[static_cast<size_t>(k)];
+  if (levels.size() <= static_cast<size_t>(g)) levels.resize(static_cast<size_t>(g) + 1, 0);
+  double& usual = levels[static_cast<size_t>(g)];
+  usual += (std::fabs(med) - usual) / (usual == 0 ? 1.0 : 600.0);
+  return usual;
 }
 
 void Detector::Impl::NoteStop(Series* s, int64_t now, bool busy, bool stopped,

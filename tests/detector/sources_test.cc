@@ -471,6 +471,27 @@ TEST(LevelsTest, TrafficThatKeepsStoppingIsAFlappingLinkWithoutACounter) {
   EXPECT_LT(faulty[0]->detected_at_ns / 1e9, 640);
 }
 
+// Two peer groups that work at different levels (a pipeline stage with a third of the traffic):
+// node12's NIC, in the lighter group, flaps as node3's did. Its peers are at their own usual work,
+// however far below the other group's that is, so its stops count.
+TEST(LevelsTest, AFlappingLinkInALighterPeerGroupIsNamedToo) {
+  const std::vector<std::string> metrics = {"net_tx_gbps", "net_rx_gbps"};
+  DetectorConfig cfg;
+  for (int m = 0; m < 16; ++m) cfg.groups["node" + std::to_string(m)] = m < 8 ? "heavy" : "light";
+  auto v = RunFleet(
+      16, 900, metrics,
+      [](int m, int t, int, double x) {
+        if (m == 12 && t >= 400 && t < 640 && (t - 400) % 24 >= 16) return 0.0;
+        return m < 8 ? x : 0.3 * x;
+      },
+      cfg);
+  std::vector<std::string> named;
+  for (const Verdict* f : Of(v, VerdictKind::kFaultyMachine)) {
+    if (f->level == VerdictLevel::kFaulty) named.push_back(f->root_nodes.at(0));
+  }
+  EXPECT_EQ(named, std::vector<std::string>{"node12"});
+}
+
 // node5's links alone stand out from t=500 (pause frames 8 times its peers', a NIC on a downgraded
 // PCIe link) as the job's steps take 20 % longer: the machine the job waits on, but a link's
 // deviation beginning as the job slows is named only once it held longer than a benign burst
