@@ -548,8 +548,8 @@ struct Detector::Impl {
   };
   std::vector<JobPause> pauses;
   std::vector<double> level_ewma;  // per metric: long-run typical |median| (a floor when idle)
-  // Per work metric and peer group: the group's long-run typical median (its usual work; groups
-  // differ, a pipeline stage with a lighter load works less).
+  // Per metric, per peer group (grown as groups appear): a work metric's long-run typical median
+  // (its usual work; groups differ, a pipeline stage with a lighter load works less).
   std::vector<std::vector<double>> work_level;
   // The job's pace, per training duration: its usual median over every machine, and since when it
   // moved off it (kNever: it did not).
@@ -617,6 +617,7 @@ struct Detector::Impl {
       holds_back.push_back(static_cast<int8_t>(HoldsJobBackSign(name)));
       source_present[static_cast<int>(source.back())] = true;
       level_ewma.push_back(0);
+      work_level.emplace_back();
       pace_usual.push_back(std::nan(""));
       pace_moved.push_back(kNever);
       auto t = cfg.metric_thresholds.find(name);
@@ -913,7 +914,6 @@ void Detector::Impl::NoteWork(int k, int m, int64_t now, double med, double usua
 }
 
 double Detector::Impl::UsualWork(int k, int g, double med) {
-  if (work_level.size() <= static_cast<size_t>(k)) work_level.resize(static_cast<size_t>(k) + 1);
   std::vector<double>& levels = work_level[static_cast<size_t>(k)];
   if (levels.size() <= static_cast<size_t>(g)) levels.resize(static_cast<size_t>(g) + 1, 0);
   double& usual = levels[static_cast<size_t>(g)];
