@@ -198,8 +198,8 @@ int RunAnalyze(const Args& args) {
   analyzer::HangOptions& ho = a.ho;
   po::options_description opts("Options");
   opts.add_options()("help,h", "show this help")("what", po::value(&a.what)->required(),
-                                                 "hang | slow")("steps", po::value(&a.steps),
-                                                                "slow: A:B, the steps to look at")(
+                                                 "the analysis (hang or slow)")(
+      "steps", po::value(&a.steps), "slow: A:B, the steps to look at")(
       "whole-run", po::bool_switch(&a.whole_run),
       "slow: every step of the run, not the window of its straggler incident")(
       "source", po::value(&a.source),

@@ -32,6 +32,10 @@ po::options_description LoopOptions(LaunchArgs& a) {
   po::options_description loop("Self-healing");
   loop.add_options()("spares", po::value(&a.spares)->default_value(0),
                      "spare nodes standing by (self-checked before they join)")(
+      "new-run", po::bool_switch(&co.new_run),
+      "the run directory's last launch finished: train it again as a new run (a new attempt, "
+      "from its newest disk checkpoint if one is kept, else from step 0). Without it such a "
+      "launch says the run is finished and exits 0; an unfinished run is adopted either way")(
       "timeout", po::value(&a.c.timeout_ms)->default_value(120000),
       "collective timeout in milliseconds (above --hang-after: the controller acts first)")(
       "tick", Decimal(&co.tick_s, co.tick_s), "seconds between controller ticks")(

@@ -2,6 +2,8 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "command.h"
 
@@ -74,22 +76,32 @@ std::optional<int> ParseArgs(const char* name, const char* usage, const Args& ar
       std::cout << "Usage: " << usage << "\n\n" << options << "\n";
       return 0;
     }
-    po::notify(*vm);
-  } catch (const po::required_option& e) {
-    // A missing positional argument is named as the usage line names it, not as the internal
-    // option behind it ('--what').
-    const std::string option = e.get_option_name();
-    const std::string bare = option.rfind("--", 0) == 0 ? option.substr(2) : option;
-    for (unsigned i = 0; i < positional.max_total_count() && i < 8; ++i) {
-      if (positional.name_for_position(i) == bare) {
-        std::fprintf(
-            stderr, "megascope %s: an argument is missing\nUsage: %s\nTry 'megascope %s --help'.\n",
-            name, usage, name);
-        return kExitUsage;
-      }
+    // Every required argument that is missing, in one line with the usage, in the usage's order:
+    // a positional one first, as its description names it ("the node to evict"), not as the
+    // internal option behind it; then an option by its flag.
+    std::vector<std::string> missing, missing_flags;
+    for (const auto& o : options.options()) {
+      if (!o->semantic()->is_required() || vm->count(o->long_name())) continue;
+      bool is_positional = false;
+      for (unsigned i = 0; i < positional.max_total_count() && i < 8; ++i)
+        is_positional |= positional.name_for_position(i) == o->long_name();
+      if (is_positional)
+        missing.push_back(o->description());
+      else
+        missing_flags.push_back("--" + o->long_name());
     }
-    std::fprintf(stderr, "megascope %s: %s\nTry 'megascope %s --help'.\n", name, e.what(), name);
-    return kExitUsage;
+    missing.insert(missing.end(), missing_flags.begin(), missing_flags.end());
+    if (!missing.empty()) {
+      std::string what;
+      for (size_t i = 0; i < missing.size(); ++i)
+        what += (i == 0 ? "" : i + 1 == missing.size() ? " and " : ", ") + missing[i];
+      const std::string first_usage(usage, std::strcspn(usage, "\n"));
+      std::fprintf(stderr, "megascope %s: %s %s missing (usage: %s; more: megascope %s --help)\n",
+                   name, what.c_str(), missing.size() == 1 ? "is" : "are", first_usage.c_str(),
+                   name);
+      return kExitUsage;
+    }
+    po::notify(*vm);
   } catch (const po::error& e) {
     std::fprintf(stderr, "megascope %s: %s\nTry 'megascope %s --help'.\n", name, e.what(), name);
     return kExitUsage;

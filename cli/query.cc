@@ -294,7 +294,7 @@ int RunMetrics(const Args& args) {
   std::string action, run_dir, out;
   po::options_description opts("Options");
   opts.add_options()("help,h", "show this help")("action", po::value(&action)->required(),
-                                                 "export")(
+                                                 "the action (export)")(
       "run-dir", po::value(&run_dir)->required(), "run directory")(
       "out,o", po::value(&out)->required(), "CSV to write (timestamp_s,machine,metric,value)");
   po::positional_options_description pos;

@@ -153,9 +153,9 @@ int RunSelfCheckCommand(const Args& args) {
 int RunPrepareData(const Args& args) {
   std::string text, out;
   po::options_description opts("Options");
-  opts.add_options()("help,h", "show this help")(
-      "text", po::value(&text)->required(), "any text file")("out,o", po::value(&out)->required(),
-                                                             "token file to write");
+  opts.add_options()("help,h", "show this help")("text", po::value(&text)->required(),
+                                                 "the text file to read")(
+      "out,o", po::value(&out)->required(), "token file to write");
   po::positional_options_description pos;
   pos.add("text", 1);
   po::variables_map vm;

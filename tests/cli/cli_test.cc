@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 #include <cstdio>
@@ -157,9 +158,20 @@ TEST(CliTest, FleetSimKeepsCountersPreciseAndRefusesFaultsThatDoNotFit) {
 TEST(CliTest, ErrorsAndHelpSpeakTheUsersWords) {
   CliRun missing = Megascope("analyze");
   EXPECT_EQ(missing.code, 2);
-  EXPECT_NE(missing.out.find("an argument is missing"), std::string::npos) << missing.out;
-  EXPECT_NE(missing.out.find("Usage: megascope analyze hang"), std::string::npos) << missing.out;
+  EXPECT_NE(missing.out.find("the analysis (hang or slow) is missing"), std::string::npos)
+      << missing.out;
+  EXPECT_NE(missing.out.find("usage: megascope analyze hang"), std::string::npos) << missing.out;
   EXPECT_EQ(missing.out.find("--what"), std::string::npos) << missing.out;
+  // One line that names everything missing, with the usage and where to read more.
+  CliRun evict = Megascope("evict");
+  EXPECT_EQ(evict.code, 2);
+  EXPECT_EQ(evict.out,
+            "megascope evict: the node to evict and --run-dir are missing (usage: megascope evict "
+            "NODE --run-dir DIR; more: megascope evict --help)\n");
+  CliRun no_node = Megascope("evict --run-dir /nonexistent");
+  EXPECT_EQ(no_node.code, 2);
+  EXPECT_EQ(std::count(no_node.out.begin(), no_node.out.end(), '\n'), 1) << no_node.out;
+  EXPECT_NE(no_node.out.find("the node to evict is missing"), std::string::npos) << no_node.out;
   CliRun help = Megascope("help query");
   EXPECT_EQ(help.code, 0);
   EXPECT_NE(help.out.find("Usage: megascope query RUN_DIR"), std::string::npos) << help.out;

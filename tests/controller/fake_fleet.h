@@ -356,7 +356,8 @@ class FakeFleet final : public Fleet {
     }
     running_ = false;
   }
-  // Ends the attempt's ranks: `rank` with `raw`, its peers of a failed collective.
+  // Ends the attempt's ranks: `rank` with `raw`, its peers of a failed collective (not a rank stuck
+  // in compute: it never reaches one).
   void Fail(int rank, int raw, const std::string& log) {
     ASSERT_TRUE(
         tracer::WriteFileAtomic(layout_.worker_log(rank),
@@ -364,7 +365,8 @@ class FakeFleet final : public Fleet {
             .ok());
     rank_exits_.push_back({rank, {raw}});
     for (int r = 0; r < world_; ++r) {
-      if (r != rank) rank_exits_.push_back({r, {launch::kExitCommFailure << 8}});
+      if (r != rank && r != stuck_rank_)
+        rank_exits_.push_back({r, {launch::kExitCommFailure << 8}});
     }
     running_ = false;
   }
@@ -412,6 +414,10 @@ class FakeFleet final : public Fleet {
             break;
           case FakeFault::kHang:
           case FakeFault::kFreeze:
+            // Stuck in compute, it reaches no collective: a crash at the same step ends its peers
+            // (a collective fails), not it.
+            std::erase_if(rank_exits_,
+                          [rank](const launch::RankExit& e) { return e.rank == rank; });
             stuck_rank_ = rank;
             frozen_ = f->kind == FakeFault::kFreeze;
             stuck_at_ns_ = clock_->WallNs();

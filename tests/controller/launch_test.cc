@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "launch_fixture.h"
+#include "megascope/tracer/file_util.h"
 #include "megascope/tracer/ring.h"
 
 namespace megascope::controller {
@@ -249,15 +250,26 @@ TEST_F(LaunchTest, ARelaunchAfterTheControllerIsKilledAdoptsTheRunAndLosesAtMost
   ExpectNoDuplicateRows();
 }
 
-// Launching again in the run directory of a finished run: its attempts go on (no number reused),
-// the ranks start from its last checkpoint with nothing left to do, and that is a success, not
-// records lost.
-TEST_F(LaunchTest, ALaunchInTheDirectoryOfAFinishedRunStartsAfterItAndSucceeds) {
+// Launching again in the run directory of a finished run trains nothing: it says the run is
+// finished and exits 0, with the progress stream and control.db as they were. Asked for a new run
+// (--new-run), its attempts go on (no number reused), the ranks start from its last checkpoint with
+// nothing left to do, and that is a success, not records lost.
+TEST_F(LaunchTest, ARelaunchOfAFinishedRunTrainsNothingUnlessAskedForANewRun) {
   const std::string pp2 = "--pp 2 --nodes 2";
   ASSERT_EQ(Launch(pp2, "--checkpoint-every 6").code, 0);
-  CommandResult again = Launch(pp2, "--checkpoint-every 6");
+  const std::string progress = tracer::ReadFile(Run() + "/progress.jsonl").value_or("");
+  const size_t events = Events().size();
+  CommandResult same = Launch(pp2, "--checkpoint-every 6");
+  EXPECT_EQ(same.code, 0) << same.out;
+  EXPECT_NE(same.out.find("is finished (" + std::to_string(kSteps) +
+                          " steps, attempt 0): nothing to train"),
+            std::string::npos)
+      << same.out;
+  EXPECT_EQ(tracer::ReadFile(Run() + "/progress.jsonl").value_or(""), progress);
+  EXPECT_EQ(Events().size(), events);
+  CommandResult again = Launch(pp2, "--checkpoint-every 6 --new-run");
   EXPECT_EQ(again.code, 0) << again.out;
-  EXPECT_NE(again.out.find("holds a finished run: this launch starts at attempt 1"),
+  EXPECT_NE(again.out.find("as asked (--new-run), this launch starts a new run at attempt 1"),
             std::string::npos)
       << again.out;
   const auto restarts = Of(Events(), "restart");
@@ -282,6 +294,30 @@ TEST_F(LaunchTest, TwoPersistentFaultsAtTheSameStepEvictBothNodes) {
   for (const Event& e : Of(ev, "eviction")) evicted.insert(e.node);
   EXPECT_EQ(evicted, (std::set<std::string>{"node0", "node1"})) << r.out;
   ExpectLossesContinue(kDp2);
+}
+
+// Two faults at once in real processes: node1's rank crashes and node2's hangs in compute at the
+// same step. The crash ends node0's collective, not the hung rank, which still runs out of it: a
+// second verdict in the crash's incident names it, and both nodes are evicted for the spares (the
+// memory of two of four nodes gone with them, the job resumes from its disk checkpoint).
+TEST_F(LaunchTest, ACrashAndAHangAtTheSameStepAreBothNamedAndBothNodesEvicted) {
+  const std::string layout = "--dp 2 --pp 2 --nodes 4";
+  CommandResult r = Launch(layout,
+                           "--spares 2 --checkpoint-every 2 --inject crash:node=node1,at=5 "
+                           "--inject hang:node=node2,at=5");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto ev = Events();
+  ASSERT_EQ(Of(ev, "trigger").size(), 1u) << r.out;
+  std::map<std::string, std::string> named;  // node -> cause
+  for (const Event& e : Of(ev, "verdict")) named[e.node] = e.detail["cause"];
+  EXPECT_EQ(named, (std::map<std::string, std::string>{{"node1", "rank_dead"},
+                                                       {"node2", "rank_not_joined"}}))
+      << r.out;
+  std::set<std::string> evicted;
+  for (const Event& e : Of(ev, "eviction")) evicted.insert(e.node);
+  EXPECT_EQ(evicted, (std::set<std::string>{"node1", "node2"})) << r.out;
+  EXPECT_EQ(Of(ev, "job_finished").at(0).detail["steps"], kSteps);
+  ExpectLossesContinue(layout);
 }
 
 TEST_F(LaunchTest, ADeadAgentIsRestartedWithoutEvictionAndNoRowIsLostOrDuplicated) {

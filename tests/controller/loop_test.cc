@@ -531,6 +531,40 @@ TEST_F(LoopTest, TwoFaultsInARowEvictTwiceThenTheSafetyValvePauses) {
             std::string::npos);
 }
 
+// A crash on node1 and a hang on node2 at the same step: the crash ends its peers' collective,
+// not the hung rank, which stays out of it. The crash's verdict names node1, a second verdict in
+// the same incident names node2 from the live state, and the policy evicts both.
+TEST_F(LoopTest, ACrashAndAHangAtTheSameStepAreBothNamedInOneIncident) {
+  options_.nodes = {"node0", "node1", "node2"};
+  options_.world = 3;
+  options_.spares = {"spare0", "spare1"};
+  Fleet().Break({FakeFault::kCrash, "node1", 5});
+  fleet_->Break({FakeFault::kHang, "node2", 5});
+  EXPECT_EQ(Run(), kLaunchFinished);
+  ASSERT_EQ(Events("trigger").size(), 1u);
+  EXPECT_EQ(Events("trigger")[0].detail["cause"], "crash");
+  const auto verdicts = Events("verdict");
+  ASSERT_EQ(verdicts.size(), 2u);
+  EXPECT_EQ(verdicts[0].detail["cause"], "rank_dead");
+  EXPECT_EQ(verdicts[0].node, "node1");
+  EXPECT_EQ(verdicts[1].detail["cause"], "rank_not_joined") << verdicts[1].detail;
+  EXPECT_EQ(verdicts[1].detail["root_ranks"], nlohmann::json::array({2}));
+  EXPECT_EQ(verdicts[1].detail["root_nodes"], nlohmann::json::array({"node2"}));
+  EXPECT_EQ(Nodes(Events("eviction")), (std::vector<std::string>{"node1", "node2"}));
+  EXPECT_EQ(fleet_->attempts().back(), (std::vector<std::string>{"node0", "spare0", "spare1"}));
+}
+
+// A crash alone: every other rank fails its collective and exits, nobody is still running, and
+// the crash's verdict is the only one.
+TEST_F(LoopTest, ACrashWhoseEveryPeerExitedHasOneVerdict) {
+  options_.nodes = {"node0", "node1", "node2"};
+  options_.world = 3;
+  Fleet().Break({FakeFault::kCrash, "node1", 5});
+  EXPECT_EQ(Run(), kLaunchFinished);
+  ASSERT_EQ(Events("verdict").size(), 1u);
+  EXPECT_EQ(Nodes(Events("eviction")), std::vector<std::string>{"node1"});
+}
+
 TEST_F(LoopTest, TwoPersistentFaultsAtTheSameStepEvictBothNodesInOneIncident) {
   options_.spares = {"spare0", "spare1"};
   Fleet().Break({FakeFault::kCrash, "node0", 5, true});
@@ -825,11 +859,34 @@ TEST_F(LoopTest, ThreeAttemptsInARowThatNeverStepPauseInsteadOfLooping) {
       << Events("paused")[0].detail;
 }
 
-// A launch in the directory of a finished run starts after it (attempt numbers stay apart) from
-// scratch, on the nodes it is given.
-TEST_F(LoopTest, ALaunchInTheDirectoryOfAFinishedRunStartsAfterIt) {
+// A launch in the directory of a finished run (a script run twice, a scheduler's retry) says the
+// run is finished and trains nothing: no attempt, no event, not a line more in the progress stream.
+TEST_F(LoopTest, ARelaunchOfAFinishedRunSaysSoAndTrainsNothing) {
   Fleet().Break({FakeFault::kCrash, "node1", 3});
   ASSERT_EQ(Run(), kLaunchFinished);
+  const size_t events = Events().size();
+  const std::string progress =
+      tracer::ReadFile(options_.supervisor.run_dir + "/progress.jsonl").value_or("");
+  ASSERT_FALSE(progress.empty());
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(Relaunch(), kLaunchFinished);
+  const std::string said = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(said.find("is finished (20 steps, attempt 1): nothing to train"), std::string::npos)
+      << said;
+  EXPECT_NE(said.find("--new-run"), std::string::npos) << said;
+  EXPECT_TRUE(fleet_->attempts().empty());
+  EXPECT_EQ(fleet_->agents_running(), 0);
+  EXPECT_EQ(Events().size(), events);
+  EXPECT_EQ(tracer::ReadFile(options_.supervisor.run_dir + "/progress.jsonl").value_or(""),
+            progress);
+}
+
+// Asked for a new run (--new-run), a launch in the directory of a finished run starts after it
+// (attempt numbers stay apart) from scratch, on the nodes it is given.
+TEST_F(LoopTest, ANewRunInTheDirectoryOfAFinishedRunStartsAfterIt) {
+  Fleet().Break({FakeFault::kCrash, "node1", 3});
+  ASSERT_EQ(Run(), kLaunchFinished);
+  options_.new_run = true;
   EXPECT_EQ(Relaunch(), kLaunchFinished);
   FakeFleet* f = fleet_;
   ASSERT_EQ(f->attempts().size(), 1u);

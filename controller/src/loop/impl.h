@@ -90,6 +90,9 @@ struct Controller::Impl {
   std::optional<double> ready_load_s;
   int fruitless_attempts = 0;  // consecutive attempts that ended before their first step
   bool adopted = false;        // this launch took over an unfinished run of the run directory
+  // The run directory holds a finished run and this launch was not asked for a new one: what it
+  // says instead of training ("": train).
+  std::string finished_before;
   // The last crash blamed on a machine: how it failed, at what step, and the node evicted for it.
   // The same failure at the same step on the node that replaced it is the job's, not a machine's.
   struct Failure {
@@ -150,7 +153,8 @@ struct Controller::Impl {
   // numbers go on after its last (trace rows and rendezvous stay apart), its evictions stand (the
   // nodes it evicted stay out, the spares it took in stay in) and the first attempt resumes from
   // its newest state (the memory snapshots it left, else a disk checkpoint). Otherwise state in
-  // memory under this job name is an earlier launch's and is dropped.
+  // memory under this job name is an earlier launch's and is dropped. When the last one finished,
+  // this launch trains again only as a new run (opt.new_run); else it sets finished_before.
   Status AdoptEarlierRun();
   std::vector<std::string> MemoryDirs() const;
 
@@ -251,6 +255,13 @@ struct Controller::Impl {
   // ranks that died of their own failure, or -- when every rank failed of a peer's timeout -- the
   // flight recorders' analysis.
   std::vector<Verdict> DiagnoseCrash(const Trigger& t);
+  // A second fault hidden by a crash: the ranks still running once the crash's peers have had
+  // the hang analysis' wait to fail (each exit then polled joins `others`), analysed live; a hang
+  // verdict for each that the analysis names (rank_not_joined: stuck in compute out of the
+  // collective its peers entered), its roots the running ranks only. Nothing when every rank
+  // exited.
+  std::vector<Verdict> HungSurvivors(const launch::RankExit& origin,
+                                     std::vector<launch::RankExit>* others);
   // Names the node of every root rank the evidence left without one (a rank whose agent did not
   // answer left no flight recorder: a node that lost power), from where the attempt placed it.
   void PlaceRootRanks(std::vector<Verdict>* verdicts) const;

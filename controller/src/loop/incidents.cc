@@ -151,7 +151,10 @@ std::vector<Verdict> Controller::Impl::DiagnoseCrash(const Trigger& t) {
     if (auto everywhere = SameFailureEverywhere(origin, others, how, log_line))
       return {*everywhere};
     last_failure = {how, last_step_done, node};
-    return DeadRanks(origin, others);
+    std::vector<Verdict> hung = HungSurvivors(origin, &others);
+    std::vector<Verdict> verdicts = DeadRanks(origin, others);
+    verdicts.insert(verdicts.end(), hung.begin(), hung.end());
+    return verdicts;
   }
   if (auto v = ConnectFailed(origin, others)) return {*v};
   // Every failure was a peer's timeout: the cause is in the flight recorders.
@@ -162,6 +165,57 @@ std::vector<Verdict> Controller::Impl::DiagnoseCrash(const Trigger& t) {
   auto verdicts = analyzer::AnalyzeHang(*in, IncidentHangOptions());
   PlaceRootRanks(&verdicts);
   return verdicts;
+}
+
+std::vector<Verdict> Controller::Impl::HungSurvivors(const launch::RankExit& origin,
+                                                     std::vector<launch::RankExit>* others) {
+  std::set<int> running;
+  for (int r = 0; r < opt.world; ++r) running.insert(r);
+  running.erase(origin.rank);
+  for (const launch::RankExit& e : *others) running.erase(e.rank);
+  // A healthy rank fails its next collective within a step of the crash (a peer is gone) and
+  // exits; one that stays out of its peers' collective as long as the hang analysis needs to call
+  // it a wait is stuck on its own. The wait ends as soon as every rank has exited.
+  const analyzer::HangOptions ho = IncidentHangOptions();
+  const auto since = clock.Now();
+  const auto tick = std::chrono::duration<double>(std::min(opt.tick_s, ho.min_wait_s));
+  while (!running.empty() && Since(since) < ho.min_wait_s) {
+    clock.Sleep(tick);
+    for (const launch::RankExit& e : fleet->PollRanks()) {
+      running.erase(e.rank);
+      if (!e.status.success()) others->push_back(e);
+    }
+  }
+  if (running.empty()) return {};
+  auto in = fleet->LiveHangInput(active, attempt, agent_token);
+  if (!in.ok()) {
+    Log("the ranks still running after the crash could not be read: " + in.status().ToString());
+    return {};
+  }
+  std::vector<Verdict> out;
+  for (Verdict& v : analyzer::AnalyzeHang(*in, ho)) {
+    if (v.kind != VerdictKind::kHang) continue;
+    // Only what names a rank still running is news: the ranks that exited are the crash's.
+    std::vector<int32_t> roots;
+    for (const int32_t r : v.root_ranks) {
+      if (running.count(r)) roots.push_back(r);
+    }
+    if (roots.empty()) continue;
+    std::string which;
+    std::vector<std::string> nodes;
+    for (const int32_t r : roots) {
+      which += (which.empty() ? "" : ",") + std::to_string(r);
+      const std::string n = fleet->NodeOfRank(r);
+      if (!n.empty() && std::find(nodes.begin(), nodes.end(), n) == nodes.end()) nodes.push_back(n);
+    }
+    v.root_ranks = roots;
+    v.root_nodes = nodes;
+    v.explanation += " -- a second fault beside the crash of rank " + std::to_string(origin.rank) +
+                     ": rank " + which + " still ran " + std::to_string(Since(since)).substr(0, 4) +
+                     " s later, out of the collective its peers had entered";
+    out.push_back(std::move(v));
+  }
+  return out;
 }
 
 std::optional<Verdict> Controller::Impl::ConnectFailed(

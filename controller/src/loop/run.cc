@@ -52,6 +52,10 @@ int Controller::Impl::Run() {
 
 int Controller::Impl::RunInterruptible() {
   if (Status st = Setup(); !st.ok()) return StartFailed("setup", st.ToString());
+  if (!finished_before.empty()) {
+    Log(finished_before);
+    return kLaunchFinished;
+  }
   for (const std::string& node : active) {
     if (g_interrupted) return StartInterrupted("starting the agents");
     if (auto port = fleet->StartAgent(node); !port.ok())

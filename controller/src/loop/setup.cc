@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <optional>
 
 #include "control_endpoint.h"
 #include "impl.h"
@@ -39,6 +40,10 @@ Status Controller::Impl::Setup() {
   }
   ASSIGN_OR_RETURN(db, ControlDb::Open(layout.control_db()));
   progress.SkipExisting();  // an earlier launch's lines are history, not this launch's progress
+  active = opt.nodes;
+  spares.assign(opt.spares.begin(), opt.spares.end());
+  RETURN_IF_ERROR(AdoptEarlierRun());
+  if (!finished_before.empty()) return Status::Ok();  // nothing to start: no token, no endpoint
   const std::string token = RandomToken();
   if (!opt.supervisor.agent_token_file.empty()) agent_token = token;
   {
@@ -98,9 +103,7 @@ Status Controller::Impl::Setup() {
       link_seams[in.node] = path;
     }
   }
-  active = opt.nodes;
-  spares.assign(opt.spares.begin(), opt.spares.end());
-  return AdoptEarlierRun();
+  return Status::Ok();
 }
 
 // A run directory holds the record of every launch in it. When the last one did not finish
@@ -112,23 +115,42 @@ Status Controller::Impl::Setup() {
 Status Controller::Impl::AdoptEarlierRun() {
   ASSIGN_OR_RETURN(std::vector<Event> events, db->Events());
   std::vector<std::string> nodes, gone;
-  bool finished = false;
+  std::optional<Event> finished;  // the last launch's job_finished, when it finished
   for (const Event& e : events) {
     attempt = std::max(attempt, e.attempt + 1);
     if (e.kind == EventKind::kRestart && e.detail.contains("nodes")) {
       nodes = e.detail["nodes"].get<std::vector<std::string>>();
-      finished = false;
+      finished.reset();
     } else if (e.kind == EventKind::kEviction && !e.node.empty()) {
       gone.push_back(e.node);
     } else if (e.kind == EventKind::kJobFinished) {
-      finished = e.detail.value("status", "") == "finished";
+      if (e.detail.value("status", "") == "finished")
+        finished = e;
+      else
+        finished.reset();
     }
+  }
+  if (finished && !opt.new_run) {
+    // A relaunch of a finished run (a script run twice, a scheduler's retry) trains nothing and
+    // appends nothing: the run's record stays as it ended.
+    const auto steps = finished->detail.value("steps", int64_t{0});
+    finished_before = "the run in " + layout.dir() + " is finished (" + std::to_string(steps) +
+                      " steps, attempt " + std::to_string(finished->attempt) +
+                      "): nothing to train. To train it again as a new run in this directory, "
+                      "add --new-run (its attempts go on from " +
+                      std::to_string(attempt) + "); or use a new run directory";
+    return Status::Ok();
   }
   std::error_code ec;
   if (events.empty() || finished || nodes.empty()) {
     fs::remove_all(MemoryRoot(opt.supervisor.shm_dir, opt.supervisor.job), ec);
-    if (!events.empty())
-      Log("the run directory holds a finished run: this launch starts at attempt " +
+    if (finished)
+      Log("the run directory holds a finished run; as asked (--new-run), this launch starts a new "
+          "run at attempt " +
+          std::to_string(attempt));
+    else if (!events.empty())
+      Log("the run directory's last launch never started an attempt: this launch starts at "
+          "attempt " +
           std::to_string(attempt));
     return Status::Ok();
   }

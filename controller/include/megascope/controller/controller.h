@@ -81,6 +81,11 @@ struct ControllerOptions {
   // fails.
   uint64_t min_free_bytes = uint64_t{64} << 20;
   DiskGuard::Probe free_space = FreeBytes;  // the seam the disk guard reads
+  // The run directory's last launch finished: train it again as a new run (a new attempt in
+  // control.db, from the newest disk checkpoint when one is kept, else from step 0). Without it,
+  // such a launch says the run is finished and exits kLaunchFinished without training. An
+  // unfinished run is adopted either way.
+  bool new_run = false;
   // Writes RUN_DIR/run.json for an attempt (the launcher owns its schema).
   std::function<Status(const AttemptPlan&)> write_run_json;
 };
