@@ -150,40 +150,27 @@ class SupervisorFleet final : public Fleet {
       }
       if (!all && !failed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+    std::string first_error;  // of the end that failed
+    for (size_t r = 0; r < c.procs.size(); ++r) {
+      if (ends[r] && !ends[r]->success())
+        first_error = ReadSelfCheckLog(tracer::ReadFile(c.procs[r]->log_path()).value_or(""),
+                                       "self-check " + ends[r]->Describe())
+                          .error;
+    }
     for (size_t r = 0; r < c.procs.size(); ++r) {
       SelfCheckFigures& f = r == 0 ? out.first : out.second;
+      std::string ended;
       if (!ends[r]) {
         c.procs[r]->Stop(std::chrono::milliseconds(0));
-        f.error = failed ? "stopped: its partner's self-check failed"
-                         : "self-check did not finish in " +
-                               std::to_string(3 * kSelfCheckTimeoutMs / 1000) + " s";
-        continue;
+        ended = failed ? "stopped: its partner's self-check failed (" + first_error + ")"
+                       : "self-check did not finish in " +
+                             std::to_string(3 * kSelfCheckTimeoutMs / 1000) + " s";
+      } else if (!ends[r]->success()) {
+        ended = "self-check " + ends[r]->Describe();
       }
-      ReadFigures(*c.procs[r], *ends[r], &f);
+      f = ReadSelfCheckLog(tracer::ReadFile(c.procs[r]->log_path()).value_or(""), ended);
     }
     return out;
-  }
-  // A finished self-check's figures, from the JSON line its log ends with; a failed one keeps the
-  // GEMM figure it printed before it reached its neighbour (its compute held or not).
-  static void ReadFigures(launch::Process& p, const launch::ExitStatus& e, SelfCheckFigures* f) {
-    const std::string text = tracer::ReadFile(p.log_path()).value_or("");
-    const auto brace = text.rfind('{');
-    const auto j =
-        nlohmann::json::parse(brace == std::string::npos ? "" : text.substr(brace), nullptr, false);
-    if (!e.success() || j.is_discarded() || !j.contains("allreduce_gbps")) {
-      std::string said = text;
-      if (text.starts_with('{')) {  // the GEMM's line, then what ended the check
-        const size_t eol = std::min(text.find('\n'), text.size());
-        const auto gemm = nlohmann::json::parse(text.substr(0, eol), nullptr, false);
-        if (!gemm.is_discarded()) f->gemm_gflops = gemm.value("gemm_gflops", 0.0);
-        said = text.substr(std::min(eol + 1, text.size()));
-      }
-      f->error = "self-check " + e.Describe() + ": " + said.substr(0, 300);
-      return;
-    }
-    f->ok = true;
-    f->gemm_gflops = j.value("gemm_gflops", 0.0);
-    f->allreduce_gbps = j.value("allreduce_gbps", 0.0);
   }
 
   launch::Supervisor sup_;
@@ -198,6 +185,31 @@ class RealClock final : public LoopClock {
 };
 
 }  // namespace
+
+SelfCheckFigures ReadSelfCheckLog(const std::string& text, const std::string& ended) {
+  SelfCheckFigures f;
+  const auto brace = text.rfind('{');
+  const auto j =
+      nlohmann::json::parse(brace == std::string::npos ? "" : text.substr(brace), nullptr, false);
+  if (ended.empty() && !j.is_discarded() && j.contains("allreduce_gbps")) {
+    f.ok = true;
+    f.gemm_gflops = j.value("gemm_gflops", 0.0);
+    f.allreduce_gbps = j.value("allreduce_gbps", 0.0);
+    return f;
+  }
+  std::string said = text;
+  if (text.starts_with('{')) {  // the GEMM's line, then what ended the check
+    const size_t eol = std::min(text.find('\n'), text.size());
+    const auto gemm = nlohmann::json::parse(text.substr(0, eol), nullptr, false);
+    if (!gemm.is_discarded() && gemm.value("gemm_gflops", 0.0) > 0)
+      f.gemm_gflops = gemm.value("gemm_gflops", 0.0);
+    said = text.substr(std::min(eol + 1, text.size()));
+  }
+  while (!said.empty() && (said.back() == '\n' || said.back() == ' ')) said.pop_back();
+  f.error = (ended.empty() ? std::string("self-check gave no figures") : ended) +
+            (said.empty() ? "" : ": " + said.substr(0, 300));
+  return f;
+}
 
 std::vector<Result<std::string>> Fleet::AgentGetAll(const std::vector<std::string>& nodes,
                                                     const std::string& path, int timeout_ms,

@@ -319,5 +319,35 @@ TEST(LaunchPlanTest, WhatCannotBeCarriedOutIsRefusedNamingTheFlag) {
   EXPECT_TRUE(PlanLaunch({2, 0, 4, {}, {"link:node=node1,kind=slow,rate=5,at=2"}}, &o).ok());
 }
 
+// A self-check's log as `megascope self-check` writes it: the whole check's figures; a check that
+// failed on its link, or was stopped because its partner's end failed first (which end notices a
+// crawling link first is up to the load), still says the GEMM it measured; one that ended before
+// its GEMM says none.
+TEST(SelfCheckLogTest, AnEndStoppedAfterItsPartnerFailedKeepsTheGemmItMeasured) {
+  const SelfCheckFigures done = ReadSelfCheckLog(
+      "{\"rank\": 0, \"gemm_gflops\": 12.500}\n"
+      "{\"rank\": 0, \"gemm_gflops\": 12.500, \"allreduce_gbps\": 0.3000}\n",
+      "");
+  EXPECT_TRUE(done.ok);
+  EXPECT_DOUBLE_EQ(done.gemm_gflops, 12.5);
+  EXPECT_DOUBLE_EQ(done.allreduce_gbps, 0.3);
+  const std::string why = "stopped: its partner's self-check failed (under half of the floor)";
+  const SelfCheckFigures stopped =
+      ReadSelfCheckLog("{\"rank\": 1, \"gemm_gflops\": 40.000}\n", why);
+  EXPECT_FALSE(stopped.ok);
+  EXPECT_DOUBLE_EQ(stopped.gemm_gflops, 40);
+  EXPECT_EQ(stopped.error, why);
+  const SelfCheckFigures failed = ReadSelfCheckLog(
+      "{\"rank\": 0, \"gemm_gflops\": 9.000}\nthe all-reduces moved under half of the floor\n",
+      "self-check exited with code 1");
+  EXPECT_FALSE(failed.ok);
+  EXPECT_DOUBLE_EQ(failed.gemm_gflops, 9);
+  EXPECT_EQ(failed.error,
+            "self-check exited with code 1: the all-reduces moved under half of the floor");
+  const SelfCheckFigures early = ReadSelfCheckLog("", "self-check exited with code 4");
+  EXPECT_FALSE(early.ok);
+  EXPECT_EQ(early.gemm_gflops, 0);
+}
+
 }  // namespace
 }  // namespace megascope::controller

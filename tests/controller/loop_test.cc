@@ -647,6 +647,34 @@ TEST_F(LoopTest, ACheckThatEndsUnderTheFloorStillSaysItsComputeHeld) {
   EXPECT_EQ(evictions[0].detail["reason"], "comm_straggler");
 }
 
+// Under a load that slows every process, the slow-network node's check is stopped because its
+// partner's end failed first on the link between them: both ends measured their GEMM beside each
+// other at a third of the launch's figure. The partner's GEMM is the reference even though its
+// check failed (a real run beside a busy test suite evicted such a node as a compute straggler).
+TEST_F(LoopTest, ALoadThatSlowsBothEndsOfACheckStoppedOnItsLinkLeavesItsComputeHeld) {
+  SlowNetworkOfNode1(/*under_floor=*/true);
+  clock_.OnSleep([this] {
+    if (fleet_->done() != 4) return;
+    SelfCheckFigures stopped;  // node1's end: stopped once its partner's end failed
+    stopped.gemm_gflops = 30;  // the launch's healthy figure is 100
+    stopped.error =
+        "stopped: its partner's self-check failed (self-check exited with code 1: the "
+        "all-reduces with its neighbour moved under half of the 0.300 GB/s floor)";
+    fleet_->SetSelfCheck("node1", stopped);
+    SelfCheckFigures partner;  // node0's end: noticed the crawling link first
+    partner.gemm_gflops = 35;
+    partner.error =
+        "self-check exited with code 1: the all-reduces with its neighbour moved "
+        "under half of the 0.300 GB/s floor";
+    fleet_->SetSelfCheck("node0", partner);
+  });
+  EXPECT_EQ(Run(), kLaunchFinished);
+  const auto evictions = Events("eviction");
+  ASSERT_EQ(evictions.size(), 1u);
+  EXPECT_EQ(evictions[0].node, "node1");
+  EXPECT_EQ(evictions[0].detail["reason"], "comm_straggler");
+}
+
 // A streak named both ways: node1 computes 2.5 times its peers' time from step 4 on, then from
 // step 8 on computes as fast as they do but reaches every all-reduce 0.2 s late, then from step 12
 // on computes slowly again. The first window names it by its compute, the second by its lateness:

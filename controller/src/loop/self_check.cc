@@ -90,7 +90,9 @@ Controller::Impl::CheckResult Controller::Impl::Judge(
       }
     }
   }
-  const double gemm_ref = partner_now.ok && partner_now.gemm_gflops > 0
+  // The partner's GEMM counts even where its check then failed on the link between them: it was
+  // measured beside the node's, under the same load.
+  const double gemm_ref = partner_now.gemm_gflops > 0
                               ? std::min(baseline_gemm, partner_now.gemm_gflops)
                               : baseline_gemm;
   // A check that failed on its link has still measured its GEMM.

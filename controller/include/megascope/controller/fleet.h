@@ -31,6 +31,13 @@ struct SelfCheckFigures {
   std::string error;                           // why it did not finish (ok false)
 };
 
+// What a self-check process said in its log (`megascope self-check`: its GEMM's figure on a line
+// of its own, flushed, then the figures of the whole check on its last line). `ended` says how the
+// process ended: "" when it finished well; else its exit, or why it was stopped (its partner's
+// check failed first: under load either end of a crawling link may be the one to notice). A check
+// that did not finish keeps the GEMM figure it printed: its compute held or not, whatever ended it.
+SelfCheckFigures ReadSelfCheckLog(const std::string& text, const std::string& ended);
+
 class Fleet {
  public:
   virtual ~Fleet() = default;
