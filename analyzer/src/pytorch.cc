@@ -220,6 +220,9 @@ struct Converted {
   PyTorchRank rank;
   std::vector<std::pair<std::pair<int, int64_t>, PyTorchOp>> collectives;  // (group, seq) -> op
   std::vector<std::pair<size_t, PyTorchOp>> transfers;  // index in dump's entries -> op
+  // Process groups created again under the same name (an in-process restart): name -> the
+  // entries of their earlier instances, left out as stale.
+  std::map<std::string, int> stale;
 };
 
 std::vector<std::vector<int64_t>> SizesOf(const json& e, const char* key) {
@@ -256,6 +259,8 @@ PyTorchOp OpRecord(const json& e, const std::string& profiling) {
   op.input_dtypes = StringsOf(e, "input_dtypes");
   op.output_dtypes = StringsOf(e, "output_dtypes");
   if (e.contains("state") && e["state"].is_string()) op.state = e["state"].get<std::string>();
+  if (e.contains("duration_ms") && e["duration_ms"].is_number())
+    op.duration_ms = e["duration_ms"].get<double>();
   op.record_id = IntOf(e.value("record_id", json(-1)), -1);
   op.collective_seq_id = IntOf(
       e.contains("collective_seq_id") ? e["collective_seq_id"] : e.value("seq_id", json(-1)), -1);
@@ -302,8 +307,16 @@ class Converter {
     RETURN_IF_ERROR(Header(j, rank_hint));
     const json no_entries = json::array();
     if (j.contains("entries")) NameTheUnnamedGroup(j["entries"]);
+    const json& entries = j.contains("entries") ? j["entries"] : no_entries;
+    // A ring that dropped its oldest entries starts past record 0.
+    out_.rank.wrapped = entries.is_array() && !entries.empty() && entries[0].is_object() &&
+                        IntOf(entries[0].value("record_id", json(0)), 0) > 0;
+    const std::vector<bool> stale = EarlierInstances(entries);
     uint64_t id = 0;  // entries read
-    for (const auto& e : j.contains("entries") ? j["entries"] : no_entries) Entry(e, id++);
+    for (const auto& e : entries) {
+      if (!stale[id]) Entry(e, id);
+      ++id;
+    }
     if (!j.contains("entries")) FromPgStatus(j["pg_status"]);
     Date();
     d_.alive = true;
@@ -417,6 +430,46 @@ class Converter {
     }
   }
 
+  // An in-process restart (torchft, a job's own abort and retry) creates a process group again
+  // under the same name: ProcessGroupNCCL gives every instance a new uid (an entry's pg_id) while
+  // pg_config is keyed by the name, and unless FlightRecorder::reset_all ran, the aborted
+  // instance's entries stay in the ring, their sequence numbers overlapping the live one's. The
+  // live instance of a name is the one of its newest entry (the highest record_id); the entries of
+  // the others are stale (true at their index) and counted in out_.stale.
+  std::vector<bool> EarlierInstances(const json& entries) {
+    std::vector<bool> stale(entries.size(), false);
+    if (first_form_) return stale;  // pg_id is the group's only name there
+    std::map<std::string, std::pair<int64_t, int64_t>> live;  // name -> (record_id, pg_id)
+    auto instance = [](const json& e, std::string* name, int64_t* pg_id) {
+      if (!e.is_object() || !e.contains("pg_id") || !e.contains("process_group") ||
+          !e["process_group"].is_array() || e["process_group"].empty() ||
+          !e["process_group"][0].is_string())
+        return false;
+      *name = e["process_group"][0].get<std::string>();
+      *pg_id = IntOf(e["pg_id"], -1);
+      return *pg_id >= 0;
+    };
+    std::string name;
+    int64_t pg_id = -1;
+    int64_t at = 0;
+    for (const auto& e : entries) {
+      const int64_t record = IntOf(e.is_object() ? e.value("record_id", json(at)) : json(at), at);
+      ++at;
+      if (!instance(e, &name, &pg_id)) continue;
+      auto [it, fresh] = live.try_emplace(name, record, pg_id);
+      if (!fresh && record >= it->second.first) it->second = {record, pg_id};
+    }
+    size_t i = 0;
+    for (const auto& e : entries) {
+      if (instance(e, &name, &pg_id) && pg_id != live[name].second) {
+        stale[i] = true;
+        ++out_.stale[name];
+      }
+      ++i;
+    }
+    return stale;
+  }
+
   // The index of entry `e`'s process group, -1 (reported) when pg_config does not have it.
   int GroupOfEntry(const json& e, const std::string& where) {
     const std::string pg = GroupName(e);
@@ -434,8 +487,6 @@ class Converter {
   void Entry(const json& e, uint64_t id) {
     Fields f;
     f.where = "entries[" + std::to_string(id) + "]";
-    if (id == 0)  // a ring that dropped its oldest entries starts past record 0
-      out_.rank.wrapped = IntOf(e.value("record_id", json(0)), 0) > 0;
     f.group = GroupOfEntry(e, f.where);
     if (f.group < 0) return;
     f.profiling = e.value("profiling_name", "");
@@ -824,6 +875,20 @@ Result<PyTorchInput> LoadPyTorch(const std::string& dir) {
   PyTorchInput in;
   ASSIGN_OR_RETURN(in.hang, MakeHangInput(std::move(dumps)));
   for (const std::string& why : skipped) in.hang.warnings.push_back("left out: " + why);
+  std::map<std::string, std::pair<int, int>> stale;  // group -> (dumps, entries)
+  for (const auto& [f, c] : read) {
+    for (const auto& [name, n] : c.stale) {
+      ++stale[name].first;
+      stale[name].second += n;
+    }
+  }
+  for (const auto& [name, n] : stale) {
+    in.hang.warnings.push_back(
+        "process group '" + name + "' was created again under its name (an in-process restart: " +
+        "a new pg_id) in " + std::to_string(n.first) + (n.first == 1 ? " dump" : " dumps") +
+        "; the " + std::to_string(n.second) +
+        " entries of its earlier instances are stale and left out, the live one is analysed");
+  }
   in.ranks.resize(in.hang.ranks.size());
   for (auto& [r, x] : extra) {
     if (r >= 0 && r < static_cast<int>(in.ranks.size())) in.ranks[r] = std::move(x);

@@ -2,6 +2,7 @@
 // of a collective compare (torch/distributed/flight_recorder/components/types.py, Op.match), who
 // departs from a collective's members, and the evidence a PyTorch user recognises.
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <numeric>
 #include <set>
@@ -85,6 +86,69 @@ const PyTorchOp* OpAt(const PyTorchInput& in, int rank, std::string_view group, 
   return it == c.end() ? nullptr : &it->second;
 }
 
+// An all_to_all recorded with one tensor per peer (ProcessGroupNCCL::alltoall's lists: what the
+// rank sends each peer in input_sizes, what it receives from each in output_sizes, in the order of
+// the group's ranks) is checked pair by pair: what i sends j must be what j receives from i. The
+// splits may be uneven (an MoE's routing), so Op.match skips these sizes and check_size_alltoall
+// compares only the totals; the pairs name the rank whose splits disagree -- the one in every
+// disagreeing pair (both ends where one pair alone disagrees). Nothing where every member's
+// record is not in that form or every pair agrees.
+MemberComparison AllToAllPairs(const std::vector<std::pair<int, const PyTorchOp*>>& ops,
+                               const std::vector<int32_t>& group_ranks) {
+  MemberComparison out;
+  const size_t n = group_ranks.size();
+  if (n < 2 || ops.size() != n) return out;
+  std::map<int, const PyTorchOp*> by_local;
+  for (const auto& [rank, op] : ops) {
+    const auto at = std::find(group_ranks.begin(), group_ranks.end(), rank);
+    if (at == group_ranks.end() || op->type != "alltoall" || op->input_sizes.size() != n ||
+        op->output_sizes.size() != n)
+      return out;
+    by_local[static_cast<int>(at - group_ranks.begin())] = op;
+  }
+  std::map<int, int> disagrees;          // local index -> pairs it is in
+  std::vector<std::pair<int, int>> bad;  // (sender, receiver), local indices
+  for (int i = 0; i < static_cast<int>(n); ++i) {
+    for (int j = 0; j < static_cast<int>(n); ++j) {
+      if (i == j || by_local[i]->input_sizes[static_cast<size_t>(j)] ==
+                        by_local[j]->output_sizes[static_cast<size_t>(i)])
+        continue;
+      bad.emplace_back(i, j);
+      ++disagrees[i];
+      ++disagrees[j];
+    }
+  }
+  if (bad.empty()) return out;
+  int most = 0;
+  for (const auto& [local, k] : disagrees) most = std::max(most, k);
+  for (const auto& [local, k] : disagrees) {
+    if (k == most) out.odd.push_back(group_ranks[static_cast<size_t>(local)]);
+  }
+  std::sort(out.odd.begin(), out.odd.end());
+  out.kind = MismatchKind::kSize;
+  // The first disagreeing pair of the first rank named, told from that rank's side.
+  for (const auto& [i, j] : bad) {
+    const int odd = out.odd.front();
+    if (group_ranks[static_cast<size_t>(i)] != odd && group_ranks[static_cast<size_t>(j)] != odd)
+      continue;
+    const std::string sent = Shapes({by_local[i]->input_sizes[static_cast<size_t>(j)]});
+    const std::string got = Shapes({by_local[j]->output_sizes[static_cast<size_t>(i)]});
+    const std::string from = std::to_string(group_ranks[static_cast<size_t>(i)]);
+    const std::string to = std::to_string(group_ranks[static_cast<size_t>(j)]);
+    const std::string& name = by_local[i]->profiling_name;
+    const bool receives = group_ranks[static_cast<size_t>(j)] == odd;
+    out.found = name + (receives ? " expecting " + got + " from rank " + from
+                                 : " sending " + sent + " to rank " + to);
+    out.expected = name +
+                   (receives ? " where rank " + from + " sends it " + sent
+                             : " where rank " + to + " expects " + got) +
+                   "; " + std::to_string(bad.size()) + " of the " + std::to_string(n * (n - 1)) +
+                   " pairs' splits disagree";
+    break;
+  }
+  return out;
+}
+
 // The members' ops at (group, seq) in classes of ops that match one another (each against its
 // class's first op, as PyTorch compares each rank's entry against one reference), the norm being
 // the largest class; of two as large, the one fewer of whose members changed type since their
@@ -101,11 +165,17 @@ MemberComparison Compare(const PyTorchInput& in, std::string_view group, int64_t
   }
   if (ops.size() < 2) return out;
   size_t pg_size = ops.size();
+  std::vector<int32_t> group_ranks;
   if (const RankView& v = in.hang.ranks[ops[0].first]; v.present) {
     for (const auto& g : v.dump.snapshot.groups) {
-      if (g.name == group) pg_size = g.ranks.size();
+      if (g.name == group) {
+        pg_size = g.ranks.size();
+        group_ranks = g.ranks.ToVector();
+      }
     }
   }
+  std::sort(group_ranks.begin(), group_ranks.end());  // a group's ranks number its members
+  if (MemberComparison pairs = AllToAllPairs(ops, group_ranks); !pairs.odd.empty()) return pairs;
   struct Class {
     const PyTorchOp* rep;
     std::vector<int> who;
@@ -272,6 +342,51 @@ std::optional<MismatchKind> MatchPyTorchOps(const PyTorchOp& expected, const PyT
   return std::nullopt;
 }
 
+// How many times the longest earlier run of an op an open one may have taken and still be
+// progressing at its usual pace: an op's time varies with the load on its links, and a kernel
+// stuck for good outgrows it within a few steps.
+constexpr double kUsualPaceSlack = 2.0;
+
+// With timing on (TORCH_NCCL_ENABLE_TIMING: completed ops carry duration_ms), the op each of
+// `ranks` is blocked in has been open for less than its timeout and no longer than kUsualPaceSlack
+// times the longest the same op of its group took on that rank before: a slow op making its way,
+// not a stuck one. False where any rank's op has no such history or its dump's time is not known.
+bool InFlightAtItsUsualPace(const PyTorchInput& in, const std::vector<int32_t>& ranks,
+                            std::string* evidence) {
+  if (ranks.empty()) return false;
+  for (const int32_t r : ranks) {
+    if (r < 0 || r >= static_cast<int>(in.ranks.size())) return false;
+    const RankView& v = in.hang.ranks[r];
+    const auto& blocking = v.ops.blocking;
+    const auto& groups = v.dump.snapshot.groups;
+    if (!v.present || in.ranks[r].dated_by_timeout || !blocking || v.ops.blocking_group < 0 ||
+        v.ops.blocking_group >= static_cast<int>(groups.size()))
+      return false;
+    const std::string& group = groups[v.ops.blocking_group].name;
+    const PyTorchOp* open = OpAt(in, r, group, static_cast<int64_t>(blocking->seq));
+    if (open == nullptr) return false;
+    double usual_ms = -1;
+    for (const auto& [key, op] : in.ranks[r].collectives) {
+      if (key.first == group && op.type == open->type && op.state == "completed")
+        usual_ms = std::max(usual_ms, op.duration_ms);
+    }
+    const int64_t since =
+        blocking->started_at_ns > 0 ? blocking->started_at_ns : blocking->enqueued_at_ns;
+    const double open_ms = static_cast<double>(v.dump.dumped_at_ns - since) / 1e6;
+    if (usual_ms <= 0 || since <= 0 || open_ms > kUsualPaceSlack * usual_ms ||
+        (blocking->timeout_ms > 0 && open_ms >= blocking->timeout_ms))
+      return false;
+    if (evidence->empty()) {
+      char line[160];
+      std::snprintf(line, sizeof(line),
+                    "rank %d: %s open %.1f s, the same op took up to %.1f s before", r,
+                    open->profiling_name.c_str(), open_ms / 1e3, usual_ms / 1e3);
+      *evidence = line;
+    }
+  }
+  return true;
+}
+
 std::vector<Verdict> AnalyzePyTorch(const PyTorchInput& in, HangOptions options) {
   // PyTorch dumps from every live rank on a timeout or an NCCL error: a rank without one is gone.
   options.absent_is_gone = true;
@@ -284,6 +399,21 @@ std::vector<Verdict> AnalyzePyTorch(const PyTorchInput& in, HangOptions options)
   // rests on how long the ops were open; where the files were copied since, nothing says it, and
   // a dump taken mid-run (_dump_nccl_trace on a healthy job) looks just so.
   if (verdicts.size() == 1 && ParseCause(verdicts[0].cause) == Cause::kUnknown) {
+    if (std::string pace; InFlightAtItsUsualPace(in, verdicts[0].waiting_ranks, &pace)) {
+      Verdict v;
+      v.kind = VerdictKind::kHealthy;
+      v.detected_at_ns = verdicts[0].detected_at_ns;
+      v.confidence = 0.8;
+      v.explanation =
+          "every member of every open op joined it and their ops match (PyTorch's analysis finds "
+          "no error), and each has been open no longer than " +
+          std::to_string(static_cast<int>(kUsualPaceSlack)) +
+          " times what the same op took before (its recorded duration_ms) and less than its "
+          "timeout: a slow op making progress, not a hang";
+      v.evidence = std::move(verdicts[0].evidence);
+      v.evidence.push_back(pace);
+      return {v};
+    }
     bool dated = true;
     for (int r : verdicts[0].waiting_ranks) {
       dated &= r >= 0 && r < static_cast<int>(in.ranks.size()) && in.ranks[r].dated_by_timeout;

@@ -246,6 +246,36 @@ INSTANTIATE_TEST_SUITE_P(Real, PyTorchCase,
                          [](const auto& info) { return fs::path(info.param).filename().string(); });
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(PyTorchCase);
 
+// The slow collective of slow_collective_progressing_healthy, dumped later: open 60 s where the
+// same all-reduce took at most 25 s before, it is no longer at its usual pace and is not healthy.
+// Without the recorded durations (timing off) its pace is unknown: not healthy either.
+TEST(PyTorchImportTest, ASlowCollectiveOpenFarLongerThanItsUsualRunIsNotHealthy) {
+  const std::string dir = MEGASCOPE_TEST_DATA "/pytorch/slow_collective_progressing_healthy";
+  std::ifstream f(dir + "/expected.json");
+  const auto expected = nlohmann::json::parse(f);
+  for (const bool timing : {true, false}) {
+    TempDir copy;
+    fs::copy(dir + "/dumps", copy.path(), fs::copy_options::recursive);
+    for (const auto& [file, ns] : expected["dumped_at_ns"].items()) {
+      const std::string path = copy.path() + "/" + file;
+      if (!timing) {
+        auto j = nlohmann::json::parse(tracer::ReadFile(path).value());
+        for (auto& e : j["entries"]) e.erase("duration_ms");
+        std::ofstream(path, std::ios::trunc) << j.dump();
+      }
+      const int64_t later = ns.get<int64_t>() + (timing ? 38'000'000'000 : 0);
+      const struct timespec times[2] = {{later / 1'000'000'000, 0},
+                                        {later / 1'000'000'000, later % 1'000'000'000}};
+      ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0) << path;
+    }
+    auto in = LoadPyTorch(copy.path());
+    ASSERT_TRUE(in.ok()) << in.status().ToString();
+    const auto verdicts = AnalyzePyTorch(*in);
+    ASSERT_EQ(verdicts.size(), 1u);
+    EXPECT_EQ(verdicts[0].kind, VerdictKind::kHang) << VerdictToJson(verdicts[0]);
+  }
+}
+
 TEST(PyTorchImportTest, FlightRecorderDumpsGetARootCause) {
   auto in = LoadPyTorchDumps(MEGASCOPE_TEST_DATA "/pytorch/rank_not_joined/dumps");
   ASSERT_TRUE(in.ok()) << in.status().ToString();

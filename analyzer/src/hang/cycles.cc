@@ -155,6 +155,45 @@ std::vector<int> MinorityDeviators(const HangAnalysis& a, std::string& text) {
   return deviators;
 }
 
+// Ranks each blocked in a send or receive whose peer has not posted its side of it, the peer
+// itself blocked in a send or receive of its own, round to the first: each waits for a transfer
+// the next cannot reach (a pipeline schedule in which both stages send first, or both receive
+// first). None of them skipped anything; their order is wrong together, so all are named. The
+// first such cycle, its ranks in order; `text` says how each waits.
+std::vector<int> TransferCycle(const HangAnalysis& a, std::string& text) {
+  for (int start : a.waiting) {
+    std::vector<int> path = {start};
+    for (int cur = start;;) {
+      const Rank& R = a.ranks[cur];
+      if (R.blocking == nullptr || !tracer::IsP2P(R.blocking->op)) break;
+      const int peer = R.blocking->peer;
+      auto e = a.edges.find(cur);
+      if (peer < 0 || peer >= a.n || e == a.edges.end() || !e->second.count(peer) ||
+          !a.ranks[peer].present)
+        break;  // the peer posted its side (a link's matter) or is gone
+      const auto at = std::find(path.begin(), path.end(), peer);
+      if (at != path.end()) {
+        std::vector<int> cycle(at, path.end());
+        if (cycle.size() < 2) break;
+        for (size_t i = 0; i < cycle.size(); ++i) {
+          const Rank& X = a.ranks[cycle[i]];
+          const Rank& Y = a.ranks[cycle[(i + 1) % cycle.size()]];
+          text += X.Describe() + " waits in " + OpName(*X.blocking, X.blocking_group) +
+                  ", which rank " + std::to_string(Y.id) + " cannot match: it waits in " +
+                  OpName(*Y.blocking, Y.blocking_group) + " itself. ";
+        }
+        text +=
+            "Each issued its transfers in an order its peer's cannot meet (both sending, or "
+            "both receiving, first). ";
+        return cycle;
+      }
+      path.push_back(peer);
+      cur = peer;
+    }
+  }
+  return {};
+}
+
 Verdict OrderVerdict(const HangAnalysis& a, const std::vector<int>& deviators,
                      const std::string& text) {
   Verdict v = a.Base(Cause::kOrderMismatch);
@@ -201,7 +240,8 @@ void AddWaitSides(const HangAnalysis& a, Verdict& v) {
 
 }  // namespace
 
-// 5. Ranks waiting on each other in a cycle: someone issued collectives in another order --
+// 5. Ranks waiting on each other in a cycle: transfers posted in orders that cannot meet, or
+// someone issued collectives in another order --
 // unless the waits end in joined collectives that stopped across one link (a lossy link makes
 // every rank wait somewhere, in an order a short history can take for a deviation).
 void NameCycle(HangAnalysis& a) {
@@ -212,6 +252,11 @@ void NameCycle(HangAnalysis& a) {
   }
   if (NameDeadLink(a, /*at_sinks=*/true)) return;
   std::string text;
+  if (std::vector<int> cycle = TransferCycle(a, text); !cycle.empty()) {
+    std::sort(cycle.begin(), cycle.end());
+    a.out.push_back(OrderVerdict(a, cycle, text));
+    return;
+  }
   std::vector<int> deviators = PeriodDeviators(a, text);
   if (deviators.empty() && !NameDeadLink(a, /*at_sinks=*/false))
     deviators = MinorityDeviators(a, text);

@@ -198,7 +198,7 @@ def as_json(d):
     return json.dumps(j)
 
 
-def write_case(name, origin, dumps, expected, form="pickle", warnings=None):
+def write_case(name, origin, dumps, expected, form="pickle", warnings=None, dumped_at_ns=None):
     d = os.path.join(HERE, name)
     os.makedirs(os.path.join(d, "dumps"), exist_ok=True)
     for f in os.listdir(os.path.join(d, "dumps")):
@@ -215,6 +215,9 @@ def write_case(name, origin, dumps, expected, form="pickle", warnings=None):
         case = {"origin": origin, "form": form, "verdicts": expected}
         if warnings:
             case["warnings"] = warnings  # a part of each warning the reader must give, in order
+        if dumped_at_ns is not None:  # each file's time, which the test restores on a copy
+            suffix = ".json" if form == "json" else ""
+            case["dumped_at_ns"] = {f"nccl_trace_rank_{r}{suffix}": dumped_at_ns for r in dumps}
         json.dump(case, f, indent=1)
         f.write("\n")
 
@@ -610,6 +613,111 @@ def main():
                "TORCH_NCCL_ENABLE_TIMING: the op in flight is started on every rank; utils.py "
                "error_analysis finds no error", dumps,
                [{"kind": "healthy", "cause": None, "root_ranks": []}])
+
+    # 22. A pipeline's send/recv ordering deadlock (1F1B written wrong): after two healthy steps
+    #     both stage ranks post a send to each other first and neither posts its recv. NCCL's send
+    #     waits for the peer's recv, so each waits on the other: neither skipped anything, both
+    #     issued their ops in an order that cannot meet (test_c10d_nccl's p2p tests; the
+    #     p2p_seq_id counts both directions of a group's transfers).
+    pp = ("1", "pp")
+    groups = {"0": ("default_pg", range(2)), "1": ("pp", [0, 1])}
+    dumps = {}
+    for r in range(2):
+        ents, rec, p2p = [], 0, 0
+        for step in range(3):
+            t = step * 10_000_000
+            first, second = ("nccl:send 0->1", "nccl:recv 0<-1") if r == 0 else \
+                            ("nccl:recv 1<-0", "nccl:send 1->0")
+            if step == 2:  # both send first
+                first = "nccl:send 0->1" if r == 0 else "nccl:send 1->0"
+            p2p += 1
+            ents.append(entry(rec, pp, 0, first, "started" if step == 2 else "completed",
+                              p2p_seq=p2p, is_p2p=True, t=t, timing=True)); rec += 1
+            if step < 2:
+                p2p += 1
+                ents.append(entry(rec, pp, 0, second, "completed", p2p_seq=p2p, is_p2p=True,
+                                  t=t + 1000, timing=True)); rec += 1
+        dumps[r] = dump(groups, ents)
+    write_case("p2p_both_send_first_order_deadlock", "ProcessGroupNCCL send/recv (p2p_seq_id per "
+               "group); types.py Op.match: a send matches only its peer's recv, so each rank's send "
+               "meets the other's send -- both ranks' order is wrong, neither is missing", dumps,
+               [{"cause": "order_mismatch", "root_ranks": [0, 1]}], form="json")
+
+    # 23. A slow collective that is progressing: with TORCH_NCCL_ENABLE_TIMING, the job's big
+    #     all-reduce takes about 25 s every step (each completed one's duration_ms says so); the
+    #     newest has been in flight 22 s on every rank, its kernel started everywhere, far from
+    #     the 10-minute timeout, when a periodic dump is taken. Every member joined and matches,
+    #     no op is past its timeout and none is older than the op usually takes: healthy.
+    dumps = {}
+    for r in range(4):
+        ents = []
+        for k in range(4):
+            e = entry(k, WORLD, k + 1, "nccl:all_reduce", "completed", sizes=((1 << 28,),),
+                      t=k * 30_000_000_000, timing=True)
+            e["time_discovered_completed_ns"] = e["time_discovered_started_ns"] + 25_000_000_000
+            e["duration_ms"] = 24_800.0 + 100 * k
+            ents.append(e)
+        ents.append(entry(4, WORLD, 5, "nccl:all_reduce", "started", sizes=((1 << 28,),),
+                          t=4 * 30_000_000_000, timing=True))
+        dumps[r] = dump(world(4), ents)
+    write_case("slow_collective_progressing_healthy", "_dump_nccl_trace on a healthy job with "
+               "TORCH_NCCL_ENABLE_TIMING (duration_ms from the start and end events): the op in "
+               "flight is started on every member and younger than the op's usual duration and "
+               "its timeout; utils.py error_analysis finds no error", dumps,
+               [{"kind": "healthy", "cause": None, "root_ranks": []}], form="json",
+               dumped_at_ns=T0 + 4 * 30_000_000_000 + 22_000_000_000)
+
+    # 24. An in-process restart (torchft, or a job's own abort-and-retry) re-creates the world
+    #     group under the same name: ProcessGroupNCCL gives every new instance a new uid (the
+    #     entries' pg_id) while pg_config is keyed by the name, and without FlightRecorder's
+    #     reset the aborted incarnation's entries stay in the ring, record_id counting on and
+    #     collective_seq_id starting again at 1. The aborted incarnation (pg_id 0) left an
+    #     all-reduce open on ranks 0-2; the live one (pg_id 3) is stuck because rank 3 never
+    #     joins its 3rd all-reduce. The stale entries say nothing about the live hang.
+    dumps = {}
+    for r in range(4):
+        old = [entry(k, WORLD, k + 1, "nccl:all_reduce", "completed", t=k * 10_000_000)
+               for k in range(4)]
+        old.append(entry(4, WORLD, 5, "nccl:all_reduce", "scheduled" if r == 1 else "started",
+                         t=40_000_000))
+        live = [entry(5 + k, WORLD, k + 1, "nccl:all_reduce", "completed",
+                      t=100_000_000 + k * 10_000_000) for k in range(2)]
+        if r != 3:
+            live.append(entry(7, WORLD, 3, "nccl:all_reduce", "started", t=130_000_000))
+        for e in live:
+            e["pg_id"] = 3
+        dumps[r] = dump(world(4), old + live, {"0": {"last_enqueued_collective": 5,
+                                                     "last_started_collective": 5 - (r == 1),
+                                                     "last_completed_collective": 4},
+                                               "3": {"last_enqueued_collective": 3 - (r == 3),
+                                                     "last_started_collective": 3 - (r == 3),
+                                                     "last_completed_collective": 2}})
+    write_case("inprocess_restart_same_group_name", "ProcessGroupNCCL uid_ (an entry's pg_id) is "
+               "new for every instance, pg_config is keyed by name; FlightRecorder::reset_all was "
+               "not called, so the aborted instance's entries stay in the ring", dumps,
+               [{"cause": "rank_not_joined", "root_ranks": [3], "waiting_ranks": [0, 1, 2]}],
+               warnings=["process group '0' was created again"])
+
+    # 25. all_to_all with per-peer tensors (ProcessGroupNCCL::alltoall records one input and one
+    #     output tensor per peer): rank i's input i->j must be rank j's output j<-i. Splits may be
+    #     uneven (an MoE's token routing); rank 2 expects 3 rows from every peer where they send it
+    #     what they computed (2 from ranks 0 and 3), so every pair that disagrees holds rank 2 and the kernel waits for bytes that
+    #     never come. PyTorch's check_size_alltoall sees only that the totals differ.
+    def rows(i, j):  # what i sends j, as every rank but 2 computes it
+        return 1 + (i + 2 * j) % 3
+    dumps = {}
+    for r in range(4):
+        ents = allreduces(r, 2)
+        ins = [(rows(r, j), 8) for j in range(4)]
+        outs = [((3 if j != 2 else rows(2, 2)) if r == 2 else rows(j, r), 8) for j in range(4)]
+        ents.append(entry(2, WORLD, 3, "nccl:all_to_all", "started", sizes=ins, out_sizes=outs,
+                          t=30_000_000, timing=True))
+        dumps[r] = dump(world(4), ents)
+    write_case("alltoall_splits_disagree_on_one_rank", "ProcessGroupNCCL::alltoall's per-peer "
+               "tensors in input_sizes/output_sizes; utils.py check_size_alltoall "
+               "(SIZE_OR_SYNTAX_MISMATCH on totals); the rank in every disagreeing pair is named",
+               dumps, [{"cause": "op_mismatch", "root_ranks": [2],
+                        "mismatch": "SIZE_OR_SYNTAX_MISMATCH"}])
 
 
 if __name__ == "__main__":

@@ -28,6 +28,9 @@ struct PyTorchOp {
   std::vector<std::vector<int64_t>> input_sizes, output_sizes;
   std::vector<std::string> input_dtypes, output_dtypes;
   std::string state;  // scheduled, started, completed (as written; "" if none)
+  // With TORCH_NCCL_ENABLE_TIMING, a completed op's time from its start to its end event, in ms
+  // (duration_ms); < 0 when not recorded.
+  double duration_ms = -1;
   int64_t record_id = -1, collective_seq_id = -1, p2p_seq_id = -1;
   std::vector<std::string> frames;  // "function at file:line", innermost first
   std::vector<PyTorchOp> members;   // of a coalesced block, in issue order
