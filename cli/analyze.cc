@@ -80,6 +80,7 @@ struct AnalyzeArgs {
   std::string what, source, agents, pytorch, steps, token_file;
   bool json = false, stacks = false, whole_run = false;
   analyzer::HangOptions ho;
+  analyzer::PyTorchLoadOptions torch;
   bool min_wait_given = false, stale_given = false;  // on the command line
 };
 
@@ -146,6 +147,9 @@ int RunHang(const AnalyzeArgs& a) {
     return Fail("analyze", "give one of: a dump or run directory, --agents URL,..., --pytorch DIR",
                 kExitUsage);
   }
+  if (a.torch.ft_group_world_size < 0 || (a.torch.ft_group_world_size > 0 && a.pytorch.empty()))
+    return Fail("analyze", "--transform-ft takes a group world size >= 1, with --pytorch",
+                kExitUsage);
   std::vector<std::string> urls;
   std::stringstream ss(a.agents);
   for (std::string u; std::getline(ss, u, ',');) {
@@ -160,7 +164,7 @@ int RunHang(const AnalyzeArgs& a) {
   // PyTorch's dumps are read with PyTorch's semantics (analyzer/pytorch.h), the rest as ours.
   std::optional<analyzer::PyTorchInput> torch_in;
   if (!a.pytorch.empty()) {
-    auto t = analyzer::LoadPyTorch(a.pytorch);
+    auto t = analyzer::LoadPyTorch(a.pytorch, a.torch);
     if (!t.ok()) return Fail("analyze", t.status().message());
     torch_in = std::move(*t);
   }
@@ -215,8 +219,16 @@ int RunAnalyze(const Args& args) {
       "a directory of PyTorch Flight Recorder dumps, one per rank: the pickle "
       "TORCH_NCCL_DUMP_ON_TIMEOUT writes (nccl_trace_rank_N) or the JSON form, PyTorch 2.2 on")(
       "json", po::bool_switch(&a.json), "verdicts as JSON lines (docs/formats.md section 2)")(
-      "min-wait", po::value(&ho.min_wait_s)->default_value(ho.min_wait_s),
-      "seconds in an op before it counts as a wait")(
+      "allow-incomplete-ranks", po::bool_switch(&ho.absent_not_collected),
+      "the dumps are a partial set (PyTorch fr_trace's flag of that name): a rank without a dump "
+      "was not collected, not gone -- never named dead for its silence; a wait that ends at it is "
+      "an unknown verdict naming the missing dumps. Default: a rank without a dump is gone "
+      "(PyTorch dumps from every live rank on a timeout; fr_trace refuses such a set)")(
+      "transform-ft", po::value(&a.torch.ft_group_world_size)->default_value(0),
+      "--pytorch from torchft: N, the replica group's world size; each replica's default_pg "
+      "(members 0..N-1) is moved to its global ranks, rank R in replica R / N (fr_trace "
+      "--transform-ft)")("min-wait", po::value(&ho.min_wait_s)->default_value(ho.min_wait_s),
+                         "seconds in an op before it counts as a wait")(
       "stale-heartbeat", po::value(&ho.stale_heartbeat_s)->default_value(ho.stale_heartbeat_s),
       "a heartbeat this many seconds older than its peers' marks the rank dead");
   po::positional_options_description pos;

@@ -261,6 +261,7 @@ PyTorchOp OpRecord(const json& e, const std::string& profiling) {
   if (e.contains("state") && e["state"].is_string()) op.state = e["state"].get<std::string>();
   if (e.contains("duration_ms") && e["duration_ms"].is_number())
     op.duration_ms = e["duration_ms"].get<double>();
+  op.stack_id = IntOf(e.value("stack_id", json(-1)), -1);
   op.record_id = IntOf(e.value("record_id", json(-1)), -1);
   op.collective_seq_id = IntOf(
       e.contains("collective_seq_id") ? e["collective_seq_id"] : e.value("seq_id", json(-1)), -1);
@@ -295,7 +296,9 @@ uint64_t Elements(const std::vector<std::vector<int64_t>>& sizes) {
 // was written.
 class Converter {
  public:
-  Converter(const std::string& file, bool first_form) : file_(file), first_form_(first_form) {}
+  Converter(const std::string& file, bool first_form, int ft_group_world_size = 0,
+            int world_hint = 0)
+      : file_(file), first_form_(first_form), ft_(ft_group_world_size), world_hint_(world_hint) {}
 
   Result<Converted> Run(const json& j, int rank_hint) && {
     if (!j.is_object() || !j.contains("pg_config") ||
@@ -372,12 +375,17 @@ class Converter {
       tracer::GroupInfo g;
       g.name = pg.value("name", key);
       Describe(&g, pg.value("desc", "pg"));
-      const std::vector<int32_t> ranks = ParseRanks(pg.value("ranks", json::array()));
+      std::vector<int32_t> ranks = ParseRanks(pg.value("ranks", json::array()));
+      if (ft_ > 0 && pg.value("desc", "") == "default_pg") {  // torchft: the replica's ranks
+        for (int32_t& r : ranks) r += rank / ft_ * ft_;
+      }
       g.ranks.assign(ranks.begin(), ranks.end());
       for (int r : g.ranks) world = std::max(world, r + 1);
       group_of_[g.name] = static_cast<int>(s_.groups.size());
       s_.groups.push_back(std::move(g));
     }
+    // torchft: a dump knows its own replica; the job's world is the replicas' together.
+    if (ft_ > 0) world = std::max(world, world_hint_);
     s_.info.world_size = world;
     return Status::Ok();
   }
@@ -694,6 +702,8 @@ class Converter {
 
   const std::string& file_;
   const bool first_form_;
+  const int ft_;          // PyTorchLoadOptions::ft_group_world_size
+  const int world_hint_;  // the world as the files' names count it
   Converted out_;
   tracer::Dump& d_ = out_.dump;
   tracer::RankSnapshot& s_ = out_.dump.snapshot;
@@ -708,8 +718,9 @@ class Converter {
   uint64_t issued_ = 0;          // entries kept
 };
 
-Result<Converted> Convert(const json& j, const std::string& file, int rank_hint, int world_hint) {
-  if (!j.is_array()) return Converter(file, /*first_form=*/false).Run(j, rank_hint);
+Result<Converted> Convert(const json& j, const std::string& file, int rank_hint, int world_hint,
+                          int ft = 0) {
+  if (!j.is_array()) return Converter(file, /*first_form=*/false, ft, world_hint).Run(j, rank_hint);
   if (rank_hint < 0)
     return InvalidArgument(file +
                            ": a first-recorder dump (a bare list of entries) says no rank, and "
@@ -719,7 +730,7 @@ Result<Converted> Convert(const json& j, const std::string& file, int rank_hint,
 }
 
 Result<Converted> ParseConverted(std::string_view text, const std::string& source, int rank_hint,
-                                 int world_hint) {
+                                 int world_hint, int ft = 0) {
   json j;
   if (LooksLikePickle(text)) {  // what TORCH_NCCL_DUMP_ON_TIMEOUT writes
     auto p = ReadPickle(text);
@@ -731,7 +742,7 @@ Result<Converted> ParseConverted(std::string_view text, const std::string& sourc
       return InvalidArgument(source + ": neither JSON nor a pickle (PyTorch's two dump forms)");
   }
   try {
-    return Convert(j, source, rank_hint, world_hint);
+    return Convert(j, source, rank_hint, world_hint, ft);
   } catch (const std::exception& e) {  // a field of an unexpected type or range
     return InvalidArgument(source + ": not a readable PyTorch Flight Recorder dump (" + e.what() +
                            ")");
@@ -823,7 +834,7 @@ Result<tracer::Dump> ParsePyTorchDump(std::string_view text, const std::string& 
   return std::move(c.dump);
 }
 
-Result<PyTorchInput> LoadPyTorch(const std::string& dir) {
+Result<PyTorchInput> LoadPyTorch(const std::string& dir, const PyTorchLoadOptions& options) {
   if (!fs::is_directory(dir)) return NotFound(dir + " is not a directory");
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(dir)) {
@@ -845,7 +856,8 @@ Result<PyTorchInput> LoadPyTorch(const std::string& dir) {
   std::vector<std::pair<std::string, Converted>> read;
   for (const auto& f : files) {
     auto text = tracer::ReadFile(f);
-    auto c = text.ok() ? ParseConverted(*text, f, rank_in_name(f), world_hint)
+    auto c = text.ok() ? ParseConverted(*text, f, rank_in_name(f), world_hint,
+                                        options.ft_group_world_size)
                        : Result<Converted>(text.status());
     if (!c.ok()) {
       skipped.push_back(c.status().message());
@@ -873,7 +885,15 @@ Result<PyTorchInput> LoadPyTorch(const std::string& dir) {
     dumps.emplace_back(f, std::move(c.dump));
   }
   PyTorchInput in;
-  ASSIGN_OR_RETURN(in.hang, MakeHangInput(std::move(dumps)));
+  auto made = MakeHangInput(std::move(dumps));
+  if (!made.ok() && options.ft_group_world_size == 0 &&
+      made.status().message().find("world_size") != std::string::npos)
+    return Status(made.status().code(),
+                  made.status().message() +
+                      " (torchft's replica groups each number their default group's ranks from "
+                      "0: read such dumps with --transform-ft N, N the replica group's size)");
+  if (!made.ok()) return made.status();
+  in.hang = std::move(*made);
   for (const std::string& why : skipped) in.hang.warnings.push_back("left out: " + why);
   std::map<std::string, std::pair<int, int>> stale;  // group -> (dumps, entries)
   for (const auto& [f, c] : read) {

@@ -285,7 +285,8 @@ void AddEvidence(const PyTorchInput& in, Verdict* v) {
     v->evidence.push_back("pytorch: rank " + std::to_string(r) + ": " + FormatPyTorchOp(*op) +
                           ", collective_seq_id " + std::to_string(op->collective_seq_id) + " in " +
                           pg + ", record_id " + std::to_string(op->record_id) + ", state " +
-                          (op->state.empty() ? "unknown" : op->state));
+                          (op->state.empty() ? "unknown" : op->state) +
+                          (op->stack_id >= 0 ? ", stack_id " + std::to_string(op->stack_id) : ""));
   }
   for (int r : show) {
     const PyTorchOp* op = transfer(r);
@@ -389,7 +390,7 @@ bool InFlightAtItsUsualPace(const PyTorchInput& in, const std::vector<int32_t>& 
 
 std::vector<Verdict> AnalyzePyTorch(const PyTorchInput& in, HangOptions options) {
   // PyTorch dumps from every live rank on a timeout or an NCCL error: a rank without one is gone.
-  options.absent_is_gone = true;
+  options.absent_is_gone = !options.absent_not_collected;
   options.matcher = [&in](std::string_view group, int64_t seq, const std::vector<int>& members) {
     return Compare(in, group, seq, members);
   };
@@ -398,7 +399,11 @@ std::vector<Verdict> AnalyzePyTorch(const PyTorchInput& in, HangOptions options)
   // (utils.py error_analysis: "No errors found for this collective entry"). Whether that is a hang
   // rests on how long the ops were open; where the files were copied since, nothing says it, and
   // a dump taken mid-run (_dump_nccl_trace on a healthy job) looks just so.
-  if (verdicts.size() == 1 && ParseCause(verdicts[0].cause) == Cause::kUnknown) {
+  // A set of dumps taken as partial (absent_not_collected) says nothing of the missing ranks:
+  // nothing it does not show is concluded healthy.
+  bool partial = false;
+  for (const RankView& v : in.hang.ranks) partial |= options.absent_not_collected && !v.present;
+  if (!partial && verdicts.size() == 1 && ParseCause(verdicts[0].cause) == Cause::kUnknown) {
     if (std::string pace; InFlightAtItsUsualPace(in, verdicts[0].waiting_ranks, &pace)) {
       Verdict v;
       v.kind = VerdictKind::kHealthy;

@@ -224,17 +224,26 @@ TEST_P(PyTorchCase, NamesTheRootAndNoOneElse) {
       ASSERT_EQ(::utimensat(AT_FDCWD, (dumps + "/" + file).c_str(), times, 0), 0) << file;
     }
   }
-  auto in = LoadPyTorch(dumps);
+  // How the case asks the set to be read: analyze's --transform-ft and --allow-incomplete-ranks.
+  const auto asked = expected.value("options", nlohmann::json::object());
+  PyTorchLoadOptions load;
+  load.ft_group_world_size = asked.value("transform_ft", 0);
+  const bool partial = asked.value("allow_incomplete_ranks", false);
+  auto in = LoadPyTorch(dumps, load);
   ASSERT_TRUE(in.ok()) << in.status().ToString();
+  auto analyze = [&](HangOptions o) {
+    o.absent_not_collected = partial;
+    return AnalyzePyTorch(*in, o);
+  };
   // What the case expects to be warned of (each a part of one warning), and nothing else.
   const auto warned = expected.value("warnings", std::vector<std::string>{});
   ASSERT_EQ(in->hang.warnings.size(), warned.size())
       << (in->hang.warnings.empty() ? std::string("no warning") : in->hang.warnings.front());
   for (size_t k = 0; k < warned.size(); ++k)
     EXPECT_NE(in->hang.warnings[k].find(warned[k]), std::string::npos) << in->hang.warnings[k];
-  ExpectVerdicts(dir, [&](const HangOptions& o) { return AnalyzePyTorch(*in, o); });
+  ExpectVerdicts(dir, analyze);
   DropEntries(&in->hang);
-  ExpectVerdicts(dir, [&](const HangOptions& o) { return AnalyzePyTorch(*in, o); });
+  ExpectVerdicts(dir, analyze);
 }
 
 INSTANTIATE_TEST_SUITE_P(Data, PyTorchCase,
@@ -245,6 +254,41 @@ INSTANTIATE_TEST_SUITE_P(Real, PyTorchCase,
                          ::testing::ValuesIn(Scenarios(MEGASCOPE_TEST_DATA "/pytorch/real")),
                          [](const auto& info) { return fs::path(info.param).filename().string(); });
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(PyTorchCase);
+
+// Read as written, the partial set names the rank without a dump dead; torchft's replicas, read
+// without their transform, are not what the transform makes of them; the stack ids a recorder
+// numbered are in the evidence.
+TEST(PyTorchImportTest, TheReadersOptionsChangeWhatTheSetsMean) {
+  auto partial =
+      LoadPyTorch(MEGASCOPE_TEST_DATA "/pytorch/partial_set_allow_incomplete_ranks/dumps");
+  ASSERT_TRUE(partial.ok()) << partial.status().ToString();
+  auto as_gone = AnalyzePyTorch(*partial);
+  ASSERT_EQ(as_gone.size(), 1u);
+  EXPECT_EQ(as_gone[0].cause, "rank_dead");
+  EXPECT_EQ(as_gone[0].root_ranks, std::vector<int32_t>{5});
+  HangOptions not_collected;
+  not_collected.absent_not_collected = true;
+  auto undecided = AnalyzePyTorch(*partial, not_collected);
+  ASSERT_EQ(undecided.size(), 1u);
+  EXPECT_NE(undecided[0].explanation.find("wait on rank(s) 5, whose dumps are not here"),
+            std::string::npos)
+      << undecided[0].explanation;
+
+  auto ft = LoadPyTorch(MEGASCOPE_TEST_DATA "/pytorch/torchft_replica_rank_not_joined/dumps");
+  ASSERT_FALSE(ft.ok());
+  EXPECT_NE(ft.status().message().find("read such dumps with --transform-ft N"), std::string::npos)
+      << ft.status().message();
+
+  auto stacks = LoadPyTorch(MEGASCOPE_TEST_DATA "/pytorch/op_mismatch_with_stack_ids/dumps");
+  ASSERT_TRUE(stacks.ok()) << stacks.status().ToString();
+  const auto v = AnalyzePyTorch(*stacks);
+  ASSERT_EQ(v.size(), 1u);
+  std::string evidence;
+  for (const std::string& e : v[0].evidence) evidence += e + "\n";
+  EXPECT_NE(evidence.find("pytorch: rank 2: nccl:broadcast"), std::string::npos) << evidence;
+  EXPECT_NE(evidence.find("stack_id 7"), std::string::npos) << evidence;
+  EXPECT_NE(evidence.find("stack_id 3"), std::string::npos) << evidence;
+}
 
 // The slow collective of slow_collective_progressing_healthy, dumped later: open 60 s where the
 // same all-reduce took at most 25 s before, it is no longer at its usual pace and is not healthy.

@@ -155,7 +155,8 @@ struct HangAnalysis {
   int64_t freshest = 0;  // the freshest heartbeat, on rank 0's clock
   std::set<int> frozen;
   // NameRoots
-  std::set<int> sinks;  // where the wait-for edges end, and the frozen ranks
+  std::set<int> sinks;        // where the wait-for edges end, and the frozen ranks
+  std::set<int> uncollected;  // sinks without a dump, taken as not collected (absent_not_collected)
 
   // Who has and has not issued `key`'s collective of `members`, worked out once per key.
   const CollectiveState& StateOf(const CollectiveKey& key, const tracer::RankList& members);

@@ -245,7 +245,9 @@ void AddWaitSides(const HangAnalysis& a, Verdict& v) {
 // unless the waits end in joined collectives that stopped across one link (a lossy link makes
 // every rank wait somewhere, in an order a short history can take for a deviation).
 void NameCycle(HangAnalysis& a) {
-  if (!a.out.empty()) return;
+  // Waits that end at ranks whose dumps were not collected cannot be placed on a link or an order:
+  // nothing here says where those ranks are.
+  if (!a.out.empty() || !a.uncollected.empty()) return;
   if (a.waits.empty()) {  // everyone joined everything
     NameDeadLink(a, /*at_sinks=*/false);
     return;
@@ -271,6 +273,14 @@ void Conclude(HangAnalysis& a) {
     v.explanation = std::to_string(a.waiting.size()) + " ranks have waited longer than " +
                     Fmt("%.0f", a.opt.min_wait_s) +
                     " s, but every member joined their ops and no transfer shows partial progress.";
+    if (!a.uncollected.empty()) {
+      std::string who;
+      for (int r : a.uncollected) who += (who.empty() ? "" : ", ") + std::to_string(r);
+      v.explanation = std::to_string(a.waiting.size()) + " ranks wait on rank(s) " + who +
+                      ", whose dumps are not here; taken as not collected (not as gone), nothing "
+                      "decides whether they are stuck, dead or slow: collect their dumps.";
+      for (int r : a.uncollected) v.evidence.push_back("rank " + std::to_string(r) + ": no dump");
+    }
     for (int r : a.waiting) {
       v.evidence.push_back(a.ranks[r].Describe() + " in " +
                            OpName(*a.ranks[r].blocking, a.ranks[r].blocking_group));

@@ -185,6 +185,10 @@ void NameRoots(HangAnalysis& a) {
       continue;
     const Rank& R = a.ranks[r];
     Cause cause = Cause::kRankNotJoined;
+    if (!R.present && a.opt.absent_not_collected) {
+      a.uncollected.insert(r);  // nothing says whether it lives: Conclude says so
+      continue;
+    }
     if (!R.present) {
       cause = Cause::kRankDead;
       why[r] = "left no flight recorder";

@@ -198,13 +198,14 @@ def as_json(d):
     return json.dumps(j)
 
 
-def write_case(name, origin, dumps, expected, form="pickle", warnings=None, dumped_at_ns=None):
+def write_case(name, origin, dumps, expected, form="pickle", warnings=None, dumped_at_ns=None,
+               prefix="nccl_trace_rank_", options=None):
     d = os.path.join(HERE, name)
     os.makedirs(os.path.join(d, "dumps"), exist_ok=True)
     for f in os.listdir(os.path.join(d, "dumps")):
         os.remove(os.path.join(d, "dumps", f))
     for rank, x in dumps.items():
-        path = os.path.join(d, "dumps", f"nccl_trace_rank_{rank}")
+        path = os.path.join(d, "dumps", f"{prefix}{rank}")
         if form == "pickle":
             open(path, "wb").write(JitPickler().dumps(x))
         elif form == "python-pickle":  # a dump loaded and saved again by Python (protocol 5)
@@ -217,7 +218,9 @@ def write_case(name, origin, dumps, expected, form="pickle", warnings=None, dump
             case["warnings"] = warnings  # a part of each warning the reader must give, in order
         if dumped_at_ns is not None:  # each file's time, which the test restores on a copy
             suffix = ".json" if form == "json" else ""
-            case["dumped_at_ns"] = {f"nccl_trace_rank_{r}{suffix}": dumped_at_ns for r in dumps}
+            case["dumped_at_ns"] = {f"{prefix}{r}{suffix}": dumped_at_ns for r in dumps}
+        if options:  # how the reader is asked to read the set (the analyze command's flags)
+            case["options"] = options
         json.dump(case, f, indent=1)
         f.write("\n")
 
@@ -718,6 +721,85 @@ def main():
                "(SIZE_OR_SYNTAX_MISMATCH on totals); the rank in every disagreeing pair is named",
                dumps, [{"cause": "op_mismatch", "root_ranks": [2],
                         "mismatch": "SIZE_OR_SYNTAX_MISMATCH"}])
+
+    # 26. torchcomms' FlightRecorderHook (comms/torchcomms/hooks/fr): one recorder per process,
+    #     every registered communicator a process group named by the communicator with its backend
+    #     as desc and its ranks written "0,1,2,3"; profiling names "nccl:" + the torchcomms op
+    #     (all_gather_v, reduce_scatter_v, all_to_all_v_single, barrier, ...); collective_seq_id
+    #     from the recorder's one counter, p2p_seq_id 0, is_p2p false; no start or end events, so
+    #     every entry stays "scheduled" and the post hook marks it retired. dump_file writes the
+    #     pickle to comm_lib_trace_rank_<rank> without stacks. Rank 1 never reaches the barrier.
+    ops = [("nccl:all_gather_v", ((16, 4),), ((16, 4), (16, 4), (8, 4), (8, 4))),
+           ("nccl:reduce_scatter_v", ((48, 4),), ((12, 4),)),
+           ("nccl:all_to_all_v_single", ((40, 4),), ((36, 4),)),
+           ("nccl:all_reduce", ((1024,),), ((1024,),)),
+           ("nccl:barrier", ((1,),), ((1,),))]
+    comms = ("world", "nccl")
+    dumps = {}
+    for r in range(4):
+        ents = []
+        for k, (name, ins, outs) in enumerate(ops):
+            if r == 1 and name == "nccl:barrier":
+                break
+            last = name == "nccl:barrier"
+            e = entry(k, comms, k, name, "scheduled", sizes=ins, out_sizes=outs, t=k * 10_000_000,
+                      timing=False)
+            e["pg_id"], e["p2p_seq_id"], e["is_p2p"], e["retired"] = 0, 0, False, not last
+            e["time_discovered_completed_ns"] = None
+            ents.append(e)
+        d = dump({}, ents, comm_lib_version="2.27.5")
+        d["pg_config"] = {"world": {"name": "world", "desc": "nccl", "ranks": "0,1,2,3"}}
+        dumps[r] = d
+    write_case("torchcomms_barrier_rank_not_joined", "torchcomms hooks/fr/FlightRecorder.cpp "
+               "(FlightRecorderHook::onPreHook: 'nccl:' + opToString; retire_id on the post hook; "
+               "getPgConfig's ranks_str; DebugInfoWriter's comm_lib_trace_rank_)", dumps,
+               [{"cause": "rank_not_joined", "root_ranks": [1], "waiting_ranks": [0, 2, 3]}],
+               prefix="comm_lib_trace_rank_")
+
+    # 27. A recorder that numbers stacks (stack_id, as fr_trace's add_stack_id_in_entries does)
+    #     and writes no frames: rank 2 broadcasts from stack 7 where its peers all-reduce from
+    #     stack 3.
+    dumps = {}
+    for r in range(4):
+        ents = allreduces(r, 3)
+        for e in ents:
+            e["stack_id"] = 3
+        last = entry(3, WORLD, 4, "nccl:broadcast" if r == 2 else "nccl:all_reduce", "scheduled",
+                     t=40_000_000)
+        last["stack_id"] = 7 if r == 2 else 3
+        ents.append(last)
+        dumps[r] = dump(world(4), ents)
+    write_case("op_mismatch_with_stack_ids", "an entry's optional stack_id (fr_trace "
+               "add_stack_id_in_entries, Op.stack_id) with no frames", dumps,
+               [{"cause": "op_mismatch", "root_ranks": [2], "waiting_ranks": [0, 1, 3],
+                 "mismatch": "COLLECTIVE_TYPE_MISMATCH"}], form="json")
+
+    # 28. A partial set: rank 5's dump was not collected (fr_trace --allow-incomplete-ranks). Its
+    #     seven peers wait in all-reduce #5 for it; nothing says whether it is dead, stuck or
+    #     slow, so the analysis cannot decide (utils.py error_analysis: "We cannot decide what's
+    #     wrong with this collective entry because we missed FR dumps").
+    dumps = {}
+    for r in range(8):
+        if r == 5:
+            continue
+        ents = allreduces(r, 5, last_state="started")
+        dumps[r] = dump(world(8), ents)
+    write_case("partial_set_allow_incomplete_ranks", "fr_trace --allow-incomplete-ranks: "
+               "check_no_missing_dump_files skipped, error_analysis's partial analysis case",
+               dumps, [{"cause": "unknown", "root_ranks": []}],
+               options={"allow_incomplete_ranks": True})
+
+    # 29. torchft: two replica groups of 2 (global ranks 0-1 and 2-3), each with its own
+    #     default_pg whose ranks are replica-local ("[0, 1]" in every dump). fr_trace
+    #     --transform-ft 2 moves replica 1's to [2, 3]. In replica 1, rank 3 never joins the 5th
+    #     all-reduce; replica 0 finished its 5th.
+    dumps = {}
+    for r in range(4):
+        ents = allreduces(r, 5 if r != 3 else 4, last_state="started" if r == 2 else "completed")
+        dumps[r] = dump({"0": ("default_pg", range(2))}, ents)
+    write_case("torchft_replica_rank_not_joined", "torchft replica groups; builder.py transform_ft",
+               dumps, [{"cause": "rank_not_joined", "root_ranks": [3], "waiting_ranks": [2]}],
+               options={"transform_ft": 2})
 
 
 if __name__ == "__main__":

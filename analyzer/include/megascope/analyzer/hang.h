@@ -53,6 +53,11 @@ struct HangOptions {
   // for writers that dump from every live rank on a timeout or an error (PyTorch's recorder after
   // an NCCL error, seconds after a peer exited); our own agent writes a dead rank's dump itself.
   bool absent_is_gone = false;
+  // A rank without a dump is one whose dump was not collected (PyTorch's fr_trace
+  // --allow-incomplete-ranks: best-effort analysis of a partial set), not a gone one: it is never
+  // named dead for its silence, and a wait that ends at it is undecided -- an unknown verdict that
+  // names the ranks whose dumps are missing. Overrides absent_is_gone.
+  bool absent_not_collected = false;
   // Compares the members of a collective; unset: megascope's rule (op, size and dtype must agree;
   // the ranks outside the largest agreeing set depart, ties broken by who departs from its own
   // previous op in the group).

@@ -31,6 +31,9 @@ struct PyTorchOp {
   // With TORCH_NCCL_ENABLE_TIMING, a completed op's time from its start to its end event, in ms
   // (duration_ms); < 0 when not recorded.
   double duration_ms = -1;
+  // Newer recorders number each distinct stack (stack_id, -1 when not written); the evidence shows
+  // it, so ranks that issued an op from the same code can be told apart from those that did not.
+  int64_t stack_id = -1;
   int64_t record_id = -1, collective_seq_id = -1, p2p_seq_id = -1;
   std::vector<std::string> frames;  // "function at file:line", innermost first
   std::vector<PyTorchOp> members;   // of a coalesced block, in issue order
@@ -54,9 +57,17 @@ struct PyTorchInput {
   std::vector<PyTorchRank> ranks;  // index = rank, as hang.ranks
 };
 
+struct PyTorchLoadOptions {
+  // torchft: each replica group runs its own default process group whose members are numbered
+  // 0..N-1 inside the replica; with N here (fr_trace --transform-ft, N the group world size) a
+  // dump of global rank R has its default_pg's ranks moved to replica R / N's global ranks, so
+  // the replicas' groups stay apart. 0: as written.
+  int ft_group_world_size = 0;
+};
+
 // Reads every rank's dump in `dir` (the rank from a "rank" field or the digits ending the file
 // name). A file that is not a readable dump is left out with a warning; an error if none is.
-Result<PyTorchInput> LoadPyTorch(const std::string& dir);
+Result<PyTorchInput> LoadPyTorch(const std::string& dir, const PyTorchLoadOptions& options = {});
 
 // True for the type of the entry that closes a coalesced block ("coalesced", "allgathercoalesced",
 // "reducescattercoalesced": PyTorch's coalesced, ALLGATHER_coalesced, REDUCE_SCATTER_coalesced):
