@@ -78,8 +78,10 @@ class NcclPluginTest : public ::testing::TestWithParam<int> {
   // Runs `world` drivers of API version GetParam(); rank `hung` never issues the last all-reduce.
   // Returns every rank's ring as the agent would dump it, alive.
   // `env` is added to each driver's.
+  // `flags` are the driver's (sym, ras).
   std::vector<std::pair<std::string, tracer::Dump>> Run(
-      int world, int ops, int hung, const std::map<std::string, std::string>& env = {}) {
+      int world, int ops, int hung, const std::map<std::string, std::string>& env = {},
+      const std::vector<std::string>& flags = {}) {
     std::vector<Driver> drivers;
     for (int r = 0; r < world; ++r) {
       std::map<std::string, std::string> e = {{"MEGASCOPE_SHM_DIR", dir_.path()},
@@ -89,10 +91,12 @@ class NcclPluginTest : public ::testing::TestWithParam<int> {
                                               {"WORLD_SIZE", std::to_string(world)},
                                               {"LOCAL_RANK", std::to_string(r % 2)}};
       e.insert(env.begin(), env.end());
-      drivers.push_back(Spawn(
-          {MEGASCOPE_NCCL_DRIVER, MEGASCOPE_NCCL_PLUGIN, std::to_string(GetParam()),
-           std::to_string(r), std::to_string(world), std::to_string(ops), std::to_string(hung)},
-          e));
+      std::vector<std::string> argv = {MEGASCOPE_NCCL_DRIVER,      MEGASCOPE_NCCL_PLUGIN,
+                                       std::to_string(GetParam()), std::to_string(r),
+                                       std::to_string(world),      std::to_string(ops),
+                                       std::to_string(hung)};
+      argv.insert(argv.end(), flags.begin(), flags.end());
+      drivers.push_back(Spawn(argv, e));
     }
     for (Driver& d : drivers) EXPECT_EQ(FirstLine(d), "ready\n");
     std::vector<std::pair<std::string, tracer::Dump>> dumps;

@@ -88,7 +88,69 @@ TEST_P(NcclPluginTest, OnlyTheProfilerSymbolsAreExported) {
   dlclose(lib);
 }
 
-INSTANTIATE_TEST_SUITE_P(Api, NcclPluginTest, ::testing::Values(5, 6),
+// NCCL's RAS rewrites the event mask halfway through (kernel channels and proxy events off, the API
+// events on, their descriptors saying rank 0): the ops issued since finish without child events,
+// so each is recorded completed when issued instead of open for ever (a hang that is not one); the
+// numbering and the peers go on as before, taken from init, not from a descriptor.
+TEST_P(NcclPluginTest, AnEventMaskRewrittenWhileTheJobRunsLeavesNoFinishedOpOpen) {
+  constexpr int kWorld = 2, kOps = 4;
+  auto dumps = Run(kWorld, kOps, /*hung=*/-1, {}, {"ras"});
+  ASSERT_EQ(dumps.size(), static_cast<size_t>(kWorld));
+  for (const auto& [file, d] : dumps) {
+    const int rank = d.snapshot.info.rank;
+    std::vector<const tracer::FlightEntry*> colls, p2p;
+    for (const auto& e : d.snapshot.entries) {
+      if (e.op == tracer::OpType::kAllreduce) colls.push_back(&e);
+      if (tracer::IsP2P(e.op)) p2p.push_back(&e);
+    }
+    ASSERT_EQ(colls.size(), static_cast<size_t>(kOps + 1)) << file;
+    for (size_t i = 0; i < colls.size(); ++i) {
+      EXPECT_EQ(colls[i]->seq, i) << file;
+      EXPECT_EQ(colls[i]->state, tracer::OpState::kCompleted) << file << " #" << i;
+    }
+    ASSERT_EQ(p2p.size(), 1u) << file;
+    EXPECT_EQ(p2p[0]->op, rank == 0 ? tracer::OpType::kSend : tracer::OpType::kRecv) << file;
+    EXPECT_EQ(p2p[0]->peer, 1 - rank) << file;
+    EXPECT_EQ(p2p[0]->state, tracer::OpState::kCompleted) << file;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Api, NcclPluginTest, ::testing::Values(5, 6, 7),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return "v" + std::to_string(i.param);
+                         });
+
+// v7's symmetric-memory plans: two all-reduces a plan, the kernel channels (and their KernelPhase
+// sub-events) reported against the first only, the second carrying no channels. The second
+// finishes with the first, not when issued; a plan hung on its device leaves both open. The
+// phases are no ops.
+class NcclPluginV7Test : public NcclPluginTest {};
+
+TEST_P(NcclPluginV7Test, ASymmetricPlansOpsFinishWithItsHeadAndItsPhasesAreNoOps) {
+  constexpr int kWorld = 2, kOps = 3, kHung = 1;
+  auto dumps = Run(kWorld, kOps, kHung, {}, {"sym"});
+  ASSERT_EQ(dumps.size(), static_cast<size_t>(kWorld));
+  for (const auto& [file, d] : dumps) {
+    const int rank = d.snapshot.info.rank;
+    std::vector<const tracer::FlightEntry*> colls;
+    for (const auto& e : d.snapshot.entries) {
+      EXPECT_TRUE(e.op == tracer::OpType::kAllreduce || tracer::IsP2P(e.op)) << file;
+      if (e.op == tracer::OpType::kAllreduce) colls.push_back(&e);
+    }
+    const size_t plans = rank == kHung ? kOps : kOps + 1;
+    ASSERT_EQ(colls.size(), 2 * plans) << file;
+    for (size_t i = 0; i < colls.size(); ++i) {
+      EXPECT_EQ(colls[i]->seq, i) << file;
+      const bool hung_plan = rank != kHung && i / 2 == kOps;
+      const tracer::OpState want = !hung_plan   ? tracer::OpState::kCompleted
+                                   : i % 2 == 0 ? tracer::OpState::kStarted
+                                                : tracer::OpState::kEnqueued;
+      EXPECT_EQ(colls[i]->state, want) << file << " #" << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Api, NcclPluginV7Test, ::testing::Values(7),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return "v" + std::to_string(i.param);
                          });

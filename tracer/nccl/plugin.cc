@@ -1,4 +1,4 @@
-// libnccl-profiler-megascope.so: NCCL's profiler plugin (v5 and v6) writing megascope's flight
+// libnccl-profiler-megascope.so: NCCL's profiler plugin (v5, v6, v7) writing megascope's flight
 // recorder. Every collective and point-to-point op of every communicator becomes a flight-recorder
 // entry in this process's ring (the capture core), which the node's agent drains and dumps like a
 // megascope rank's: a communicator is a group (its members' global ranks), collectives are
@@ -7,6 +7,14 @@
 // the device started it at its first kernel-channel (or proxy) event and finished it when every
 // channel's kernel stopped and every proxy op ended. Byte progress comes from the proxy steps, and
 // where an open op's step waits (GPU side or network side) is its entry's waiting_on.
+//
+// v7 (NCCL 2.31): a symmetric-memory plan posts its kernel channels against its head op only
+// (the others carry nChannels 0), so its other ops complete with the head, linked through the
+// plan's Group event. A KernelPhase sub-event is not recorded. NCCL's RAS may change the event mask
+// while the job runs (ncclProfilerSetRasOverride writes the mask variable NCCL handed init): an op
+// issued while kernel channels are off cannot be seen to finish and is completed when issued, as a
+// copy-engine op is, rather than left open as if hung; events of types not asked for are ignored.
+// Every event's rank is taken from init, never from a descriptor (API events carry 0: NCCL #2300).
 //
 // Callbacks come from the user's thread (Coll, P2p), the proxy thread (ProxyOp, ProxyStep,
 // KernelCh) and CUDA host-callback threads: no lock and no allocation after init -- events live
@@ -62,7 +70,7 @@ Config ReadConfig() {
   return c;
 }
 
-enum class Kind : uint8_t { kOp, kProxyOp, kProxyStep, kKernelCh };
+enum class Kind : uint8_t { kOp, kProxyOp, kProxyStep, kKernelCh, kGroup };
 
 // One NCCL event. An op (Coll, P2p, CeColl) is referenced by NCCL's own handle until its stopEvent
 // and by each child (ProxyOp, KernelCh) from its start to its stop; completion holds one more
@@ -78,6 +86,13 @@ struct Event {
   std::atomic<int64_t> sent{0}, received{0};
   std::atomic<bool> started{false}, completed{false};
   std::atomic<int> refs{0};
+  // A symmetric plan's op without channels: finished with the plan's head (`followers`), not when
+  // issued. The head's followers, each holding a reference, completed when it completes.
+  bool follows_head = false;
+  std::atomic<Event*> followers{nullptr};
+  Event* next_follower = nullptr;
+  // A group (a plan): its symmetric head op, referenced while the group lives.
+  Event* head = nullptr;
   // A proxy op.
   bool is_send = false;
   // A proxy step.
@@ -126,7 +141,12 @@ class Pool {
 struct Comm {
   tracer::GroupId group = 0;
   std::vector<int32_t> members;  // global rank by rank in the communicator
-  int rank = 0;
+  int rank = 0;                  // init's: the one the plugin trusts
+  // The mask variable NCCL handed init: NCCL's own, which its RAS may rewrite while the job runs
+  // (read relaxed, as NCCL writes it). Null: the mask is what init set.
+  const int* live_mask = nullptr;
+  Logger log = nullptr;
+  std::atomic<bool> said_unobserved{false};  // the log line about kernel channels being off
 };
 
 // The plugin's state: made at the first communicator, never destroyed (NCCL may call into it from
@@ -192,20 +212,51 @@ void Release(Recorder* rec, Event* e) {
   if (e->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) rec->pool->Put(e);
 }
 
+void MarkStarted(Recorder* rec, Event* op) {
+  bool expected = false;
+  if (op->started.compare_exchange_strong(expected, true)) rec->tracer->Start(op->fr);
+}
+
+// Completes `op` once (its completion's reference released).
+void Finish(Recorder* rec, Event* op) {
+  bool expected = false;
+  if (!op->completed.compare_exchange_strong(expected, true)) return;
+  rec->tracer->Complete(op->fr);
+  Release(rec, op);
+}
+
+// The followers linked to `head` so far, started and completed with it (each list reference
+// released).
+void FinishFollowers(Recorder* rec, Event* head) {
+  for (Event* f = head->followers.exchange(nullptr, std::memory_order_acq_rel); f != nullptr;) {
+    Event* next = f->next_follower;
+    MarkStarted(rec, f);
+    Finish(rec, f);
+    Release(rec, f);
+    f = next;
+  }
+}
+
 // Completes the op once every channel's kernel stopped and no proxy op is open.
 void MaybeComplete(Recorder* rec, Event* op) {
   if (op->kernels_done.load(std::memory_order_acquire) < op->channels ||
       op->proxies_open.load(std::memory_order_acquire) > 0)
     return;
-  bool expected = false;
-  if (!op->completed.compare_exchange_strong(expected, true)) return;
-  rec->tracer->Complete(op->fr);
-  Release(rec, op);  // completion's reference
+  Finish(rec, op);
+  FinishFollowers(rec, op);
 }
 
-void MarkStarted(Recorder* rec, Event* op) {
-  bool expected = false;
-  if (op->started.compare_exchange_strong(expected, true)) rec->tracer->Start(op->fr);
+// `follower` finishes with `head`: on its list (holding a reference), or at once where the head
+// has finished already.
+void Follow(Recorder* rec, Event* head, Event* follower) {
+  follower->follows_head = true;
+  follower->refs.fetch_add(1, std::memory_order_acq_rel);
+  Event* top = head->followers.load(std::memory_order_relaxed);
+  do {
+    follower->next_follower = top;
+  } while (!head->followers.compare_exchange_weak(top, follower, std::memory_order_release,
+                                                  std::memory_order_relaxed));
+  if (head->completed.load(std::memory_order_acquire)) FinishFollowers(rec, head);
 }
 
 // A new op of `comm`: its flight-recorder entry enqueued.
@@ -236,8 +287,41 @@ Event* StartOp(Recorder* rec, const Comm& comm, const char* func, const char* da
   e->received.store(0, std::memory_order_relaxed);
   e->started.store(false, std::memory_order_relaxed);
   e->completed.store(false, std::memory_order_relaxed);
+  e->follows_head = false;
+  e->followers.store(nullptr, std::memory_order_relaxed);
+  e->head = nullptr;
   e->refs.store(2, std::memory_order_release);  // NCCL's handle and completion
   return e;
+}
+
+// Kernel channels are off in NCCL's mask now (its RAS changed it): an op issued now is never seen
+// to finish. Said once per communicator.
+bool ChannelsUnobserved(Comm& comm) {
+  if (comm.live_mask == nullptr ||
+      (__atomic_load_n(comm.live_mask, __ATOMIC_RELAXED) & static_cast<int>(kKernelCh)) != 0)
+    return false;
+  if (!comm.said_unobserved.exchange(true) && comm.log != nullptr)
+    comm.log(2, ~0UL, __FILE__, __LINE__,
+             "megascope profiler: NCCL's event mask has kernel channels off (RAS override): ops "
+             "are recorded completed when issued until they are back");
+  return true;
+}
+
+// v7's Coll: a symmetric plan's ops finish with its head (the one op its channels report to).
+template <typename Descr>
+void LinkSymmetric(Recorder* rec, const Descr* d, Event* e) {
+  if constexpr (std::is_same_v<Descr, DescrV7>) {
+    void* g = d->coll.parentGroup;
+    if (e == nullptr || !d->coll.isSymColl || g == nullptr || !rec->pool->Owns(g)) return;
+    auto* group = static_cast<Event*>(g);
+    if (group->kind != Kind::kGroup) return;
+    if (e->channels > 0 && group->head == nullptr) {
+      group->head = e;
+      e->refs.fetch_add(1, std::memory_order_acq_rel);  // the group's
+    } else if (e->channels == 0 && group->head != nullptr) {
+      Follow(rec, group->head, e);
+    }
+  }
 }
 
 Event* StartChild(Recorder* rec, Kind kind, void* parent_handle) {
@@ -261,15 +345,30 @@ int StartEvent(void* context, void** handle, Descr* d) {
   *handle = nullptr;
   Recorder* rec = TheRecorder();
   if (context == nullptr || rec->tracer == nullptr || d == nullptr) return kSuccess;
-  const auto& comm = *static_cast<const Comm*>(context);
+  auto& comm = *static_cast<Comm*>(context);
   Event* e = nullptr;
   switch (d->type) {
+    case kGroup:
+      if constexpr (std::is_same_v<Descr, DescrV7>) {  // a plan, for its symmetric ops
+        e = rec->pool->Get();
+        if (e == nullptr) {
+          rec->events_dropped.fetch_add(1, std::memory_order_relaxed);
+          break;
+        }
+        e->kind = Kind::kGroup;
+        e->parent = nullptr;
+        e->head = nullptr;
+        e->refs.store(1, std::memory_order_release);  // NCCL's handle
+      }
+      break;
     case kColl:
-      e = StartOp(rec, comm, d->coll.func, d->coll.datatype, d->coll.count, -1, d->coll.nChannels);
+      e = StartOp(rec, comm, d->coll.func, d->coll.datatype, d->coll.count, -1,
+                  ChannelsUnobserved(comm) ? 0 : d->coll.nChannels);
+      LinkSymmetric(rec, d, e);
       break;
     case kP2p:
       e = StartOp(rec, comm, d->p2p.func, d->p2p.datatype, d->p2p.count, d->p2p.peer,
-                  d->p2p.nChannels);
+                  ChannelsUnobserved(comm) ? 0 : d->p2p.nChannels);
       break;
     case kProxyOp:
       e = StartChild(rec, Kind::kProxyOp, d->parentObj);
@@ -289,8 +388,8 @@ int StartEvent(void* context, void** handle, Descr* d) {
       e = StartChild(rec, Kind::kKernelCh, d->parentObj);
       if (e != nullptr) MarkStarted(rec, e->parent);
       break;
-    default:
-      if constexpr (std::is_same_v<Descr, DescrV6>) {
+    default:  // KernelPhase and the API events: not recorded
+      if constexpr (!std::is_same_v<Descr, DescrV5>) {
         if (d->type == kCeColl)  // copy-engine collective: its completion is not observed here
           e = StartOp(rec, comm, d->ceColl.func, d->ceColl.datatype, d->ceColl.count, -1, 0);
       }
@@ -308,11 +407,15 @@ int StopEvent(void* handle) {
   switch (e->kind) {
     case Kind::kOp:
       // Enqueued only: the device finishes it later. An op without channels (a copy-engine
-      // collective) is done when NCCL has issued it.
-      if (e->channels == 0) {
+      // collective) is done when NCCL has issued it -- unless it finishes with its symmetric
+      // plan's head.
+      if (e->channels == 0 && !e->follows_head) {
         MarkStarted(rec, e);
         MaybeComplete(rec, e);
       }
+      break;
+    case Kind::kGroup:
+      if (e->head != nullptr) Release(rec, e->head);
       break;
     case Kind::kKernelCh:
       op->kernels_done.fetch_add(1, std::memory_order_acq_rel);
@@ -440,6 +543,8 @@ int Init(void** context, uint64_t comm_id, int* mask, const char* comm_name, int
   }
   comm->group = *group;
   *mask = static_cast<int>(rec->config.mask);
+  comm->live_mask = mask;
+  comm->log = log;
   *context = comm.release();
   return kSuccess;
 }
@@ -454,6 +559,13 @@ int Finalize(void* context) {
 
 // The symbols NCCL looks up (the newest it knows first).
 extern "C" {
+__attribute__((visibility("default"))) megascope::nccl::ProfilerV7 ncclProfiler_v7 = {
+    "megascope",
+    megascope::nccl::Init,
+    megascope::nccl::StartEvent<megascope::nccl::DescrV7>,
+    megascope::nccl::StopEvent,
+    megascope::nccl::RecordEventState,
+    megascope::nccl::Finalize};
 __attribute__((visibility("default"))) megascope::nccl::ProfilerV6 ncclProfiler_v6 = {
     "megascope",
     megascope::nccl::Init,
