@@ -256,7 +256,7 @@ struct Controller::Impl {
   // flight recorders' analysis.
   std::vector<Verdict> DiagnoseCrash(const Trigger& t);
   // A second fault hidden by a crash: the ranks still running once the crash's peers have had
-  // the hang analysis' wait to fail (each exit then polled joins `others`), analysed live; a hang
+  // the hang threshold to fail (each exit then polled joins `others`), analysed live; a hang
   // verdict for each that the analysis names (rank_not_joined: stuck in compute out of the
   // collective its peers entered), its roots the running ranks only. Nothing when every rank
   // exited.

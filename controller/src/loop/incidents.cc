@@ -174,12 +174,14 @@ std::vector<Verdict> Controller::Impl::HungSurvivors(const launch::RankExit& ori
   running.erase(origin.rank);
   for (const launch::RankExit& e : *others) running.erase(e.rank);
   // A healthy rank fails its next collective within a step of the crash (a peer is gone) and
-  // exits; one that stays out of its peers' collective as long as the hang analysis needs to call
-  // it a wait is stuck on its own. The wait ends as soon as every rank has exited.
+  // exits; one still out of its peers' collective after the hang threshold (what names a hang
+  // without a crash: max(--hang-after, 8 median steps)) is stuck on its own. The wait ends as soon
+  // as every rank has exited, so a crash alone costs nothing more.
   const analyzer::HangOptions ho = IncidentHangOptions();
+  const double wait_s = HangThreshold();
   const auto since = clock.Now();
   const auto tick = std::chrono::duration<double>(std::min(opt.tick_s, ho.min_wait_s));
-  while (!running.empty() && Since(since) < ho.min_wait_s) {
+  while (!running.empty() && Since(since) < wait_s) {
     clock.Sleep(tick);
     for (const launch::RankExit& e : fleet->PollRanks()) {
       running.erase(e.rank);
