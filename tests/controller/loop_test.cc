@@ -554,6 +554,23 @@ TEST_F(LoopTest, ACrashAndAHangAtTheSameStepAreBothNamedInOneIncident) {
   EXPECT_EQ(fleet_->attempts().back(), (std::vector<std::string>{"node0", "spare0", "spare1"}));
 }
 
+// Before the attempt's first step a rank not yet in a collective is meeting its peers or loading,
+// not stuck: a crash then is not held for the start-up grace to look for a second fault.
+TEST_F(LoopTest, ACrashBeforeTheFirstStepLooksForNoSecondFault) {
+  options_.nodes = {"node0", "node1", "node2"};
+  options_.world = 3;
+  options_.spares = {"spare0", "spare1"};
+  Fleet().Break({FakeFault::kCrash, "node1", 0});
+  fleet_->Break({FakeFault::kHang, "node2", 0});
+  EXPECT_EQ(Run(), kLaunchFinished);
+  ASSERT_EQ(Events("verdict").size(), 1u);
+  EXPECT_EQ(Events("verdict")[0].detail["cause"], "rank_dead");
+  const auto restarts = Events("restart");
+  ASSERT_GE(restarts.size(), 2u);
+  EXPECT_LT(restarts[1].ts_ns - Events("trigger").at(0).ts_ns, 5'000'000'000)
+      << "restarted within 5 s, not after the 10-s start-up grace";
+}
+
 // A crash alone: every other rank fails its collective and exits, nobody is still running, and
 // the crash's verdict is the only one.
 TEST_F(LoopTest, ACrashWhoseEveryPeerExitedHasOneVerdict) {

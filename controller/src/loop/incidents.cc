@@ -169,6 +169,9 @@ std::vector<Verdict> Controller::Impl::DiagnoseCrash(const Trigger& t) {
 
 std::vector<Verdict> Controller::Impl::HungSurvivors(const launch::RankExit& origin,
                                                      std::vector<launch::RankExit>* others) {
+  // Before the attempt's first step its ranks meet and load: one not yet in a collective is at
+  // work, not stuck, and the start-up grace is too long to wait in an incident.
+  if (!attempt_stepped) return {};
   std::set<int> running;
   for (int r = 0; r < opt.world; ++r) running.insert(r);
   running.erase(origin.rank);
