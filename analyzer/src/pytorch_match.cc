@@ -106,6 +106,7 @@ MemberComparison AllToAllPairs(const std::vector<std::pair<int, const PyTorchOp*
       return out;
     by_local[static_cast<int>(at - group_ranks.begin())] = op;
   }
+  if (by_local.size() != n) return out;  // a group that names a rank twice
   std::map<int, int> disagrees;          // local index -> pairs it is in
   std::vector<std::pair<int, int>> bad;  // (sender, receiver), local indices
   for (int i = 0; i < static_cast<int>(n); ++i) {
