@@ -404,19 +404,27 @@ std::vector<Verdict> AnalyzePyTorch(const PyTorchInput& in, HangOptions options)
   // nothing it does not show is concluded healthy.
   bool partial = false;
   for (const RankView& v : in.hang.ranks) partial |= options.absent_not_collected && !v.present;
+  // The unknown verdict made healthy, for `why` (after "every member of every open op joined it
+  // and their ops match (PyTorch's analysis finds no error)"), its evidence kept.
+  auto healthy = [&](double confidence, const std::string& why) {
+    Verdict v;
+    v.kind = VerdictKind::kHealthy;
+    v.detected_at_ns = verdicts[0].detected_at_ns;
+    v.confidence = confidence;
+    v.explanation =
+        "every member of every open op joined it and their ops match (PyTorch's analysis finds "
+        "no error)" +
+        why;
+    v.evidence = std::move(verdicts[0].evidence);
+    return v;
+  };
   if (!partial && verdicts.size() == 1 && ParseCause(verdicts[0].cause) == Cause::kUnknown) {
     if (std::string pace; InFlightAtItsUsualPace(in, verdicts[0].waiting_ranks, &pace)) {
-      Verdict v;
-      v.kind = VerdictKind::kHealthy;
-      v.detected_at_ns = verdicts[0].detected_at_ns;
-      v.confidence = 0.8;
-      v.explanation =
-          "every member of every open op joined it and their ops match (PyTorch's analysis finds "
-          "no error), and each has been open no longer than " +
-          std::to_string(static_cast<int>(kUsualPaceSlack)) +
-          " times what the same op took before (its recorded duration_ms) and less than its "
-          "timeout: a slow op making progress, not a hang";
-      v.evidence = std::move(verdicts[0].evidence);
+      Verdict v = healthy(0.8, ", and each has been open no longer than " +
+                                   std::to_string(static_cast<int>(kUsualPaceSlack)) +
+                                   " times what the same op took before (its recorded "
+                                   "duration_ms) and less than its timeout: a slow op making "
+                                   "progress, not a hang");
       v.evidence.push_back(pace);
       return {v};
     }
@@ -425,17 +433,9 @@ std::vector<Verdict> AnalyzePyTorch(const PyTorchInput& in, HangOptions options)
       dated &= r >= 0 && r < static_cast<int>(in.ranks.size()) && in.ranks[r].dated_by_timeout;
     }
     if (dated) {
-      Verdict v;
-      v.kind = VerdictKind::kHealthy;
-      v.detected_at_ns = verdicts[0].detected_at_ns;
-      v.confidence = 0.6;
-      v.explanation =
-          "every member of every open op joined it and their ops match (PyTorch's "
-          "analysis finds no error); the dumps were copied since they were written, "
-          "so how long those ops had been open is not known, and a dump taken mid-run "
-          "looks the same.";
-      v.evidence = std::move(verdicts[0].evidence);
-      return {v};
+      return {healthy(0.6,
+                      "; the dumps were copied since they were written, so how long those ops had "
+                      "been open is not known, and a dump taken mid-run looks the same.")};
     }
   }
   for (Verdict& v : verdicts) {
