@@ -128,6 +128,16 @@ class LoopTest : public ::testing::Test {
     fleet_->TraceSteps(0.1, 1, /*collectives=*/true);
     SlowLinkOnItsChecks("node1", under_floor);
   }
+  // Three nodes of one rank each and two spares: node1's rank crashes and node2's hangs in compute
+  // once the job has done `step` steps. The launch's exit code.
+  int CrashOnNode1AndHangOnNode2At(int64_t step) {
+    options_.nodes = {"node0", "node1", "node2"};
+    options_.world = 3;
+    options_.spares = {"spare0", "spare1"};
+    Fleet().Break({FakeFault::kCrash, "node1", step});
+    fleet_->Break({FakeFault::kHang, "node2", step});
+    return Run();
+  }
   FakeFleet& Fleet() {
     if (!owned_) {
       owned_ = std::make_unique<FakeFleet>(options_.supervisor.run_dir, &clock_, options_.steps);
@@ -535,12 +545,7 @@ TEST_F(LoopTest, TwoFaultsInARowEvictTwiceThenTheSafetyValvePauses) {
 // not the hung rank, which stays out of it. The crash's verdict names node1, a second verdict in
 // the same incident names node2 from the live state, and the policy evicts both.
 TEST_F(LoopTest, ACrashAndAHangAtTheSameStepAreBothNamedInOneIncident) {
-  options_.nodes = {"node0", "node1", "node2"};
-  options_.world = 3;
-  options_.spares = {"spare0", "spare1"};
-  Fleet().Break({FakeFault::kCrash, "node1", 5});
-  fleet_->Break({FakeFault::kHang, "node2", 5});
-  EXPECT_EQ(Run(), kLaunchFinished);
+  EXPECT_EQ(CrashOnNode1AndHangOnNode2At(5), kLaunchFinished);
   ASSERT_EQ(Events("trigger").size(), 1u);
   EXPECT_EQ(Events("trigger")[0].detail["cause"], "crash");
   const auto verdicts = Events("verdict");
@@ -557,12 +562,7 @@ TEST_F(LoopTest, ACrashAndAHangAtTheSameStepAreBothNamedInOneIncident) {
 // Before the attempt's first step a rank not yet in a collective is meeting its peers or loading,
 // not stuck: a crash then is not held for the start-up grace to look for a second fault.
 TEST_F(LoopTest, ACrashBeforeTheFirstStepLooksForNoSecondFault) {
-  options_.nodes = {"node0", "node1", "node2"};
-  options_.world = 3;
-  options_.spares = {"spare0", "spare1"};
-  Fleet().Break({FakeFault::kCrash, "node1", 0});
-  fleet_->Break({FakeFault::kHang, "node2", 0});
-  EXPECT_EQ(Run(), kLaunchFinished);
+  EXPECT_EQ(CrashOnNode1AndHangOnNode2At(0), kLaunchFinished);
   ASSERT_EQ(Events("verdict").size(), 1u);
   EXPECT_EQ(Events("verdict")[0].detail["cause"], "rank_dead");
   const auto restarts = Events("restart");
