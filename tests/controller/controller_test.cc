@@ -19,7 +19,7 @@ namespace {
 // then: the other side, which would wait out its timeout for a partner that is gone (15 s of a
 // link fault's recovery on the testbed), is stopped and says why. The "self-check" here is a
 // script in the binary's place: one side fails as a dead link does, after its GEMM's figure (which
-// the fleet keeps: its compute held), the other waits a minute.
+// the fleet keeps: its compute held), the other waits a minute after its own.
 TEST(SupervisorFleetTest, APairEndsWhenOneSideFailsInsteadOfWaitingForTheOther) {
   megascope::testing::TempDir dir;
   const std::string exe = dir.path() + "/self-check.sh";
@@ -28,6 +28,7 @@ TEST(SupervisorFleetTest, APairEndsWhenOneSideFailsInsteadOfWaitingForTheOther) 
                         "  echo '{\"rank\": 1, \"gemm_gflops\": 12.500}'\n"
                         "  echo 'rendezvous failed: connect: Network is unreachable' >&2; exit 1\n"
                         "fi\n"
+                        "echo '{\"rank\": 0, \"gemm_gflops\": 30.000}'\n"
                         "exec sleep 60\n";
   ASSERT_EQ(::chmod(exe.c_str(), 0755), 0);
   launch::SupervisorOptions o;
@@ -42,8 +43,14 @@ TEST(SupervisorFleetTest, APairEndsWhenOneSideFailsInsteadOfWaitingForTheOther) 
   EXPECT_EQ(figures[0].second.error.find("gemm_gflops"), std::string::npos)
       << figures[0].second.error;
   EXPECT_DOUBLE_EQ(figures[0].second.gemm_gflops, 12.5);
+  // The side stopped for its partner's failure keeps the GEMM it measured (which end of a
+  // crawling link notices first is the load's doing), and says what its partner's failure was.
   EXPECT_FALSE(figures[0].first.ok);
-  EXPECT_EQ(figures[0].first.error, "stopped: its partner's self-check failed");
+  EXPECT_EQ(figures[0].first.error.rfind("stopped: its partner's self-check failed (", 0), 0u)
+      << figures[0].first.error;
+  EXPECT_NE(figures[0].first.error.find("Network is unreachable"), std::string::npos)
+      << figures[0].first.error;
+  EXPECT_DOUBLE_EQ(figures[0].first.gemm_gflops, 30);
 }
 
 TEST(InjectTest, ParsesEveryKindWithItsTarget) {
