@@ -13,315 +13,18 @@
 
 namespace megascope::detector {
 
-// ---------------------------------------------------------------- metric families
-
-namespace {
-
-std::vector<std::string> Words(std::string_view name) {
-  std::vector<std::string> words(1);
-  for (char c : name) {
-    if (std::isalnum(static_cast<unsigned char>(c))) {
-      words.back() += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    } else if (!words.back().empty()) {
-      words.emplace_back();
-    }
-  }
-  if (words.back().empty()) words.pop_back();
-  return words;
-}
-
-// Whether any of `words` is one of `any`.
-bool HasWord(const std::vector<std::string>& words, std::initializer_list<const char*> any) {
-  for (const std::string& word : words) {
-    for (const char* a : any) {
-      if (word == a) return true;
-    }
-  }
-  return false;
-}
-
-}  // namespace
-
-std::vector<std::string> DefaultPriority() {
-  std::vector<const tracer::metrics::Def*> defs;
-  for (const tracer::metrics::Def& d : tracer::metrics::All()) {
-    if (d.detector_priority >= 0) defs.push_back(&d);
-  }
-  std::sort(defs.begin(), defs.end(),
-            [](auto* a, auto* b) { return a->detector_priority < b->detector_priority; });
-  std::vector<std::string> out;
-  out.reserve(defs.size());
-  for (auto* d : defs) out.emplace_back(d->name);
-  return out;
-}
-
-MetricFamily ClassifyMetric(std::string_view name) {
-  const std::vector<std::string> w = Words(name);
-  auto has = [&](std::initializer_list<const char*> any) { return HasWord(w, any); };
-  // Order matters: "gpu_xid_errors" is an error counter before it is a GPU metric, and
-  // "nvlink_tx" is NVLink before it is network.
-  if (has({"xid", "xids", "ecc", "error", "errors", "sbe", "dbe", "retired", "remapped",
-           "faults"}) ||
-      IsLinkStateCounter(name)) {
-    return MetricFamily::kErrors;
-  }
-  // A rank's own step, compute or collective wait time: how much it holds the job back.
-  if (has({"step", "steps", "iteration", "mfu", "tokens"}) ||
-      (has({"compute"}) && has({"seconds", "s", "ms", "time"})) ||
-      (has({"wait"}) && has({"allreduce", "collective", "collectives", "nccl", "comm"}))) {
-    return MetricFamily::kTraining;
-  }
-  if (has({"nvlink", "nvl"})) return MetricFamily::kNvlink;
-  if (has({"net", "network", "nic", "pfc", "rdma", "ib", "infiniband", "roce", "tx", "rx",
-           "transmit", "transmitted", "receive", "received", "xmit", "rcv"})) {
-    return MetricFamily::kNetwork;
-  }
-  if (has({"gpu", "dcgm", "sm", "tensor", "power", "temp", "temperature", "fb", "clock", "pcie"})) {
-    return MetricFamily::kGpu;
-  }
-  if (has({"cpu", "load", "load1", "load5", "load15"})) return MetricFamily::kCpu;
-  if (has({"mem", "memory"})) return MetricFamily::kMemory;
-  return MetricFamily::kOther;
-}
-
-const char* MetricFamilyName(MetricFamily f) {
-  switch (f) {
-    case MetricFamily::kErrors:
-      return "errors";
-    case MetricFamily::kTraining:
-      return "training";
-    case MetricFamily::kNvlink:
-      return "nvlink";
-    case MetricFamily::kNetwork:
-      return "network";
-    case MetricFamily::kGpu:
-      return "gpu";
-    case MetricFamily::kCpu:
-      return "cpu";
-    case MetricFamily::kMemory:
-      return "memory";
-    case MetricFamily::kOther:
-      return "other";
-  }
-  return "other";
-}
-
-MetricSource ClassifySource(std::string_view name) {
-  const std::vector<std::string> w = Words(name);
-  // The exporter's prefix when there is one (megascope's own names carry theirs after it).
-  const size_t at = !w.empty() && w[0] == "megascope" ? 1 : 0;
-  const std::string lead = at < w.size() ? w[at] : "";
-  for (const char* g : {"dcgm", "nvidia", "nvml", "gpu", "nvsmi"}) {
-    if (lead == g) return MetricSource::kGpu;
-  }
-  for (const char* h : {"node", "host", "ipmi", "process"}) {
-    if (lead == h) return MetricSource::kHost;
-  }
-  switch (ClassifyMetric(name)) {
-    case MetricFamily::kTraining:
-      return MetricSource::kTrainer;
-    case MetricFamily::kGpu:
-    case MetricFamily::kNvlink:
-      return MetricSource::kGpu;
-    case MetricFamily::kCpu:
-    case MetricFamily::kMemory:
-    case MetricFamily::kNetwork:
-      return MetricSource::kHost;
-    case MetricFamily::kErrors:
-      for (const std::string& word : w) {
-        for (const char* g : {"xid", "xids", "ecc", "sbe", "dbe", "retired", "remapped"}) {
-          if (word == g) return MetricSource::kGpu;
-        }
-      }
-      return MetricSource::kHost;  // a NIC's carrier changes, link errors
-    case MetricFamily::kOther:
-      break;
-  }
-  return MetricSource::kOther;
-}
-
-const char* MetricSourceName(MetricSource s) {
-  switch (s) {
-    case MetricSource::kGpu:
-      return "gpu_exporter";
-    case MetricSource::kHost:
-      return "node_exporter";
-    case MetricSource::kTrainer:
-      return "trainer";
-    case MetricSource::kOther:
-      return "other";
-  }
-  return "other";
-}
-
-bool IsWorkMetric(std::string_view name) {
-  const MetricFamily f = ClassifyMetric(name);
-  if (f != MetricFamily::kGpu && f != MetricFamily::kNetwork && f != MetricFamily::kNvlink)
-    return false;
-  bool work = false;
-  for (const std::string& w : Words(name)) {
-    for (const char* no :
-         {"pfc", "pause", "drop", "drops", "dropped", "temp", "temperature", "mem", "memory", "fb",
-          "power", "clock", "errors", "discard", "discards", "wait", "waits"}) {
-      if (w == no) return false;
-    }
-    for (const char* yes : {"util", "utilization", "active", "tx", "rx", "transmit", "receive",
-                            "bytes", "gbps", "throughput", "bandwidth", "bw", "packets"}) {
-      work = work || w == yes;
-    }
-  }
-  return work;
-}
-
-bool IsDuration(std::string_view name) {
-  return HasWord(Words(name), {"time", "seconds", "ms", "duration", "wait", "latency"});
-}
-
-int HoldsJobBackSign(std::string_view name) {
-  const std::vector<std::string> w = Words(name);
-  if (HasWord(w, {"wait", "waits", "waiting"})) return -1;
-  return IsDuration(name) ? 1 : -1;
-}
-
-int CountsPerLinkFlap(std::string_view name) {
-  const std::vector<std::string> words = Words(name);
-  auto has = [&](std::initializer_list<const char*> any) { return HasWord(words, any); };
-  if (has({"carrier"}) && has({"changes"}))
-    return has({"down", "up"}) ? 1 : 2;  // node_exporter's carrier_down_changes: downs alone
-  return (has({"carrier"}) && has({"flaps"})) ||
-                 (has({"link"}) && has({"downed", "flaps", "flapped"}))
-             ? 1
-             : 0;
-}
-
-bool IsLinkStateCounter(std::string_view name) { return CountsPerLinkFlap(name) > 0; }
-
-bool IsErrorCode(std::string_view name) {
-  std::string lower(name);
-  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (lower == "dcgm_fi_dev_xid_errors") return true;
-  const std::vector<std::string> words = Words(name);
-  return HasWord(words, {"xid", "xids"}) && HasWord(words, {"code"}) && !IsCumulativeCounter(name);
-}
-
-bool IsCumulativeCounter(std::string_view name) {
-  if (name.size() < 6) return false;
-  std::string tail(name.substr(name.size() - 6));
-  for (char& c : tail) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return tail == "_total";
-}
-
-// ---------------------------------------------------------------- registry
-
-int Registry::Machine(const std::string& name) {
-  auto [it, added] = machine_ids_.try_emplace(name, static_cast<int>(machines_.size()));
-  if (added) machines_.push_back(name);
-  return it->second;
-}
-
-int Registry::Metric(const std::string& name) {
-  auto [it, added] = metric_ids_.try_emplace(name, static_cast<int>(metrics_.size()));
-  if (added) metrics_.push_back(name);
-  return it->second;
-}
-
-int Registry::FindMetric(const std::string& name) const {
-  auto it = metric_ids_.find(name);
-  return it == metric_ids_.end() ? -1 : it->second;
-}
-
-// ---------------------------------------------------------------- stream
-
-// Ticks further from 0 are no clock's (and would overflow the detector's tick arithmetic).
-constexpr double kMaxTicks = 1e15;
-
-Stream::Stream(FrameDetector* detector, double tick_s, double max_lateness_s)
-    : det_(detector),
-      tick_s_(tick_s),
-      lateness_ticks_(static_cast<int64_t>(std::ceil(max_lateness_s / tick_s))) {}
-
-void Stream::Add(const Sample& s) {
-  Add(reg_.Machine(s.machine), reg_.Metric(s.metric), s.time_s, s.value);
-}
-
-void Stream::Add(int machine, int metric, double time_s, double value) {
-  if (!std::isfinite(value) || !std::isfinite(time_s)) return;
-  if (metric >= static_cast<int>(counter_.size())) {
-    counter_.resize(metric + 1, -1);
-    last_.resize(metric + 1);
-  }
-  if (counter_[metric] < 0)
-    counter_[metric] = IsCumulativeCounter(reg_.metric_name(metric)) ? 1 : 0;
-  if (counter_[metric] == 1) {
-    // A counter's meaning is its rate; its value depends on when the process started.
-    auto& per = last_[metric];
-    if (machine >= static_cast<int>(per.size())) per.resize(machine + 1);
-    Last& last = per[machine];
-    const Last prev = last;
-    if (prev.seen && time_s <= prev.time_s) return;  // out of order: no rate to take
-    last = {true, time_s, value};
-    if (!prev.seen || value < prev.value) return;  // the first sample, or a counter reset
-    value = (value - prev.value) / (time_s - prev.time_s);
-  }
-  AddAligned(machine, metric, time_s, value);
-}
-
-void Stream::AddAligned(int machine, int metric, double time_s, double value) {
-  const double t = std::floor(time_s / tick_s_);
-  if (std::fabs(t) > kMaxTicks) {  // beyond any clock (and any int64_t)
-    ++late_;
-    return;
-  }
-  const auto tick = static_cast<int64_t>(t);
-  if (tick < next_tick_) {
-    ++late_;
-    return;
-  }
-  Frame& f = pending_[tick];
-  if (f.cells.empty()) {
-    f.tick = tick;
-    f.end_s = static_cast<double>(tick + 1) * tick_s_;
-  }
-  f.cells.push_back({machine, metric, value});
-  if (tick > max_tick_) {
-    max_tick_ = tick;
-    if (max_tick_ - lateness_ticks_ >= next_tick_ || next_tick_ == INT64_MIN) {
-      EmitThrough(max_tick_ - lateness_ticks_);
-    }
-  }
-}
-
-void Stream::EmitThrough(int64_t tick) {
-  if (next_tick_ == INT64_MIN) {
-    if (pending_.empty() || pending_.begin()->first > tick) return;
-    next_tick_ = pending_.begin()->first;
-  }
-  for (; next_tick_ <= tick; ++next_tick_) {
-    auto it = pending_.find(next_tick_);
-    if (it != pending_.end()) {
-      det_->OnFrame(it->second, reg_, &verdicts_);
-      pending_.erase(it);
-    } else {
-      Frame empty;  // ticks without samples still pass: silence is evidence
-      empty.tick = next_tick_;
-      empty.end_s = static_cast<double>(next_tick_ + 1) * tick_s_;
-      det_->OnFrame(empty, reg_, &verdicts_);
-    }
-    ++frames_;
-  }
-}
-
-void Stream::Flush() {
-  if (max_tick_ != INT64_MIN) EmitThrough(max_tick_);
-}
-
 // ---------------------------------------------------------------- detector
 
 namespace {
 
 constexpr int64_t kNever = std::numeric_limits<int64_t>::min() / 2;
 constexpr int kFamilies = static_cast<int>(MetricFamily::kOther) + 1;
-constexpr int64_t kRunGap = 5;          // ticks without a hit that end a run of outlier ticks
+constexpr int64_t kRunGap = 5;  // ticks without a hit that end a run of outlier ticks
+// Ticks over which a group's usual rate of background errors is learned (a running mean until
+// then), and the usual rate per healthy machine (per second) above which they are background: one
+// error in 17 minutes.
+constexpr double kBackgroundTicks = 600;
+constexpr double kBackgroundRate = 1e-3;
 constexpr double kStoppedShare = 0.02;  // a work metric this far below its peers' median: stopped
 constexpr int kStopRun = 3;  // ticks stopped in a row that count as one stop of a flapping link
 // Evidence "metrics" beside the real ones: -1 the machine silent, -2 two sources stopped together,
@@ -469,10 +172,15 @@ struct Detector::Impl {
     // sign for GroupCohorts that a shared component moved them.
     bool company = false;
   };
-  // A training metric off its peers in the direction that says they hold it back (it waits on
-  // them longer than they do): evidence that it stands out, never that it hurts the job.
+  // A strong family's evidence that weighs as a weak one's: a training metric off its peers in
+  // the direction that says they hold it back (it waits on them longer than they do) stands out
+  // but does not hurt the job; a rate of background errors (ErrorWeight::kBackground: corrected,
+  // retried) above its peers', where healthy machines show them too, is a magnitude, which needs
+  // duration as any other -- healthy links show bursts of them for seconds to a minute.
   bool Aside(int metric, double z) const {
-    return metric >= 0 && family[metric] == MetricFamily::kTraining && z * holds_back[metric] < 0;
+    if (metric < 0) return false;
+    if (InBackground(metric)) return true;
+    return family[metric] == MetricFamily::kTraining && z * holds_back[metric] < 0;
   }
   bool Aside(const Hit& h) const { return !h.silent && Aside(h.metric, h.z); }
   struct MachineState {
@@ -551,6 +259,11 @@ struct Detector::Impl {
   // Per metric, per peer group (grown as groups appear): a work metric's long-run typical median
   // (its usual work; groups differ, a pipeline stage with a lighter load works less).
   std::vector<std::vector<double>> work_level;
+  // Per metric: whether it counts background errors (ErrorWeightOf), and per peer group their
+  // usual rate on a healthy machine (a long-run mean of the group's lower nine tenths).
+  std::vector<uint8_t> background;
+  std::vector<std::vector<double>> error_rate;
+  std::vector<std::vector<int64_t>> error_ticks;  // ticks each has learned from
   // The job's pace, per training duration: its usual median over every machine, and since when it
   // moved off it (kNever: it did not).
   std::vector<double> pace_usual;
@@ -612,6 +325,9 @@ struct Detector::Impl {
       work.push_back(IsWorkMetric(name) ? 1 : 0);
       link_state.push_back(static_cast<uint8_t>(CountsPerLinkFlap(name)));
       error_code.push_back(IsErrorCode(name) ? 1 : 0);
+      background.push_back(ErrorWeightOf(name) == ErrorWeight::kBackground ? 1 : 0);
+      error_rate.emplace_back();
+      error_ticks.emplace_back();
       duration.push_back(ClassifyMetric(name) == MetricFamily::kTraining && IsDuration(name) ? 1
                                                                                              : 0);
       holds_back.push_back(static_cast<int8_t>(HoldsJobBackSign(name)));
@@ -705,6 +421,18 @@ struct Detector::Impl {
   // window's length (a link that goes down every two minutes) keeps it for as long as those
   // downs span: two bursts of a counter of downs, three of one that counts every change (down,
   // then up seconds later: one flap can be two bursts).
+  // Whether metric k counts background errors that healthy machines show too (in group g, or in
+  // any group): then bursts between quiet spells are what healthy machines look like, and only a
+  // rate above theirs for most of the window is evidence. Where healthy machines show none, any
+  // lasting error stands out as before.
+  bool InBackground(int k, int g = -1) const {
+    if (!background[k]) return false;
+    const auto& rates = error_rate[static_cast<size_t>(k)];
+    for (size_t i = 0; i < rates.size(); ++i) {
+      if ((g < 0 || i == static_cast<size_t>(g)) && rates[i] > kBackgroundRate) return true;
+    }
+    return false;
+  }
   bool RepeatingErrors(int k, const Series& s, int64_t now) const {
     const int64_t quiet = now - s.last_hit;
     if (s.last_burst - s.prev_burst <= cfg.continuity && quiet <= cfg.error_memory_ticks)
@@ -722,6 +450,8 @@ struct Detector::Impl {
                 std::vector<Hit>* hits);
   // Work metric k's usual median in peer group g, taught this tick's `med` (work_level).
   double UsualWork(int k, int g, double med);
+  // Background error metric k's spread floor in peer group g (its usual rate taught by this tick).
+  double BackgroundSpread(int k, int g, const std::vector<double>& denoised);
   // A work metric's tick for its stops (Series::stop_runs): its peers `busy`, it `stopped` (a
   // stopped hit), its latest sample `at_nothing`.
   void NoteStop(Series* s, int64_t now, bool busy, bool stopped, bool at_nothing) const;
@@ -851,7 +581,8 @@ void Detector::Impl::ScoreGroup(int k, int g, int64_t now, std::vector<double>& 
   level += (std::fabs(med) - level) / (level == 0 ? 1.0 : 600.0);
   const double usual = work[k] ? UsualWork(k, g, med) : 0;
   const double scale = std::max({spread, cfg.spread_floor * typical,
-                                 cfg.relative_floor * std::max(std::fabs(med), 0.5 * level), 1e-6});
+                                 cfg.relative_floor * std::max(std::fabs(med), 0.5 * level),
+                                 background[k] ? BackgroundSpread(k, g, denoised) : 0.0, 1e-6});
   // An outlier is a machine off its peers and alone there: when at least `min_peers` machines
   // sit together off the median (another GPU generation, a pipeline stage with a lighter load),
   // they are a sub-population doing other work, not a fault.
@@ -913,6 +644,28 @@ void Detector::Impl::NoteWork(int k, int m, int64_t now, double med, double usua
   if (!hit && Flapping(sm, now)) hits->push_back({k, sm.last_z, false, true});
 }
 
+double Detector::Impl::BackgroundSpread(int k, int g, const std::vector<double>& denoised) {
+  // Healthy hardware shows a few corrected errors (an NVLink CRC retry, a symbol error): their
+  // count over the denoising window is about Poisson, so a healthy machine's rate sits within a
+  // few sqrt(rate / window) of the usual rate -- and a fault multiplies it. With no background
+  // (no peer ever shows one) this is 0, and one machine's errors stand out as before.
+  std::vector<double>& rates = error_rate[static_cast<size_t>(k)];
+  if (rates.size() <= static_cast<size_t>(g)) rates.resize(static_cast<size_t>(g) + 1, -1);
+  scratch.clear();
+  for (int m : members) scratch.push_back(std::max(0.0, denoised[m]));
+  std::sort(scratch.begin(), scratch.end());
+  const size_t keep = std::max<size_t>(1, scratch.size() * 9 / 10);
+  double sum = 0;
+  for (size_t i = 0; i < keep && i < scratch.size(); ++i) sum += scratch[i];
+  const double now_rate = scratch.empty() ? 0 : sum / static_cast<double>(keep);
+  double& usual = rates[static_cast<size_t>(g)];
+  auto& seen = error_ticks[static_cast<size_t>(k)];
+  if (seen.size() <= static_cast<size_t>(g)) seen.resize(static_cast<size_t>(g) + 1, 0);
+  const double n = std::min(kBackgroundTicks, static_cast<double>(++seen[static_cast<size_t>(g)]));
+  usual = usual < 0 ? now_rate : usual + (now_rate - usual) / n;
+  return std::sqrt(usual / cfg.denoise_window) + usual;
+}
+
 double Detector::Impl::UsualWork(int k, int g, double med) {
   std::vector<double>& levels = work_level[static_cast<size_t>(k)];
   if (levels.size() <= static_cast<size_t>(g)) levels.resize(static_cast<size_t>(g) + 1, 0);
@@ -969,7 +722,8 @@ void Detector::Impl::Judge(int k, int m, int64_t now, double offset, double scal
     }
     s.last_hit = now;
     s.last_z = z;
-  } else if (family[k] == MetricFamily::kErrors && RepeatingErrors(k, s, now)) {
+  } else if (family[k] == MetricFamily::kErrors && !InBackground(k, machines[m].group) &&
+             RepeatingErrors(k, s, now)) {
     // Errors that repeat with quiet seconds between (ECC corrections; a flapping link going down
     // every minute: three bursts within the long window) stay evidence through the quiet spell,
     // as long as the last one between bursts; a single burst never does, nor two a minute apart
@@ -1119,7 +873,13 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
     // Corroborated: two families agree, or three sensors of one device (a GPU's utilisation,
     // power and memory all off its peers); the benign excursions move one metric, two at most.
     const bool two = (families & (families - 1)) != 0;
-    const bool corr = two || m == leader || *std::max_element(metrics.begin(), metrics.end()) >= 3;
+    // Background errors above their peers' (a magnitude) count as a corroborated signal: a
+    // suspect over the short window, faulty once they outlast a benign spell (the weak window).
+    const bool lasting_errors = std::any_of(hits[m].begin(), hits[m].end(), [&](const Hit& h) {
+      return h.metric >= 0 && !h.silent && InBackground(h.metric);
+    });
+    const bool corr = two || m == leader || lasting_errors ||
+                      *std::max_element(metrics.begin(), metrics.end()) >= 3;
     const bool any = !hits[m].empty();
     s.recent.Push(now, any);
     Rearm(now, &s);
@@ -1623,7 +1383,10 @@ std::string Detector::Impl::Fact(int m, int metric, int ticks, double z, const c
   } else {
     std::snprintf(buf, sizeof(buf), "%s%s [%s] off its peers by up to %.1f robust sd%s (%d ticks)",
                   sep, name.c_str(), MetricFamilyName(family[metric]), std::fabs(z),
-                  Aside(metric, z) ? ", held back by them" : "", ticks);
+                  Aside(metric, z) && !InBackground(metric)
+                      ? ", held back by them"
+                      : (InBackground(metric) ? ", above the errors its peers correct" : ""),
+                  ticks);
   }
   return buf;
 }

@@ -9,16 +9,45 @@
 namespace megascope::detector {
 namespace {
 
+// Fields of one CSV line (RFC 4180: a field may be quoted, with "" for a quote inside, so a series
+// name with labels -- DCGM_FI_DEV_GPU_UTIL{gpu="3",UUID="..."} -- keeps its commas). Quoted fields
+// come back with their quotes; Unquote takes them off.
 std::vector<std::string_view> SplitCsv(std::string_view line) {
   std::vector<std::string_view> out;
   size_t start = 0;
+  bool quoted = false;
   for (size_t i = 0; i <= line.size(); ++i) {
-    if (i == line.size() || line[i] == ',') {
+    if (i < line.size() && line[i] == '"') quoted = !quoted;
+    if (i == line.size() || (line[i] == ',' && !quoted)) {
       out.push_back(line.substr(start, i - start));
       start = i + 1;
     }
   }
   return out;
+}
+
+std::string Unquote(std::string_view field) {
+  if (field.size() < 2 || field.front() != '"' || field.back() != '"') return std::string(field);
+  std::string out;
+  for (size_t i = 1; i + 1 < field.size(); ++i) {
+    out += field[i];
+    if (field[i] == '"' && i + 2 < field.size() && field[i + 1] == '"') ++i;
+  }
+  return out;
+}
+
+// A field as RFC 4180 writes it: quoted when it holds a comma or a quote.
+void AppendCsvField(std::string_view field, std::string* out) {
+  if (field.find_first_of(",\"") == std::string_view::npos) {
+    *out += field;
+    return;
+  }
+  *out += '"';
+  for (char c : field) {
+    if (c == '"') *out += '"';
+    *out += c;
+  }
+  *out += '"';
 }
 
 std::string_view Trim(std::string_view s) {
@@ -87,8 +116,8 @@ Status ParseMetricsLine(std::string_view line, Sample* s) {
                            " is past the year 5000 (milliseconds? timestamp_s is in seconds)");
   if (Trim(f[1]).empty()) return InvalidArgument("empty machine");
   if (Trim(f[2]).empty()) return InvalidArgument("empty metric");
-  s->machine = Trim(f[1]);
-  s->metric = Trim(f[2]);
+  s->machine = Unquote(Trim(f[1]));
+  s->metric = Unquote(Trim(f[2]));
   if (!ParseDouble(f[3], &s->value))
     return InvalidArgument("value '" + std::string(f[3]) + "' is not a number");
   return Status::Ok();
@@ -191,9 +220,9 @@ void MetricsCsvWriter::Row(double t, std::string_view machine, std::string_view 
   auto p = std::to_chars(tmp, tmp + sizeof(tmp), t, std::chars_format::fixed, time_decimals_).ptr;
   buf_.append(tmp, p);
   buf_ += ',';
-  buf_ += machine;
+  AppendCsvField(machine, &buf_);
   buf_ += ',';
-  buf_ += metric;
+  AppendCsvField(metric, &buf_);
   buf_ += ',';
   p = std::to_chars(tmp, tmp + sizeof(tmp), v, std::chars_format::general, value_digits_).ptr;
   buf_.append(tmp, p);

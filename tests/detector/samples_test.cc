@@ -33,6 +33,32 @@ TEST(SamplesTest, StreamsMetricsInAnyOrderWithBlankLines) {
   EXPECT_TRUE((*r)->status().ok());
 }
 
+TEST(SamplesTest, ALabelledSeriesNameIsQuotedAsRfc4180QuotesIt) {
+  // dcgm-exporter's series carry commas in their labels: a CSV quotes such a field, "" inside.
+  Sample s;
+  ASSERT_TRUE(
+      ParseMetricsLine(
+          "1763700000,node3,\"DCGM_FI_DEV_GPU_UTIL{gpu=\"\"3\"\",UUID=\"\"GPU-1\"\"}\",87", &s)
+          .ok());
+  EXPECT_EQ(s.metric, "DCGM_FI_DEV_GPU_UTIL{gpu=\"3\",UUID=\"GPU-1\"}");
+  EXPECT_EQ(s.machine, "node3");
+  EXPECT_DOUBLE_EQ(s.value, 87);
+  // And the writer quotes it back, so what it writes reads the same.
+  megascope::testing::TempDir dir;
+  const std::string path = dir.path() + "/q.csv";
+  {
+    auto w = MetricsCsvWriter::Open(path, 0, 6);
+    ASSERT_TRUE(w.ok());
+    (*w)->Row(1763700000, "node3", s.metric, 87);
+    ASSERT_TRUE((*w)->Close().ok());
+  }
+  auto r = MetricsCsvReader::Open(path);
+  ASSERT_TRUE(r.ok());
+  Sample back;
+  ASSERT_TRUE((*r)->Next(&back));
+  EXPECT_EQ(back.metric, s.metric);
+}
+
 TEST(SamplesTest, MalformedRowsNameFileAndLine) {
   megascope::testing::TempDir dir;
   auto r = MetricsCsvReader::Open(Write(

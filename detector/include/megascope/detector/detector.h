@@ -26,59 +26,13 @@
 #include <vector>
 
 #include "megascope/detector/samples.h"
+#include "megascope/detector/semantics.h"
 #include "megascope/tracer/verdict.h"
 
 namespace megascope::detector {
 
-// What a metric tells, from its name's words (any exporter's spelling: cpu_util,
-// node_cpu_utilization_ratio, DCGM_FI_DEV_XID_ERRORS, ...). Error counters and training metrics
-// are strong evidence on their own; the others are families whose agreement corroborates.
-enum class MetricFamily { kErrors, kTraining, kNvlink, kNetwork, kGpu, kCpu, kMemory, kOther };
-MetricFamily ClassifyMetric(std::string_view name);
-const char* MetricFamilyName(MetricFamily f);
-inline bool IsStrong(MetricFamily f) {
-  return f == MetricFamily::kErrors || f == MetricFamily::kTraining;
-}
-// Which exporter a metric comes from, from its name (DCGM_FI_*, nvidia_*, gpu_* -> the GPU
-// exporter; node_*, cpu, memory, network -> the host's; step and compute times -> the trainer). A
-// machine is silent only when every source stops; one source stopping while the others report is a
-// monitoring gap (an exporter restarting or not deployed), never evidence against the machine --
-// unless two of its sources stop together (its GPU fell off the bus and its trainer with it).
-enum class MetricSource { kGpu, kHost, kTrainer, kOther };
-constexpr int kMetricSources = 4;
-MetricSource ClassifySource(std::string_view name);
-const char* MetricSourceName(MetricSource s);  // gpu_exporter, node_exporter, trainer, other
-// A metric of work done (utilisation, traffic: not temperature, power, memory or pause frames):
-// such a metric at nothing while the peers' is busy means the machine stopped working -- hard
-// evidence, the job waits on it.
-bool IsWorkMetric(std::string_view name);
-// A counter of a link's state changes (carrier changes, link downed, flaps): each count is a link
-// going down or coming back, never a healthy card's routine correction, so a link that went down
-// twice within the weak window's length is a flapping link, whatever its period.
-bool IsLinkStateCounter(std::string_view name);
-// An error gauge whose value names the error, not a count of them: DCGM's DCGM_FI_DEV_XID_ERRORS
-// ("value of the last XID error encountered", dcgm-exporter) or an `..._xid_code` of another
-// exporter. A new value is a new error (XID 74, an NVLink error, after XID 48, a double-bit ECC
-// one).
-bool IsErrorCode(std::string_view name);
-// How many counts one flap (down, then up) adds to a link state counter: 2 for one of every
-// carrier change (node_exporter's carrier_changes_total), 1 for one of downs alone (InfiniBand's
-// link_downed, carrier_down_changes, flaps); 0 for any other metric.
-int CountsPerLinkFlap(std::string_view name);
-// A duration by its name's words (step_time_s, trainer_allreduce_wait_ms, ..._seconds): for a
-// training metric, longer is slower.
-bool IsDuration(std::string_view name);
-// For a training metric, the sign of a deviation from its peers that says the machine holds its
-// job back: +1 for a time of its own work (step_time_s, compute seconds: slower), -1 for a wait on
-// its peers (in a collective the slowest machine waits least, and its peers wait on it) and for a
-// rate of work (tokens, MFU, steps). A machine that waits longer than its peers is held back by
-// them; that is no evidence that it is at fault.
-int HoldsJobBackSign(std::string_view name);
-// A cumulative counter by Prometheus's naming rule (ends in `_total`, any case): Stream turns its
-// samples into per-second rates.
-bool IsCumulativeCounter(std::string_view name);
-
-// Names of machines and metrics, numbered in order of first appearance.
+// Names of machines and series (semantics.h: `base{labels}` keys), numbered in order of first
+// appearance.
 class Registry {
  public:
   int Machine(const std::string& name);
@@ -233,6 +187,8 @@ class Stream {
   double tick_s_;
   int64_t lateness_ticks_;
   Registry reg_;
+  // Raw metric name -> the series ids it feeds and, for a bitmask's bits, their masks (0: whole).
+  std::unordered_map<std::string, std::vector<std::pair<int, uint64_t>>> plans_;
   std::map<int64_t, Frame> pending_;
   int64_t next_tick_ = INT64_MIN;  // first tick not yet emitted
   int64_t max_tick_ = INT64_MIN;
