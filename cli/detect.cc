@@ -21,6 +21,7 @@
 #include "megascope/detector/fleet_sim.h"
 #include "megascope/detector/incident_fleet.h"
 #include "megascope/detector/prom_fleet.h"
+#include "megascope/detector/time_order.h"
 
 namespace megascope::cli {
 namespace {
@@ -50,31 +51,80 @@ std::unique_ptr<FrameDetector> MakeDetector(const std::string& baseline,
   return nullptr;
 }
 
-// Feeds every sample of `reader` to `stream`, printing verdicts as they come (`print`) and, for a
+// Where `detect` reads its samples from: the file in time order (sorted in bounded memory), or as
+// it is (--presorted: a live-like stream, the lateness bound applies).
+struct SampleSource {
+  std::function<bool(Sample*)> next;
+  std::function<double()> done;  // share of the work done, for progress
+  std::function<Status()> status;
+  bool large = false;
+};
+
+Result<SampleSource> OpenSource(const std::string& path, bool presorted,
+                                std::shared_ptr<void>* keep) {
+  SampleSource src;
+  if (presorted) {
+    ASSIGN_OR_RETURN(auto reader, MetricsCsvReader::Open(path));
+    std::shared_ptr<MetricsCsvReader> r(std::move(reader));
+    *keep = r;
+    src.large = r->file_size() > (32 << 20);
+    src.next = [r](Sample* s) { return r->Next(s); };
+    src.done = [r] {
+      return static_cast<double>(r->bytes_read()) / static_cast<double>(r->file_size());
+    };
+    src.status = [r] { return r->status(); };
+    return src;
+  }
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  const bool large = !ec && size > (32u << 20);
+  TimeOrderedReader::Options opts;
+  auto last = std::chrono::steady_clock::now();
+  if (large) {
+    opts.progress = [&last](int64_t read, int64_t total) {
+      auto now = std::chrono::steady_clock::now();
+      if (now - last < std::chrono::seconds(2)) return;
+      last = now;
+      std::fprintf(stderr, "[detect] reading and sorting by time %3.0f%%\n",
+                   100.0 * static_cast<double>(read) / static_cast<double>(total));
+    };
+  }
+  ASSIGN_OR_RETURN(auto reader, TimeOrderedReader::Open(path, std::move(opts)));
+  std::shared_ptr<TimeOrderedReader> r(std::move(reader));
+  *keep = r;
+  src.large = large;
+  src.next = [r](Sample* s) { return r->Next(s); };
+  src.done = [r] {
+    return r->rows() == 0
+               ? 1.0
+               : static_cast<double>(r->rows_returned()) / static_cast<double>(r->rows());
+  };
+  src.status = [r] { return r->status(); };
+  return src;
+}
+
+// Feeds every sample of `src` to `stream`, printing verdicts as they come (`print`) and, for a
 // large file, progress on stderr. Returns the rows read.
-Result<int64_t> DetectOver(MetricsCsvReader& reader, Stream& stream,
+Result<int64_t> DetectOver(const SampleSource& src, Stream& stream,
                            const std::function<void(std::vector<Verdict>)>& print,
                            const std::vector<Verdict>& all) {
-  const bool progress = reader.file_size() > (32 << 20);
   auto last_report = std::chrono::steady_clock::now();
   Sample s;
   int64_t rows = 0;
-  while (reader.Next(&s)) {
+  while (src.next(&s)) {
     stream.Add(s);
     if ((++rows & 0xffff) != 0) continue;
     print(stream.TakeVerdicts());
     auto now = std::chrono::steady_clock::now();
-    if (progress && now - last_report > std::chrono::seconds(2)) {
+    if (src.large && now - last_report > std::chrono::seconds(2)) {
       last_report = now;
-      std::fprintf(stderr, "[detect] %3.0f%%  %lld rows, %zu verdicts\n",
-                   100.0 * static_cast<double>(reader.bytes_read()) /
-                       static_cast<double>(reader.file_size()),
+      std::fprintf(stderr, "[detect] %3.0f%%  %lld rows, %zu verdicts\n", 100.0 * src.done(),
                    static_cast<long long>(rows), all.size());
     }
   }
-  if (!reader.status().ok()) {
+  if (Status st = src.status(); !st.ok()) {
     print(stream.TakeVerdicts());
-    return reader.status();
+    return st;
   }
   stream.Flush();
   print(stream.TakeVerdicts());
@@ -88,7 +138,7 @@ namespace {
 // What `detect` was asked.
 struct DetectArgs {
   std::string metrics, labels, groups, topology, baseline = "megascope";
-  bool json = false;
+  bool json = false, presorted = false;
   double lateness = 60;
   DetectorConfig cfg;
 };
@@ -117,10 +167,14 @@ po::options_description DetectOptions(DetectArgs& a) {
       "threshold", po::value(&cfg.threshold)->default_value(cfg.threshold),
       "robust |z| that makes an outlier")("tick", po::value(&cfg.tick_s)->default_value(cfg.tick_s),
                                           "tick length in seconds")(
+      "presorted", po::bool_switch(&a.presorted),
+      "read the file as it is, as a live stream: rows more than --max-lateness out of time order "
+      "are ignored (default: the file is read in time order whatever its rows' order -- series "
+      "by series, as promtool tsdb dump writes it -- sorted in bounded memory)")(
       "max-lateness", po::value(&a.lateness)->default_value(a.lateness),
-      "seconds a sample may arrive out of time order; later ones are ignored and counted")(
-      "baseline", po::value(&a.baseline)->default_value(a.baseline),
-      "detector: megascope, zscore or mahalanobis");
+      "with --presorted: seconds a sample may arrive out of time order; later ones are ignored "
+      "and counted")("baseline", po::value(&a.baseline)->default_value(a.baseline),
+                     "detector: megascope, zscore or mahalanobis");
   return opts;
 }
 
@@ -172,8 +226,9 @@ int RunDetect(const Args& args) {
   std::unique_ptr<FrameDetector> det = MakeDetector(baseline, cfg);
   if (det == nullptr)
     return Fail("detect", "--baseline must be megascope, zscore or mahalanobis", kExitUsage);
-  auto reader = MetricsCsvReader::Open(metrics);
-  if (!reader.ok()) return Fail("detect", reader.status().message());
+  std::shared_ptr<void> keep;
+  auto source = OpenSource(metrics, a.presorted, &keep);
+  if (!source.ok()) return Fail("detect", source.status().message());
   Stream stream(det.get(), cfg.tick_s, lateness);
   std::vector<Verdict> all;
   auto print = [&](std::vector<Verdict> vs) {
@@ -194,7 +249,7 @@ int RunDetect(const Args& args) {
     }
     std::fflush(stdout);
   };
-  auto rows = DetectOver(**reader, stream, print, all);
+  auto rows = DetectOver(*source, stream, print, all);
   if (!rows.ok()) return Fail("detect", rows.status().message());
   if (*rows == 0) {
     return Fail("detect", metrics + " has a header but no sample: no machine to judge");
@@ -203,7 +258,7 @@ int RunDetect(const Args& args) {
     std::fprintf(
         stderr,
         "[detect] warning: %lld samples arrived more than %.0f s out of order and were ignored "
-        "(raise --max-lateness or sort the file by time)\n",
+        "(raise --max-lateness, or leave out --presorted to read the file in time order)\n",
         static_cast<long long>(stream.late_samples()), lateness);
   }
   if (!json) {
