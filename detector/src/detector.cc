@@ -185,6 +185,11 @@ struct Detector::Impl {
   bool Aside(const Hit& h) const { return !h.silent && Aside(h.metric, h.z); }
   struct MachineState {
     int group = 0;
+    // Membership: the last tick its trainer reported, and whether it is outside the job (the
+    // fleet's trainers report and its own never did: an idle hot spare, a machine of another
+    // job). A machine outside is compared with no one and its silence is no one's concern.
+    int64_t trainer_last = kNever;
+    bool outside = false;
     std::vector<int> components;  // ids in component_names
     int64_t first_tick = kNever, last_tick = kNever;
     Rolling hard, hard_long;      // hard evidence: errors, silence, the job hurt (faulty)
@@ -503,7 +508,7 @@ struct Detector::Impl {
   bool Majority(int group, Vote vote) const {
     int yes = 0, total = 0;
     for (size_t m = 0; m < machines.size(); ++m) {
-      if (machines[m].group != group) continue;
+      if (machines[m].group != group || machines[m].outside) continue;
       const int v = vote(m);
       if (v < 0) continue;
       ++total;
@@ -540,7 +545,14 @@ void Detector::Impl::Ingest(const Frame& f) {
           8;
     }
     m.source_last[src] = now;
+    if (source[c.metric] == MetricSource::kTrainer) m.trainer_last = now;
   }
+  // Membership (docs/formats.md section 3): only machines doing the job's work are peers. Where
+  // the job's trainers report, a machine whose trainer never did is outside the job; it joins as
+  // soon as its trainer reports (a replacement under a new name).
+  bool trainers = false;
+  for (const MachineState& m : machines) trainers = trainers || m.trainer_last != kNever;
+  for (MachineState& m : machines) m.outside = trainers && m.trainer_last == kNever;
 }
 
 void Detector::Impl::Denoise(int k, int64_t now, std::vector<double>* denoised) {
@@ -556,7 +568,7 @@ void Detector::Impl::ScoreGroup(int k, int g, int64_t now, std::vector<double>& 
   members.clear();
   vals.clear();
   for (int m = 0; m < nmach; ++m) {
-    if (machines[m].group == g && std::isfinite(denoised[m])) {
+    if (machines[m].group == g && !machines[m].outside && std::isfinite(denoised[m])) {
       denoised[m] -= series[k][m].bias;
       members.push_back(m);
       vals.push_back(denoised[m]);
@@ -749,7 +761,7 @@ void Detector::Impl::NoteSilences(int k, int64_t now, std::vector<std::vector<Hi
   if (k < 0) {  // the whole machine
     for (int m = 0; m < nmach; ++m) {
       const MachineState& s = machines[m];
-      if (s.last_tick == kNever || now - s.last_tick < cfg.silence_ticks ||
+      if (s.outside || s.last_tick == kNever || now - s.last_tick < cfg.silence_ticks ||
           now - s.last_tick > cfg.forget_ticks)
         continue;
       if (PeersActive(s.group, -1, now)) (*hits)[m].push_back({-1, 0, true});
@@ -759,8 +771,8 @@ void Detector::Impl::NoteSilences(int k, int64_t now, std::vector<std::vector<Hi
   // A machine that stopped reporting this metric while its peers still do.
   for (int m = 0; m < nmach; ++m) {
     const int64_t last = series[k][m].last_tick;
-    if (last == kNever || now - last < series[k][m].Quiet(cfg.silence_ticks) ||
-        now - last > cfg.forget_ticks)
+    if (machines[m].outside || last == kNever ||
+        now - last < series[k][m].Quiet(cfg.silence_ticks) || now - last > cfg.forget_ticks)
       continue;
     if (machines[m].last_tick < now - cfg.silence_ticks) continue;  // whole machine silent
     const int src = static_cast<int>(source[k]);
@@ -1059,6 +1071,7 @@ void Detector::Impl::NoteSources(int64_t now, std::vector<std::vector<Hit>>* hit
                                  const Registry& reg, std::vector<Verdict>* out) {
   for (size_t m = 0; m < machines.size(); ++m) {
     MachineState& s = machines[m];
+    if (s.outside) continue;
     if (s.last_tick == kNever || now - s.last_tick >= cfg.silence_ticks) continue;  // all silent
     uint32_t gaps = 0, alone = 0;
     for (int src = 0; src < kMetricSources; ++src) {

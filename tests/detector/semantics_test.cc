@@ -227,5 +227,41 @@ TEST(SemanticsTest, ACounterWithoutTotalIsARateAndItsResetIsNoFault) {
   EXPECT_TRUE(v.empty()) << Describe(v);
 }
 
+TEST(MembershipTest, IdleSparesAreNoPeersOfTheJobAndJoinWhenTheyTrain) {
+  // 16 machines train (their trainer reports its step time); two hot spares sit idle beside them,
+  // their GPUs at nothing and their trainers silent. spare1 joins the job at t=500 (a replacement)
+  // and from then works as its peers do. node5's GPU stops working at t=700 and its steps with it.
+  // Compared with the job's members, an idle spare is a GPU at nothing while its peers work -- hard
+  // evidence; outside the job, it is no one's peer.
+  Detector det(DetectorConfig{});
+  Stream stream(&det);
+  std::mt19937 rng(23);
+  auto noisy = [&](double level, double sd) { return Noisy(rng, level, sd); };
+  for (int t = 0; t < 1000; ++t) {
+    for (int m = 0; m < 18; ++m) {
+      const bool spare = m >= 16;
+      const std::string name =
+          spare ? "spare" + std::to_string(m - 16) : "node" + std::to_string(m);
+      const bool works = !spare || (m == 17 && t >= 500);
+      const bool broken = m == 5 && t >= 700;
+      const double td = static_cast<double>(t);
+      stream.Add({td, name, "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\"}",
+                  works && !broken ? noisy(95, 1) : noisy(0.5, 0.2)});
+      stream.Add({td, name, "node_load1", works ? noisy(40, 1) : noisy(2, 0.5)});
+      if (works && t % 2 == 0)
+        stream.Add({td, name, "step_time_seconds", noisy(2.0, 0.02) * (broken ? 3 : 1)});
+    }
+  }
+  stream.Flush();
+  auto v = stream.TakeVerdicts();
+  auto faulty = Faulty(v);
+  ASSERT_EQ(faulty.size(), 1u) << Describe(v);
+  EXPECT_EQ(faulty[0]->root_nodes, std::vector<std::string>{"node5"});
+  for (const Verdict& x : v) {
+    for (const std::string& n : x.root_nodes)
+      EXPECT_EQ(n.rfind("spare", 0), std::string::npos) << x.explanation;
+  }
+}
+
 }  // namespace
 }  // namespace megascope::detector
