@@ -549,7 +549,8 @@ void Detector::Impl::Ingest(const Frame& f) {
   }
   // Membership (docs/formats.md section 3): only machines doing the job's work are peers. Where
   // the job's trainers report, a machine whose trainer never did is outside the job; it joins as
-  // soon as its trainer reports (a replacement under a new name).
+  // soon as its trainer reports (a replacement under a new name). A member stays one: a machine
+  // that left at a scale-down is not yet told apart from one whose trainer died.
   bool trainers = false;
   for (const MachineState& m : machines) trainers = trainers || m.trainer_last != kNever;
   for (MachineState& m : machines) m.outside = trainers && m.trainer_last == kNever;
