@@ -17,6 +17,7 @@
 #include "command.h"
 #include "megascope/detector/baselines.h"
 #include "megascope/detector/detector.h"
+#include "megascope/detector/elastic_fleet.h"
 #include "megascope/detector/evaluate.h"
 #include "megascope/detector/fleet_sim.h"
 #include "megascope/detector/incident_fleet.h"
@@ -317,6 +318,12 @@ Result<FleetSource> MakeFleet(const FleetSimConfig& cfg, const std::string& fami
     Adopt(std::make_shared<IncidentFleet>(std::move(made)), ic.start_s, &f);
     return f;
   }
+  if (family == "elastic") {
+    const auto ec = FromFlags<ElasticFleetConfig>(cfg);
+    ASSIGN_OR_RETURN(ElasticFleet made, ElasticFleet::Make(ec));
+    Adopt(std::make_shared<ElasticFleet>(std::move(made)), ec.start_s, &f);
+    return f;
+  }
   if (family == "prom") {
     auto pc = FromFlags<PromFleetConfig>(cfg);
     pc.stages = cfg.stages;
@@ -337,14 +344,15 @@ std::string CheckFleetArgs(const std::string& family, const std::string& types,
   if (cfg.machines < 2 || cfg.hours <= 0 || cfg.faults < 0 || cfg.stages < 1 ||
       cfg.stages > cfg.machines)
     return "need --machines >= 2, --hours > 0, --faults >= 0, 1 <= --stages <= --machines";
-  if (family != "fleet-sim" && family != "prom" && family != "incident")
-    return "unknown --family '" + family + "' (known: fleet-sim, prom, incident)";
+  if (family != "fleet-sim" && family != "prom" && family != "incident" && family != "elastic")
+    return "unknown --family '" + family + "' (known: fleet-sim, prom, incident, elastic)";
   if (family == "fleet-sim" && cfg.faults > 0 && cfg.hours * 3600 / cfg.faults < 600)
     return "at most one fault per 10 minutes fits (fleet-sim's faults never overlap)";
   std::stringstream ss(types);
   for (std::string t; std::getline(ss, t, ',');) {
     const auto& known = family == "prom"       ? PromFleetFaultTypes()
                         : family == "incident" ? IncidentFleetFaultTypes()
+                        : family == "elastic"  ? ElasticFleetFaultTypes()
                                                : FleetFaultTypes();
     if (std::find(known.begin(), known.end(), t) == known.end()) {
       std::string list;
@@ -399,7 +407,10 @@ int RunFleetSim(const Args& args) {
       "exporter gaps, benign excursions, faults that may overlap), or incident (written from "
       "production incident reports: Llama 3's fault causes, exporter restarts, switch congestion, "
       "backups and cooling rows, three exporters with their own cadences, racks behind leaf "
-      "switches; writes topology.csv)")(
+      "switches; writes topology.csv), or elastic (an elastic cloud job exported per GPU and "
+      "port by dcgm-exporter and node_exporter: labelled series, idle hot spares, a preemption "
+      "and a scale-down, a rolling exporter upgrade that renames a field, symbol-error blips, "
+      "noisy neighbours; --hours may be fractional)")(
       "out,o", po::value(&out_dir)->required(),
       "output directory (metrics.csv, labels.csv, groups.csv or topology.csv)");
   po::variables_map vm;

@@ -132,6 +132,7 @@ struct Detector::Impl {
       last_tick = now;
     }
     double Latest() const { return values[(next + values.size() - 1) % values.size()]; }
+    double denoised_now = std::nan("");  // this tick's denoised value (NaN: none)
     // Ticks after which it counts as silent: `quiet`, or three of its usual intervals.
     int64_t Quiet(int quiet) const { return std::max<int64_t>(quiet, std::llround(3 * interval)); }
     // Its samples of the last `window` ticks (of three intervals when it reports more rarely),
@@ -171,6 +172,9 @@ struct Detector::Impl {
     // Off its peers, but with company (a few machines together): no evidence against it, only a
     // sign for GroupCohorts that a shared component moved them.
     bool company = false;
+    // Off its siblings too (the machine's other GPUs or ports on the same metric): one entity of
+    // the machine, not the machine's workload -- a second, independent comparison agreeing.
+    bool sibling = false;
   };
   // A strong family's evidence that weighs as a weak one's: a training metric off its peers in
   // the direction that says they hold it back (it waits on them longer than they do) stands out
@@ -268,6 +272,9 @@ struct Detector::Impl {
   // usual rate on a healthy machine (a long-run mean of the group's lower nine tenths).
   std::vector<uint8_t> background;
   std::vector<std::vector<double>> error_rate;
+  std::vector<int> sibling_group;                 // per metric: SiblingGroup
+  std::vector<std::vector<int>> siblings;         // per sibling group: its metrics
+  std::map<std::string, int> sibling_ids;         // sibling key -> group
   std::vector<std::vector<int64_t>> error_ticks;  // ticks each has learned from
   // The job's pace, per training duration: its usual median over every machine, and since when it
   // moved off it (kNever: it did not).
@@ -336,6 +343,7 @@ struct Detector::Impl {
       duration.push_back(ClassifyMetric(name) == MetricFamily::kTraining && IsDuration(name) ? 1
                                                                                              : 0);
       holds_back.push_back(static_cast<int8_t>(HoldsJobBackSign(name)));
+      sibling_group.push_back(SiblingGroup(name, static_cast<int>(sibling_group.size())));
       source_present[static_cast<int>(source.back())] = true;
       level_ewma.push_back(0);
       work_level.emplace_back();
@@ -374,6 +382,11 @@ struct Detector::Impl {
   void Ingest(const Frame& f);
   // Metric k's denoised value on every machine this tick (NaN where too few are valid).
   void Denoise(int k, int64_t now, std::vector<double>* denoised);
+  // Per-entity comparison: a metric of one GPU or port (a `gpu`, `device` or `port` label) has
+  // siblings, the same metric of the machine's other entities. Metric `id`'s sibling group, or -1.
+  int SiblingGroup(const std::string& name, int id);
+  // Marks the hits that stand off their siblings as well as off their peers.
+  void NoteSiblings(std::vector<std::vector<Hit>>* hits);
   // The machines of group g that stand out on metric k (hits), their scores, and the offsets that
   // each machine's usual place teaches.
   void ScoreGroup(int k, int g, int64_t now, std::vector<double>& denoised,
@@ -557,7 +570,50 @@ void Detector::Impl::Ingest(const Frame& f) {
 }
 
 void Detector::Impl::Denoise(int k, int64_t now, std::vector<double>* denoised) {
-  for (size_t m = 0; m < machines.size(); ++m) (*denoised)[m] = series[k][m].Denoised(now, scratch);
+  for (size_t m = 0; m < machines.size(); ++m) {
+    (*denoised)[m] = series[k][m].Denoised(now, scratch);
+    series[k][m].denoised_now = (*denoised)[m];
+  }
+}
+
+int Detector::Impl::SiblingGroup(const std::string& name, int id) {
+  SeriesName s = ParseSeries(name);
+  const size_t before = s.labels.size();
+  std::erase_if(s.labels, [](const auto& l) {
+    return l.first == "gpu" || l.first == "device" || l.first == "port";
+  });
+  if (s.labels.size() == before) return -1;
+  auto [it, added] = sibling_ids.try_emplace(s.Key(), static_cast<int>(siblings.size()));
+  if (added) siblings.emplace_back();
+  siblings[static_cast<size_t>(it->second)].push_back(id);
+  return it->second;
+}
+
+void Detector::Impl::NoteSiblings(std::vector<std::vector<Hit>>* hits) {
+  for (size_t m = 0; m < machines.size(); ++m) {
+    for (Hit& h : (*hits)[m]) {
+      if (h.metric < 0 || h.silent || h.company || sibling_group[h.metric] < 0) continue;
+      const std::vector<int>& group = siblings[static_cast<size_t>(sibling_group[h.metric])];
+      const double x = series[h.metric][m].denoised_now;
+      vals.clear();
+      for (int j : group) {
+        const double v = series[static_cast<size_t>(j)][m].denoised_now;
+        if (std::isfinite(v)) vals.push_back(v);
+      }
+      if (!std::isfinite(x) || static_cast<int>(vals.size()) < cfg.min_peers) continue;
+      sorted.assign(vals.begin(), vals.end());
+      const double med = MedianInPlace(vals);
+      for (double& v : vals) v = std::fabs(v - med);
+      const double scale =
+          std::max({1.4826 * MedianInPlace(vals), cfg.relative_floor * std::fabs(med), 1e-9});
+      if (std::fabs(x - med) / scale <= thresholds[h.metric]) continue;
+      // Alone among them: most of its siblings sit near the median, not near it.
+      const auto near = std::count_if(sorted.begin(), sorted.end(), [&](double v) {
+        return std::fabs(v - x) <= thresholds[h.metric] * scale;
+      });
+      h.sibling = 2 * near < static_cast<long>(sorted.size());
+    }
+  }
 }
 
 void Detector::Impl::ScoreGroup(int k, int g, int64_t now, std::vector<double>& denoised,
@@ -891,7 +947,10 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
     const bool lasting_errors = std::any_of(hits[m].begin(), hits[m].end(), [&](const Hit& h) {
       return h.metric >= 0 && !h.silent && InBackground(h.metric);
     });
-    const bool corr = two || m == leader || lasting_errors ||
+    // One GPU or port off its siblings as well as off its peers: two comparisons agreeing.
+    const bool by_siblings =
+        std::any_of(hits[m].begin(), hits[m].end(), [](const Hit& h) { return h.sibling; });
+    const bool corr = two || m == leader || lasting_errors || by_siblings ||
                       *std::max_element(metrics.begin(), metrics.end()) >= 3;
     const bool any = !hits[m].empty();
     s.recent.Push(now, any);
@@ -1334,6 +1393,7 @@ void Detector::OnFrame(const Frame& f, const Registry& reg, std::vector<Verdict>
     d.NoteSilences(k, now, &hits);
   }
   d.NoteSilences(-1, now, &hits);
+  d.NoteSiblings(&hits);
   d.NotePauses(now);
   d.NoteSources(now, &hits, f, reg, out);
   d.GroupCohorts(now, &hits, f, reg, out);
