@@ -25,6 +25,9 @@ constexpr int64_t kRunGap = 5;  // ticks without a hit that end a run of outlier
 // error in 17 minutes.
 constexpr double kBackgroundTicks = 600;
 constexpr double kBackgroundRate = 1e-3;
+// Ticks an elastic job takes at most to re-form (its processes restarted: torchrun's rendezvous
+// and the checkpoint load); a job stopped longer with a member gone hangs on that member.
+constexpr int64_t kReformTicks = 120;
 constexpr double kStoppedShare = 0.02;  // a work metric this far below its peers' median: stopped
 constexpr int kStopRun = 3;  // ticks stopped in a row that count as one stop of a flapping link
 // Evidence "metrics" beside the real ones: -1 the machine silent, -2 two sources stopped together,
@@ -194,6 +197,8 @@ struct Detector::Impl {
     // job). A machine outside is compared with no one and its silence is no one's concern.
     int64_t trainer_last = kNever;
     bool outside = false;
+    bool idle = false;            // last tick: a GPU work metric at nothing while its peers' worked
+    int64_t left = kNever;        // when it left its job (Left), until its trainer reports again
     std::vector<int> components;  // ids in component_names
     int64_t first_tick = kNever, last_tick = kNever;
     Rolling hard, hard_long;      // hard evidence: errors, silence, the job hurt (faulty)
@@ -262,6 +267,11 @@ struct Detector::Impl {
   struct JobPause {
     bool stepping = false;
     int64_t paused = kNever, resumed = kNever;
+    // Whether the last pause re-formed the job: its GPUs went idle, the processes gone (an elastic
+    // restart, a scale-down, a preemption) -- not a hang, where every peer spins in NCCL with its
+    // GPU busy. This tick's votes of the group's GPU work metrics (idle, all).
+    bool reformed = false;
+    int idle_votes = 0, work_votes = 0;
   };
   std::vector<JobPause> pauses;
   std::vector<double> level_ewma;  // per metric: long-run typical |median| (a floor when idle)
@@ -382,6 +392,11 @@ struct Detector::Impl {
   void Ingest(const Frame& f);
   // Metric k's denoised value on every machine this tick (NaN where too few are valid).
   void Denoise(int k, int64_t now, std::vector<double>* denoised);
+  // Whether member m left its job: the job re-formed and resumed without it (NotePauses).
+  bool Left(const MachineState& m, int64_t now) const;
+  int64_t Rejoin(const MachineState& m) const;  // ticks its trainer has to report after a resume
+  // Whether m fell silent as its job re-formed, before the job is back long enough to tell.
+  bool QuietWithReform(const MachineState& m, int64_t now) const;
   // Per-entity comparison: a metric of one GPU or port (a `gpu`, `device` or `port` label) has
   // siblings, the same metric of the machine's other entities. Metric `id`'s sibling group, or -1.
   int SiblingGroup(const std::string& name, int id);
@@ -566,7 +581,12 @@ void Detector::Impl::Ingest(const Frame& f) {
   // that left at a scale-down is not yet told apart from one whose trainer died.
   bool trainers = false;
   for (const MachineState& m : machines) trainers = trainers || m.trainer_last != kNever;
-  for (MachineState& m : machines) m.outside = trainers && m.trainer_last == kNever;
+  for (MachineState& m : machines) {
+    if (m.left != kNever && m.trainer_last > m.left) m.left = kNever;  // back in the job
+    if (m.left == kNever && trainers && Left(m, now)) m.left = now;
+    m.outside = trainers && (m.trainer_last == kNever || m.left != kNever);
+    m.idle = false;
+  }
 }
 
 void Detector::Impl::Denoise(int k, int64_t now, std::vector<double>* denoised) {
@@ -649,6 +669,11 @@ void Detector::Impl::ScoreGroup(int k, int g, int64_t now, std::vector<double>& 
   double& level = level_ewma[k];
   level += (std::fabs(med) - level) / (level == 0 ? 1.0 : 600.0);
   const double usual = work[k] ? UsualWork(k, g, med) : 0;
+  if (work[k] && family[k] == MetricFamily::kGpu && usual > 0 &&
+      static_cast<size_t>(g) < pauses.size()) {
+    ++pauses[static_cast<size_t>(g)].work_votes;
+    pauses[static_cast<size_t>(g)].idle_votes += med < kStoppedShare * 10 * usual ? 1 : 0;
+  }
   const double scale = std::max({spread, cfg.spread_floor * typical,
                                  cfg.relative_floor * std::max(std::fabs(med), 0.5 * level),
                                  background[k] ? BackgroundSpread(k, g, denoised) : 0.0, 1e-6});
@@ -702,6 +727,7 @@ void Detector::Impl::NoteWork(int k, int m, int64_t now, double med, double usua
   Series& sm = series[k][m];
   const bool busy = med >= 0.5 * usual;  // its peers at their usual work
   const bool at_nothing = sm.Latest() <= kStoppedShare * med;
+  if (family[k] == MetricFamily::kGpu && busy && at_nothing) machines[m].idle = true;
   if (hit && now - sm.last_tick <= std::llround(sm.interval) && at_nothing) {
     hits->back().stopped = true;
     NoteStop(&sm, now, busy, true, at_nothing);
@@ -818,8 +844,8 @@ void Detector::Impl::NoteSilences(int k, int64_t now, std::vector<std::vector<Hi
   if (k < 0) {  // the whole machine
     for (int m = 0; m < nmach; ++m) {
       const MachineState& s = machines[m];
-      if (s.outside || s.last_tick == kNever || now - s.last_tick < cfg.silence_ticks ||
-          now - s.last_tick > cfg.forget_ticks)
+      if (s.outside || QuietWithReform(s, now) || s.last_tick == kNever ||
+          now - s.last_tick < cfg.silence_ticks || now - s.last_tick > cfg.forget_ticks)
         continue;
       if (PeersActive(s.group, -1, now)) (*hits)[m].push_back({-1, 0, true});
     }
@@ -928,6 +954,9 @@ void Detector::Impl::Conclude(int64_t now, const std::vector<std::vector<Hit>>& 
   const int leader = PaceLeader(now, hits, &by_links);
   for (int m = 0; m < nmach; ++m) {
     MachineState& s = machines[m];
+    // Outside the job it is not judged: its windows and verdicts wait, unchanged, for its return
+    // (a machine that left named faulty comes back named, not cleared by its absence).
+    if (s.outside) continue;
     bool hard = m == leader && !by_links;
     uint32_t families = 0;
     std::array<int, kFamilies> metrics{};
@@ -1088,10 +1117,44 @@ void Detector::Impl::NotePauses(int64_t now) {
     JobPause& p = pauses[g];
     const bool stepping =
         SourceActive(static_cast<int>(g), static_cast<int>(MetricSource::kTrainer), now);
-    if (p.stepping && !stepping) p.paused = now;
+    if (p.stepping && !stepping) {
+      p.paused = now;
+      p.reformed = false;
+    }
     if (!p.stepping && stepping) p.resumed = now;
     p.stepping = stepping;
+    if (!stepping && p.paused != kNever && p.work_votes > 0 && 2 * p.idle_votes > p.work_votes)
+      p.reformed = true;
+    p.idle_votes = p.work_votes = 0;
   }
+}
+
+int64_t Detector::Impl::Rejoin(const MachineState& m) const {
+  const auto trainer = static_cast<size_t>(MetricSource::kTrainer);
+  return std::max<int64_t>(cfg.silence_ticks, std::llround(3 * m.source_interval[trainer]));
+}
+
+bool Detector::Impl::Left(const MachineState& m, int64_t now) const {
+  // Its job re-formed (its GPUs idle: the processes restarted) and resumed without it: its trainer
+  // did not come back, and it does no work -- it is silent, or its GPUs idle while its peers'
+  // work. A machine whose trainer is merely late, its GPUs busy, is still a member; so is one
+  // named faulty, whose absence is its fault's course (it comes back named, not anew).
+  if (static_cast<size_t>(m.group) >= pauses.size() || m.named >= 2) return false;
+  const JobPause& p = pauses[static_cast<size_t>(m.group)];
+  if (!p.reformed || !p.stepping || p.resumed <= p.paused || m.trainer_last >= p.resumed ||
+      now - p.resumed < Rejoin(m))
+    return false;
+  return now - m.last_tick >= cfg.silence_ticks || m.idle;
+}
+
+bool Detector::Impl::QuietWithReform(const MachineState& m, int64_t now) const {
+  // Gone as its job re-forms: wait for the job to resume (Left decides then) -- unless the job
+  // hangs on it, its peers' GPUs spinning, which is no re-forming.
+  if (static_cast<size_t>(m.group) >= pauses.size() || m.last_tick == kNever) return false;
+  const JobPause& p = pauses[static_cast<size_t>(m.group)];
+  if (!p.reformed || m.last_tick < p.paused - 2 * cfg.together_ticks) return false;
+  if (!p.stepping) return now - p.paused < kReformTicks;  // longer: the job hangs on it
+  return now - p.resumed < Rejoin(m);
 }
 
 uint32_t Detector::Impl::StoppedWithJob(size_t m, uint32_t alone,
@@ -1131,7 +1194,7 @@ void Detector::Impl::NoteSources(int64_t now, std::vector<std::vector<Hit>>* hit
                                  const Registry& reg, std::vector<Verdict>* out) {
   for (size_t m = 0; m < machines.size(); ++m) {
     MachineState& s = machines[m];
-    if (s.outside) continue;
+    if (s.outside || QuietWithReform(s, now)) continue;
     if (s.last_tick == kNever || now - s.last_tick >= cfg.silence_ticks) continue;  // all silent
     uint32_t gaps = 0, alone = 0;
     for (int src = 0; src < kMetricSources; ++src) {
