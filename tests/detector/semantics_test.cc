@@ -94,6 +94,7 @@ TEST(SemanticsTest, ABitmaskFeedsOneSeriesPerMeaningfulBit) {
 // metric)` gives each sample (NaN: none), `name(m, t, metric)` its series name.
 struct GpuFleet {
   int machines = 16, gpus = 2, seconds = 900;
+  std::string label = "gpu";  // the entity label: gpu, or port
   std::vector<std::string> metrics;
   std::function<std::string(int, int, int)> name = [this](int, int, int k) {
     return metrics[static_cast<size_t>(k)];
@@ -109,7 +110,7 @@ struct GpuFleet {
           for (int k = 0; k < static_cast<int>(metrics.size()); ++k) {
             const double v = value(m, g, t, k, rng);
             if (std::isnan(v)) continue;
-            const std::string series = name(m, t, k) + "{gpu=\"" + std::to_string(g) +
+            const std::string series = name(m, t, k) + "{" + label + "=\"" + std::to_string(g) +
                                        "\",UUID=\"GPU-" + std::to_string(m * 8 + g) + "\"}";
             stream.Add({static_cast<double>(t), "node" + std::to_string(m), series, v});
           }
@@ -227,6 +228,32 @@ TEST(SemanticsTest, ACounterWithoutTotalIsARateAndItsResetIsNoFault) {
   EXPECT_TRUE(v.empty()) << Describe(v);
 }
 
+TEST(SemanticsTest, OnePortOffItsSiblingsAsWellAsItsPeersIsCorroborated) {
+  // 16 machines, 8 InfiniBand ports each. From t=300 port 5 of node4 carries half its siblings'
+  // traffic (a link trained at a lower rate). One metric of one family off its peers is at most a
+  // suspect; off the machine's other ports as well, it is two comparisons agreeing, named faulty
+  // once it outlasts the weak window.
+  GpuFleet f;
+  f.gpus = 8;
+  f.label = "port";
+  f.seconds = 900;
+  f.metrics = {"node_infiniband_port_data_transmitted_bytes_total"};
+  f.name = [](int, int, int) {
+    return std::string("node_infiniband_port_data_transmitted_bytes_total");
+  };
+  std::vector<double> total(16 * 8, 0);
+  f.value = [&total](int m, int g, int t, int, std::mt19937& rng) {
+    double rate = Noisy(rng, 1.2e10, 2e8);
+    if (t >= 300 && m == 4 && g == 5) rate /= 2;
+    return total[static_cast<size_t>(m * 8 + g)] += rate;
+  };
+  auto v = f.Run();
+  auto faulty = Faulty(v);
+  ASSERT_EQ(faulty.size(), 1u) << Describe(v);
+  EXPECT_EQ(faulty[0]->root_nodes, std::vector<std::string>{"node4"});
+  EXPECT_LE(static_cast<double>(faulty[0]->detected_at_ns) / 1e9, 300 + 120);
+}
+
 TEST(MembershipTest, IdleSparesAreNoPeersOfTheJobAndJoinWhenTheyTrain) {
   // 16 machines train (their trainer reports its step time); two hot spares sit idle beside them,
   // their GPUs at nothing and their trainers silent. spare1 joins the job at t=500 (a replacement)
@@ -261,6 +288,59 @@ TEST(MembershipTest, IdleSparesAreNoPeersOfTheJobAndJoinWhenTheyTrain) {
     for (const std::string& n : x.root_nodes)
       EXPECT_EQ(n.rfind("spare", 0), std::string::npos) << x.explanation;
   }
+}
+
+// 16 machines train (GPU util, load, a step time every 2 s); `state(m, t)` says what machine m
+// does at t: 0 trains, 1 idle (its processes gone), 2 spins in NCCL (a hung collective: GPU busy,
+// no steps), 3 reports nothing.
+std::vector<Verdict> RunJob(int seconds, const std::function<int(int, int)>& state) {
+  Detector det(DetectorConfig{});
+  Stream stream(&det);
+  std::mt19937 rng(29);
+  for (int t = 0; t < seconds; ++t) {
+    for (int m = 0; m < 16; ++m) {
+      const int st = state(m, t);
+      if (st == 3) continue;
+      const double td = static_cast<double>(t);
+      const std::string name = "node" + std::to_string(m);
+      const double util = st == 1 ? Noisy(rng, 0.5, 0.2) : Noisy(rng, 95, 1);
+      stream.Add({td, name, "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\"}", util});
+      stream.Add({td, name, "node_load1", st == 0 ? Noisy(rng, 40, 1) : Noisy(rng, 2, 0.5)});
+      if (st == 0 && t % 2 == 0) stream.Add({td, name, "step_time_seconds", Noisy(rng, 2.0, 0.02)});
+    }
+  }
+  stream.Flush();
+  return stream.TakeVerdicts();
+}
+
+TEST(MembershipTest, MachinesThatLeftAReformedJobAreNeitherSilentNorIdleOutliers) {
+  // The job re-forms at t=800 (every process restarted: GPUs idle for 40 s) and resumes without
+  // node3 (released: its exporters report an idle machine) and node4 (preempted: nothing more).
+  // node9 stops at t=300 while the job goes on: the one fault.
+  auto v = RunJob(1300, [](int m, int t) {
+    if (m == 9 && t >= 300) return 3;
+    if (m == 4 && t >= 800) return 3;
+    if (m == 3 && t >= 800) return 1;
+    return t >= 800 && t < 840 ? 1 : 0;
+  });
+  auto faulty = Faulty(v);
+  ASSERT_EQ(faulty.size(), 1u) << Describe(v);
+  EXPECT_EQ(faulty[0]->root_nodes, std::vector<std::string>{"node9"});
+  for (const Verdict& x : v)
+    EXPECT_TRUE(x.root_nodes.empty() || x.root_nodes[0] == "node9") << Describe(v);
+}
+
+TEST(MembershipTest, AMachineGoneAsTheJobHangsIsNamedItsPeersSpinning) {
+  // node4 vanishes at t=800 and the job hangs on it: its peers' trainers stop, their GPUs busy
+  // spinning in the collective that waits for it. That is no re-forming: node4 is named.
+  auto v = RunJob(1100, [](int m, int t) {
+    if (m == 4 && t >= 800) return 3;
+    return t >= 803 ? 2 : 0;
+  });
+  auto faulty = Faulty(v);
+  ASSERT_FALSE(faulty.empty()) << Describe(v);
+  EXPECT_EQ(faulty[0]->root_nodes, std::vector<std::string>{"node4"});
+  EXPECT_LE(static_cast<double>(faulty[0]->detected_at_ns) / 1e9, 800 + 60);
 }
 
 }  // namespace
