@@ -107,7 +107,14 @@ bool Detector::Impl::Left(const MachineState& m, int64_t now) const {
 bool Detector::Impl::QuietWithReform(const MachineState& m, int64_t now) const {
   // Gone as its job re-forms: wait for the job to resume (Left decides then) -- unless the job
   // hangs on it, its peers' GPUs spinning, which is no re-forming.
+  // Only a machine gone wholly: every source it had is late (one that still reports -- a host
+  // whose GPU fell off the bus -- is judged as ever).
   if (static_cast<size_t>(m.group) >= pauses.size() || m.last_tick == kNever) return false;
+  for (int src = 0; src < kMetricSources; ++src) {
+    const auto i = static_cast<size_t>(src);
+    if (m.source_last[i] != kNever && now - m.source_last[i] <= 2 * m.source_interval[i])
+      return false;
+  }
   const JobPause& p = pauses[static_cast<size_t>(m.group)];
   if (!p.reformed || m.last_tick < p.paused - 2 * cfg.together_ticks) return false;
   if (!p.stepping) return now - p.paused < kReformTicks;  // longer: the job hangs on it
