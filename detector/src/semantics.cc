@@ -1,41 +1,28 @@
 #include "megascope/detector/semantics.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <unordered_map>
 
 #include "megascope/detector/detector.h"
+#include "megascope/tracer/enum_names.h"
 #include "megascope/tracer/metric_names.h"
 
 namespace megascope::detector {
 
 // ---------------------------------------------------------------- the semantics table
 
-const char* MetricKindName(MetricKind k) {
-  switch (k) {
-    case MetricKind::kGauge:
-      return "gauge";
-    case MetricKind::kCounter:
-      return "counter";
-    case MetricKind::kBitmask:
-      return "bitmask";
-    case MetricKind::kCode:
-      return "code";
-  }
-  return "gauge";
-}
+namespace {
 
-const char* MetricEntityName(MetricEntity e) {
-  switch (e) {
-    case MetricEntity::kMachine:
-      return "machine";
-    case MetricEntity::kGpu:
-      return "gpu";
-    case MetricEntity::kPort:
-      return "port";
-  }
-  return "machine";
-}
+// docs/formats.md section 3's spellings, indexed by the enums' values.
+constexpr std::array<std::string_view, 4> kKindNames = {"gauge", "counter", "bitmask", "code"};
+constexpr std::array<std::string_view, 3> kEntityNames = {"machine", "gpu", "port"};
+
+}  // namespace
+
+std::string_view MetricKindName(MetricKind k) { return tracer::NameFrom(kKindNames, k); }
+std::string_view MetricEntityName(MetricEntity e) { return tracer::NameFrom(kEntityNames, e); }
 
 namespace {
 

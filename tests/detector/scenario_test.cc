@@ -33,6 +33,15 @@ struct Fleet {
   double start_s = 0;
 };
 
+// A scenario's explicit faults, in any generator's fault type (type, machine, start_s, duration_s).
+template <typename List>
+List ScenarioFaults(const nlohmann::json& j) {
+  List out;
+  for (const auto& x : j.value("faults", nlohmann::json::array()))
+    out.push_back({x["type"], x["machine"], x["start_s"], x["duration_s"]});
+  return out;
+}
+
 Fleet MakeIncidentFleet(const nlohmann::json& j) {
   const auto& f = j["fleet"];
   IncidentFleetConfig cfg;
@@ -48,9 +57,7 @@ Fleet MakeIncidentFleet(const nlohmann::json& j) {
   cfg.cooling_events_per_hour = f.value("cooling_events_per_hour", cfg.cooling_events_per_hour);
   cfg.hot_machines = f.value("hot_machines", cfg.hot_machines);
   cfg.job_events = f.value("job_events", cfg.job_events);
-  for (const auto& x : j.value("faults", nlohmann::json::array())) {
-    cfg.faults.push_back({x["type"], x["machine"], x["start_s"], x["duration_s"]});
-  }
+  cfg.faults = ScenarioFaults<decltype(cfg.faults)>(j);
   cfg.random_faults = f.value("random_faults", 0);
   auto made = IncidentFleet::Make(cfg);
   EXPECT_TRUE(made.ok()) << made.status().ToString();
@@ -75,9 +82,7 @@ Fleet MakeElasticFleet(const nlohmann::json& j) {
   cfg.spares = f.value("spares", cfg.spares);
   cfg.benign = f.value("benign", cfg.benign);
   cfg.benign_kinds = f.value("benign_kinds", cfg.benign_kinds);
-  for (const auto& x : j.value("faults", nlohmann::json::array())) {
-    cfg.faults.push_back({x["type"], x["machine"], x["start_s"], x["duration_s"]});
-  }
+  cfg.faults = ScenarioFaults<decltype(cfg.faults)>(j);
   cfg.random_faults = f.value("random_faults", 0);
   auto made = ElasticFleet::Make(cfg);
   EXPECT_TRUE(made.ok()) << made.status().ToString();
@@ -112,9 +117,7 @@ Fleet MakeFleet(const nlohmann::json& j) {
     cfg.event_stagger_s = f.value("event_stagger_s", cfg.event_stagger_s);
     cfg.startup_s = f.value("startup_s", cfg.startup_s);
     cfg.job_events = f.value("job_events", cfg.job_events);
-    for (const auto& x : j.value("faults", nlohmann::json::array())) {
-      cfg.faults.push_back({x["type"], x["machine"], x["start_s"], x["duration_s"]});
-    }
+    cfg.faults = ScenarioFaults<decltype(cfg.faults)>(j);
     cfg.random_faults = f.value("random_faults", 0);
     auto made = PromFleet::Make(cfg);
     EXPECT_TRUE(made.ok()) << made.status().ToString();

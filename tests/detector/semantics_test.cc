@@ -22,6 +22,8 @@ TEST(SemanticsTest, TheTableKnowsFieldsByTheirOwnersNames) {
   EXPECT_STREQ(reasons->name, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS");  // renamed in DCGM 3.3
   EXPECT_EQ(reasons->kind, MetricKind::kBitmask);
   EXPECT_EQ(reasons->entity, MetricEntity::kGpu);
+  EXPECT_EQ(MetricKindName(reasons->kind), "bitmask");  // docs/formats.md's spellings
+  EXPECT_EQ(MetricEntityName(MetricEntity::kPort), "port");
   ASSERT_NE(FindMetric("DCGM_FI_DEV_XID_ERRORS"), nullptr);
   EXPECT_EQ(FindMetric("DCGM_FI_DEV_XID_ERRORS")->kind, MetricKind::kCode);
   EXPECT_TRUE(IsErrorCode("DCGM_FI_DEV_XID_ERRORS{gpu=\"2\"}"));

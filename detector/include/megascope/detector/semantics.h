@@ -75,9 +75,9 @@ enum class MetricKind {
   kBitmask,  // bits that each mean something (DCGM's clock-event reasons): compared bit by bit
   kCode,     // a value that names something (the last XID): a new value is a new event
 };
-const char* MetricKindName(MetricKind k);
+std::string_view MetricKindName(MetricKind k);
 enum class MetricEntity { kMachine, kGpu, kPort };
-const char* MetricEntityName(MetricEntity e);
+std::string_view MetricEntityName(MetricEntity e);
 // What one error means. kFatal: one event is a fault (an uncorrectable ECC error, an XID, a row
 // remap failure). kBackground: healthy hardware shows a few (a corrected ECC error, an NVLink CRC
 // retry, an InfiniBand symbol error): only a rate well above its peers' is evidence, and a single
