@@ -90,7 +90,7 @@ Result<SampleSource> OpenSource(const std::string& path, bool presorted,
                    100.0 * static_cast<double>(read) / static_cast<double>(total));
     };
   }
-  ASSIGN_OR_RETURN(auto reader, TimeOrderedReader::Open(path, std::move(opts)));
+  ASSIGN_OR_RETURN(auto reader, TimeOrderedReader::Open(path, opts));
   std::shared_ptr<TimeOrderedReader> r(std::move(reader));
   *keep = r;
   src.large = large;

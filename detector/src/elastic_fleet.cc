@@ -76,6 +76,35 @@ bool ElasticFleet::Shows(const std::string& kind) const {
                                                 kind) != cfg_.benign_kinds.end();
 }
 
+// Series names as Prometheus holds them (labels included), one per machine and unit.
+void ElasticFleet::NameSeries() {
+  const ElasticFleetConfig& c = cfg_;
+  const int total_machines = c.machines + c.spares;
+  for (int k = 0; k < kKinds; ++k) {
+    offset_.push_back(per_machine_);
+    per_machine_ += k < kGpuKinds ? c.gpus : k <= kSymbol ? c.ports : 1;
+  }
+  for (int m = 0; m < total_machines; ++m) {
+    const std::string host = ",Hostname=\"" + machine_names_[static_cast<size_t>(m)] + "\"";
+    for (int k = 0; k < kKinds; ++k) {
+      const int units = k < kGpuKinds ? c.gpus : k <= kSymbol ? c.ports : 1;
+      for (int u = 0; u < units; ++u) {
+        std::string name = kBase[k];
+        if (k < kGpuKinds) {
+          name += "{gpu=\"" + std::to_string(u) + "\",UUID=\"GPU-" + std::to_string(m) + "-" +
+                  std::to_string(u) + "\"" + host + ",modelName=\"NVIDIA H100 80GB HBM3\"}";
+        } else if (k <= kSymbol) {
+          name += "{device=\"mlx5_" + std::to_string(u) + "\",port=\"1\",instance=\"" +
+                  machine_names_[static_cast<size_t>(m)] + ":9100\"}";
+        } else if (k == kCpuUser || k == kCpuSteal) {
+          name += std::string("{mode=\"") + (k == kCpuUser ? "user" : "steal") + "\"}";
+        }
+        metric_names_.push_back(name);
+      }
+    }
+  }
+}
+
 Result<ElasticFleet> ElasticFleet::Make(ElasticFleetConfig config) {
   ElasticFleet f;
   f.cfg_ = std::move(config);
@@ -101,30 +130,7 @@ Result<ElasticFleet> ElasticFleet::Make(ElasticFleetConfig config) {
                   static_cast<unsigned long long>(rng() & 0xfffff));
     f.machine_names_.push_back(name);
   }
-  // Series names as Prometheus holds them (labels included), one per machine and unit.
-  for (int k = 0; k < kKinds; ++k) {
-    f.offset_.push_back(f.per_machine_);
-    f.per_machine_ += k < kGpuKinds ? c.gpus : k <= kSymbol ? c.ports : 1;
-  }
-  for (int m = 0; m < total_machines; ++m) {
-    const std::string host = ",Hostname=\"" + f.machine_names_[static_cast<size_t>(m)] + "\"";
-    for (int k = 0; k < kKinds; ++k) {
-      const int units = k < kGpuKinds ? c.gpus : k <= kSymbol ? c.ports : 1;
-      for (int u = 0; u < units; ++u) {
-        std::string name = kBase[k];
-        if (k < kGpuKinds) {
-          name += "{gpu=\"" + std::to_string(u) + "\",UUID=\"GPU-" + std::to_string(m) + "-" +
-                  std::to_string(u) + "\"" + host + ",modelName=\"NVIDIA H100 80GB HBM3\"}";
-        } else if (k <= kSymbol) {
-          name += "{device=\"mlx5_" + std::to_string(u) + "\",port=\"1\",instance=\"" +
-                  f.machine_names_[static_cast<size_t>(m)] + ":9100\"}";
-        } else if (k == kCpuUser || k == kCpuSteal) {
-          name += std::string("{mode=\"") + (k == kCpuUser ? "user" : "steal") + "\"}";
-        }
-        f.metric_names_.push_back(name);
-      }
-    }
-  }
+  f.NameSeries();
   const double total = c.minutes * 60;
   const double upgrade = total * (0.2 + 0.2 * U01(rng)), restart = total * (0.45 + 0.2 * U01(rng));
   const double preempt = total * (0.3 + 0.1 * U01(rng)), down = total * (0.75 + 0.1 * U01(rng));

@@ -112,11 +112,12 @@ bool Detector::Impl::QuietWithReform(const MachineState& m, int64_t now) const {
   if (static_cast<size_t>(m.group) >= pauses.size() || m.last_tick == kNever) return false;
   for (int src = 0; src < kMetricSources; ++src) {
     const auto i = static_cast<size_t>(src);
-    if (m.source_last[i] != kNever && now - m.source_last[i] <= 2 * m.source_interval[i])
+    if (m.source_last[i] != kNever &&
+        static_cast<double>(now - m.source_last[i]) <= 2 * m.source_interval[i])
       return false;
   }
   const JobPause& p = pauses[static_cast<size_t>(m.group)];
-  if (!p.reformed || m.last_tick < p.paused - 2 * cfg.together_ticks) return false;
+  if (!p.reformed || m.last_tick < p.paused - 2 * int64_t{cfg.together_ticks}) return false;
   if (!p.stepping) return now - p.paused < kReformTicks;  // longer: the job hangs on it
   return now - p.resumed < Rejoin(m);
 }

@@ -74,7 +74,7 @@ bool TimeOrderedReader::Head(size_t run, Row* out) {
 }
 
 Result<std::unique_ptr<TimeOrderedReader>> TimeOrderedReader::Open(const std::string& path,
-                                                                   Options options) {
+                                                                   const Options& options) {
   ASSIGN_OR_RETURN(auto csv, MetricsCsvReader::Open(path));
   auto r = std::make_unique<TimeOrderedReader>();
   std::unordered_map<std::string, int32_t> machine_ids, metric_ids;

@@ -219,8 +219,8 @@ TEST(SemanticsTest, ACounterWithoutTotalIsARateAndItsResetIsNoFault) {
   GpuFleet f;
   f.gpus = 1;
   f.metrics = {"DCGM_FI_DEV_GPU_UTIL", "node_vmstat_pswpin"};
-  std::vector<double> total;
-  for (int m = 0; m < 16; ++m) total.push_back(1e6 * m);
+  std::vector<double> total(16);
+  for (int m = 0; m < 16; ++m) total[static_cast<size_t>(m)] = 1e6 * m;
   f.value = [&total](int m, int, int t, int k, std::mt19937& rng) {
     if (k == 0) return Noisy(rng, 95, 1);
     if (m == 3 && t == 400) total[3] = 0;
@@ -243,11 +243,11 @@ TEST(SemanticsTest, OnePortOffItsSiblingsAsWellAsItsPeersIsCorroborated) {
   f.name = [](int, int, int) {
     return std::string("node_infiniband_port_data_transmitted_bytes_total");
   };
-  std::vector<double> total(16 * 8, 0);
+  std::vector<double> total(size_t{16} * 8, 0);
   f.value = [&total](int m, int g, int t, int, std::mt19937& rng) {
     double rate = Noisy(rng, 1.2e10, 2e8);
     if (t >= 300 && m == 4 && g == 5) rate /= 2;
-    return total[static_cast<size_t>(m * 8 + g)] += rate;
+    return total[static_cast<size_t>(m) * 8 + static_cast<size_t>(g)] += rate;
   };
   auto v = f.Run();
   auto faulty = Faulty(v);

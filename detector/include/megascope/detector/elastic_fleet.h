@@ -75,6 +75,7 @@ class ElasticFleet {
   };
   std::vector<Resolved> faults_;
   bool Shows(const std::string& kind) const;
+  void NameSeries();  // metric_names_, offset_ and per_machine_, from the machines' names
   double preempt_at_ = -1, scale_down_at_ = -1, upgrade_at_ = -1, restart_at_ = -1;
   int preempted_ = -1;
   std::vector<int> scaled_down_;

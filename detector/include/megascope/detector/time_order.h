@@ -26,7 +26,8 @@ class TimeOrderedReader {
     std::function<void(int64_t, int64_t)> progress;
   };
   // Reads the whole file (sorting and spilling as it goes); errors name the file and line.
-  static Result<std::unique_ptr<TimeOrderedReader>> Open(const std::string& path, Options options);
+  static Result<std::unique_ptr<TimeOrderedReader>> Open(const std::string& path,
+                                                         const Options& options);
   ~TimeOrderedReader();
   TimeOrderedReader(const TimeOrderedReader&) = delete;
   TimeOrderedReader& operator=(const TimeOrderedReader&) = delete;
