@@ -18,6 +18,10 @@ namespace {
 // docs/formats.md section 3's spellings, indexed by the enums' values.
 constexpr std::array<std::string_view, 4> kKindNames = {"gauge", "counter", "bitmask", "code"};
 constexpr std::array<std::string_view, 3> kEntityNames = {"machine", "gpu", "port"};
+constexpr std::array<std::string_view, 8> kFamilyNames = {"errors", "training", "nvlink", "network",
+                                                          "gpu",    "cpu",      "memory", "other"};
+constexpr std::array<std::string_view, kMetricSources> kSourceNames = {
+    "gpu_exporter", "node_exporter", "trainer", "other"};
 
 }  // namespace
 
@@ -518,27 +522,8 @@ ErrorWeight ErrorWeightByWords(std::string_view key) {
 
 }  // namespace
 
-const char* MetricFamilyName(MetricFamily f) {
-  switch (f) {
-    case MetricFamily::kErrors:
-      return "errors";
-    case MetricFamily::kTraining:
-      return "training";
-    case MetricFamily::kNvlink:
-      return "nvlink";
-    case MetricFamily::kNetwork:
-      return "network";
-    case MetricFamily::kGpu:
-      return "gpu";
-    case MetricFamily::kCpu:
-      return "cpu";
-    case MetricFamily::kMemory:
-      return "memory";
-    case MetricFamily::kOther:
-      return "other";
-  }
-  return "other";
-}
+// The spellings index the enums' values; each is a literal, so data() is null-terminated.
+const char* MetricFamilyName(MetricFamily f) { return tracer::NameFrom(kFamilyNames, f).data(); }
 
 MetricSource ClassifySource(std::string_view name) {
   if (const Known k = Lookup(name); k.m != nullptr) {
@@ -579,19 +564,7 @@ MetricSource ClassifySource(std::string_view name) {
   return MetricSource::kOther;
 }
 
-const char* MetricSourceName(MetricSource s) {
-  switch (s) {
-    case MetricSource::kGpu:
-      return "gpu_exporter";
-    case MetricSource::kHost:
-      return "node_exporter";
-    case MetricSource::kTrainer:
-      return "trainer";
-    case MetricSource::kOther:
-      return "other";
-  }
-  return "other";
-}
+const char* MetricSourceName(MetricSource s) { return tracer::NameFrom(kSourceNames, s).data(); }
 
 bool IsWorkMetric(std::string_view name) {
   const MetricFamily f = ClassifyMetric(name);

@@ -33,6 +33,26 @@ struct Fleet {
   double start_s = 0;
 };
 
+// What every generator offers, taken from `sim` (kept alive by the fleet's run).
+template <typename Sim>
+Fleet Adopt(std::shared_ptr<Sim> sim, double start_s) {
+  return {sim->machines(),
+          sim->metrics(),
+          sim->labels(),
+          {},
+          {},
+          [sim](const auto& sink) { sim->Run(sink); },
+          start_s};
+}
+
+// A generator made from `cfg` (a bad configuration fails the test).
+template <typename Sim, typename Config>
+std::shared_ptr<Sim> Made(const Config& cfg) {
+  auto made = Sim::Make(cfg);
+  EXPECT_TRUE(made.ok()) << made.status().ToString();
+  return std::make_shared<Sim>(std::move(*made));
+}
+
 // A scenario's explicit faults, in any generator's fault type (type, machine, start_s, duration_s).
 template <typename List>
 List ScenarioFaults(const nlohmann::json& j) {
@@ -59,16 +79,8 @@ Fleet MakeIncidentFleet(const nlohmann::json& j) {
   cfg.job_events = f.value("job_events", cfg.job_events);
   cfg.faults = ScenarioFaults<decltype(cfg.faults)>(j);
   cfg.random_faults = f.value("random_faults", 0);
-  auto made = IncidentFleet::Make(cfg);
-  EXPECT_TRUE(made.ok()) << made.status().ToString();
-  auto sim = std::make_shared<IncidentFleet>(std::move(*made));
-  Fleet out{sim->machines(),
-            sim->metrics(),
-            sim->labels(),
-            {},
-            {},
-            [sim](const auto& sink) { sim->Run(sink); },
-            cfg.start_s};
+  auto sim = Made<IncidentFleet>(cfg);
+  Fleet out = Adopt(sim, cfg.start_s);
   if (j.value("use_topology", false)) out.topology = sim->Topology();
   return out;
 }
@@ -84,16 +96,7 @@ Fleet MakeElasticFleet(const nlohmann::json& j) {
   cfg.benign_kinds = f.value("benign_kinds", cfg.benign_kinds);
   cfg.faults = ScenarioFaults<decltype(cfg.faults)>(j);
   cfg.random_faults = f.value("random_faults", 0);
-  auto made = ElasticFleet::Make(cfg);
-  EXPECT_TRUE(made.ok()) << made.status().ToString();
-  auto sim = std::make_shared<ElasticFleet>(std::move(*made));
-  return {sim->machines(),
-          sim->metrics(),
-          sim->labels(),
-          {},
-          {},
-          [sim](const auto& sink) { sim->Run(sink); },
-          cfg.start_s};
+  return Adopt(Made<ElasticFleet>(cfg), cfg.start_s);
 }
 
 Fleet MakeFleet(const nlohmann::json& j) {
@@ -119,17 +122,7 @@ Fleet MakeFleet(const nlohmann::json& j) {
     cfg.job_events = f.value("job_events", cfg.job_events);
     cfg.faults = ScenarioFaults<decltype(cfg.faults)>(j);
     cfg.random_faults = f.value("random_faults", 0);
-    auto made = PromFleet::Make(cfg);
-    EXPECT_TRUE(made.ok()) << made.status().ToString();
-    auto sim = std::make_shared<PromFleet>(std::move(*made));
-    out = {sim->machines(),
-           sim->metrics(),
-           sim->labels(),
-           {},
-           {},
-           [sim](const auto& sink) { sim->Run(sink); },
-           cfg.start_s};
-    return out;
+    return Adopt(Made<PromFleet>(cfg), cfg.start_s);
   }
   FleetSimConfig cfg;
   cfg.machines = f["machines"];
@@ -140,13 +133,8 @@ Fleet MakeFleet(const nlohmann::json& j) {
   cfg.light_first_stage = f.value("light_first_stage", false);
   if (f.contains("fault_types")) cfg.fault_types = f["fault_types"].get<std::vector<std::string>>();
   auto sim = std::make_shared<FleetSim>(cfg);
-  out = {sim->machines(),
-         sim->metrics(),
-         sim->labels(),
-         sim->Groups(),
-         {},
-         [sim](const auto& sink) { sim->Run(sink); },
-         cfg.start_s};
+  out = Adopt(sim, cfg.start_s);
+  out.groups = sim->Groups();
   return out;
 }
 
