@@ -23,12 +23,21 @@ namespace {
 TEST(SupervisorFleetTest, APairEndsWhenOneSideFailsInsteadOfWaitingForTheOther) {
   megascope::testing::TempDir dir;
   const std::string exe = dir.path() + "/self-check.sh";
+  // Rank 1 fails only once rank 0 has written its GEMM (a marker file, not a sleep): under load
+  // rank 0 could otherwise be stopped before it measured anything, and have nothing to keep.
+  const std::string measured = dir.path() + "/rank0-measured";
   std::ofstream(exe) << "#!/bin/sh\n"  // argv: self-check --dir D --rank R --timeout T
                         "if [ \"$5\" = 1 ]; then\n"
+                        "  while [ ! -e '"
+                     << measured
+                     << "' ]; do sleep 0.01; done\n"
                         "  echo '{\"rank\": 1, \"gemm_gflops\": 12.500}'\n"
                         "  echo 'rendezvous failed: connect: Network is unreachable' >&2; exit 1\n"
                         "fi\n"
                         "echo '{\"rank\": 0, \"gemm_gflops\": 30.000}'\n"
+                        "touch '"
+                     << measured
+                     << "'\n"
                         "exec sleep 60\n";
   ASSERT_EQ(::chmod(exe.c_str(), 0755), 0);
   launch::SupervisorOptions o;
