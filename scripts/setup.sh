@@ -9,7 +9,7 @@ PACKAGES=(
   libboost-program-options-dev nlohmann-json3-dev libsimdjson-dev libunwind-dev libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus python3 chromium clang libclang-rt-dev clang-format clang-tidy valgrind
-  iproute2 nftables slurm-wlm munge patchelf
+  iproute2 nftables slurm-wlm munge patchelf clickhouse-server
 )
 
 missing=()

@@ -73,9 +73,12 @@ class LentHandle {
 
 }  // namespace
 
-Result<std::string> HttpRequest(const std::string& method, const std::string& url,
-                                const std::vector<std::string>& headers, int timeout_ms,
-                                const BodySink& sink) {
+namespace {
+
+// One request; `post_body` (with POST) is sent as the request's body.
+Result<std::string> Perform(const std::string& method, const std::string& url,
+                            const std::vector<std::string>& headers, int timeout_ms,
+                            const BodySink& sink, std::string_view post_body) {
   if (url.rfind("http://", 0) != 0)
     return InvalidArgument("only http:// URLs are supported: " + url);
   InitCurl();
@@ -101,8 +104,8 @@ Result<std::string> HttpRequest(const std::string& method, const std::string& ur
   if (sink) curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L << 10);
   if (method == "POST") {
     curl_easy_setopt(c, CURLOPT_POST, 1L);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDS, "");
-    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, 0L);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, post_body.data());
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(post_body.size()));
   } else if (method != "GET") {
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method.c_str());
   }
@@ -125,6 +128,19 @@ Result<std::string> HttpRequest(const std::string& method, const std::string& ur
   if (code == 403) return PermissionDenied(msg);
   if (code == 404) return NotFound(msg);
   return Status(StatusCode::kUnavailable, msg);
+}
+
+}  // namespace
+
+Result<std::string> HttpRequest(const std::string& method, const std::string& url,
+                                const std::vector<std::string>& headers, int timeout_ms,
+                                const BodySink& sink) {
+  return Perform(method, url, headers, timeout_ms, sink, "");
+}
+
+Result<std::string> HttpPost(const std::string& url, std::string_view body,
+                             const std::vector<std::string>& headers, int timeout_ms) {
+  return Perform("POST", url, headers, timeout_ms, nullptr, body);
 }
 
 Result<std::string> HttpGet(const std::string& url, int timeout_ms, const std::string& token) {

@@ -3,21 +3,6 @@
 #include "megascope/tracer/records.h"
 
 namespace megascope::tracer {
-namespace {
-
-// "CASE <column> WHEN 0 THEN 'allreduce' ... ELSE 'unknown' END" for every code of E.
-template <typename E>
-std::string Spelling(const std::string& column) {
-  std::string out = "CASE " + column;
-  for (int code = 0; code < 255; ++code) {
-    const std::string_view name = Name(static_cast<E>(code));
-    if (name == "unknown") break;
-    out += " WHEN " + std::to_string(code) + " THEN '" + std::string(name) + "'";
-  }
-  return out + " ELSE 'unknown' END";
-}
-
-}  // namespace
 
 std::string OptionalTableSql(const OptionalTraceTable& table, std::string_view schema) {
   return "CREATE TABLE IF NOT EXISTS " + std::string(schema) + std::string(table.name) + "(" +
@@ -46,36 +31,36 @@ CREATE TABLE IF NOT EXISTS step_rollups(rank INTEGER, attempt INTEGER, step INTE
 -- No indexes: ingest speed comes first; queries over a node's file scan.
 CREATE VIEW IF NOT EXISTS collectives AS
   SELECT c.rank, c.attempt, g.name AS grp, c.seq, )sql" +
-         Spelling<OpType>("c.op") + R"sql( AS op, c.peer, c.bytes, )sql" +
-         Spelling<DType>("c.dtype") + R"sql( AS dtype, )sql" + Spelling<OpState>("c.state") +
+         SpellingSql<OpType>("c.op") + R"sql( AS op, c.peer, c.bytes, )sql" +
+         SpellingSql<DType>("c.dtype") + R"sql( AS dtype, )sql" + SpellingSql<OpState>("c.state") +
          R"sql( AS state,
          c.enqueued_ns, c.enqueued_ns + c.start_after_ns AS started_ns, c.enqueued_ns + c.end_after_ns AS completed_ns,
          c.step
   FROM collective_rows c LEFT JOIN group_names g ON g.id = c.grp;
 CREATE VIEW IF NOT EXISTS spans AS
   SELECT rank, attempt, step, microbatch, )sql" +
-         Spelling<SpanKind>("kind") + R"sql( AS kind, name, start_ns, start_ns + dur_ns AS end_ns
+         SpellingSql<SpanKind>("kind") + R"sql( AS kind, name, start_ns, start_ns + dur_ns AS end_ns
   FROM span_rows
   UNION ALL
   SELECT rank, attempt, step, NULL, 'comm', )sql" +
-         Spelling<OpType>("op") +
+         SpellingSql<OpType>("op") +
          R"sql(, enqueued_ns + start_after_ns, enqueued_ns + end_after_ns
   FROM collective_rows WHERE state = )sql" +
          completed + R"sql( AND start_after_ns IS NOT NULL;
 CREATE VIEW IF NOT EXISTS heartbeats AS
   SELECT rank, attempt, ts_ns, step, )sql" +
-         Spelling<Phase>("phase") + R"sql( AS phase FROM heartbeat_rows;
+         SpellingSql<Phase>("phase") + R"sql( AS phase FROM heartbeat_rows;
 )sql";
 }
 
 std::string TraceRollupSql(int64_t spans_before, int64_t collectives_before) {
-  return "INSERT INTO step_rollups SELECT rank, attempt, step, " + Spelling<SpanKind>("kind") +
+  return "INSERT INTO step_rollups SELECT rank, attempt, step, " + SpellingSql<SpanKind>("kind") +
          ", COUNT(*), SUM(dur_ns), NULL, MIN(start_ns), MAX(start_ns + dur_ns) FROM span_rows "
          "WHERE rowid < " +
          std::to_string(spans_before) +
          " GROUP BY rank, attempt, step, kind;"
          "INSERT INTO step_rollups SELECT rank, attempt, step, 'comm:' || " +
-         Spelling<OpType>("op") +
+         SpellingSql<OpType>("op") +
          ", COUNT(*), SUM(end_after_ns), SUM(bytes), MIN(enqueued_ns), "
          "MAX(enqueued_ns + end_after_ns) FROM collective_rows WHERE rowid < " +
          std::to_string(collectives_before) + " GROUP BY rank, attempt, step, op;";

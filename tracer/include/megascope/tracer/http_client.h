@@ -22,6 +22,10 @@ using BodySink = std::function<Status(std::string_view data)>;
 Result<std::string> HttpRequest(const std::string& method, const std::string& url,
                                 const std::vector<std::string>& headers = {}, int timeout_ms = 5000,
                                 const BodySink& sink = nullptr);
+// POST `body` to http://host:port/path (errors as HttpRequest's; a 500's body is the server's
+// message).
+Result<std::string> HttpPost(const std::string& url, std::string_view body,
+                             const std::vector<std::string>& headers = {}, int timeout_ms = 5000);
 // GET http://host:port/path; the body on 200. With `token`, sends "Authorization: Bearer <token>"
 // (agents that listen beyond loopback require the run's token).
 Result<std::string> HttpGet(const std::string& url, int timeout_ms = 5000,

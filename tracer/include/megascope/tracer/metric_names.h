@@ -87,6 +87,18 @@ inline constexpr Def kAgentRows{"agent_rows_written_total", Type::kCounter, Scop
                                 "Rows the agent wrote to trace.db", -1};
 inline constexpr Def kAgentDbErrors{"agent_db_errors_total", Type::kCounter, Scope::kNode,
                                     "Failed trace.db transactions (records stay in the rings)", -1};
+// The agent's ClickHouse sink (docs/formats.md section 4b), when a store is configured.
+inline constexpr Def kStoreRows{"store_rows_total", Type::kCounter, Scope::kNode,
+                                "Rows the ClickHouse store acknowledged", -1};
+inline constexpr Def kStoreLag{"store_lag_rows", Type::kGauge, Scope::kNode,
+                               "Rows in trace.db the ClickHouse store has not acknowledged yet",
+                               -1};
+inline constexpr Def kStoreDropped{
+    "store_dropped_rows_total", Type::kCounter, Scope::kNode,
+    "Rows trace.db's retention removed before the ClickHouse store acknowledged them", -1};
+inline constexpr Def kStoreErrors{
+    "store_errors_total", Type::kCounter, Scope::kNode,
+    "Failed batches to the ClickHouse store (the rows wait in trace.db)", -1};
 inline constexpr Def kRestarts{"restarts_total", Type::kCounter, Scope::kNode,
                                "Restarts of the job by the controller, by cause", -1};
 inline constexpr Def kEvictions{"evictions_total", Type::kCounter, Scope::kNode,

@@ -17,11 +17,25 @@
 #include <string>
 #include <string_view>
 
+#include "megascope/tracer/records.h"
 #include "megascope/tracer/status.h"
 
 namespace megascope::tracer {
 
 inline constexpr int kTraceSchemaVersion = 2;
+
+// "CASE <column> WHEN 0 THEN 'allreduce' ... ELSE 'unknown' END": an enum code of records.h as
+// its spelling, in SQL that SQLite and ClickHouse both run.
+template <typename E>
+std::string SpellingSql(const std::string& column) {
+  std::string out = "CASE " + column;
+  for (int code = 0; code < 255; ++code) {
+    const std::string_view name = Name(static_cast<E>(code));
+    if (name == "unknown") break;
+    out += " WHEN " + std::to_string(code) + " THEN '" + std::string(name) + "'";
+  }
+  return out + " ELSE 'unknown' END";
+}
 
 // The tables users query, as docs/formats.md names them (tables or views, per version).
 inline constexpr std::array<std::string_view, 6> kTraceTables = {

@@ -1,0 +1,349 @@
+// The agent's ClickHouse sink against a real ClickHouse server on loopback: every row of trace.db
+// arrives once, through a lost acknowledgement, a killed server, a store down from the start, a
+// lost cursor; bad credentials and a newer schema are one clear line; retention drops whole days;
+// two shards behind a Distributed table.
+#include "megascope/tracer/agent/store_sink.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "clickhouse_server.h"
+#include "megascope/tracer/trace_store.h"
+#include "test_util.h"
+
+namespace megascope::tracer::agent {
+namespace {
+
+using megascope::testing::ClickHouseServer;
+using megascope::testing::TempDir;
+
+constexpr int64_t kDayNs = 86'400'000'000'000;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// A node's trace.db, written through the real store: each Add() is one drain pass of `steps`
+// steps of rank `rank`, from `start_ns` on (a forward span, a completed all-reduce, a heartbeat
+// and a metric per step).
+class TraceDb {
+ public:
+  explicit TraceDb(std::string path) : path_(std::move(path)) {
+    auto s = TraceStore::Open(path_);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    store_ = std::move(*s);
+  }
+  void Add(int rank, int steps, int64_t start_ns) {
+    RankInfo info;
+    info.node = "n0";
+    info.rank = rank;
+    info.attempt = 0;
+    ASSERT_TRUE(store_->UpsertRank(info).ok());
+    std::vector<Record> records;
+    for (int i = 0; i < steps; ++i, ++next_step_) {
+      const int64_t t = int64_t{1000000} * (next_step_ + 1);  // tick 0 reads as unknown
+      Record span{};
+      span.span = {
+          RecordType::kSpan, SpanKind::kForward, 0, -1, next_step_, t, t + 500, 0, 0, 0, 0, 0, {}};
+      records.push_back(span);
+      Record c{};
+      c.collective.type = RecordType::kCollective;
+      c.collective.op = OpType::kAllreduce;
+      c.collective.state = OpState::kCompleted;
+      c.collective.group = 0;
+      c.collective.peer = -1;
+      c.collective.seq = static_cast<uint64_t>(next_step_);
+      c.collective.bytes = 4096;
+      c.collective.step = next_step_;
+      c.collective.enqueued_ticks = t + 600;
+      c.collective.started_ticks = t + 610;
+      c.collective.completed_ticks = t + 900;
+      records.push_back(c);
+      Record h{};
+      h.heartbeat.type = RecordType::kHeartbeat;
+      h.heartbeat.phase = Phase::kForward;
+      h.heartbeat.step = next_step_;
+      h.heartbeat.ticks = t;
+      records.push_back(h);
+      Record m{};
+      m.metric.type = RecordType::kMetric;
+      m.metric.name = 0;
+      m.metric.ticks = t + 950;
+      m.metric.value = 0.25 * next_step_;
+      records.push_back(m);
+    }
+    RingRows rows;
+    rows.info = &info;
+    rows.calibration.base_ns = start_ns;
+    rows.names = &names_;
+    rows.groups = &groups_;
+    rows.records = records;
+    rows.ring = "ring" + std::to_string(rank);
+    rows.lane_tails = {++tail_};
+    ASSERT_TRUE(store_->Write({&rows, 1}, {}, {}).ok());
+  }
+  int64_t Count(const std::string& table) const {
+    auto db = sql::Database::Open(path_, sql::Database::Mode::kReadOnly);
+    EXPECT_TRUE(db.ok());
+    auto n = db->QueryInt("SELECT count(*) FROM " + table);
+    EXPECT_TRUE(n.ok());
+    return n.ok() ? *n : -1;
+  }
+  TraceStore& store() { return *store_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::unique_ptr<TraceStore> store_;
+  std::vector<std::string> names_ = {"loss"};
+  std::vector<GroupInfo> groups_ = {{"dp.0", "dp", {}}};
+  int next_step_ = 0;
+  uint64_t tail_ = 0;
+};
+
+class StoreSinkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!megascope::testing::ClickHouseInstalled())
+      GTEST_SKIP() << "clickhouse-server is not installed (scripts/setup.sh installs it)";
+    server_ = std::make_unique<ClickHouseServer>(dir_.path() + "/ch");
+    ASSERT_TRUE(server_->Start());
+  }
+  std::unique_ptr<StoreSink> Sink(const std::string& db_path, const std::string& url,
+                                  std::function<Status(std::string_view)> after = nullptr) {
+    auto u = StoreUrl::Parse(url);
+    EXPECT_TRUE(u.ok()) << u.status().ToString();
+    StoreSinkOptions o;
+    o.url = *u;
+    o.job = "j1";
+    o.node = "n0";
+    o.db_path = db_path;
+    o.batch_rows = 7;  // many batches: every boundary is crossed
+    o.batches_per_table = 1000;
+    o.timeout_ms = 5000;
+    o.after_insert = std::move(after);
+    auto s = StoreSink::Open(o);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+  std::string Scalar(const std::string& sql, const std::string& db = "m") {
+    ClickHouse ch(*StoreUrl::Parse(server_->Url(db)));
+    auto v = ch.Scalar(sql);
+    EXPECT_TRUE(v.ok()) << v.status().ToString();
+    return v.ok() ? *v : "";
+  }
+  // Every shipped table holds exactly trace.db's rows: as many, none twice.
+  void ExpectExactlyOnce(const TraceDb& db) {
+    const std::map<std::string, std::string> pairs = {{"spans", "span_rows"},
+                                                      {"collectives", "collective_rows"},
+                                                      {"heartbeats", "heartbeat_rows"},
+                                                      {"metrics", "metrics"},
+                                                      {"ranks", "ranks"}};
+    for (const auto& [store_table, source] : pairs) {
+      // A rank's row is replaced when it is written again (a new rowid): the store keeps both.
+      const std::string rows = store_table == "ranks" ? "uniqExact(rank, attempt)" : "count()";
+      EXPECT_EQ(Scalar("SELECT " + rows + " FROM " + store_table), std::to_string(db.Count(source)))
+          << store_table;
+      EXPECT_EQ(Scalar("SELECT count() - uniqExact(src, row_id) FROM " + store_table), "0")
+          << store_table << " holds a row twice";
+    }
+  }
+  TempDir dir_;
+  std::unique_ptr<ClickHouseServer> server_;
+};
+
+TEST_F(StoreSinkTest, EveryRowArrivesOnceWithTheColumnsTraceDbShows) {
+  TraceDb db(dir_.path() + "/trace.db");
+  const int64_t t0 = NowNs();
+  db.Add(0, 20, t0);
+  db.Add(1, 15, t0);
+  auto sink = Sink(db.path(), server_->Url("m"));
+  auto shipped = sink->Pass();
+  ASSERT_TRUE(shipped.ok()) << shipped.status().ToString();
+  EXPECT_EQ(sink->lag_rows(), 0);
+  ExpectExactlyOnce(db);
+  // The rows read back as trace.db's documented views show them.
+  EXPECT_EQ(Scalar("SELECT sum(end_ns - start_ns) FROM spans WHERE kind = 'forward'"),
+            std::to_string(35 * 500));
+  EXPECT_EQ(Scalar("SELECT any(grp) || ' ' || any(op) || ' ' || any(state) || ' ' || "
+                   "toString(sum(completed_ns - started_ns)) FROM collectives"),
+            "dp.0 allreduce completed " + std::to_string(35 * 290));
+  EXPECT_EQ(Scalar("SELECT sum(value) FROM metrics"), "148.75");  // 0.25 * (0 + ... + 34)
+  // Nothing new: nothing sent; more rows: only they are.
+  EXPECT_EQ(*sink->Pass(), 0u);
+  db.Add(0, 3, t0);
+  EXPECT_EQ(*sink->Pass(), 3u * 4 + 1) << "3 steps' 4 rows and rank 0's row again";
+  ExpectExactlyOnce(db);
+}
+
+// The acknowledgement of an INSERT lost on the way (the rows landed, the sink does not know), then
+// the server killed mid-run and started again: the next passes ask the store where it is, and
+// every row is there once.
+TEST_F(StoreSinkTest, ALostAcknowledgementOrAKilledServerNeitherLosesNorDoublesARow) {
+  TraceDb db(dir_.path() + "/trace.db");
+  const int64_t t0 = NowNs();
+  db.Add(0, 10, t0);
+  int inserts = 0;
+  auto sink = Sink(db.path(), server_->Url("m"), [&](std::string_view table) {
+    // The second INSERT into collectives lands, but its answer never arrives.
+    return table == "collectives" && ++inserts == 2 ? Status(StatusCode::kDeadlineExceeded, "lost")
+                                                    : Status::Ok();
+  });
+  EXPECT_FALSE(sink->Pass().ok());
+  EXPECT_EQ(sink->errors(), 1u);
+  ASSERT_TRUE(sink->Pass().ok());
+  ExpectExactlyOnce(db);
+
+  server_->Kill();
+  db.Add(1, 10, t0);  // training goes on: trace.db grows while the store is gone
+  auto down = sink->Pass();
+  ASSERT_FALSE(down.ok());
+  EXPECT_EQ(down.status().code(), StatusCode::kUnavailable) << down.status().ToString();
+  EXPECT_NE(down.status().message().find("cannot connect"), std::string::npos)
+      << down.status().message();
+  ASSERT_TRUE(server_->Start());
+  ASSERT_TRUE(sink->Pass().ok());
+  EXPECT_EQ(sink->lag_rows(), 0);
+  ExpectExactlyOnce(db);
+}
+
+// The agent killed after the store acknowledged and before its cursor was saved: a new sink on the
+// same trace.db goes on from the store's largest row_id, not from the cursor it finds.
+TEST_F(StoreSinkTest, ACursorNeverSavedIsFoundAgainInTheStore) {
+  TraceDb db(dir_.path() + "/trace.db");
+  db.Add(0, 12, NowNs());
+  ASSERT_TRUE(Sink(db.path(), server_->Url("m"))->Pass().ok());
+  {
+    auto raw = sql::Database::Open(db.path(), sql::Database::Mode::kReadWrite);
+    ASSERT_TRUE(raw.ok());
+    ASSERT_TRUE(raw->Exec("DELETE FROM store_cursors").ok());
+  }
+  db.Add(0, 5, NowNs());
+  auto again = Sink(db.path(), server_->Url("m"));
+  auto shipped = again->Pass();
+  ASSERT_TRUE(shipped.ok()) << shipped.status().ToString();
+  EXPECT_EQ(*shipped, 5u * 4 + 1 + 1) << "the new rows, rank 0 again and a first look of open ops";
+  ExpectExactlyOnce(db);
+}
+
+// A store down from the start: training and trace.db are unaffected, the error says where and
+// why, the lag is counted, and everything arrives once the store is up.
+TEST_F(StoreSinkTest, AStoreDownFromTheStartIsOneClearErrorAndTheRowsCatchUpLater) {
+  TraceDb db(dir_.path() + "/trace.db");
+  db.Add(0, 9, NowNs());
+  ClickHouseServer later(dir_.path() + "/later");
+  auto sink = Sink(db.path(), later.Url("m"));
+  auto first = sink->Pass();
+  ASSERT_FALSE(first.ok());
+  EXPECT_EQ(first.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(first.status().message().find(later.Url("m")), std::string::npos)
+      << first.status().message();
+  ASSERT_TRUE(later.Start());
+  ASSERT_TRUE(sink->Pass().ok());
+  ClickHouse ch(*StoreUrl::Parse(later.Url("m")));
+  EXPECT_EQ(*ch.Scalar("SELECT count() FROM spans"), std::to_string(db.Count("span_rows")));
+}
+
+// A wrong password is one line that names the store (not the password); a store written by a
+// newer megascope is refused naming both versions; neither loses a row.
+TEST_F(StoreSinkTest, AWrongPasswordAndANewerSchemaAreOneClearLineEach) {
+  TraceDb db(dir_.path() + "/trace.db");
+  db.Add(0, 3, NowNs());
+  auto wrong = Sink(db.path(), server_->Url("m", "writer:nope"))->Pass();
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), StatusCode::kPermissionDenied) << wrong.status().ToString();
+  EXPECT_NE(wrong.status().message().find("Wrong password"), std::string::npos);
+  EXPECT_EQ(wrong.status().message().find("nope"), std::string::npos) << "the password is shown";
+  EXPECT_EQ(wrong.status().message().find('\n'), std::string::npos);
+
+  auto right = Sink(db.path(), server_->Url("m", "writer:s3cret"));
+  ASSERT_TRUE(right->Pass().ok());
+  ClickHouse ch(*StoreUrl::Parse(server_->Url("m")));
+  ASSERT_TRUE(ch.Exec("INSERT INTO schema_version VALUES (" +
+                      std::to_string(kStoreSchemaVersion + 1) + ", now())")
+                  .ok());
+  db.Add(0, 3, NowNs());
+  auto newer = Sink(db.path(), server_->Url("m"))->Pass();
+  ASSERT_FALSE(newer.ok());
+  EXPECT_EQ(newer.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(
+      newer.status().message().find("schema version " + std::to_string(kStoreSchemaVersion + 1)),
+      std::string::npos)
+      << newer.status().message();
+  EXPECT_NE(newer.status().message().find("version " + std::to_string(kStoreSchemaVersion)),
+            std::string::npos);
+  EXPECT_EQ(*ch.Scalar("SELECT count() FROM spans"), "3") << "what was stored stays";
+}
+
+// Retention drops whole days, per table: raw spans after a week, collectives after four, events
+// never. Rows trace.db's own retention removed before they were shipped are counted as dropped.
+TEST_F(StoreSinkTest, RetentionDropsWholeOldDaysPerTableAndCountsRowsPrunedBeforeShipping) {
+  TraceDb db(dir_.path() + "/trace.db");
+  const int64_t now = NowNs();
+  db.Add(0, 4, now - 10 * kDayNs);  // older than spans' week, younger than collectives' month
+  db.Add(0, 4, now);
+  auto sink = Sink(db.path(), server_->Url("m"));
+  ASSERT_TRUE(sink->Pass().ok());
+  ClickHouse ch(*StoreUrl::Parse(server_->Url("m")));
+  EXPECT_EQ(*ch.Scalar("SELECT uniqExact(day) FROM spans"), "2");
+  const std::array<int, 3> days = {DefaultRetentionDays(StoreRetention::kRaw),
+                                   DefaultRetentionDays(StoreRetention::kCollectives),
+                                   DefaultRetentionDays(StoreRetention::kForever)};
+  auto dropped = PruneStore(ch, days, now);
+  ASSERT_TRUE(dropped.ok()) << dropped.status().ToString();
+  EXPECT_GE(*dropped, 3) << "spans', heartbeats' and metrics' old day";
+  EXPECT_EQ(*ch.Scalar("SELECT count() FROM spans"), "4");
+  EXPECT_EQ(*ch.Scalar("SELECT count() FROM collectives"), "8");
+
+  // Another node's trace.db keeps a day and its agent's sink starts late: what its retention
+  // pruned unshipped is counted, the rest shipped.
+  TraceDb late(dir_.path() + "/late.db");
+  late.Add(0, 6, now - 2 * kDayNs);
+  late.Add(0, 2, now);
+  ASSERT_TRUE(late.store().Prune(now - kDayNs).ok());
+  auto late_sink = Sink(late.path(), server_->Url("m"));
+  ASSERT_TRUE(late_sink->Pass().ok());
+  EXPECT_EQ(late_sink->dropped_rows(), 4u * 6) << "six steps' span, collective, heartbeat, metric";
+  EXPECT_EQ(*ch.Scalar("SELECT count() FROM spans WHERE src = '" + late_sink->src() + "'"), "2");
+}
+
+// Two shards behind a Distributed table: each source database's rows live on one shard (by its
+// id), the Distributed table reads them all, and a sink's acknowledgement means every shard has
+// its rows.
+TEST_F(StoreSinkTest, TwoShardsBehindADistributedTableHoldEveryRowOnce) {
+  const int tcp_a = megascope::testing::FreePort(), tcp_b = megascope::testing::FreePort();
+  ClickHouseServer a(dir_.path() + "/a", {tcp_a, tcp_b}, tcp_a);
+  ClickHouseServer b(dir_.path() + "/b", {tcp_a, tcp_b}, tcp_b);
+  ASSERT_TRUE(a.Start());
+  ASSERT_TRUE(b.Start());
+  ClickHouse on_b(*StoreUrl::Parse(b.Url("m", "", true)));
+  ASSERT_TRUE(EnsureStoreSchema(on_b).ok());  // each shard's tables, before any row goes
+  std::vector<std::unique_ptr<TraceDb>> dbs;
+  int64_t spans = 0;
+  std::map<std::string, int64_t> by_src;
+  for (int n = 0; n < 4; ++n) {
+    dbs.push_back(std::make_unique<TraceDb>(dir_.path() + "/t" + std::to_string(n) + ".db"));
+    dbs.back()->Add(n, 5 + n, NowNs());
+    auto sink = Sink(dbs.back()->path(), a.Url("m", "", true));
+    auto got = sink->Pass();
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    spans += 5 + n;
+    by_src[sink->src()] = 5 + n;
+  }
+  ClickHouse on_a(*StoreUrl::Parse(a.Url("m", "", true)));
+  EXPECT_EQ(*on_a.Scalar("SELECT count() FROM spans"), std::to_string(spans));
+  // Each shard holds the sources its hash gives it.
+  int64_t on_shard[2] = {0, 0};
+  for (const auto& [src, n] : by_src)
+    on_shard[std::stoi(*on_a.Scalar("SELECT cityHash64('" + src + "') % 2"))] += n;
+  EXPECT_EQ(*on_a.Scalar("SELECT count() FROM spans_local"), std::to_string(on_shard[0]));
+  EXPECT_EQ(*on_b.Scalar("SELECT count() FROM spans_local"), std::to_string(on_shard[1]));
+}
+
+}  // namespace
+}  // namespace megascope::tracer::agent

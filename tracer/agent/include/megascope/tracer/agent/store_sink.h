@@ -1,0 +1,87 @@
+// The agent's ClickHouse sink (docs/formats.md section 4b): ships what the agent committed to
+// trace.db (or the controller to control.db) into the fleet's store, in rowid order, one INSERT per
+// batch of rows of one day (one partition: atomic in a MergeTree table).
+//
+// Exactly once: a table's cursor (the last rowid ClickHouse acknowledged) is committed in the
+// source database only after the acknowledgement. A kill between the two, a timeout whose INSERT
+// did land, or a restarted ClickHouse leaves the cursor behind what the store holds; so before its
+// first batch, and after every failed one, the sink asks the store for the largest row_id it holds
+// of this database and goes on from there. Nothing is lost (the rows wait in the database) and
+// nothing is written twice (the store's largest row_id is exact, because batches go one at a
+// time, in order, each all or nothing).
+//
+// Back-pressure stops here: the sink runs beside the drain (its own thread and SQLite connection);
+// when ClickHouse is slow or down the rows wait in the database (lag_rows() grows; memory is one
+// batch), and rows that the database's retention removes before they were shipped are counted
+// (dropped_rows()), never waited for.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "megascope/tracer/clickhouse.h"
+#include "megascope/tracer/sqlite.h"
+#include "megascope/tracer/status.h"
+#include "megascope/tracer/store_schema.h"
+
+namespace megascope::tracer::agent {
+
+struct StoreSinkOptions {
+  StoreUrl url;
+  std::string job = "train";
+  std::string node = "node0";
+  std::string db_path;  // trace.db, or control.db for kControl
+  StoreSource source = StoreSource::kTrace;
+  size_t batch_rows = 20000;   // rows per INSERT at most (the sink's memory)
+  int batches_per_table = 16;  // per table and Pass(), so one busy table cannot starve the others
+  int timeout_ms = 10000;
+  // The fault seam of the exactly-once tests: called after the store acknowledged an INSERT into
+  // `table` and before the cursor moves; an error here is an acknowledgement lost on the way (the
+  // rows are in the store, the sink does not know it).
+  std::function<Status(std::string_view table)> after_insert;
+};
+
+class StoreSink {
+ public:
+  // Opens the source database (the store is not asked yet: an unreachable store is not an error
+  // until the first Pass()).
+  static Result<std::unique_ptr<StoreSink>> Open(const StoreSinkOptions& options);
+
+  // Ships what is pending, table by table; returns the rows the store acknowledged. An error
+  // (the store unreachable, refusing, or of another schema version) leaves the rest for the next
+  // pass; what was acknowledged before it stays shipped.
+  Result<size_t> Pass();
+
+  int64_t lag_rows() const { return lag_rows_; }  // after the last Pass()
+  uint64_t shipped_rows() const { return shipped_rows_; }
+  uint64_t dropped_rows() const { return dropped_rows_; }
+  uint64_t errors() const { return errors_; }
+  const std::string& src() const { return src_; }  // this database's id in the store
+
+ private:
+  StoreSink(StoreSinkOptions options, sql::Database db);
+  Status Resync();  // the schema ensured and every cursor at least the store's largest row_id
+  Status SaveCursor(const StoreTable& t, int64_t row_id);
+  Result<size_t> ShipTable(const StoreTable& t, size_t index);
+  Result<size_t> ShipOpenOps(const StoreTable& t, size_t index);
+  // One row's four common cells ("day\tjob\tsrc\trow_id").
+  void AppendCommon(std::string& out, int64_t time_ns, int64_t row_id) const;
+
+  StoreSinkOptions opt_;
+  ClickHouse ch_;
+  sql::Database db_;
+  std::string src_;
+  std::string store_key_;         // the store, as the cursor table names it
+  std::vector<int64_t> cursors_;  // by StoreTables() index
+  std::vector<bool> present_;     // the source database has the table
+  bool in_sync_ = false;
+  size_t open_ops_hash_ = 0;  // the content of the last look shipped (0: none this process)
+  int64_t lag_rows_ = 0;
+  uint64_t shipped_rows_ = 0, dropped_rows_ = 0, errors_ = 0;
+};
+
+}  // namespace megascope::tracer::agent

@@ -1,0 +1,80 @@
+// The fleet's trace store in ClickHouse (docs/formats.md section 4b): the one owner of its schema,
+// for the agent's sink (which fills it from trace.db and control.db) and the analyzer's views
+// (which read it).
+//
+// Every table starts with the same four columns:
+//   day     Date    the partition (UTC day of the row's time): retention drops whole days;
+//   job     String  the run's job;
+//   src     String  the database the row came from (a random id kept in that database);
+//   row_id  UInt64  the row's rowid in that database.
+// (src, row_id) names a row once and for ever: the sink ships a database's rows in rowid order,
+// one partition per INSERT (atomic in a MergeTree table), so after any failure the largest row_id
+// ClickHouse holds for src says exactly what arrived (docs/formats.md section 4b).
+//
+// Written for ClickHouse 18.16 (Debian's) and current releases alike: no TTL clause, no
+// LowCardinality, no WITH subqueries, equality-only JOIN ON.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "megascope/tracer/clickhouse.h"
+#include "megascope/tracer/status.h"
+
+namespace megascope::tracer {
+
+// Version 1: the tables below. A store of a newer version is refused (naming both); an older one
+// is migrated forward by StoreMigrations (none yet: version 1 is the first).
+inline constexpr int kStoreSchemaVersion = 1;
+
+// How long a table's rows are kept: raw spans for days, collectives for weeks, what the
+// controller decided for ever.
+enum class StoreRetention : uint8_t { kRaw = 0, kCollectives, kForever };
+
+// Which database a table's rows come from.
+enum class StoreSource : uint8_t { kTrace = 0, kControl };
+
+struct StoreTable {
+  std::string_view name;
+  std::string_view source_table;  // the table of the source database its rows are read from
+  StoreSource source;
+  StoreRetention retention;
+  std::string_view columns;   // after the four common ones, as CREATE TABLE lists them
+  std::string_view order_by;  // after (job, ...)
+  // The SQLite SELECT over the source database that yields (rowid, time_ns, <columns>) for rowids
+  // above ?1, in rowid order, at most ?2 rows; ?3 is the agent's node. Empty: shipped otherwise
+  // (open_ops: every change of the whole table, see below).
+  std::string source_sql;
+};
+
+// spans, collectives, heartbeats, ranks, metrics, drops, device_spans, open_ops, events.
+// open_ops ships the node's open_ops table whole each time it changes, as one "look": row_id is
+// the look's number, and a row of rank -1 marks each look (so a look with no open op is one too);
+// the ops open at a node are those of its latest look.
+const std::array<StoreTable, 9>& StoreTables();
+const StoreTable* FindStoreTable(std::string_view name);
+
+// The columns of a table, for INSERT: "day, job, src, row_id, <columns' names>".
+std::string StoreColumnNames(const StoreTable& t);
+
+// The days of each retention class kept by default (kForever: 0, never dropped).
+int DefaultRetentionDays(StoreRetention r);
+
+// Creates the database, the tables (MergeTree partitioned by day; with a cluster, `<name>_local`
+// on the server asked and a Distributed table `<name>` over the cluster's shards) and the schema
+// version, or checks and migrates an existing store. Errors name the URL and both versions.
+Status EnsureStoreSchema(ClickHouse& ch);
+// The store's schema version (0: no megascope schema there yet).
+Result<int> StoreSchemaVersion(ClickHouse& ch);
+
+// Drops the day partitions older than each table's retention (`days_of` overrides per class; a
+// value <= 0 keeps for ever). On a cluster, the server asked drops its own shard's. Returns the
+// partitions dropped.
+Result<int> PruneStore(ClickHouse& ch, const std::array<int, 3>& days, int64_t now_ns);
+
+// "YYYY-MM-DD", the UTC day of an epoch time in nanoseconds.
+std::string UtcDay(int64_t epoch_ns);
+
+}  // namespace megascope::tracer

@@ -1,0 +1,223 @@
+#include "megascope/tracer/store_schema.h"
+
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "megascope/tracer/records.h"
+#include "megascope/tracer/trace_schema.h"
+
+namespace megascope::tracer {
+namespace {
+
+constexpr std::string_view kCommon = "day Date, job String, src String, row_id UInt64";
+
+std::array<StoreTable, 9> BuildTables() {
+  const std::string above = " WHERE rowid > ?1 ORDER BY rowid LIMIT ?2";
+  return {{
+      {"spans", "span_rows", StoreSource::kTrace, StoreRetention::kRaw,
+       "node String, rank Int32, attempt Int32, step Int64, microbatch Nullable(Int32), "
+       "kind String, name String, start_ns Int64, end_ns Int64",
+       "attempt, rank, step, start_ns",
+       "SELECT rowid, start_ns, ?3, rank, attempt, step, microbatch, " +
+           SpellingSql<SpanKind>("kind") + ", name, start_ns, start_ns + dur_ns FROM span_rows" +
+           above},
+      {"collectives", "collective_rows", StoreSource::kTrace, StoreRetention::kCollectives,
+       "node String, rank Int32, attempt Int32, grp String, seq Int64, op String, "
+       "peer Nullable(Int32), bytes Nullable(Int64), dtype String, state String, enqueued_ns "
+       "Int64, "
+       "started_ns Nullable(Int64), completed_ns Nullable(Int64), step Nullable(Int64)",
+       "attempt, grp, seq",
+       "SELECT c.rowid, c.enqueued_ns, ?3, c.rank, c.attempt, COALESCE(g.name, ''), c.seq, " +
+           SpellingSql<OpType>("c.op") + ", c.peer, c.bytes, " + SpellingSql<DType>("c.dtype") +
+           ", " + SpellingSql<OpState>("c.state") +
+           ", c.enqueued_ns, c.enqueued_ns + c.start_after_ns, c.enqueued_ns + c.end_after_ns, "
+           "c.step FROM collective_rows c LEFT JOIN group_names g ON g.id = c.grp "
+           "WHERE c.rowid > ?1 ORDER BY c.rowid LIMIT ?2"},
+      {"heartbeats", "heartbeat_rows", StoreSource::kTrace, StoreRetention::kRaw,
+       "node String, rank Int32, attempt Int32, ts_ns Int64, step Int64, phase String",
+       "attempt, rank, ts_ns",
+       "SELECT rowid, ts_ns, ?3, rank, attempt, ts_ns, step, " + SpellingSql<Phase>("phase") +
+           " FROM heartbeat_rows" + above},
+      {"ranks", "ranks", StoreSource::kTrace, StoreRetention::kForever,
+       "node String, rank Int32, local_rank Int32, dp Int32, pp Int32, tp Int32, pid Int64, "
+       "attempt Int32, clock_offset_ns Int64",
+       "attempt, rank",
+       "SELECT rowid, NULL, node, rank, local_rank, dp, pp, tp, pid, attempt, clock_offset_ns "
+       "FROM ranks" +
+           above},
+      {"metrics", "metrics", StoreSource::kTrace, StoreRetention::kRaw,
+       "node String, ts_ns Int64, name String, value Float64", "node, name, ts_ns",
+       "SELECT rowid, ts_ns, node, ts_ns, name, printf('%.17g', value) FROM metrics" + above},
+      {"drops", "drops", StoreSource::kTrace, StoreRetention::kRaw,
+       "node String, rank Int32, ts_ns Int64, dropped_records Int64", "rank, ts_ns",
+       "SELECT rowid, ts_ns, ?3, rank, ts_ns, dropped_records FROM drops" + above},
+      {"device_spans", "device_spans", StoreSource::kTrace, StoreRetention::kRaw,
+       "node String, rank Int32, attempt Int32, kind String, start_ns Int64, "
+       "device Nullable(Int32), stream Nullable(Int64), correlation Nullable(Int64), "
+       "bytes Nullable(Int64)",
+       "attempt, rank, start_ns",
+       "SELECT rowid, start_ns, ?3, rank, attempt, kind, start_ns, device, stream, correlation, "
+       "bytes FROM device_spans" +
+           above},
+      {"open_ops", "open_ops", StoreSource::kTrace, StoreRetention::kRaw,
+       "node String, rank Int32, attempt Int32, grp String, seq Int64, op String, "
+       "peer Nullable(Int32), bytes Nullable(Int64), dtype String, state String, enqueued_ns "
+       "Int64, "
+       "started_ns Nullable(Int64), seen_ns Int64",
+       "src, row_id, attempt, rank", ""},
+      {"events", "events", StoreSource::kControl, StoreRetention::kForever,
+       "ts_ns Int64, attempt Int32, kind String, node Nullable(String), rank Nullable(Int32), "
+       "detail_json String",
+       "ts_ns",
+       "SELECT rowid, ts_ns, ts_ns, attempt, kind, node, rank, detail_json FROM events" + above},
+  }};
+}
+
+std::string ColumnNames(std::string_view columns) {
+  std::string out;
+  size_t start = 0;
+  while (start < columns.size()) {
+    size_t end = start;
+    int depth = 0;
+    while (end < columns.size() && (columns[end] != ',' || depth > 0)) {
+      depth += columns[end] == '(' ? 1 : columns[end] == ')' ? -1 : 0;
+      ++end;
+    }
+    std::string_view col = columns.substr(start, end - start);
+    while (!col.empty() && col.front() == ' ') col.remove_prefix(1);
+    out += (out.empty() ? "" : ", ") + std::string(col.substr(0, col.find(' ')));
+    start = end + 1;
+  }
+  return out;
+}
+
+// Each migration takes the store from version - 1 to version. Version 1 creates everything (in
+// CreateTables); a later version appends its ALTERs here.
+struct Migration {
+  int version;
+  std::vector<std::string> statements;
+};
+const std::vector<Migration>& Migrations() {
+  static const std::vector<Migration> m = {};
+  return m;
+}
+
+Status CreateTables(ClickHouse& ch) {
+  const StoreUrl& u = ch.url();
+  for (const StoreTable& t : StoreTables()) {
+    const std::string local =
+        u.cluster.empty() ? std::string(t.name) : std::string(t.name) + "_local";
+    RETURN_IF_ERROR(ch.Exec("CREATE TABLE IF NOT EXISTS " + ch.Table(local) + " (" +
+                            std::string(kCommon) + ", " + std::string(t.columns) +
+                            ") ENGINE = MergeTree() PARTITION BY day ORDER BY (job, " +
+                            std::string(t.order_by) + ")"));
+    if (!u.cluster.empty()) {
+      // Rows of one source database stay on one shard: its largest row_id is on that shard.
+      RETURN_IF_ERROR(ch.Exec("CREATE TABLE IF NOT EXISTS " + ch.Table(t.name) + " AS " +
+                              ch.Table(local) + " ENGINE = Distributed(" + u.cluster + ", " +
+                              u.database + ", " + local + ", cityHash64(src))"));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+const std::array<StoreTable, 9>& StoreTables() {
+  static const std::array<StoreTable, 9> tables = BuildTables();
+  return tables;
+}
+
+const StoreTable* FindStoreTable(std::string_view name) {
+  for (const StoreTable& t : StoreTables())
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+std::string StoreColumnNames(const StoreTable& t) {
+  return "day, job, src, row_id, " + ColumnNames(t.columns);
+}
+
+int DefaultRetentionDays(StoreRetention r) {
+  switch (r) {
+    case StoreRetention::kRaw:
+      return 7;
+    case StoreRetention::kCollectives:
+      return 28;
+    case StoreRetention::kForever:
+      return 0;
+  }
+  return 0;
+}
+
+Result<int> StoreSchemaVersion(ClickHouse& ch) {
+  ASSIGN_OR_RETURN(const std::string exists,
+                   ch.Scalar("SELECT count() FROM system.tables WHERE database = '" +
+                             ch.url().database + "' AND name = 'schema_version'"));
+  if (exists == "0") return 0;
+  ASSIGN_OR_RETURN(const std::string v, ch.Scalar("SELECT max(version) FROM schema_version"));
+  return v.empty() ? 0 : std::stoi(v);
+}
+
+Status EnsureStoreSchema(ClickHouse& ch) {
+  const std::string db = ch.url().database;
+  // Outside any database: the store's may not exist yet.
+  RETURN_IF_ERROR(ch.Exec("CREATE DATABASE IF NOT EXISTS " + db, /*in_database=*/false));
+  RETURN_IF_ERROR(ch.Exec("CREATE TABLE IF NOT EXISTS " + ch.Table("schema_version") +
+                          " (version UInt32, applied DateTime) ENGINE = MergeTree() "
+                          "ORDER BY version"));
+  ASSIGN_OR_RETURN(const int have, StoreSchemaVersion(ch));
+  if (have > kStoreSchemaVersion)
+    return FailedPrecondition("the store at " + ch.url().Redacted() + " has schema version " +
+                              std::to_string(have) + ", written by a newer megascope; this build " +
+                              "writes and reads version " + std::to_string(kStoreSchemaVersion));
+  RETURN_IF_ERROR(CreateTables(ch));
+  if (have == kStoreSchemaVersion) return Status::Ok();
+  for (const Migration& m : Migrations()) {
+    if (m.version <= have || have == 0) continue;  // a new store is created at the latest
+    for (const std::string& sql : m.statements) {
+      if (Status st = ch.Exec(sql); !st.ok())
+        return Status(st.code(), "migrating the store from schema version " +
+                                     std::to_string(m.version - 1) + " to " +
+                                     std::to_string(m.version) + ": " + st.message());
+    }
+  }
+  return ch.Exec("INSERT INTO " + ch.Table("schema_version") + " VALUES (" +
+                 std::to_string(kStoreSchemaVersion) + ", now())");
+}
+
+Result<int> PruneStore(ClickHouse& ch, const std::array<int, 3>& days, int64_t now_ns) {
+  int dropped = 0;
+  for (const StoreTable& t : StoreTables()) {
+    const int keep = days[static_cast<size_t>(t.retention)];
+    if (keep <= 0) continue;
+    const std::string cutoff = UtcDay(now_ns - int64_t{keep} * 86'400'000'000'000);
+    const std::string local =
+        ch.url().cluster.empty() ? std::string(t.name) : std::string(t.name) + "_local";
+    ASSIGN_OR_RETURN(StoreRows parts,
+                     ch.Select("SELECT DISTINCT partition FROM system.parts WHERE database = '" +
+                               ch.url().database + "' AND table = '" + local +
+                               "' AND active AND partition < '" + cutoff + "'"));
+    for (const auto& row : parts.rows) {
+      // Partitions of a Date key read as 'YYYY-MM-DD' (quoted in newer releases).
+      std::string p = row[0];
+      if (p.size() >= 2 && p.front() == '\'' && p.back() == '\'') p = p.substr(1, p.size() - 2);
+      RETURN_IF_ERROR(ch.Exec("ALTER TABLE " + ch.Table(local) + " DROP PARTITION '" + p + "'"));
+      ++dropped;
+    }
+  }
+  return dropped;
+}
+
+std::string UtcDay(int64_t epoch_ns) {
+  using namespace std::chrono;
+  const auto d = floor<days>(sys_time<nanoseconds>(nanoseconds(epoch_ns)));
+  const year_month_day ymd(d);
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%04d-%02u-%02u", static_cast<int>(ymd.year()),
+                static_cast<unsigned>(ymd.month()), static_cast<unsigned>(ymd.day()));
+  return buf;
+}
+
+}  // namespace megascope::tracer
