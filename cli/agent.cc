@@ -13,6 +13,7 @@
 #include "megascope/analyzer/scatter.h"
 #include "megascope/analyzer/window.h"
 #include "megascope/launch/process.h"
+#include "megascope/tracer/clickhouse.h"
 #include "megascope/tracer/file_util.h"
 #include "megascope/tracer/run_layout.h"
 
@@ -79,6 +80,12 @@ po::options_description AgentOptionsOf(tracer::agent::AgentOptions& o, std::stri
       "token-file", po::value(&token_file),
       "require \"Authorization: Bearer <token>\" on every request, the token read from this file "
       "(a launch gives its agents RUN_DIR/control.token when they listen beyond loopback)")(
+      "store", po::value(&o.store),
+      "also ship every row committed to trace.db to the fleet's ClickHouse store, "
+      "clickhouse://[USER[:PASSWORD]@]HOST[:8123][/DATABASE][?cluster=NAME] (default "
+      "$MEGASCOPE_STORE; docs/formats.md section 4b): exactly once, from a cursor kept in "
+      "trace.db; while the store is slow or down the rows wait in trace.db and training never "
+      "does")(
       "proc-root", po::value(&o.proc_root)->default_value(o.proc_root),
       "root of the /proc tree to sample (tests use a fake one; default $MEGASCOPE_PROC_ROOT or "
       "/proc)");
@@ -94,6 +101,12 @@ std::string CheckAgentOptions(tracer::agent::AgentOptions& o, const std::string&
     return "--retain-rollup-hours must be 0 (for ever) or at least --retain-hours";
   if (!(o.drain_interval_s > 0 && o.drain_interval_s <= 60))
     return "--drain-interval must be above 0 and at most 60 seconds";
+  if (o.store.empty()) {
+    if (const char* env = std::getenv("MEGASCOPE_STORE"); env != nullptr) o.store = env;
+  }
+  if (!o.store.empty()) {
+    if (auto u = tracer::StoreUrl::Parse(o.store); !u.ok()) return u.status().message();
+  }
   auto p = tracer::agent::ParseDrainPriority(drain_priority);
   if (!p) return "--drain-priority '" + drain_priority + "': expected idle, batch or normal";
   o.drain_priority = *p;

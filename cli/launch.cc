@@ -2,13 +2,17 @@
 // stop`.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <memory>
 
 #include "command.h"
 #include "megascope/controller/controller.h"
 #include "megascope/controller/launch_plan.h"
 #include "megascope/controller/report.h"
 #include "megascope/launch/process.h"
+#include "megascope/tracer/agent/store_sink.h"
+#include "megascope/tracer/clickhouse.h"
 #include "megascope/tracer/dump.h"
 #include "megascope/tracer/file_util.h"
 #include "training_options.h"
@@ -24,6 +28,7 @@ struct LaunchArgs {
   int spares = 0;
   std::string hosts_arg, iface;
   std::vector<std::string> injects;
+  std::string store;
 };
 
 // The loop's own options: timeouts, evictions and self-checks, disk space.
@@ -91,7 +96,12 @@ po::options_description PlacementOptions(LaunchArgs& a) {
       "system every node shares")(
       "iface", po::value(&a.iface),
       "with --hosts or --slurm: ranks bind this interface's address on their host (the training "
-      "network, e.g. eth0 or ib0) instead of the host's listed or Slurm address");
+      "network, e.g. eth0 or ib0) instead of the host's listed or Slurm address")(
+      "store", po::value(&a.store),
+      "the fleet's ClickHouse store, clickhouse://[USER[:PASSWORD]@]HOST[:8123][/DATABASE]"
+      "[?cluster=NAME] (default $MEGASCOPE_STORE; docs/formats.md section 4b): every agent ships "
+      "its trace.db rows there and the controller its control.db events, exactly once; "
+      "`megascope query --store` answers the SRE views from it across jobs and weeks");
   return place;
 }
 
@@ -234,10 +244,34 @@ int RunLaunch(const Args& args) {
   auto exe = launch::SelfExe();
   if (!exe.ok()) return Fail("launch", exe.status().message());
   WireSupervisor(a, *hosts, *exe, co);
+  // The store: the agents (children) find it in their environment; control.db's events go from
+  // here.
+  if (a.store.empty()) {
+    if (const char* env = std::getenv("MEGASCOPE_STORE"); env != nullptr) a.store = env;
+  }
+  std::unique_ptr<tracer::agent::StoreLoop> shipper;
+  if (!a.store.empty()) {
+    auto url = tracer::StoreUrl::Parse(a.store);
+    if (!url.ok()) return Fail("launch", url.status().message(), kExitUsage);
+    ::setenv("MEGASCOPE_STORE", a.store.c_str(), 1);
+    tracer::agent::StoreSinkOptions so;
+    so.url = *url;
+    so.job = c.job;
+    so.node = "controller";
+    so.db_path = RunLayout(c.run_dir).control_db();
+    so.source = tracer::StoreSource::kControl;
+    auto loop = tracer::agent::StoreLoop::Start({so}, 1.0, [](const std::string& line) {
+      std::fprintf(stderr, "[launch] %s\n", line.c_str());
+    });
+    if (!loop.ok()) return Fail("launch", loop.status().message());
+    shipper = std::move(*loop);
+  }
   // The controller adopts the state an unfinished launch in this run directory left in memory, and
   // drops any other under this job name.
   controller::Controller ctl(std::move(co));
-  return ctl.Run();
+  const int rc = ctl.Run();
+  shipper.reset();  // the last events go before the launch ends
+  return rc;
 }
 
 int RunReport(const Args& args) {

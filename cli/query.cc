@@ -17,7 +17,9 @@
 
 #include "command.h"
 #include "megascope/analyzer/scatter.h"
+#include "megascope/analyzer/store_views.h"
 #include "megascope/detector/samples.h"
+#include "megascope/tracer/clickhouse.h"
 #include "megascope/tracer/file_util.h"
 #include "megascope/tracer/http_client.h"
 #include "megascope/tracer/metric_names.h"
@@ -233,14 +235,59 @@ Result<analyzer::NodeQuery> QuestionOf(const std::string& question, const std::s
 
 }  // namespace
 
+// `megascope query --store URL VIEW [--job J] [--since 7d]`: a named view answered by the fleet's
+// ClickHouse store.
+int QueryTheStore(const std::string& store, const std::string& view, const std::string& job,
+                  const std::string& since, int limit, const po::variables_map& vm) {
+  auto url = tracer::StoreUrl::Parse(store);
+  if (!url.ok()) return Fail("query", url.status().message(), kExitUsage);
+  auto v = analyzer::ParseStoreView(view);
+  if (!v)
+    return Fail("query",
+                "unknown view '" + view +
+                    "' over a store (steps, stragglers, waits, open with --job; verdicts, "
+                    "machines, incidents)",
+                kExitUsage);
+  analyzer::StoreScope scope;
+  scope.job = job;
+  scope.limit = limit;
+  if (!since.empty()) {
+    std::string text = since;
+    if (text.ends_with('d')) text = std::to_string(std::atof(text.c_str()) * 24) + "h";
+    const int64_t span = DurationNs(text);
+    if (span <= 0)
+      return Fail("query", "--since '" + since + "': expected a duration such as 90m, 12h or 7d",
+                  kExitUsage);
+    scope.since_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count() -
+                     span;
+  }
+  tracer::ClickHouse ch(*url, 60000);
+  auto table = analyzer::QueryStore(ch, *v, scope);
+  if (!table.ok()) return Fail("query", table.status().message());
+  const std::string out = vm.count("json")  ? analyzer::FormatJson(*table)
+                          : vm.count("csv") ? analyzer::FormatCsv(*table)
+                                            : analyzer::FormatTable(*table);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return 0;
+}
+
 int RunQuery(const Args& args) {
-  std::string run_dir, sql, question, arg, last, merge, token_file;
+  std::string run_dir, sql, question, arg, last, merge, token_file, store, job, since;
   std::vector<std::string> agent_urls;
   int limit = 20;
   double timeout_s = 30;
   po::options_description opts("Options");
-  opts.add_options()("help,h", "show this help")("run-dir", po::value(&run_dir)->required(),
-                                                 "run directory")(
+  opts.add_options()("help,h", "show this help")("run-dir", po::value(&run_dir), "run directory")(
+      "store", po::value(&store),
+      "answer from the fleet's ClickHouse store (clickhouse://HOST:8123/DB, docs/formats.md "
+      "section 4b) instead of a run directory: `megascope query --store URL VIEW`, VIEW one of "
+      "steps, stragglers, waits, open (of one job: --job), verdicts, machines (how often and "
+      "over how long each machine was named), incidents (by cause, rank and node, across jobs)")(
+      "job", po::value(&job), "with --store: the job whose rows to read (every job's if unset)")(
+      "since", po::value(&since),
+      "with --store: only rows newer than this (90m, 12h, 7d); whole older days are skipped")(
       "question", po::value(&question), "steps | stragglers | waits | at TIME | quantiles [OF]")(
       "arg", po::value(&arg),
       "TIME for 'at': epoch ns, epoch seconds, or +S seconds after the run's first span; OF for "
@@ -272,10 +319,19 @@ int RunQuery(const Args& args) {
   if (auto rc = ParseArgs("query",
                           "megascope query RUN_DIR [steps|stragglers|waits|at TIME|quantiles "
                           "[OF]] [--sql SQL] "
-                          "[--last 10m] [--from-agents] [--csv|--json]",
+                          "[--last 10m] [--from-agents] [--csv|--json]\n       megascope query "
+                          "--store clickhouse://HOST:8123/DB VIEW [--job J] [--since 7d]",
                           args, opts, pos, &vm)) {
     return *rc;
   }
+  if (!store.empty()) {  // no run directory: the first word is the view
+    if (!question.empty() || !sql.empty())
+      return Fail("query", "with --store give one view and no --sql", kExitUsage);
+    return QueryTheStore(store, run_dir, job, since, limit, vm);
+  }
+  if (run_dir.empty())
+    return Fail("query", "the option '--run-dir' is required but missing (or give --store)",
+                kExitUsage);
   auto q = QuestionOf(question, sql, arg, last, merge, limit);
   if (!q.ok()) return Fail("query", q.status().message(), kExitUsage);
   const bool remote = vm.count("from-agents") > 0 || !agent_urls.empty();

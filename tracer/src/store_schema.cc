@@ -68,9 +68,19 @@ std::array<StoreTable, 9> BuildTables() {
        "src, row_id, attempt, rank", ""},
       {"events", "events", StoreSource::kControl, StoreRetention::kForever,
        "ts_ns Int64, attempt Int32, kind String, node Nullable(String), rank Nullable(Int32), "
-       "detail_json String",
+       "detail_json String, verdict Nullable(String), cause Nullable(String), "
+       "level Nullable(String), root_nodes String",
        "ts_ns",
-       "SELECT rowid, ts_ns, ts_ns, attempt, kind, node, rank, detail_json FROM events" + above},
+       // A verdict's kind, cause, level and root nodes (comma-separated) read out of its detail
+       // here, where SQLite's JSON functions run: ClickHouse 18.16 has none for nested fields.
+       "SELECT rowid, ts_ns, ts_ns, attempt, kind, node, rank, detail_json, "
+       "CASE WHEN json_valid(detail_json) THEN json_extract(detail_json, '$.kind') END, "
+       "CASE WHEN json_valid(detail_json) THEN json_extract(detail_json, '$.cause') END, "
+       "CASE WHEN json_valid(detail_json) THEN json_extract(detail_json, '$.level') END, "
+       "CASE WHEN json_valid(detail_json) AND json_type(detail_json, '$.root_nodes') = 'array' "
+       "THEN COALESCE((SELECT group_concat(value, ',') FROM json_each(detail_json, "
+       "'$.root_nodes')), '') ELSE '' END FROM events" +
+           above},
   }};
 }
 

@@ -31,6 +31,7 @@
 #include <tuple>
 
 #include "megascope/tracer/agent/host_metrics.h"
+#include "megascope/tracer/agent/store_sink.h"
 #include "megascope/tracer/dump.h"
 #include "megascope/tracer/enum_names.h"
 #include "megascope/tracer/file_util.h"
@@ -96,6 +97,7 @@ struct Agent::Impl {
   // The last retention pass (none yet: the first Poll prunes what an earlier agent left).
   std::chrono::steady_clock::time_point last_prune{};
   int wake_fd = -1;  // an eventfd: Stop() writes it to end Run()'s wait between passes
+  std::unique_ptr<StoreLoop> shipper;  // with a store: ships trace.db's rows beside the drain
 
   ~Impl() {
     if (wake_fd >= 0) ::close(wake_fd);
@@ -809,6 +811,18 @@ Result<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& o) {
                    TraceStore::Open(RunLayout(o.run_dir).trace_db(o.node), o.max_db_mb << 20));
   if (o.write_hook) impl->store->set_write_hook(o.write_hook);
   impl->BuildFamilies();
+  if (!o.store.empty()) {
+    ASSIGN_OR_RETURN(StoreUrl url, StoreUrl::Parse(o.store));
+    StoreSinkOptions so;
+    so.url = url;
+    so.job = o.job;
+    so.node = o.node;
+    so.db_path = impl->store->path();
+    const std::string node = o.node;
+    ASSIGN_OR_RETURN(impl->shipper,
+                     StoreLoop::Start({so}, o.store_interval_s,
+                                      [node](const std::string& line) { Log(node, line); }));
+  }
   std::unique_ptr<Agent> agent(new Agent(std::move(impl)));
   Impl* im = agent->impl_.get();
   try {
@@ -951,6 +965,7 @@ void Agent::Run() {
     auto n = Poll(i == 0);
     if (!n.ok() || *n == 0) break;
   }
+  if (impl_->shipper) impl_->shipper->Finish();  // what the final drain wrote goes too
 }
 
 namespace {
@@ -1015,6 +1030,9 @@ std::string Agent::MetricsText() {
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, impl_->registry->Collect());
   AppendControlCounters(impl_->opt, out);
+  if (impl_->shipper)
+    out << impl_->shipper->MetricsText("job=\"" + impl_->opt.job + "\",node=\"" + impl_->opt.node +
+                                       "\"");
   return out.str();
 }
 std::string Agent::StateJson() { return impl_->State(); }

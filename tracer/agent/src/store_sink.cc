@@ -6,6 +6,8 @@
 #include <functional>
 #include <random>
 
+#include "megascope/tracer/metric_names.h"
+
 namespace megascope::tracer::agent {
 namespace {
 
@@ -52,14 +54,9 @@ Result<std::unique_ptr<StoreSink>> StoreSink::Open(const StoreSinkOptions& optio
   ASSIGN_OR_RETURN(sink->src_, SourceId(sink->db_));
   const auto& tables = StoreTables();
   for (size_t i = 0; i < tables.size(); ++i) {
-    const StoreTable& t = tables[i];
-    ASSIGN_OR_RETURN(const int64_t n,
-                     sink->db_.QueryInt("SELECT count(*) FROM sqlite_master WHERE name = '" +
-                                        std::string(t.source_table) + "'"));
-    sink->present_[i] = t.source == options.source && n > 0;
     ASSIGN_OR_RETURN(sql::Statement st, sink->db_.Prepare("SELECT row_id FROM store_cursors WHERE "
                                                           "store = ? AND tbl = ?"));
-    st.Bind(1, sink->store_key_).Bind(2, t.name);
+    st.Bind(1, sink->store_key_).Bind(2, tables[i].name);
     ASSIGN_OR_RETURN(const bool row, st.Step());
     sink->cursors_[i] = row ? st.Int(0) : 0;
   }
@@ -216,7 +213,23 @@ Result<size_t> StoreSink::ShipOpenOps(const StoreTable& t, size_t index) {
   return n + 1;
 }
 
+Status StoreSink::FindTables() {
+  const auto& tables = StoreTables();
+  for (size_t i = 0; i < tables.size(); ++i) {
+    if (present_[i] || tables[i].source != opt_.source) continue;
+    ASSIGN_OR_RETURN(const int64_t n,
+                     db_.QueryInt("SELECT count(*) FROM sqlite_master WHERE name = '" +
+                                  std::string(tables[i].source_table) + "'"));
+    if (n > 0) {  // a table that appeared (control.db's, once the controller made it)
+      present_[i] = true;
+      in_sync_ = false;
+    }
+  }
+  return Status::Ok();
+}
+
 Result<size_t> StoreSink::Pass() {
+  RETURN_IF_ERROR(FindTables());
   if (!in_sync_) {
     if (Status s = Resync(); !s.ok()) {
       ++errors_;
@@ -236,6 +249,80 @@ Result<size_t> StoreSink::Pass() {
     shipped += *got;
   }
   return shipped;
+}
+
+Result<std::unique_ptr<StoreLoop>> StoreLoop::Start(const std::vector<StoreSinkOptions>& sinks,
+                                                    double interval_s,
+                                                    std::function<void(const std::string&)> log) {
+  std::unique_ptr<StoreLoop> loop(new StoreLoop());
+  for (const StoreSinkOptions& o : sinks) {
+    ASSIGN_OR_RETURN(auto sink, StoreSink::Open(o));
+    loop->sinks_.push_back(std::move(sink));
+  }
+  loop->log_ = std::move(log);
+  loop->interval_s_ = interval_s;
+  StoreLoop* l = loop.get();
+  loop->thread_ = std::thread([l] {
+    std::unique_lock<std::mutex> lock(l->mu_);
+    while (!l->stop_) {
+      lock.unlock();
+      l->PassAll();
+      lock.lock();
+      l->wake_.wait_for(lock, std::chrono::duration<double>(l->interval_s_),
+                        [l] { return l->stop_; });
+    }
+  });
+  return loop;
+}
+
+void StoreLoop::Finish() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    finished_ = stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (!failing_) PassAll();
+}
+
+void StoreLoop::PassAll() {
+  int64_t lag = 0;
+  uint64_t rows = 0, dropped = 0, errors = 0;
+  Status first_error = Status::Ok();
+  for (auto& sink : sinks_) {
+    auto got = sink->Pass();
+    if (!got.ok() && first_error.ok()) first_error = got.status();
+    lag += sink->lag_rows();
+    rows += sink->shipped_rows();
+    dropped += sink->dropped_rows();
+    errors += sink->errors();
+  }
+  lag_ = lag;
+  rows_ = rows;
+  dropped_ = dropped;
+  errors_ = errors;
+  if (!first_error.ok() && !failing_ && log_)
+    log_("store: " + first_error.message() + " (rows wait in the database; tried again every " +
+         std::to_string(interval_s_).substr(0, 4) + " s)");
+  if (first_error.ok() && failing_ && log_)
+    log_("store: reachable again; " + std::to_string(lag) + " rows still to ship");
+  failing_ = !first_error.ok();
+}
+
+std::string StoreLoop::MetricsText(const std::string& labels) const {
+  std::string out;
+  auto series = [&](const metrics::Def& d, double v) {
+    const std::string name = metrics::PrometheusName(d);
+    out += "# HELP " + name + " " + std::string(d.help) + "\n# TYPE " + name +
+           (d.type == metrics::Type::kCounter ? " counter\n" : " gauge\n") + name + "{" + labels +
+           "} " + std::to_string(v) + "\n";
+  };
+  series(metrics::kStoreRows, static_cast<double>(rows_.load()));
+  series(metrics::kStoreLag, static_cast<double>(lag_.load()));
+  series(metrics::kStoreDropped, static_cast<double>(dropped_.load()));
+  series(metrics::kStoreErrors, static_cast<double>(errors_.load()));
+  return out;
 }
 
 }  // namespace megascope::tracer::agent

@@ -64,6 +64,10 @@ struct AgentOptions {
   double retain_rollup_hours = 24 * 7;
   double retain_every_s = 60;
   DrainPriority drain_priority = DrainPriority::kBatch;
+  // The fleet's ClickHouse store (clickhouse://..., docs/formats.md section 4b; "": none): what the
+  // agent commits to trace.db is shipped there too, every store_interval_s, from its own thread.
+  std::string store;
+  double store_interval_s = 1.0;
   WriteHook write_hook;  // the store's fault seam (trace_store.h); tests only
   // GET /window?<query>: a straggler window's part computed over this node's trace.db, answered
   // by this function as (HTTP status, JSON body); unset: /window is not served. The analyzer owns

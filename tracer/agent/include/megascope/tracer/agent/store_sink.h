@@ -16,11 +16,15 @@
 // (dropped_rows()), never waited for.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "megascope/tracer/clickhouse.h"
@@ -64,7 +68,8 @@ class StoreSink {
 
  private:
   StoreSink(StoreSinkOptions options, sql::Database db);
-  Status Resync();  // the schema ensured and every cursor at least the store's largest row_id
+  Status FindTables();  // notes the source tables that exist now
+  Status Resync();      // the schema ensured and every cursor at least the store's largest row_id
   Status SaveCursor(const StoreTable& t, int64_t row_id);
   Result<size_t> ShipTable(const StoreTable& t, size_t index);
   Result<size_t> ShipOpenOps(const StoreTable& t, size_t index);
@@ -82,6 +87,38 @@ class StoreSink {
   size_t open_ops_hash_ = 0;  // the content of the last look shipped (0: none this process)
   int64_t lag_rows_ = 0;
   uint64_t shipped_rows_ = 0, dropped_rows_ = 0, errors_ = 0;
+};
+
+// Runs sinks beside the agent: a pass over each every `interval_s` on a thread of its own. Says
+// (through `log`) when the store fails -- once, until it works again -- and when it has caught up.
+class StoreLoop {
+ public:
+  static Result<std::unique_ptr<StoreLoop>> Start(const std::vector<StoreSinkOptions>& sinks,
+                                                  double interval_s,
+                                                  std::function<void(const std::string&)> log);
+  // Ends the thread, then a last pass (when the store answered the one before: a store that is
+  // down does not hold up an agent's exit; its rows wait in the database for the next agent).
+  // Idempotent; the destructor calls it.
+  void Finish();
+  ~StoreLoop() { Finish(); }
+  // megascope_store_rows_total, _lag_rows, _dropped_rows_total, _errors_total (docs/formats.md
+  // section 5) in Prometheus' text format, with `labels` ("job=\"j\",node=\"n\"").
+  std::string MetricsText(const std::string& labels) const;
+
+ private:
+  StoreLoop() = default;
+  void PassAll();
+  std::vector<std::unique_ptr<StoreSink>> sinks_;
+  std::function<void(const std::string&)> log_;
+  double interval_s_ = 1;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  bool finished_ = false;
+  bool failing_ = false;
+  std::atomic<int64_t> lag_{0};
+  std::atomic<uint64_t> rows_{0}, dropped_{0}, errors_{0};
 };
 
 }  // namespace megascope::tracer::agent

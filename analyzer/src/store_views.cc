@@ -1,0 +1,197 @@
+#include "megascope/analyzer/store_views.h"
+
+#include <array>
+#include <utility>
+
+namespace megascope::analyzer {
+namespace {
+
+constexpr std::array<std::pair<StoreView, std::string_view>, 7> kViews = {{
+    {StoreView::kSteps, "steps"},
+    {StoreView::kStragglers, "stragglers"},
+    {StoreView::kWaits, "waits"},
+    {StoreView::kOpen, "open"},
+    {StoreView::kVerdicts, "verdicts"},
+    {StoreView::kMachines, "machines"},
+    {StoreView::kIncidents, "incidents"},
+}};
+
+std::string Quote(const std::string& s) {
+  std::string out = "'";
+  for (const char c : s) {
+    if (c == '\'' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "'";
+}
+
+// The rows of `time_column` in scope: the job's, since the time asked (whole days skipped by the
+// partition key).
+std::string Where(const StoreScope& s, const std::string& time_column) {
+  std::string w = " WHERE 1";
+  if (!s.job.empty()) w += " AND job = " + Quote(s.job);
+  if (s.since_ns != std::numeric_limits<int64_t>::min()) {
+    w += " AND day >= toDate(toDateTime(intDiv(" + std::to_string(s.since_ns) +
+         ", 1000000000), 'UTC')) AND " + time_column + " >= " + std::to_string(s.since_ns);
+  }
+  return w;
+}
+
+constexpr std::string_view kCompute = "('forward','backward','optimizer','compute')";
+
+// trace.db's `spans` view: the stored spans and every completed collective as its `comm` span.
+std::string SpansAll(const StoreScope& s) {
+  return "(SELECT attempt, rank, step, kind, name, start_ns, end_ns FROM spans" +
+         Where(s, "start_ns") +
+         " UNION ALL SELECT attempt, rank, assumeNotNull(step), 'comm', op, "
+         "assumeNotNull(started_ns), assumeNotNull(completed_ns) FROM collectives" +
+         Where(s, "enqueued_ns") + " AND state = 'completed' AND started_ns IS NOT NULL)";
+}
+
+// PerRankStepCte()'s per_rank(attempt, rank, step, wall, compute, comm, data): a communication
+// span counts as nested once for every compute span around it, as the SQL over trace.db joins.
+std::string PerRank(const StoreScope& s) {
+  const std::string comp = std::string(kCompute);
+  // Each communication span (ARRAY JOIN) counted against the step's compute spans: 18.16's lambdas
+  // cannot nest.
+  return "(SELECT attempt, rank, step, any(wall) AS wall, any(busy) - sum((m.2 - m.1) * "
+         "arrayCount(c -> c.1 <= m.1 AND c.2 >= m.2, comps)) AS compute, any(comm) AS comm, "
+         "any(data) AS data FROM (SELECT attempt, rank, step, max(end_ns) - min(start_ns) AS wall, "
+         "sumIf(end_ns - start_ns, kind IN " +
+         comp +
+         ") AS busy, sumIf(end_ns - start_ns, kind = 'data') AS data, sumIf(end_ns - start_ns, "
+         "kind = 'comm' AND name != 'send') AS comm, groupArrayIf((start_ns, end_ns), kind IN " +
+         comp +
+         ") AS comps, groupArrayIf((start_ns, end_ns), kind = 'comm' AND name != 'send') AS comms "
+         "FROM " +
+         SpansAll(s) +
+         " GROUP BY attempt, rank, step) LEFT ARRAY JOIN comms AS m GROUP BY attempt, rank, step)";
+}
+
+// Per attempt and rank: its mean compute per step, with its node and coordinates.
+std::string Mean(const StoreScope& s) {
+  return "(SELECT attempt, rank, c, node, dp, pp, tp FROM (SELECT attempt, rank, avg(compute) AS c "
+         "FROM " +
+         PerRank(s) +
+         " GROUP BY attempt, rank) ALL INNER JOIN (SELECT attempt, rank, any(node) AS node, "
+         "any(dp) AS dp, any(pp) AS pp, any(tp) AS tp FROM ranks" +
+         Where({s.job, std::numeric_limits<int64_t>::min(), 0}, "0") +
+         " GROUP BY attempt, rank) USING (attempt, rank))";
+}
+
+// open_collectives: each node's latest look of open ops, less those with a record since.
+std::string OpenCollectives(const StoreScope& s) {
+  const std::string p2p_peer = "if(op IN ('send', 'recv'), ifNull(peer, -1), -2)";
+  return "(SELECT attempt, rank, grp, seq, op, peer, bytes, dtype, state, enqueued_ns, "
+         "started_ns, seen_ns FROM open_ops" +
+         Where({s.job, std::numeric_limits<int64_t>::min(), 0}, "0") +
+         " AND rank >= 0 AND (src, row_id) IN (SELECT src, max(row_id) FROM open_ops" +
+         Where({s.job, std::numeric_limits<int64_t>::min(), 0}, "0") +
+         " GROUP BY src) AND (attempt, grp, seq, op, rank, " + p2p_peer +
+         ") NOT IN (SELECT attempt, grp, seq, op, rank, " + p2p_peer + " FROM collectives" +
+         Where({s.job, std::numeric_limits<int64_t>::min(), 0}, "0") + "))";
+}
+
+std::string VerdictRows(const StoreScope& s) {
+  return "(SELECT ts_ns, job, attempt, verdict, cause, level, arrayJoin(if(root_nodes = '', "
+         "[ifNull(node, '')], splitByChar(',', root_nodes))) AS named, rank FROM events" +
+         Where(s, "ts_ns") + " AND kind = 'verdict')";
+}
+
+}  // namespace
+
+std::string_view Name(StoreView v) {
+  for (const auto& [view, name] : kViews)
+    if (view == v) return name;
+  return "unknown";
+}
+
+std::optional<StoreView> ParseStoreView(std::string_view name) {
+  for (const auto& [view, n] : kViews)
+    if (n == name) return view;
+  return std::nullopt;
+}
+
+bool IsRunView(StoreView v) {
+  return v == StoreView::kSteps || v == StoreView::kStragglers || v == StoreView::kWaits ||
+         v == StoreView::kOpen;
+}
+
+std::string StoreViewSql(StoreView v, const StoreScope& s) {
+  switch (v) {
+    case StoreView::kSteps:
+      return "SELECT attempt, step, count() AS ranks, round(max(wall) / 1e6, 3) AS step_ms, "
+             "round(avg(compute) / 1e6, 3) AS compute_ms, round(avg(comm) / 1e6, 3) AS "
+             "comm_wait_ms, round(avg(data) / 1e6, 3) AS data_ms, round(avg(greatest(0, wall - "
+             "compute - comm - data)) / 1e6, 3) AS bubble_ms FROM " +
+             PerRank(s) + " GROUP BY attempt, step ORDER BY attempt, step";
+    case StoreView::kStragglers:
+      return "SELECT attempt, rank, node, dp, pp, tp, round(c / 1e6, 3) AS compute_ms_per_step, "
+             "round(peer_avg / 1e6, 3) AS peers_ms_per_step, round(c / peer_avg, 3) AS ratio, n "
+             "AS peers FROM " +
+             Mean(s) +
+             " ALL INNER JOIN (SELECT attempt, pp, tp, avg(c) AS peer_avg, count() AS n FROM " +
+             Mean(s) +
+             " GROUP BY attempt, pp, tp) USING (attempt, pp, tp) ORDER BY ratio DESC, "
+             "attempt, rank";
+    case StoreView::kWaits:
+      return "SELECT attempt, grp, seq, op, count() AS members, sum(is_open) AS still_open, "
+             "round((if(sum(is_open) > 0, max(until_ns), max(enqueued_ns)) - min(enqueued_ns)) / "
+             "1e6, 3) AS wait_ms, argMax(rank, enqueued_ns) AS last_rank FROM (SELECT attempt, "
+             "grp, seq, op, rank, enqueued_ns, 0 AS is_open, enqueued_ns AS until_ns FROM "
+             "collectives" +
+             Where(s, "enqueued_ns") +
+             " AND op NOT IN ('send','recv') UNION ALL SELECT attempt, grp, seq, op, rank, "
+             "enqueued_ns, 1, seen_ns FROM " +
+             OpenCollectives(s) +
+             " WHERE op NOT IN ('send','recv')) GROUP BY attempt, grp, seq, op HAVING members > 1 "
+             "OR still_open > 0 ORDER BY if(sum(is_open) > 0, max(until_ns), max(enqueued_ns)) - "
+             "min(enqueued_ns) DESC LIMIT " +
+             std::to_string(s.limit);
+    case StoreView::kOpen:
+      return "SELECT * FROM " + OpenCollectives(s) + " ORDER BY attempt, rank, grp, seq";
+    case StoreView::kVerdicts:
+      // (`kind` is the verdict's in the answer: the event's is filtered a level below)
+      return "SELECT ts_ns, job, attempt, verdict AS kind, cause, level, node, rank FROM (SELECT * "
+             "FROM events" +
+             Where(s, "ts_ns") + " AND kind = 'verdict') ORDER BY ts_ns";
+    case StoreView::kMachines:
+      return "SELECT named AS node, count() AS named_times, countIf(verdict = 'faulty_machine' AND "
+             "level = 'faulty') AS faulty, countIf(verdict = 'faulty_machine' AND level != "
+             "'faulty') AS suspect, countIf(verdict = 'slow') AS straggler, countIf(verdict = "
+             "'hang') AS hang, uniqExact(job) AS jobs, round((max(ts_ns) - min(ts_ns)) / 3.6e12, "
+             "3) AS named_over_hours, min(ts_ns) AS first_ns, max(ts_ns) AS last_ns FROM " +
+             VerdictRows(s) + " WHERE named != '' GROUP BY named ORDER BY named_times DESC, node";
+    case StoreView::kIncidents:
+      return "SELECT verdict AS kind, cause, named AS node, rank, count() AS verdicts, "
+             "uniqExact(job) AS jobs, min(ts_ns) AS first_ns, max(ts_ns) AS last_ns FROM " +
+             VerdictRows(s) +
+             " GROUP BY kind, cause, node, rank ORDER BY verdicts DESC, kind, "
+             "cause, node, rank";
+  }
+  return "";
+}
+
+Result<Table> QueryStore(tracer::ClickHouse& ch, StoreView v, const StoreScope& scope) {
+  if (IsRunView(v) && scope.job.empty())
+    return InvalidArgument("the view '" + std::string(Name(v)) +
+                           "' is of one job's run: name it with --job");
+  ASSIGN_OR_RETURN(tracer::StoreRows rows, ch.Select(StoreViewSql(v, scope)));
+  Table t;
+  t.columns = std::move(rows.names);
+  for (size_t r = 0; r < rows.rows.size(); ++r) {
+    for (size_t c = 0; c < rows.rows[r].size(); ++c) {
+      std::string& cell = rows.rows[r][c];
+      const std::string& type = rows.types[c];
+      // SQLite spells a whole REAL "12.0"; ClickHouse "12".
+      if (!rows.null[r][c] && type.find("Float") != std::string::npos &&
+          cell.find_first_of(".eEn") == std::string::npos)
+        cell += ".0";
+    }
+    t.rows.push_back(std::move(rows.rows[r]));
+    t.is_null.push_back(std::move(rows.null[r]));
+  }
+  return t;
+}
+
+}  // namespace megascope::analyzer
