@@ -202,6 +202,37 @@ void WireSupervisor(const LaunchArgs& a, const controller::Hosts& hosts, const s
   };
 }
 
+// After the run, from here: what any node's trace.db still holds unshipped (a node evicted while
+// the store was down keeps its rows, and its agent is gone) and control.db's last events. Every
+// agent has stopped by now: no two sinks ship one database at once.
+void ShipTheRest(const tracer::agent::StoreSinkOptions& control, const std::string& run_dir) {
+  std::vector<tracer::agent::StoreSinkOptions> all = {control};
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(RunLayout(run_dir).nodes(), ec)) {
+    const std::string node = e.path().filename().string();
+    if (!std::filesystem::exists(RunLayout(run_dir).trace_db(node))) continue;
+    tracer::agent::StoreSinkOptions so = control;
+    so.node = node;
+    so.db_path = RunLayout(run_dir).trace_db(node);
+    so.source = tracer::StoreSource::kTrace;
+    all.push_back(so);
+  }
+  for (const auto& so : all) {
+    auto sink = tracer::agent::StoreSink::Open(so);
+    Status st = sink.ok() ? Status::Ok() : sink.status();
+    for (int pass = 0; st.ok() && pass < 1000; ++pass) {
+      auto got = (*sink)->Pass();
+      st = got.status();
+      if (st.ok() && (*sink)->lag_rows() == 0) break;
+    }
+    if (!st.ok())
+      std::fprintf(stderr,
+                   "[launch] store: %s: the rows left to ship stay there for the next agent or "
+                   "launch on it: %s\n",
+                   so.db_path.c_str(), st.message().c_str());
+  }
+}
+
 }  // namespace
 
 int RunLaunch(const Args& args) {
@@ -250,17 +281,17 @@ int RunLaunch(const Args& args) {
     if (const char* env = std::getenv("MEGASCOPE_STORE"); env != nullptr) a.store = env;
   }
   std::unique_ptr<tracer::agent::StoreLoop> shipper;
+  tracer::agent::StoreSinkOptions control;
   if (!a.store.empty()) {
     auto url = tracer::StoreUrl::Parse(a.store);
     if (!url.ok()) return Fail("launch", url.status().message(), kExitUsage);
     ::setenv("MEGASCOPE_STORE", a.store.c_str(), 1);
-    tracer::agent::StoreSinkOptions so;
-    so.url = *url;
-    so.job = c.job;
-    so.node = "controller";
-    so.db_path = RunLayout(c.run_dir).control_db();
-    so.source = tracer::StoreSource::kControl;
-    auto loop = tracer::agent::StoreLoop::Start({so}, 1.0, [](const std::string& line) {
+    control.url = *url;
+    control.job = c.job;
+    control.node = "controller";
+    control.db_path = RunLayout(c.run_dir).control_db();
+    control.source = tracer::StoreSource::kControl;
+    auto loop = tracer::agent::StoreLoop::Start({control}, 1.0, [](const std::string& line) {
       std::fprintf(stderr, "[launch] %s\n", line.c_str());
     });
     if (!loop.ok()) return Fail("launch", loop.status().message());
@@ -270,7 +301,10 @@ int RunLaunch(const Args& args) {
   // drops any other under this job name.
   controller::Controller ctl(std::move(co));
   const int rc = ctl.Run();
-  shipper.reset();  // the last events go before the launch ends
+  if (shipper) {
+    shipper.reset();
+    ShipTheRest(control, c.run_dir);  // the last events, and any node's rows left behind
+  }
   return rc;
 }
 

@@ -27,6 +27,7 @@
 #include "megascope/controller/control_db.h"
 #include "megascope/launch/process.h"
 #include "megascope/launch/supervisor.h"
+#include "megascope/tracer/clickhouse.h"
 #include "megascope/tracer/dump.h"
 #include "megascope/tracer/file_util.h"
 #include "megascope/tracer/http_client.h"
@@ -232,7 +233,7 @@ int RunWrap(const Args& all) {
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   std::string run_dir = Env("MEGASCOPE_RUN_DIR"), node = Env("MEGASCOPE_NODE"), job,
-              shm_dir = "/dev/shm", plugin;
+              shm_dir = "/dev/shm", plugin, store;
   int attempt = std::atoi(Env("TORCHELASTIC_RESTART_COUNT").c_str());
   for (const char* v : {"MEGASCOPE_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"}) {
     if (job.empty()) job = Env(v);
@@ -254,7 +255,10 @@ int RunWrap(const Args& all) {
       "the NCCL profiler plugin to load (default: libnccl-profiler-megascope.so beside this "
       "binary); an NCCL_PROFILER_PLUGIN already set is kept. The same file is the CUDA "
       "injection library (CUDA_INJECTION64_PATH) that records kernels, copies and synchronising "
-      "calls through CUPTI")("no-cupti", "leave CUDA_INJECTION64_PATH unset: no device spans");
+      "calls through CUPTI")("no-cupti", "leave CUDA_INJECTION64_PATH unset: no device spans")(
+      "store", po::value(&store),
+      "the agent started here also ships its trace.db rows to the fleet's ClickHouse store, "
+      "clickhouse://HOST:8123/DB (default $MEGASCOPE_STORE; docs/formats.md section 4b)");
   po::variables_map vm;
   if (auto rc = ParseArgs("wrap",
                           "megascope wrap [--run-dir D] [--node N] [--job J] -- CMD [ARGS...]\n"
@@ -263,6 +267,11 @@ int RunWrap(const Args& all) {
                           args, opts, {}, &vm))
     return *rc;
   if (cmd.empty()) return Fail("wrap", "give the command to run after --", kExitUsage);
+  if (!store.empty()) {  // the agent (a child) reads it from its environment
+    if (auto u = tracer::StoreUrl::Parse(store); !u.ok())
+      return Fail("wrap", u.status().message(), kExitUsage);
+    ::setenv("MEGASCOPE_STORE", store.c_str(), 1);
+  }
   job = JobName(job);
   run_dir = fs::absolute(run_dir).string();
   RunLayout layout(run_dir);

@@ -18,9 +18,12 @@
 #include <set>
 #include <vector>
 
+#include "clickhouse_server.h"
 #include "launch_fixture.h"
+#include "megascope/tracer/clickhouse.h"
 #include "megascope/tracer/file_util.h"
 #include "megascope/tracer/ring.h"
+#include "megascope/tracer/sqlite.h"
 
 namespace megascope::controller {
 namespace {
@@ -318,6 +321,69 @@ TEST_F(LaunchTest, ACrashAndAHangAtTheSameStepAreBothNamedAndBothNodesEvicted) {
   EXPECT_EQ(evicted, (std::set<std::string>{"node1", "node2"})) << r.out;
   EXPECT_EQ(Of(ev, "job_finished").at(0).detail["steps"], kSteps);
   ExpectLossesContinue(layout);
+}
+
+// The fleet's store through a real incident: a crash on node1 evicted and recovered while
+// ClickHouse is killed, then started again. Every node's rows and every event reach the store
+// once (node1's agent is gone with its node: the launch ships what it left), and the store names
+// the incident's root node.
+TEST_F(LaunchTest, AStoreKilledDuringAnIncidentEndsWithEveryRowAndEventOnce) {
+  if (!megascope::testing::ClickHouseInstalled())
+    GTEST_SKIP() << "clickhouse-server is not installed (scripts/setup.sh installs it)";
+  megascope::testing::ClickHouseServer ch(Run() + "-clickhouse");
+  ASSERT_TRUE(ch.Start());
+  const std::string url = ch.Url("fleet");
+  auto launch =
+      launch::Process::Spawn({{"/bin/sh", "-c",
+                               "exec " + LaunchCmd(kDp2,
+                                                   "--spares 1 --checkpoint-every 2 --store " +
+                                                       url + " --inject crash:node=node1,at=5",
+                                                   40)},
+                              Run() + "-launch.log"});
+  ASSERT_TRUE(launch.ok());
+  // Killed once the crash is named; started again once training resumed without it.
+  EXPECT_TRUE(PollWhileRunning(**launch, [&] { return !Of(Events(), "verdict").empty(); }));
+  ch.Kill();
+  EXPECT_TRUE(PollWhileRunning(**launch, [&] { return !Of(Events(), "resumed").empty(); }));
+  ASSERT_TRUE(ch.Start());
+  const auto ended = (*launch)->WaitFor(std::chrono::minutes(3));
+  ASSERT_TRUE(ended && ended->success()) << ReadLog(Run() + "-launch.log");
+
+  tracer::ClickHouse store(*tracer::StoreUrl::Parse(url));
+  auto count = [&](const std::string& sql) {
+    auto v = store.Scalar(sql);
+    EXPECT_TRUE(v.ok()) << v.status().ToString();
+    return v.ok() ? *v : "?";
+  };
+  int nodes = 0;
+  for (const auto& e : fs::directory_iterator(Run() + "/nodes")) {
+    const std::string db = e.path().string() + "/trace.db";
+    if (!fs::exists(db)) continue;
+    ++nodes;
+    auto raw = tracer::sql::Database::Open(db, tracer::sql::Database::Mode::kReadOnly);
+    ASSERT_TRUE(raw.ok());
+    auto src = raw->Prepare("SELECT id FROM store_source");
+    ASSERT_TRUE(src.ok());
+    ASSERT_TRUE(*src->Step()) << db << " was never shipped";
+    const std::string id(src->Text(0));
+    for (const auto& [table, source] :
+         std::vector<std::pair<std::string, std::string>>{{"spans", "span_rows"},
+                                                          {"collectives", "collective_rows"},
+                                                          {"heartbeats", "heartbeat_rows"},
+                                                          {"metrics", "metrics"}}) {
+      EXPECT_EQ(count("SELECT count() FROM " + table + " WHERE src = '" + id + "'"),
+                std::to_string(*raw->QueryInt("SELECT COUNT(*) FROM " + source)))
+          << e.path().filename() << " " << table;
+      EXPECT_EQ(
+          count("SELECT count() - uniqExact(row_id) FROM " + table + " WHERE src = '" + id + "'"),
+          "0")
+          << e.path().filename() << " " << table << " holds a row twice";
+    }
+  }
+  EXPECT_GE(nodes, 3) << "node0, node1 and the spare";
+  EXPECT_EQ(count("SELECT count() FROM events WHERE job = '" + Job() + "'"),
+            std::to_string(Events().size()));
+  EXPECT_EQ(count("SELECT groupUniqArray(node) FROM events WHERE kind = 'verdict'"), "['node1']");
 }
 
 TEST_F(LaunchTest, ADeadAgentIsRestartedWithoutEvictionAndNoRowIsLostOrDuplicated) {
