@@ -52,20 +52,19 @@ std::string SpansAll(const StoreScope& s) {
 // span counts as nested once for every compute span around it, as the SQL over trace.db joins.
 std::string PerRank(const StoreScope& s) {
   const std::string comp = std::string(kCompute);
-  // Each communication span (ARRAY JOIN) counted against the step's compute spans: 18.16's lambdas
-  // cannot nest.
-  return "(SELECT attempt, rank, step, any(wall) AS wall, any(busy) - sum((m.2 - m.1) * "
-         "arrayCount(c -> c.1 <= m.1 AND c.2 >= m.2, comps)) AS compute, any(comm) AS comm, "
-         "any(data) AS data FROM (SELECT attempt, rank, step, max(end_ns) - min(start_ns) AS wall, "
-         "sumIf(end_ns - start_ns, kind IN " +
+  // 18.16's lambdas see only their arguments: each communication span gets the step's compute
+  // spans as an argument of its own.
+  return "(SELECT attempt, rank, step, wall, busy - arraySum(arrayMap((m, cs) -> (m.2 - m.1) * "
+         "arrayCount(c -> c.1 <= m.1 AND c.2 >= m.2, cs), comms, arrayResize([comps], "
+         "length(comms), comps))) AS compute, comm, data FROM (SELECT attempt, rank, step, "
+         "max(end_ns) - min(start_ns) AS wall, sumIf(end_ns - start_ns, kind IN " +
          comp +
          ") AS busy, sumIf(end_ns - start_ns, kind = 'data') AS data, sumIf(end_ns - start_ns, "
          "kind = 'comm' AND name != 'send') AS comm, groupArrayIf((start_ns, end_ns), kind IN " +
          comp +
          ") AS comps, groupArrayIf((start_ns, end_ns), kind = 'comm' AND name != 'send') AS comms "
          "FROM " +
-         SpansAll(s) +
-         " GROUP BY attempt, rank, step) LEFT ARRAY JOIN comms AS m GROUP BY attempt, rank, step)";
+         SpansAll(s) + " GROUP BY attempt, rank, step))";
 }
 
 // Per attempt and rank: its mean compute per step, with its node and coordinates.
@@ -126,14 +125,14 @@ std::string StoreViewSql(StoreView v, const StoreScope& s) {
              "compute - comm - data)) / 1e6, 3) AS bubble_ms FROM " +
              PerRank(s) + " GROUP BY attempt, step ORDER BY attempt, step";
     case StoreView::kStragglers:
-      return "SELECT attempt, rank, node, dp, pp, tp, round(c / 1e6, 3) AS compute_ms_per_step, "
-             "round(peer_avg / 1e6, 3) AS peers_ms_per_step, round(c / peer_avg, 3) AS ratio, n "
-             "AS peers FROM " +
+      // Each (attempt, pp, tp) group's mean once, its members unrolled after.
+      return "SELECT attempt, r.1 AS rank, r.3 AS node, r.4 AS dp, pp, tp, round(r.2 / 1e6, 3) AS "
+             "compute_ms_per_step, round(peer_avg / 1e6, 3) AS peers_ms_per_step, round(r.2 / "
+             "peer_avg, 3) AS ratio, n AS peers FROM (SELECT attempt, pp, tp, avg(c) AS peer_avg, "
+             "count() AS n, groupArray((rank, c, node, dp)) AS members FROM " +
              Mean(s) +
-             " ALL INNER JOIN (SELECT attempt, pp, tp, avg(c) AS peer_avg, count() AS n FROM " +
-             Mean(s) +
-             " GROUP BY attempt, pp, tp) USING (attempt, pp, tp) ORDER BY ratio DESC, "
-             "attempt, rank";
+             " GROUP BY attempt, pp, tp) ARRAY JOIN members AS r ORDER BY ratio DESC, attempt, "
+             "rank";
     case StoreView::kWaits:
       return "SELECT attempt, grp, seq, op, count() AS members, sum(is_open) AS still_open, "
              "round((if(sum(is_open) > 0, max(until_ns), max(enqueued_ns)) - min(enqueued_ns)) / "
