@@ -286,6 +286,7 @@ int RunLaunch(const Args& args) {
     auto url = tracer::StoreUrl::Parse(a.store);
     if (!url.ok()) return Fail("launch", url.status().message(), kExitUsage);
     ::setenv("MEGASCOPE_STORE", a.store.c_str(), 1);
+    co.store = a.store;  // straggler windows from the store
     control.url = *url;
     control.job = c.job;
     control.node = "controller";

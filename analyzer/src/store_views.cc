@@ -39,18 +39,19 @@ std::string Where(const StoreScope& s, const std::string& time_column) {
 
 constexpr std::string_view kCompute = "('forward','backward','optimizer','compute')";
 
-// trace.db's `spans` view: the stored spans and every completed collective as its `comm` span.
-std::string SpansAll(const StoreScope& s) {
+// trace.db's `spans` view: the stored spans and every completed collective as its `comm` span;
+// `also`: a further condition on both (" AND ...").
+std::string SpansAll(const StoreScope& s, const std::string& also = "") {
   return "(SELECT attempt, rank, step, kind, name, start_ns, end_ns FROM spans" +
-         Where(s, "start_ns") +
-         " UNION ALL SELECT attempt, rank, assumeNotNull(step), 'comm', op, "
+         Where(s, "start_ns") + also +
+         " UNION ALL SELECT attempt, rank, assumeNotNull(step) AS step, 'comm', op, "
          "assumeNotNull(started_ns), assumeNotNull(completed_ns) FROM collectives" +
-         Where(s, "enqueued_ns") + " AND state = 'completed' AND started_ns IS NOT NULL)";
+         Where(s, "enqueued_ns") + also + " AND state = 'completed' AND started_ns IS NOT NULL)";
 }
 
 // PerRankStepCte()'s per_rank(attempt, rank, step, wall, compute, comm, data): a communication
 // span counts as nested once for every compute span around it, as the SQL over trace.db joins.
-std::string PerRank(const StoreScope& s) {
+std::string PerRank(const StoreScope& s, const std::string& also = "") {
   const std::string comp = std::string(kCompute);
   // 18.16's lambdas see only their arguments: each communication span gets the step's compute
   // spans as an argument of its own.
@@ -64,7 +65,7 @@ std::string PerRank(const StoreScope& s) {
          comp +
          ") AS comps, groupArrayIf((start_ns, end_ns), kind = 'comm' AND name != 'send') AS comms "
          "FROM " +
-         SpansAll(s) + " GROUP BY attempt, rank, step))";
+         SpansAll(s, also) + " GROUP BY attempt, rank, step))";
 }
 
 // Per attempt and rank: its mean compute per step, with its node and coordinates.
@@ -191,6 +192,60 @@ Result<Table> QueryStore(tracer::ClickHouse& ch, StoreView v, const StoreScope& 
     t.is_null.push_back(std::move(rows.null[r]));
   }
   return t;
+}
+
+Result<std::optional<SlowInput>> LoadSlowInputFromStore(tracer::ClickHouse& ch,
+                                                        const std::string& job,
+                                                        const SlowOptions& o, int world,
+                                                        bool anyway) {
+  StoreScope s;
+  s.job = job;
+  const std::string of_attempt =
+      o.attempt >= 0 ? " AND attempt = " + std::to_string(o.attempt) : std::string();
+  const std::string range = " AND step >= " + std::to_string(o.first_step) +
+                            " AND step <= " + std::to_string(o.last_step) + of_attempt;
+  if (!anyway) {  // every rank's spans through the window's last step, or wait
+    ASSIGN_OR_RETURN(const std::string through,
+                     ch.Scalar("SELECT count() FROM (SELECT rank, max(step) AS top FROM spans" +
+                               Where(s, "start_ns") + of_attempt +
+                               " AND step >= " + std::to_string(o.first_step) +
+                               " GROUP BY rank) WHERE top >= " + std::to_string(o.last_step)));
+    if (std::stoll(through.empty() ? "0" : through) < world) return std::optional<SlowInput>();
+  }
+  SlowInput in;
+  // A rank's row of the newest clock offset (as LoadSlowInput's MAX() picks it).
+  ASSIGN_OR_RETURN(tracer::StoreRows ranks,
+                   ch.Select("SELECT rank, argMax(node, clock_offset_ns), argMax(dp, "
+                             "clock_offset_ns), argMax(pp, clock_offset_ns), argMax(tp, "
+                             "clock_offset_ns), max(clock_offset_ns) FROM ranks" +
+                             Where(s, "0") + of_attempt + " GROUP BY rank"));
+  for (const auto& r : ranks.rows)
+    in.ranks[std::stoi(r[0])] = {r[1], std::stoi(r[2]), std::stoi(r[3]), std::stoi(r[4]),
+                                 std::stoll(r[5])};
+  ASSIGN_OR_RETURN(
+      tracer::StoreRows steps,
+      ch.Select("SELECT rank, attempt, step, wall, compute, comm, data FROM " + PerRank(s, range)));
+  for (const auto& r : steps.rows)
+    in.steps.push_back({std::stoi(r[0]), std::stoll(r[1]), std::stoll(r[2]), std::stod(r[3]),
+                        std::stod(r[4]), std::stod(r[5]), std::stod(r[6])});
+  // Each rank's ops enqueued while its steps of the window ran, on its own clock (an op completes
+  // in its step or, a send issued last, in the next: the collectives read are those of the
+  // window's steps and the one after).
+  ASSIGN_OR_RETURN(
+      tracer::StoreRows ops,
+      ch.Select("SELECT grp, seq, rank, enqueued_ns, ifNull(completed_ns, 0), op IN ('send', "
+                "'recv'), ifNull(bytes, 0) FROM (SELECT * FROM collectives" +
+                Where(s, "enqueued_ns") + of_attempt + " AND step >= " +
+                std::to_string(o.first_step) + " AND step <= " + std::to_string(o.last_step + 1) +
+                ") ALL INNER JOIN (SELECT attempt, rank, min(start_ns) AS lo, max(end_ns) AS hi "
+                "FROM " +
+                SpansAll(s, range) +
+                " GROUP BY attempt, rank) USING (attempt, rank) WHERE enqueued_ns >= lo AND "
+                "enqueued_ns <= hi"));
+  for (const auto& r : ops.rows)
+    in.ops.push_back({r[0], std::stoll(r[1]), std::stoi(r[2]), std::stoll(r[3]), std::stoll(r[4]),
+                      std::stoll(r[6]), r[5] == "1"});
+  return std::optional<SlowInput>(std::move(in));
 }
 
 }  // namespace megascope::analyzer

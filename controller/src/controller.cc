@@ -5,6 +5,7 @@
 
 #include "loop/control_endpoint.h"
 #include "loop/impl.h"
+#include "megascope/tracer/clickhouse.h"
 #include "megascope/tracer/file_util.h"
 #include "megascope/tracer/http_client.h"
 #include "megascope/tracer/http_serve.h"
@@ -94,7 +95,12 @@ Controller::Impl::~Impl() {
 
 Controller::Controller(ControllerOptions options, std::unique_ptr<Fleet> fleet, LoopClock* clock)
     : impl_(std::make_unique<Impl>(std::move(options), std::move(fleet),
-                                   clock ? *clock : RealLoopClock())) {}
+                                   clock ? *clock : RealLoopClock())) {
+  if (!impl_->opt.store.empty()) {
+    if (auto url = tracer::StoreUrl::Parse(impl_->opt.store); url.ok())
+      impl_->stragglers.UseStore(*url, impl_->opt.supervisor.job);
+  }
+}
 Controller::~Controller() = default;
 int Controller::Run() { return impl_->Run(); }
 

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "megascope/analyzer/query.h"
+#include "megascope/analyzer/store_views.h"
 #include "megascope/detector/prometheus_text.h"
 #include "megascope/tracer/metric_names.h"
 #include "megascope/tracer/run_layout.h"
@@ -86,6 +87,12 @@ std::vector<Verdict> OnlineDetector::Add(const MetricsRound& round) {
   return stream_.TakeVerdicts();
 }
 
+void StragglerWatch::UseStore(const tracer::StoreUrl& url, std::string job) {
+  // Short: a window is asked for again at the next poll; a slow store must not hold up a tick.
+  store_ = std::make_unique<tracer::ClickHouse>(url, 2000);
+  job_ = std::move(job);
+}
+
 bool StragglerWatch::Gather(Fleet& fleet, const std::vector<std::string>& nodes,
                             const std::string& token, const std::string& run_dir,
                             const analyzer::WindowQuery& q,
@@ -130,13 +137,30 @@ Result<std::optional<std::vector<StragglerWatch::Finding>>> StragglerWatch::Anal
   options.attempt = attempt;
   options.first_step = first;
   options.last_step = last;
-  std::map<std::string, analyzer::WindowPart> parts;
-  const analyzer::WindowQuery q{attempt, first, last, anyway};
-  const bool complete = Gather(fleet, nodes, token, run_dir, q, &parts);
-  if (!anyway && (!complete || analyzer::RanksThrough(parts, last) < world))
-    return std::optional<std::vector<Finding>>();
   analyzer::SlowInput input;
-  for (auto& [node, part] : parts) input.Merge(std::move(part.input));
+  bool& from_store = from_store_;
+  from_store = false;
+  missing_.clear();
+  if (store_) {
+    auto got = analyzer::LoadSlowInputFromStore(*store_, job_, options, world, anyway);
+    if (got.ok() && !got->has_value()) return std::optional<std::vector<Finding>>();
+    if (got.ok()) {
+      input = std::move(**got);
+      from_store = true;
+    } else {
+      missing_.push_back("the store (" + got.status().message() + "): the agents' parts instead");
+    }
+  }
+  if (!from_store) {
+    std::vector<std::string> store_said = std::move(missing_);
+    std::map<std::string, analyzer::WindowPart> parts;
+    const analyzer::WindowQuery q{attempt, first, last, anyway};
+    const bool complete = Gather(fleet, nodes, token, run_dir, q, &parts);
+    missing_.insert(missing_.begin(), store_said.begin(), store_said.end());
+    if (!anyway && (!complete || analyzer::RanksThrough(parts, last) < world))
+      return std::optional<std::vector<Finding>>();
+    for (auto& [node, part] : parts) input.Merge(std::move(part.input));
+  }
   ASSIGN_OR_RETURN(analyzer::SlowReport rep, analyzer::AnalyzeSlow(input, options));
   std::vector<Verdict> slow;
   for (Verdict& v : rep.verdicts) {

@@ -15,6 +15,7 @@
 #include "megascope/controller/fleet.h"
 #include "megascope/controller/policy.h"
 #include "megascope/detector/detector.h"
+#include "megascope/tracer/clickhouse.h"
 #include "megascope/tracer/status.h"
 #include "megascope/tracer/verdict.h"
 
@@ -69,8 +70,14 @@ class StragglerWatch {
                                                       const std::string& run_dir, int attempt,
                                                       int64_t first, int64_t last, int world,
                                                       bool anyway, analyzer::SlowOptions options);
+  // Reads windows from the fleet's store first (analyzer::LoadSlowInputFromStore): one statement
+  // a part instead of a part from every agent. When the store fails, the agents' parts as
+  // without it (missing() says why).
+  void UseStore(const tracer::StoreUrl& url, std::string job);
   // The nodes the last analysis went without ("node: why"), for the log.
   const std::vector<std::string>& missing() const { return missing_; }
+  // Whether the last window analysed was read from the store.
+  bool from_store() const { return from_store_; }
   void Reset() { streaks_.Reset(); }
 
  private:
@@ -81,6 +88,9 @@ class StragglerWatch {
               std::map<std::string, analyzer::WindowPart>* parts);
 
   StragglerStreaks streaks_;
+  std::unique_ptr<tracer::ClickHouse> store_;
+  bool from_store_ = false;
+  std::string job_;
   std::map<std::string, std::unique_ptr<analyzer::WindowServer>> local_;  // by trace.db path
   std::vector<std::string> missing_;
 };

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "clickhouse_server.h"
@@ -123,6 +124,55 @@ TEST_F(StoreViewsTest, TheRunViewsFromTheStoreAreThoseOfTheRunsTraceDatabases) {
     }
     ExpectSameTable(*a, *b, std::string(Name(view)));
   }
+  // The controller's straggler window from the store: what the run's databases give.
+  SlowOptions window;
+  window.attempt = 0;
+  window.first_step = 1;
+  window.last_step = 3;
+  auto want = LoadSlowInput(**here, window);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  auto got = LoadSlowInputFromStore(ch, job, window, 8, false);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_TRUE(got->has_value()) << "all 8 ranks are through step 3 in the store";
+  const SlowInput& in = **got;
+  ASSERT_EQ(in.ranks.size(), want->ranks.size());
+  for (const auto& [rank, r] : want->ranks) {
+    const auto& g = in.ranks.at(rank);
+    EXPECT_EQ(std::tie(g.node, g.dp, g.pp, g.tp, g.clock_offset_ns),
+              std::tie(r.node, r.dp, r.pp, r.tp, r.clock_offset_ns))
+        << "rank " << rank;
+  }
+  auto step_key = [](const SlowInput::Step& x) {
+    return std::tie(x.attempt, x.rank, x.step, x.wall, x.compute, x.comm, x.data);
+  };
+  auto op_key = [](const SlowInput::Op& x) {
+    return std::tie(x.grp, x.seq, x.rank, x.enqueued, x.completed, x.bytes, x.p2p);
+  };
+  auto steps_a = want->steps, steps_b = in.steps;
+  auto ops_a = want->ops, ops_b = in.ops;
+  std::sort(steps_a.begin(), steps_a.end(),
+            [&](const auto& x, const auto& y) { return step_key(x) < step_key(y); });
+  std::sort(steps_b.begin(), steps_b.end(),
+            [&](const auto& x, const auto& y) { return step_key(x) < step_key(y); });
+  std::sort(ops_a.begin(), ops_a.end(),
+            [&](const auto& x, const auto& y) { return op_key(x) < op_key(y); });
+  std::sort(ops_b.begin(), ops_b.end(),
+            [&](const auto& x, const auto& y) { return op_key(x) < op_key(y); });
+  ASSERT_EQ(steps_a.size(), steps_b.size());
+  EXPECT_EQ(steps_a.size(), 8u * 3);
+  for (size_t i = 0; i < steps_a.size(); ++i)
+    EXPECT_TRUE(step_key(steps_a[i]) == step_key(steps_b[i])) << "step row " << i;
+  ASSERT_EQ(ops_a.size(), ops_b.size());
+  EXPECT_FALSE(ops_a.empty());
+  for (size_t i = 0; i < ops_a.size(); ++i)
+    EXPECT_TRUE(op_key(ops_a[i]) == op_key(ops_b[i])) << "op " << i;
+  // A window past what is stored waits.
+  window.first_step = 3;
+  window.last_step = 99;
+  auto later = LoadSlowInputFromStore(ch, job, window, 8, false);
+  ASSERT_TRUE(later.ok()) << later.status().ToString();
+  EXPECT_FALSE(later->has_value());
+
   // A run view without a job is refused, saying so.
   auto no_job = QueryStore(ch, StoreView::kSteps, StoreScope{});
   ASSERT_FALSE(no_job.ok());

@@ -688,6 +688,27 @@ TEST_F(LaunchTest, AStageSlowOnEveryReplicaIsReportedAsImbalanceAndNothingIsEvic
   EXPECT_TRUE(Of(ev, "eviction").empty()) << r.out;
 }
 
+// The same with a store: the controller reads its straggler windows from ClickHouse, one
+// statement a part, and decides as from the agents' parts.
+TEST_F(LaunchTest, WithAStoreTheStragglerWindowsAreReadFromItAndDecideAlike) {
+  if (!megascope::testing::ClickHouseInstalled())
+    GTEST_SKIP() << "clickhouse-server is not installed (scripts/setup.sh installs it)";
+  megascope::testing::ClickHouseServer ch(Run() + "-clickhouse");
+  ASSERT_TRUE(ch.Start());
+  CommandResult r = RunCommand(EvidenceCmd(Run(), Job(), data_, "--dp 2 --pp 2 --nodes 4", 50,
+                                           "--straggler-every 8 --inject slow:pp=1,at=4,factor=2 "
+                                           "--store " +
+                                               ch.Url("fleet")));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(": read from the store"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("without the store"), std::string::npos) << r.out;
+  bool imbalance = false;
+  for (const Event& e : Of(Events(), "decision"))
+    imbalance |= e.detail["verdict"]["cause"] == "stage_imbalance";
+  EXPECT_TRUE(imbalance) << r.out;
+  EXPECT_TRUE(Of(Events(), "eviction").empty()) << r.out;
+}
+
 TEST_F(LaunchTest, AFailingMetricIsNamedByTheDetectorSelfCheckedAndEvicted) {
   const auto ev = RunUntil(
       this,

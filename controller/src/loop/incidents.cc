@@ -403,6 +403,7 @@ bool Controller::Impl::Watch() {
     if (found.ok() && !*found) return true;  // not stored yet: the next poll looks again
     straggler_from = last + 1;
     for (const std::string& m : stragglers.missing()) Log(steps + ": without " + m);
+    if (found.ok() && stragglers.from_store()) Log(steps + ": read from the store");
     if (!found.ok()) {
       Log(steps + ": " + found.status().ToString());
       return true;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "megascope/analyzer/query.h"
+#include "megascope/analyzer/slow.h"
 #include "megascope/tracer/clickhouse.h"
 #include "megascope/tracer/status.h"
 
@@ -42,5 +43,14 @@ struct StoreScope {
 std::string StoreViewSql(StoreView v, const StoreScope& scope);
 // Runs it; numbers come back spelled as SQLite spells them (a whole Float64 as "12.0").
 Result<Table> QueryStore(tracer::ClickHouse& ch, StoreView v, const StoreScope& scope);
+
+// A straggler window (`options`' steps and attempt) of `job` read from the store, as LoadSlowInput
+// reads it from a run's databases: nullopt while fewer than `world` ranks have spans through its
+// last step there (their agents have not shipped them yet), unless `anyway`. One statement per
+// part (ranks, steps, ops), where the controller would otherwise ask every node's agent.
+Result<std::optional<SlowInput>> LoadSlowInputFromStore(tracer::ClickHouse& ch,
+                                                        const std::string& job,
+                                                        const SlowOptions& options, int world,
+                                                        bool anyway);
 
 }  // namespace megascope::analyzer

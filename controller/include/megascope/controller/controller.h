@@ -74,6 +74,10 @@ struct ControllerOptions {
   int straggler_every = 20;
   double straggler_ratio = 1.2;         // compute this much above the peers' median is a slow step
   double straggler_min_cost_s = 0.005;  // ... costing the job at least this much per step
+  // The fleet's ClickHouse store the agents ship to (docs/formats.md section 4b; "": none): the
+  // straggler window is read from it in one statement per part instead of a part from every
+  // agent; while it fails (or is behind), the agents' parts as without one.
+  std::string store;
   PolicyOptions policy;
   bool allow_remote = false;  // the control endpoint binds 0.0.0.0 instead of 127.0.0.1
   // The run directory must keep this much free (disk_guard.h): under it the job pauses until
