@@ -44,7 +44,7 @@ constexpr std::string_view kCompute = "('forward','backward','optimizer','comput
 std::string SpansAll(const StoreScope& s, const std::string& also = "") {
   return "(SELECT attempt, rank, step, kind, name, start_ns, end_ns FROM spans" +
          Where(s, "start_ns") + also +
-         " UNION ALL SELECT attempt, rank, assumeNotNull(step) AS step, 'comm', op, "
+         " UNION ALL SELECT attempt, rank, step, 'comm', op, "
          "assumeNotNull(started_ns), assumeNotNull(completed_ns) FROM collectives" +
          Where(s, "enqueued_ns") + also + " AND state = 'completed' AND started_ns IS NOT NULL)";
 }

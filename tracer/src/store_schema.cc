@@ -18,7 +18,7 @@ std::array<StoreTable, 9> BuildTables() {
       {"spans", "span_rows", StoreSource::kTrace, StoreRetention::kRaw,
        "node String, rank Int32, attempt Int32, step Int64, microbatch Nullable(Int32), "
        "kind String, name String, start_ns Int64, end_ns Int64",
-       "attempt, rank, step, start_ns",
+       "attempt, step, rank, start_ns",
        "SELECT rowid, start_ns, ?3, rank, attempt, step, microbatch, " +
            SpellingSql<SpanKind>("kind") + ", name, start_ns, start_ns + dur_ns FROM span_rows" +
            above},
@@ -26,17 +26,17 @@ std::array<StoreTable, 9> BuildTables() {
        "node String, rank Int32, attempt Int32, grp String, seq Int64, op String, "
        "peer Nullable(Int32), bytes Nullable(Int64), dtype String, state String, enqueued_ns "
        "Int64, "
-       "started_ns Nullable(Int64), completed_ns Nullable(Int64), step Nullable(Int64)",
-       "attempt, grp, seq",
+       "started_ns Nullable(Int64), completed_ns Nullable(Int64), step Int64",
+       "attempt, step, grp, seq",
        "SELECT c.rowid, c.enqueued_ns, ?3, c.rank, c.attempt, COALESCE(g.name, ''), c.seq, " +
            SpellingSql<OpType>("c.op") + ", c.peer, c.bytes, " + SpellingSql<DType>("c.dtype") +
            ", " + SpellingSql<OpState>("c.state") +
            ", c.enqueued_ns, c.enqueued_ns + c.start_after_ns, c.enqueued_ns + c.end_after_ns, "
-           "c.step FROM collective_rows c LEFT JOIN group_names g ON g.id = c.grp "
+           "COALESCE(c.step, -1) FROM collective_rows c LEFT JOIN group_names g ON g.id = c.grp "
            "WHERE c.rowid > ?1 ORDER BY c.rowid LIMIT ?2"},
       {"heartbeats", "heartbeat_rows", StoreSource::kTrace, StoreRetention::kRaw,
        "node String, rank Int32, attempt Int32, ts_ns Int64, step Int64, phase String",
-       "attempt, rank, ts_ns",
+       "attempt, step, rank, ts_ns",
        "SELECT rowid, ts_ns, ?3, rank, attempt, ts_ns, step, " + SpellingSql<Phase>("phase") +
            " FROM heartbeat_rows" + above},
       {"ranks", "ranks", StoreSource::kTrace, StoreRetention::kForever,
