@@ -237,16 +237,17 @@ Result<analyzer::NodeQuery> QuestionOf(const std::string& question, const std::s
 
 // `megascope query --store URL VIEW [--job J] [--since 7d]`: a named view answered by the fleet's
 // ClickHouse store.
-int QueryTheStore(const std::string& store, const std::string& view, const std::string& job,
-                  const std::string& since, int limit, const po::variables_map& vm) {
+int QueryTheStore(const std::string& store, const std::string& view, const std::string& time,
+                  const std::string& job, const std::string& since, int limit,
+                  const po::variables_map& vm) {
   auto url = tracer::StoreUrl::Parse(store);
   if (!url.ok()) return Fail("query", url.status().message(), kExitUsage);
   auto v = analyzer::ParseStoreView(view);
   if (!v)
     return Fail("query",
                 "unknown view '" + view +
-                    "' over a store (steps, stragglers, waits, open with --job; verdicts, "
-                    "machines, incidents)",
+                    "' over a store (steps, stragglers, waits, open, at TIME with --job; "
+                    "verdicts, machines, incidents)",
                 kExitUsage);
   analyzer::StoreScope scope;
   scope.job = job;
@@ -264,6 +265,17 @@ int QueryTheStore(const std::string& store, const std::string& view, const std::
                      span;
   }
   tracer::ClickHouse ch(*url, 60000);
+  if (*v == analyzer::StoreView::kAt) {
+    if (time.empty()) return Fail("query", "'at' needs a TIME", kExitUsage);
+    auto t = ParseTime(time, [&]() -> Result<int64_t> {
+      ASSIGN_OR_RETURN(const std::string first,
+                       ch.Scalar("SELECT min(start_ns) FROM spans WHERE job = '" + job + "'"));
+      if (first.empty() || first == "0") return NotFound("the store has no spans of job " + job);
+      return std::stoll(first);
+    });
+    if (!t.ok()) return Fail("query", t.status().message(), kExitUsage);
+    scope.at_ns = *t;
+  }
   auto table = analyzer::QueryStore(ch, *v, scope);
   if (!table.ok()) return Fail("query", table.status().message());
   const std::string out = vm.count("json")  ? analyzer::FormatJson(*table)
@@ -284,8 +296,9 @@ int RunQuery(const Args& args) {
       "answer from the fleet's ClickHouse store (clickhouse://HOST:8123/DB, docs/formats.md "
       "section 4b) instead of a run directory: `megascope query --store URL VIEW`, VIEW one of "
       "steps, stragglers, waits, open (of one job: --job), verdicts, machines (how often and "
-      "over how long each machine was named), incidents (by cause, rank and node, across jobs)")(
-      "job", po::value(&job), "with --store: the job whose rows to read (every job's if unset)")(
+      "over how long each machine was named), incidents (by cause, rank and node, across jobs), "
+      "at TIME (of one job)")("job", po::value(&job),
+                              "with --store: the job whose rows to read (every job's if unset)")(
       "since", po::value(&since),
       "with --store: only rows newer than this (90m, 12h, 7d); whole older days are skipped")(
       "question", po::value(&question), "steps | stragglers | waits | at TIME | quantiles [OF]")(
@@ -325,9 +338,10 @@ int RunQuery(const Args& args) {
     return *rc;
   }
   if (!store.empty()) {  // no run directory: the first word is the view
-    if (!question.empty() || !sql.empty())
-      return Fail("query", "with --store give one view and no --sql", kExitUsage);
-    return QueryTheStore(store, run_dir, job, since, limit, vm);
+    if (!arg.empty() || !sql.empty())
+      return Fail("query", "with --store give one view (and a TIME for 'at'), no --sql",
+                  kExitUsage);
+    return QueryTheStore(store, run_dir, question, job, since, limit, vm);
   }
   if (run_dir.empty())
     return Fail("query", "the option '--run-dir' is required but missing (or give --store)",

@@ -6,7 +6,7 @@
 namespace megascope::analyzer {
 namespace {
 
-constexpr std::array<std::pair<StoreView, std::string_view>, 7> kViews = {{
+constexpr std::array<std::pair<StoreView, std::string_view>, 8> kViews = {{
     {StoreView::kSteps, "steps"},
     {StoreView::kStragglers, "stragglers"},
     {StoreView::kWaits, "waits"},
@@ -14,6 +14,7 @@ constexpr std::array<std::pair<StoreView, std::string_view>, 7> kViews = {{
     {StoreView::kVerdicts, "verdicts"},
     {StoreView::kMachines, "machines"},
     {StoreView::kIncidents, "incidents"},
+    {StoreView::kAt, "at"},
 }};
 
 std::string Quote(const std::string& s) {
@@ -92,6 +93,50 @@ std::string OpenCollectives(const StoreScope& s) {
          Where({s.job, std::numeric_limits<int64_t>::min(), 0}, "0") + "))";
 }
 
+// AtSql() without its correlated subqueries (18.16 has none): each rank's attempt at the moment,
+// then its row, then what it was doing and its last heartbeat, one join a level. A join that finds
+// nothing gives '' (18.16 has no NULL-filled joins): read back as NULL.
+std::string At(const StoreScope& s) {
+  const std::string t = std::to_string(s.at_ns);
+  const StoreScope all{s.job, std::numeric_limits<int64_t>::min(), 0, 0};
+  const std::string cur =
+      "(SELECT rank, toInt32(if(h1 > 0, h1 - 1, a0)) AS attempt FROM (SELECT rank, min(attempt) AS "
+      "a0 FROM "
+      "ranks" +
+      Where(all, "0") +
+      " GROUP BY rank) ALL LEFT JOIN (SELECT rank, max(attempt) + 1 AS h1 FROM heartbeats" +
+      Where(all, "ts_ns") + " AND ts_ns <= " + t + " GROUP BY rank) USING (rank))";
+  const std::string rows =
+      "(SELECT rank, attempt, any(node) AS node, any(dp) AS dp, any(pp) AS "
+      "pp, any(tp) AS tp FROM ranks" +
+      Where(all, "0") + " GROUP BY rank, attempt)";
+  const std::string span =
+      "(SELECT rank, attempt, argMin(concat(kind, ' ', name, ' (step ', toString(step), "
+      "if(isNull(microbatch), '', concat(', mb ', toString(assumeNotNull(microbatch)))), ')'), "
+      "end_ns - start_ns) AS in_span FROM (SELECT attempt, rank, step, microbatch, kind, name, "
+      "start_ns, end_ns FROM spans" +
+      Where(all, "start_ns") + " AND start_ns <= " + t + " AND end_ns >= " + t +
+      " UNION ALL SELECT attempt, rank, step, CAST(NULL AS Nullable(Int32)), 'comm', op, "
+      "assumeNotNull(started_ns), assumeNotNull(completed_ns) FROM collectives" +
+      Where(all, "enqueued_ns") + " AND state = 'completed' AND started_ns IS NOT NULL AND " +
+      "started_ns <= " + t + " AND completed_ns >= " + t + ") GROUP BY rank, attempt)";
+  const std::string open =
+      "(SELECT rank, attempt, argMin(concat('in ', op, ' ', grp, ' #', toString(seq), "
+      "if(ifNull(peer, -1) >= 0, concat(' with rank ', toString(assumeNotNull(peer))), ''), ' (', "
+      "state, ', open)'), enqueued_ns) AS in_open FROM " +
+      OpenCollectives(s) + " WHERE enqueued_ns <= " + t + " GROUP BY rank, attempt)";
+  const std::string beat =
+      "(SELECT rank, attempt, argMax(concat(phase, ' of step ', "
+      "toString(step)), ts_ns) AS beat FROM heartbeats" +
+      Where(all, "ts_ns") + " AND ts_ns <= " + t + " GROUP BY rank, attempt)";
+  return "SELECT rank, attempt, node, dp, pp, tp, nullIf(if(in_span != '', in_span, in_open), '') "
+         "AS doing, nullIf(beat, '') AS last_heartbeat FROM (SELECT * FROM (SELECT * FROM (SELECT "
+         "* FROM " +
+         cur + " ALL INNER JOIN " + rows + " USING (rank, attempt)) ALL LEFT JOIN " + span +
+         " USING (rank, attempt)) ALL LEFT JOIN " + open +
+         " USING (rank, attempt)) ALL LEFT JOIN " + beat + " USING (rank, attempt) ORDER BY rank";
+}
+
 std::string VerdictRows(const StoreScope& s) {
   return "(SELECT ts_ns, job, attempt, verdict, cause, level, arrayJoin(if(root_nodes = '', "
          "[ifNull(node, '')], splitByChar(',', root_nodes))) AS named, rank FROM events" +
@@ -114,7 +159,7 @@ std::optional<StoreView> ParseStoreView(std::string_view name) {
 
 bool IsRunView(StoreView v) {
   return v == StoreView::kSteps || v == StoreView::kStragglers || v == StoreView::kWaits ||
-         v == StoreView::kOpen;
+         v == StoreView::kOpen || v == StoreView::kAt;
 }
 
 std::string StoreViewSql(StoreView v, const StoreScope& s) {
@@ -162,6 +207,8 @@ std::string StoreViewSql(StoreView v, const StoreScope& s) {
              "'hang') AS hang, uniqExact(job) AS jobs, round((max(ts_ns) - min(ts_ns)) / 3.6e12, "
              "3) AS named_over_hours, min(ts_ns) AS first_ns, max(ts_ns) AS last_ns FROM " +
              VerdictRows(s) + " WHERE named != '' GROUP BY named ORDER BY named_times DESC, node";
+    case StoreView::kAt:
+      return At(s);
     case StoreView::kIncidents:
       return "SELECT verdict AS kind, cause, named AS node, rank, count() AS verdicts, "
              "uniqExact(job) AS jobs, min(ts_ns) AS first_ns, max(ts_ns) AS last_ns FROM " +

@@ -124,6 +124,21 @@ TEST_F(StoreViewsTest, TheRunViewsFromTheStoreAreThoseOfTheRunsTraceDatabases) {
     }
     ExpectSameTable(*a, *b, std::string(Name(view)));
   }
+  // What every rank was doing at three moments of the run.
+  auto span = (*here)->Query("SELECT MIN(start_ns), MAX(end_ns) FROM spans");
+  ASSERT_TRUE(span.ok());
+  const int64_t lo = std::stoll(span->rows[0][0]), hi = std::stoll(span->rows[0][1]);
+  for (const int64_t t : {lo + (hi - lo) / 3, lo + (hi - lo) / 2, hi - 1}) {
+    auto a = (*here)->Query(AtSql(t));
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    StoreScope at = scope;
+    at.at_ns = t;
+    auto b = QueryStore(ch, StoreView::kAt, at);
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    EXPECT_EQ(a->rows.size(), 8u);
+    ExpectSameTable(*a, *b, "at " + std::to_string(t));
+  }
+
   // The controller's straggler window from the store: what the run's databases give.
   SlowOptions window;
   window.attempt = 0;

@@ -27,6 +27,7 @@ enum class StoreView : uint8_t {
   kVerdicts,    // every verdict the controllers recorded: when, job, attempt, kind, cause, node
   kMachines,    // per node: how often and over how long it was named, by what
   kIncidents,   // per cause, rank and node: how many incidents, in how many jobs, first and last
+  kAt,          // as AtSql(): what each rank was doing at StoreScope::at_ns
 };
 std::string_view Name(StoreView v);
 std::optional<StoreView> ParseStoreView(std::string_view name);
@@ -36,7 +37,8 @@ bool IsRunView(StoreView v);
 struct StoreScope {
   std::string job;  // "": every job (the fleet views only)
   int64_t since_ns = std::numeric_limits<int64_t>::min();
-  int limit = 20;  // rows for waits
+  int limit = 20;     // rows for waits
+  int64_t at_ns = 0;  // the moment for `at`
 };
 
 // The view's ClickHouse statement.
