@@ -223,7 +223,11 @@ Result<Table> QueryStore(tracer::ClickHouse& ch, StoreView v, const StoreScope& 
   if (IsRunView(v) && scope.job.empty())
     return InvalidArgument("the view '" + std::string(Name(v)) +
                            "' is of one job's run: name it with --job");
-  ASSIGN_OR_RETURN(tracer::StoreRows rows, ch.Select(StoreViewSql(v, scope)));
+  // A view over weeks groups more (attempt, rank, step) keys than memory holds: past 2 GB the
+  // grouping spills to disk instead of failing.
+  ASSIGN_OR_RETURN(tracer::StoreRows rows,
+                   ch.Select(StoreViewSql(v, scope),
+                             "max_bytes_before_external_group_by=2000000000"));
   Table t;
   t.columns = std::move(rows.names);
   for (size_t r = 0; r < rows.rows.size(); ++r) {

@@ -252,10 +252,11 @@ Status ClickHouse::Insert(std::string_view table, std::string_view columns, std:
   return Post(q, rows, url_.cluster.empty() ? "" : "insert_distributed_sync=1").status();
 }
 
-Result<StoreRows> ClickHouse::Select(std::string_view sql) {
+Result<StoreRows> ClickHouse::Select(std::string_view sql, std::string_view settings) {
   ASSIGN_OR_RETURN(const std::string body,
                    Post("", std::string(sql) + "\nFORMAT TabSeparatedWithNamesAndTypes",
-                        "database=" + url_.database));
+                        "database=" + url_.database + (settings.empty() ? "" : "&") +
+                            std::string(settings)));
   StoreRows out;
   std::string_view rest = body;
   int line_no = 0;

@@ -52,8 +52,9 @@ class ClickHouse {
   // INSERT INTO `table` (`columns`) FORMAT TabSeparated, `rows` one per line. One INSERT of rows
   // of one partition is atomic in a MergeTree table: all of them are stored, or none.
   Status Insert(std::string_view table, std::string_view columns, std::string_view rows);
-  // A SELECT, with its column names and types.
-  Result<StoreRows> Select(std::string_view sql);
+  // A SELECT, with its column names and types; `settings` are ClickHouse settings for it
+  // ("name=value&name=value").
+  Result<StoreRows> Select(std::string_view sql, std::string_view settings = "");
   // The first cell of the first row of a SELECT ("" when there is none).
   Result<std::string> Scalar(std::string_view sql);
   const StoreUrl& url() const { return url_; }
