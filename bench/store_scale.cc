@@ -5,10 +5,13 @@
 //            through the real store (the agent's drain), then shipped by the agent's sink:
 //            rows/s of each, and the bytes on disk per rank-step in each (ClickHouse's after
 //            its parts merged);
-//   views:   that node copied to NODES nodes inside ClickHouse (INSERT ... SELECT, each copy its
-//            own src, node and ranks, one node's ranks computing 1.5x longer), then
-//            `query --store stragglers --job J --since 10m` and `steps` timed (median of three):
-//            against bench/results/fleet_scale.txt's fan-out over agents for the same question.
+//   window:  that node copied to NODES nodes inside ClickHouse (INSERT ... SELECT, each copy its
+//            own src, node and ranks, one node's ranks computing 1.5x longer), then the
+//            controller's 8-step straggler window read from the store and analysed, and the
+//            question a tick would ask it (each rank's newest heartbeat): against
+//            bench/results/fleet_scale.txt's fan-out over 1,536 agents;
+//   views:   `query --store stragglers --job J --since 10m` and `steps` timed (median of three at
+//            200 nodes or fewer, one run above), against fleet_scale's `query --from-agents`.
 // Usage: store_scale URL [NODES=200]
 #include <sys/stat.h>
 
@@ -163,7 +166,7 @@ int main(int argc, char** argv) {
   auto sink = tracer::agent::StoreSink::Open(so);
   if (!sink.ok()) return Fail(sink.status());
   t0 = std::chrono::steady_clock::now();
-  auto shipped = (*sink)->Pass();
+  auto shipped = (*sink)->Pass(/*last=*/true);
   if (!shipped.ok()) return Fail(shipped.status());
   const double ship_s = Since(t0);
   const double rank_steps = kRanks * static_cast<double>(kSteps);
@@ -182,7 +185,8 @@ int main(int argc, char** argv) {
 
   // 2. the node copied to `nodes` nodes inside ClickHouse; node nodes/2 computes 1.5x longer.
   t0 = std::chrono::steady_clock::now();
-  for (const char* table : {"spans", "collectives", "ranks", "heartbeats"}) {
+  const std::string slow = std::to_string(nodes / 2);
+  for (const char* table : {"spans", "collectives", "ranks", "heartbeats", "rank_steps"}) {
     const std::string cols = tracer::StoreColumnNames(*tracer::FindStoreTable(table));
     std::string select = cols;
     auto swap = [&](const std::string& col, const std::string& expr) {
@@ -196,6 +200,10 @@ int main(int argc, char** argv) {
       swap(", end_ns", ", if(n = " + std::to_string(nodes / 2) +
                            ", start_ns + intDiv((end_ns - start_ns) * 3, 2), end_ns) AS end_ns");
     if (std::string(table) == "ranks") swap(", dp,", ", n AS dp,");
+    if (std::string(table) == "rank_steps") {  // its steps as its spans: compute 1.5x longer
+      swap(", wall,", ", if(n = " + slow + ", wall + intDiv(compute, 2), wall) AS wall,");
+      swap(", compute,", ", if(n = " + slow + ", intDiv(compute * 3, 2), compute) AS compute,");
+    }
     Status st = ch.Exec("INSERT INTO " + std::string(table) + " (" + cols + ") SELECT " + select +
                         " FROM " + table + " ARRAY JOIN range(" + std::to_string(nodes) +
                         ") AS n WHERE n > 0");  // (the table holds node 0's rows only)

@@ -221,7 +221,7 @@ void ShipTheRest(const tracer::agent::StoreSinkOptions& control, const std::stri
     auto sink = tracer::agent::StoreSink::Open(so);
     Status st = sink.ok() ? Status::Ok() : sink.status();
     for (int pass = 0; st.ok() && pass < 1000; ++pass) {
-      auto got = (*sink)->Pass();
+      auto got = (*sink)->Pass(/*last=*/true);  // its agent is gone: every step is over
       st = got.status();
       if (st.ok() && (*sink)->lag_rows() == 0) break;
     }

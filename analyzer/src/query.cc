@@ -274,30 +274,6 @@ Result<Table> ReadTable(tracer::sql::Statement& st, size_t max_rows, bool* trunc
   return t;
 }
 
-namespace {
-
-// Per attempt, rank and step: wall time, compute (forward/backward/optimizer spans minus the
-// collectives that ran inside them, e.g. tensor-parallel all-reduces), communication wait
-// (synchronous comm spans; asynchronous sends overlap other work and are left out) and data time.
-// A step run again after a restart is another row: its two runs are never one step.
-const char* kPerRankStep = R"sql(
-WITH comp AS (SELECT attempt, rank, step, start_ns, end_ns FROM spans WHERE kind IN ('forward','backward','optimizer','compute')),
-comm AS (SELECT attempt, rank, step, start_ns, end_ns FROM spans WHERE kind = 'comm' AND name != 'send'),
-comm_total AS (SELECT attempt, rank, step, SUM(end_ns - start_ns) AS comm FROM comm GROUP BY attempt, rank, step),
-nested AS (SELECT m.attempt, m.rank, m.step, SUM(m.end_ns - m.start_ns) AS nested FROM comm m JOIN comp c
-             ON c.attempt = m.attempt AND c.rank = m.rank AND c.step = m.step AND c.start_ns <= m.start_ns AND c.end_ns >= m.end_ns
-           GROUP BY m.attempt, m.rank, m.step),
-comm_rank AS (SELECT t.attempt, t.rank, t.step, t.comm, COALESCE(n.nested, 0) AS nested FROM comm_total t
-              LEFT JOIN nested n ON n.attempt = t.attempt AND n.rank = t.rank AND n.step = t.step),
-busy AS (SELECT attempt, rank, step, MAX(end_ns) - MIN(start_ns) AS wall,
-                SUM(CASE WHEN kind IN ('forward','backward','optimizer','compute') THEN end_ns - start_ns ELSE 0 END) AS busy,
-                SUM(CASE WHEN kind = 'data' THEN end_ns - start_ns ELSE 0 END) AS data
-         FROM spans GROUP BY attempt, rank, step),
-per_rank AS (SELECT b.attempt, b.rank, b.step, b.wall, b.busy - COALESCE(c.nested, 0) AS compute, COALESCE(c.comm, 0) AS comm, b.data
-             FROM busy b LEFT JOIN comm_rank c ON c.attempt = b.attempt AND c.rank = b.rank AND c.step = b.step))sql";
-
-}  // namespace
-
 Status RunDatabase::Scan(const std::string& sql, const std::function<void(const Row&)>& fn) {
   auto prepared = db_.Prepare(sql);
   if (!prepared.ok()) return InvalidArgument("bad SQL: " + db_.LastMessage());
@@ -309,10 +285,10 @@ Status RunDatabase::Scan(const std::string& sql, const std::function<void(const 
   }
 }
 
-std::string PerRankStepCte() { return kPerRankStep; }
+std::string PerRankStepCte() { return tracer::PerRankStepSql(); }
 
 std::string StepsSql() {
-  return std::string(kPerRankStep) + R"sql(
+  return tracer::PerRankStepSql() + R"sql(
 SELECT attempt, step, COUNT(*) AS ranks, ROUND(MAX(wall) / 1e6, 3) AS step_ms, ROUND(AVG(compute) / 1e6, 3) AS compute_ms,
        ROUND(AVG(comm) / 1e6, 3) AS comm_wait_ms, ROUND(AVG(data) / 1e6, 3) AS data_ms,
        ROUND(AVG(MAX(0, wall - compute - comm - data)) / 1e6, 3) AS bubble_ms
@@ -321,7 +297,7 @@ FROM per_rank GROUP BY attempt, step ORDER BY attempt, step)sql";
 
 // A rank's node is the one it ran on in that attempt (a restart may move it to a spare).
 std::string StragglersSql() {
-  return std::string(kPerRankStep) + R"sql(,
+  return tracer::PerRankStepSql() + R"sql(,
 mean AS (SELECT p.attempt, p.rank, r.node, r.dp, r.pp, r.tp, AVG(p.compute) AS compute_per_step
          FROM per_rank p JOIN (SELECT attempt, rank, node, dp, pp, tp FROM ranks GROUP BY attempt, rank) r
            ON r.attempt = p.attempt AND r.rank = p.rank GROUP BY p.attempt, p.rank),

@@ -38,42 +38,12 @@ std::string Where(const StoreScope& s, const std::string& time_column) {
   return w;
 }
 
-constexpr std::string_view kCompute = "('forward','backward','optimizer','compute')";
-
-// trace.db's `spans` view: the stored spans and every completed collective as its `comm` span;
-// `also`: a further condition on both (" AND ...").
-std::string SpansAll(const StoreScope& s, const std::string& also = "") {
-  return "(SELECT attempt, rank, step, kind, name, start_ns, end_ns FROM spans" +
-         Where(s, "start_ns") + also +
-         " UNION ALL SELECT attempt, rank, step, 'comm', op, "
-         "assumeNotNull(started_ns), assumeNotNull(completed_ns) FROM collectives" +
-         Where(s, "enqueued_ns") + also + " AND state = 'completed' AND started_ns IS NOT NULL)";
-}
-
-// PerRankStepCte()'s per_rank(attempt, rank, step, wall, compute, comm, data): a communication
-// span counts as nested once for every compute span around it, as the SQL over trace.db joins.
-std::string PerRank(const StoreScope& s, const std::string& also = "") {
-  const std::string comp = std::string(kCompute);
-  // 18.16's lambdas see only their arguments: each communication span gets the step's compute
-  // spans as an argument of its own.
-  return "(SELECT attempt, rank, step, wall, busy - arraySum(arrayMap((m, cs) -> (m.2 - m.1) * "
-         "arrayCount(c -> c.1 <= m.1 AND c.2 >= m.2, cs), comms, arrayResize([comps], "
-         "length(comms), comps))) AS compute, comm, data FROM (SELECT attempt, rank, step, "
-         "max(end_ns) - min(start_ns) AS wall, sumIf(end_ns - start_ns, kind IN " +
-         comp +
-         ") AS busy, sumIf(end_ns - start_ns, kind = 'data') AS data, sumIf(end_ns - start_ns, "
-         "kind = 'comm' AND name != 'send') AS comm, groupArrayIf((start_ns, end_ns), kind IN " +
-         comp +
-         ") AS comps, groupArrayIf((start_ns, end_ns), kind = 'comm' AND name != 'send') AS comms "
-         "FROM " +
-         SpansAll(s, also) + " GROUP BY attempt, rank, step))";
-}
 
 // Per attempt and rank: its mean compute per step, with its node and coordinates.
 std::string Mean(const StoreScope& s) {
   return "(SELECT attempt, rank, c, node, dp, pp, tp FROM (SELECT attempt, rank, avg(compute) AS c "
-         "FROM " +
-         PerRank(s) +
+         "FROM rank_steps" +
+         Where(s, "start_ns") +
          " GROUP BY attempt, rank) ALL INNER JOIN (SELECT attempt, rank, any(node) AS node, "
          "any(dp) AS dp, any(pp) AS pp, any(tp) AS tp FROM ranks" +
          Where({s.job, std::numeric_limits<int64_t>::min(), 0}, "0") +
@@ -168,8 +138,8 @@ std::string StoreViewSql(StoreView v, const StoreScope& s) {
       return "SELECT attempt, step, count() AS ranks, round(max(wall) / 1e6, 3) AS step_ms, "
              "round(avg(compute) / 1e6, 3) AS compute_ms, round(avg(comm) / 1e6, 3) AS "
              "comm_wait_ms, round(avg(data) / 1e6, 3) AS data_ms, round(avg(greatest(0, wall - "
-             "compute - comm - data)) / 1e6, 3) AS bubble_ms FROM " +
-             PerRank(s) + " GROUP BY attempt, step ORDER BY attempt, step";
+             "compute - comm - data)) / 1e6, 3) AS bubble_ms FROM rank_steps" +
+             Where(s, "start_ns") + " GROUP BY attempt, step ORDER BY attempt, step";
     case StoreView::kStragglers:
       // Each (attempt, pp, tp) group's mean once, its members unrolled after.
       return "SELECT attempt, r.1 AS rank, r.3 AS node, r.4 AS dp, pp, tp, round(r.2 / 1e6, 3) AS "
@@ -255,11 +225,11 @@ Result<std::optional<SlowInput>> LoadSlowInputFromStore(tracer::ClickHouse& ch,
       o.attempt >= 0 ? " AND attempt = " + std::to_string(o.attempt) : std::string();
   const std::string range = " AND step >= " + std::to_string(o.first_step) +
                             " AND step <= " + std::to_string(o.last_step) + of_attempt;
-  if (!anyway) {  // every rank's spans through the window's last step, or wait
+  if (!anyway) {  // every rank's steps through the window's last, or wait
     ASSIGN_OR_RETURN(const std::string through,
-                     ch.Scalar("SELECT count() FROM (SELECT rank, max(step) AS top FROM spans" +
-                               Where(s, "start_ns") + of_attempt +
-                               " AND step >= " + std::to_string(o.first_step) +
+                     ch.Scalar("SELECT count() FROM (SELECT rank, max(step) AS top FROM rank_steps" +
+                               Where(s, "start_ns") + of_attempt + " AND step >= " +
+                               std::to_string(o.first_step) +
                                " GROUP BY rank) WHERE top >= " + std::to_string(o.last_step)));
     if (std::stoll(through.empty() ? "0" : through) < world) return std::optional<SlowInput>();
   }
@@ -275,7 +245,8 @@ Result<std::optional<SlowInput>> LoadSlowInputFromStore(tracer::ClickHouse& ch,
                                  std::stoll(r[5])};
   ASSIGN_OR_RETURN(
       tracer::StoreRows steps,
-      ch.Select("SELECT rank, attempt, step, wall, compute, comm, data FROM " + PerRank(s, range)));
+      ch.Select("SELECT rank, attempt, step, wall, compute, comm, data FROM rank_steps" +
+                Where(s, "start_ns") + range));
   for (const auto& r : steps.rows)
     in.steps.push_back({std::stoi(r[0]), std::stoll(r[1]), std::stoll(r[2]), std::stod(r[3]),
                         std::stod(r[4]), std::stod(r[5]), std::stod(r[6])});
@@ -288,10 +259,9 @@ Result<std::optional<SlowInput>> LoadSlowInputFromStore(tracer::ClickHouse& ch,
                 "'recv'), ifNull(bytes, 0) FROM (SELECT * FROM collectives" +
                 Where(s, "enqueued_ns") + of_attempt + " AND step >= " +
                 std::to_string(o.first_step) + " AND step <= " + std::to_string(o.last_step + 1) +
-                ") ALL INNER JOIN (SELECT attempt, rank, min(start_ns) AS lo, max(end_ns) AS hi "
-                "FROM " +
-                SpansAll(s, range) +
-                " GROUP BY attempt, rank) USING (attempt, rank) WHERE enqueued_ns >= lo AND "
+                ") ALL INNER JOIN (SELECT attempt, rank, min(start_ns) AS lo, max(start_ns + wall) "
+                "AS hi FROM rank_steps" +
+                Where(s, "start_ns") + range + " GROUP BY attempt, rank) USING (attempt, rank) WHERE enqueued_ns >= lo AND "
                 "enqueued_ns <= hi"));
   for (const auto& r : ops.rows)
     in.ops.push_back({r[0], std::stoll(r[1]), std::stoi(r[2]), std::stoll(r[3]), std::stoll(r[4]),

@@ -77,7 +77,7 @@ class StoreViewsTest : public ::testing::Test {
     o.source = source;
     auto sink = tracer::agent::StoreSink::Open(o);
     ASSERT_TRUE(sink.ok()) << sink.status().ToString();
-    auto shipped = (*sink)->Pass();
+    auto shipped = (*sink)->Pass(/*last=*/true);  // the run is over
     ASSERT_TRUE(shipped.ok()) << shipped.status().ToString();
     EXPECT_EQ((*sink)->lag_rows(), 0);
   }

@@ -12,7 +12,7 @@ namespace {
 
 constexpr std::string_view kCommon = "day Date, job String, src String, row_id UInt64";
 
-std::array<StoreTable, 9> BuildTables() {
+std::array<StoreTable, 10> BuildTables() {
   const std::string above = " WHERE rowid > ?1 ORDER BY rowid LIMIT ?2";
   return {{
       {"spans", "span_rows", StoreSource::kTrace, StoreRetention::kRaw,
@@ -34,6 +34,14 @@ std::array<StoreTable, 9> BuildTables() {
            ", c.enqueued_ns, c.enqueued_ns + c.start_after_ns, c.enqueued_ns + c.end_after_ns, "
            "COALESCE(c.step, -1) FROM collective_rows c LEFT JOIN group_names g ON g.id = c.grp "
            "WHERE c.rowid > ?1 ORDER BY c.rowid LIMIT ?2"},
+      // Each rank's step as the `steps` and `stragglers` views and the straggler window account it
+      // (trace_schema.h's per_rank), made by the sink from trace.db once the step is over.
+      {"rank_steps", "store_rank_steps", StoreSource::kTrace, StoreRetention::kCollectives,
+       "node String, rank Int32, attempt Int32, step Int64, start_ns Int64, wall Int64, "
+       "compute Int64, comm Int64, data Int64",
+       "attempt, step, rank",
+       "SELECT id, start_ns, ?3, rank, attempt, step, start_ns, wall, compute, comm, data FROM "
+       "store_rank_steps WHERE id > ?1 ORDER BY id LIMIT ?2"},
       {"heartbeats", "heartbeat_rows", StoreSource::kTrace, StoreRetention::kRaw,
        "node String, rank Int32, attempt Int32, ts_ns Int64, step Int64, phase String",
        "attempt, step, rank, ts_ns",
@@ -134,8 +142,8 @@ Status CreateTables(ClickHouse& ch) {
 
 }  // namespace
 
-const std::array<StoreTable, 9>& StoreTables() {
-  static const std::array<StoreTable, 9> tables = BuildTables();
+const std::array<StoreTable, 10>& StoreTables() {
+  static const std::array<StoreTable, 10> tables = BuildTables();
   return tables;
 }
 

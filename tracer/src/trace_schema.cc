@@ -9,6 +9,39 @@ std::string OptionalTableSql(const OptionalTraceTable& table, std::string_view s
          std::string(table.columns) + ")";
 }
 
+// Per attempt, rank and step: wall time, compute (forward/backward/optimizer spans minus the
+// collectives that ran inside them, e.g. tensor-parallel all-reduces), communication wait
+// (synchronous comm spans; asynchronous sends overlap other work and are left out) and data time.
+// A step run again after a restart is another row: its two runs are never one step.
+std::string PerRankStepSql() {
+  return R"sql(
+WITH comp AS (SELECT attempt, rank, step, start_ns, end_ns FROM spans WHERE kind IN ('forward','backward','optimizer','compute')),
+comm AS (SELECT attempt, rank, step, start_ns, end_ns FROM spans WHERE kind = 'comm' AND name != 'send'),
+comm_total AS (SELECT attempt, rank, step, SUM(end_ns - start_ns) AS comm FROM comm GROUP BY attempt, rank, step),
+nested AS (SELECT m.attempt, m.rank, m.step, SUM(m.end_ns - m.start_ns) AS nested FROM comm m JOIN comp c
+             ON c.attempt = m.attempt AND c.rank = m.rank AND c.step = m.step AND c.start_ns <= m.start_ns AND c.end_ns >= m.end_ns
+           GROUP BY m.attempt, m.rank, m.step),
+comm_rank AS (SELECT t.attempt, t.rank, t.step, t.comm, COALESCE(n.nested, 0) AS nested FROM comm_total t
+              LEFT JOIN nested n ON n.attempt = t.attempt AND n.rank = t.rank AND n.step = t.step),
+busy AS (SELECT attempt, rank, step, MAX(end_ns) - MIN(start_ns) AS wall,
+                SUM(CASE WHEN kind IN ('forward','backward','optimizer','compute') THEN end_ns - start_ns ELSE 0 END) AS busy,
+                SUM(CASE WHEN kind = 'data' THEN end_ns - start_ns ELSE 0 END) AS data
+         FROM spans GROUP BY attempt, rank, step),
+per_rank AS (SELECT b.attempt, b.rank, b.step, b.wall, b.busy - COALESCE(c.nested, 0) AS compute, COALESCE(c.comm, 0) AS comm, b.data
+             FROM busy b LEFT JOIN comm_rank c ON c.attempt = b.attempt AND c.rank = b.rank AND c.step = b.step))sql";
+}
+
+std::string SpansSelectSql(std::string_view span_rows_where, std::string_view collective_rows_and) {
+  return "SELECT rank, attempt, step, microbatch, " + SpellingSql<SpanKind>("kind") +
+         " AS kind, name, start_ns, start_ns + dur_ns AS end_ns FROM span_rows" +
+         std::string(span_rows_where) + " UNION ALL SELECT rank, attempt, step, NULL, 'comm', " +
+         SpellingSql<OpType>("op") +
+         ", enqueued_ns + start_after_ns, enqueued_ns + end_after_ns FROM collective_rows WHERE "
+         "state = " +
+         std::to_string(static_cast<int>(OpState::kCompleted)) +
+         " AND start_after_ns IS NOT NULL" + std::string(collective_rows_and);
+}
+
 std::string TraceSchemaSql() {
   const std::string completed = std::to_string(static_cast<int>(OpState::kCompleted));
   std::string optional;
@@ -38,15 +71,7 @@ CREATE VIEW IF NOT EXISTS collectives AS
          c.step
   FROM collective_rows c LEFT JOIN group_names g ON g.id = c.grp;
 CREATE VIEW IF NOT EXISTS spans AS
-  SELECT rank, attempt, step, microbatch, )sql" +
-         SpellingSql<SpanKind>("kind") + R"sql( AS kind, name, start_ns, start_ns + dur_ns AS end_ns
-  FROM span_rows
-  UNION ALL
-  SELECT rank, attempt, step, NULL, 'comm', )sql" +
-         SpellingSql<OpType>("op") +
-         R"sql(, enqueued_ns + start_after_ns, enqueued_ns + end_after_ns
-  FROM collective_rows WHERE state = )sql" +
-         completed + R"sql( AND start_after_ns IS NOT NULL;
+  )sql" + SpansSelectSql() + R"sql(;
 CREATE VIEW IF NOT EXISTS heartbeats AS
   SELECT rank, attempt, ts_ns, step, )sql" +
          SpellingSql<Phase>("phase") + R"sql( AS phase FROM heartbeat_rows;

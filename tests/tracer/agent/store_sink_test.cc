@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "clickhouse_server.h"
+#include "megascope/tracer/trace_schema.h"
 #include "megascope/tracer/trace_store.h"
 #include "test_util.h"
 
@@ -60,9 +61,9 @@ class TraceDb {
       c.collective.seq = static_cast<uint64_t>(next_step_);
       c.collective.bytes = 4096;
       c.collective.step = next_step_;
-      c.collective.enqueued_ticks = t + 600;
-      c.collective.started_ticks = t + 610;
-      c.collective.completed_ticks = t + 900;
+      c.collective.enqueued_ticks = t + 100;  // inside the forward span: compute excludes it
+      c.collective.started_ticks = t + 110;
+      c.collective.completed_ticks = t + 400;
       records.push_back(c);
       Record h{};
       h.heartbeat.type = RecordType::kHeartbeat;
@@ -152,6 +153,8 @@ class StoreSinkTest : public ::testing::Test {
       EXPECT_EQ(Scalar("SELECT count() - uniqExact(src, row_id) FROM " + store_table), "0")
           << store_table << " holds a row twice";
     }
+    EXPECT_EQ(Scalar("SELECT count() - uniqExact(src, attempt, rank, step) FROM rank_steps"), "0")
+        << "a step summed twice";
   }
   TempDir dir_;
   std::unique_ptr<ClickHouseServer> server_;
@@ -177,8 +180,47 @@ TEST_F(StoreSinkTest, EveryRowArrivesOnceWithTheColumnsTraceDbShows) {
   // Nothing new: nothing sent; more rows: only they are.
   EXPECT_EQ(*sink->Pass(), 0u);
   db.Add(0, 3, t0);
-  EXPECT_EQ(*sink->Pass(), 3u * 4 + 1) << "3 steps' 4 rows and rank 0's row again";
+  EXPECT_EQ(*sink->Pass(), 3u * 4 + 1 + 3)
+      << "3 steps' 4 rows, rank 0's row again, and the sums of its 3 steps now over";
   ExpectExactlyOnce(db);
+}
+
+// Each rank's steps are summed as they end (the rank's next step is in trace.db), over several
+// passes, and the last pass sums the rest: the sums are those trace_schema.h's per_rank gives over
+// the whole database.
+TEST_F(StoreSinkTest, StepsSummedAsTheyEndAreThoseOfTheWholeDatabase) {
+  TraceDb db(dir_.path() + "/trace.db");
+  const int64_t t0 = NowNs();
+  auto sink = Sink(db.path(), server_->Url("m"));
+  for (int pass = 0; pass < 4; ++pass) {
+    db.Add(pass % 2, 3 + pass, t0);
+    ASSERT_TRUE(sink->Pass().ok());
+  }
+  EXPECT_LT(std::stoi(Scalar("SELECT count() FROM rank_steps")), 3 + 4 + 5 + 6)
+      << "each rank's newest step is not over yet";
+  ASSERT_TRUE(sink->Pass(/*last=*/true).ok());
+  ExpectExactlyOnce(db);
+  auto raw = sql::Database::Open(db.path(), sql::Database::Mode::kReadOnly);
+  ASSERT_TRUE(raw.ok());
+  auto st = raw->Prepare(PerRankStepSql() +
+                         " SELECT attempt, rank, step, wall, compute, comm, data FROM per_rank "
+                         "ORDER BY attempt, rank, step");
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  std::string want;
+  int steps = 0;
+  while (*st->Step()) {
+    for (int c = 0; c < 7; ++c) want += std::string(c ? "," : "") + std::string(st->Text(c));
+    want += ";";
+    ++steps;
+  }
+  EXPECT_EQ(steps, 3 + 4 + 5 + 6);
+  EXPECT_EQ(Scalar("SELECT arrayStringConcat(groupArray(r), ';') || ';' FROM (SELECT "
+                   "concat(toString(attempt), ',', toString(rank), ',', toString(step), ',', "
+                   "toString(wall), ',', toString(compute), ',', toString(comm), ',', "
+                   "toString(data)) AS r FROM rank_steps ORDER BY attempt, rank, step)"),
+            want);
+  EXPECT_NE(want.find(",210,290,0;"), std::string::npos)
+      << "compute is the forward span less the all-reduce inside it: " << want;
 }
 
 // The acknowledgement of an INSERT lost on the way (the rows landed, the sink does not know), then
@@ -227,7 +269,8 @@ TEST_F(StoreSinkTest, ACursorNeverSavedIsFoundAgainInTheStore) {
   auto again = Sink(db.path(), server_->Url("m"));
   auto shipped = again->Pass();
   ASSERT_TRUE(shipped.ok()) << shipped.status().ToString();
-  EXPECT_EQ(*shipped, 5u * 4 + 1 + 1) << "the new rows, rank 0 again and a first look of open ops";
+  EXPECT_EQ(*shipped, 5u * 4 + 1 + 1 + 5)
+      << "the new rows, rank 0 again, a first look of open ops and the 5 steps now over";
   ExpectExactlyOnce(db);
 }
 

@@ -4,9 +4,11 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <random>
 
 #include "megascope/tracer/metric_names.h"
+#include "megascope/tracer/trace_schema.h"
 
 namespace megascope::tracer::agent {
 namespace {
@@ -228,7 +230,114 @@ Status StoreSink::FindTables() {
   return Status::Ok();
 }
 
-Result<size_t> StoreSink::Pass() {
+Status StoreSink::SumSteps(bool all) {
+  if (!steps_ready_) {
+    ASSIGN_OR_RETURN(const int64_t have,
+                     db_.QueryInt("SELECT count(*) FROM sqlite_master WHERE name = 'span_rows'"));
+    if (have == 0) return Status::Ok();  // not a trace.db of version 2
+    RETURN_IF_ERROR(db_.Exec(
+        "CREATE TABLE IF NOT EXISTS store_rank_steps(id INTEGER PRIMARY KEY AUTOINCREMENT, "
+        "attempt INTEGER, rank INTEGER, step INTEGER, start_ns INTEGER, wall INTEGER, "
+        "compute INTEGER, comm INTEGER, data INTEGER);"
+        "CREATE TEMP TABLE IF NOT EXISTS summing(attempt INTEGER, rank INTEGER, step INTEGER);"));
+    ASSIGN_OR_RETURN(sql::Statement done,
+                     db_.Prepare("SELECT attempt, rank, MAX(step) FROM store_rank_steps GROUP BY "
+                                 "attempt, rank"));
+    for (;;) {
+      ASSIGN_OR_RETURN(const bool row, done.Step());
+      if (!row) break;
+      summed_[{done.Int(0), done.Int(1)}] = done.Int(2);
+    }
+    steps_ready_ = true;
+  }
+  // The rows stored since the last look: which steps they belong to, and where those begin.
+  for (const bool spans : {true, false}) {
+    int64_t& seen = spans ? spans_seen_ : collectives_seen_;
+    ASSIGN_OR_RETURN(sql::Statement st,
+                     db_.Prepare(std::string("SELECT attempt, rank, step, MIN(rowid), MAX(rowid) "
+                                             "FROM ") +
+                                 (spans ? "span_rows" : "collective_rows") +
+                                 " WHERE rowid > ? AND step IS NOT NULL GROUP BY attempt, rank, "
+                                 "step"));
+    st.Bind(1, seen);
+    for (;;) {
+      ASSIGN_OR_RETURN(const bool row, st.Step());
+      if (!row) break;
+      const int64_t attempt = st.Int(0), rank = st.Int(1), step = st.Int(2);
+      seen = std::max(seen, st.Int(4));
+      const auto done = summed_.find({attempt, rank});
+      if (done != summed_.end() && step <= done->second) continue;  // late: its sum is shipped
+      auto [it, fresh] = pending_steps_.try_emplace({attempt, rank, step},
+                                                     std::numeric_limits<int64_t>::max(),
+                                                     std::numeric_limits<int64_t>::max());
+      (spans ? it->second.first : it->second.second) =
+          std::min(spans ? it->second.first : it->second.second, st.Int(3));
+      (void)fresh;
+      auto [newest, first_seen] = newest_.try_emplace({attempt, rank}, step);
+      if (!first_seen) newest->second = std::max(newest->second, step);
+      auto [latest, first_attempt] = newest_attempt_.try_emplace(rank, attempt);
+      if (!first_attempt) latest->second = std::max(latest->second, attempt);
+    }
+  }
+  // The steps that are over: before the rank's newest, or of an attempt it has left.
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> over;
+  int64_t from_span = std::numeric_limits<int64_t>::max(), from_coll = from_span;
+  for (const auto& [key, first] : pending_steps_) {
+    const auto& [attempt, rank, step] = key;
+    if (all || step < newest_[{attempt, rank}] || attempt < newest_attempt_[rank]) {
+      over.push_back(key);
+      from_span = std::min(from_span, first.first);
+      from_coll = std::min(from_coll, first.second);
+    }
+  }
+  if (over.empty()) return Status::Ok();
+  RETURN_IF_ERROR(db_.Exec("DELETE FROM temp.summing"));
+  ASSIGN_OR_RETURN(sql::Statement add, db_.Prepare("INSERT INTO temp.summing VALUES (?, ?, ?)"));
+  for (const auto& [attempt, rank, step] : over) {
+    add.Bind(1, attempt).Bind(2, rank).Bind(3, step);
+    RETURN_IF_ERROR(add.Run());
+  }
+  // trace_schema.h's per_rank over those steps' rows only, from where they begin.
+  const std::string of_them = " AND (attempt, rank, step) IN (SELECT attempt, rank, step FROM "
+                              "temp.summing)";
+  const std::string rows =
+      "(" +
+      SpansSelectSql(" WHERE rowid >= " + std::to_string(from_span) + of_them,
+                     " AND rowid >= " + std::to_string(from_coll) + of_them) +
+      ")";
+  std::string cte = PerRankStepSql();
+  for (size_t at = 0; (at = cte.find("FROM spans", at)) != std::string::npos;) {
+    cte.replace(at, 10, "FROM " + rows);
+    at += 5 + rows.size();
+  }
+  RETURN_IF_ERROR(db_.Exec(cte + ", first AS (SELECT attempt, rank, step, MIN(start_ns) AS "
+                                 "start_ns FROM " +
+                           rows +
+                           " GROUP BY attempt, rank, step) INSERT INTO store_rank_steps(attempt, "
+                           "rank, step, start_ns, wall, compute, comm, data) SELECT p.attempt, "
+                           "p.rank, p.step, f.start_ns, p.wall, p.compute, p.comm, p.data FROM "
+                           "per_rank p JOIN first f ON f.attempt = p.attempt AND f.rank = p.rank "
+                           "AND f.step = p.step ORDER BY p.attempt, p.step, p.rank"));
+  for (const auto& key : over) {
+    const auto& [attempt, rank, step] = key;
+    int64_t& done = summed_.try_emplace({attempt, rank}, step).first->second;
+    done = std::max(done, step);
+    pending_steps_.erase(key);
+  }
+  // What the store has, less each rank's last sum (where the next pass starts after a restart).
+  const StoreTable* t = FindStoreTable("rank_steps");
+  const int64_t shipped = cursors_[static_cast<size_t>(t - StoreTables().data())];
+  return db_.Exec("DELETE FROM store_rank_steps WHERE id <= " + std::to_string(shipped) +
+                  " AND id NOT IN (SELECT MAX(id) FROM store_rank_steps GROUP BY attempt, rank)");
+}
+
+Result<size_t> StoreSink::Pass(bool last) {
+  if (opt_.source == StoreSource::kTrace) {
+    if (Status s = SumSteps(last); !s.ok()) {
+      ++errors_;
+      return s;
+    }
+  }
   RETURN_IF_ERROR(FindTables());
   if (!in_sync_) {
     if (Status s = Resync(); !s.ok()) {
@@ -283,15 +392,15 @@ void StoreLoop::Finish() {
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
-  if (!failing_) PassAll();
+  if (!failing_) PassAll(/*last=*/true);
 }
 
-void StoreLoop::PassAll() {
+void StoreLoop::PassAll(bool last) {
   int64_t lag = 0;
   uint64_t rows = 0, dropped = 0, errors = 0;
   Status first_error = Status::Ok();
   for (auto& sink : sinks_) {
-    auto got = sink->Pass();
+    auto got = sink->Pass(last);
     if (!got.ok() && first_error.ok()) first_error = got.status();
     lag += sink->lag_rows();
     rows += sink->shipped_rows();

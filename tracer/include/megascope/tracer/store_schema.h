@@ -49,11 +49,14 @@ struct StoreTable {
   std::string source_sql;
 };
 
-// spans, collectives, heartbeats, ranks, metrics, drops, device_spans, open_ops, events.
+// spans, collectives, rank_steps, heartbeats, ranks, metrics, drops, device_spans, open_ops,
+// events. rank_steps holds each rank's step summed as trace_schema.h's per_rank sums it
+// (attempt, rank, step, start_ns, wall, compute, comm, data), made by the sink from trace.db once
+// the rank's next step (or next attempt) is there, or the database's last sink pass.
 // open_ops ships the node's open_ops table whole each time it changes, as one "look": row_id is
 // the look's number, and a row of rank -1 marks each look (so a look with no open op is one too);
 // the ops open at a node are those of its latest look.
-const std::array<StoreTable, 9>& StoreTables();
+const std::array<StoreTable, 10>& StoreTables();
 const StoreTable* FindStoreTable(std::string_view name);
 
 // The columns of a table, for INSERT: "day, job, src, row_id, <columns' names>".

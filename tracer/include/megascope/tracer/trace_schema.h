@@ -67,6 +67,18 @@ inline constexpr std::array<OptionalTraceTable, 2> kOptionalTraceTables = {{
 // The CREATE TABLE IF NOT EXISTS of an optional table, in `schema` ("" or "main.").
 std::string OptionalTableSql(const OptionalTraceTable& table, std::string_view schema = "");
 
+// A WITH clause ending in per_rank(attempt, rank, step, wall, compute, comm, data), nanoseconds,
+// over the `spans` view: the one definition of a rank's step (the analyzer's SRE views, the
+// straggler analysis and the store sink's per-step rows all use it). Compute excludes the
+// collectives nested in compute spans; comm leaves out asynchronous sends.
+std::string PerRankStepSql();
+
+// The `spans` view's SELECT (version 2): the stored spans, and each completed collective as its
+// `comm` span. `span_rows_where` (" WHERE ...") and `collective_rows_and` (" AND ...") narrow
+// what it reads (a reader of a few steps need not read every row).
+std::string SpansSelectSql(std::string_view span_rows_where = "",
+                           std::string_view collective_rows_and = "");
+
 // CREATE statements of the stored tables and the views (idempotent: IF NOT EXISTS).
 std::string TraceSchemaSql();
 

@@ -20,11 +20,14 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "megascope/tracer/clickhouse.h"
@@ -57,8 +60,10 @@ class StoreSink {
 
   // Ships what is pending, table by table; returns the rows the store acknowledged. An error
   // (the store unreachable, refusing, or of another schema version) leaves the rest for the next
-  // pass; what was acknowledged before it stays shipped.
-  Result<size_t> Pass();
+  // pass; what was acknowledged before it stays shipped. First, each rank's steps that are over
+  // (its next step, or its next attempt, is in trace.db) are summed into rank_steps; `last`: every
+  // step is (the database's last pass: its agent is stopping, or is gone).
+  Result<size_t> Pass(bool last = false);
 
   int64_t lag_rows() const { return lag_rows_; }  // after the last Pass()
   uint64_t shipped_rows() const { return shipped_rows_; }
@@ -73,6 +78,8 @@ class StoreSink {
   Status SaveCursor(const StoreTable& t, int64_t row_id);
   Result<size_t> ShipTable(const StoreTable& t, size_t index);
   Result<size_t> ShipOpenOps(const StoreTable& t, size_t index);
+  // Sums the steps that are over into store_rank_steps (in trace.db, shipped as rank_steps).
+  Status SumSteps(bool all);
   // One row's four common cells ("day\tjob\tsrc\trow_id").
   void AppendCommon(std::string& out, int64_t time_ns, int64_t row_id) const;
 
@@ -85,6 +92,15 @@ class StoreSink {
   std::vector<bool> present_;     // the source database has the table
   bool in_sync_ = false;
   size_t open_ops_hash_ = 0;  // the content of the last look shipped (0: none this process)
+  // SumSteps' progress: per (attempt, rank) the last step summed and the newest seen, the newest
+  // attempt per rank, and per (attempt, rank, step) not yet summed the first rowid of its rows in
+  // span_rows and collective_rows (what a sum reads starts there, not at the table's start).
+  using RankKey = std::pair<int64_t, int64_t>;
+  std::map<RankKey, int64_t> summed_, newest_;
+  std::map<int64_t, int64_t> newest_attempt_;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::pair<int64_t, int64_t>> pending_steps_;
+  int64_t spans_seen_ = 0, collectives_seen_ = 0;  // rowids looked at
+  bool steps_ready_ = false;
   int64_t lag_rows_ = 0;
   uint64_t shipped_rows_ = 0, dropped_rows_ = 0, errors_ = 0;
 };
@@ -107,7 +123,7 @@ class StoreLoop {
 
  private:
   StoreLoop() = default;
-  void PassAll();
+  void PassAll(bool last = false);
   std::vector<std::unique_ptr<StoreSink>> sinks_;
   std::function<void(const std::string&)> log_;
   double interval_s_ = 1;
