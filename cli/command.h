@@ -58,6 +58,7 @@ int RunQuery(const Args& args);
 int RunAnalyze(const Args& args);
 int RunTimeline(const Args& args);
 int RunMetrics(const Args& args);
+int RunStore(const Args& args);
 int RunSelfCheckCommand(const Args& args);
 int RunLaunch(const Args& args);
 int RunReport(const Args& args);

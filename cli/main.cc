@@ -48,6 +48,7 @@ const Command kCommands[] = {
      &RunTimeline},
     {"query", "SQL and canned questions over a run's trace databases", &RunQuery},
     {"metrics", "export a run's node and training metrics as CSV (metrics export)", &RunMetrics},
+    {"store", "the fleet's ClickHouse store: init (schema), status, prune (retention)", &RunStore},
     {"trace-demo", "run writer processes through the tracer and drain them (self-demonstration)",
      &RunTraceDemo},
     {"version", "print the version", &RunVersion},

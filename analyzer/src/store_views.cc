@@ -38,7 +38,6 @@ std::string Where(const StoreScope& s, const std::string& time_column) {
   return w;
 }
 
-
 // Per attempt and rank: its mean compute per step, with its node and coordinates.
 std::string Mean(const StoreScope& s) {
   return "(SELECT attempt, rank, c, node, dp, pp, tp FROM (SELECT attempt, rank, avg(compute) AS c "
@@ -195,9 +194,9 @@ Result<Table> QueryStore(tracer::ClickHouse& ch, StoreView v, const StoreScope& 
                            "' is of one job's run: name it with --job");
   // A view over weeks groups more (attempt, rank, step) keys than memory holds: past 2 GB the
   // grouping spills to disk instead of failing.
-  ASSIGN_OR_RETURN(tracer::StoreRows rows,
-                   ch.Select(StoreViewSql(v, scope),
-                             "max_bytes_before_external_group_by=2000000000"));
+  ASSIGN_OR_RETURN(
+      tracer::StoreRows rows,
+      ch.Select(StoreViewSql(v, scope), "max_bytes_before_external_group_by=2000000000"));
   Table t;
   t.columns = std::move(rows.names);
   for (size_t r = 0; r < rows.rows.size(); ++r) {
@@ -226,11 +225,12 @@ Result<std::optional<SlowInput>> LoadSlowInputFromStore(tracer::ClickHouse& ch,
   const std::string range = " AND step >= " + std::to_string(o.first_step) +
                             " AND step <= " + std::to_string(o.last_step) + of_attempt;
   if (!anyway) {  // every rank's steps through the window's last, or wait
-    ASSIGN_OR_RETURN(const std::string through,
-                     ch.Scalar("SELECT count() FROM (SELECT rank, max(step) AS top FROM rank_steps" +
-                               Where(s, "start_ns") + of_attempt + " AND step >= " +
-                               std::to_string(o.first_step) +
-                               " GROUP BY rank) WHERE top >= " + std::to_string(o.last_step)));
+    ASSIGN_OR_RETURN(
+        const std::string through,
+        ch.Scalar("SELECT count() FROM (SELECT rank, max(step) AS top FROM rank_steps" +
+                  Where(s, "start_ns") + of_attempt +
+                  " AND step >= " + std::to_string(o.first_step) +
+                  " GROUP BY rank) WHERE top >= " + std::to_string(o.last_step)));
     if (std::stoll(through.empty() ? "0" : through) < world) return std::optional<SlowInput>();
   }
   SlowInput in;
@@ -261,7 +261,8 @@ Result<std::optional<SlowInput>> LoadSlowInputFromStore(tracer::ClickHouse& ch,
                 std::to_string(o.first_step) + " AND step <= " + std::to_string(o.last_step + 1) +
                 ") ALL INNER JOIN (SELECT attempt, rank, min(start_ns) AS lo, max(start_ns + wall) "
                 "AS hi FROM rank_steps" +
-                Where(s, "start_ns") + range + " GROUP BY attempt, rank) USING (attempt, rank) WHERE enqueued_ns >= lo AND "
+                Where(s, "start_ns") + range +
+                " GROUP BY attempt, rank) USING (attempt, rank) WHERE enqueued_ns >= lo AND "
                 "enqueued_ns <= hi"));
   for (const auto& r : ops.rows)
     in.ops.push_back({r[0], std::stoll(r[1]), std::stoi(r[2]), std::stoll(r[3]), std::stoll(r[4]),

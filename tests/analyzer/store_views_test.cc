@@ -188,6 +188,23 @@ TEST_F(StoreViewsTest, TheRunViewsFromTheStoreAreThoseOfTheRunsTraceDatabases) {
   ASSERT_TRUE(later.ok()) << later.status().ToString();
   EXPECT_FALSE(later->has_value());
 
+  // The same from the command line, and the store's status and retention.
+  const std::string url = server_->Url("fleet");
+  auto cli = RunCommand(std::string(MEGASCOPE_BIN) + " query --store " + url + " steps --job " +
+                        job + " --csv");
+  ASSERT_EQ(cli.code, 0) << cli.out;
+  EXPECT_EQ(cli.out, FormatCsv(*QueryStore(ch, StoreView::kSteps, scope)));
+  auto status = RunCommand(std::string(MEGASCOPE_BIN) + " store status --store " + url);
+  ASSERT_EQ(status.code, 0) << status.out;
+  EXPECT_NE(status.out.find("schema version 1"), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find("rank_steps"), std::string::npos) << status.out;
+  auto prune = RunCommand(std::string(MEGASCOPE_BIN) + " store prune --store " + url);
+  ASSERT_EQ(prune.code, 0) << prune.out;
+  EXPECT_NE(prune.out.find("0 day partitions dropped"), std::string::npos) << prune.out;
+  auto bad = RunCommand(std::string(MEGASCOPE_BIN) + " store status --store http://x");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("expected clickhouse://"), std::string::npos) << bad.out;
+
   // A run view without a job is refused, saying so.
   auto no_job = QueryStore(ch, StoreView::kSteps, StoreScope{});
   ASSERT_FALSE(no_job.ok());

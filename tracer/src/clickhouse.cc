@@ -253,10 +253,10 @@ Status ClickHouse::Insert(std::string_view table, std::string_view columns, std:
 }
 
 Result<StoreRows> ClickHouse::Select(std::string_view sql, std::string_view settings) {
-  ASSIGN_OR_RETURN(const std::string body,
-                   Post("", std::string(sql) + "\nFORMAT TabSeparatedWithNamesAndTypes",
-                        "database=" + url_.database + (settings.empty() ? "" : "&") +
-                            std::string(settings)));
+  ASSIGN_OR_RETURN(
+      const std::string body,
+      Post("", std::string(sql) + "\nFORMAT TabSeparatedWithNamesAndTypes",
+           "database=" + url_.database + (settings.empty() ? "" : "&") + std::string(settings)));
   StoreRows out;
   std::string_view rest = body;
   int line_no = 0;

@@ -110,17 +110,6 @@ std::string ColumnNames(std::string_view columns) {
   return out;
 }
 
-// Each migration takes the store from version - 1 to version. Version 1 creates everything (in
-// CreateTables); a later version appends its ALTERs here.
-struct Migration {
-  int version;
-  std::vector<std::string> statements;
-};
-const std::vector<Migration>& Migrations() {
-  static const std::vector<Migration> m = {};
-  return m;
-}
-
 Status CreateTables(ClickHouse& ch) {
   const StoreUrl& u = ch.url();
   for (const StoreTable& t : StoreTables()) {
@@ -141,6 +130,29 @@ Status CreateTables(ClickHouse& ch) {
 }
 
 }  // namespace
+
+const std::vector<StoreMigration>& StoreMigrations() {
+  static const std::vector<StoreMigration> steps = {};
+  return steps;
+}
+
+Status MigrateStore(ClickHouse& ch, int have, const std::vector<StoreMigration>& steps) {
+  for (const StoreMigration& m : steps) {
+    if (m.version <= have) continue;
+    for (std::string sql : m.statements) {
+      for (size_t at; (at = sql.find("{db}")) != std::string::npos;)
+        sql.replace(at, 4, ch.url().database);
+      if (Status st = ch.Exec(sql); !st.ok())
+        return Status(st.code(), "migrating the store at " + ch.url().Redacted() +
+                                     " from schema version " + std::to_string(m.version - 1) +
+                                     " to " + std::to_string(m.version) + ": " + st.message());
+    }
+    RETURN_IF_ERROR(ch.Exec("INSERT INTO " + ch.Table("schema_version") + " VALUES (" +
+                            std::to_string(m.version) + ", now())"));
+    have = m.version;
+  }
+  return Status::Ok();
+}
 
 const std::array<StoreTable, 10>& StoreTables() {
   static const std::array<StoreTable, 10> tables = BuildTables();
@@ -190,19 +202,13 @@ Status EnsureStoreSchema(ClickHouse& ch) {
     return FailedPrecondition("the store at " + ch.url().Redacted() + " has schema version " +
                               std::to_string(have) + ", written by a newer megascope; this build " +
                               "writes and reads version " + std::to_string(kStoreSchemaVersion));
-  RETURN_IF_ERROR(CreateTables(ch));
-  if (have == kStoreSchemaVersion) return Status::Ok();
-  for (const Migration& m : Migrations()) {
-    if (m.version <= have || have == 0) continue;  // a new store is created at the latest
-    for (const std::string& sql : m.statements) {
-      if (Status st = ch.Exec(sql); !st.ok())
-        return Status(st.code(), "migrating the store from schema version " +
-                                     std::to_string(m.version - 1) + " to " +
-                                     std::to_string(m.version) + ": " + st.message());
-    }
-  }
-  return ch.Exec("INSERT INTO " + ch.Table("schema_version") + " VALUES (" +
-                 std::to_string(kStoreSchemaVersion) + ", now())");
+  if (have > 0 && have < kStoreSchemaVersion)
+    RETURN_IF_ERROR(MigrateStore(ch, have, StoreMigrations()));
+  RETURN_IF_ERROR(CreateTables(ch));  // (a new store is created at this version)
+  if (have == 0)
+    return ch.Exec("INSERT INTO " + ch.Table("schema_version") + " VALUES (" +
+                   std::to_string(kStoreSchemaVersion) + ", now())");
+  return Status::Ok();
 }
 
 Result<int> PruneStore(ClickHouse& ch, const std::array<int, 3>& days, int64_t now_ns) {

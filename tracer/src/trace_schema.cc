@@ -38,8 +38,8 @@ std::string SpansSelectSql(std::string_view span_rows_where, std::string_view co
          SpellingSql<OpType>("op") +
          ", enqueued_ns + start_after_ns, enqueued_ns + end_after_ns FROM collective_rows WHERE "
          "state = " +
-         std::to_string(static_cast<int>(OpState::kCompleted)) +
-         " AND start_after_ns IS NOT NULL" + std::string(collective_rows_and);
+         std::to_string(static_cast<int>(OpState::kCompleted)) + " AND start_after_ns IS NOT NULL" +
+         std::string(collective_rows_and);
 }
 
 std::string TraceSchemaSql() {
@@ -71,7 +71,8 @@ CREATE VIEW IF NOT EXISTS collectives AS
          c.step
   FROM collective_rows c LEFT JOIN group_names g ON g.id = c.grp;
 CREATE VIEW IF NOT EXISTS spans AS
-  )sql" + SpansSelectSql() + R"sql(;
+  )sql" + SpansSelectSql() +
+         R"sql(;
 CREATE VIEW IF NOT EXISTS heartbeats AS
   SELECT rank, attempt, ts_ns, step, )sql" +
          SpellingSql<Phase>("phase") + R"sql( AS phase FROM heartbeat_rows;

@@ -248,6 +248,7 @@ TEST_F(StoreSinkTest, ALostAcknowledgementOrAKilledServerNeitherLosesNorDoublesA
   EXPECT_EQ(down.status().code(), StatusCode::kUnavailable) << down.status().ToString();
   EXPECT_NE(down.status().message().find("cannot connect"), std::string::npos)
       << down.status().message();
+  EXPECT_GE(sink->lag_rows(), 10 * 4) << "the new rows wait in trace.db, counted";
   ASSERT_TRUE(server_->Start());
   ASSERT_TRUE(sink->Pass().ok());
   EXPECT_EQ(sink->lag_rows(), 0);
@@ -321,6 +322,34 @@ TEST_F(StoreSinkTest, AWrongPasswordAndANewerSchemaAreOneClearLineEach) {
   EXPECT_NE(newer.status().message().find("version " + std::to_string(kStoreSchemaVersion)),
             std::string::npos);
   EXPECT_EQ(*ch.Scalar("SELECT count() FROM spans"), "3") << "what was stored stays";
+}
+
+// A store of an older schema version is brought forward one step at a time, each recorded; a step
+// that fails says between which versions, and the store stays at the last one completed.
+TEST_F(StoreSinkTest, AnOlderStoreIsMigratedStepByStepAndAFailedStepNamesBothVersions) {
+  ClickHouse ch(*StoreUrl::Parse(server_->Url("m")));
+  ASSERT_TRUE(EnsureStoreSchema(ch).ok());
+  ASSERT_EQ(*StoreSchemaVersion(ch), kStoreSchemaVersion);
+  const int v = kStoreSchemaVersion;
+  const std::vector<StoreMigration> steps = {
+      {v + 1, {"ALTER TABLE {db}.spans ADD COLUMN migrated UInt8 DEFAULT 1"}},
+      {v + 2, {"ALTER TABLE {db}.heartbeats ADD COLUMN beat2 UInt8 DEFAULT 2"}}};
+  ASSERT_TRUE(MigrateStore(ch, v, steps).ok());
+  EXPECT_EQ(*StoreSchemaVersion(ch), v + 2);
+  EXPECT_EQ(*ch.Scalar("SELECT count() FROM system.columns WHERE database = 'm' AND name IN "
+                       "('migrated', 'beat2')"),
+            "2");
+  auto failed = MigrateStore(ch, v + 2, {{v + 3, {"ALTER TABLE {db}.nope ADD COLUMN x UInt8"}}});
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(failed.message().find("from schema version " + std::to_string(v + 2) + " to " +
+                                  std::to_string(v + 3)),
+            std::string::npos)
+      << failed.message();
+  EXPECT_EQ(*StoreSchemaVersion(ch), v + 2);
+  // This build, older than the store now, refuses it, naming both.
+  auto newer = EnsureStoreSchema(ch);
+  EXPECT_EQ(newer.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(newer.message().find("schema version " + std::to_string(v + 2)), std::string::npos);
 }
 
 // Retention drops whole days, per table: raw spans after a week, collectives after four, events

@@ -159,7 +159,6 @@ Result<size_t> StoreSink::ShipTable(const StoreTable& t, size_t index) {
     shipped_rows_ += rows;
     (void)SaveCursor(t, cursor);
   }
-  lag_rows_ += std::max<int64_t>(0, last - cursor);
   return shipped;
 }
 
@@ -267,9 +266,9 @@ Status StoreSink::SumSteps(bool all) {
       seen = std::max(seen, st.Int(4));
       const auto done = summed_.find({attempt, rank});
       if (done != summed_.end() && step <= done->second) continue;  // late: its sum is shipped
-      auto [it, fresh] = pending_steps_.try_emplace({attempt, rank, step},
-                                                     std::numeric_limits<int64_t>::max(),
-                                                     std::numeric_limits<int64_t>::max());
+      auto [it, fresh] =
+          pending_steps_.try_emplace({attempt, rank, step}, std::numeric_limits<int64_t>::max(),
+                                     std::numeric_limits<int64_t>::max());
       (spans ? it->second.first : it->second.second) =
           std::min(spans ? it->second.first : it->second.second, st.Int(3));
       (void)fresh;
@@ -298,20 +297,21 @@ Status StoreSink::SumSteps(bool all) {
     RETURN_IF_ERROR(add.Run());
   }
   // trace_schema.h's per_rank over those steps' rows only, from where they begin.
-  const std::string of_them = " AND (attempt, rank, step) IN (SELECT attempt, rank, step FROM "
-                              "temp.summing)";
-  const std::string rows =
-      "(" +
-      SpansSelectSql(" WHERE rowid >= " + std::to_string(from_span) + of_them,
-                     " AND rowid >= " + std::to_string(from_coll) + of_them) +
-      ")";
+  const std::string of_them =
+      " AND (attempt, rank, step) IN (SELECT attempt, rank, step FROM "
+      "temp.summing)";
+  const std::string rows = "(" +
+                           SpansSelectSql(" WHERE rowid >= " + std::to_string(from_span) + of_them,
+                                          " AND rowid >= " + std::to_string(from_coll) + of_them) +
+                           ")";
   std::string cte = PerRankStepSql();
   for (size_t at = 0; (at = cte.find("FROM spans", at)) != std::string::npos;) {
     cte.replace(at, 10, "FROM " + rows);
     at += 5 + rows.size();
   }
-  RETURN_IF_ERROR(db_.Exec(cte + ", first AS (SELECT attempt, rank, step, MIN(start_ns) AS "
-                                 "start_ns FROM " +
+  RETURN_IF_ERROR(db_.Exec(cte +
+                           ", first AS (SELECT attempt, rank, step, MIN(start_ns) AS "
+                           "start_ns FROM " +
                            rows +
                            " GROUP BY attempt, rank, step) INSERT INTO store_rank_steps(attempt, "
                            "rank, step, start_ns, wall, compute, comm, data) SELECT p.attempt, "
@@ -332,6 +332,20 @@ Status StoreSink::SumSteps(bool all) {
 }
 
 Result<size_t> StoreSink::Pass(bool last) {
+  Result<size_t> got = PassOnce(last);
+  // What waits in the database, whether or not the store took anything.
+  int64_t lag = 0;
+  const auto& tables = StoreTables();
+  for (size_t i = 0; i < tables.size(); ++i) {
+    if (!present_[i] || tables[i].source_sql.empty()) continue;
+    auto top = db_.QueryInt("SELECT max(rowid) FROM " + std::string(tables[i].source_table));
+    if (top.ok()) lag += std::max<int64_t>(0, *top - cursors_[i]);
+  }
+  lag_rows_ = lag;
+  return got;
+}
+
+Result<size_t> StoreSink::PassOnce(bool last) {
   if (opt_.source == StoreSource::kTrace) {
     if (Status s = SumSteps(last); !s.ok()) {
       ++errors_;
@@ -345,7 +359,6 @@ Result<size_t> StoreSink::Pass(bool last) {
       return s;
     }
   }
-  lag_rows_ = 0;
   size_t shipped = 0;
   const auto& tables = StoreTables();
   for (size_t i = 0; i < tables.size(); ++i) {

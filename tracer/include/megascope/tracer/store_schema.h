@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "megascope/tracer/clickhouse.h"
 #include "megascope/tracer/status.h"
@@ -64,6 +65,18 @@ std::string StoreColumnNames(const StoreTable& t);
 
 // The days of each retention class kept by default (kForever: 0, never dropped).
 int DefaultRetentionDays(StoreRetention r);
+
+// One step of the schema: takes a store from version - 1 to version. Each statement's "{db}" is
+// the store's database.
+struct StoreMigration {
+  int version;
+  std::vector<std::string> statements;
+};
+// This build's steps past version 1 (none yet).
+const std::vector<StoreMigration>& StoreMigrations();
+// Runs the steps past `have` in order, recording each version as it completes; a step that fails
+// is an error naming the versions it was between (the store stays at the last completed one).
+Status MigrateStore(ClickHouse& ch, int have, const std::vector<StoreMigration>& steps);
 
 // Creates the database, the tables (MergeTree partitioned by day; with a cluster, `<name>_local`
 // on the server asked and a Distributed table `<name>` over the cluster's shards) and the schema

@@ -73,8 +73,9 @@ class StoreSink {
 
  private:
   StoreSink(StoreSinkOptions options, sql::Database db);
-  Status FindTables();  // notes the source tables that exist now
-  Status Resync();      // the schema ensured and every cursor at least the store's largest row_id
+  Result<size_t> PassOnce(bool last);  // Pass() but for the lag
+  Status FindTables();                 // notes the source tables that exist now
+  Status Resync();  // the schema ensured and every cursor at least the store's largest row_id
   Status SaveCursor(const StoreTable& t, int64_t row_id);
   Result<size_t> ShipTable(const StoreTable& t, size_t index);
   Result<size_t> ShipOpenOps(const StoreTable& t, size_t index);
