@@ -45,6 +45,7 @@
 #include "megascope/tracer/http_serve.h"
 #include "megascope/tracer/parallel.h"
 #include "megascope/tracer/trace_store.h"
+#include "node_trace.h"
 
 using namespace megascope;
 
@@ -117,73 +118,11 @@ std::string StateBody(const Shape& s, int n, int64_t step) {
   return nlohmann::json{{"node", NodeName(n)}, {"ranks", ranks}}.dump();
 }
 
-// RUN_DIR/nodes/node0/trace.db with the last 10 minutes of node 0's ranks, through the real store:
-// 200-ms steps, each a forward span and kTpOps + 1 all-reduces (the tp ones with the node, the dp
-// one across nodes). Returns the rows written.
+// RUN_DIR/nodes/node0/trace.db with the last 10 minutes of node 0's ranks (node_trace.h).
 Result<size_t> WriteTenMinutes(const std::string& run_dir, const Shape& s, int64_t now_ns) {
   ASSIGN_OR_RETURN(auto store, tracer::TraceStore::Open(run_dir + "/nodes/node0/trace.db"));
-  constexpr int64_t kMs = 1000000, kStep = 200 * kMs, kSteps = 600 * 1000 / 200;
-  const std::vector<std::string> names = {"forward"};
-  size_t rows = 0;
-  for (int l = 0; l < s.ranks_per_node; ++l) {
-    tracer::RankInfo info;
-    info.job = "fleet";
-    info.node = "node0";
-    info.rank = l;
-    info.world_size = s.World();
-    info.local_rank = l;
-    info.coords = {0, 0, l};
-    RETURN_IF_ERROR(store->UpsertRank(info));
-    const std::vector<tracer::GroupInfo> groups = {{"tp.0", "tp", {}},
-                                                   {"dp." + std::to_string(l), "dp", {}}};
-    std::vector<tracer::Record> recs;
-    for (int64_t step = 0; step < kSteps; ++step) {
-      const int64_t t0 = now_ns - kSteps * kStep + step * kStep;
-      const int64_t compute = 100 * kMs;
-      tracer::Record span{};
-      span.span = {tracer::RecordType::kSpan,
-                   tracer::SpanKind::kForward,
-                   0,
-                   -1,
-                   step,
-                   t0,
-                   t0 + compute,
-                   0,
-                   0,
-                   0,
-                   0,
-                   0,
-                   {}};
-      recs.push_back(span);
-      for (int k = 0; k <= kTpOps; ++k) {
-        tracer::Record op{};
-        auto& c = op.collective;
-        c.type = tracer::RecordType::kCollective;
-        c.op = tracer::OpType::kAllreduce;
-        c.state = tracer::OpState::kCompleted;
-        c.group = k < kTpOps ? 0 : 1;
-        c.peer = -1;
-        c.seq = static_cast<uint64_t>(step * (k < kTpOps ? kTpOps : 1) + (k % kTpOps) + 1);
-        c.bytes = 8 << 20;
-        c.enqueued_ticks = t0 + compute + k * kMs;
-        c.started_ticks = c.enqueued_ticks;
-        c.completed_ticks = c.enqueued_ticks + kMs;
-        c.entry_id = recs.size() + 1;
-        c.step = static_cast<int32_t>(step);
-        recs.push_back(op);
-      }
-    }
-    tracer::RingRows batch;
-    batch.info = &info;
-    batch.names = &names;
-    batch.groups = &groups;
-    batch.records = recs;
-    batch.ring = "rank" + std::to_string(l);
-    batch.lane_tails = {recs.size()};
-    RETURN_IF_ERROR(store->Write({&batch, 1}, {}, {}));
-    rows += recs.size();
-  }
-  return rows;
+  return bench::WriteTenMinutes(*store, "fleet", s.ranks_per_node, s.World(), now_ns,
+                                /*heartbeats=*/false);
 }
 
 // Node n's part of the query: node 0's real part with node 0's ranks renamed node n's (dp = n); the

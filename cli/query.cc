@@ -235,6 +235,15 @@ Result<analyzer::NodeQuery> QuestionOf(const std::string& question, const std::s
 
 }  // namespace
 
+// The answer as the flags ask: JSON, CSV or an aligned table.
+int PrintTable(const analyzer::Table& table, const po::variables_map& vm) {
+  const std::string out = vm.count("json")  ? analyzer::FormatJson(table)
+                          : vm.count("csv") ? analyzer::FormatCsv(table)
+                                            : analyzer::FormatTable(table);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return 0;
+}
+
 // `megascope query --store URL VIEW [--job J] [--since 7d]`: a named view answered by the fleet's
 // ClickHouse store.
 int QueryTheStore(const std::string& store, const std::string& view, const std::string& time,
@@ -278,11 +287,7 @@ int QueryTheStore(const std::string& store, const std::string& view, const std::
   }
   auto table = analyzer::QueryStore(ch, *v, scope);
   if (!table.ok()) return Fail("query", table.status().message());
-  const std::string out = vm.count("json")  ? analyzer::FormatJson(*table)
-                          : vm.count("csv") ? analyzer::FormatCsv(*table)
-                                            : analyzer::FormatTable(*table);
-  std::fwrite(out.data(), 1, out.size(), stdout);
-  return 0;
+  return PrintTable(*table, vm);
 }
 
 int RunQuery(const Args& args) {
@@ -353,11 +358,7 @@ int RunQuery(const Args& args) {
       remote ? AskTheAgents(run_dir, agent_urls, token_file, timeout_s, arg, merge, &*q)
              : ReadHere(run_dir, arg, &*q);
   if (!table.ok()) return Fail("query", table.status().message());
-  const std::string out = vm.count("json")  ? analyzer::FormatJson(*table)
-                          : vm.count("csv") ? analyzer::FormatCsv(*table)
-                                            : analyzer::FormatTable(*table);
-  std::fwrite(out.data(), 1, out.size(), stdout);
-  return 0;
+  return PrintTable(*table, vm);
 }
 
 int RunMetrics(const Args& args) {

@@ -114,4 +114,17 @@ class ClickHouseServer {
   std::unique_ptr<launch::Process> process_;
 };
 
+// A test with a ClickHouse server of its own, started before it (skipped where none is installed).
+class ClickHouseTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!ClickHouseInstalled())
+      GTEST_SKIP() << "clickhouse-server is not installed (scripts/setup.sh installs it)";
+    server_ = std::make_unique<ClickHouseServer>(dir_.path() + "/ch");
+    ASSERT_TRUE(server_->Start());
+  }
+  TempDir dir_;
+  std::unique_ptr<ClickHouseServer> server_;
+};
+
 }  // namespace megascope::testing

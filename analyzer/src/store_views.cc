@@ -1,21 +1,15 @@
 #include "megascope/analyzer/store_views.h"
 
 #include <array>
-#include <utility>
+
+#include "megascope/tracer/enum_names.h"
 
 namespace megascope::analyzer {
 namespace {
 
-constexpr std::array<std::pair<StoreView, std::string_view>, 8> kViews = {{
-    {StoreView::kSteps, "steps"},
-    {StoreView::kStragglers, "stragglers"},
-    {StoreView::kWaits, "waits"},
-    {StoreView::kOpen, "open"},
-    {StoreView::kVerdicts, "verdicts"},
-    {StoreView::kMachines, "machines"},
-    {StoreView::kIncidents, "incidents"},
-    {StoreView::kAt, "at"},
-}};
+// By StoreView's value.
+constexpr std::array<std::string_view, 8> kViewNames = {
+    "steps", "stragglers", "waits", "open", "verdicts", "machines", "incidents", "at"};
 
 std::string Quote(const std::string& s) {
   std::string out = "'";
@@ -114,16 +108,10 @@ std::string VerdictRows(const StoreScope& s) {
 
 }  // namespace
 
-std::string_view Name(StoreView v) {
-  for (const auto& [view, name] : kViews)
-    if (view == v) return name;
-  return "unknown";
-}
+std::string_view Name(StoreView v) { return tracer::NameFrom(kViewNames, v); }
 
 std::optional<StoreView> ParseStoreView(std::string_view name) {
-  for (const auto& [view, n] : kViews)
-    if (n == name) return view;
-  return std::nullopt;
+  return tracer::ParseFrom<StoreView>(kViewNames, name);
 }
 
 bool IsRunView(StoreView v) {

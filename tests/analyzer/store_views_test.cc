@@ -57,14 +57,11 @@ void ExpectSameTable(const Table& here, const Table& store, const std::string& v
   }
 }
 
-class StoreViewsTest : public ::testing::Test {
+class StoreViewsTest : public megascope::testing::ClickHouseTest {
  protected:
   void SetUp() override {
-    if (!megascope::testing::ClickHouseInstalled())
-      GTEST_SKIP() << "clickhouse-server is not installed (scripts/setup.sh installs it)";
-    server_ = std::make_unique<ClickHouseServer>(dir_.path() + "/ch");
-    ASSERT_TRUE(server_->Start());
-    url_ = *tracer::StoreUrl::Parse(server_->Url("fleet"));
+    ClickHouseTest::SetUp();
+    if (server_) url_ = *tracer::StoreUrl::Parse(server_->Url("fleet"));
   }
   // Ships a database through the agent's sink, as an agent (or a launch) does.
   void Ship(const std::string& db, const std::string& job, const std::string& node,
@@ -81,8 +78,6 @@ class StoreViewsTest : public ::testing::Test {
     ASSERT_TRUE(shipped.ok()) << shipped.status().ToString();
     EXPECT_EQ((*sink)->lag_rows(), 0);
   }
-  TempDir dir_;
-  std::unique_ptr<ClickHouseServer> server_;
   tracer::StoreUrl url_;
 };
 

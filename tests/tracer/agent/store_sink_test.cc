@@ -95,8 +95,8 @@ class TraceDb {
     EXPECT_TRUE(n.ok());
     return n.ok() ? *n : -1;
   }
-  TraceStore& store() { return *store_; }
-  const std::string& path() const { return path_; }
+  TraceStore& Store() { return *store_; }
+  const std::string& Path() const { return path_; }
 
  private:
   std::string path_;
@@ -107,14 +107,8 @@ class TraceDb {
   uint64_t tail_ = 0;
 };
 
-class StoreSinkTest : public ::testing::Test {
+class StoreSinkTest : public megascope::testing::ClickHouseTest {
  protected:
-  void SetUp() override {
-    if (!megascope::testing::ClickHouseInstalled())
-      GTEST_SKIP() << "clickhouse-server is not installed (scripts/setup.sh installs it)";
-    server_ = std::make_unique<ClickHouseServer>(dir_.path() + "/ch");
-    ASSERT_TRUE(server_->Start());
-  }
   std::unique_ptr<StoreSink> Sink(const std::string& db_path, const std::string& url,
                                   std::function<Status(std::string_view)> after = nullptr) {
     auto u = StoreUrl::Parse(url);
@@ -156,8 +150,6 @@ class StoreSinkTest : public ::testing::Test {
     EXPECT_EQ(Scalar("SELECT count() - uniqExact(src, attempt, rank, step) FROM rank_steps"), "0")
         << "a step summed twice";
   }
-  TempDir dir_;
-  std::unique_ptr<ClickHouseServer> server_;
 };
 
 TEST_F(StoreSinkTest, EveryRowArrivesOnceWithTheColumnsTraceDbShows) {
@@ -165,7 +157,7 @@ TEST_F(StoreSinkTest, EveryRowArrivesOnceWithTheColumnsTraceDbShows) {
   const int64_t t0 = NowNs();
   db.Add(0, 20, t0);
   db.Add(1, 15, t0);
-  auto sink = Sink(db.path(), server_->Url("m"));
+  auto sink = Sink(db.Path(), server_->Url("m"));
   auto shipped = sink->Pass();
   ASSERT_TRUE(shipped.ok()) << shipped.status().ToString();
   EXPECT_EQ(sink->lag_rows(), 0);
@@ -191,7 +183,7 @@ TEST_F(StoreSinkTest, EveryRowArrivesOnceWithTheColumnsTraceDbShows) {
 TEST_F(StoreSinkTest, StepsSummedAsTheyEndAreThoseOfTheWholeDatabase) {
   TraceDb db(dir_.path() + "/trace.db");
   const int64_t t0 = NowNs();
-  auto sink = Sink(db.path(), server_->Url("m"));
+  auto sink = Sink(db.Path(), server_->Url("m"));
   for (int pass = 0; pass < 4; ++pass) {
     db.Add(pass % 2, 3 + pass, t0);
     ASSERT_TRUE(sink->Pass().ok());
@@ -200,7 +192,7 @@ TEST_F(StoreSinkTest, StepsSummedAsTheyEndAreThoseOfTheWholeDatabase) {
       << "each rank's newest step is not over yet";
   ASSERT_TRUE(sink->Pass(/*last=*/true).ok());
   ExpectExactlyOnce(db);
-  auto raw = sql::Database::Open(db.path(), sql::Database::Mode::kReadOnly);
+  auto raw = sql::Database::Open(db.Path(), sql::Database::Mode::kReadOnly);
   ASSERT_TRUE(raw.ok());
   auto st = raw->Prepare(PerRankStepSql() +
                          " SELECT attempt, rank, step, wall, compute, comm, data FROM per_rank "
@@ -231,7 +223,7 @@ TEST_F(StoreSinkTest, ALostAcknowledgementOrAKilledServerNeitherLosesNorDoublesA
   const int64_t t0 = NowNs();
   db.Add(0, 10, t0);
   int inserts = 0;
-  auto sink = Sink(db.path(), server_->Url("m"), [&](std::string_view table) {
+  auto sink = Sink(db.Path(), server_->Url("m"), [&](std::string_view table) {
     // The second INSERT into collectives lands, but its answer never arrives.
     return table == "collectives" && ++inserts == 2 ? Status(StatusCode::kDeadlineExceeded, "lost")
                                                     : Status::Ok();
@@ -260,14 +252,14 @@ TEST_F(StoreSinkTest, ALostAcknowledgementOrAKilledServerNeitherLosesNorDoublesA
 TEST_F(StoreSinkTest, ACursorNeverSavedIsFoundAgainInTheStore) {
   TraceDb db(dir_.path() + "/trace.db");
   db.Add(0, 12, NowNs());
-  ASSERT_TRUE(Sink(db.path(), server_->Url("m"))->Pass().ok());
+  ASSERT_TRUE(Sink(db.Path(), server_->Url("m"))->Pass().ok());
   {
-    auto raw = sql::Database::Open(db.path(), sql::Database::Mode::kReadWrite);
+    auto raw = sql::Database::Open(db.Path(), sql::Database::Mode::kReadWrite);
     ASSERT_TRUE(raw.ok());
     ASSERT_TRUE(raw->Exec("DELETE FROM store_cursors").ok());
   }
   db.Add(0, 5, NowNs());
-  auto again = Sink(db.path(), server_->Url("m"));
+  auto again = Sink(db.Path(), server_->Url("m"));
   auto shipped = again->Pass();
   ASSERT_TRUE(shipped.ok()) << shipped.status().ToString();
   EXPECT_EQ(*shipped, 5u * 4 + 1 + 1 + 5)
@@ -281,7 +273,7 @@ TEST_F(StoreSinkTest, AStoreDownFromTheStartIsOneClearErrorAndTheRowsCatchUpLate
   TraceDb db(dir_.path() + "/trace.db");
   db.Add(0, 9, NowNs());
   ClickHouseServer later(dir_.path() + "/later");
-  auto sink = Sink(db.path(), later.Url("m"));
+  auto sink = Sink(db.Path(), later.Url("m"));
   auto first = sink->Pass();
   ASSERT_FALSE(first.ok());
   EXPECT_EQ(first.status().code(), StatusCode::kUnavailable);
@@ -298,21 +290,21 @@ TEST_F(StoreSinkTest, AStoreDownFromTheStartIsOneClearErrorAndTheRowsCatchUpLate
 TEST_F(StoreSinkTest, AWrongPasswordAndANewerSchemaAreOneClearLineEach) {
   TraceDb db(dir_.path() + "/trace.db");
   db.Add(0, 3, NowNs());
-  auto wrong = Sink(db.path(), server_->Url("m", "writer:nope"))->Pass();
+  auto wrong = Sink(db.Path(), server_->Url("m", "writer:nope"))->Pass();
   ASSERT_FALSE(wrong.ok());
   EXPECT_EQ(wrong.status().code(), StatusCode::kPermissionDenied) << wrong.status().ToString();
   EXPECT_NE(wrong.status().message().find("Wrong password"), std::string::npos);
   EXPECT_EQ(wrong.status().message().find("nope"), std::string::npos) << "the password is shown";
   EXPECT_EQ(wrong.status().message().find('\n'), std::string::npos);
 
-  auto right = Sink(db.path(), server_->Url("m", "writer:s3cret"));
+  auto right = Sink(db.Path(), server_->Url("m", "writer:s3cret"));
   ASSERT_TRUE(right->Pass().ok());
   ClickHouse ch(*StoreUrl::Parse(server_->Url("m")));
   ASSERT_TRUE(ch.Exec("INSERT INTO schema_version VALUES (" +
                       std::to_string(kStoreSchemaVersion + 1) + ", now())")
                   .ok());
   db.Add(0, 3, NowNs());
-  auto newer = Sink(db.path(), server_->Url("m"))->Pass();
+  auto newer = Sink(db.Path(), server_->Url("m"))->Pass();
   ASSERT_FALSE(newer.ok());
   EXPECT_EQ(newer.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(
@@ -359,7 +351,7 @@ TEST_F(StoreSinkTest, RetentionDropsWholeOldDaysPerTableAndCountsRowsPrunedBefor
   const int64_t now = NowNs();
   db.Add(0, 4, now - 10 * kDayNs);  // older than spans' week, younger than collectives' month
   db.Add(0, 4, now);
-  auto sink = Sink(db.path(), server_->Url("m"));
+  auto sink = Sink(db.Path(), server_->Url("m"));
   ASSERT_TRUE(sink->Pass().ok());
   ClickHouse ch(*StoreUrl::Parse(server_->Url("m")));
   EXPECT_EQ(*ch.Scalar("SELECT uniqExact(day) FROM spans"), "2");
@@ -377,8 +369,8 @@ TEST_F(StoreSinkTest, RetentionDropsWholeOldDaysPerTableAndCountsRowsPrunedBefor
   TraceDb late(dir_.path() + "/late.db");
   late.Add(0, 6, now - 2 * kDayNs);
   late.Add(0, 2, now);
-  ASSERT_TRUE(late.store().Prune(now - kDayNs).ok());
-  auto late_sink = Sink(late.path(), server_->Url("m"));
+  ASSERT_TRUE(late.Store().Prune(now - kDayNs).ok());
+  auto late_sink = Sink(late.Path(), server_->Url("m"));
   ASSERT_TRUE(late_sink->Pass().ok());
   EXPECT_EQ(late_sink->dropped_rows(), 4u * 6) << "six steps' span, collective, heartbeat, metric";
   EXPECT_EQ(*ch.Scalar("SELECT count() FROM spans WHERE src = '" + late_sink->src() + "'"), "2");
@@ -401,7 +393,7 @@ TEST_F(StoreSinkTest, TwoShardsBehindADistributedTableHoldEveryRowOnce) {
   for (int n = 0; n < 4; ++n) {
     dbs.push_back(std::make_unique<TraceDb>(dir_.path() + "/t" + std::to_string(n) + ".db"));
     dbs.back()->Add(n, 5 + n, NowNs());
-    auto sink = Sink(dbs.back()->path(), a.Url("m", "", true));
+    auto sink = Sink(dbs.back()->Path(), a.Url("m", "", true));
     auto got = sink->Pass();
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     spans += 5 + n;

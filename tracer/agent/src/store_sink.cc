@@ -229,27 +229,28 @@ Status StoreSink::FindTables() {
   return Status::Ok();
 }
 
-Status StoreSink::SumSteps(bool all) {
-  if (!steps_ready_) {
-    ASSIGN_OR_RETURN(const int64_t have,
-                     db_.QueryInt("SELECT count(*) FROM sqlite_master WHERE name = 'span_rows'"));
-    if (have == 0) return Status::Ok();  // not a trace.db of version 2
-    RETURN_IF_ERROR(db_.Exec(
-        "CREATE TABLE IF NOT EXISTS store_rank_steps(id INTEGER PRIMARY KEY AUTOINCREMENT, "
-        "attempt INTEGER, rank INTEGER, step INTEGER, start_ns INTEGER, wall INTEGER, "
-        "compute INTEGER, comm INTEGER, data INTEGER);"
-        "CREATE TEMP TABLE IF NOT EXISTS summing(attempt INTEGER, rank INTEGER, step INTEGER);"));
-    ASSIGN_OR_RETURN(sql::Statement done,
-                     db_.Prepare("SELECT attempt, rank, MAX(step) FROM store_rank_steps GROUP BY "
-                                 "attempt, rank"));
-    for (;;) {
-      ASSIGN_OR_RETURN(const bool row, done.Step());
-      if (!row) break;
-      summed_[{done.Int(0), done.Int(1)}] = done.Int(2);
-    }
-    steps_ready_ = true;
+Status StoreSink::StartSums() {
+  ASSIGN_OR_RETURN(const int64_t have,
+                   db_.QueryInt("SELECT count(*) FROM sqlite_master WHERE name = 'span_rows'"));
+  if (have == 0) return Status::Ok();  // not a trace.db of version 2
+  RETURN_IF_ERROR(db_.Exec(
+      "CREATE TABLE IF NOT EXISTS store_rank_steps(id INTEGER PRIMARY KEY AUTOINCREMENT, "
+      "attempt INTEGER, rank INTEGER, step INTEGER, start_ns INTEGER, wall INTEGER, "
+      "compute INTEGER, comm INTEGER, data INTEGER);"
+      "CREATE TEMP TABLE IF NOT EXISTS summing(attempt INTEGER, rank INTEGER, step INTEGER);"));
+  ASSIGN_OR_RETURN(sql::Statement done,
+                   db_.Prepare("SELECT attempt, rank, MAX(step) FROM store_rank_steps GROUP BY "
+                               "attempt, rank"));
+  for (;;) {
+    ASSIGN_OR_RETURN(const bool row, done.Step());
+    if (!row) break;
+    summed_[{done.Int(0), done.Int(1)}] = done.Int(2);
   }
-  // The rows stored since the last look: which steps they belong to, and where those begin.
+  steps_ready_ = true;
+  return Status::Ok();
+}
+
+Status StoreSink::NoteNewSteps() {
   for (const bool spans : {true, false}) {
     int64_t& seen = spans ? spans_seen_ : collectives_seen_;
     ASSIGN_OR_RETURN(sql::Statement st,
@@ -266,18 +267,26 @@ Status StoreSink::SumSteps(bool all) {
       seen = std::max(seen, st.Int(4));
       const auto done = summed_.find({attempt, rank});
       if (done != summed_.end() && step <= done->second) continue;  // late: its sum is shipped
-      auto [it, fresh] =
-          pending_steps_.try_emplace({attempt, rank, step}, std::numeric_limits<int64_t>::max(),
-                                     std::numeric_limits<int64_t>::max());
+      auto it = pending_steps_
+                    .try_emplace({attempt, rank, step}, std::numeric_limits<int64_t>::max(),
+                                 std::numeric_limits<int64_t>::max())
+                    .first;
       (spans ? it->second.first : it->second.second) =
           std::min(spans ? it->second.first : it->second.second, st.Int(3));
-      (void)fresh;
       auto [newest, first_seen] = newest_.try_emplace({attempt, rank}, step);
       if (!first_seen) newest->second = std::max(newest->second, step);
       auto [latest, first_attempt] = newest_attempt_.try_emplace(rank, attempt);
       if (!first_attempt) latest->second = std::max(latest->second, attempt);
     }
   }
+  return Status::Ok();
+}
+
+Status StoreSink::SumSteps(bool all) {
+  if (!steps_ready_) RETURN_IF_ERROR(StartSums());
+  if (!steps_ready_) return Status::Ok();  // not a trace.db of version 2
+  // The rows stored since the last look: which steps they belong to, and where those begin.
+  RETURN_IF_ERROR(NoteNewSteps());
   // The steps that are over: before the rank's newest, or of an attempt it has left.
   std::vector<std::tuple<int64_t, int64_t, int64_t>> over;
   int64_t from_span = std::numeric_limits<int64_t>::max(), from_coll = from_span;

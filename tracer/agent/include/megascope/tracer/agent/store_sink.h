@@ -81,6 +81,8 @@ class StoreSink {
   Result<size_t> ShipOpenOps(const StoreTable& t, size_t index);
   // Sums the steps that are over into store_rank_steps (in trace.db, shipped as rank_steps).
   Status SumSteps(bool all);
+  Status StartSums();     // the table, and each rank's last step summed (after a restart)
+  Status NoteNewSteps();  // the steps of the rows stored since the last look
   // One row's four common cells ("day\tjob\tsrc\trow_id").
   void AppendCommon(std::string& out, int64_t time_ns, int64_t row_id) const;
 
