@@ -12,7 +12,9 @@
 //            bench/results/fleet_scale.txt's fan-out over 1,536 agents;
 //   views:   `query --store stragglers --job J --since 10m` and `steps` timed (median of three at
 //            200 nodes or fewer, one run above), against fleet_scale's `query --from-agents`.
-// Usage: store_scale URL [NODES=200]
+//   hour:    (with `hour`) the 50 minutes before made in rank_steps, and the views over the last
+//            10 minutes and over the hour.
+// Usage: store_scale URL [NODES=200] [hour]
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -170,11 +172,11 @@ Status MeasureWindowAndTick(tracer::ClickHouse& ch, int nodes, int64_t now) {
   return Status::Ok();
 }
 
-// 4. the SRE views over the last 10 minutes.
-Status MeasureViews(tracer::ClickHouse& ch, int nodes, int64_t now) {
+// 4. the SRE views over the last `minutes`.
+Status MeasureViews(tracer::ClickHouse& ch, int nodes, int64_t now, int minutes) {
   analyzer::StoreScope scope;
   scope.job = "store";
-  scope.since_ns = now - 600 * 1000000000LL - kStep;
+  scope.since_ns = now - minutes * 60 * 1000000000LL - kStep;
   const int reps = nodes <= 200 ? 3 : 1;
   for (const analyzer::StoreView v :
        {analyzer::StoreView::kStragglers, analyzer::StoreView::kSteps}) {
@@ -192,22 +194,47 @@ Status MeasureViews(tracer::ClickHouse& ch, int nodes, int64_t now) {
     }
     std::sort(times.begin(), times.end());
     std::printf(
-        "view %s over the store (--since 10m): median %.2f s of %d (%.2f..%.2f); first "
+        "view %s over the store (--since %dm): median %.2f s of %d (%.2f..%.2f); first "
         "row: %s\n",
-        std::string(analyzer::Name(v)).c_str(), times[times.size() / 2], reps, times.front(),
-        times.back(), first.c_str());
+        std::string(analyzer::Name(v)).c_str(), minutes, times[times.size() / 2], reps,
+        times.front(), times.back(), first.c_str());
   }
   return Status::Ok();
 }
 
+// 5. the hour: each rank's steps of the 50 minutes before the ten (rank_steps only: what the
+// per-step views read), made inside ClickHouse; the views over the last 10 minutes and the hour.
+Status MeasureHour(tracer::ClickHouse& ch, int nodes, int64_t now) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t ranks = int64_t{nodes} * kRanks, earlier = 50 * 60 * 1000000000LL / kStep;
+  const std::string slow = std::to_string(nodes / 2), r = std::to_string(ranks);
+  const std::string ts = "(" + std::to_string(now - kSteps * kStep - earlier * kStep) +
+                         " + intDiv(number, " + r + ") * " + std::to_string(kStep) + ")";
+  const std::string n = "intDiv(number % " + r + ", 8)";
+  RETURN_IF_ERROR(ch.Exec(
+      "INSERT INTO rank_steps (" + tracer::StoreColumnNames(*tracer::FindStoreTable("rank_steps")) +
+      ") SELECT toDate(toDateTime(intDiv(" + ts +
+      ", 1000000000), 'UTC')), 'store', "
+      "concat('hour', toString(" +
+      n + ")), number, concat('node', toString(" + n + ")), toInt32(number % " + r +
+      "), 0, toInt64(intDiv(number, " + r + ")) - " + std::to_string(earlier) + ", " + ts +
+      ", if(" + n + " = " + slow + ", 250000000, 200000000), if(" + n + " = " + slow +
+      ", 150000000, 100000000), 5000000, 0 FROM numbers(" + std::to_string(ranks * earlier) + ")"));
+  std::printf("the hour: %lld more rank-steps (the 50 minutes before) in %.1f s\n",
+              static_cast<long long>(ranks * earlier), Since(t0));
+  RETURN_IF_ERROR(MeasureViews(ch, nodes, now, 10));
+  return MeasureViews(ch, nodes, now, 60);
+}
+
 int Run(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: store_scale clickhouse://HOST:PORT/DB [NODES=200]\n");
+    std::fprintf(stderr, "usage: store_scale clickhouse://HOST:PORT/DB [NODES=200] [hour]\n");
     return 2;
   }
   auto url = tracer::StoreUrl::Parse(argv[1]);
   if (!url.ok()) return Fail(url.status());
   const int nodes = argc > 2 ? std::atoi(argv[2]) : 200;
+  const bool hour = argc > 3 && std::string(argv[3]) == "hour";
   tracer::ClickHouse ch(*url, 600000);
   if (Status st = ch.Exec("DROP DATABASE IF EXISTS " + url->database, false); !st.ok())
     return Fail(st);
@@ -218,7 +245,8 @@ int Run(int argc, char** argv) {
   Status st = MeasureIngest(ch, std::string(tmpl) + "/trace.db", now);
   if (st.ok()) st = FillFleet(ch, nodes);
   if (st.ok()) st = MeasureWindowAndTick(ch, nodes, now);
-  if (st.ok()) st = MeasureViews(ch, nodes, now);
+  if (st.ok()) st = MeasureViews(ch, nodes, now, 10);
+  if (st.ok() && hour) st = MeasureHour(ch, nodes, now);
   std::error_code ec;
   std::filesystem::remove_all(tmpl, ec);
   return st.ok() ? 0 : Fail(st);

@@ -3,12 +3,13 @@
 # clickhouse-server on a free loopback port with its data in a temporary directory, runs the
 # benchmark against it, stops it.
 #
-# Usage: bench/store_scale.sh [NODES=200] [BIN=build/release/bench/store_scale]
+# Usage: bench/store_scale.sh [NODES=200] [hour] [BIN=build/release/bench/store_scale]
 # Output: the benchmark's lines, kept in bench/results/store_scale.txt by whoever runs it (with
 # the command).
 set -euo pipefail
 nodes=${1:-200}
-bin=${2:-build/release/bench/store_scale}
+hour=${2:-}
+bin=${3:-build/release/bench/store_scale}
 server=/usr/sbin/clickhouse-server
 [[ -x $bin ]] || { echo "store_scale: $bin not built (cmake --build --preset release --target store_scale)" >&2; exit 2; }
 [[ -x $server ]] || { echo "store_scale: $server missing (scripts/setup.sh installs it)" >&2; exit 2; }
@@ -37,5 +38,5 @@ for _ in $(seq 1 600); do
   curl -sf "http://127.0.0.1:$port/ping" >/dev/null && break
   sleep 0.1
 done
-echo "# command: bench/store_scale.sh $nodes   ($(date -u +%F), $(nproc) cores, ClickHouse $(curl -s "http://127.0.0.1:$port/?query=SELECT%20version()"))"
-"$bin" "clickhouse://127.0.0.1:$port/bench" "$nodes"
+echo "# command: bench/store_scale.sh $nodes $hour   ($(date -u +%F), $(nproc) cores, ClickHouse $(curl -s "http://127.0.0.1:$port/?query=SELECT%20version()"))"
+"$bin" "clickhouse://127.0.0.1:$port/bench" "$nodes" $hour

@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +28,25 @@ inline constexpr const char* kClickHouseServer = "/usr/sbin/clickhouse-server";
 
 inline bool ClickHouseInstalled() { return ::access(kClickHouseServer, X_OK) == 0; }
 
+// A free loopback port below the kernel's ephemeral range (32768 and up): a server started again
+// on it after a kill finds it free, where an ephemeral port may meanwhile be the local end of some
+// other process's outgoing connection.
+inline int ListenPort() {
+  static std::mt19937 pick(std::random_device{}());
+  for (int tries = 0; tries < 1000; ++tries) {
+    const int port = std::uniform_int_distribution<int>(20000, 32000)(pick);
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    ::close(fd);
+    if (free) return port;
+  }
+  return FreePort();
+}
+
 class ClickHouseServer {
  public:
   // `dir`: its config, data and log. `shard_tcp_ports`: the native (TCP) ports of every shard of
@@ -34,8 +55,8 @@ class ClickHouseServer {
   explicit ClickHouseServer(std::string dir, std::vector<int> shard_tcp_ports = {},
                             int tcp_port = 0)
       : dir_(std::move(dir)),
-        http_port_(FreePort()),
-        tcp_port_(tcp_port > 0 ? tcp_port : FreePort()) {
+        http_port_(ListenPort()),
+        tcp_port_(tcp_port > 0 ? tcp_port : ListenPort()) {
     std::filesystem::create_directories(dir_);
     std::string cluster;
     if (!shard_tcp_ports.empty()) {
@@ -83,9 +104,15 @@ class ClickHouseServer {
     while (std::chrono::steady_clock::now() < deadline) {
       if (tracer::HttpGet("http://127.0.0.1:" + std::to_string(http_port_) + "/ping", 1000).ok())
         return ::testing::AssertionSuccess();
-      if (!process_->running())
-        return ::testing::AssertionFailure() << "clickhouse-server exited:\n"
-                                             << process_->LogTail(20);
+      if (!process_->running()) {
+        std::ifstream err(dir_ + "/server.err.log");
+        std::stringstream text;
+        text << err.rdbuf();
+        const std::string e = text.str();
+        return ::testing::AssertionFailure()
+               << "clickhouse-server exited:\n"
+               << process_->LogTail(20) << (e.size() > 4000 ? e.substr(e.size() - 4000) : e);
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     return ::testing::AssertionFailure() << "clickhouse-server did not answer within 60 s";

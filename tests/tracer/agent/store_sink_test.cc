@@ -380,7 +380,7 @@ TEST_F(StoreSinkTest, RetentionDropsWholeOldDaysPerTableAndCountsRowsPrunedBefor
 // id), the Distributed table reads them all, and a sink's acknowledgement means every shard has
 // its rows.
 TEST_F(StoreSinkTest, TwoShardsBehindADistributedTableHoldEveryRowOnce) {
-  const int tcp_a = megascope::testing::FreePort(), tcp_b = megascope::testing::FreePort();
+  const int tcp_a = megascope::testing::ListenPort(), tcp_b = megascope::testing::ListenPort();
   ClickHouseServer a(dir_.path() + "/a", {tcp_a, tcp_b}, tcp_a);
   ClickHouseServer b(dir_.path() + "/b", {tcp_a, tcp_b}, tcp_b);
   ASSERT_TRUE(a.Start());
