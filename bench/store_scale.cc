@@ -176,7 +176,7 @@ Status MeasureWindowAndTick(tracer::ClickHouse& ch, int nodes, int64_t now) {
 Status MeasureViews(tracer::ClickHouse& ch, int nodes, int64_t now, int minutes) {
   analyzer::StoreScope scope;
   scope.job = "store";
-  scope.since_ns = now - minutes * 60 * 1000000000LL - kStep;
+  scope.since_ns = now - int64_t{minutes} * 60 * 1000000000LL - kStep;
   const int reps = nodes <= 200 ? 3 : 1;
   for (const analyzer::StoreView v :
        {analyzer::StoreView::kStragglers, analyzer::StoreView::kSteps}) {
@@ -206,7 +206,7 @@ Status MeasureViews(tracer::ClickHouse& ch, int nodes, int64_t now, int minutes)
 // per-step views read), made inside ClickHouse; the views over the last 10 minutes and the hour.
 Status MeasureHour(tracer::ClickHouse& ch, int nodes, int64_t now) {
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t ranks = int64_t{nodes} * kRanks, earlier = 50 * 60 * 1000000000LL / kStep;
+  const int64_t ranks = int64_t{nodes} * kRanks, earlier = int64_t{50} * 60 * 1000000000LL / kStep;
   const std::string slow = std::to_string(nodes / 2), r = std::to_string(ranks);
   const std::string ts = "(" + std::to_string(now - kSteps * kStep - earlier * kStep) +
                          " + intDiv(number, " + r + ") * " + std::to_string(kStep) + ")";
@@ -221,7 +221,7 @@ Status MeasureHour(tracer::ClickHouse& ch, int nodes, int64_t now) {
       ", if(" + n + " = " + slow + ", 250000000, 200000000), if(" + n + " = " + slow +
       ", 150000000, 100000000), 5000000, 0 FROM numbers(" + std::to_string(ranks * earlier) + ")"));
   std::printf("the hour: %lld more rank-steps (the 50 minutes before) in %.1f s\n",
-              static_cast<long long>(ranks * earlier), Since(t0));
+              static_cast<long long>(ranks) * earlier, Since(t0));
   RETURN_IF_ERROR(MeasureViews(ch, nodes, now, 10));
   return MeasureViews(ch, nodes, now, 60);
 }
