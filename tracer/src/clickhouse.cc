@@ -218,7 +218,8 @@ Result<std::string> ClickHouse::Post(std::string_view query_param, std::string_v
   if (!url_.password.empty()) headers.push_back("X-ClickHouse-Key: " + url_.password);
   auto got = HttpPost(target, body, headers, timeout_ms_);
   if (got.ok()) return got;
-  const std::string& m = got.status().message();
+  const Status failed = got.status();
+  const std::string& m = failed.message();
   const std::string where = "ClickHouse at " + url_.Redacted() + ": ";
   const size_t http = m.find(" answered HTTP ");
   if (http == std::string::npos) {  // no answer: the transport's own words, the URL redacted
