@@ -283,15 +283,13 @@ int RunLaunch(const Args& args) {
   std::unique_ptr<tracer::agent::StoreLoop> shipper;
   tracer::agent::StoreSinkOptions control;
   if (!a.store.empty()) {
-    auto url = tracer::StoreUrl::Parse(a.store);
-    if (!url.ok()) return Fail("launch", url.status().message(), kExitUsage);
+    auto of = tracer::agent::StoreSinkOptions::Of(a.store, c.job, "controller",
+                                                  RunLayout(c.run_dir).control_db(),
+                                                  tracer::StoreSource::kControl);
+    if (!of.ok()) return Fail("launch", of.status().message(), kExitUsage);
+    control = *of;
     ::setenv("MEGASCOPE_STORE", a.store.c_str(), 1);
     co.store = a.store;  // straggler windows from the store
-    control.url = *url;
-    control.job = c.job;
-    control.node = "controller";
-    control.db_path = RunLayout(c.run_dir).control_db();
-    control.source = tracer::StoreSource::kControl;
     auto loop = tracer::agent::StoreLoop::Start({control}, 1.0, [](const std::string& line) {
       std::fprintf(stderr, "[launch] %s\n", line.c_str());
     });

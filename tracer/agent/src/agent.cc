@@ -812,16 +812,11 @@ Result<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& o) {
   if (o.write_hook) impl->store->set_write_hook(o.write_hook);
   impl->BuildFamilies();
   if (!o.store.empty()) {
-    ASSIGN_OR_RETURN(StoreUrl url, StoreUrl::Parse(o.store));
-    StoreSinkOptions so;
-    so.url = url;
-    so.job = o.job;
-    so.node = o.node;
-    so.db_path = impl->store->path();
-    const std::string node = o.node;
-    ASSIGN_OR_RETURN(impl->shipper,
-                     StoreLoop::Start({so}, o.store_interval_s,
-                                      [node](const std::string& line) { Log(node, line); }));
+    ASSIGN_OR_RETURN(auto so, StoreSinkOptions::Of(o.store, o.job, o.node, impl->store->path()));
+    ASSIGN_OR_RETURN(impl->shipper, StoreLoop::Start({so}, o.store_interval_s,
+                                                     [node = o.node](const std::string& line) {
+                                                       Log(node, line);
+                                                     }));
   }
   std::unique_ptr<Agent> agent(new Agent(std::move(impl)));
   Impl* im = agent->impl_.get();

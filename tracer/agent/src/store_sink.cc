@@ -48,6 +48,18 @@ void AppendCell(std::string& out, const sql::Statement& st, int c) {
 
 }  // namespace
 
+Result<StoreSinkOptions> StoreSinkOptions::Of(std::string_view url, std::string job,
+                                              std::string node, std::string db_path,
+                                              StoreSource source) {
+  StoreSinkOptions o;
+  ASSIGN_OR_RETURN(o.url, StoreUrl::Parse(url));
+  o.job = std::move(job);
+  o.node = std::move(node);
+  o.db_path = std::move(db_path);
+  o.source = source;
+  return o;
+}
+
 Result<std::unique_ptr<StoreSink>> StoreSink::Open(const StoreSinkOptions& options) {
   ASSIGN_OR_RETURN(
       sql::Database db,

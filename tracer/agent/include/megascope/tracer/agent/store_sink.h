@@ -50,6 +50,11 @@ struct StoreSinkOptions {
   // `table` and before the cursor moves; an error here is an acknowledgement lost on the way (the
   // rows are in the store, the sink does not know it).
   std::function<Status(std::string_view table)> after_insert;
+
+  // The options of a sink of `db_path` (a trace.db, or control.db for kControl) to the store at
+  // `url` (clickhouse://...; an error names what is wrong with it), the rest at their defaults.
+  static Result<StoreSinkOptions> Of(std::string_view url, std::string job, std::string node,
+                                     std::string db_path, StoreSource source = StoreSource::kTrace);
 };
 
 class StoreSink {
