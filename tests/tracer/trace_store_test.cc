@@ -203,10 +203,13 @@ TEST_F(TraceStoreTest, RetentionDropsTheOldestRowsAndKeepsTheirPerStepRollups) {
                    "WHERE what = 'forward'"),
             std::vector<std::string>{"125|187000|1000"});
   EXPECT_EQ(Column("SELECT COUNT(*) FROM collectives"), std::vector<std::string>{"250"});
-  // Collectives are enqueued at 5000 + i: before 5500, the 125 of i < 500 (and every span left).
+  // Collectives are enqueued at 5000 + i: before 5500, the 125 of i < 500; and every span left
+  // but the newest (a table's newest row stays: rowids only grow).
   dropped = (*store)->Prune(5500);
   ASSERT_TRUE(dropped.ok()) << dropped.status().ToString();
-  EXPECT_EQ(*dropped, 250);
+  EXPECT_EQ(*dropped, 249);
+  EXPECT_EQ(Column("SELECT COUNT(*), MIN(start_ns) FROM span_rows"),
+            (std::vector<std::string>{"1|1996"}));
   EXPECT_EQ(Column("SELECT SUM(count), SUM(bytes) FROM step_rollups WHERE what = 'comm:allreduce'"),
             std::vector<std::string>{"125|1992000"});
   EXPECT_EQ(Column("SELECT COUNT(*), MIN(enqueued_ns) FROM collectives"),
@@ -214,7 +217,7 @@ TEST_F(TraceStoreTest, RetentionDropsTheOldestRowsAndKeepsTheirPerStepRollups) {
   EXPECT_EQ(Column("SELECT COUNT(*) FROM heartbeats"), std::vector<std::string>{"250"});
   EXPECT_EQ(Column("SELECT COUNT(*) FROM metrics"), std::vector<std::string>{"250"});
   EXPECT_EQ(Column("SELECT SUM(count) FROM step_rollups WHERE what = 'forward'"),
-            std::vector<std::string>{"250"});
+            std::vector<std::string>{"249"});
   // The rollups are kept longer, not for ever: those whose last row is older than their own cutoff
   // go, the newer stay.
   const std::vector<std::string> kept =
@@ -228,6 +231,28 @@ TEST_F(TraceStoreTest, RetentionDropsTheOldestRowsAndKeepsTheirPerStepRollups) {
             std::vector<std::string>{"0"});
   EXPECT_EQ(Column("SELECT COUNT(*), MIN(enqueued_ns) FROM collectives"),
             (std::vector<std::string>{"125|5501"}));  // the window's rows stay
+}
+
+// Retention past every row of a table keeps its newest: SQLite numbers a row after the largest
+// rowid there (from 1 in an empty table), and the store's sink ships each table above a rowid
+// cursor -- rows numbered again from 1 would never be shipped.
+TEST_F(TraceStoreTest, RetentionPastEveryRowKeepsRowidsGrowing) {
+  auto store = TraceStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  std::vector<Record> batch(20);
+  for (int i = 0; i < 20; ++i) batch[static_cast<size_t>(i)] = Numbered(i);
+  const RingRows rows = Rows(batch);
+  ASSERT_TRUE((*store)->Write({&rows, 1}, {}, {}).ok());
+  const std::vector<std::string> before =
+      Column("SELECT MAX(rowid) FROM span_rows UNION ALL SELECT MAX(rowid) FROM heartbeat_rows");
+  ASSERT_TRUE((*store)->Prune(int64_t{1} << 60).ok());
+  EXPECT_EQ(Column("SELECT COUNT(*) FROM span_rows UNION ALL SELECT COUNT(*) FROM heartbeat_rows"),
+            (std::vector<std::string>{"1", "1"}));
+  const RingRows more = Rows(batch);
+  ASSERT_TRUE((*store)->Write({&more, 1}, {}, {}).ok());
+  const std::vector<std::string> after =
+      Column("SELECT MIN(rowid) FROM span_rows UNION ALL SELECT MIN(rowid) FROM heartbeat_rows");
+  EXPECT_EQ(after, before) << "the kept newest row is the smallest: new rows numbered after it";
 }
 
 // A write that fails part-way leaves nothing of its rows behind: neither in the database nor

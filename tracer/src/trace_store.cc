@@ -278,11 +278,15 @@ Status TraceStore::Write(std::span<const RingRows> rings, std::span<const Metric
 }
 
 Result<int64_t> TraceStore::Prune(int64_t before_ns, int64_t rollups_before_ns) {
-  // The rowid of a table's first row at or after the cutoff (past its last row when none is).
+  // The rowid of a table's first row at or after the cutoff, at most its last row's: a table's
+  // newest row stays past its retention, so that rowids only ever grow (SQLite numbers a new row
+  // after the largest rowid there, from 1 in an empty table) -- the store's sink names each row
+  // by its rowid and ships above a cursor.
   auto boundary = [&](const char* table, const char* time, int64_t cutoff) {
-    return db_.QueryInt(std::string("SELECT COALESCE((SELECT rowid FROM ") + table + " WHERE " +
-                        time + " >= " + std::to_string(cutoff) + " ORDER BY rowid LIMIT 1), " +
-                        "(SELECT COALESCE(MAX(rowid), 0) + 1 FROM " + table + "))");
+    return db_.QueryInt(
+        std::string("SELECT MIN(COALESCE((SELECT rowid FROM ") + table + " WHERE " + time +
+        " >= " + std::to_string(cutoff) +
+        " ORDER BY rowid LIMIT 1), 1 << 62), (SELECT COALESCE(MAX(rowid), 0) FROM " + table + "))");
   };
   ASSIGN_OR_RETURN(const int64_t rollups, boundary("step_rollups", "last_ns", rollups_before_ns));
   ASSIGN_OR_RETURN(const int64_t spans, boundary("span_rows", "start_ns", before_ns));
@@ -302,7 +306,8 @@ Result<int64_t> TraceStore::Prune(int64_t before_ns, int64_t rollups_before_ns) 
                   "; DELETE FROM drops WHERE rowid < " + std::to_string(drops) +
                   "; DELETE FROM step_rollups WHERE rowid < " + std::to_string(rollups) +
                   "; DELETE FROM open_ops WHERE seen_ns < " + std::to_string(before_ns) +
-                  "; DELETE FROM device_spans WHERE start_ns < " + std::to_string(before_ns) + ";");
+                  "; DELETE FROM device_spans WHERE start_ns < " + std::to_string(before_ns) +
+                  " AND rowid < (SELECT MAX(rowid) FROM device_spans);");
   if (st.ok()) st = db_.Exec("COMMIT");
   if (!st.ok()) {
     (void)db_.Exec("ROLLBACK");

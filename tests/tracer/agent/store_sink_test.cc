@@ -8,9 +8,11 @@
 
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "clickhouse_server.h"
+#include "gate_proxy.h"
 #include "megascope/tracer/trace_schema.h"
 #include "megascope/tracer/trace_store.h"
 #include "test_util.h"
@@ -374,6 +376,75 @@ TEST_F(StoreSinkTest, RetentionDropsWholeOldDaysPerTableAndCountsRowsPrunedBefor
   ASSERT_TRUE(late_sink->Pass().ok());
   EXPECT_EQ(late_sink->dropped_rows(), 4u * 6) << "six steps' span, collective, heartbeat, metric";
   EXPECT_EQ(*ch.Scalar("SELECT count() FROM spans WHERE src = '" + late_sink->src() + "'"), "2");
+}
+
+// A store slower than its writers (each INSERT held in a proxy until the test lets it through,
+// the server behind it real): trace.db's writes go on beside the held INSERT, the lag grows, the
+// sink never sends more than one batch, rows that trace.db's retention removed meanwhile are
+// counted as dropped, and once the store keeps up every other row is there once.
+TEST_F(StoreSinkTest, AStoreSlowerThanItsWritersLagsHoldsOneBatchAndCountsWhatRetentionPruned) {
+  TraceDb db(dir_.path() + "/trace.db");
+  const int64_t now = NowNs();
+  db.Add(0, 100, now - 2 * kDayNs);  // 100 rows a table on a day trace.db will prune
+  megascope::testing::GateProxy proxy(server_->http_port());
+  StoreSinkOptions o;
+  o.url = *StoreUrl::Parse("clickhouse://127.0.0.1:" + std::to_string(proxy.port()) + "/m");
+  o.job = "j1";
+  o.node = "n0";
+  o.db_path = db.Path();
+  o.batch_rows = 20;
+  o.batches_per_table = 3;  // a pass ships 60 rows a table at most: the store's pace
+  o.timeout_ms = 60000;
+  auto sink = StoreSink::Open(o);
+  ASSERT_TRUE(sink.ok()) << sink.status().ToString();
+  StoreSink& s = **sink;
+  ASSERT_TRUE(s.Pass().ok());
+  const int64_t lag_before = s.lag_rows();
+  EXPECT_GT(lag_before, 0);
+
+  proxy.Shut();
+  Result<size_t> held = 0;
+  std::thread pass([&] { held = s.Pass(); });
+  ASSERT_TRUE(proxy.WaitHeld(std::chrono::seconds(30)));
+  db.Add(0, 400, now);  // the writers go on while the store holds an INSERT
+  ASSERT_TRUE(db.Store().Prune(now - kDayNs).ok());  // and retention removes the old day
+  EXPECT_TRUE(proxy.Holding()) << "trace.db was written beside the held INSERT";
+  proxy.Open();
+  pass.join();
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  EXPECT_GT(s.lag_rows(), lag_before) << "the ingest outran the store";
+
+  ASSERT_TRUE(s.Pass().ok());  // sums the steps written meanwhile (rank_steps rows: more lag)
+  size_t passes = 0;
+  while (s.lag_rows() > 0 && passes++ < 100) {
+    const int64_t lag = s.lag_rows();
+    ASSERT_TRUE(s.Pass().ok());
+    EXPECT_LT(s.lag_rows(), lag) << "catching up";
+  }
+  EXPECT_EQ(s.lag_rows(), 0);
+  const std::string today = UtcDay(now);
+  // What trace.db still holds arrived once; of the old day, what was shipped before the prune is
+  // there and the rest counted as dropped.
+  for (const auto& [table, source] : std::map<std::string, std::string>{
+           {"spans", "span_rows"}, {"heartbeats", "heartbeat_rows"}, {"metrics", "metrics"}}) {
+    EXPECT_EQ(Scalar("SELECT count() FROM " + table + " WHERE day = '" + today + "'"),
+              std::to_string(db.Count(source)))
+        << table;
+    EXPECT_EQ(Scalar("SELECT count() - uniqExact(src, row_id) FROM " + table), "0") << table;
+  }
+  const int64_t old_shipped =
+      std::stoll(Scalar("SELECT (SELECT count() FROM spans WHERE day < '" + today +
+                        "') + (SELECT count() FROM collectives WHERE day < '" + today +
+                        "') + (SELECT count() FROM heartbeats WHERE day < '" + today +
+                        "') + (SELECT count() FROM metrics WHERE day < '" + today + "')"));
+  EXPECT_EQ(static_cast<int64_t>(s.dropped_rows()), int64_t{400} - old_shipped);
+  EXPECT_GT(s.dropped_rows(), 0u);
+  // The sink's memory is a batch: no request carried more than 20 rows, though 1,600 waited.
+  const std::string one_batch = Scalar(
+      "SELECT sum(length(concat(toString(day), job, src, toString(row_id), node, kind, "
+      "name))) + 200 * 20 FROM (SELECT * FROM spans LIMIT 20)");
+  EXPECT_LT(proxy.LargestRequest(), std::stoull(one_batch) + 4096) << one_batch;
+  EXPECT_GT(proxy.LargestRequest(), 0u);
 }
 
 // Two shards behind a Distributed table: each source database's rows live on one shard (by its

@@ -123,14 +123,7 @@ Status StoreSink::Resync() {
 Result<size_t> StoreSink::ShipTable(const StoreTable& t, size_t index) {
   const std::string from = std::string(t.source_table);
   ASSIGN_OR_RETURN(const int64_t last, db_.QueryInt("SELECT max(rowid) FROM " + from));
-  ASSIGN_OR_RETURN(const int64_t first, db_.QueryInt("SELECT min(rowid) FROM " + from));
   int64_t& cursor = cursors_[index];
-  // Retention removed rows the store never had: counted, not waited for. (Rows of the tables kept
-  // for ever are only ever replaced -- a rank written again -- never lost.)
-  if (first > cursor + 1 && last > 0 && t.retention != StoreRetention::kForever) {
-    dropped_rows_ += static_cast<uint64_t>(first - cursor - 1);
-  }
-  cursor = std::max(cursor, first - 1);
   ASSIGN_OR_RETURN(sql::Statement st, db_.Prepare(t.source_sql));
   const std::string columns = StoreColumnNames(t);
   size_t shipped = 0;
@@ -150,6 +143,11 @@ Result<size_t> StoreSink::ShipTable(const StoreTable& t, size_t index) {
       const std::string row_day = UtcDay(time_ns);
       if (day.empty()) day = row_day;
       if (row_day != day) break;
+      // Rowids only grow and only retention removes rows (trace_store.cc keeps each table's
+      // newest), so a gap above the cursor is rows removed before they were shipped: counted, not
+      // waited for. (Rows of the tables kept for ever are only replaced -- a rank written again.)
+      if (rows == 0 && st.Int(0) > cursor + 1 && t.retention != StoreRetention::kForever)
+        dropped_rows_ += static_cast<uint64_t>(st.Int(0) - cursor - 1);
       AppendCommon(body, time_ns, st.Int(0));
       for (int c = 2; c < st.columns(); ++c) {
         body += '\t';
