@@ -33,6 +33,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fleet_metrics.h"
@@ -391,8 +392,10 @@ int Run(int argc, char** argv) {
   if (argc > 1) s.nodes = std::atoi(argv[1]);
   if (argc > 2) s.ranks_per_node = std::atoi(argv[2]);
   if (argc > 3) s.rounds = std::atoi(argv[3]);
+  // `tick`: the tick alone (bench/store_scale.sh measures it beside a store holding the fleet).
+  const bool tick_only = argc > 4 && std::string_view(argv[4]) == "tick";
   if (s.nodes < 8 || s.ranks_per_node < 1 || s.rounds < 1)
-    return Fail("usage: fleet_scale [NODES>=8] [RANKS_PER_NODE>=1] [ROUNDS>=1]");
+    return Fail("usage: fleet_scale [NODES>=8] [RANKS_PER_NODE>=1] [ROUNDS>=1] [tick]");
   analyzer::NodeQuery query;
   query.question = analyzer::Question::kStragglers;
   query.to_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -425,6 +428,11 @@ int Run(int argc, char** argv) {
       NodeName(s.HotNode()).c_str(), kHotFrom);
 
   MeasureTick(port, s);
+  if (tick_only) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+    return 0;
+  }
   MeasureDetector(port, s);
   if (MeasureWindow(port, s) != 0) return 1;
   if (MeasureQuery(port, s, query, *node_part) != 0) return 1;

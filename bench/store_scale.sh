@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The fleet's ClickHouse store against trace.db (bench/store_scale.cc): starts Debian's
 # clickhouse-server on a free loopback port with its data in a temporary directory, runs the
-# benchmark against it, stops it.
+# benchmark against it, then the controller's tick over the agents beside it (bench/fleet_scale),
+# stops it.
 #
 # Usage: bench/store_scale.sh [NODES=200] [hour] [BIN=build/release/bench/store_scale]
 # Output: the benchmark's lines, kept in bench/results/store_scale.txt by whoever runs it (with
@@ -40,3 +41,10 @@ for _ in $(seq 1 600); do
 done
 echo "# command: bench/store_scale.sh $nodes $hour   ($(date -u +%F), $(nproc) cores, ClickHouse $(curl -s "http://127.0.0.1:$port/?query=SELECT%20version()"))"
 "$bin" "clickhouse://127.0.0.1:$port/bench" "$nodes" $hour
+# The controller's tick stays on the agents' /state (live; the store is a sink interval behind and
+# says nothing of an agent that is down): measured here beside the server still holding the fleet.
+fleet=$(dirname "$bin")/fleet_scale
+if [[ -x $fleet ]]; then
+  echo "# the agents' tick beside the store above: $fleet $nodes 8 1 tick"
+  "$fleet" "$nodes" 8 1 tick 2>/dev/null | grep '^tick'
+fi

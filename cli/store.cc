@@ -1,7 +1,8 @@
 // `megascope store init|status|prune --store URL`: the fleet's ClickHouse store's schema, what it
-// holds, and its retention (docs/formats.md section 4b). Agents create the schema themselves;
-// `init` is for each shard of a cluster (18.16 has no ON CLUSTER without ZooKeeper) and for
-// checking a store before a job. `prune` is retention: run it daily (cron, a systemd timer) on
+// holds, and its retention (docs/formats.md section 4b). Agents create a new store's schema
+// themselves; `init` migrates an older one (agents refuse it: many at once would race), and is for
+// each shard of a cluster (18.16 has no ON CLUSTER without ZooKeeper) and for checking a store
+// before a job. `prune` is retention: run it daily (cron, a systemd timer) on
 // each server.
 #include <chrono>
 #include <cstdio>
@@ -45,7 +46,16 @@ int RunStore(const Args& args) {
     return Fail("store", "unknown action '" + action + "' (init, status or prune)", kExitUsage);
   tracer::ClickHouse ch(*url, 600000);
   if (action == "init") {
-    if (Status st = tracer::EnsureStoreSchema(ch); !st.ok()) return Fail("store", st.message());
+    auto before = tracer::StoreSchemaVersion(ch);
+    if (before.ok() && *before > 0 && *before < tracer::kStoreSchemaVersion)
+      std::printf("%s: schema version %d, migrating to %d\n", url->Redacted().c_str(), *before,
+                  tracer::kStoreSchemaVersion);
+    const auto say = [](const std::string& line) {
+      std::printf("  %s\n", line.c_str());
+      std::fflush(stdout);
+    };
+    if (Status st = tracer::EnsureStoreSchema(ch, tracer::OlderStore::kMigrate, say); !st.ok())
+      return Fail("store", st.message());
     std::printf("%s: schema version %d, %zu tables%s\n", url->Redacted().c_str(),
                 tracer::kStoreSchemaVersion, tracer::StoreTables().size(),
                 url->cluster.empty() ? ""

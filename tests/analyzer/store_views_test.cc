@@ -191,7 +191,9 @@ TEST_F(StoreViewsTest, TheRunViewsFromTheStoreAreThoseOfTheRunsTraceDatabases) {
   EXPECT_EQ(cli.out, FormatCsv(*QueryStore(ch, StoreView::kSteps, scope)));
   auto status = RunCommand(std::string(MEGASCOPE_BIN) + " store status --store " + url);
   ASSERT_EQ(status.code, 0) << status.out;
-  EXPECT_NE(status.out.find("schema version 1"), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find("schema version " + std::to_string(tracer::kStoreSchemaVersion)),
+            std::string::npos)
+      << status.out;
   EXPECT_NE(status.out.find("rank_steps"), std::string::npos) << status.out;
   auto prune = RunCommand(std::string(MEGASCOPE_BIN) + " store prune --store " + url);
   ASSERT_EQ(prune.code, 0) << prune.out;

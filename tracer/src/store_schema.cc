@@ -44,7 +44,7 @@ std::array<StoreTable, 10> BuildTables() {
        "store_rank_steps WHERE id > ?1 ORDER BY id LIMIT ?2"},
       {"heartbeats", "heartbeat_rows", StoreSource::kTrace, StoreRetention::kRaw,
        "node String, rank Int32, attempt Int32, ts_ns Int64, step Int64, phase String",
-       "attempt, step, rank, ts_ns",
+       "ts_ns, rank",  // version 2: by time (version 1: attempt, step, rank, ts_ns)
        "SELECT rowid, ts_ns, ?3, rank, attempt, ts_ns, step, " + SpellingSql<Phase>("phase") +
            " FROM heartbeat_rows" + above},
       {"ranks", "ranks", StoreSource::kTrace, StoreRetention::kForever,
@@ -110,15 +110,71 @@ std::string ColumnNames(std::string_view columns) {
   return out;
 }
 
+// The table that holds a store table's rows on the server asked: `<name>_local` under a cluster.
+std::string LocalName(const ClickHouse& ch, std::string_view name) {
+  return std::string(name) + (ch.url().cluster.empty() ? "" : "_local");
+}
+
+std::string MergeTreeOf(const StoreTable& t) {
+  return "MergeTree() PARTITION BY day ORDER BY (job, " + std::string(t.order_by) + ")";
+}
+
+// The active day partitions of `local`, as 'YYYY-MM-DD', in order (`and` narrows them).
+Result<std::vector<std::string>> DaysOf(ClickHouse& ch, const std::string& local,
+                                        const std::string& and_where = "") {
+  ASSIGN_OR_RETURN(StoreRows parts,
+                   ch.Select("SELECT DISTINCT partition FROM system.parts WHERE database = '" +
+                             ch.url().database + "' AND table = '" + local + "' AND active" +
+                             and_where + " ORDER BY partition"));
+  std::vector<std::string> days;
+  for (const auto& row : parts.rows) {
+    // Partitions of a Date key read as 'YYYY-MM-DD' (quoted in newer releases).
+    std::string p = row[0];
+    if (p.size() >= 2 && p.front() == '\'' && p.back() == '\'') p = p.substr(1, p.size() - 2);
+    days.push_back(p);
+  }
+  return days;
+}
+
+// A table sorted anew (its ORDER BY changed): ClickHouse cannot change a MergeTree's sorting key
+// in place, so a table of the new key takes the old one's name, and the old rows are copied into
+// it a day at a time, each day's INSERT leaving out the rows already there -- so a step cut short
+// anywhere is finished by running it again, and rows that writers of the old build send meanwhile
+// land in the new table (after the rename) or are copied (before it).
+Status Resort(ClickHouse& ch, const StoreTable& t, const StoreProgress& say) {
+  const std::string local = LocalName(ch, t.name);
+  const std::string old = local + "_resorting";
+  ASSIGN_OR_RETURN(const std::string begun,
+                   ch.Scalar("SELECT count() FROM system.tables WHERE database = '" +
+                             ch.url().database + "' AND name = '" + old + "'"));
+  if (begun == "0") {
+    RETURN_IF_ERROR(ch.Exec("DROP TABLE IF EXISTS " + ch.Table(local + "_sorted")));
+    RETURN_IF_ERROR(ch.Exec("CREATE TABLE " + ch.Table(local + "_sorted") + " AS " +
+                            ch.Table(local) + " ENGINE = " + MergeTreeOf(t)));
+    RETURN_IF_ERROR(ch.Exec("RENAME TABLE " + ch.Table(local) + " TO " + ch.Table(old) + ", " +
+                            ch.Table(local + "_sorted") + " TO " + ch.Table(local)));
+  }
+  ASSIGN_OR_RETURN(const std::vector<std::string> days, DaysOf(ch, old));
+  for (size_t i = 0; i < days.size(); ++i) {
+    const std::string day = "day = '" + days[i] + "'";
+    RETURN_IF_ERROR(ch.Exec("INSERT INTO " + ch.Table(local) + " SELECT * FROM " + ch.Table(old) +
+                            " WHERE " + day +
+                            " AND (src, row_id) NOT IN (SELECT src, row_id FROM " +
+                            ch.Table(local) + " WHERE " + day + ")"));
+    if (say)
+      say(std::string(t.name) + ": " + days[i] + " sorted anew (" + std::to_string(i + 1) + " of " +
+          std::to_string(days.size()) + " days)");
+  }
+  return ch.Exec("DROP TABLE " + ch.Table(old));
+}
+
 Status CreateTables(ClickHouse& ch) {
   const StoreUrl& u = ch.url();
   for (const StoreTable& t : StoreTables()) {
-    const std::string local =
-        u.cluster.empty() ? std::string(t.name) : std::string(t.name) + "_local";
+    const std::string local = LocalName(ch, t.name);
     RETURN_IF_ERROR(ch.Exec("CREATE TABLE IF NOT EXISTS " + ch.Table(local) + " (" +
                             std::string(kCommon) + ", " + std::string(t.columns) +
-                            ") ENGINE = MergeTree() PARTITION BY day ORDER BY (job, " +
-                            std::string(t.order_by) + ")"));
+                            ") ENGINE = " + MergeTreeOf(t)));
     if (!u.cluster.empty()) {
       // Rows of one source database stay on one shard: its largest row_id is on that shard.
       RETURN_IF_ERROR(ch.Exec("CREATE TABLE IF NOT EXISTS " + ch.Table(t.name) + " AS " +
@@ -132,20 +188,37 @@ Status CreateTables(ClickHouse& ch) {
 }  // namespace
 
 const std::vector<StoreMigration>& StoreMigrations() {
-  static const std::vector<StoreMigration> steps = {};
+  static const std::vector<StoreMigration> steps = {
+      {2,
+       {},
+       "heartbeats sorted by time (job, ts_ns, rank): the newest heartbeats and `at` read the "
+       "granules of their time range, not the day's",
+       [](ClickHouse& ch, const StoreProgress& say) {
+         return Resort(ch, *FindStoreTable("heartbeats"), say);
+       }},
+  };
   return steps;
 }
 
-Status MigrateStore(ClickHouse& ch, int have, const std::vector<StoreMigration>& steps) {
+Status MigrateStore(ClickHouse& ch, int have, const std::vector<StoreMigration>& steps,
+                    const StoreProgress& say) {
   for (const StoreMigration& m : steps) {
     if (m.version <= have) continue;
+    const auto failed = [&](const Status& st) {
+      return Status(st.code(), "migrating the store at " + ch.url().Redacted() +
+                                   " from schema version " + std::to_string(m.version - 1) +
+                                   " to " + std::to_string(m.version) + ": " + st.message());
+    };
+    if (say)
+      say("schema version " + std::to_string(m.version - 1) + " -> " + std::to_string(m.version) +
+          (m.what.empty() ? "" : ": " + m.what));
     for (std::string sql : m.statements) {
       for (size_t at; (at = sql.find("{db}")) != std::string::npos;)
         sql.replace(at, 4, ch.url().database);
-      if (Status st = ch.Exec(sql); !st.ok())
-        return Status(st.code(), "migrating the store at " + ch.url().Redacted() +
-                                     " from schema version " + std::to_string(m.version - 1) +
-                                     " to " + std::to_string(m.version) + ": " + st.message());
+      if (Status st = ch.Exec(sql); !st.ok()) return failed(st);
+    }
+    if (m.apply) {
+      if (Status st = m.apply(ch, say); !st.ok()) return failed(st);
     }
     RETURN_IF_ERROR(ch.Exec("INSERT INTO " + ch.Table("schema_version") + " VALUES (" +
                             std::to_string(m.version) + ", now())"));
@@ -190,7 +263,7 @@ Result<int> StoreSchemaVersion(ClickHouse& ch) {
   return v.empty() ? 0 : std::stoi(v);
 }
 
-Status EnsureStoreSchema(ClickHouse& ch) {
+Status EnsureStoreSchema(ClickHouse& ch, OlderStore older, const StoreProgress& say) {
   const std::string db = ch.url().database;
   // Outside any database: the store's may not exist yet.
   RETURN_IF_ERROR(ch.Exec("CREATE DATABASE IF NOT EXISTS " + db, /*in_database=*/false));
@@ -202,8 +275,15 @@ Status EnsureStoreSchema(ClickHouse& ch) {
     return FailedPrecondition("the store at " + ch.url().Redacted() + " has schema version " +
                               std::to_string(have) + ", written by a newer megascope; this build " +
                               "writes and reads version " + std::to_string(kStoreSchemaVersion));
-  if (have > 0 && have < kStoreSchemaVersion)
-    RETURN_IF_ERROR(MigrateStore(ch, have, StoreMigrations()));
+  if (have > 0 && have < kStoreSchemaVersion) {
+    if (older == OlderStore::kRefuse)
+      return FailedPrecondition(
+          "the store at " + ch.url().Redacted() + " has schema version " + std::to_string(have) +
+          " and this build writes version " + std::to_string(kStoreSchemaVersion) +
+          ": migrate it with `megascope store init --store " + ch.url().Redacted() +
+          "` (on each shard); until then the rows wait in trace.db");
+    RETURN_IF_ERROR(MigrateStore(ch, have, StoreMigrations(), say));
+  }
   RETURN_IF_ERROR(CreateTables(ch));  // (a new store is created at this version)
   if (have == 0)
     return ch.Exec("INSERT INTO " + ch.Table("schema_version") + " VALUES (" +
@@ -217,16 +297,10 @@ Result<int> PruneStore(ClickHouse& ch, const std::array<int, 3>& days, int64_t n
     const int keep = days[static_cast<size_t>(t.retention)];
     if (keep <= 0) continue;
     const std::string cutoff = UtcDay(now_ns - int64_t{keep} * 86'400'000'000'000);
-    const std::string local =
-        ch.url().cluster.empty() ? std::string(t.name) : std::string(t.name) + "_local";
-    ASSIGN_OR_RETURN(StoreRows parts,
-                     ch.Select("SELECT DISTINCT partition FROM system.parts WHERE database = '" +
-                               ch.url().database + "' AND table = '" + local +
-                               "' AND active AND partition < '" + cutoff + "'"));
-    for (const auto& row : parts.rows) {
-      // Partitions of a Date key read as 'YYYY-MM-DD' (quoted in newer releases).
-      std::string p = row[0];
-      if (p.size() >= 2 && p.front() == '\'' && p.back() == '\'') p = p.substr(1, p.size() - 2);
+    const std::string local = LocalName(ch, t.name);
+    ASSIGN_OR_RETURN(const std::vector<std::string> old,
+                     DaysOf(ch, local, " AND partition < '" + cutoff + "'"));
+    for (const std::string& p : old) {
       RETURN_IF_ERROR(ch.Exec("ALTER TABLE " + ch.Table(local) + " DROP PARTITION '" + p + "'"));
       ++dropped;
     }

@@ -326,14 +326,15 @@ TEST_F(StoreSinkTest, AnOlderStoreIsMigratedStepByStepAndAFailedStepNamesBothVer
   ASSERT_EQ(*StoreSchemaVersion(ch), kStoreSchemaVersion);
   const int v = kStoreSchemaVersion;
   const std::vector<StoreMigration> steps = {
-      {v + 1, {"ALTER TABLE {db}.spans ADD COLUMN migrated UInt8 DEFAULT 1"}},
-      {v + 2, {"ALTER TABLE {db}.heartbeats ADD COLUMN beat2 UInt8 DEFAULT 2"}}};
+      {v + 1, {"ALTER TABLE {db}.spans ADD COLUMN migrated UInt8 DEFAULT 1"}, "", nullptr},
+      {v + 2, {"ALTER TABLE {db}.heartbeats ADD COLUMN beat2 UInt8 DEFAULT 2"}, "", nullptr}};
   ASSERT_TRUE(MigrateStore(ch, v, steps).ok());
   EXPECT_EQ(*StoreSchemaVersion(ch), v + 2);
   EXPECT_EQ(*ch.Scalar("SELECT count() FROM system.columns WHERE database = 'm' AND name IN "
                        "('migrated', 'beat2')"),
             "2");
-  auto failed = MigrateStore(ch, v + 2, {{v + 3, {"ALTER TABLE {db}.nope ADD COLUMN x UInt8"}}});
+  auto failed =
+      MigrateStore(ch, v + 2, {{v + 3, {"ALTER TABLE {db}.nope ADD COLUMN x UInt8"}, "", nullptr}});
   ASSERT_FALSE(failed.ok());
   EXPECT_NE(failed.message().find("from schema version " + std::to_string(v + 2) + " to " +
                                   std::to_string(v + 3)),
@@ -344,6 +345,92 @@ TEST_F(StoreSinkTest, AnOlderStoreIsMigratedStepByStepAndAFailedStepNamesBothVer
   auto newer = EnsureStoreSchema(ch);
   EXPECT_EQ(newer.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(newer.message().find("schema version " + std::to_string(v + 2)), std::string::npos);
+}
+
+// A store of version 1 (heartbeats ordered by attempt, step, rank, ts_ns), as the first builds
+// made it, holding two days of heartbeats.
+void MakeVersionOneStore(ClickHouse& ch, const std::string& db) {
+  for (const std::string& sql :
+       {"CREATE DATABASE " + db,
+        "CREATE TABLE " + db +
+            ".schema_version (version UInt32, applied DateTime) ENGINE = "
+            "MergeTree() ORDER BY version",
+        "INSERT INTO " + db + ".schema_version VALUES (1, now())",
+        "CREATE TABLE " + db +
+            ".heartbeats (day Date, job String, src String, row_id UInt64, "
+            "node String, rank Int32, attempt Int32, ts_ns Int64, step Int64, phase String) ENGINE "
+            "= "
+            "MergeTree() PARTITION BY day ORDER BY (job, attempt, step, rank, ts_ns)",
+        "INSERT INTO " + db +
+            ".heartbeats SELECT toDate('2026-12-06') + (number % 2), 'j1', "
+            "'old', number + 1, 'n0', toInt32(number % 8), 0, toInt64(number * 1000), "
+            "toInt64(intDiv(number, 8)), 'forward' FROM system.numbers LIMIT 1000"}) {
+    auto st = ch.Exec(sql, /*in_database=*/false);
+    ASSERT_TRUE(st.ok()) << sql << ": " << st.ToString();
+  }
+}
+
+// A store of version 1: the sink refuses it with the command that migrates it (its rows wait in
+// trace.db); `megascope store init` migrates it, every heartbeat kept once, sorted by time; a
+// migration cut short after its rename is finished by running it again.
+TEST_F(StoreSinkTest, AVersionOneStoreIsRefusedBySinksAndMigratedByStoreInitRowForRow) {
+  ClickHouse root(*StoreUrl::Parse(server_->Url("default")));
+  MakeVersionOneStore(root, "m");
+  TraceDb db(dir_.path() + "/trace.db");
+  db.Add(0, 5, NowNs());
+  auto sink = Sink(db.Path(), server_->Url("m"));
+  auto refused = sink->Pass();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  for (const char* says : {"schema version 1", "writes version 2", "megascope store init"})
+    EXPECT_NE(refused.status().message().find(says), std::string::npos)
+        << refused.status().message();
+  EXPECT_EQ(Scalar("SELECT count() FROM system.tables WHERE database = 'm'"), "2")
+      << "nothing created or changed";
+
+  const std::string init = std::string(MEGASCOPE_BIN) + " store init --store " + server_->Url("m");
+  const auto out = megascope::testing::RunCommand(init);
+  ASSERT_EQ(out.code, 0) << out.out;
+  EXPECT_NE(out.out.find("schema version 1, migrating to 2"), std::string::npos) << out.out;
+  EXPECT_NE(out.out.find("heartbeats: 2026-12-07 sorted anew (2 of 2 days)"), std::string::npos)
+      << out.out;
+  const auto expect_migrated = [&](const std::string& d) {
+    EXPECT_EQ(Scalar("SELECT max(version) FROM schema_version", d), "2");
+    EXPECT_EQ(Scalar("SELECT sorting_key FROM system.tables WHERE database = '" + d +
+                         "' AND name = 'heartbeats'",
+                     d),
+              "job, ts_ns, rank");
+    EXPECT_EQ(Scalar("SELECT concat(toString(count()), ' ', toString(uniqExact(src, row_id)), ' ', "
+                     "toString(sum(row_id)), ' ', toString(sum(ts_ns))) FROM heartbeats WHERE src "
+                     "= 'old'",
+                     d),
+              "1000 1000 500500 499500000");
+    EXPECT_EQ(Scalar("SELECT count() FROM system.tables WHERE database = '" + d +
+                         "' AND name LIKE '%resort%'",
+                     d),
+              "0");
+  };
+  expect_migrated("m");
+  ASSERT_TRUE(sink->Pass().ok());  // the rows that waited
+  EXPECT_EQ(Scalar("SELECT count() FROM heartbeats WHERE src = '" + sink->src() + "'"),
+            std::to_string(db.Count("heartbeat_rows")));
+
+  // Cut short after its rename, with part of the first day copied: run again, it finishes.
+  MakeVersionOneStore(root, "m2");
+  for (const std::string& sql :
+       {std::string("RENAME TABLE m2.heartbeats TO m2.heartbeats_resorting"),
+        std::string("CREATE TABLE m2.heartbeats AS m2.heartbeats_resorting ENGINE = MergeTree() "
+                    "PARTITION BY day ORDER BY (job, ts_ns, rank)"),
+        std::string("INSERT INTO m2.heartbeats SELECT * FROM m2.heartbeats_resorting WHERE day = "
+                    "'2026-12-06' AND row_id < 300")})
+    ASSERT_TRUE(root.Exec(sql, false).ok()) << sql;
+  ClickHouse m2(*StoreUrl::Parse(server_->Url("m2")));
+  std::vector<std::string> said;
+  ASSERT_TRUE(EnsureStoreSchema(m2, OlderStore::kMigrate, [&](const std::string& line) {
+                said.push_back(line);
+              }).ok());
+  EXPECT_EQ(said.size(), 3u) << "the step, then each of its two days";
+  expect_migrated("m2");
 }
 
 // Retention drops whole days, per table: raw spans after a week, collectives after four, events

@@ -17,6 +17,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,9 +27,10 @@
 
 namespace megascope::tracer {
 
-// Version 1: the tables below. A store of a newer version is refused (naming both); an older one
-// is migrated forward by StoreMigrations (none yet: version 1 is the first).
-inline constexpr int kStoreSchemaVersion = 1;
+// Version 2: the tables below (version 1 had heartbeats ordered by attempt, step, rank, ts_ns).
+// A store of a newer version is refused (naming both); an older one is migrated forward by
+// StoreMigrations, by `megascope store init` (not by the agents' sinks: many at once would race).
+inline constexpr int kStoreSchemaVersion = 2;
 
 // How long a table's rows are kept: raw spans for days, collectives for weeks, what the
 // controller decided for ever.
@@ -66,22 +68,35 @@ std::string StoreColumnNames(const StoreTable& t);
 // The days of each retention class kept by default (kForever: 0, never dropped).
 int DefaultRetentionDays(StoreRetention r);
 
-// One step of the schema: takes a store from version - 1 to version. Each statement's "{db}" is
-// the store's database.
+// A long step's progress, a line at a time (may be empty).
+using StoreProgress = std::function<void(const std::string&)>;
+
+// One step of the schema: takes a store from version - 1 to version: its statements (each
+// "{db}" the store's database), then `apply`. A step cut short is finished by running it again.
 struct StoreMigration {
   int version;
   std::vector<std::string> statements;
+  std::string what;  // said before it runs
+  std::function<Status(ClickHouse&, const StoreProgress&)> apply;
 };
-// This build's steps past version 1 (none yet).
+// This build's steps past version 1: 2 sorts heartbeats by time (their rows copied a day at a
+// time into a table of the new key, which takes the old one's name first).
 const std::vector<StoreMigration>& StoreMigrations();
 // Runs the steps past `have` in order, recording each version as it completes; a step that fails
 // is an error naming the versions it was between (the store stays at the last completed one).
-Status MigrateStore(ClickHouse& ch, int have, const std::vector<StoreMigration>& steps);
+Status MigrateStore(ClickHouse& ch, int have, const std::vector<StoreMigration>& steps,
+                    const StoreProgress& say = {});
+
+// What EnsureStoreSchema does with a store of an older schema version.
+enum class OlderStore : uint8_t { kRefuse = 0, kMigrate };
 
 // Creates the database, the tables (MergeTree partitioned by day; with a cluster, `<name>_local`
 // on the server asked and a Distributed table `<name>` over the cluster's shards) and the schema
-// version, or checks and migrates an existing store. Errors name the URL and both versions.
-Status EnsureStoreSchema(ClickHouse& ch);
+// version, or checks an existing store: a newer one is refused; an older one is migrated
+// (kMigrate, saying each step through `say`) or refused with the command that migrates it. Errors
+// name the URL and both versions.
+Status EnsureStoreSchema(ClickHouse& ch, OlderStore older = OlderStore::kRefuse,
+                         const StoreProgress& say = {});
 // The store's schema version (0: no megascope schema there yet).
 Result<int> StoreSchemaVersion(ClickHouse& ch);
 
