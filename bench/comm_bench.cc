@@ -17,7 +17,7 @@ namespace {
 // Every op over before Post returns, as a transport with nothing to move would be.
 class InstantTransport final : public Communicator {
  public:
-  InstantTransport() { groups_.push_back({"dp.0.0", "dp", {0}}); }
+  InstantTransport() { groups_.push_back({"dp.0.0", GroupKind::kDp, {0}}); }
   const std::vector<GroupSpec>& groups() const override { return groups_; }
   std::unique_ptr<Work> Post(const CommOp& op, std::shared_ptr<OpObserver> obs) override {
     if (obs != nullptr) {
@@ -51,7 +51,7 @@ void BM_AllReduceOneFloat(benchmark::State& state) {
   std::unique_ptr<Communicator> c =
       state.range(0) == 0 ? std::make_unique<InstantTransport>() : Gloo();
   if (state.range(1) == 1) c = std::move(TraceCommunicator(std::move(c), tracer.get())).value();
-  const int group = c->Find(state.range(0) == 0 ? "dp" : "world");
+  const int group = c->Find(state.range(0) == 0 ? GroupKind::kDp : GroupKind::kWorld);
   float x = 1.0f;
   for (auto _ : state) {
     if (!c->AllReduce(group, &x, 1, ReduceOp::kSum).ok()) state.SkipWithError("all-reduce failed");

@@ -41,10 +41,24 @@ std::string_view Name(FaultKind kind) {
   return "unknown";
 }
 
-bool IsWorkerFault(FaultKind k) {
-  return k == FaultKind::kCrash || k == FaultKind::kHang || k == FaultKind::kFreeze ||
-         k == FaultKind::kStallSend || k == FaultKind::kSlow;
+std::optional<launch::WorkerFaultKind> WorkerFaultOf(FaultKind k) {
+  switch (k) {
+    case FaultKind::kCrash:
+      return launch::WorkerFaultKind::kCrash;
+    case FaultKind::kHang:
+      return launch::WorkerFaultKind::kHang;
+    case FaultKind::kFreeze:
+      return launch::WorkerFaultKind::kFreeze;
+    case FaultKind::kStallSend:
+      return launch::WorkerFaultKind::kStallSend;
+    case FaultKind::kSlow:
+      return launch::WorkerFaultKind::kSlow;
+    default:
+      return std::nullopt;
+  }
 }
+
+bool IsWorkerFault(FaultKind k) { return WorkerFaultOf(k).has_value(); }
 
 namespace {
 
@@ -200,12 +214,11 @@ Result<Injection> ParseInjection(const std::string& spec) {
   return in;
 }
 
-Injection* FiredInjection(std::vector<Injection>& injections, std::string_view kind, int rank,
-                          int64_t step) {
+Injection* FiredInjection(std::vector<Injection>& injections, launch::WorkerFaultKind kind,
+                          int rank, int64_t step) {
   Injection* best = nullptr;
   for (Injection& in : injections) {
-    if (in.fired || !IsWorkerFault(in.kind) || Name(in.kind) != kind || in.planned_rank != rank ||
-        in.at_step > step)
+    if (in.fired || WorkerFaultOf(in.kind) != kind || in.planned_rank != rank || in.at_step > step)
       continue;
     if (best == nullptr || in.at_step > best->at_step) best = &in;
   }

@@ -32,7 +32,7 @@ std::string Describe(const CommOp& op, const GroupSpec& group) {
   return w + " in " + group.name;
 }
 
-int Communicator::Find(const std::string& kind) const {
+int Communicator::Find(GroupKind kind) const {
   const auto& g = groups();
   for (size_t i = 0; i < g.size(); ++i) {
     if (g[i].kind == kind) return static_cast<int>(i);
@@ -147,7 +147,7 @@ class TracingCommunicator final : public Communicator {
 
   Status Init() {
     for (const GroupSpec& g : inner_->groups()) {
-      ASSIGN_OR_RETURN(tracer::GroupId id, t_->RegisterGroup(g.name, g.kind, g.ranks));
+      ASSIGN_OR_RETURN(tracer::GroupId id, t_->RegisterGroup(g.name, Name(g.kind), g.ranks));
       ids_.push_back(id);
     }
     return Status::Ok();

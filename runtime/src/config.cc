@@ -10,16 +10,25 @@
 
 namespace megascope::runtime {
 
+namespace {
+// "crash, hang, ..., slow-checkpoint": what a fault's kind may be.
+std::string FaultKinds() {
+  std::string out;
+  for (const std::string_view n : launch::kWorkerFaultNames)
+    out += (out.empty() ? "" : ", ") + std::string(n);
+  return out;
+}
+}  // namespace
+
 Result<Fault> ParseFault(const std::string& spec) {
   const auto colon = spec.find(':');
   Fault f;
-  f.kind = spec.substr(0, colon);
-  if (f.kind != "crash" && f.kind != "hang" && f.kind != "freeze" && f.kind != "stall-send" &&
-      f.kind != "slow" && f.kind != "slow-checkpoint") {
-    return InvalidArgument(
-        "fault '" + spec +
-        "': kind must be crash, hang, freeze, stall-send, slow or slow-checkpoint");
+  const std::optional<launch::WorkerFaultKind> kind =
+      launch::ParseWorkerFaultKind(spec.substr(0, colon));
+  if (!kind) {
+    return InvalidArgument("fault '" + spec + "': kind must be one of " + FaultKinds());
   }
+  f.kind = *kind;
   if (colon == std::string::npos)
     return InvalidArgument("fault '" + spec + "' needs rank=R,step=S");
   std::stringstream ss(spec.substr(colon + 1));
@@ -43,9 +52,9 @@ Result<Fault> ParseFault(const std::string& spec) {
     }
   }
   if (f.rank < 0) return InvalidArgument("fault '" + spec + "' needs rank=R");
-  if (f.kind == "slow" && f.seconds <= 0 && f.factor <= 1)
+  if (f.kind == launch::WorkerFaultKind::kSlow && f.seconds <= 0 && f.factor <= 1)
     return InvalidArgument("fault '" + spec + "' needs seconds=X > 0 or factor=F > 1");
-  if (f.kind == "slow-checkpoint" && f.seconds <= 0)
+  if (f.kind == launch::WorkerFaultKind::kSlowCheckpoint && f.seconds <= 0)
     return InvalidArgument("fault '" + spec + "' needs seconds=X > 0");
   return f;
 }
@@ -88,7 +97,7 @@ std::string TrainConfig::Validate() const {
   if (comm == "nccl" && device != "cuda")
     return "--comm nccl needs --device cuda (NCCL moves device memory)";
   for (const Fault& f : faults) {
-    if (f.kind == "stall-send" && comm == "nccl")
+    if (f.kind == launch::WorkerFaultKind::kStallSend && comm == "nccl")
       return "--fault stall-send stalls a Gloo send: it needs --comm gloo";
   }
   if (trace_alternate < 0) return "--trace-alternate must be 0 (off) or a number of steps";
@@ -151,7 +160,7 @@ std::string TrainConfig::ToJson() const {
     j["resume"] = {{"step", resume.step}, {"source", resume.source}, {"files", resume.files}};
   nlohmann::ordered_json faults_j = nlohmann::ordered_json::array();
   for (const Fault& f : faults)
-    faults_j.push_back({{"kind", f.kind},
+    faults_j.push_back({{"kind", launch::Name(f.kind)},
                         {"rank", f.rank},
                         {"step", f.step},
                         {"seconds", f.seconds},
@@ -284,14 +293,19 @@ Status ReadFaults(const JsonFields& top, const std::string& source, TrainConfig&
   for (size_t i = 0; i < faults->size(); ++i) {
     const JsonFields f((*faults)[i], source + ": faults[" + std::to_string(i) + "]");
     Fault fault;
-    ASSIGN_OR_RETURN(fault.kind, f.Str("kind"));
+    ASSIGN_OR_RETURN(const std::string kind, f.Str("kind"));
+    const std::optional<launch::WorkerFaultKind> k = launch::ParseWorkerFaultKind(kind);
+    if (!k)  // written by another build: the fault it asks for cannot be carried out
+      return InvalidArgument(source + ": faults[" + std::to_string(i) + "]: unknown kind '" + kind +
+                             "' (" + FaultKinds() + ")");
+    fault.kind = *k;
     ASSIGN_OR_RETURN(fault.rank, f.IntIn("rank", -1, kMaxInt));
     ASSIGN_OR_RETURN(fault.step, f.Int("step"));
     ASSIGN_OR_RETURN(fault.seconds, f.Number("seconds"));
     if (f.Has("factor")) {
       ASSIGN_OR_RETURN(fault.factor, f.Number("factor"));
     }
-    c.faults.push_back(std::move(fault));
+    c.faults.push_back(fault);
   }
   return Status::Ok();
 }

@@ -81,7 +81,7 @@ GptStage::GptStage(const ModelConfig& cfg, const Layout& layout, int rank, Commu
   const tracer::Coords c = layout.CoordsOf(rank);
   stage_ = c.pp;
   tp_rank_ = c.tp;
-  tp_group_ = comm ? comm->Find("tp") : -1;
+  tp_group_ = comm ? comm->Find(GroupKind::kTp) : -1;
   hl_ = cfg.heads / layout.tp;
   d_ = cfg.width / cfg.heads;
   vl_ = cfg.vocab / layout.tp;

@@ -141,7 +141,7 @@ std::string Stalled(const char* what, int ms) {
 Result<double> MeasureAllReduce(Communicator& comm, const SelfCheckOptions& o, int op_ms,
                                 double slow, StallWatch* watch) {
   std::vector<float> buf(o.allreduce_bytes / 4, 1.0f);
-  const int world_group = comm.Find("world");
+  const int world_group = comm.Find(GroupKind::kWorld);
   const std::string op_stalled = Stalled("an all-reduce", op_ms);
   // The floor: all-reduces that have run longer than their bytes take at half of it (0.5 s at
   // least) are a link that crawls, and the controller would fail the check on its figure anyway.

@@ -24,11 +24,14 @@
 #include "megascope/launch/progress.h"
 #include "megascope/runtime/comm.h"
 #include "megascope/runtime/data.h"
+#include "megascope/runtime/optimizer.h"
+#include "megascope/runtime/schedule.h"
 #include "megascope/runtime/train.h"
 #include "megascope/tracer/dump.h"
 #include "megascope/tracer/file_util.h"
 #include "megascope/tracer/span_timer.h"
 #include "megascope/tracer/tracer.h"
+#include "state.h"
 
 namespace megascope::runtime {
 namespace {
@@ -49,8 +52,7 @@ void BurnSeconds(double seconds) {
 
 // A stop (SIGTERM from the launcher: a person's stop, or peers gone) lets the state writes in
 // flight finish, as a user stopping a job expects of its newest checkpoint: RunWorker's stop thread
-// waits for this count to reach zero (bounded by the launcher's grace) before the process exits.
-std::atomic<int> g_writes_in_flight{0};
+// waits for them (WaitForWritesInFlight, bounded by the launcher's grace) before the process exits.
 std::atomic<bool> g_stop_requested{false};
 int g_stop_fd = -1;  // an eventfd the SIGTERM handler wakes the stop thread with
 
@@ -61,32 +63,6 @@ extern "C" void OnStopSignal(int sig) {  // async-signal-safe: lock-free stores 
   g_stop_requested.store(true);
   const uint64_t one = 1;
   [[maybe_unused]] const ssize_t n = ::write(g_stop_fd, &one, sizeof(one));
-}
-
-// Waits, at most 4 s (inside the launcher's 5-s grace), for the state writes in flight to end.
-void WaitForWritesInFlight() {
-  for (int i = 0; i < 400 && g_writes_in_flight.load() > 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-}
-// Held by a background write from before its thread starts until it ends.
-class WriteInFlight {
- public:
-  WriteInFlight() { g_writes_in_flight.fetch_add(1); }
-  WriteInFlight(const WriteInFlight&) = delete;
-  WriteInFlight& operator=(const WriteInFlight&) = delete;
-  ~WriteInFlight() { g_writes_in_flight.fetch_sub(1); }
-};
-
-// Where a rank keeps its state in host memory: its own node's area, then its buddy node's (the
-// next node of the job).
-std::vector<std::string> MemoryDirsOf(const TrainConfig& cfg, int rank) {
-  const std::vector<std::string> nodes = cfg.NodeNames();
-  const std::string me = cfg.NodeOf(rank);
-  std::vector<std::string> dirs = {NodeMemoryDir(cfg.shm_dir, cfg.job, me)};
-  const auto it = std::find(nodes.begin(), nodes.end(), me);
-  const std::string buddy = nodes[static_cast<size_t>((it - nodes.begin() + 1) % nodes.size())];
-  if (buddy != me) dirs.push_back(NodeMemoryDir(cfg.shm_dir, cfg.job, buddy));
-  return dirs;
 }
 
 // A rank whose launcher is gone (killed: the kernel sends the parent-death signal, SIGHUP) leaves
@@ -130,8 +106,7 @@ class Worker {
     dumper_.reset();
     stop_ = true;
     if (beat_.joinable()) beat_.join();
-    if (ckpt_thread_.joinable()) ckpt_thread_.join();
-    if (mem_thread_.joinable()) mem_thread_.join();
+    state_.Join();
     if (prefetch_.valid()) prefetch_.wait();
   }
 
@@ -149,7 +124,7 @@ class Worker {
     }
     for (int64_t step = start_step_; step < cfg_.steps; ++step) {
       if (g_stop_requested.load()) {  // no new work once asked to stop; the writes finish
-        if (ckpt_thread_.joinable()) ckpt_thread_.join();
+        state_.JoinCheckpoint();
         return kExitStopped;
       }
       if (cfg_.trace_alternate > 0) {
@@ -169,8 +144,7 @@ class Worker {
         return kExitSetup;
       }
     }
-    if (ckpt_thread_.joinable()) ckpt_thread_.join();
-    if (mem_thread_.joinable()) mem_thread_.join();
+    state_.Join();
     timer_->Flush();
     tracer_->SetPhase(cfg_.steps, Phase::kDone);
     stop_ = true;
@@ -254,33 +228,6 @@ class Worker {
     return Status::Ok();
   }
 
-  // The state to resume from, loaded onto the device: the one the controller names (memory
-  // snapshot or disk checkpoint), or alone, the newest valid disk checkpoint.
-  Result<launch::ResumePoint> Resume() {
-    const Layout& l = cfg_.layout;
-    launch::ResumePoint resume =
-        cfg_.resume_set ? cfg_.resume : launch::FindDiskCheckpoint(layout_, l.world());
-    if (!resume.log.empty()) std::fprintf(stderr, "%s", resume.log.c_str());
-    if (resume.step < 0) return resume;
-    if (static_cast<int>(resume.files.size()) != l.world())
-      return InvalidArgument("run.json: resume lists no shard for every rank");
-    ASSIGN_OR_RETURN(std::string bytes, launch::ReadShard(resume.files[rank_]));
-    const size_t n = model_->count();
-    std::vector<float> p(n), m(n), v(n);
-    RETURN_IF_ERROR(launch::DecodeShard(bytes, resume.files[rank_], resume.step, rank_, n,
-                                        {p.data(), m.data(), v.data()}));
-    kernels_->Upload(model_->params(), p.data(), n * sizeof(float));
-    kernels_->Upload(m_.data(), m.data(), n * sizeof(float));
-    kernels_->Upload(v_.data(), v.data(), n * sizeof(float));
-    if (std::string e = kernels_->Synchronize(); !e.empty())
-      return Internal("loading " + resume.files[rank_] + " onto the device: " + e);
-    start_step_ = resume.step;
-    std::fprintf(stderr, "[worker] rank %d: resumed after step %lld from %s (%s)\n", rank_,
-                 static_cast<long long>(resume.step), resume.source.c_str(),
-                 resume.files[rank_].c_str());
-    return resume;
-  }
-
   Status Setup() {
     const Layout& l = cfg_.layout;
     coords_ = l.CoordsOf(rank_);
@@ -304,7 +251,9 @@ class Worker {
     m_ = kernels::Buffer<float>(kernels_.get(), model_->count());
     v_ = kernels::Buffer<float>(kernels_.get(), model_->count());
     RETURN_IF_ERROR(OpenData());
-    ASSIGN_OR_RETURN(const launch::ResumePoint resume, Resume());
+    ASSIGN_OR_RETURN(const launch::ResumePoint resume,
+                     LoadState(cfg_, layout_, rank_, *kernels_, *model_, m_.data(), v_.data()));
+    if (resume.step >= 0) start_step_ = resume.step;
     if (rank_ == ReportingRank()) {
       const auto now = std::chrono::steady_clock::now();
       AppendProgress({{"event", "ready"},
@@ -356,13 +305,14 @@ class Worker {
 
   // The fault of `kind` aimed at this rank for `step`; its first firing is announced on the
   // progress stream (the controller times detection from it).
-  const Fault* FaultAt(const std::string& kind, int64_t step) {
+  const Fault* FaultAt(launch::WorkerFaultKind kind, int64_t step) {
     for (const Fault& f : cfg_.faults) {
-      if (f.kind == kind && f.rank == rank_ && (kind == "slow" ? step >= f.step : step == f.step)) {
+      const bool from_on = kind == launch::WorkerFaultKind::kSlow;
+      if (f.kind == kind && f.rank == rank_ && (from_on ? step >= f.step : step == f.step)) {
         if (!fault_announced_) {
           fault_announced_ = true;
           AppendProgress({{"event", "fault"},
-                          {"kind", f.kind},
+                          {"kind", launch::Name(f.kind)},
                           {"rank", rank_},
                           {"node", cfg_.NodeOf(rank_)},
                           {"step", step},
@@ -414,26 +364,27 @@ class Worker {
   // The faults injected at the start of a step: a crash, a slow step (returns the seconds it
   // burned), a send armed to stall.
   double InjectStepFaults(int64_t step) {
-    if (FaultAt("crash", step)) {
+    if (FaultAt(launch::WorkerFaultKind::kCrash, step)) {
       std::fprintf(stderr, "[worker] rank %d: injected crash at step %lld\n", rank_,
                    static_cast<long long>(step));
       std::fflush(stderr);
       std::abort();
     }
     double burned = 0;
-    if (const Fault* f = FaultAt("slow", step)) {  // extra compute, as a slow GPU would take
+    if (const Fault* f = FaultAt(launch::WorkerFaultKind::kSlow,
+                                 step)) {  // extra compute, as a slow GPU would take
       tracer::Tracer::Scope span(tracer_.get(), SpanKind::kCompute, names_["fault"], step);
       // A factor slows the rank's work as a throttled GPU would: the extra is (factor - 1) times
       // what its previous step took without the fault.
       burned = f->seconds + (f->factor > 1 ? (f->factor - 1) * last_unslowed_s_ : 0);
       BurnSeconds(burned);
     }
-    if (FaultAt("stall-send", step)) faults_->ArmSendStall();
+    if (FaultAt(launch::WorkerFaultKind::kStallSend, step)) faults_->ArmSendStall();
     return burned;
   }
 
-  // The step's microbatches through the pipeline, 1F1B: warm-up forwards, then one forward and
-  // one backward at a time, then the cool-down. The last stage sums the loss into `loss_sum`.
+  // The step's microbatches through the pipeline in 1F1B order (schedule.h). The last stage sums
+  // the loss into `loss_sum`.
   Status Pipeline(int64_t step, Batches& batch, float scale, double* loss_sum) {
     const int m = cfg_.microbatches, stage = coords_.pp, P = cfg_.layout.pp;
     const int64_t mb_size = cfg_.global_batch / cfg_.layout.dp / m;
@@ -444,7 +395,7 @@ class Worker {
       tracer_->SetPhase(step, Phase::kForward);
       if (stage > 0)
         RETURN_IF_ERROR(comm_->Recv(PpGroup(), PeerStage(stage - 1), buf_in.data(), act));
-      if (k == 0 && FaultAt("hang", step)) Hang(step);
+      if (k == 0 && FaultAt(launch::WorkerFaultKind::kHang, step)) Hang(step);
       {
         tracer::SpanTimer::Scope span(timer_.get(), SpanKind::kForward, names_["forward"], step, k);
         RETURN_IF_ERROR(model_->Forward(k, static_cast<int>(mb_size), batch.inputs[k].data(),
@@ -453,7 +404,7 @@ class Worker {
       }
       if (stage < P - 1)
         RETURN_IF_ERROR(comm_->Send(PpGroup(), PeerStage(stage + 1), buf_out.data(), act));
-      if (k == 0 && FaultAt("freeze", step)) Freeze(step);
+      if (k == 0 && FaultAt(launch::WorkerFaultKind::kFreeze, step)) Freeze(step);
       return Status::Ok();
     };
     auto backward = [&](int k) -> Status {
@@ -469,13 +420,8 @@ class Worker {
         RETURN_IF_ERROR(comm_->Send(PpGroup(), PeerStage(stage - 1), grad_out.data(), act));
       return Status::Ok();
     };
-    const int warmup = std::min(P - stage - 1, m);
-    for (int k = 0; k < warmup; ++k) RETURN_IF_ERROR(forward(k));
-    for (int k = 0; k < m - warmup; ++k) {
-      RETURN_IF_ERROR(forward(warmup + k));
-      RETURN_IF_ERROR(backward(k));
-    }
-    for (int k = m - warmup; k < m; ++k) RETURN_IF_ERROR(backward(k));
+    for (const PipelinePass& pass : OneFOneB(m, stage, P))
+      RETURN_IF_ERROR(pass.forward ? forward(pass.microbatch) : backward(pass.microbatch));
     return comm_->WaitSends();
   }
 
@@ -487,12 +433,14 @@ class Worker {
          step + 1 < cfg_.steps)) {
       tracer_->SetPhase(step, Phase::kCheckpoint);
       tracer::Tracer::Scope span(tracer_.get(), SpanKind::kCheckpoint, names_["checkpoint"], step);
-      SaveCheckpointAsync(step + 1);
+      state_.Checkpoint(step + 1,
+                        EncodeState(*kernels_, *model_, m_.data(), v_.data(), step + 1, rank_));
     }
     if (!cfg_.memory_snapshots) return 0;
     tracer::Tracer::Scope span(tracer_.get(), SpanKind::kCheckpoint, names_["snapshot"], step);
     const auto s0 = std::chrono::steady_clock::now();
-    SnapshotToMemoryAsync(step + 1);
+    state_.Snapshot(step + 1,
+                    EncodeState(*kernels_, *model_, m_.data(), v_.data(), step + 1, rank_));
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
   }
 
@@ -509,14 +457,15 @@ class Worker {
     float grad_norm = 0;
     {
       tracer::SpanTimer::Scope span(timer_.get(), SpanKind::kOptimizer, names_["optimizer"], step);
-      ASSIGN_OR_RETURN(grad_norm, SyncAndUpdate(step));
+      ASSIGN_OR_RETURN(grad_norm, SyncGradientsAndStep(cfg_, *comm_, *kernels_, *model_, m_.data(),
+                                                       v_.data(), step));
     }
     // The loss: summed over microbatches on the last stage, then over data-parallel replicas.
     double loss = NAN;
     if (model_->last()) {
       float sum = static_cast<float>(loss_sum);
       if (cfg_.layout.dp > 1)
-        RETURN_IF_ERROR(comm_->AllReduce(comm_->Find("dp"), &sum, 1, ReduceOp::kSum));
+        RETURN_IF_ERROR(comm_->AllReduce(comm_->Find(GroupKind::kDp), &sum, 1, ReduceOp::kSum));
       loss = sum * scale;
     }
     const double snapshot_s = SaveState(step);
@@ -580,56 +529,8 @@ class Worker {
     ::raise(SIGSTOP);
   }
 
-  int PpGroup() const { return comm_->Find("pp"); }
+  int PpGroup() const { return comm_->Find(GroupKind::kPp); }
   int PeerStage(int stage) const { return cfg_.layout.RankOf({coords_.dp, stage, coords_.tp}); }
-
-  float LearningRate(int64_t step) const {
-    if (step < cfg_.warmup)
-      return cfg_.lr * static_cast<float>(step + 1) / static_cast<float>(cfg_.warmup);
-    const double progress = static_cast<double>(step - cfg_.warmup) /
-                            static_cast<double>(std::max<int64_t>(1, cfg_.steps - cfg_.warmup));
-    return cfg_.min_lr + 0.5f * (cfg_.lr - cfg_.min_lr) *
-                             static_cast<float>(1 + std::cos(M_PI * std::min(1.0, progress)));
-  }
-
-  Result<float> SyncAndUpdate(int64_t step) {
-    const Layout& l = cfg_.layout;
-    kernels::Kernels& k = *kernels_;
-    float* g = model_->grads();
-    float* p = model_->params();
-    const size_t count = model_->count();
-    if (const int emb = comm_->Find("emb"); emb >= 0) {  // the tied embedding lives on two stages
-      const ParamTensor* wte = model_->Find("wte");
-      RETURN_IF_ERROR(comm_->AllReduce(emb, g + wte->offset, wte->size, ReduceOp::kSum));
-    }
-    if (l.dp > 1) {  // bucketed data-parallel gradient all-reduce
-      constexpr size_t kBucket = 1 << 18;
-      for (size_t off = 0; off < count; off += kBucket) {
-        RETURN_IF_ERROR(comm_->AllReduce(comm_->Find("dp"), g + off, std::min(kBucket, count - off),
-                                         ReduceOp::kSum));
-      }
-    }
-    std::vector<std::pair<size_t, size_t>> counted;
-    for (const ParamTensor& t : model_->tensors()) {
-      if (t.unique) counted.emplace_back(t.offset, t.size);
-    }
-    float sumsq = k.SumSquares(g, counted);
-    if (l.tp * l.pp > 1)
-      RETURN_IF_ERROR(comm_->AllReduce(comm_->Find("mp"), &sumsq, 1, ReduceOp::kSum));
-    const float norm = std::sqrt(sumsq);
-    const float clip = cfg_.grad_clip > 0 && norm > cfg_.grad_clip ? cfg_.grad_clip / norm : 1.0f;
-    kernels::AdamW opt;
-    opt.lr = LearningRate(step);
-    opt.weight_decay = cfg_.weight_decay;
-    if (clip != 1.0f) k.Scale(g, count, clip);
-    for (const ParamTensor& t : model_->tensors()) {
-      k.AdamWUpdate(p + t.offset, g + t.offset, m_.data() + t.offset, v_.data() + t.offset, t.size,
-                    opt, step + 1, t.decay);
-    }
-    model_->ZeroGrads();
-    if (std::string e = k.error(); !e.empty()) return Internal("optimizer step: " + e);
-    return norm;
-  }
 
   void Report(int64_t step, double loss, double secs, float grad_norm, double snapshot_s) {
     const double tokens = static_cast<double>(cfg_.global_batch) * cfg_.model.seq;
@@ -637,7 +538,7 @@ class Worker {
                     {"loss", loss},
                     {"tokens_per_s", tokens / secs},
                     {"step_time_s", secs},
-                    {"lr", LearningRate(step)},
+                    {"lr", LearningRate(cfg_, step)},
                     {"grad_norm", grad_norm},
                     {"snapshot_s", snapshot_s},
                     {"attempt", cfg_.attempt},
@@ -658,89 +559,6 @@ class Worker {
                    progress_.dropped() > 0 ? " (the oldest kept ones were dropped)" : "");
     }
     progress_failing_ = !st.ok();
-  }
-
-  // ------------------------------------------------------------- checkpoints
-
-  std::shared_ptr<std::string> Snapshot(int64_t step) {
-    // Device state comes to the host first; host memory (the CPU backend) is encoded in place.
-    const size_t n = model_->count();
-    std::vector<float> copies[3];
-    auto host = [&](const float* x, int i) {
-      if (!kernels_->IsDevicePointer(x)) return x;
-      copies[i].resize(n);
-      kernels_->Download(copies[i].data(), x, n * sizeof(float));
-      return static_cast<const float*>(copies[i].data());
-    };
-    const float* p = host(model_->params(), 0);
-    const float* m = host(m_.data(), 1);
-    const float* v = host(v_.data(), 2);
-    if (std::string e = kernels_->error(); !e.empty()) {  // never a shard of what was not read
-      std::fprintf(stderr, "[checkpoint] rank %d: step %lld not saved: %s\n", rank_,
-                   static_cast<long long>(step), e.c_str());
-      return nullptr;
-    }
-    return std::make_shared<std::string>(launch::EncodeShard(step, rank_, n, {p, m, v}));
-  }
-
-  void SaveCheckpointAsync(int64_t step) {
-    if (ckpt_thread_.joinable()) ckpt_thread_.join();  // one write in flight at a time
-    // Snapshot in memory now; write in the background while training goes on.
-    auto snap = Snapshot(step);
-    if (snap == nullptr) return;
-    auto busy = std::make_shared<WriteInFlight>();
-    ckpt_thread_ = std::thread([this, snap, step, busy] {
-      const std::string dir = layout_.checkpoint(step);
-      for (const Fault& f : cfg_.faults) {  // a slow filesystem
-        if (f.kind == "slow-checkpoint" && f.rank == rank_ && step >= f.step)
-          std::this_thread::sleep_for(std::chrono::duration<double>(f.seconds));
-      }
-      const std::string shard = dir + "/rank_" + std::to_string(rank_) + ".bin";
-      if (Status st = launch::WriteShard(shard, *snap, /*sync=*/true); !st.ok()) {
-        std::fprintf(stderr, "[checkpoint] rank %d: step %lld not saved: %s\n", rank_,
-                     static_cast<long long>(step), st.ToString().c_str());
-        return;
-      }
-      if (rank_ != 0) return;
-      // Rank 0 writes the manifest last, once every shard is on disk.
-      if (Status st =
-              launch::WriteCheckpointManifest(layout_, step, cfg_.layout.world(), 60000, &stop_);
-          !st.ok()) {
-        std::fprintf(stderr, "[checkpoint] %s\n", st.message().c_str());
-        return;
-      }
-      // Only once this one is complete do older ones go (never the newest complete one).
-      auto pruned = launch::PruneCheckpoints(layout_, cfg_.keep_checkpoints);
-      if (!pruned.ok())
-        std::fprintf(stderr, "[checkpoint] %s\n", pruned.status().ToString().c_str());
-    });
-  }
-
-  // Every step: the state into host memory on this rank's node and on its buddy node (the next
-  // node of the job), so a restart loses at most the step in flight even when this node is gone.
-  // The copy into a buffer is all the step waits for; the writes happen in the background and the
-  // shard of three steps back is removed once the new one is in place (ranks can be a step apart
-  // when one dies, and a corrupt newest copy must leave an older complete step behind).
-  void SnapshotToMemoryAsync(int64_t step) {
-    if (mem_thread_.joinable()) mem_thread_.join();
-    auto snap = Snapshot(step);
-    if (snap == nullptr) return;
-    const std::vector<std::string> dirs = MemoryDirsOf(cfg_, rank_);
-    auto busy = std::make_shared<WriteInFlight>();
-    mem_thread_ = std::thread([this, snap, step, dirs, busy] {
-      for (const std::string& dir : dirs) {
-        if (Status st = launch::WriteShard(dir + "/" + launch::MemoryShardName(rank_, step), *snap,
-                                           /*sync=*/false);
-            !st.ok()) {
-          std::fprintf(stderr, "[snapshot] rank %d: step %lld: %s\n", rank_,
-                       static_cast<long long>(step), st.ToString().c_str());
-          continue;
-        }
-        std::error_code ec;
-        for (const char* suffix : {"", ".sum"})
-          fs::remove(dir + "/" + launch::MemoryShardName(rank_, step - 3) + suffix, ec);
-      }
-    });
   }
 
   TrainConfig cfg_;
@@ -766,7 +584,8 @@ class Worker {
   RunLayout layout_;
   launch::ProgressWriter progress_{layout_.progress()};  // after layout_, which names its file
   std::atomic<bool> stop_{false};
-  std::thread beat_, ckpt_thread_, mem_thread_;
+  StateWriter state_{cfg_, layout_, rank_, &stop_};  // after what it reads
+  std::thread beat_;
   std::future<Batches> prefetch_;
   timespec request_mtime_{};
   int64_t requested_step_ = -1;

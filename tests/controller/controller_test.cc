@@ -106,17 +106,18 @@ TEST(InjectTest, AFiringUsesUpOnlyItsOwnInjection) {
     in.push_back(*one);
   }
   for (Injection& i : in) i.planned_rank = i.rank;  // as an attempt plans them
-  Injection* fired = FiredInjection(in, "crash", 0, 10);
+  Injection* fired = FiredInjection(in, launch::WorkerFaultKind::kCrash, 0, 10);
   ASSERT_EQ(fired, &in[1]);
   fired->fired = true;
   EXPECT_FALSE(in[0].fired);
-  EXPECT_EQ(FiredInjection(in, "crash", 0, 39), nullptr) << "no crash of rank 0 was due by 39";
-  EXPECT_EQ(FiredInjection(in, "crash", 0, 40), &in[0]);
-  EXPECT_EQ(FiredInjection(in, "crash", 1, 40), &in[2]);
+  EXPECT_EQ(FiredInjection(in, launch::WorkerFaultKind::kCrash, 0, 39), nullptr)
+      << "no crash of rank 0 was due by 39";
+  EXPECT_EQ(FiredInjection(in, launch::WorkerFaultKind::kCrash, 0, 40), &in[0]);
+  EXPECT_EQ(FiredInjection(in, launch::WorkerFaultKind::kCrash, 1, 40), &in[2]);
   // A slow fault fires at the first step it reaches: later than its own after a resume.
-  EXPECT_EQ(FiredInjection(in, "slow", 0, 12), &in[3]);
-  EXPECT_EQ(FiredInjection(in, "kill-agent", -1, 3), nullptr) << "not a worker's fault";
-  EXPECT_EQ(FiredInjection(in, "hang", 0, 40), nullptr);
+  EXPECT_EQ(FiredInjection(in, launch::WorkerFaultKind::kSlow, 0, 12), &in[3]);
+  EXPECT_FALSE(WorkerFaultOf(FaultKind::kKillAgent).has_value()) << "not a worker's fault";
+  EXPECT_EQ(FiredInjection(in, launch::WorkerFaultKind::kHang, 0, 40), nullptr);
 }
 
 TEST(InjectTest, APersistentFaultIsAMachineThatStaysBroken) {

@@ -65,17 +65,18 @@ TEST(LayoutTest, MegatronOrderAndGroupNames) {
   EXPECT_EQ(g[1].ranks, (std::vector<int32_t>{1, 3}));
   EXPECT_EQ(g[2].name, "pp.1.1");
   EXPECT_EQ(g[2].ranks, (std::vector<int32_t>{3, 7}));
-  EXPECT_EQ(g[3].kind, "mp");
+  EXPECT_EQ(g[3].kind, GroupKind::kMp);
   EXPECT_EQ(g[3].ranks, (std::vector<int32_t>{2, 3, 6, 7}));
-  EXPECT_EQ(g[4].kind, "emb");
-  EXPECT_EQ(g[5].kind, "world");
+  EXPECT_EQ(g[4].kind, GroupKind::kEmb);
+  EXPECT_EQ(g[5].kind, GroupKind::kWorld);
 }
 
 TEST(GlooCommTest, CollectivesAndP2PAreCorrectAndTraced) {
   TempDir dir;
   Layout layout{1, 2, 2};  // tp=2, pp=2
   RunRanks(layout, dir, "commtest", [&](int r, Communicator& c, tracer::Tracer& t) {
-    const int tp = c.Find("tp"), pp = c.Find("pp"), world = c.Find("world");
+    const int tp = c.Find(GroupKind::kTp), pp = c.Find(GroupKind::kPp),
+              world = c.Find(GroupKind::kWorld);
     std::vector<float> x = {static_cast<float>(r), 1.0f};
     ASSERT_TRUE(c.AllReduce(world, x.data(), 2, ReduceOp::kSum).ok());
     EXPECT_EQ(x[0], 0 + 1 + 2 + 3);
@@ -126,7 +127,7 @@ TEST(GlooCommTest, ADeadPeerFailsTheOpAndTheFlightRecorderSaysSo) {
   RunRanks(
       layout, dir, "commfail",
       [&](int r, Communicator& c, tracer::Tracer& t) {
-        const int dp = c.Find("dp");
+        const int dp = c.Find(GroupKind::kDp);
         std::vector<float> x(16, 1.0f);
         ASSERT_TRUE(c.AllReduce(dp, x.data(), x.size(), ReduceOp::kSum).ok());
         if (r == 1) return;  // rank 1 leaves: its communicator closes its connections
@@ -164,7 +165,7 @@ TEST(GlooCommTest, EachDtypeReducesAsItselfAndTheRecordSaysWhichItWas) {
   TempDir dir;
   Layout layout{2, 1, 1};
   RunRanks(layout, dir, "dtypes", [&](int r, Communicator& c, tracer::Tracer& t) {
-    const int dp = c.Find("dp");
+    const int dp = c.Find(GroupKind::kDp);
     std::vector<uint16_t> h = {Bf16(1.5f), Bf16(static_cast<float>(r)), Bf16(-2.0f)};
     CommOp sum{OpType::kAllreduce, dp, h.data(), h.data(), h.size(), DType::kBf16};
     ASSERT_TRUE(c.Run(sum).ok());
@@ -198,7 +199,7 @@ TEST(GlooCommTest, AbortEndsAReceiveInFlightAndEveryLaterOp) {
   RunRanks(
       layout, dir, "abort",
       [&](int r, Communicator& c, tracer::Tracer& t) {
-        const int dp = c.Find("dp");
+        const int dp = c.Find(GroupKind::kDp);
         if (r == 1) {
           done.arrive_and_wait();
           return;
@@ -227,7 +228,7 @@ TEST(GlooCommTest, AbortEndsAReceiveInFlightAndEveryLaterOp) {
 // that, is in the flight recorder, from whichever thread reports it.
 class ScriptedTransport final : public Communicator {
  public:
-  ScriptedTransport() { groups_.push_back({"tp.0.0", "tp", {0, 1}}); }
+  ScriptedTransport() { groups_.push_back({"tp.0.0", GroupKind::kTp, {0, 1}}); }
   const std::vector<GroupSpec>& groups() const override { return groups_; }
   std::unique_ptr<Work> Post(const CommOp& op, std::shared_ptr<OpObserver> obs) override {
     if (op.type == OpType::kBarrier) return DoneWork(Internal("refused"));  // says nothing

@@ -70,7 +70,7 @@ class NcclTest : public ::testing::Test {
 TEST_F(NcclTest, OpsRunOnTheStreamAndTheRecordCompletesFromTheWatchdog) {
   auto c = Connect(std::chrono::milliseconds(30000));
   ASSERT_NE(c, nullptr);
-  const int world = c->Find("world");
+  const int world = c->Find(GroupKind::kWorld);
   kernels::Buffer<float> x(k_.get(), 1 << 20);
   k_->Fill(x.data(), x.size(), 2.0f);
   ASSERT_TRUE(c->AllReduce(world, x.data(), x.size(), ReduceOp::kSum).ok());
@@ -89,7 +89,7 @@ TEST_F(NcclTest, OpsRunOnTheStreamAndTheRecordCompletesFromTheWatchdog) {
 TEST_F(NcclTest, AHungOpIsAbortedAtTheDeadlineReportedAndTheCommunicatorRebuilt) {
   auto c = Connect(std::chrono::milliseconds(1500));
   ASSERT_NE(c, nullptr);
-  const int world = c->Find("world");
+  const int world = c->Find(GroupKind::kWorld);
   kernels::Buffer<float> x(k_.get(), 1024);
   // The all-reduce waits on the stream behind a kernel that runs for 3 s: past the deadline, the
   // watchdog aborts it and reports it, never started on the device.

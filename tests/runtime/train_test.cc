@@ -301,7 +301,7 @@ TEST_F(TrainTest, BadConfigurationIsRefusedBeforeAnyWorkerStarts) {
       {"--dp 2 --nodes 3", "--nodes must be between 1 and the world size 2"},
       {"--fault crash:rank=9,step=1", "fault rank 9 is outside world size 1"},
       {"--fault explode:rank=0",
-       "kind must be crash, hang, freeze, stall-send, slow or slow-checkpoint"},
+       "kind must be one of crash, hang, freeze, stall-send, slow, slow-checkpoint"},
       {"--no-trace --trace-alternate 2", "--trace-alternate and --no-trace exclude each other"},
   };
   for (const Case& c : cases) {

@@ -52,7 +52,7 @@ Status Controller::Impl::StartAttempt(const launch::ResumePoint* resume) {
     for (int rank : ranks) {
       if (rank < 0 || rank >= opt.world) continue;  // its node is not in the job (any more)
       if (in.planned_rank < 0 || rank < in.planned_rank) in.planned_rank = rank;
-      plan.faults.push_back({std::string(Name(in.kind)), rank, at, in.seconds, in.factor});
+      plan.faults.push_back({*WorkerFaultOf(in.kind), rank, at, in.seconds, in.factor});
     }
   }
   for (const std::string& node : active) {

@@ -18,9 +18,11 @@ void Controller::Impl::PumpProgress() {
     const std::string event = line.value("event", "");
     const int line_attempt = line.value("attempt", attempt);
     if (event == "fault") {
-      Injection* in = line_attempt == attempt
-                          ? FiredInjection(opt.injections, line.value("kind", ""),
-                                           line.value("rank", -2), line.value("step", int64_t{-1}))
+      const std::optional<launch::WorkerFaultKind> kind =
+          launch::ParseWorkerFaultKind(line.value("kind", ""));
+      Injection* in = line_attempt == attempt && kind
+                          ? FiredInjection(opt.injections, *kind, line.value("rank", -2),
+                                           line.value("step", int64_t{-1}))
                           : nullptr;
       if (in != nullptr) in->fired = true;
       Log("fault fired: " + line.value("kind", std::string()) + " on rank " +

@@ -31,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "megascope/launch/worker_fault.h"
 #include "megascope/tracer/status.h"
 
 namespace megascope::controller {
@@ -52,7 +53,8 @@ std::string_view Name(FaultKind kind);
 // What a link fault does: FORMATS-style spellings "slow", "loss", "down".
 enum class LinkFaultKind { kSlow, kLoss, kDown };
 std::string_view Name(LinkFaultKind kind);
-// Faults the worker itself carries out (given to it in run.json).
+// Faults the worker itself carries out (given to it in run.json): the worker's kind of each.
+std::optional<launch::WorkerFaultKind> WorkerFaultOf(FaultKind kind);
 bool IsWorkerFault(FaultKind kind);
 
 struct Injection {
@@ -82,7 +84,7 @@ Result<Injection> ParseInjection(const std::string& spec);
 // before `step` (a slow fault fires at the first step it reaches, later than its own when the
 // attempt resumed past it; two crashes of one rank are two injections, each fired on its own);
 // nullptr when none is.
-Injection* FiredInjection(std::vector<Injection>& injections, std::string_view kind, int rank,
-                          int64_t step);
+Injection* FiredInjection(std::vector<Injection>& injections, launch::WorkerFaultKind kind,
+                          int rank, int64_t step);
 
 }  // namespace megascope::controller

@@ -93,7 +93,7 @@ class Communicator {
   // `generation` (> 0, one more each time). NCCL only; others say Unimplemented.
   virtual Status Rebuild(int generation);
 
-  int Find(const std::string& kind) const;  // -1 if this rank is not in a group of that kind
+  int Find(GroupKind kind) const;  // -1 if this rank is not in a group of that kind
 
   // Blocking forms over fp32 data (CommOp above says what each reads and writes).
   Status Run(const CommOp& op) { return Post(op, nullptr)->Wait(); }

@@ -5,16 +5,27 @@
 // embedding when pp > 1) and world.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "megascope/tracer/enum_names.h"
 #include "megascope/tracer/records.h"
 
 namespace megascope::runtime {
 
+// A process group's kind, spelled as kGroupKindNames (the `kind` of trace.db's groups and the
+// first part of a group's name).
+enum class GroupKind : uint8_t { kTp = 0, kDp, kPp, kMp, kEmb, kWorld };
+inline constexpr std::array<std::string_view, 6> kGroupKindNames = {"tp", "dp",  "pp",
+                                                                    "mp", "emb", "world"};
+inline std::string_view Name(GroupKind k) { return tracer::NameFrom(kGroupKindNames, k); }
+
 struct GroupSpec {
   std::string name;
-  std::string kind;  // tp, dp, pp, mp, emb, world
+  GroupKind kind = GroupKind::kWorld;
   std::vector<int32_t> ranks;
   int IndexOf(int rank) const;
 };
