@@ -177,13 +177,6 @@ class SupervisorFleet final : public Fleet {
   int checks_ = 0;
 };
 
-class RealClock final : public LoopClock {
- public:
-  TimePoint Now() override { return Clock::now(); }
-  int64_t WallNs() override { return tracer::WallNowNs(); }
-  void Sleep(std::chrono::duration<double> d) override { std::this_thread::sleep_for(d); }
-};
-
 }  // namespace
 
 SelfCheckFigures ReadSelfCheckLog(const std::string& text, const std::string& ended) {
@@ -245,11 +238,6 @@ std::vector<Result<std::string>> AskAgents(const std::vector<std::string>& nodes
 
 std::unique_ptr<Fleet> MakeSupervisorFleet(const launch::SupervisorOptions& options) {
   return std::make_unique<SupervisorFleet>(options);
-}
-
-LoopClock& RealLoopClock() {
-  static RealClock clock;
-  return clock;
 }
 
 }  // namespace megascope::controller

@@ -20,6 +20,7 @@
 
 #include "megascope/analyzer/hang.h"
 #include "megascope/launch/supervisor.h"
+#include "megascope/tracer/loop_clock.h"
 #include "megascope/tracer/status.h"
 
 namespace megascope::controller {
@@ -110,18 +111,9 @@ std::vector<Result<std::string>> AskAgents(const std::vector<std::string>& nodes
 // The fleet of processes on this machine, its hosts' namespaces or a Slurm allocation.
 std::unique_ptr<Fleet> MakeSupervisorFleet(const launch::SupervisorOptions& options);
 
-// Time as the loop sees it: monotonic time for its deadlines, wall time for its records, and its
-// waits.
-class LoopClock {
- public:
-  using TimePoint = std::chrono::steady_clock::time_point;
-  virtual ~LoopClock() = default;
-  virtual TimePoint Now() = 0;
-  virtual int64_t WallNs() = 0;  // ns since the epoch
-  virtual void Sleep(std::chrono::duration<double> d) = 0;
-};
-
-// steady_clock, the system's wall clock, this_thread::sleep_for.
-LoopClock& RealLoopClock();
+// Time as the loop sees it (tracer/loop_clock.h): monotonic time for its deadlines, wall time for
+// its records, and its waits.
+using tracer::LoopClock;
+using tracer::RealLoopClock;
 
 }  // namespace megascope::controller

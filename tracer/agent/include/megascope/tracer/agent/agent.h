@@ -18,6 +18,7 @@
 #include <string_view>
 #include <thread>
 
+#include "megascope/tracer/loop_clock.h"
 #include "megascope/tracer/status.h"
 #include "megascope/tracer/trace_store.h"
 
@@ -69,6 +70,10 @@ struct AgentOptions {
   std::string store;
   double store_interval_s = 1.0;
   WriteHook write_hook;  // the store's fault seam (trace_store.h); tests only
+  // What the agent's time is (loop_clock.h): when discovery, retention and host samples are due
+  // (monotonic), and the wall time of its rows, heartbeat ages and retention cutoffs. Null: the
+  // real clocks. Tests pass a fake and call Poll().
+  LoopClock* clock = nullptr;
   // GET /window?<query>: a straggler window's part computed over this node's trace.db, answered
   // by this function as (HTTP status, JSON body); unset: /window is not served. The analyzer owns
   // the answer (analyzer::WindowServer), a floor above the agent: whoever starts the agent (the
