@@ -12,9 +12,9 @@
 namespace megascope::runtime {
 namespace {
 
-std::vector<PipelinePass> F(std::vector<int> ks, bool forward) {
-  std::vector<PipelinePass> out;
-  for (int k : ks) out.push_back({forward, k});
+std::vector<PipelinePass> F(const std::vector<int>& ks, bool forward) {
+  std::vector<PipelinePass> out(ks.size());
+  for (size_t i = 0; i < ks.size(); ++i) out[i] = {forward, ks[i]};
   return out;
 }
 
@@ -64,20 +64,18 @@ TEST(ScheduleTest, EveryStageOfEveryShapeRunsEachPassOnceWithinItsMemoryAndNever
       std::vector<size_t> next(static_cast<size_t>(stages), 0);
       std::vector<std::vector<int>> done(static_cast<size_t>(stages),
                                          std::vector<int>(static_cast<size_t>(m), 0));
+      const size_t last = static_cast<size_t>(stages) - 1;
       for (bool moved = true; moved;) {
         moved = false;
-        for (int s = 0; s < stages; ++s) {
-          auto& i = next[static_cast<size_t>(s)];
-          if (i == order[static_cast<size_t>(s)].size()) continue;
-          const PipelinePass p = order[static_cast<size_t>(s)][i];
+        for (size_t s = 0; s <= last; ++s) {
+          size_t& i = next[s];
+          if (i == order[s].size()) continue;
+          const PipelinePass p = order[s][i];
+          const auto k = static_cast<size_t>(p.microbatch);
           const bool ready =
-              p.forward
-                  ? s == 0 ||
-                        done[static_cast<size_t>(s - 1)][static_cast<size_t>(p.microbatch)] >= 1
-                  : s == stages - 1 ||
-                        done[static_cast<size_t>(s + 1)][static_cast<size_t>(p.microbatch)] == 2;
+              p.forward ? s == 0 || done[s - 1][k] >= 1 : s == last || done[s + 1][k] == 2;
           if (!ready) continue;
-          done[static_cast<size_t>(s)][static_cast<size_t>(p.microbatch)] = p.forward ? 1 : 2;
+          done[s][k] = p.forward ? 1 : 2;
           ++i;
           moved = true;
         }
