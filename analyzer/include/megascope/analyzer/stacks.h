@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "megascope/analyzer/hang.h"
+#include "megascope/analyzer/hang_input.h"
 
 namespace megascope::analyzer {
 
