@@ -37,11 +37,11 @@
 #include <vector>
 
 #include "fleet_metrics.h"
-#include "megascope/analyzer/scatter.h"
+#include "megascope/analyzer/node_query.h"
 #include "megascope/analyzer/window.h"
 #include "megascope/detector/detector.h"
 #include "megascope/detector/prometheus_text.h"
-#include "megascope/tracer/agent_state.h"
+#include "megascope/tracer/agent/agent_state.h"
 #include "megascope/tracer/http_client.h"
 #include "megascope/tracer/http_serve.h"
 #include "megascope/tracer/parallel.h"
@@ -217,7 +217,8 @@ int Fail(const std::string& what) {
 }
 
 void MeasureTick(int port, const Shape& s) {
-  // 1. tick: every /state, read as Controller::Impl::Stalled reads it (tracer::ReadAgentState).
+  // 1. tick: every /state, read as Controller::Impl::Stalled reads it
+  // (tracer::agent::ReadAgentState).
   std::vector<double> tick_s, tick_cpu, parse_s;
   int answered = 0;
   for (int t = 0; t < 10; ++t) {
@@ -229,7 +230,7 @@ void MeasureTick(int port, const Shape& s) {
       for (const auto& body : bodies) {
         if (!body.ok()) continue;
         ++answered;
-        (void)tracer::ReadAgentState(*body, [&](const tracer::RankBeat& r) {
+        (void)tracer::agent::ReadAgentState(*body, [&](const tracer::agent::RankBeat& r) {
           if (r.attempt == 0) steps[r.rank] = r.step;
         });
       }

@@ -10,7 +10,7 @@
 #include <memory>
 
 #include "command.h"
-#include "megascope/analyzer/scatter.h"
+#include "megascope/analyzer/node_query.h"
 #include "megascope/analyzer/window.h"
 #include "megascope/launch/process.h"
 #include "megascope/tracer/clickhouse.h"

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
-#include "megascope/analyzer/scatter.h"
+#include "megascope/analyzer/node_query.h"
 #include "megascope/analyzer/store_views.h"
 #include "megascope/detector/samples.h"
 #include "megascope/tracer/clickhouse.h"

@@ -13,7 +13,7 @@
 #include <set>
 #include <thread>
 
-#include "megascope/analyzer/scatter.h"
+#include "megascope/analyzer/node_query.h"
 #include "megascope/launch/process.h"
 #include "megascope/launch/scrape_targets.h"
 #include "megascope/runtime/data.h"

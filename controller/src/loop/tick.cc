@@ -8,7 +8,7 @@
 #include "megascope/launch/link_seam.h"
 #include "megascope/launch/scrape_targets.h"
 #include "megascope/launch/slurm.h"
-#include "megascope/tracer/agent_state.h"
+#include "megascope/tracer/agent/agent_state.h"
 #include "megascope/tracer/clock.h"
 
 namespace megascope::controller {
@@ -114,7 +114,7 @@ bool Controller::Impl::Stalled(std::string* why) {
   // and crash paths decide that).
   for (const Result<std::string>& body : fleet->AgentGetAll(active, "/state", 1000, agent_token)) {
     if (!body.ok()) continue;
-    (void)tracer::ReadAgentState(*body, [&](const tracer::RankBeat& r) {
+    (void)tracer::agent::ReadAgentState(*body, [&](const tracer::agent::RankBeat& r) {
       if (r.attempt != attempt) return;
       auto it = hb_steps.find(r.rank);
       if (it == hb_steps.end() || it->second != r.step) {

@@ -18,8 +18,8 @@
 #include <thread>
 
 #include "megascope/launch/process.h"
+#include "megascope/tracer/agent/agent_state.h"
 #include "megascope/tracer/agent/host_metrics.h"
-#include "megascope/tracer/agent_state.h"
 #include "megascope/tracer/clock.h"
 #include "megascope/tracer/dump.h"
 #include "megascope/tracer/http_client.h"
@@ -320,9 +320,9 @@ TEST_F(AgentTest, ServesMetricsStateAndDumpsOverHttp) {
   EXPECT_EQ(state["ranks"][0]["open_entries"][0]["group"], "dp.0.1");
   EXPECT_EQ(state["ranks"][0]["open_entries"][0]["state"], "started");
   // What a controller reads of it every tick (ReadAgentState), from the agent's own answer.
-  std::vector<megascope::tracer::RankBeat> beats;
-  ASSERT_TRUE(megascope::tracer::ReadAgentState(
-      HttpGet(port, "/state"), [&](const megascope::tracer::RankBeat& b) { beats.push_back(b); }));
+  std::vector<RankBeat> beats;
+  ASSERT_TRUE(
+      ReadAgentState(HttpGet(port, "/state"), [&](const RankBeat& b) { beats.push_back(b); }));
   ASSERT_EQ(beats.size(), 1u);
   EXPECT_EQ(beats[0].rank, 1);
   EXPECT_EQ(beats[0].attempt, 0);
@@ -330,8 +330,8 @@ TEST_F(AgentTest, ServesMetricsStateAndDumpsOverHttp) {
   EXPECT_EQ(beats[0].oldest_enqueued_ns,
             state["ranks"][0]["open_entries"][0]["enqueued_at_ns"].get<int64_t>());
   EXPECT_GT(beats[0].oldest_enqueued_ns, 0);
-  EXPECT_FALSE(megascope::tracer::ReadAgentState("{\"ranks\": 3}", [](const auto&) {}));
-  EXPECT_FALSE(megascope::tracer::ReadAgentState("not json", [](const auto&) {}));
+  EXPECT_FALSE(ReadAgentState("{\"ranks\": 3}", [](const auto&) {}));
+  EXPECT_FALSE(ReadAgentState("not json", [](const auto&) {}));
   auto dump = nlohmann::json::parse(HttpGet(port, "/dump/1"));
   EXPECT_EQ(dump["format"], "megascope-flight-recorder");
   EXPECT_EQ(dump["alive"], true);

@@ -8,7 +8,7 @@
 #include <limits>
 #include <string_view>
 
-namespace megascope::tracer {
+namespace megascope::tracer::agent {
 
 struct RankBeat {
   int rank = -1, attempt = -1;
@@ -21,4 +21,4 @@ struct RankBeat {
 // when the answer is not one (not JSON, no "ranks" array).
 bool ReadAgentState(std::string_view body, const std::function<void(const RankBeat&)>& fn);
 
-}  // namespace megascope::tracer
+}  // namespace megascope::tracer::agent

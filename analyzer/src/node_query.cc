@@ -1,4 +1,4 @@
-#include "megascope/analyzer/scatter.h"
+#include "megascope/analyzer/node_query.h"
 
 #include <algorithm>
 #include <cctype>

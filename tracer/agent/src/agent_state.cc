@@ -1,10 +1,10 @@
-#include "megascope/tracer/agent_state.h"
+#include "megascope/tracer/agent/agent_state.h"
 
 #include <simdjson.h>
 
 #include <algorithm>
 
-namespace megascope::tracer {
+namespace megascope::tracer::agent {
 
 bool ReadAgentState(std::string_view body, const std::function<void(const RankBeat&)>& fn) {
   thread_local simdjson::dom::parser parser;
@@ -30,4 +30,4 @@ bool ReadAgentState(std::string_view body, const std::function<void(const RankBe
   return true;
 }
 
-}  // namespace megascope::tracer
+}  // namespace megascope::tracer::agent
