@@ -5,57 +5,27 @@
 #include <algorithm>
 #include <array>
 
+#include "megascope/tracer/enum_names.h"
+
 namespace megascope::controller {
 namespace {
 
-constexpr std::array<std::pair<EventKind, std::string_view>, 15> kKinds = {{
-    {EventKind::kFaultInjected, "fault_injected"},
-    {EventKind::kTrigger, "trigger"},
-    {EventKind::kVerdict, "verdict"},
-    {EventKind::kStopped, "stopped"},
-    {EventKind::kEviction, "eviction"},
-    {EventKind::kSelfCheck, "self_check"},
-    {EventKind::kRestart, "restart"},
-    {EventKind::kCheckpointSaved, "checkpoint_saved"},
-    {EventKind::kCheckpointLoaded, "checkpoint_loaded"},
-    {EventKind::kResumed, "resumed"},
-    {EventKind::kAgentRestarted, "agent_restarted"},
-    {EventKind::kPaused, "paused"},
-    {EventKind::kJobFinished, "job_finished"},
-    {EventKind::kDecision, "decision"},
-    {EventKind::kSlurmSteps, "slurm_steps"},
-}};
+// In enum order (control_db.h).
+constexpr std::array<std::string_view, 15> kKindNames = {
+    "fault_injected",  "trigger", "verdict",          "stopped",           "eviction",
+    "self_check",      "restart", "checkpoint_saved", "checkpoint_loaded", "resumed",
+    "agent_restarted", "paused",  "job_finished",     "decision",          "slurm_steps"};
+constexpr std::array<std::string_view, 5> kCauseNames = {"crash", "hang", "manual", "detector",
+                                                         "straggler"};
 
 }  // namespace
 
-std::string_view Name(EventKind kind) {
-  for (const auto& [k, n] : kKinds) {
-    if (k == kind) return n;
-  }
-  return "unknown";
-}
+std::string_view Name(EventKind kind) { return tracer::NameFrom(kKindNames, kind); }
 
-std::string_view Name(TriggerCause cause) {
-  switch (cause) {
-    case TriggerCause::kCrash:
-      return "crash";
-    case TriggerCause::kHang:
-      return "hang";
-    case TriggerCause::kManual:
-      return "manual";
-    case TriggerCause::kDetector:
-      return "detector";
-    case TriggerCause::kStraggler:
-      return "straggler";
-  }
-  return "unknown";
-}
+std::string_view Name(TriggerCause cause) { return tracer::NameFrom(kCauseNames, cause); }
 
 std::optional<EventKind> ParseEventKind(std::string_view name) {
-  for (const auto& [k, n] : kKinds) {
-    if (n == name) return k;
-  }
-  return std::nullopt;
+  return tracer::ParseFrom<EventKind>(kKindNames, name);
 }
 
 Result<std::unique_ptr<ControlDb>> ControlDb::Open(const std::string& path, bool read_only) {

@@ -1,45 +1,34 @@
 #include "megascope/controller/inject.h"
 
 #include <array>
+#include <optional>
 #include <sstream>
+#include <string>
+
+#include "megascope/tracer/enum_names.h"
 
 namespace megascope::controller {
 namespace {
 
-constexpr std::array<std::pair<FaultKind, std::string_view>, 10> kKinds = {{
-    {FaultKind::kCrash, "crash"},
-    {FaultKind::kHang, "hang"},
-    {FaultKind::kFreeze, "freeze"},
-    {FaultKind::kStallSend, "stall-send"},
-    {FaultKind::kSlow, "slow"},
-    {FaultKind::kKillAgent, "kill-agent"},
-    {FaultKind::kCorruptCheckpoint, "corrupt-checkpoint"},
-    {FaultKind::kDegrade, "degrade"},
-    {FaultKind::kMetric, "metric"},
-    {FaultKind::kLink, "link"},
-}};
+// In enum order (inject.h).
+constexpr std::array<std::string_view, 10> kKindNames = {
+    "crash",   "hang",   "freeze", "stall-send", "slow", "kill-agent", "corrupt-checkpoint",
+    "degrade", "metric", "link"};
+constexpr std::array<std::string_view, 3> kLinkKindNames = {"slow", "loss", "down"};
 
-constexpr std::array<std::pair<LinkFaultKind, std::string_view>, 3> kLinkKinds = {{
-    {LinkFaultKind::kSlow, "slow"},
-    {LinkFaultKind::kLoss, "loss"},
-    {LinkFaultKind::kDown, "down"},
-}};
+// "a, b, c": a table's spellings, for an error that lists them.
+template <size_t N>
+std::string Listed(const std::array<std::string_view, N>& names) {
+  std::string out;
+  for (const std::string_view n : names) out += (out.empty() ? "" : ", ") + std::string(n);
+  return out;
+}
 
 }  // namespace
 
-std::string_view Name(LinkFaultKind kind) {
-  for (const auto& [k, n] : kLinkKinds) {
-    if (k == kind) return n;
-  }
-  return "unknown";
-}
+std::string_view Name(LinkFaultKind kind) { return tracer::NameFrom(kLinkKindNames, kind); }
 
-std::string_view Name(FaultKind kind) {
-  for (const auto& [k, n] : kKinds) {
-    if (k == kind) return n;
-  }
-  return "unknown";
-}
+std::string_view Name(FaultKind kind) { return tracer::NameFrom(kKindNames, kind); }
 
 std::optional<launch::WorkerFaultKind> WorkerFaultOf(FaultKind k) {
   switch (k) {
@@ -82,16 +71,12 @@ Status ReadField(const std::string& spec, const std::string& key, const std::str
       in.what = value;
       used = value.size();
     } else if (key == "kind") {
-      bool known = false;
-      for (const auto& [k, n] : kLinkKinds) {
-        if (n == value) {
-          in.link = k;
-          known = true;
-        }
-      }
-      if (!known)
+      const std::optional<LinkFaultKind> link =
+          tracer::ParseFrom<LinkFaultKind>(kLinkKindNames, value);
+      if (!link)
         return InvalidArgument("--inject '" + spec + "': kind='" + value +
-                               "' is not a link fault (slow, loss, down)");
+                               "' is not a link fault (" + Listed(kLinkKindNames) + ")");
+      in.link = *link;
       link_fields = true;
       used = value.size();
     } else if (key == "rate") {
@@ -191,18 +176,11 @@ Result<Injection> ParseInjection(const std::string& spec) {
   in.spec = spec;
   const auto colon = spec.find(':');
   const std::string kind = spec.substr(0, colon);
-  bool known = false;
-  std::string kinds;
-  for (const auto& [k, n] : kKinds) {
-    kinds += (kinds.empty() ? "" : ", ") + std::string(n);
-    if (n == kind) {
-      in.kind = k;
-      known = true;
-    }
-  }
+  const std::optional<FaultKind> known = tracer::ParseFrom<FaultKind>(kKindNames, kind);
   if (!known)
-    return InvalidArgument("--inject '" + spec + "': unknown kind '" + kind + "' (one of " + kinds +
-                           ")");
+    return InvalidArgument("--inject '" + spec + "': unknown kind '" + kind + "' (one of " +
+                           Listed(kKindNames) + ")");
+  in.kind = *known;
   std::stringstream ss(colon == std::string::npos ? "" : spec.substr(colon + 1));
   for (std::string kv; std::getline(ss, kv, ',');) {
     const auto eq = kv.find('=');

@@ -1,8 +1,11 @@
 #include "megascope/controller/policy.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <utility>
+
+#include "megascope/tracer/enum_names.h"
 
 namespace megascope::controller {
 
@@ -139,19 +142,9 @@ Decision DecideFresh(const Verdict& v, const Streak& streak, const PolicyOptions
 }  // namespace
 
 std::string_view Name(Action a) {
-  switch (a) {
-    case Action::kAlert:
-      return "alert";
-    case Action::kRestartInPlace:
-      return "restart_in_place";
-    case Action::kSelfCheck:
-      return "self_check";
-    case Action::kEvict:
-      return "evict";
-    case Action::kStop:
-      return "stop";
-  }
-  return "alert";
+  static constexpr std::array<std::string_view, 5> kNames = {"alert", "restart_in_place",
+                                                             "self_check", "evict", "stop"};
+  return tracer::NameFrom(kNames, a);
 }
 
 std::vector<Streak> StragglerStreaks::Next(const std::vector<Verdict>& verdicts) {

@@ -1,57 +1,29 @@
 #include "megascope/tracer/verdict.h"
 
+#include <array>
 #include <nlohmann/json.hpp>
 #include <utility>
+
+#include "megascope/tracer/enum_names.h"
 
 namespace megascope {
 
 namespace {
 
-constexpr std::pair<VerdictKind, std::string_view> kKinds[] = {
-    {VerdictKind::kHealthy, "healthy"},
-    {VerdictKind::kHang, "hang"},
-    {VerdictKind::kSlow, "slow"},
-    {VerdictKind::kFaultyMachine, "faulty_machine"},
-    {VerdictKind::kJobError, "job_error"},
-    {VerdictKind::kMonitoringGap, "monitoring_gap"},
-    {VerdictKind::kSharedComponent, "shared_component"}};
-
-constexpr std::pair<Cause, std::string_view> kCauses[] = {
-    {Cause::kRankDead, "rank_dead"},
-    {Cause::kRankNotJoined, "rank_not_joined"},
-    {Cause::kOpMismatch, "op_mismatch"},
-    {Cause::kLinkStall, "link_stall"},
-    {Cause::kOrderMismatch, "order_mismatch"},
-    {Cause::kUnknown, "unknown"},
-    {Cause::kComputeStraggler, "compute_straggler"},
-    {Cause::kCommStraggler, "comm_straggler"},
-    {Cause::kLinkSlow, "link_slow"},
-    {Cause::kStageImbalance, "stage_imbalance"},
-    {Cause::kMetricOutlier, "metric_outlier"},
-    {Cause::kMachineSilent, "machine_silent"},
-    {Cause::kBadInput, "bad_input"},
-    {Cause::kRepeatedFailure, "repeated_failure"},
-    {Cause::kSameFailureEverywhere, "same_failure_everywhere"},
-    {Cause::kSourceSilent, "source_silent"},
-    {Cause::kComponentOutlier, "component_outlier"},
-    {Cause::kSimultaneousOnset, "simultaneous_onset"},
-    {Cause::kConnectFailed, "connect_failed"}};
-
-template <typename E, size_t N>
-std::string_view Spelling(const std::pair<E, std::string_view> (&table)[N], E e) {
-  for (const auto& [value, name] : table) {
-    if (value == e) return name;
-  }
-  return "other";
-}
-
-template <typename E, size_t N>
-E Parse(const std::pair<E, std::string_view> (&table)[N], std::string_view s, E other) {
-  for (const auto& [value, name] : table) {
-    if (name == s) return value;
-  }
-  return other;
-}
+// In enum order (verdict.h); kOther, past the table, is "other".
+constexpr std::array<std::string_view, 7> kKindNames = {
+    "healthy", "hang", "slow", "faulty_machine", "job_error", "monitoring_gap", "shared_component"};
+constexpr std::array<std::string_view, 19> kCauseNames = {
+    "rank_dead",         "rank_not_joined",   "op_mismatch",
+    "link_stall",        "order_mismatch",    "unknown",
+    "compute_straggler", "comm_straggler",    "link_slow",
+    "stage_imbalance",   "metric_outlier",    "machine_silent",
+    "bad_input",         "repeated_failure",  "same_failure_everywhere",
+    "source_silent",     "component_outlier", "simultaneous_onset",
+    "connect_failed"};
+constexpr std::array<std::string_view, 2> kLevelNames = {"faulty", "suspect"};
+static_assert(kKindNames.size() == static_cast<size_t>(VerdictKind::kOther));
+static_assert(kCauseNames.size() == static_cast<size_t>(Cause::kOther));
 
 // The verdict as `J` (ordered_json keeps formats.md's key order in text; json is what documents
 // that embed it use).
@@ -83,15 +55,17 @@ J Build(const Verdict& v) {
 
 }  // namespace
 
-std::string_view Name(VerdictKind k) { return Spelling(kKinds, k); }
+std::string_view Name(VerdictKind k) { return tracer::NameFrom(kKindNames, k, "other"); }
 VerdictKind ParseVerdictKind(std::string_view kind) {
-  return Parse(kKinds, kind, VerdictKind::kOther);
+  return tracer::ParseFrom<VerdictKind>(kKindNames, kind).value_or(VerdictKind::kOther);
 }
-std::string_view Name(Cause c) { return Spelling(kCauses, c); }
-Cause ParseCause(std::string_view cause) { return Parse(kCauses, cause, Cause::kOther); }
-std::string_view Name(VerdictLevel l) { return l == VerdictLevel::kSuspect ? "suspect" : "faulty"; }
+std::string_view Name(Cause c) { return tracer::NameFrom(kCauseNames, c, "other"); }
+Cause ParseCause(std::string_view cause) {
+  return tracer::ParseFrom<Cause>(kCauseNames, cause).value_or(Cause::kOther);
+}
+std::string_view Name(VerdictLevel l) { return tracer::NameFrom(kLevelNames, l); }
 VerdictLevel ParseVerdictLevel(std::string_view level) {
-  return level == "suspect" ? VerdictLevel::kSuspect : VerdictLevel::kFaulty;
+  return tracer::ParseFrom<VerdictLevel>(kLevelNames, level).value_or(VerdictLevel::kFaulty);
 }
 
 std::string VerdictToJson(const Verdict& v) { return Build<nlohmann::ordered_json>(v).dump(); }

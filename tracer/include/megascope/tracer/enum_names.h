@@ -1,5 +1,6 @@
 // An enum's docs/formats.md spellings as one table indexed by its value: Name and Parse from the
-// same table, so the two never disagree. Values past the table are "unknown".
+// same table, so the two never disagree. Values past the table are `past` ("unknown" unless the
+// format says otherwise). The tree's one way to spell an enum.
 #pragma once
 
 #include <array>
@@ -10,9 +11,10 @@
 namespace megascope::tracer {
 
 template <typename E, size_t N>
-std::string_view NameFrom(const std::array<std::string_view, N>& names, E e) {
+std::string_view NameFrom(const std::array<std::string_view, N>& names, E e,
+                          std::string_view past = "unknown") {
   const auto i = static_cast<size_t>(e);
-  return i < N ? names[i] : std::string_view("unknown");
+  return i < N ? names[i] : past;
 }
 
 template <typename E, size_t N>
