@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "bench_main.h"
 #include "megascope/tracer/agent/agent.h"
 #include "megascope/tracer/sqlite.h"
 #include "megascope/tracer/trace_store.h"
@@ -117,11 +118,4 @@ int Run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return Run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "agent_ingest: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return megascope::bench::Main("agent_ingest", Run, argc, argv); }

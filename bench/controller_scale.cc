@@ -129,10 +129,6 @@ Outcome RunOne(const Scenario& sc, int nodes, int ranks_per_node, bool http) {
   FakeFleet* fleet = owned.get();
   const std::string victim = "node" + std::to_string(nodes / 2 - 68);
   Script(sc, victim, ranks_per_node, &o, fleet);
-  o.write_run_json = [fleet](const controller::AttemptPlan& plan) {
-    fleet->Plan(plan);
-    return Status::Ok();
-  };
   const int64_t start_ns = clock.WallNs();
   std::unique_ptr<controller::Fleet> as_run;
   if (http)

@@ -34,6 +34,7 @@
 #include <random>
 #include <string>
 
+#include "bench_main.h"
 #include "megascope/detector/baselines.h"
 #include "megascope/detector/detector.h"
 #include "megascope/detector/evaluate.h"
@@ -568,11 +569,4 @@ int Run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return Run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "detector_eval: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return megascope::bench::Main("detector_eval", Run, argc, argv); }

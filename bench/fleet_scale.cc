@@ -36,6 +36,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bench_main.h"
 #include "fleet_metrics.h"
 #include "megascope/analyzer/node_query.h"
 #include "megascope/analyzer/window.h"
@@ -448,11 +449,4 @@ int Run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return Run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fleet_scale: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return megascope::bench::Main("fleet_scale", Run, argc, argv); }

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_main.h"
 #include "megascope/analyzer/slow.h"
 #include "megascope/analyzer/store_views.h"
 #include "megascope/tracer/agent/store_sink.h"
@@ -254,11 +255,4 @@ int Run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return Run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "store_scale: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return megascope::bench::Main("store_scale", Run, argc, argv); }

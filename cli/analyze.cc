@@ -88,14 +88,11 @@ int RunSlow(const AnalyzeArgs& a) {
   if (a.source.empty()) return Fail("analyze", "analyze slow needs a run directory", kExitUsage);
   analyzer::SlowOptions so;
   if (!a.steps.empty()) {
-    try {
-      so.first_step = std::stoll(a.steps.substr(0, a.steps.find(':')));
-      so.last_step = a.steps.find(':') == std::string::npos
-                         ? so.first_step
-                         : std::stoll(a.steps.substr(a.steps.find(':') + 1));
-    } catch (const std::exception&) {
-      return Fail("analyze", "--steps must be A:B", kExitUsage);
-    }
+    std::string why;
+    const std::optional<StepRange> range = ParseStepRange(a.steps, &why);
+    if (!range) return Fail("analyze", why, kExitUsage);
+    so.first_step = range->first;
+    so.last_step = range->last;
   }
   // A run whose launch named a straggler is re-analysed as that incident decided (its window and
   // thresholds, recorded with the verdict in control.db) unless steps are given: over the whole

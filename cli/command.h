@@ -4,6 +4,7 @@
 #pragma once
 
 #include <boost/program_options.hpp>
+#include <cstdint>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -44,6 +45,13 @@ po::typed_value<T>* Decimal(T* v, T def) {
   std::snprintf(shown, sizeof(shown), "%g", static_cast<double>(def));
   return po::value(v)->default_value(def, shown);
 }
+// --steps A:B (or A alone: that one step), the steps A through B. nullopt, with `why` set, when it
+// is not two whole numbers with A <= B.
+struct StepRange {
+  int64_t first = 0, last = 0;
+};
+std::optional<StepRange> ParseStepRange(const std::string& spec, std::string* why);
+
 // Prints "megascope <name>: warning: <line>" for each line, on stderr.
 void Warn(const char* name, const std::vector<std::string>& lines);
 

@@ -189,17 +189,7 @@ void WireSupervisor(const LaunchArgs& a, const controller::Hosts& hosts, const s
   co.world = c.layout.world();
   for (int r = 0; r < co.world; ++r) co.stage_of_rank.push_back(c.layout.CoordsOf(r).pp);
   co.steps = c.steps;
-  co.write_run_json = [c](const controller::AttemptPlan& plan) {
-    runtime::TrainConfig run = c;
-    run.attempt = plan.attempt;
-    run.node_names = plan.nodes;
-    run.resume_set = plan.resume_set;
-    run.resume = plan.resume;
-    run.agent_ports = plan.agent_ports;
-    run.agent_addrs = plan.agent_addrs;
-    run.faults = plan.faults;
-    return tracer::WriteFileAtomic(RunLayout(run.run_dir).run_json(), run.ToJson());
-  };
+  co.run_json = c.ToJson();
 }
 
 // After the run, from here: what any node's trace.db still holds unshipped (a node evicted while

@@ -1,4 +1,5 @@
 // megascope: observability and diagnosis for large-scale LLM training.
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -113,6 +114,27 @@ std::optional<int> ParseArgs(const char* name, const char* usage, const Args& ar
 void Warn(const char* name, const std::vector<std::string>& lines) {
   for (const std::string& l : lines)
     std::fprintf(stderr, "megascope %s: warning: %s\n", name, l.c_str());
+}
+
+std::optional<StepRange> ParseStepRange(const std::string& spec, std::string* why) {
+  const auto number = [](std::string_view s, int64_t* v) {
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), *v);
+    return ec == std::errc() && end == s.data() + s.size() && !s.empty();
+  };
+  const auto colon = spec.find(':');
+  StepRange r;
+  const std::string_view a = std::string_view(spec).substr(0, colon);
+  const std::string_view b =
+      colon == std::string::npos ? a : std::string_view(spec).substr(colon + 1);
+  if (!number(a, &r.first) || !number(b, &r.last)) {
+    *why = "--steps must be A:B, two step numbers (e.g. 3:5), or one step, not '" + spec + "'";
+    return std::nullopt;
+  }
+  if (r.last < r.first) {
+    *why = "--steps " + spec + ": A:B needs A <= B";
+    return std::nullopt;
+  }
+  return r;
 }
 
 int Fail(const char* name, const std::string& message, int code) {

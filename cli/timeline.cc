@@ -32,14 +32,11 @@ int RunTimeline(const Args& args) {
     return Fail("timeline", "give -o out.json and/or --html out.html", kExitUsage);
   analyzer::TimelineOptions o;
   if (!steps.empty()) {
-    const auto colon = steps.find(':');
-    try {
-      o.first_step = std::stoll(steps.substr(0, colon));
-      o.last_step = colon == std::string::npos ? o.first_step : std::stoll(steps.substr(colon + 1));
-    } catch (const std::exception&) {
-      return Fail("timeline", "--steps must be A:B (e.g. 3:5)", kExitUsage);
-    }
-    if (o.last_step < o.first_step) return Fail("timeline", "--steps A:B needs A <= B", kExitUsage);
+    std::string why;
+    const std::optional<StepRange> range = ParseStepRange(steps, &why);
+    if (!range) return Fail("timeline", why, kExitUsage);
+    o.first_step = range->first;
+    o.last_step = range->last;
   }
   std::stringstream ss(highlight);
   for (std::string r; std::getline(ss, r, ',');) {

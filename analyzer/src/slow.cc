@@ -251,7 +251,7 @@ void FindComputeStragglers(Window& w, const SlowOptions& o, SlowReport* out) {
     if (n < o.persistent_share * static_cast<double>(rep.steps) || cost < o.min_cost_s) continue;
     Verdict v;
     v.kind = VerdictKind::kSlow;
-    v.cause = "compute_straggler";
+    v.cause = Name(Cause::kComputeStraggler);
     v.root_ranks = {rank};
     v.root_nodes = {meta[rank].node};
     v.confidence = std::min(1.0, static_cast<double>(n) / static_cast<double>(rep.steps));
@@ -305,7 +305,7 @@ void FindStageImbalance(Window& w, const SlowOptions& o, SlowReport* out) {
     if (n < o.persistent_share * static_cast<double>(rep.steps) || cost < o.min_cost_s) continue;
     Verdict v;
     v.kind = VerdictKind::kSlow;
-    v.cause = "stage_imbalance";
+    v.cause = Name(Cause::kStageImbalance);
     v.root_ranks = stage_ranks[pp];
     for (int r : stage_ranks[pp]) {
       if (std::find(v.root_nodes.begin(), v.root_nodes.end(), meta[r].node) == v.root_nodes.end())
@@ -375,7 +375,7 @@ void FindCommStragglers(Window& w, const SlowOptions& o, SlowReport* out) {
     if (already || cost < o.min_cost_s || b < 3 * typical) continue;
     Verdict v;
     v.kind = VerdictKind::kSlow;
-    v.cause = "comm_straggler";
+    v.cause = Name(Cause::kCommStraggler);
     v.root_ranks = {rank};
     v.root_nodes = {meta[rank].node};
     v.confidence = 0.7;
@@ -568,7 +568,7 @@ void FindSlowLinks(Window& w, const SlowOptions& o, SlowReport* out) {
   if (!slow_groups.empty() && !suspects.empty() && link_cost >= jitter_s) {
     Verdict v;
     v.kind = VerdictKind::kSlow;
-    v.cause = "link_slow";
+    v.cause = Name(Cause::kLinkSlow);
     for (const std::string& h : suspects) {
       v.root_nodes.push_back(h);
       for (const auto& [rank, m] : meta) {

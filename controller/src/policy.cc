@@ -89,7 +89,7 @@ Decision DecideFresh(const Verdict& v, const Streak& streak, const PolicyOptions
           d.reason = "straggler " + held + ": waiting for it to persist";
         } else if (convicted) {
           d.action = Action::kEvict;
-          if (cause != Cause::kComputeStraggler) d.evict_as = "compute_straggler";
+          if (cause != Cause::kComputeStraggler) d.evict_as = Name(Cause::kComputeStraggler);
           d.reason = "a persistent compute straggler (" + held + ", named by its compute at " +
                      "confidence >= " + Fmt2(o.convict_confidence) + " in " +
                      std::to_string(strong) + " of them): its own step measurements convict it";

@@ -186,7 +186,7 @@ std::string SlowFigure(const Event& v, analyzer::NodeScan* db, const Places& pla
   const int64_t attempt = step("attempt"), first = step("first_step"), last = step("last_step");
   auto self = places.find({attempt, v.rank});
   if (self == places.end()) return "";
-  const bool comm = v.detail.value("cause", "") == "comm_straggler";
+  const bool comm = ParseCause(v.detail.value("cause", "")) == Cause::kCommStraggler;
   std::map<int, std::vector<std::pair<double, double>>> per_rank;
   (void)db->Scan(analyzer::PerRankStepCte() +
                      "\nSELECT rank, step, compute, comm FROM per_rank WHERE attempt = " +

@@ -62,8 +62,8 @@ class SupervisorFleet final : public Fleet {
     return analyzer::LoadFromAgents(urls, attempt, token);
   }
 
-  Status StartRanks(int attempt, const std::vector<std::string>& nodes, int world) override {
-    return sup_.StartRanks(attempt, nodes, world);
+  Status StartRanks(const launch::AttemptPlan& plan, int world) override {
+    return sup_.StartRanks(plan.attempt, plan.nodes, world);  // the ranks read run.json
   }
   std::vector<launch::RankExit> PollRanks() override { return sup_.PollRanks(); }
   launch::RankExit FindOrigin(const std::vector<launch::RankExit>& failures,
@@ -207,9 +207,27 @@ SelfCheckFigures ReadSelfCheckLog(const std::string& text, const std::string& en
 std::vector<Result<std::string>> Fleet::AgentGetAll(const std::vector<std::string>& nodes,
                                                     const std::string& path, int timeout_ms,
                                                     const std::string& token) {
+  return AskInTurn(nodes, timeout_ms, RealLoopClock(),
+                   [&](const std::string& n, int ms) { return AgentGet(n, path, ms, token); });
+}
+
+std::vector<Result<std::string>> AskInTurn(
+    const std::vector<std::string>& nodes, int timeout_ms, tracer::LoopClock& clock,
+    const std::function<Result<std::string>(const std::string& node, int ms)>& ask) {
+  const auto deadline = clock.Now() + std::chrono::milliseconds(timeout_ms);
   std::vector<Result<std::string>> out;
   out.reserve(nodes.size());
-  for (const std::string& n : nodes) out.push_back(AgentGet(n, path, timeout_ms, token));
+  for (const std::string& n : nodes) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock.Now()).count();
+    if (left <= 0) {
+      out.emplace_back(Status(StatusCode::kDeadlineExceeded,
+                              "the agent of " + n + " was not asked: the tick's " +
+                                  std::to_string(timeout_ms) + " ms were spent"));
+      continue;
+    }
+    out.push_back(ask(n, static_cast<int>(left)));
+  }
   return out;
 }
 

@@ -280,7 +280,7 @@ Verdict Detector::Impl::MakeVerdict(int m, const Rolling& window, const Frame& f
   v.confidence =
       Confidence(items, static_cast<int>(std::ceil(cfg.continuity_fraction * cfg.continuity)));
   const bool silent = !ev.empty() && ev.front().first == -1;
-  v.cause = silent ? "machine_silent" : "metric_outlier";
+  v.cause = megascope::Name(silent ? Cause::kMachineSilent : Cause::kMetricOutlier);
   std::string facts;
   for (const auto& [metric, stat] : ev) {
     std::string name = metric == -1                ? "no_samples"

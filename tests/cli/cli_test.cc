@@ -68,6 +68,22 @@ TEST(CliTest, UsageErrorsExitWithTwo) {
   }
 }
 
+// --steps A:B, parsed in one place for every command that takes it.
+TEST(CliTest, AStepRangeIsTwoWholeNumbersInOrderForEveryCommand) {
+  for (const std::string command :
+       {"timeline /nonexistent -o /dev/null --steps ", "analyze slow /nonexistent --steps "}) {
+    for (const auto& [spec, says] :
+         std::vector<std::pair<std::string, std::string>>{{"5:3", "--steps 5:3: A:B needs A <= B"},
+                                                          {"3x:5", "--steps must be A:B"},
+                                                          {"3:", "--steps must be A:B"},
+                                                          {"a", "not 'a'"}}) {
+      const CliRun r = Megascope(command + spec);
+      EXPECT_EQ(r.code, 2) << command << spec << ": " << r.out;
+      EXPECT_NE(r.out.find(says), std::string::npos) << command << spec << ": " << r.out;
+    }
+  }
+}
+
 TEST(CliTest, TraceDemoAccountsForEveryRecordAndDumpsTheStuckRank) {
   megascope::testing::TempDir dir;
   CliRun r = Megascope("trace-demo --ranks 2 --steps 30 --shm-dir " + dir.path() + " --dump-dir " +

@@ -62,6 +62,32 @@ TEST(SupervisorFleetTest, APairEndsWhenOneSideFailsInsteadOfWaitingForTheOther) 
   EXPECT_DOUBLE_EQ(figures[0].first.gemm_gflops, 30);
 }
 
+// Agents asked in turn keep the tick's one deadline: each is given what is left of it, and those
+// not reached in time are errors, not waits (a tick costs one timeout however many nodes).
+TEST(SupervisorFleetTest, AgentsAskedInTurnShareOneDeadline) {
+  struct Clock final : tracer::LoopClock {
+    TimePoint now{};
+    TimePoint Now() override { return now; }
+    int64_t WallNs() override { return (now - TimePoint{}).count(); }
+    void Sleep(std::chrono::duration<double> d) override {
+      now += std::chrono::duration_cast<std::chrono::steady_clock::duration>(d);
+    }
+  } clock;
+  std::vector<int> given;
+  const auto answers = AskInTurn({"a", "b", "c", "d"}, 1000, clock,
+                                 [&](const std::string& node, int ms) -> Result<std::string> {
+                                   given.push_back(ms);
+                                   clock.Sleep(std::chrono::milliseconds(400));  // its answer
+                                   return node;
+                                 });
+  EXPECT_EQ(given, (std::vector<int>{1000, 600, 200}));
+  ASSERT_EQ(answers.size(), 4u);
+  EXPECT_EQ(*answers[2], "c");
+  ASSERT_FALSE(answers[3].ok());
+  EXPECT_EQ(answers[3].status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(answers[3].status().message().find("the agent of d was not asked"), std::string::npos);
+}
+
 TEST(InjectTest, ParsesEveryKindWithItsTarget) {
   auto c = ParseInjection("crash:node=node1,at=12");
   ASSERT_TRUE(c.ok());

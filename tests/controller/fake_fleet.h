@@ -126,7 +126,6 @@ class FakeFleet final : public Fleet {
   // as on a cluster without a shared run directory: only their agents' /window reads them.
   void KeepTracesOnNodes(const std::string& root) { trace_root_ = root; }
   // Given the controller's options: where each attempt resumes (run.json's resume point).
-  void Plan(const AttemptPlan& plan) { resume_step_ = plan.resume_set ? plan.resume.step : -1; }
 
   // --- what it saw
   int agent_starts(const std::string& node) const {
@@ -139,6 +138,7 @@ class FakeFleet final : public Fleet {
   // The bandwidth floor of each round of self-checks (SelfCheckPairs' min_allreduce_gbps).
   const std::vector<double>& check_floors() const { return check_floors_; }
   const std::vector<std::vector<std::string>>& attempts() const { return attempts_; }
+  const std::vector<AttemptPlan>& plans() const { return plans_; }  // each attempt's
   int64_t done() const { return done_; }
   const std::vector<FakeFault>& faults() const { return faults_; }
 
@@ -259,11 +259,13 @@ class FakeFleet final : public Fleet {
     return d;
   }
 
-  Status StartRanks(int attempt, const std::vector<std::string>& nodes, int world) override {
-    attempt_ = attempt;
-    nodes_ = nodes;
+  Status StartRanks(const AttemptPlan& plan, int world) override {
+    plans_.push_back(plan);
+    resume_step_ = plan.resume_set ? plan.resume.step : -1;
+    attempt_ = plan.attempt;
+    nodes_ = plan.nodes;
     world_ = world;
-    attempts_.push_back(nodes);
+    attempts_.push_back(plan.nodes);
     done_ = std::max<int64_t>(0, resume_step_);
     attempt_from_ = done_;
     running_ = true;
@@ -574,6 +576,7 @@ class FakeFleet final : public Fleet {
   std::vector<std::pair<std::string, std::string>> checked_pairs_;
   std::vector<double> check_floors_;
   std::vector<std::vector<std::string>> attempts_;
+  std::vector<AttemptPlan> plans_;
   std::map<std::string, std::vector<std::pair<std::string, std::string>>> env_;
   int attempt_ = 0, world_ = 0;
   std::vector<std::string> nodes_;

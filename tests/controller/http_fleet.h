@@ -69,8 +69,8 @@ class HttpFleet final : public Fleet {
   bool SignalAgent(const std::string& node, int sig) override {
     return inner_->SignalAgent(node, sig);
   }
-  Status StartRanks(int attempt, const std::vector<std::string>& nodes, int world) override {
-    return inner_->StartRanks(attempt, nodes, world);
+  Status StartRanks(const launch::AttemptPlan& plan, int world) override {
+    return inner_->StartRanks(plan, world);
   }
   std::vector<launch::RankExit> PollRanks() override { return inner_->PollRanks(); }
   launch::RankExit FindOrigin(const std::vector<launch::RankExit>& failures,

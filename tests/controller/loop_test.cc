@@ -53,11 +53,6 @@ class LoopTest : public ::testing::Test {
 
   // Runs the controller over `fleet` (made by Fleet()) to its end; its exit code.
   int Run() {
-    options_.write_run_json = [this](const AttemptPlan& plan) {
-      fleet_->Plan(plan);
-      plans_.push_back(plan);
-      return Status::Ok();
-    };
     std::unique_ptr<controller::Fleet> fleet;
     if (over_http_)
       fleet = std::make_unique<testing::HttpFleet>(std::move(owned_));
@@ -74,10 +69,6 @@ class LoopTest : public ::testing::Test {
     owned_ = std::make_unique<FakeFleet>(options_.supervisor.run_dir, relaunch_clock_.get(),
                                          options_.steps);
     fleet_ = owned_.get();
-    options_.write_run_json = [this](const AttemptPlan& plan) {
-      fleet_->Plan(plan);
-      return Status::Ok();
-    };
     controller_ = std::make_unique<Controller>(options_, std::move(owned_), relaunch_clock_.get());
     return controller_->Run();
   }
@@ -172,7 +163,6 @@ class LoopTest : public ::testing::Test {
   FakeFleet* fleet_ = nullptr;  // owned by the controller once it runs
   std::unique_ptr<FakeClock> relaunch_clock_;  // outlives the controller that reads it
   std::unique_ptr<Controller> controller_;
-  std::vector<AttemptPlan> plans_;
 };
 
 TEST_F(LoopTest, AHealthyJobFinishesWithNothingOpened) {
@@ -187,6 +177,8 @@ TEST_F(LoopTest, AHealthyJobFinishesWithNothingOpened) {
 }
 
 TEST_F(LoopTest, ACrashedRanksNodeIsEvictedAndASelfCheckedSpareTakesItsSlot) {
+  options_.run_json = R"({"job_field": "kept", "attempt": 0, "layout": {"world": 4, "nodes": 2},)"
+                      R"( "ranks": [{"rank": 0}, {"rank": 1}, {"rank": 2}, {"rank": 3}]})";
   Fleet().Break({FakeFault::kCrash, "node1", 5});
   EXPECT_EQ(Run(), kLaunchFinished);
   const auto verdicts = Events("verdict");
@@ -202,7 +194,15 @@ TEST_F(LoopTest, ACrashedRanksNodeIsEvictedAndASelfCheckedSpareTakesItsSlot) {
   EXPECT_TRUE(checks[1].detail["passed"].get<bool>());
   ASSERT_EQ(fleet_->attempts().size(), 2u);
   EXPECT_EQ(fleet_->attempts()[1], (std::vector<std::string>{"node0", "spare0"}));
-  EXPECT_EQ(plans_.back().attempt, 1);
+  EXPECT_EQ(fleet_->plans().back().attempt, 1);
+  // The attempt's run.json: the job's, with the attempt's part set (what the restarted ranks read).
+  const auto run = nlohmann::json::parse(
+      tracer::ReadFile(RunLayout(options_.supervisor.run_dir).run_json()).value_or("{}"));
+  EXPECT_EQ(run.value("attempt", -1), 1);
+  EXPECT_EQ(run["layout"]["node_names"], nlohmann::json::array({"node0", "spare0"}));
+  EXPECT_EQ(run["ranks"][1]["node"], "node0");
+  EXPECT_EQ(run["ranks"][2]["node"], "spare0");
+  EXPECT_EQ(run.value("job_field", ""), "kept") << "the job's part stays as the launcher wrote it";
   EXPECT_EQ(Events("resumed").size(), 1u);
 }
 

@@ -2,9 +2,11 @@
 // file named, never indexed into (the fuzz_run_json findings, kept as regressions).
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "megascope/kernels/kernels.h"
+#include "megascope/launch/attempt_plan.h"
 #include "megascope/runtime/train.h"
 #include "megascope/tracer/file_util.h"
 
@@ -29,6 +31,50 @@ TEST(RunJsonTest, AWrittenRunJsonReadsBackToTheSameText) {
   ASSERT_TRUE(alternate.ok()) << alternate.status().ToString();
   EXPECT_EQ(alternate->trace_alternate, 3);
   EXPECT_EQ(again->trace_alternate, 0);
+}
+
+// An attempt's run.json, as the controller writes it (launch::RunJsonForAttempt over the job's
+// run.json), is the one the launcher's configuration gives with the attempt's part in it: the same
+// document, and read back, the same configuration.
+TEST(RunJsonTest, AnAttemptsRunJsonIsTheJobsWithTheAttemptsPart) {
+  auto job = TrainConfig::FromJson(Seed("demo_222.json"), "demo_222.json");
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  job->nodes = 2;  // node0 and node1, four ranks each
+  job->node_names.clear();
+  for (const bool resume : {true, false}) {
+    launch::AttemptPlan plan;
+    plan.attempt = 3;
+    plan.nodes = job->NodeNames();
+    plan.nodes.back() = "spare0";
+    plan.resume_set = resume;
+    plan.resume = {41, "memory", std::vector<std::string>(8, "/dev/shm/x/rank.bin"), ""};
+    plan.faults = {{launch::WorkerFaultKind::kSlow, 2, 40, 0.5, 1.5},
+                   {launch::WorkerFaultKind::kCrash, 5, 44, 0, 0}};
+    plan.agent_ports = {{plan.nodes[0], 9100}, {"spare0", 9101}};
+    plan.agent_addrs = {{"spare0", "10.0.0.7"}};
+    TrainConfig expected = *job;
+    expected.resume_set = true;  // the job's own run.json resumes: the attempt's part replaces it
+    expected.resume = {7, "disk", std::vector<std::string>(8, "/ckpt/rank.bin"), ""};
+    const std::string base = expected.ToJson();
+    expected.attempt = plan.attempt;
+    expected.node_names = plan.nodes;
+    expected.resume_set = plan.resume_set;
+    expected.resume = plan.resume;
+    expected.faults = plan.faults;
+    expected.agent_ports = plan.agent_ports;
+    expected.agent_addrs = plan.agent_addrs;
+    auto written = launch::RunJsonForAttempt(base, plan);
+    ASSERT_TRUE(written.ok()) << written.status().ToString();
+    EXPECT_EQ(nlohmann::json::parse(*written), nlohmann::json::parse(expected.ToJson()))
+        << "resume " << resume;
+    auto read = TrainConfig::FromJson(*written, "attempt");
+    ASSERT_TRUE(read.ok()) << read.status().ToString();
+    EXPECT_EQ(read->ToJson(), expected.ToJson());
+  }
+  EXPECT_FALSE(launch::RunJsonForAttempt("{\"ranks\": 3}", {}).ok());
+  launch::AttemptPlan short_of_nodes;
+  short_of_nodes.nodes = {"node0"};
+  EXPECT_FALSE(launch::RunJsonForAttempt(job->ToJson(), short_of_nodes).ok());
 }
 
 // The compute backend: written and read back; a run.json from before it computes on the CPU; a

@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "impl.h"
+#include "megascope/launch/attempt_plan.h"
+#include "megascope/tracer/file_util.h"
 
 namespace megascope::controller {
 
@@ -63,7 +65,10 @@ Status Controller::Impl::StartAttempt(const launch::ResumePoint* resume) {
     plan.agent_ports.emplace_back(node, *fleet->AgentPort(node));
     if (const launch::Host* h = fleet->HostOf(node)) plan.agent_addrs[node] = h->frontend_addr;
   }
-  RETURN_IF_ERROR(opt.write_run_json(plan));
+  if (!opt.run_json.empty()) {
+    ASSIGN_OR_RETURN(const std::string run_json, launch::RunJsonForAttempt(opt.run_json, plan));
+    RETURN_IF_ERROR(tracer::WriteFileAtomic(layout.run_json(), run_json));
+  }
   WriteScrapeTargets();
   attempt_start = last_progress = clock.Now();
   attempt_stepped = false;
@@ -73,7 +78,7 @@ Status Controller::Impl::StartAttempt(const launch::ResumePoint* resume) {
   alerted.clear();
   hb_steps.clear();
   finished_ranks = 0;
-  return fleet->StartRanks(attempt, active, opt.world);
+  return fleet->StartRanks(plan, opt.world);
 }
 
 }  // namespace megascope::controller

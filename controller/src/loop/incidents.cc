@@ -97,7 +97,7 @@ std::vector<Verdict> Controller::Impl::Diagnose(const Trigger& t) {
   if (verdicts.empty() || (verdicts.size() == 1 && verdicts[0].kind == VerdictKind::kHealthy)) {
     Verdict v;
     v.kind = VerdictKind::kHang;
-    v.cause = "unknown";
+    v.cause = Name(Cause::kUnknown);
     v.detected_at_ns = clock.WallNs();
     v.explanation =
         "the job stopped (" + t.detail + ") but no rank could be blamed from the evidence";
@@ -302,7 +302,7 @@ std::vector<Verdict> Controller::Impl::DeadRanks(const launch::RankExit& origin,
   std::vector<Verdict> verdicts;
   Verdict v;
   v.kind = VerdictKind::kHang;
-  v.cause = "rank_dead";
+  v.cause = Name(Cause::kRankDead);
   v.root_ranks = {origin.rank};
   v.root_nodes = {fleet->NodeOfRank(origin.rank)};
   v.detected_at_ns = clock.WallNs();
@@ -540,7 +540,8 @@ void Controller::Impl::ConfirmBySelfCheck(const Verdict& v, const Decision& d,
     // A straggler's failed check names its cause: its GEMM, its compute; else its bandwidth.
     std::string cause = v.cause;
     const bool straggler = IsStraggler(ParseCause(v.cause));
-    if (straggler && !r.passed) cause = r.compute_ok ? "comm_straggler" : "compute_straggler";
+    if (straggler && !r.passed)
+      cause = Name(r.compute_ok ? Cause::kCommStraggler : Cause::kComputeStraggler);
     const std::string reason =
         r.passed    ? "passed its self-check: the verdict is not confirmed"
         : straggler ? (r.compute_ok ? "failed its bandwidth self-check: a communication straggler"

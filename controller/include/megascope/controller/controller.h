@@ -23,6 +23,7 @@
 #include "megascope/controller/fleet.h"
 #include "megascope/controller/inject.h"
 #include "megascope/controller/policy.h"
+#include "megascope/launch/attempt_plan.h"
 #include "megascope/launch/exit_codes.h"
 #include "megascope/launch/state_files.h"
 #include "megascope/launch/supervisor.h"
@@ -35,15 +36,8 @@ namespace megascope::controller {
 using launch::WorkerFault;
 
 // What one attempt runs with; the launcher turns it into run.json.
-struct AttemptPlan {
-  int attempt = 0;
-  std::vector<std::string> nodes;  // the node of each slot
-  bool resume_set = false;
-  launch::ResumePoint resume;
-  std::vector<WorkerFault> faults;
-  std::vector<std::pair<std::string, int>> agent_ports;
-  std::map<std::string, std::string> agent_addrs;  // node -> where its agent listens (on a host)
-};
+// What the controller plans for an attempt (launch/attempt_plan.h): run.json's attempt part.
+using launch::AttemptPlan;
 
 struct ControllerOptions {
   launch::SupervisorOptions supervisor;
@@ -90,8 +84,10 @@ struct ControllerOptions {
   // such a launch says the run is finished and exits kLaunchFinished without training. An
   // unfinished run is adopted either way.
   bool new_run = false;
-  // Writes RUN_DIR/run.json for an attempt (the launcher owns its schema).
-  std::function<Status(const AttemptPlan&)> write_run_json;
+  // The job's run.json as the launcher made it (runtime::TrainConfig::ToJson): each attempt's
+  // RUN_DIR/run.json is this with the attempt's part set (launch::RunJsonForAttempt). Empty: no
+  // run.json is written (a fleet whose ranks read none: the tests' fakes).
+  std::string run_json;
 };
 
 // Exit codes of Run() (launch/exit_codes.h).

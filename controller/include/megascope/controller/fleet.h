@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "megascope/analyzer/hang.h"
+#include "megascope/launch/attempt_plan.h"
 #include "megascope/launch/supervisor.h"
 #include "megascope/tracer/loop_clock.h"
 #include "megascope/tracer/status.h"
@@ -68,8 +70,10 @@ class Fleet {
                                                     int attempt, const std::string& token) = 0;
 
   // --- ranks (of the current attempt)
-  // Starts `world` ranks of `attempt` on `nodes`, rank r on nodes[r / (world / nodes.size())].
-  virtual Status StartRanks(int attempt, const std::vector<std::string>& nodes, int world) = 0;
+  // Starts `world` ranks of `plan`'s attempt on its nodes, rank r on
+  // plan.nodes[r / (world / plan.nodes.size())], each carrying out the plan (its faults, its
+  // resume point: what run.json tells a real rank).
+  virtual Status StartRanks(const launch::AttemptPlan& plan, int world) = 0;
   // Ranks that ended since the last call (never blocks).
   virtual std::vector<launch::RankExit> PollRanks() = 0;
   // Given the failures seen so far, waits up to `window` for the rank whose failure started them
@@ -107,6 +111,14 @@ std::vector<Result<std::string>> AskAgents(const std::vector<std::string>& nodes
                                            const std::vector<std::string>& urls,
                                            const std::string& path, int timeout_ms,
                                            const std::string& token);
+
+// `ask` of each node of `nodes` in turn (ask(node, ms left)), all within one deadline `timeout_ms`
+// from now by `clock`: each is given what is left of it, and the nodes it has passed before they
+// were reached are an error (kDeadlineExceeded: not asked in time). Fleet::AgentGetAll's default,
+// for fleets that cannot ask side by side.
+std::vector<Result<std::string>> AskInTurn(
+    const std::vector<std::string>& nodes, int timeout_ms, tracer::LoopClock& clock,
+    const std::function<Result<std::string>(const std::string& node, int ms)>& ask);
 
 // The fleet of processes on this machine, its hosts' namespaces or a Slurm allocation.
 std::unique_ptr<Fleet> MakeSupervisorFleet(const launch::SupervisorOptions& options);
