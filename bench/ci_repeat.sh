@@ -33,6 +33,8 @@ passed=0
       "$work/ci-$i.log" || true; } | sed -E 's/^[[:space:]]+[0-9]+ - //' | paste -sd ';' -)
     cp "$work/ci-$i.log" "/tmp/ci_repeat-$i.log"  # the whole log, for a person to read
     echo "run $i: rc=$rc, $((secs / 60)) min $((secs % 60)) s, failed tests: ${failed:-none}"
+    # scripts/test.sh's stage times: where the run's minutes went.
+    { grep -E '^\[test\]   ' "$work/ci-$i.log" || true; } | sed 's/^\[test\] /  stage/'
     if [[ $rc == 0 ]]; then
       passed=$((passed + 1))
     else

@@ -8,30 +8,50 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each stage's time, said as it ends and all together when the run ends (kept with
+# bench/ci_repeat.sh's results): where CI's minutes go.
+stage_name="" stage_start=$SECONDS stage_times=()
+stage() {  # stage TITLE: ends the stage before (its time said) and starts TITLE
+  if [[ -n $stage_name ]]; then
+    local took=$((SECONDS - stage_start))
+    stage_times+=("$(printf '%5d s  %s' "$took" "$stage_name")")
+    echo "[test] ... ${took} s"
+  fi
+  stage_name=$1 stage_start=$SECONDS
+  [[ -z $1 ]] || echo "[test] $1"
+}
+stage_summary() {
+  stage ""
+  echo "[test] stage times (total $SECONDS s):"
+  printf '[test]   %s\n' "${stage_times[@]}"
+}
+trap stage_summary EXIT
+
+stage "setup (scripts/setup.sh)"
 scripts/setup.sh
 werror=${MEGASCOPE_WERROR:-OFF}
 [[ ${CI:-} == true ]] && werror=ON
 
-echo "[test] formatting (scripts/check_format.sh)"
+stage "formatting (scripts/check_format.sh)"
 scripts/check_format.sh
 
-echo "[test] configure + build (dev preset, 2 jobs)"
+stage "configure + build (dev preset, 2 jobs)"
 cmake --preset dev -DMEGASCOPE_WERROR="$werror" >/dev/null
 cmake --build --preset dev
 
-echo "[test] clang-tidy over the files the last commit changed (scripts/check_tidy.sh)"
+stage "clang-tidy over the files the last commit changed (scripts/check_tidy.sh)"
 scripts/check_tidy.sh
-echo "[test] ctest (without gpu, slow, bench)"
+stage "ctest (without gpu, slow, bench)"
 ctest --preset dev
 
-echo "[test] asan and tsan over a fixed subset of the unit tests (scripts/sanitize.sh)"
+stage "asan and tsan over a fixed subset of the unit tests (scripts/sanitize.sh)"
 MEGASCOPE_WERROR="$werror" scripts/sanitize.sh
 
-echo "[test] fuzzing every reader of foreign input for 10 s each (scripts/fuzz.sh)"
+stage "fuzzing every reader of foreign input for 10 s each (scripts/fuzz.sh)"
 scripts/fuzz.sh 10
 
 if command -v nvcc >/dev/null 2>&1; then
-  echo "[test] nvcc found: compiling the cuda preset and its gpu tests (run on a GPU machine only: scripts/gpu-check.sh)"
+  stage "nvcc found: compiling the cuda preset and its gpu tests (run on a GPU machine only: scripts/gpu-check.sh)"
   cmake --preset cuda -DMEGASCOPE_WERROR="$werror" -DMEGASCOPE_BUILD_TESTS=ON -DMEGASCOPE_BUILD_BENCH=OFF >/dev/null
   cmake --build --preset cuda --target megascope megascope_gpu_tests
   # The CUDA build's own servers start without a GPU: its agent must listen (cuBLASLt's static TLS
