@@ -14,6 +14,7 @@
 #include "megascope/analyzer/stacks.h"
 #include "megascope/controller/control_db.h"
 #include "megascope/tracer/file_util.h"
+#include "megascope/tracer/format.h"
 #include "megascope/tracer/run_layout.h"
 
 namespace megascope::cli {
@@ -21,8 +22,7 @@ namespace {
 
 // "3 s", "1.5 s", "0.25 s": a threshold as a person reads it (not 0.29999999999999999).
 std::string Seconds(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%g s", s);
+  std::string buf = tracer::Format("%g s", s);
   return buf;
 }
 

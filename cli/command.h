@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "megascope/launch/exit_codes.h"
+#include "megascope/tracer/format.h"
 
 namespace megascope::cli {
 
@@ -41,9 +42,7 @@ int Fail(const char* name, const std::string& message, int code = 1);
 // program_options prints a double ("0.29999999999999999").
 template <typename T>
 po::typed_value<T>* Decimal(T* v, T def) {
-  char shown[32];
-  std::snprintf(shown, sizeof(shown), "%g", static_cast<double>(def));
-  return po::value(v)->default_value(def, shown);
+  return po::value(v)->default_value(def, tracer::Format("%g", static_cast<double>(def)));
 }
 // --steps A:B (or A alone: that one step), the steps A through B. nullopt, with `why` set, when it
 // is not two whole numbers with A <= B.

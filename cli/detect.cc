@@ -23,6 +23,7 @@
 #include "megascope/detector/incident_fleet.h"
 #include "megascope/detector/prom_fleet.h"
 #include "megascope/detector/time_order.h"
+#include "megascope/tracer/format.h"
 
 namespace megascope::cli {
 namespace {
@@ -32,14 +33,11 @@ using namespace megascope::detector;
 // Data time for people: UTC date and time for epoch timestamps, else seconds since the start.
 std::string When(int64_t ns) {
   const time_t secs = static_cast<time_t>(ns / 1'000'000'000);
+  if (secs < 1'000'000'000) return tracer::Format("t=%llds", static_cast<long long>(secs));
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
   char buf[32];
-  if (secs < 1'000'000'000) {
-    std::snprintf(buf, sizeof(buf), "t=%llds", static_cast<long long>(secs));
-  } else {
-    std::tm tm{};
-    gmtime_r(&secs, &tm);
-    std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%SZ", &tm);
-  }
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%SZ", &tm);
   return buf;
 }
 

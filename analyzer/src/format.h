@@ -4,11 +4,12 @@
 #include <cstdio>
 #include <string>
 
+#include "megascope/tracer/format.h"
+
 namespace megascope::analyzer {
 
 inline std::string Fmt(const char* format, double v) {
-  char b[64];
-  std::snprintf(b, sizeof(b), format, v);
+  std::string b = tracer::Format(format, v);
   return b;
 }
 

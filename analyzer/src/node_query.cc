@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent_answer.h"
+#include "megascope/tracer/format.h"
 
 namespace megascope::analyzer {
 namespace {
@@ -370,8 +371,7 @@ Result<QueryPart> QueryServer::Part(const NodeQuery& q) const {
   part.node = node_;
   auto t = db->Query(PartSql(q), max_rows_, &part.truncated);
   if (!t.ok() && t.status().code() == StatusCode::kDeadlineExceeded) {
-    char limit[32];
-    std::snprintf(limit, sizeof limit, "%g", max_seconds_);
+    std::string limit = tracer::Format("%g", max_seconds_);
     return Status(StatusCode::kDeadlineExceeded,
                   "the query ran past this agent's limit of " + std::string(limit) +
                       " s: ask for a shorter window (from_ns, to_ns)");

@@ -12,6 +12,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "megascope/tracer/format.h"
+
 namespace megascope::analyzer {
 namespace {
 
@@ -66,8 +68,7 @@ class Machine {
 
  private:
   static std::string Hex(uint8_t op) {
-    char buf[8];
-    std::snprintf(buf, sizeof buf, "0x%02x", op);
+    std::string buf = tracer::Format("0x%02x", op);
     return buf;
   }
   Status Bad(size_t at, const std::string& what) const {

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "megascope/analyzer/pytorch.h"
+#include "megascope/tracer/format.h"
 
 namespace megascope::analyzer {
 namespace {
@@ -379,10 +380,9 @@ bool InFlightAtItsUsualPace(const PyTorchInput& in, const std::vector<int32_t>& 
         (blocking->timeout_ms > 0 && open_ms >= blocking->timeout_ms))
       return false;
     if (evidence->empty()) {
-      char line[160];
-      std::snprintf(line, sizeof(line),
-                    "rank %d: %s open %.1f s, the same op took up to %.1f s before", r,
-                    open->profiling_name.c_str(), open_ms / 1e3, usual_ms / 1e3);
+      std::string line =
+          tracer::Format("rank %d: %s open %.1f s, the same op took up to %.1f s before", r,
+                         open->profiling_name.c_str(), open_ms / 1e3, usual_ms / 1e3);
       *evidence = line;
     }
   }

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <utility>
 
+#include "megascope/tracer/format.h"
+
 namespace megascope::controller {
 
 Result<uint64_t> FreeBytes(const std::string& path) {
@@ -17,8 +19,7 @@ Result<uint64_t> FreeBytes(const std::string& path) {
 }
 
 std::string FormatMegabytes(uint64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f MB", static_cast<double>(bytes) / 1e6);
+  std::string buf = tracer::Format("%.1f MB", static_cast<double>(bytes) / 1e6);
   return buf;
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "megascope/launch/process.h"
+#include "megascope/tracer/format.h"
 
 namespace megascope::controller {
 namespace {
@@ -51,8 +52,7 @@ Status Apply(const launch::Host& host, LinkFaultKind kind, double rate_mbps, dou
                  true, host.switch_netns);
     }
     case LinkFaultKind::kLoss: {
-      char share[32];
-      std::snprintf(share, sizeof(share), "%d", static_cast<int>(loss_pct * 100));  // of 10,000
+      std::string share = tracer::Format("%d", static_cast<int>(loss_pct * 100));  // of 10,000
       RETURN_IF_ERROR(Run(host, {"nft", "add", "table", "inet", "megascope_fault"}));
       for (const auto& [chain, hook, dir] :
            {std::tuple<const char*, const char*, const char*>{"out", "output", "oifname"},

@@ -6,14 +6,14 @@
 #include <utility>
 
 #include "megascope/tracer/enum_names.h"
+#include "megascope/tracer/format.h"
 
 namespace megascope::controller {
 
 namespace {
 
 std::string Fmt2(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.2f", x);
+  std::string buf = tracer::Format("%.2f", x);
   return buf;
 }
 
@@ -62,9 +62,8 @@ Decision DecideHang(const Verdict& v, Cause cause, Decision d) {
 }
 
 Decision DecideFresh(const Verdict& v, const Streak& streak, const PolicyOptions& o) {
-  char conf[96];
-  std::snprintf(conf, sizeof(conf), "confidence %.2f (acting at %.2f)", v.confidence,
-                o.check_confidence);
+  std::string conf =
+      tracer::Format("confidence %.2f (acting at %.2f)", v.confidence, o.check_confidence);
   const bool confident = v.confidence >= o.check_confidence;
   const bool persistent = streak.repeats >= o.straggler_windows;
   const std::string held = "named in " + std::to_string(streak.repeats) +

@@ -4,14 +4,14 @@
 #include <map>
 
 #include "megascope/launch/progress.h"
+#include "megascope/tracer/format.h"
 #include "megascope/tracer/run_layout.h"
 
 namespace megascope::controller {
 namespace {
 
 std::string Secs(double s) {
-  char b[32];
-  std::snprintf(b, sizeof(b), "%.2f s", s);
+  std::string b = tracer::Format("%.2f s", s);
   return b;
 }
 
@@ -87,11 +87,10 @@ std::string DescribeEvent(const Event& e) {
     case EventKind::kEviction:
       return e.node + " evicted: " + d.value("reason", "");
     case EventKind::kSelfCheck: {
-      char b[256];
-      std::snprintf(b, sizeof(b), "%s %s (%s): GEMM %.2f GFLOP/s, all-reduce %.3f GB/s",
-                    e.node.c_str(), d.value("passed", false) ? "passed" : "FAILED",
-                    d.value("why", "").c_str(), d.value("gemm_gflops", 0.0),
-                    d.value("allreduce_gbps", 0.0));
+      std::string b =
+          tracer::Format("%s %s (%s): GEMM %.2f GFLOP/s, all-reduce %.3f GB/s", e.node.c_str(),
+                         d.value("passed", false) ? "passed" : "FAILED", d.value("why", "").c_str(),
+                         d.value("gemm_gflops", 0.0), d.value("allreduce_gbps", 0.0));
       return b;
     }
     case EventKind::kRestart:
@@ -197,11 +196,10 @@ Result<RunReport> ReadRunReport(const std::string& run_dir) {
 std::string FormatReport(const RunReport& r) {
   const ReportFigures& f = r.figures;
   std::string out = "# megascope launch report: " + r.run_dir + "\n\n";
-  char summary[512];
-  std::snprintf(summary, sizeof(summary),
-                "Status: **%s**. %d incident(s), %d eviction(s). Wall time %.1f s, productive step "
-                "time %.1f s: **ETTR %.3f**.\n\n",
-                r.status.c_str(), f.incidents, f.evictions, f.wall_s, f.productive_s, f.ettr);
+  std::string summary = tracer::Format(
+      "Status: **%s**. %d incident(s), %d eviction(s). Wall time %.1f s, productive step "
+      "time %.1f s: **ETTR %.3f**.\n\n",
+      r.status.c_str(), f.incidents, f.evictions, f.wall_s, f.productive_s, f.ettr);
   out += summary;
   for (const ReportIncident& inc : r.incidents) {
     out += "## Incident " + std::to_string(inc.number) + " (attempt " +

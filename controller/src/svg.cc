@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "megascope/tracer/format.h"
+
 namespace megascope::controller::svg {
 
 std::string Esc(const std::string& s) {
@@ -31,8 +33,7 @@ std::string Esc(const std::string& s) {
 }
 
 std::string Num(const char* fmt, double v) {
-  char b[64];
-  std::snprintf(b, sizeof(b), fmt, v);
+  std::string b = tracer::Format(fmt, v);
   return b;
 }
 
@@ -53,11 +54,11 @@ std::vector<double> Ticks(double lo, double hi, int n) {
 
 std::string TickLabel(double v, double step) {
   const int digits = step >= 1 ? 0 : static_cast<int>(std::ceil(-std::log10(step) - 1e-9));
-  char b[64];
+  std::string b;
   if (std::abs(v) >= 1e5 || (v != 0 && std::abs(v) < 1e-3)) {
-    std::snprintf(b, sizeof(b), "%.3g", v);
+    b = tracer::Format("%.3g", v);
   } else {
-    std::snprintf(b, sizeof(b), "%.*f", std::min(digits, 6), v);
+    b = tracer::Format("%.*f", std::min(digits, 6), v);
   }
   return b;
 }

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <random>
 
+#include "megascope/tracer/format.h"
+
 namespace megascope::detector {
 namespace {
 
@@ -125,9 +127,8 @@ Result<ElasticFleet> ElasticFleet::Make(ElasticFleetConfig config) {
   std::mt19937_64 rng(c.seed * 104729 + 11);
   const int total_machines = c.machines + c.spares;
   for (int m = 0; m < total_machines; ++m) {  // cloud names: no rack, no order
-    char name[40];
-    std::snprintf(name, sizeof(name), "a3-%s-%05llx", m < c.machines ? "job" : "pool",
-                  static_cast<unsigned long long>(rng() & 0xfffff));
+    std::string name = tracer::Format("a3-%s-%05llx", m < c.machines ? "job" : "pool",
+                                      static_cast<unsigned long long>(rng() & 0xfffff));
     f.machine_names_.push_back(name);
   }
   f.NameSeries();

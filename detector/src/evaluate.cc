@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <iterator>
 
+#include "megascope/tracer/format.h"
+
 namespace megascope::detector {
 namespace {
 
@@ -21,7 +23,7 @@ double Quantile(std::vector<double> v, double q) {
 std::string FormatCalibration(const std::vector<std::pair<double, bool>>& scored) {
   static constexpr double kEdges[] = {0, 0.6, 0.75, 0.9, 1.01};
   std::string out = "calibration (faulty verdicts by confidence):\n";
-  char buf[160];
+  std::string buf;
   for (size_t b = 0; b + 1 < std::size(kEdges); ++b) {
     int n = 0, good = 0;
     for (const auto& [c, ok] : scored) {
@@ -30,9 +32,9 @@ std::string FormatCalibration(const std::vector<std::pair<double, bool>>& scored
         good += ok ? 1 : 0;
       }
     }
-    std::snprintf(buf, sizeof(buf), "  confidence [%.2f, %.2f)  %4d verdicts  %4d true  %s\n",
-                  kEdges[b], std::min(1.0, kEdges[b + 1]), n, good,
-                  n == 0 ? "-" : (std::to_string(100 * good / n) + " % true").c_str());
+    buf = tracer::Format("  confidence [%.2f, %.2f)  %4d verdicts  %4d true  %s\n", kEdges[b],
+                         std::min(1.0, kEdges[b + 1]), n, good,
+                         n == 0 ? "-" : (std::to_string(100 * good / n) + " % true").c_str());
     out += buf;
   }
   return out;
@@ -99,28 +101,27 @@ Evaluation Evaluate(const std::vector<Verdict>& verdicts, const std::vector<Labe
 }
 
 std::string FormatEvaluation(const Evaluation& e) {
-  char buf[256];
+  std::string buf;
   const Score& s = e.total;
   std::string out;
-  std::snprintf(buf, sizeof(buf),
-                "precision %.3f  recall %.3f  F1 %.3f  (%d true, %d false positives, %d "
-                "duplicates; %d/%d faults)\n"
-                "delay: median %.1f s, p90 %.1f s\n",
-                s.precision(), s.recall(), s.f1(), s.true_positives, s.false_positives,
-                s.duplicates, s.detected, s.faults, s.median_delay_s(), s.p90_delay_s());
+  buf = tracer::Format(
+      "precision %.3f  recall %.3f  F1 %.3f  (%d true, %d false positives, %d "
+      "duplicates; %d/%d faults)\n"
+      "delay: median %.1f s, p90 %.1f s\n",
+      s.precision(), s.recall(), s.f1(), s.true_positives, s.false_positives, s.duplicates,
+      s.detected, s.faults, s.median_delay_s(), s.p90_delay_s());
   out += buf;
-  std::snprintf(buf, sizeof(buf),
-                "not counted: %d suspects (%d on a labelled fault, %d not), %d alerts naming no "
-                "machine (monitoring gaps, shared components)\n",
-                e.suspects_true + e.suspects_false, e.suspects_true, e.suspects_false, e.alerts);
+  buf = tracer::Format(
+      "not counted: %d suspects (%d on a labelled fault, %d not), %d alerts naming no "
+      "machine (monitoring gaps, shared components)\n",
+      e.suspects_true + e.suspects_false, e.suspects_true, e.suspects_false, e.alerts);
   out += buf;
   out += FormatCalibration(e.calibration);
   out += "by fault type:\n";
   for (const auto& [type, t] : e.by_type) {
-    std::snprintf(buf, sizeof(buf),
-                  "  %-18s detected %3d/%-3d  recall %.3f  median delay %6.1f s  p90 %6.1f s\n",
-                  type.c_str(), t.detected, t.faults, t.recall(), t.median_delay_s(),
-                  t.p90_delay_s());
+    buf = tracer::Format(
+        "  %-18s detected %3d/%-3d  recall %.3f  median delay %6.1f s  p90 %6.1f s\n", type.c_str(),
+        t.detected, t.faults, t.recall(), t.median_delay_s(), t.p90_delay_s());
     out += buf;
   }
   return out;

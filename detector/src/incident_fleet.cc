@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <random>
 
+#include "megascope/tracer/format.h"
+
 namespace megascope::detector {
 namespace {
 
@@ -100,8 +102,7 @@ Result<IncidentFleet> IncidentFleet::Make(IncidentFleetConfig config) {
     if (type_of(t) < 0) return InvalidArgument("incident fleet: unknown fault type '" + t + "'");
   }
   for (int m = 0; m < c.machines; ++m) {
-    char name[32];
-    std::snprintf(name, sizeof(name), "h100-%03d-%d", m / c.rack_size, m % c.rack_size);
+    std::string name = tracer::Format("h100-%03d-%d", m / c.rack_size, m % c.rack_size);
     f.machine_names_.push_back(name);
   }
   f.metric_names_.assign(kNames, kNames + kNumMetrics);
@@ -162,12 +163,9 @@ std::vector<std::pair<std::string, std::vector<std::string>>> IncidentFleet::Top
   std::vector<std::pair<std::string, std::vector<std::string>>> out;
   for (int m = 0; m < cfg_.machines; ++m) {
     const int rack = m / cfg_.rack_size;
-    char r[24], s[24], p[24], w[24];
-    std::snprintf(r, sizeof(r), "rack:r%03d", rack);
-    std::snprintf(s, sizeof(s), "switch:leaf%03d", rack);
-    std::snprintf(p, sizeof(p), "pdu:p%03d", rack / 2);
-    std::snprintf(w, sizeof(w), "row:w%02d", rack / 8);
-    out.push_back({machine_names_[m], {r, s, p, w}});
+    out.push_back({machine_names_[m],
+                   {tracer::Format("rack:r%03d", rack), tracer::Format("switch:leaf%03d", rack),
+                    tracer::Format("pdu:p%03d", rack / 2), tracer::Format("row:w%02d", rack / 8)}});
   }
   return out;
 }

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <random>
 
+#include "megascope/tracer/format.h"
+
 namespace megascope::detector {
 namespace {
 
@@ -116,8 +118,7 @@ Result<PromFleet> PromFleet::Make(PromFleetConfig config) {
     if (type_of(t) < 0) return InvalidArgument("prom fleet: unknown fault type '" + t + "'");
   }
   for (int m = 0; m < c.machines; ++m) {
-    char name[32];
-    std::snprintf(name, sizeof(name), "gpu-r%02d-n%02d", m / 16, m % 16);
+    std::string name = tracer::Format("gpu-r%02d-n%02d", m / 16, m % 16);
     f.machine_names_.push_back(name);
   }
   f.metric_names_.assign(kNames, kNames + kNumMetrics);

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "megascope/tracer/format.h"
+
 namespace megascope::detector {
 namespace {
 
@@ -258,10 +260,10 @@ Status WriteSmallCsv(const std::string& path, const std::string& text) {
 
 Status WriteLabelsCsv(const std::string& path, const std::vector<Label>& labels) {
   std::string text = "machine,fault_start_s,fault_end_s,fault_type\n";
-  char line[512];
+  std::string line;
   for (const Label& l : labels) {
-    std::snprintf(line, sizeof(line), "%s,%.1f,%.1f,%s\n", l.machine.c_str(), l.fault_start_s,
-                  l.fault_end_s, l.fault_type.c_str());
+    line = tracer::Format("%s,%.1f,%.1f,%s\n", l.machine.c_str(), l.fault_start_s, l.fault_end_s,
+                          l.fault_type.c_str());
     text += line;
   }
   return WriteSmallCsv(path, text);

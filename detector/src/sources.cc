@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "impl.h"
+#include "megascope/tracer/format.h"
 
 namespace megascope::detector {
 
@@ -108,13 +109,12 @@ void Detector::Impl::NoteSources(int64_t now, std::vector<std::vector<Hit>>* hit
       v.confidence = 0.9;
       const char* name = MetricSourceName(static_cast<MetricSource>(src));
       v.evidence.emplace_back(name);
-      char buf[320];
-      std::snprintf(buf, sizeof(buf),
-                    "%s's %s sent nothing for %d s (%s) while its other sources and its "
-                    "peers' %s report: a monitoring gap (an exporter restarting or not deployed), "
-                    "not evidence against the machine",
-                    reg.machine_name(static_cast<int>(m)).c_str(), name, s.gap_run[src],
-                    s.source_last[src] == kNever ? "never since it joined" : "it stopped", name);
+      std::string buf = tracer::Format(
+          "%s's %s sent nothing for %d s (%s) while its other sources and its "
+          "peers' %s report: a monitoring gap (an exporter restarting or not deployed), "
+          "not evidence against the machine",
+          reg.machine_name(static_cast<int>(m)).c_str(), name, s.gap_run[src],
+          s.source_last[src] == kNever ? "never since it joined" : "it stopped", name);
       v.explanation = buf;
       out->push_back(std::move(v));
     }

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "impl.h"
+#include "megascope/tracer/format.h"
 
 namespace megascope::detector {
 
@@ -196,14 +197,14 @@ void Detector::Impl::Rearm(int64_t now, MachineState* s) const {
 std::string Detector::Impl::Fact(int m, int metric, int ticks, double z, const char* sep,
                                  const std::string& name) const {
   const MachineState& s = machines[m];
-  char buf[240];
+  std::string buf;
   if (metric == -1) {
-    std::snprintf(buf, sizeof(buf), "%ssent no samples for %d s", sep, ticks);
+    buf = tracer::Format("%ssent no samples for %d s", sep, ticks);
   } else if (metric == kPaceLed) {
-    std::snprintf(buf, sizeof(buf),
-                  "%sits deviation began within %d s of the job's pace changing by over %.0f%% "
-                  "(its step time, or its peers' wait), and no other machine's did (%d ticks)",
-                  sep, cfg.pace_onset_ticks, 100 * cfg.pace_change, ticks);
+    buf = tracer::Format(
+        "%sits deviation began within %d s of the job's pace changing by over %.0f%% "
+        "(its step time, or its peers' wait), and no other machine's did (%d ticks)",
+        sep, cfg.pace_onset_ticks, 100 * cfg.pace_change, ticks);
   } else if (metric == -2 || metric == kStoppedWithJob) {
     std::string which;
     for (int src = 0; src < kMetricSources; ++src) {
@@ -212,33 +213,31 @@ std::string Detector::Impl::Fact(int m, int metric, int ticks, double z, const c
                  std::string(MetricSourceName(static_cast<MetricSource>(src)));
     }
     if (metric == -2) {
-      std::snprintf(
-          buf, sizeof(buf),
+      buf = tracer::Format(
           "%sits %s stopped within %d s of each other while its peers' went on (%d ticks)", sep,
           which.c_str(), cfg.together_ticks, ticks);
     } else {
-      std::snprintf(buf, sizeof(buf),
-                    "%sits %s stopped as the whole job's trainers did (within %d s), the "
-                    "exporter's alone while its peers' went on, and its other metrics stand out: "
-                    "the job stopped with it (%d ticks)",
-                    sep, which.c_str(), cfg.together_ticks, ticks);
+      buf = tracer::Format(
+          "%sits %s stopped as the whole job's trainers did (within %d s), the "
+          "exporter's alone while its peers' went on, and its other metrics stand out: "
+          "the job stopped with it (%d ticks)",
+          sep, which.c_str(), cfg.together_ticks, ticks);
     }
   } else if (s.stopped.count(metric) > 0) {
-    std::snprintf(buf, sizeof(buf), "%s%s [%s] at nothing while its peers work (%d ticks)", sep,
-                  name.c_str(), MetricFamilyName(family[metric]), ticks);
+    buf = tracer::Format("%s%s [%s] at nothing while its peers work (%d ticks)", sep, name.c_str(),
+                         MetricFamilyName(family[metric]), ticks);
   } else if (z == 0) {
-    std::snprintf(buf, sizeof(buf), "%s%s missing while peers report it (%d ticks)", sep,
-                  name.c_str(), ticks);
+    buf = tracer::Format("%s%s missing while peers report it (%d ticks)", sep, name.c_str(), ticks);
   } else if (z > 1000) {  // the peers are flat (an event counter at zero)
-    std::snprintf(buf, sizeof(buf), "%s%s nonzero while its peers stay flat (%d ticks)", sep,
-                  name.c_str(), ticks);
+    buf = tracer::Format("%s%s nonzero while its peers stay flat (%d ticks)", sep, name.c_str(),
+                         ticks);
   } else {
-    std::snprintf(buf, sizeof(buf), "%s%s [%s] off its peers by up to %.1f robust sd%s (%d ticks)",
-                  sep, name.c_str(), MetricFamilyName(family[metric]), std::fabs(z),
-                  Aside(metric, z) && !InBackground(metric)
-                      ? ", held back by them"
-                      : (InBackground(metric) ? ", above the errors its peers correct" : ""),
-                  ticks);
+    buf = tracer::Format("%s%s [%s] off its peers by up to %.1f robust sd%s (%d ticks)", sep,
+                         name.c_str(), MetricFamilyName(family[metric]), std::fabs(z),
+                         Aside(metric, z) && !InBackground(metric)
+                             ? ", held back by them"
+                             : (InBackground(metric) ? ", above the errors its peers correct" : ""),
+                         ticks);
   }
   return buf;
 }
@@ -292,14 +291,13 @@ Verdict Detector::Impl::MakeVerdict(int m, const Rolling& window, const Frame& f
     if (facts.size() >= 240) continue;
     facts += Fact(m, metric, stat.first, stat.second, facts.empty() ? "" : "; ", name);
   }
-  char head[256];
-  std::snprintf(head, sizeof(head),
-                " stood out from its peers for %d of the last %d ticks (%s, confidence %.2f): ",
-                window.Count(), window.Size(),
-                s.named >= 2 ? "faulty: a hard signal, or two families agreeing for longer than "
-                               "a benign excursion lasts"
-                             : "suspect: corroborated only briefly, or one family alone",
-                v.confidence);
+  std::string head = tracer::Format(
+      " stood out from its peers for %d of the last %d ticks (%s, confidence %.2f): ",
+      window.Count(), window.Size(),
+      s.named >= 2 ? "faulty: a hard signal, or two families agreeing for longer than "
+                     "a benign excursion lasts"
+                   : "suspect: corroborated only briefly, or one family alone",
+      v.confidence);
   v.explanation = reg.machine_name(m) + head + facts;
   return v;
 }

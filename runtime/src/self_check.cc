@@ -16,6 +16,7 @@
 
 #include "megascope/kernels/cpu.h"
 #include "megascope/runtime/comm.h"
+#include "megascope/tracer/format.h"
 #include "megascope/tracer/ring.h"
 #include "megascope/tracer/tracer.h"
 
@@ -152,11 +153,10 @@ Result<double> MeasureAllReduce(Communicator& comm, const SelfCheckOptions& o, i
     const double budget_s = std::max(0.5, bytes / (0.5e9 * o.min_allreduce_gbps));
     phase_end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                    std::chrono::duration<double>(budget_s));
-    char line[200];
-    std::snprintf(line, sizeof(line),
-                  "the all-reduces with its neighbour moved under half of the %.3f GB/s floor "
-                  "(%.0f ms for their %.1f MB): the link crawls",
-                  o.min_allreduce_gbps, 1e3 * budget_s, bytes / 1e6);
+    std::string line = tracer::Format(
+        "the all-reduces with its neighbour moved under half of the %.3f GB/s floor "
+        "(%.0f ms for their %.1f MB): the link crawls",
+        o.min_allreduce_gbps, 1e3 * budget_s, bytes / 1e6);
     under_floor = line;
   }
   auto all_reduce = [&] {

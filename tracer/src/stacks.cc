@@ -1,5 +1,7 @@
 #include "megascope/tracer/stacks.h"
 
+#include "megascope/tracer/format.h"
+
 #define UNW_LOCAL_ONLY
 #include <cxxabi.h>
 #include <dirent.h>
@@ -138,11 +140,11 @@ struct Symbols {
 std::string Symbolize(void* ip, bool innermost, std::map<std::string, Symbols>* cache) {
   // A return address points after the call; look up the call itself.
   const auto at = reinterpret_cast<uintptr_t>(ip) - (innermost ? 0 : 1);
-  char buf[64];
+  std::string buf;
   Dl_info info{};
   // NOLINTNEXTLINE(performance-no-int-to-ptr): an instruction address
   if (::dladdr(reinterpret_cast<void*>(at), &info) == 0 || info.dli_fname == nullptr) {
-    std::snprintf(buf, sizeof(buf), "0x%lx", static_cast<unsigned long>(at));
+    buf = Format("0x%lx", static_cast<unsigned long>(at));
     return buf;
   }
   std::string path = info.dli_fname;
@@ -158,11 +160,10 @@ std::string Symbolize(void* ip, bool innermost, std::map<std::string, Symbols>* 
     char* demangled = abi::__cxa_demangle(s->name.c_str(), nullptr, nullptr, &status);
     std::string fn = status == 0 && demangled ? demangled : s->name;
     std::free(demangled);
-    std::snprintf(buf, sizeof(buf), "+0x%lx",
-                  static_cast<unsigned long>(rel - s->at + (innermost ? 0 : 1)));
+    buf = Format("+0x%lx", static_cast<unsigned long>(rel - s->at + (innermost ? 0 : 1)));
     return fn + buf + " (" + module + ")";
   }
-  std::snprintf(buf, sizeof(buf), "??+0x%lx", static_cast<unsigned long>(at - base));
+  buf = Format("??+0x%lx", static_cast<unsigned long>(at - base));
   return buf + std::string(" (") + module + ")";
 }
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "impl.h"
+#include "megascope/tracer/format.h"
 
 namespace megascope::controller {
 
@@ -110,12 +111,11 @@ Controller::Impl::CheckResult Controller::Impl::Judge(
                " of the healthy figure)";
   else if (!errors_rose.empty())
     verdict += " (error counters rose during the check: " + errors_rose + ")";
-  char line[512];
-  std::snprintf(line, sizeof(line),
-                "self-check %s (with %s, %s): GEMM %.2f GFLOP/s (healthy %.2f, its partner now "
-                "%.2f), all-reduce %.3f GB/s (healthy %.3f): %s",
-                node.c_str(), partner.c_str(), why.c_str(), f.gemm_gflops, baseline_gemm,
-                partner_now.gemm_gflops, f.allreduce_gbps, baseline_bw, verdict.c_str());
+  std::string line = tracer::Format(
+      "self-check %s (with %s, %s): GEMM %.2f GFLOP/s (healthy %.2f, its partner now "
+      "%.2f), all-reduce %.3f GB/s (healthy %.3f): %s",
+      node.c_str(), partner.c_str(), why.c_str(), f.gemm_gflops, baseline_gemm,
+      partner_now.gemm_gflops, f.allreduce_gbps, baseline_bw, verdict.c_str());
   Log(line);
   Record(EventKind::kSelfCheck, node, -1,
          {{"passed", pass},
@@ -139,10 +139,9 @@ Status Controller::Impl::Baseline() {
   if (!fa.ok) return Internal("the baseline self-check on " + a + " failed: " + fa.error);
   baseline_gemm = fb.ok && a != b ? std::max(fa.gemm_gflops, fb.gemm_gflops) : fa.gemm_gflops;
   baseline_bw = fa.allreduce_gbps;
-  char line[256];
-  std::snprintf(line, sizeof(line),
-                "healthy figures (%s, %s): GEMM %.2f GFLOP/s, all-reduce %.3f GB/s", a.c_str(),
-                b.c_str(), baseline_gemm, baseline_bw);
+  std::string line =
+      tracer::Format("healthy figures (%s, %s): GEMM %.2f GFLOP/s, all-reduce %.3f GB/s", a.c_str(),
+                     b.c_str(), baseline_gemm, baseline_bw);
   Log(line);
   Record(EventKind::kSelfCheck, a, -1,
          {{"passed", true},

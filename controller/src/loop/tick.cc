@@ -10,6 +10,7 @@
 #include "megascope/launch/slurm.h"
 #include "megascope/tracer/agent/agent_state.h"
 #include "megascope/tracer/clock.h"
+#include "megascope/tracer/format.h"
 
 namespace megascope::controller {
 
@@ -128,9 +129,8 @@ bool Controller::Impl::Stalled(std::string* why) {
   if (moved) last_progress = clock.Now();
   const double threshold = HangThreshold();
   if (Since(last_progress) > threshold) {
-    char b[160];
-    std::snprintf(b, sizeof(b), "no rank's step advanced for %.1f s (threshold %.1f s)",
-                  Since(last_progress), threshold);
+    std::string b = tracer::Format("no rank's step advanced for %.1f s (threshold %.1f s)",
+                                   Since(last_progress), threshold);
     *why = b;
     return true;
   }

@@ -8,14 +8,14 @@
 #include "megascope/tracer/clock.h"
 #include "megascope/tracer/dump.h"
 #include "megascope/tracer/file_util.h"
+#include "megascope/tracer/format.h"
 
 namespace megascope::launch {
 
 Status WriteLinkFault(const std::string& path, const LinkFault& f) {
   if (f.rate_mbps <= 0) return tracer::WriteFileAtomic(path, "");
-  char line[96];
-  std::snprintf(line, sizeof(line), "rate_mbps=%.6g until_ns=%lld\n", f.rate_mbps,
-                static_cast<long long>(f.until_ns));
+  std::string line = tracer::Format("rate_mbps=%.6g until_ns=%lld\n", f.rate_mbps,
+                                    static_cast<long long>(f.until_ns));
   return tracer::WriteFileAtomic(path, line);
 }
 

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "megascope/tracer/file_util.h"
+#include "megascope/tracer/format.h"
 
 extern char** environ;
 
@@ -84,8 +85,7 @@ CpuTime SelfCpuTime() {
 }
 
 std::string Describe(const CpuTime& t) {
-  char buf[96];
-  std::snprintf(buf, sizeof(buf), "cpu %.3f s user, %.3f s system", t.user_s, t.system_s);
+  std::string buf = tracer::Format("cpu %.3f s user, %.3f s system", t.user_s, t.system_s);
   return buf;
 }
 

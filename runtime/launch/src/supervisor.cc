@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "megascope/launch/slurm.h"
+#include "megascope/tracer/format.h"
 #include "megascope/tracer/ring.h"
 
 namespace megascope::launch {
@@ -139,8 +140,7 @@ Result<int> Supervisor::StartAgent(const std::string& node) {
   for (const auto& [flag, hours] :
        {std::pair{"--retain-hours", opt_.agent_retain_hours},
         std::pair{"--retain-rollup-hours", opt_.agent_retain_rollup_hours}}) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%g", hours);
+    std::string text = tracer::Format("%g", hours);
     argv.emplace_back(flag);
     argv.emplace_back(text);
   }

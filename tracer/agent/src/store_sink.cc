@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 
+#include "megascope/tracer/format.h"
 #include "megascope/tracer/metric_names.h"
 #include "megascope/tracer/trace_schema.h"
 
@@ -31,8 +32,7 @@ Result<std::string> SourceId(sql::Database& db) {
   if (have) return std::string(get.Text(0));
   std::random_device rd;
   const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(NowNs());
-  char id[17];
-  std::snprintf(id, sizeof id, "%016llx", static_cast<unsigned long long>(v));
+  std::string id = Format("%016llx", static_cast<unsigned long long>(v));
   ASSIGN_OR_RETURN(sql::Statement put, db.Prepare("INSERT INTO store_source VALUES (?)"));
   RETURN_IF_ERROR(put.Bind(1, std::string_view(id)).Run());
   return std::string(id);
