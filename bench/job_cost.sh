@@ -14,14 +14,7 @@ cd "$(dirname "$0")/.."
 rounds=${1:-3}
 steps=${2:-5}
 layout=(${3:-2} ${4:-1} ${5:-1})
-command -v valgrind >/dev/null || { echo "valgrind is missing (apt-get install valgrind)" >&2; exit 1; }
-cmake --preset release >/dev/null
-cmake --build --preset release --target megascope >/dev/null
-bin=$PWD/build/release/cli/megascope
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-$bin prepare-data tests/data/text/notes_on_training.txt -o "$work/data.bin" >/dev/null
-model="--layers 2 --width 64 --heads 4 --seq 32 --batch 8 --microbatches 2"
+source bench/common.sh  # $bin, $work, $work/data.bin, $model
 echo "# command: bench/job_cost.sh $rounds $steps ${layout[*]}   ($(date -u +%F), $(nproc) cores, valgrind $(valgrind --version | cut -d- -f2))"
 for r in $(seq "$rounds"); do
   for n in "$steps" $((3 * steps)); do

@@ -41,14 +41,8 @@ steps=${1:-5}
 rounds=${2:-6}
 scale=${3:-1}
 [ -n "${SKIP_SETUP:-}" ] || scripts/setup.sh
-command -v valgrind >/dev/null || { echo "valgrind is missing (apt-get install valgrind)" >&2; exit 1; }
-cmake --preset release >/dev/null
-cmake --build --preset release --target megascope >/dev/null
-bin=$PWD/build/release/cli/megascope
-work=$(mktemp -d)
-trap 'rm -rf "$work" /dev/shm/megascope-tc$$-*' EXIT
-$bin prepare-data tests/data/text/notes_on_training.txt -o "$work/data.bin" >/dev/null
-model="--layers 2 --width 64 --heads 4 --seq 32 --batch 8 --microbatches 2"
+cleanup="/dev/shm/megascope-tc$$-*"
+source bench/common.sh  # $bin, $work, $work/data.bin, $model
 out=bench/results/tracing_cost.txt
 {
   echo "# command: ${ALTERNATE_ONLY:+ALTERNATE_ONLY=1 }bench/tracing_cost.sh $steps $rounds $scale"
