@@ -8,6 +8,7 @@
 
 #include "agent_answer.h"
 #include "megascope/tracer/format.h"
+#include "megascope/tracer/http_client.h"
 
 namespace megascope::analyzer {
 namespace {
@@ -15,43 +16,6 @@ namespace {
 using nlohmann::json;
 constexpr std::string_view kQuestions[] = {"steps", "stragglers", "waits",
                                            "at",    "sql",        "quantiles"};
-
-std::string Decode(std::string_view s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '+') {
-      out += ' ';
-    } else if (s[i] == '%' && i + 2 < s.size()) {
-      int v = 0;
-      const auto [end, ec] = std::from_chars(s.data() + i + 1, s.data() + i + 3, v, 16);
-      if (ec != std::errc() || end != s.data() + i + 3) {
-        out += s[i];
-        continue;
-      }
-      out += static_cast<char>(v);
-      i += 2;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
-}
-
-std::string Encode(std::string_view s) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  for (const char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (std::isalnum(u) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out += c;
-    } else {
-      out += '%';
-      out += kHex[u >> 4];
-      out += kHex[u & 15];
-    }
-  }
-  return out;
-}
 
 // Each question's part (per node) and merge (over the union of the parts, table `part`).
 // steps: per (attempt, step) the ranks, the slowest wall and sums that average after the merge.
@@ -171,7 +135,7 @@ Result<NodeQuery> ParseNodeQuery(std::string_view query) {
   NodeQuery q;
   bool asked = false;
   for (const auto& [key, raw] : answer::Fields(query)) {
-    const std::string value = Decode(raw);
+    const std::string value = tracer::PercentDecode(raw, /*plus_is_space=*/true);
     if (key == "q") {
       const auto* it = std::find(std::begin(kQuestions), std::end(kQuestions), value);
       if (it == std::end(kQuestions))
@@ -210,10 +174,10 @@ Result<NodeQuery> ParseNodeQuery(std::string_view query) {
 
 std::string NodeQueryPath(const NodeQuery& q) {
   std::string p = "/query?q=" + std::string(QuestionName(q.question));
-  if (q.question == Question::kSql) p += "&sql=" + Encode(q.sql);
+  if (q.question == Question::kSql) p += "&sql=" + tracer::PercentEncode(q.sql);
   if (q.question == Question::kAt) p += "&at=" + std::to_string(q.at_ns);
   if (q.question == Question::kWaits) p += "&limit=" + std::to_string(q.limit);
-  if (q.question == Question::kQuantiles) p += "&of=" + Encode(q.of);
+  if (q.question == Question::kQuantiles) p += "&of=" + tracer::PercentEncode(q.of);
   if (q.from_ns != std::numeric_limits<int64_t>::min())
     p += "&from_ns=" + std::to_string(q.from_ns);
   if (q.to_ns != std::numeric_limits<int64_t>::max()) p += "&to_ns=" + std::to_string(q.to_ns);

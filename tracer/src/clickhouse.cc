@@ -8,38 +8,6 @@
 namespace megascope::tracer {
 namespace {
 
-std::string PercentEncode(std::string_view s) {
-  static const char* kHex = "0123456789ABCDEF";
-  std::string out;
-  out.reserve(s.size() * 3 / 2);
-  for (const char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (std::isalnum(c) != 0 || c == '-' || c == '_' || c == '.' || c == '~') {
-      out += ch;
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  return out;
-}
-
-std::string PercentDecode(std::string_view s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    int v = 0;
-    if (s[i] == '%' && i + 2 < s.size() &&
-        std::from_chars(s.data() + i + 1, s.data() + i + 3, v, 16).ec == std::errc()) {
-      out += static_cast<char>(v);
-      i += 2;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
-}
-
 bool ValidIdentifier(std::string_view s) {
   if (s.empty()) return false;
   for (const char c : s)

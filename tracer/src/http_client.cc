@@ -2,6 +2,8 @@
 
 #include <curl/curl.h>
 
+#include <cctype>
+#include <charconv>
 #include <memory>
 
 namespace megascope::tracer {
@@ -141,6 +143,40 @@ Result<std::string> HttpRequest(const std::string& method, const std::string& ur
 Result<std::string> HttpPost(const std::string& url, std::string_view body,
                              const std::vector<std::string>& headers, int timeout_ms) {
   return Perform("POST", url, headers, timeout_ms, nullptr, body);
+}
+
+std::string PercentEncode(std::string_view s) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(s.size() * 3 / 2);
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (std::isalnum(c) != 0 || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += ch;
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+std::string PercentDecode(std::string_view s, bool plus_is_space) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    int v = 0;
+    if (s[i] == '%' && i + 2 < s.size()) {
+      const auto [end, ec] = std::from_chars(s.data() + i + 1, s.data() + i + 3, v, 16);
+      if (ec == std::errc() && end == s.data() + i + 3) {
+        out += static_cast<char>(v);
+        i += 2;
+        continue;
+      }
+    }
+    out += plus_is_space && s[i] == '+' ? ' ' : s[i];
+  }
+  return out;
 }
 
 Result<std::string> HttpGet(const std::string& url, int timeout_ms, const std::string& token) {

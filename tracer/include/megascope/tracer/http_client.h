@@ -28,6 +28,12 @@ Result<std::string> HttpPost(const std::string& url, std::string_view body,
                              const std::vector<std::string>& headers = {}, int timeout_ms = 5000);
 // GET http://host:port/path; the body on 200. With `token`, sends "Authorization: Bearer <token>"
 // (agents that listen beyond loopback require the run's token).
+// RFC 3986 percent-encoding: every byte but letters, digits and -_.~ as %XX.
+std::string PercentEncode(std::string_view s);
+// Its inverse; `plus_is_space`: a query string's '+' reads as a space. A '%' not followed by two
+// hex digits stays as it is.
+std::string PercentDecode(std::string_view s, bool plus_is_space = false);
+
 Result<std::string> HttpGet(const std::string& url, int timeout_ms = 5000,
                             const std::string& token = "");
 // GET, handing a 200 answer's body to `sink` piece by piece as it arrives (the whole body is
