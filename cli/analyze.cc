@@ -21,10 +21,7 @@ namespace megascope::cli {
 namespace {
 
 // "3 s", "1.5 s", "0.25 s": a threshold as a person reads it (not 0.29999999999999999).
-std::string Seconds(double s) {
-  std::string buf = tracer::Format("%g s", s);
-  return buf;
-}
+std::string Seconds(double s) { return tracer::Format("%g s", s); }
 
 }  // namespace
 

@@ -8,9 +8,6 @@
 
 namespace megascope::analyzer {
 
-inline std::string Fmt(const char* format, double v) {
-  std::string b = tracer::Format(format, v);
-  return b;
-}
+inline std::string Fmt(const char* format, double v) { return tracer::Format(format, v); }
 
 }  // namespace megascope::analyzer

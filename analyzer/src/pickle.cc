@@ -67,10 +67,7 @@ class Machine {
   }
 
  private:
-  static std::string Hex(uint8_t op) {
-    std::string buf = tracer::Format("0x%02x", op);
-    return buf;
-  }
+  static std::string Hex(uint8_t op) { return tracer::Format("0x%02x", op); }
   Status Bad(size_t at, const std::string& what) const {
     return InvalidArgument("pickle byte " + std::to_string(at) + ": " + what);
   }

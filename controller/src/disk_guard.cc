@@ -19,8 +19,7 @@ Result<uint64_t> FreeBytes(const std::string& path) {
 }
 
 std::string FormatMegabytes(uint64_t bytes) {
-  std::string buf = tracer::Format("%.1f MB", static_cast<double>(bytes) / 1e6);
-  return buf;
+  return tracer::Format("%.1f MB", static_cast<double>(bytes) / 1e6);
 }
 
 DiskGuard::DiskGuard(std::string path, uint64_t floor_bytes, Probe probe)

@@ -12,10 +12,7 @@ namespace megascope::controller {
 
 namespace {
 
-std::string Fmt2(double x) {
-  std::string buf = tracer::Format("%.2f", x);
-  return buf;
-}
+std::string Fmt2(double x) { return tracer::Format("%.2f", x); }
 
 // The detector's findings: only a faulty machine is acted on (a self-check confirms it first).
 Decision DecideDetector(const Verdict& v, const std::string& conf, bool confident, Decision d) {

@@ -10,10 +10,7 @@
 namespace megascope::controller {
 namespace {
 
-std::string Secs(double s) {
-  std::string b = tracer::Format("%.2f s", s);
-  return b;
-}
+std::string Secs(double s) { return tracer::Format("%.2f s", s); }
 
 std::string Nodes(const nlohmann::json& list) {
   std::string out;

@@ -32,10 +32,7 @@ std::string Esc(const std::string& s) {
   return o;
 }
 
-std::string Num(const char* fmt, double v) {
-  std::string b = tracer::Format(fmt, v);
-  return b;
-}
+std::string Num(const char* fmt, double v) { return tracer::Format(fmt, v); }
 
 std::vector<double> Ticks(double lo, double hi, int n) {
   if (!(hi > lo) || n < 1) return {lo};

@@ -313,9 +313,8 @@ std::string UtcDay(int64_t epoch_ns) {
   using namespace std::chrono;
   const auto d = floor<days>(sys_time<nanoseconds>(nanoseconds(epoch_ns)));
   const year_month_day ymd(d);
-  std::string buf = Format("%04d-%02u-%02u", static_cast<int>(ymd.year()),
-                           static_cast<unsigned>(ymd.month()), static_cast<unsigned>(ymd.day()));
-  return buf;
+  return Format("%04d-%02u-%02u", static_cast<int>(ymd.year()), static_cast<unsigned>(ymd.month()),
+                static_cast<unsigned>(ymd.day()));
 }
 
 }  // namespace megascope::tracer

@@ -129,9 +129,8 @@ bool Controller::Impl::Stalled(std::string* why) {
   if (moved) last_progress = clock.Now();
   const double threshold = HangThreshold();
   if (Since(last_progress) > threshold) {
-    std::string b = tracer::Format("no rank's step advanced for %.1f s (threshold %.1f s)",
-                                   Since(last_progress), threshold);
-    *why = b;
+    *why = tracer::Format("no rank's step advanced for %.1f s (threshold %.1f s)",
+                          Since(last_progress), threshold);
     return true;
   }
   if (oldest_op_s > opt.op_timeout_s) {

@@ -85,8 +85,7 @@ CpuTime SelfCpuTime() {
 }
 
 std::string Describe(const CpuTime& t) {
-  std::string buf = tracer::Format("cpu %.3f s user, %.3f s system", t.user_s, t.system_s);
-  return buf;
+  return tracer::Format("cpu %.3f s user, %.3f s system", t.user_s, t.system_s);
 }
 
 bool ExitStatus::exited() const { return WIFEXITED(raw); }

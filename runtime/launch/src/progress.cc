@@ -83,11 +83,10 @@ Status ProgressWriter::Append(const nlohmann::json& line) {
 }
 
 std::string FormatStepLine(const nlohmann::json& j, long long steps) {
-  std::string buf = tracer::Format(
+  return tracer::Format(
       "step %4lld/%lld | loss %.4f | %8.0f tokens/s | step %.3f s | lr %.2e | grad norm %.3f",
       j.value("step", 0LL), steps, j.value("loss", 0.0), j.value("tokens_per_s", 0.0),
       j.value("step_time_s", 0.0), j.value("lr", 0.0), j.value("grad_norm", 0.0));
-  return buf;
 }
 
 }  // namespace megascope::launch
